@@ -1,0 +1,131 @@
+"""Fixed-size KV blocks: a free list, reference counts and optional prefix sharing.
+
+Check/act pairs: `can_allocate` then `allocate`. A sequence's block table covers every token
+that has or will get KV this step. With prefix caching, a full block whose KV is computed is
+registered under a chain hash of its tokens; a later sequence whose prompt starts with the same
+tokens shares it (reference count + 1) instead of recomputing it. Freed blocks keep their hash
+until reused, so a finished turn's KV still serves the next turn of a session.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from testbed.engine.sequence import Sequence
+
+
+class Block:
+    __slots__ = ("block_id", "ref_count", "hash", "token_ids")
+
+    def __init__(self, block_id: int):
+        self.block_id = block_id
+        self.ref_count = 0
+        self.hash: int | None = None
+        self.token_ids: tuple[int, ...] = ()
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False):
+        assert num_blocks > 0 and block_size > 0
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.free_ids: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))  # LRU first
+        self.hash_to_block: dict[int, int] = {}
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_ids)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - self.num_free_blocks
+
+    def blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    # -- allocation -------------------------------------------------------------------------
+    def can_allocate(self, seq: Sequence, num_tokens: int) -> bool:
+        """Room to cover `num_tokens` tokens of `seq` (prefix hits counted when it has no blocks)."""
+        hits = self._match_prefix(seq) if not seq.block_table else []
+        fresh = self.blocks_for(num_tokens) - len(seq.block_table) - len(hits)
+        hits_now_free = sum(1 for b in hits if self.blocks[b].ref_count == 0)
+        return fresh + hits_now_free <= self.num_free_blocks
+
+    def allocate(self, seq: Sequence, num_tokens: int) -> None:
+        if not seq.block_table:
+            for block_id in self._match_prefix(seq):
+                self._take(block_id)
+                seq.block_table.append(block_id)
+            seq.num_cached_tokens = seq.num_computed_tokens = len(seq.block_table) * self.block_size
+        while len(seq.block_table) < self.blocks_for(num_tokens):
+            block_id = next(iter(self.free_ids))
+            self._forget_hash(block_id)
+            self._take(block_id)
+            seq.block_table.append(block_id)
+
+    def free(self, seq: Sequence) -> None:
+        for block_id in reversed(seq.block_table):  # tail first: it is the least likely to be shared
+            block = self.blocks[block_id]
+            assert block.ref_count > 0, f"block {block_id} freed twice"
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                self.free_ids[block_id] = None
+        seq.block_table = []
+
+    # -- prefix caching ---------------------------------------------------------------------
+    def commit(self, seq: Sequence) -> None:
+        """Register the full blocks whose KV is now computed, so later prompts can share them."""
+        if not self.enable_prefix_caching:
+            return
+        parent = None
+        for i in range(seq.num_computed_tokens // self.block_size):
+            tokens = tuple(seq.token_ids[i * self.block_size:(i + 1) * self.block_size])
+            h = hash((parent, tokens))
+            block = self.blocks[seq.block_table[i]]
+            if block.hash is None and h not in self.hash_to_block:
+                block.hash, block.token_ids = h, tokens
+                self.hash_to_block[h] = block.block_id
+            parent = h
+
+    def _match_prefix(self, seq: Sequence) -> list[int]:
+        # Only blocks strictly before the last token: that token must be computed to get logits,
+        # and a shared block is never written.
+        if not self.enable_prefix_caching:
+            return []
+        hits, parent = [], None
+        for i in range((seq.num_tokens - 1) // self.block_size):
+            tokens = tuple(seq.token_ids[i * self.block_size:(i + 1) * self.block_size])
+            h = hash((parent, tokens))
+            block_id = self.hash_to_block.get(h)
+            if block_id is None or self.blocks[block_id].token_ids != tokens:
+                break
+            hits.append(block_id)
+            parent = h
+        return hits
+
+    def _take(self, block_id: int) -> None:
+        block = self.blocks[block_id]
+        if block.ref_count == 0:
+            del self.free_ids[block_id]
+        block.ref_count += 1
+
+    def _forget_hash(self, block_id: int) -> None:
+        block = self.blocks[block_id]
+        if block.hash is not None:
+            del self.hash_to_block[block.hash]
+            block.hash, block.token_ids = None, ()
+
+    def check_invariants(self, live: list[Sequence]) -> None:
+        """Reference counts equal the number of live block tables holding each block."""
+        counts = [0] * self.num_blocks
+        for seq in live:
+            for block_id in seq.block_table:
+                counts[block_id] += 1
+        for block in self.blocks:
+            assert block.ref_count == counts[block.block_id], f"block {block.block_id} refcount"
+            assert (block.block_id in self.free_ids) == (block.ref_count == 0), f"block {block.block_id} free list"

@@ -1,0 +1,47 @@
+"""Engine and scheduler settings (frozen; Hydra validates the YAML against them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from testbed.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Per-step limits. `max_batched_tokens` bounds a prefill step (colocated, prefill-only);
+    `chunk_size` is the whole step's token budget in chunked mode (Sarathi-Serve's chunk size)."""
+
+    max_batched_tokens: int = 2048
+    chunk_size: int = 256
+    max_running: int = 64
+
+    def validate(self) -> "SchedulerConfig":
+        for name in ("max_batched_tokens", "chunk_size", "max_running"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"scheduler.{name} must be >= 1 (got {getattr(self, name)})")
+        return self
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    block_size: int = 16
+    kv_cache_mib: float = 64.0  # KV pool size on CPU
+    gpu_memory_utilization: float = 0.85  # share of free GPU memory given to the KV pool
+    num_kv_blocks: Optional[int] = None  # an explicit pool size overrides both budgets
+    attention_backend: str = "auto"  # auto | flash | torch
+    enable_prefix_caching: bool = False
+
+    def validate(self) -> "EngineConfig":
+        if self.block_size < 1:
+            raise ConfigError(f"engine.block_size must be >= 1 (got {self.block_size})")
+        if self.kv_cache_mib <= 0:
+            raise ConfigError(f"engine.kv_cache_mib must be > 0 (got {self.kv_cache_mib})")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ConfigError(f"engine.gpu_memory_utilization must be in (0, 1] (got {self.gpu_memory_utilization})")
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
+            raise ConfigError(f"engine.num_kv_blocks must be >= 1 (got {self.num_kv_blocks})")
+        if self.attention_backend not in ("auto", "flash", "torch"):
+            raise ConfigError(f"engine.attention_backend={self.attention_backend!r} is not one of auto, flash, torch")
+        return self

@@ -1,0 +1,115 @@
+"""One inference engine on one device: schedule, run, postprocess."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from testbed.engine.block_manager import BlockManager
+from testbed.engine.config import EngineConfig, SchedulerConfig
+from testbed.engine.model_runner import ModelRunner
+from testbed.engine.policies import make_policy
+from testbed.engine.scheduler import Scheduler, StepResult
+from testbed.engine.sequence import Sequence
+from testbed.errors import ConfigError
+from testbed.model.config import ModelArgs
+from testbed.model.llama import Transformer
+from testbed.model.loader import build_model, resolve_dtype
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One row of steps.parquet (times are perf_counter seconds; the recorder rebases them)."""
+
+    start: float
+    end: float
+    role: str
+    prefill_tokens: int
+    decode_seqs: int
+    batched_tokens: int
+    kv_blocks_used: int
+    num_waiting: int
+    num_running: int
+    schedule_s: float  # host work outside the model forward, for the overhead benchmark
+    prepare_s: float
+    forward_s: float
+    postprocess_s: float
+
+
+class Engine:
+    def __init__(self, model: Transformer, engine_config: EngineConfig, scheduler_config: SchedulerConfig,
+                 policy: str, device: torch.device):
+        engine_config.validate()
+        scheduler_config.validate()
+        if policy == "chunked" and scheduler_config.chunk_size < scheduler_config.max_running:
+            raise ConfigError(f"scheduler.chunk_size={scheduler_config.chunk_size} must be >= scheduler.max_running="
+                              f"{scheduler_config.max_running} so every running decode fits in a chunked step")
+        self.args: ModelArgs = model.args
+        self.runner = ModelRunner(model, engine_config, device)
+        self.block_manager = BlockManager(self.runner.num_blocks, engine_config.block_size,
+                                          engine_config.enable_prefix_caching)
+        self.scheduler = Scheduler(make_policy(policy), self.block_manager, scheduler_config)
+        self.role = policy
+
+    @classmethod
+    def build(cls, args: ModelArgs, engine_config: EngineConfig, scheduler_config: SchedulerConfig, policy: str,
+              device: str | torch.device = "cpu", dtype: str = "auto", path: str | None = None, seed: int = 0):
+        device = torch.device(device)
+        model = build_model(args, device, resolve_dtype(dtype, device), path=path, seed=seed)
+        return cls(model, engine_config, scheduler_config, policy, device)
+
+    # -- requests in --------------------------------------------------------------------------
+    def check_fits(self, prompt_len: int, max_tokens: int) -> None:
+        if prompt_len + max_tokens > self.args.max_model_len:
+            raise ConfigError(f"request of {prompt_len} prompt + {max_tokens} output tokens exceeds "
+                              f"model.max_model_len={self.args.max_model_len}")
+
+    def add(self, seq: Sequence) -> None:
+        self.check_fits(seq.num_prompt_tokens, seq.max_tokens)
+        self.scheduler.add(seq)
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    # -- the step loop ------------------------------------------------------------------------
+    def step(self) -> tuple[StepResult, StepRecord | None]:
+        t0 = time.perf_counter()
+        batch = self.scheduler.schedule()
+        if not batch.items:
+            return StepResult(), None
+        shape = (batch.num_prefill_tokens, batch.num_decodes, batch.num_tokens)
+        t1 = time.perf_counter()
+        order, ids, pos, meta, rows = self.runner.prepare(batch)
+        t2 = time.perf_counter()
+        tokens = self.runner.sample(self.runner.forward(ids, pos, meta, rows))
+        t3 = time.perf_counter()
+        result = self.scheduler.postprocess(batch, self.runner.scatter(batch, order, tokens))
+        t4 = time.perf_counter()
+        return result, self._record(shape, (t0, t1, t2, t3, t4))
+
+    def _record(self, shape: tuple[int, int, int], times: tuple[float, ...]) -> StepRecord:
+        t0, t1, t2, t3, t4 = times
+        return StepRecord(
+            start=t0, end=t4, role=self.role, prefill_tokens=shape[0], decode_seqs=shape[1], batched_tokens=shape[2],
+            kv_blocks_used=self.block_manager.num_used_blocks, num_waiting=len(self.scheduler.waiting),
+            num_running=len(self.scheduler.running), schedule_s=t1 - t0, prepare_s=t2 - t1, forward_s=t3 - t2,
+            postprocess_s=t4 - t3)
+
+    def run_until_done(self) -> list[StepRecord]:
+        records = []
+        while self.has_work():
+            _, record = self.step()
+            assert record is not None, "the engine has work but scheduled nothing"
+            records.append(record)
+        return records
+
+    # -- the KV pool, for the connector and the end-of-run audit ------------------------------
+    def release(self, seq: Sequence) -> None:
+        """Free a handed-off sequence's blocks once its KV has left."""
+        self.block_manager.free(seq)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.block_manager.num_used_blocks

@@ -1,0 +1,121 @@
+"""Turns a batch plan into tensors, runs the model on the paged KV pool, samples greedily."""
+
+from __future__ import annotations
+
+import torch
+
+from testbed.engine.config import EngineConfig
+from testbed.engine.scheduler import Batch
+from testbed.errors import ConfigError
+from testbed.model.attention import AttentionMetadata, select_backend
+from testbed.model.config import ModelArgs
+from testbed.model.llama import Transformer
+
+
+class ModelRunner:
+    def __init__(self, model: Transformer, config: EngineConfig, device: torch.device):
+        self.model, self.config, self.device = model, config, device
+        self.args: ModelArgs = model.args
+        self.dtype = next(model.parameters()).dtype
+        self.block_size = config.block_size
+        self.backend = select_backend(config.attention_backend, device, self.dtype, config.block_size)
+        self.num_blocks = self._pool_blocks()
+        # (2, layers, blocks, block_size, Hkv, D): K and V of every layer, one allocation
+        self.kv_cache = torch.zeros(2, self.args.num_layers, self.num_blocks, self.block_size,
+                                    self.args.num_kv_heads, self.args.head_dim, dtype=self.dtype, device=device)
+        self.kv_caches = [(self.kv_cache[0, i], self.kv_cache[1, i]) for i in range(self.args.num_layers)]
+
+    @property
+    def block_bytes(self) -> int:
+        return self.args.kv_bytes_per_token * self.block_size * self.dtype.itemsize
+
+    def _pool_blocks(self) -> int:
+        if self.config.num_kv_blocks is not None:
+            blocks = self.config.num_kv_blocks
+        elif self.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.device)
+            blocks = int(free * self.config.gpu_memory_utilization) // self.block_bytes
+        else:
+            blocks = int(self.config.kv_cache_mib * 2**20) // self.block_bytes
+        if blocks * self.block_size < self.args.max_model_len:
+            raise ConfigError(
+                f"KV pool of {blocks} blocks x {self.block_size} tokens cannot hold one request of "
+                f"max_model_len={self.args.max_model_len}: raise engine.kv_cache_mib / engine.num_kv_blocks / "
+                f"engine.gpu_memory_utilization or lower model.max_model_len")
+        return blocks
+
+    def prepare(self, batch: Batch) -> tuple[list[int], torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
+        """Order: single-token items first (the backends' batched decode path), then chunks."""
+        order = sorted(range(len(batch.items)), key=lambda i: batch.items[i][1] != 1)
+        input_ids, positions, slots, tables, q_lens, kv_lens, sample_rows = [], [], [], [], [], [], []
+        bs = self.block_size
+        for i in order:
+            seq, n = batch.items[i]
+            start = seq.num_computed_tokens
+            input_ids += seq.token_ids[start:start + n]
+            span = range(start, start + n)
+            positions += span
+            slots += [seq.block_table[p // bs] * bs + p % bs for p in span]
+            tables.append(seq.block_table)
+            q_lens.append(n)
+            kv_lens.append(start + n)
+            if start + n == seq.num_tokens:  # this chunk reaches the end: sample the next token
+                sample_rows.append(len(input_ids) - 1)
+        width = max(len(t) for t in tables)
+        cu_q = [0]
+        cu_kv = [0]
+        for q, kv in zip(q_lens, kv_lens):
+            cu_q.append(cu_q[-1] + q)
+            cu_kv.append(cu_kv[-1] + kv)
+        to = dict(device=self.device, non_blocking=True)
+        meta = AttentionMetadata(
+            q_lens=q_lens, kv_lens=kv_lens, num_single=sum(1 for q in q_lens if q == 1),
+            slot_mapping=torch.tensor(slots, dtype=torch.int64).to(**to),
+            block_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32).to(**to),
+            kv_lens_t=torch.tensor(kv_lens, dtype=torch.int32).to(**to),
+            cu_q=torch.tensor(cu_q, dtype=torch.int32).to(**to),
+            cu_kv=torch.tensor(cu_kv, dtype=torch.int32).to(**to))
+        ids = torch.tensor(input_ids, dtype=torch.int64).to(**to)
+        pos = torch.tensor(positions, dtype=torch.int64).to(**to)
+        return order, ids, pos, meta, sample_rows
+
+    @torch.inference_mode()
+    def forward(self, ids, pos, meta, sample_rows) -> torch.Tensor:
+        hidden = self.model(ids, pos, self.kv_caches, meta, self.backend)
+        return self.model.logits(hidden[sample_rows])  # (num sampled, vocab), float32
+
+    def run(self, batch: Batch) -> tuple[list[int | None], torch.Tensor]:
+        """Sampled token per batch item (None for a chunk that stops short of the sequence end),
+        and the logits of the sampled rows in batch order."""
+        order, ids, pos, meta, rows = self.prepare(batch)
+        logits = self.forward(ids, pos, meta, rows)
+        sampled = self.scatter(batch, order, self.sample(logits))
+        sampled_order = [i for i in order if sampled[i] is not None]
+        by_item = sorted(range(len(sampled_order)), key=lambda k: sampled_order[k])
+        return sampled, logits[by_item]
+
+    @staticmethod
+    def scatter(batch: Batch, order: list[int], tokens: list[int]) -> list[int | None]:
+        sampled: list[int | None] = [None] * len(batch.items)
+        it = iter(tokens)
+        for i in order:
+            seq, n = batch.items[i]
+            if seq.num_computed_tokens + n == seq.num_tokens:
+                sampled[i] = next(it)
+        return sampled
+
+    @staticmethod
+    def sample(logits: torch.Tensor) -> list[int]:
+        return logits.argmax(dim=-1).tolist()  # the one host sync of a step
+
+    # -- KV blocks in and out (the connector's side of the pool) -----------------------------
+    def read_blocks(self, block_ids: list[int], layer: int | None = None) -> torch.Tensor:
+        """One contiguous buffer (2, layers, nblocks, block_size, Hkv, D), or one layer's (2, nblocks, ...)."""
+        index = torch.tensor(block_ids, device=self.device)
+        cache = self.kv_cache if layer is None else self.kv_cache[:, layer]
+        return cache.index_select(cache.dim() - 4, index)
+
+    def write_blocks(self, block_ids: list[int], data: torch.Tensor, layer: int | None = None) -> None:
+        index = torch.tensor(block_ids, device=self.device)
+        cache = self.kv_cache if layer is None else self.kv_cache[:, layer]
+        cache.index_copy_(cache.dim() - 4, index, data.to(self.device, self.dtype))

@@ -1,0 +1,78 @@
+"""A request inside an engine: its tokens, its KV blocks and where it is in its life.
+
+    WAITING --admit--> RUNNING --last token--> FINISHED
+       ^                 |  |
+       +---preempt-------+  +--first token on a prefill-only worker--> TRANSFERRING
+           (recompute)                       (KV leaves for a decode worker; blocks held until sent)
+    any state --error / timeout / lost worker--> FAILED
+
+On a decode worker a sequence arrives with its KV already in the pool and starts RUNNING.
+Prefill and decode are one thing here: computing `n` new tokens of the sequence. A sequence is
+"in prefill" while more than its last token lacks KV, or before its first output token.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class SequenceStatus(Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    TRANSFERRING = "transferring"
+    FINISHED = "finished"
+    FAILED = "failed"
+
+
+class Sequence:
+    def __init__(self, seq_id: int, prompt_token_ids: list[int], max_tokens: int):
+        assert prompt_token_ids, "a sequence needs at least one prompt token"
+        assert max_tokens >= 1, "a sequence must produce at least one token"
+        self.seq_id = seq_id
+        self.token_ids: list[int] = list(prompt_token_ids)
+        self.num_prompt_tokens = len(prompt_token_ids)
+        self.max_tokens = max_tokens
+        self.num_computed_tokens = 0  # tokens whose KV is in the pool
+        self.num_cached_tokens = 0  # of those, found in the prefix cache at admission
+        self.block_table: list[int] = []
+        self.status = SequenceStatus.WAITING
+        self.num_preemptions = 0
+
+    def __repr__(self) -> str:
+        return (f"Sequence({self.seq_id}, {self.status.value}, tokens={self.num_tokens}, "
+                f"computed={self.num_computed_tokens}, blocks={len(self.block_table)})")
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return self.num_tokens - self.num_prompt_tokens
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens:]
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def in_prefill(self) -> bool:
+        return self.num_output_tokens == 0 or self.num_uncomputed_tokens > 1
+
+    @property
+    def is_done(self) -> bool:
+        return self.num_output_tokens >= self.max_tokens
+
+    def append_token(self, token_id: int) -> None:
+        assert not self.is_done, f"{self} already has its {self.max_tokens} tokens"
+        self.token_ids.append(token_id)
+
+    def reset_for_recompute(self) -> None:
+        """Preempted: its KV is dropped and it will be recomputed, generated tokens included."""
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = 0
+        self.status = SequenceStatus.WAITING
+        self.num_preemptions += 1

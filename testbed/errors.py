@@ -1,0 +1,11 @@
+"""Errors the command line reports as one line and a non-zero exit, not a traceback."""
+
+
+class TestbedError(Exception):
+    """Bad input: the message names what is wrong and what is allowed."""
+
+    exit_code = 2
+
+
+class ConfigError(TestbedError, ValueError):
+    """A configuration value is out of range or inconsistent."""

@@ -1,0 +1,127 @@
+"""Model shapes: the preset table, and the config that picks a preset or a local checkpoint."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from testbed.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class ModelArgs:
+    """A fully specified Llama-family shape."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    max_model_len: int
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-5
+    tie_embeddings: bool = False
+    qkv_bias: bool = False
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """K and V of all layers for one token, in elements (multiply by the dtype size)."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim
+
+    def validate(self) -> "ModelArgs":
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
+                     "num_kv_heads", "max_model_len"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"model.{name} must be > 0 (got {getattr(self, name)})")
+        if self.hidden_size % self.num_heads:
+            raise ConfigError(f"model.num_heads={self.num_heads} must divide model.hidden_size={self.hidden_size}")
+        if self.num_heads % self.num_kv_heads:
+            raise ConfigError(f"model.num_kv_heads={self.num_kv_heads} must divide model.num_heads={self.num_heads}")
+        if self.head_dim % 2:
+            raise ConfigError(f"head dim hidden_size/num_heads={self.head_dim} must be even for RoPE")
+        return self
+
+
+# One table of presets. `tiny` runs a whole experiment on two CPU cores in about a minute;
+# `small` is a mid-size CPU model; the rest are real shapes (dummy weights unless model.path).
+PRESETS: dict[str, ModelArgs] = {
+    "tiny": ModelArgs(vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2,
+                      num_heads=4, num_kv_heads=2, max_model_len=2048),
+    "small": ModelArgs(vocab_size=4096, hidden_size=512, intermediate_size=1408, num_layers=8,
+                       num_heads=8, num_kv_heads=4, max_model_len=4096),
+    "llama3_8b": ModelArgs(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32,
+                           num_heads=32, num_kv_heads=8, max_model_len=8192, rope_theta=500000.0),
+    "qwen2_5_7b": ModelArgs(vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_layers=28,
+                            num_heads=28, num_kv_heads=4, max_model_len=32768, rope_theta=1000000.0,
+                            rms_norm_eps=1e-6, qkv_bias=True),
+}
+
+_SHAPE_FIELDS = [f.name for f in dataclasses.fields(ModelArgs)]
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """`model=<preset>` picks a row of PRESETS; any field set here overrides it; `path` loads a
+    local Hugging Face directory (config.json + *.safetensors) whose config.json gives the shape."""
+
+    name: str = "tiny"
+    path: Optional[str] = None
+    dtype: str = "auto"  # auto: float32 on CPU, bfloat16 on CUDA
+    seed: int = 0  # dummy weights
+    vocab_size: Optional[int] = None
+    hidden_size: Optional[int] = None
+    intermediate_size: Optional[int] = None
+    num_layers: Optional[int] = None
+    num_heads: Optional[int] = None
+    num_kv_heads: Optional[int] = None
+    max_model_len: Optional[int] = None
+    rope_theta: Optional[float] = None
+    rms_norm_eps: Optional[float] = None
+    tie_embeddings: Optional[bool] = None
+    qkv_bias: Optional[bool] = None
+
+    def args(self) -> ModelArgs:
+        base = hf_model_args(Path(self.path)) if self.path else preset(self.name)
+        overrides = {k: getattr(self, k) for k in _SHAPE_FIELDS if getattr(self, k) is not None}
+        if self.path and any(k != "max_model_len" for k in overrides):
+            raise ConfigError(f"model.path is set: only model.max_model_len may override its shape (got {sorted(overrides)})")
+        return dataclasses.replace(base, **overrides).validate()
+
+
+def preset(name: str) -> ModelArgs:
+    if name not in PRESETS:
+        raise ConfigError(f"model.name={name!r} is not a preset; choose one of {sorted(PRESETS)} or set model.path")
+    return PRESETS[name]
+
+
+def hf_model_args(path: Path) -> ModelArgs:
+    """Shape from a Hugging Face config.json (Llama and Qwen2 families)."""
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise ConfigError(f"model.path={str(path)!r}: {config_file} not found")
+    hf = json.loads(config_file.read_text())
+    model_type = hf.get("model_type", "llama")
+    if model_type not in ("llama", "qwen2"):
+        raise ConfigError(f"{config_file}: model_type={model_type!r} is not supported (llama, qwen2)")
+    if hf.get("rope_scaling"):
+        raise ConfigError(f"{config_file}: rope_scaling={hf['rope_scaling']} is not supported (plain RoPE only)")
+    try:
+        return ModelArgs(
+            vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"],
+            intermediate_size=hf["intermediate_size"], num_layers=hf["num_hidden_layers"],
+            num_heads=hf["num_attention_heads"],
+            num_kv_heads=hf.get("num_key_value_heads", hf["num_attention_heads"]),
+            max_model_len=hf.get("max_position_embeddings", 4096),
+            rope_theta=float(hf.get("rope_theta", 10000.0)), rms_norm_eps=float(hf.get("rms_norm_eps", 1e-5)),
+            tie_embeddings=bool(hf.get("tie_word_embeddings", False)), qkv_bias=model_type == "qwen2",
+        ).validate()
+    except KeyError as missing:
+        raise ConfigError(f"{config_file}: missing key {missing}") from None

@@ -1,0 +1,158 @@
+"""A Llama-family decoder (Llama 3, Qwen2): RMSNorm, RoPE, grouped-query attention, SwiGLU.
+
+Read top to bottom. T = tokens packed across the batch, H = query heads, Hkv = KV heads,
+D = head dim. `forward` runs on the paged KV pool; `dense_forward` recomputes one sequence
+with no cache and is the reference the tests hold the paged path to.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from testbed.model.attention import AttentionMetadata, write_kv
+from testbed.model.config import ModelArgs
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
+
+
+class Rotary(nn.Module):
+    """RoPE in the Hugging Face layout (rotate the two halves), so real checkpoints load as they are."""
+
+    def __init__(self, head_dim: int, theta: float):
+        super().__init__()
+        inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+        self.inv_freq = inv_freq  # a plain attribute: model.to(bfloat16) must not round it
+
+    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions.float()[:, None] * self.inv_freq[None, :]  # (T, D/2)
+        emb = torch.cat((freqs, freqs), dim=-1)  # (T, D)
+        return emb.cos(), emb.sin()
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    # x: (T, heads, D); cos, sin: (T, D)
+    x1, x2 = x.float().chunk(2, dim=-1)
+    rotated = torch.cat((-x2, x1), dim=-1)
+    return (x.float() * cos[:, None] + rotated * sin[:, None]).to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = args.num_heads, args.num_kv_heads, args.head_dim
+        self.q_proj = nn.Linear(args.hidden_size, args.num_heads * args.head_dim, bias=args.qkv_bias)
+        self.k_proj = nn.Linear(args.hidden_size, args.num_kv_heads * args.head_dim, bias=args.qkv_bias)
+        self.v_proj = nn.Linear(args.hidden_size, args.num_kv_heads * args.head_dim, bias=args.qkv_bias)
+        self.o_proj = nn.Linear(args.num_heads * args.head_dim, args.hidden_size, bias=False)
+
+    def forward(self, x, cos, sin, kv_cache=None, meta: AttentionMetadata | None = None, backend=None):
+        T = x.shape[0]
+        q = apply_rotary(self.q_proj(x).view(T, self.num_heads, self.head_dim), cos, sin)
+        k = apply_rotary(self.k_proj(x).view(T, self.num_kv_heads, self.head_dim), cos, sin)
+        v = self.v_proj(x).view(T, self.num_kv_heads, self.head_dim)
+        if meta is None:  # dense reference: one sequence, plain causal attention, no cache
+            o = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
+                                               is_causal=True, enable_gqa=True).transpose(0, 1)
+        else:
+            k_cache, v_cache = kv_cache  # each (num_blocks, block_size, Hkv, D)
+            write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
+            o = backend(q, k_cache, v_cache, meta)
+        return self.o_proj(o.reshape(T, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.gate_proj = nn.Linear(args.hidden_size, args.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(args.hidden_size, args.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(args.intermediate_size, args.hidden_size, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.self_attn = Attention(args)
+        self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.mlp = MLP(args)
+
+    def forward(self, x, cos, sin, kv_cache=None, meta=None, backend=None):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, meta, backend)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Transformer(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.args = args
+        self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(args) for _ in range(args.num_layers))
+        self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+        if args.tie_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        self.rotary = Rotary(args.head_dim, args.rope_theta)
+
+    def forward(self, input_ids, positions, kv_caches, meta: AttentionMetadata, backend) -> torch.Tensor:
+        """input_ids, positions: (T,) -> hidden (T, hidden); kv_caches[i] = (k, v) of layer i."""
+        x = self.embed_tokens(input_ids)
+        cos, sin = self.rotary(positions)
+        for layer, kv in zip(self.layers, kv_caches):
+            x = layer(x, cos, sin, kv, meta, backend)
+        return self.norm(x)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden).float()  # (N, vocab)
+
+    @torch.inference_mode()
+    def dense_forward(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """(T,) -> logits (T, vocab): full recompute of one sequence, no KV cache."""
+        x = self.embed_tokens(token_ids)
+        cos, sin = self.rotary(torch.arange(len(token_ids), device=token_ids.device))
+        for layer in self.layers:
+            x = layer(x, cos, sin)
+        return self.logits(self.norm(x))
+
+
+@torch.no_grad()
+def init_dummy_weights(model: Transformer, seed: int, head_scale: float = 4.0) -> None:
+    """Seeded random weights whose greedy choices are well separated: residual branches are
+    scaled down so activations stay O(1), and the output head is scaled up so the top logit
+    stands clear of the runner-up (token comparisons across batch shapes are then meaningful)."""
+    args = model.args
+    for name, p in model.named_parameters():
+        gen = torch.Generator(device=p.device).manual_seed(seed + hash_name(name))
+        if name.endswith("norm.weight") or "layernorm" in name:
+            p.fill_(1.0)
+        elif name.endswith("bias"):
+            p.copy_(torch.randn(p.shape, generator=gen, device=p.device, dtype=p.dtype) * 0.02)
+        elif "embed_tokens" in name:
+            p.copy_(torch.randn(p.shape, generator=gen, device=p.device, dtype=p.dtype))
+        else:
+            std = 1.0 / math.sqrt(p.shape[1])
+            if name.endswith(("o_proj.weight", "down_proj.weight")):
+                std /= math.sqrt(2 * args.num_layers)
+            if name == "lm_head.weight":
+                std *= head_scale
+            p.copy_(torch.randn(p.shape, generator=gen, device=p.device, dtype=p.dtype) * std)
+
+
+def hash_name(name: str) -> int:
+    """A stable per-tensor seed offset (Python's hash() is salted per process)."""
+    return sum((i + 1) * ord(c) for i, c in enumerate(name)) % 1_000_003
