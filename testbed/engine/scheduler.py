@@ -38,8 +38,10 @@ class Batch:
 
 @dataclass
 class StepResult:
-    """What one step changed: tokens sampled, sequences finished, sequences handed off for transfer."""
+    """What one step changed: the work done ((sequence, new tokens, was it prefill) per item),
+    tokens sampled, sequences finished, sequences handed off for transfer."""
 
+    scheduled: list[tuple[Sequence, int, bool]] = field(default_factory=list)
     tokens: list[tuple[Sequence, int]] = field(default_factory=list)
     finished: list[Sequence] = field(default_factory=list)
     handoff: list[Sequence] = field(default_factory=list)
@@ -118,6 +120,7 @@ class Scheduler:
     def postprocess(self, batch: Batch, sampled: list[int | None]) -> StepResult:
         result = StepResult()
         for (seq, n), token in zip(batch.items, sampled):
+            result.scheduled.append((seq, n, seq.in_prefill))
             seq.num_computed_tokens += n
             self.block_manager.commit(seq)
             if token is None:

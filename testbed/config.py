@@ -1,0 +1,82 @@
+"""The root configuration: typed dataclasses that validate every YAML file under conf/.
+
+Hydra and OmegaConf stop here and in the experiment layer; everything below receives these
+dataclasses (`OmegaConf.to_object` builds them), never a DictConfig.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
+
+from testbed.engine.config import EngineConfig, SchedulerConfig
+from testbed.errors import ConfigError
+from testbed.metrics.config import MetricsConfig, SLOConfig
+from testbed.model.config import ModelConfig
+from testbed.workload.config import WorkloadConfig
+
+MODES = ("colocated", "chunked", "disagg")
+HARDWARE = ("auto", "cpu", "gpu")
+
+
+@dataclass(frozen=True)
+class HardwareConfig:
+    """`auto` takes the GPUs when CUDA is present, else CPU workers standing for GPUs."""
+
+    name: str = "auto"
+    num_devices: Optional[int] = None  # CPU: worker processes that stand for GPUs; GPU: GPUs to use
+
+    def validate(self) -> "HardwareConfig":
+        if self.name not in HARDWARE:
+            raise ConfigError(f"hardware={self.name!r} is not one of {', '.join(HARDWARE)}")
+        if self.num_devices is not None and self.num_devices < 1:
+            raise ConfigError(f"hardware.num_devices must be >= 1 (got {self.num_devices})")
+        return self
+
+
+@dataclass(frozen=True)
+class Config:
+    mode: str = "chunked"
+    seed: int = 0
+    model: ModelConfig = field(default_factory=ModelConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)
+    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    slo: SLOConfig = field(default_factory=SLOConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    output_dir: Optional[str] = None  # default: Hydra's run directory
+
+    def validate(self) -> "Config":
+        if self.mode not in MODES:
+            raise ConfigError(f"mode={self.mode!r} is not one of {', '.join(MODES)}")
+        self.model.args()
+        self.engine.validate()
+        self.scheduler.validate()
+        self.hardware.validate()
+        return self
+
+
+def _writable(node: DictConfig) -> DictConfig:
+    """Frozen dataclasses make read-only nodes; Hydra must still merge YAML and overrides."""
+    OmegaConf.set_readonly(node, False)
+    for key in node:
+        child = node._get_node(key)
+        if isinstance(child, DictConfig):
+            _writable(child)
+    return node
+
+
+def register_configs() -> None:
+    ConfigStore.instance().store(name="base_config", node=_writable(OmegaConf.structured(Config)))
+
+
+def to_config(cfg: DictConfig) -> Config:
+    """Typed, validated config from a composed DictConfig (Hydra's own keys dropped)."""
+    container = OmegaConf.to_container(cfg, resolve=True)
+    container.pop("hydra", None)
+    typed = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), container))
+    return typed.validate()
