@@ -78,5 +78,5 @@ def to_config(cfg: DictConfig) -> Config:
     """Typed, validated config from a composed DictConfig (Hydra's own keys dropped)."""
     container = OmegaConf.to_container(cfg, resolve=True)
     container.pop("hydra", None)
-    typed = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), container))
+    typed = OmegaConf.to_object(OmegaConf.merge(_writable(OmegaConf.structured(Config)), container))
     return typed.validate()

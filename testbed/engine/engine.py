@@ -35,6 +35,7 @@ class StepRecord:
     schedule_s: float  # host work outside the model forward, for the overhead benchmark
     prepare_s: float
     forward_s: float
+    sample_s: float
     postprocess_s: float
 
 
@@ -83,19 +84,21 @@ class Engine:
         t1 = time.perf_counter()
         order, ids, pos, meta, rows = self.runner.prepare(batch)
         t2 = time.perf_counter()
-        tokens = self.runner.sample(self.runner.forward(ids, pos, meta, rows))
-        t3 = time.perf_counter()
-        result = self.scheduler.postprocess(batch, self.runner.scatter(batch, order, tokens))
+        logits = self.runner.forward(ids, pos, meta, rows)
+        t3 = time.perf_counter()  # on CUDA the forward is still in flight here; sampling waits for it
+        tokens = self.runner.sample(logits)
         t4 = time.perf_counter()
-        return result, self._record(shape, (t0, t1, t2, t3, t4))
+        result = self.scheduler.postprocess(batch, self.runner.scatter(batch, order, tokens))
+        t5 = time.perf_counter()
+        return result, self._record(shape, (t0, t1, t2, t3, t4, t5))
 
     def _record(self, shape: tuple[int, int, int], times: tuple[float, ...]) -> StepRecord:
-        t0, t1, t2, t3, t4 = times
+        t0, t1, t2, t3, t4, t5 = times
         return StepRecord(
-            start=t0, end=t4, role=self.role, prefill_tokens=shape[0], decode_seqs=shape[1], batched_tokens=shape[2],
+            start=t0, end=t5, role=self.role, prefill_tokens=shape[0], decode_seqs=shape[1], batched_tokens=shape[2],
             kv_blocks_used=self.block_manager.num_used_blocks, num_waiting=len(self.scheduler.waiting),
             num_running=len(self.scheduler.running), schedule_s=t1 - t0, prepare_s=t2 - t1, forward_s=t3 - t2,
-            postprocess_s=t4 - t3)
+            sample_s=t4 - t3, postprocess_s=t5 - t4)
 
     def run_until_done(self) -> list[StepRecord]:
         records = []

@@ -1,0 +1,29 @@
+"""python -m testbed [+experiment=NAME] [key=value ...]"""
+
+import sys
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from testbed.config import register_configs, to_config
+from testbed.errors import TestbedError
+
+register_configs()
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+def main(cfg: DictConfig) -> None:
+    from testbed.experiments import run  # after Hydra: keeps `--help` fast
+
+    try:
+        typed = to_config(cfg)
+        run(typed, Path(typed.output_dir or HydraConfig.get().runtime.output_dir))
+    except TestbedError as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(error.exit_code)
+
+
+if __name__ == "__main__":
+    main()

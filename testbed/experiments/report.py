@@ -1,0 +1,37 @@
+"""Console tables at the end of a run (the results directory holds the full record)."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+
+def _ms(x) -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{1000 * x:8.1f}"
+
+
+def request_lines(requests: pd.DataFrame, limit: int = 20) -> list[str]:
+    lines = [f"{'id':>5} {'in':>6} {'out':>5} {'status':>8} {'ttft ms':>8} {'tpot ms':>8}"]
+    for row in requests.head(limit).itertuples():
+        lines.append(f"{row.request_id:>5} {row.input_len:>6} {len(row.output_token_ids):>5} {row.status:>8} "
+                     f"{_ms(row.ttft)} {_ms(row.tpot)}")
+    if len(requests) > limit:
+        lines.append(f"... {len(requests) - limit} more in requests.parquet")
+    return lines
+
+
+def summary_lines(summary: dict) -> list[str]:
+    lines = []
+    for metric in ("ttft", "tpot", "itl", "e2e"):
+        d = summary.get(metric) or {}
+        lines.append(f"{metric:>5}  mean {_ms(d.get('mean'))}  p50 {_ms(d.get('p50'))}  p99 {_ms(d.get('p99'))} ms")
+    tp = summary.get("throughput") or {}
+    lines.append("throughput  " + "  ".join(f"{k} {v:.1f}" for k, v in tp.items() if isinstance(v, (int, float))))
+    if "slo_attainment" in summary:
+        lines.append(f"SLO attainment {summary['slo_attainment']}")
+    return lines
+
+
+def print_run(requests: pd.DataFrame, summary: dict, out_dir) -> None:
+    print("\n".join(request_lines(requests) + [""] + summary_lines(summary) + [f"results: {out_dir}"]))

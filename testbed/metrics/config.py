@@ -1,0 +1,41 @@
+"""SLOs and metric options (Hydra structured configs; not frozen for the reason given in
+testbed/workload/config.py: OmegaConf makes frozen dataclass configs read-only)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from testbed.errors import ConfigError
+
+
+@dataclass
+class SLOConfig:
+    """Latency objectives: a request meets them when TTFT <= ttft_s and TPOT <= tpot_s."""
+
+    ttft_s: float = 1.0
+    tpot_s: float = 0.1
+
+    def validate(self) -> "SLOConfig":
+        for key in ("ttft_s", "tpot_s"):
+            if not getattr(self, key) > 0:
+                raise ConfigError(f"slo.{key} must be > 0 (got {getattr(self, key)})")
+        return self
+
+
+@dataclass
+class MetricsConfig:
+    """warm-up: the first `warmup_requests` (by arrival) and those arriving before `warmup_s`
+    are left out of summaries; a decode stall is an ITL above stall_factor x the median ITL."""
+
+    warmup_requests: int = 0
+    warmup_s: float = 0.0
+    stall_factor: float = 5.0
+
+    def validate(self) -> "MetricsConfig":
+        if self.warmup_requests < 0:
+            raise ConfigError(f"metrics.warmup_requests must be >= 0 (got {self.warmup_requests})")
+        if self.warmup_s < 0:
+            raise ConfigError(f"metrics.warmup_s must be >= 0 (got {self.warmup_s})")
+        if not self.stall_factor > 1:
+            raise ConfigError(f"metrics.stall_factor must be > 1 (got {self.stall_factor})")
+        return self

@@ -1,0 +1,208 @@
+"""Request lifecycle events and the per-request table (requests.parquet) they build.
+
+Everything is stamped with one monotonic clock (time.perf_counter) and stored as seconds since
+the run's t0. Start events keep their first occurrence (a retried prefill started when it first
+started); end events keep their last (a transfer ended when its last piece landed).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Optional, Sequence
+
+import numpy as np
+import pandas as pd
+
+from testbed.metrics.latency import add_derived
+
+
+class Event(str, Enum):
+    ARRIVED = "arrived"
+    DISPATCHED = "dispatched"
+    PREFILL_QUEUED = "prefill_queued"
+    PREFILL_START = "prefill_start"
+    PREFILL_CHUNK = "prefill_chunk"
+    PREFILL_END = "prefill_end"
+    KV_TRANSFER_START = "kv_transfer_start"
+    KV_TRANSFER_END = "kv_transfer_end"
+    DECODE_QUEUED = "decode_queued"
+    DECODE_START = "decode_start"
+    TOKEN = "token"
+    FINISHED = "finished"
+    FAILED = "failed"
+    REJECTED = "rejected"
+
+
+FIRST_WINS = {Event.ARRIVED, Event.DISPATCHED, Event.PREFILL_QUEUED, Event.PREFILL_START,
+              Event.KV_TRANSFER_START, Event.DECODE_QUEUED, Event.DECODE_START}
+LAST_WINS = {Event.PREFILL_END, Event.KV_TRANSFER_END}
+# Events whose `worker=` names the prefill or the decode worker.
+PREFILL_SIDE = {Event.PREFILL_QUEUED, Event.PREFILL_START, Event.PREFILL_CHUNK, Event.PREFILL_END}
+DECODE_SIDE = {Event.DECODE_QUEUED, Event.DECODE_START}
+
+TIME_COLUMNS = ["arrived_s", "dispatched_s", "prefill_queued_s", "prefill_start_s", "prefill_end_s",
+                "kv_transfer_start_s", "kv_transfer_end_s", "decode_queued_s", "decode_start_s", "finished_s"]
+REQUEST_COLUMNS = (["request_id", "arrival_s", "input_len", "output_len", "session_id", "turn", "tenant",
+                    "prefill_worker", "decode_worker", "status", "reason"] + TIME_COLUMNS
+                   + ["kv_bytes", "num_prefill_chunks", "token_times", "token_worker_times", "output_token_ids"])
+INT_COLUMNS = ["request_id", "input_len", "output_len", "turn", "num_prefill_chunks"]
+NULLABLE_INT_COLUMNS = ["session_id", "prefill_worker", "decode_worker"]
+# Columns other code (steps and transfers recorders) is expected to write; the results writer
+# uses them for empty tables.
+STEP_COLUMNS = ["worker", "role", "step", "start_s", "end_s", "prefill_tokens", "decode_seqs",
+                "batched_tokens", "kv_blocks_used", "num_waiting", "num_running"]
+TRANSFER_COLUMNS = ["request_id", "prefill_worker", "decode_worker", "kv_bytes", "start_s", "end_s"]
+
+
+@dataclass
+class _Record:
+    request_id: int
+    arrival_s: float = float("nan")
+    input_len: int = 0
+    output_len: int = 0
+    session_id: Optional[int] = None
+    turn: int = 0
+    tenant: str = "default"
+    prefill_worker: Optional[int] = None
+    decode_worker: Optional[int] = None
+    status: Optional[str] = None  # None until finished / failed / rejected
+    reason: str = ""
+    times: dict = field(default_factory=dict)
+    kv_bytes: float = float("nan")
+    num_prefill_chunks: int = 0
+    token_times: list = field(default_factory=list)
+    token_worker_times: list = field(default_factory=list)
+    output_token_ids: list = field(default_factory=list)
+
+
+class RequestLog:
+    """Collects the lifecycle of every request of one run (in the driver process)."""
+
+    def __init__(self, t0: float):
+        self.t0 = float(t0)
+        self._records: dict[int, _Record] = {}
+
+    def _get(self, request_id: int) -> _Record:
+        if request_id not in self._records:
+            self._records[request_id] = _Record(int(request_id))
+        return self._records[request_id]
+
+    def register(self, request: Any) -> None:
+        """Static fields of a workload Request (or anything with the same attributes)."""
+        record = self._get(request.request_id)
+        record.arrival_s = float(request.arrival_s)
+        record.input_len = int(request.input_len)
+        record.output_len = int(request.output_len)
+        record.session_id = getattr(request, "session_id", None)
+        record.turn = int(getattr(request, "turn", 0))
+        record.tenant = str(getattr(request, "tenant", "default"))
+
+    def event(self, request_id: int, event: Event, t: float, *, worker: Optional[int] = None,
+              prefill_worker: Optional[int] = None, decode_worker: Optional[int] = None,
+              kv_bytes: Optional[float] = None, reason: Optional[str] = None) -> None:
+        """One lifecycle event at absolute perf_counter time t. kv_bytes is the request's total."""
+        event = Event(event)
+        record = self._get(request_id)
+        since = float(t) - self.t0
+        column = f"{event.value}_s"
+        if event in FIRST_WINS:
+            record.times.setdefault(column, since)
+        elif event in LAST_WINS:
+            record.times[column] = since
+        elif event == Event.PREFILL_CHUNK:
+            record.num_prefill_chunks += 1
+        elif event == Event.FINISHED:
+            self._end(record, since, "ok", reason or "")
+        elif event in (Event.FAILED, Event.REJECTED):
+            self._end(record, since, event.value, reason or "")
+        if worker is not None:
+            if event in PREFILL_SIDE:
+                prefill_worker = worker
+            elif event in DECODE_SIDE:
+                decode_worker = worker
+        if prefill_worker is not None:
+            record.prefill_worker = int(prefill_worker)
+        if decode_worker is not None:
+            record.decode_worker = int(decode_worker)
+        if kv_bytes is not None:
+            record.kv_bytes = float(kv_bytes)
+
+    def tokens(self, request_id: int, token_ids: Sequence[int], worker_times: float | Sequence[float],
+               client_time: float) -> None:
+        """A batch of tokens of one engine step: stamped on the worker (one time, or one per
+        token) and on arrival at the router (client_time, which TTFT and ITL use)."""
+        record = self._get(request_id)
+        n = len(token_ids)
+        if np.ndim(worker_times) == 0:
+            worker_times = [worker_times] * n
+        if len(worker_times) != n:
+            raise ValueError(f"tokens: {n} token ids but {len(worker_times)} worker times")
+        record.output_token_ids.extend(int(t) for t in token_ids)
+        record.token_worker_times.extend(float(w) - self.t0 for w in worker_times)
+        record.token_times.extend([float(client_time) - self.t0] * n)
+
+    def finish(self, request_id: int, t: float) -> None:
+        self.event(request_id, Event.FINISHED, t)
+
+    def fail(self, request_id: int, t: float, reason: str) -> None:
+        self.event(request_id, Event.FAILED, t, reason=reason)
+
+    def reject(self, request: Any, t: float, reason: str) -> None:
+        """A request refused without running (at build time or by admission control)."""
+        self.register(request)
+        self.event(request.request_id, Event.REJECTED, t, reason=reason)
+
+    @staticmethod
+    def _end(record: _Record, since: float, status: str, reason: str) -> None:
+        # finished_s is when the request left the system, whatever its status; a failure or
+        # rejection overrides an earlier "ok" but not the other way round.
+        if record.status in (None, "ok") or status != "ok":
+            record.times["finished_s"] = since
+            record.status = status
+            record.reason = reason
+
+    def table(self) -> pd.DataFrame:
+        """One row per request, in request id order (see REQUEST_COLUMNS plus derived columns)."""
+        rows = [self._row(r) for _, r in sorted(self._records.items())]
+        return request_table(rows)
+
+    @staticmethod
+    def _row(r: _Record) -> dict:
+        row = {
+            "request_id": r.request_id, "arrival_s": r.arrival_s, "input_len": r.input_len,
+            "output_len": r.output_len, "session_id": r.session_id, "turn": r.turn, "tenant": r.tenant,
+            "prefill_worker": r.prefill_worker, "decode_worker": r.decode_worker,
+            "status": r.status or "failed", "reason": r.reason if r.status else "unfinished",
+            "kv_bytes": r.kv_bytes, "num_prefill_chunks": r.num_prefill_chunks,
+            "token_times": list(r.token_times), "token_worker_times": list(r.token_worker_times),
+            "output_token_ids": list(r.output_token_ids),
+        }
+        row.update({c: r.times.get(c, float("nan")) for c in TIME_COLUMNS})
+        return row
+
+
+ROW_DEFAULTS = {"input_len": 0, "output_len": 0, "session_id": None, "turn": 0, "tenant": "default",
+                "prefill_worker": None, "decode_worker": None, "status": "ok", "reason": "",
+                "kv_bytes": float("nan"), "num_prefill_chunks": 0}
+LIST_COLUMNS = ["token_times", "token_worker_times", "output_token_ids"]
+
+
+def request_table(rows: list[dict]) -> pd.DataFrame:
+    """The typed requests table from row dicts; missing keys take defaults (absent times are NaN,
+    absent lists empty), so tests can build tables from a few hand-made fields."""
+    full = []
+    for row in rows:
+        row = {**ROW_DEFAULTS, **{c: [] for c in LIST_COLUMNS}, **row}
+        row["token_worker_times"] = row["token_worker_times"] or list(row["token_times"])
+        full.append({c: row.get(c, float("nan")) for c in REQUEST_COLUMNS})
+    df = pd.DataFrame(full, columns=REQUEST_COLUMNS)
+    for c in INT_COLUMNS:
+        df[c] = df[c].astype("int64")
+    for c in NULLABLE_INT_COLUMNS:
+        df[c] = df[c].astype("Int64")
+    for c in ["arrival_s", "kv_bytes"] + TIME_COLUMNS:
+        df[c] = df[c].astype("float64")
+    for c in ["tenant", "status", "reason"]:
+        df[c] = df[c].astype(object).where(df[c].notna(), "").astype(str)
+    return add_derived(df)

@@ -1,0 +1,146 @@
+"""summarize: every figure of summary.json from the run's tables (pure functions)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping, Optional, Sequence
+
+import numpy as np
+import pandas as pd
+
+from testbed.metrics.config import MetricsConfig, SLOConfig
+from testbed.metrics.latency import (as_times, decode_stalls, distribution, harness_delays, pooled_itl,
+                                     ttft_by_bucket)
+from testbed.metrics.slo import attainment_by_tenant, attainment_curve, slo_attainment
+
+DEFAULT_SLO_SCALES = (0.5, 1.0, 1.5, 2.0, 3.0, 5.0)
+
+
+def mark_warmup(table: pd.DataFrame, metrics: MetricsConfig) -> pd.DataFrame:
+    """A copy whose `warmup` column flags the first warmup_requests requests by arrival and every
+    request arriving before warmup_s (seconds since the run start); earlier flags are kept."""
+    table = table.copy()
+    flag = table["warmup"].to_numpy(dtype=bool) if "warmup" in table.columns else np.zeros(len(table), bool)
+    if metrics.warmup_requests > 0:
+        first = np.argsort(table["arrival_s"].to_numpy(), kind="stable")[: metrics.warmup_requests]
+        flag[first] = True
+    if metrics.warmup_s > 0:
+        flag |= table["arrival_s"].to_numpy() < metrics.warmup_s
+    table["warmup"] = flag
+    return table
+
+
+def throughput(table: pd.DataFrame) -> dict[str, float]:
+    """Completed requests, input and output tokens per second of the ok requests, over the span
+    from the first arrival (of the requests given, rejected ones aside) to the last token of a
+    finished request."""
+    served = table[table["status"] != "rejected"]
+    ok = table[table["status"] == "ok"]
+    last = [as_times(c)[-1] for c in ok["token_times"] if as_times(c).size]
+    if not last or served.empty:
+        nan = float("nan")
+        return {"duration_s": nan, "requests_per_s": nan, "input_tokens_per_s": nan,
+                "output_tokens_per_s": nan, "total_tokens_per_s": nan}
+    duration = float(max(last) - served["arrival_s"].min())
+    rate = (lambda x: float(x / duration)) if duration > 0 else (lambda x: float("nan"))
+    input_tokens, output_tokens = float(ok["input_len"].sum()), float(ok["num_tokens"].sum())
+    return {"duration_s": duration, "requests_per_s": rate(len(ok)), "input_tokens_per_s": rate(input_tokens),
+            "output_tokens_per_s": rate(output_tokens), "total_tokens_per_s": rate(input_tokens + output_tokens)}
+
+
+def kv_transfer_summary(table: pd.DataFrame, transfers: Optional[pd.DataFrame] = None) -> dict[str, Any]:
+    """Transfer time, bytes and achieved bandwidth: per transfer row when a transfers table with
+    kv_bytes/start_s/end_s is given, else per request from the requests table."""
+    if transfers is not None and len(transfers) and {"kv_bytes", "start_s", "end_s"} <= set(transfers.columns):
+        seconds = (transfers["end_s"] - transfers["start_s"]).to_numpy(dtype=np.float64)
+        nbytes = transfers["kv_bytes"].to_numpy(dtype=np.float64)
+    else:
+        seconds = table["kv_transfer_s"].to_numpy(dtype=np.float64)
+        nbytes = table["kv_bytes"].to_numpy(dtype=np.float64)
+    both = ~np.isnan(seconds) & ~np.isnan(nbytes)
+    seconds, nbytes = seconds[both], nbytes[both]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        per_transfer_bw = np.where(seconds > 0, nbytes / seconds, np.nan)
+    total_time = float(seconds.sum())
+    return {"count": int(both.sum()), "time_s": distribution(seconds), "bytes": distribution(nbytes),
+            "bytes_total": float(nbytes.sum()), "bandwidth_bytes_per_s": distribution(per_transfer_bw),
+            "aggregate_bandwidth_bytes_per_s": float(nbytes.sum() / total_time) if total_time > 0 else float("nan")}
+
+
+def step_summary(steps: pd.DataFrame) -> dict[str, Any]:
+    """Step counts (and mean step time and batched tokens when present) per role."""
+    if steps is None or steps.empty or "role" not in steps.columns:
+        return {}
+    out: dict[str, Any] = {"steps_by_role": {str(k): int(v) for k, v in steps.groupby("role").size().items()}}
+    if {"start_s", "end_s"} <= set(steps.columns):
+        duration = (steps["end_s"] - steps["start_s"]).groupby(steps["role"]).mean()
+        out["mean_step_s_by_role"] = {str(k): float(v) for k, v in duration.items()}
+    if "batched_tokens" in steps.columns:
+        batched = steps.groupby("role")["batched_tokens"].mean()
+        out["mean_batched_tokens_by_role"] = {str(k): float(v) for k, v in batched.items()}
+    return out
+
+
+def summarize(requests: pd.DataFrame, steps: Optional[pd.DataFrame] = None,
+              transfers: Optional[pd.DataFrame] = None, *, slo: SLOConfig,
+              metrics: MetricsConfig = MetricsConfig(), num_gpus: int = 1,
+              tenant_slos: Optional[Mapping[str, SLOConfig]] = None,
+              slo_scales: Sequence[float] = DEFAULT_SLO_SCALES) -> dict[str, Any]:
+    """summary.json: JSON-ready (plain floats and ints, NaN as None). Warm-up requests (see
+    mark_warmup) are counted in "warmup_excluded" and left out of every other figure."""
+    marked = mark_warmup(requests, metrics)
+    table = marked[~marked["warmup"]]
+    ok = table[table["status"] == "ok"]
+    itl = pooled_itl(ok)
+    delays = harness_delays(ok)
+    tput = throughput(table)
+    out = {
+        "num_requests": {"ok": int(len(ok)), "failed": int((table["status"] == "failed").sum()),
+                         "rejected": int((table["status"] == "rejected").sum()), "total": int(len(table))},
+        "warmup_excluded": int(marked["warmup"].sum()),
+        "num_gpus": int(num_gpus),
+        "ttft": distribution(ok["ttft"]),
+        "tpot": distribution(ok["tpot"]),
+        "itl": distribution(itl),
+        "e2e": distribution(ok["e2e"]),
+        "normalized_latency": distribution(ok["normalized_latency"]),
+        "ttft_by_bucket": ttft_by_bucket(ok),
+        "throughput": {**tput, "requests_per_s_per_gpu": tput["requests_per_s"] / num_gpus,
+                       "output_tokens_per_s_per_gpu": tput["output_tokens_per_s"] / num_gpus},
+        "slo": {"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s},
+        "slo_attainment": slo_attainment(table, slo, tenant_slos),
+        "slo_attainment_by_tenant": attainment_by_tenant(table, slo, tenant_slos),
+        "slo_attainment_curve": _curve(table, slo, slo_scales, tenant_slos),
+        "queue": {"prefill_queue_s": distribution(ok["prefill_queue_s"]),
+                  "decode_queue_s": distribution(ok["decode_queue_s"])},
+        "kv_transfer": kv_transfer_summary(ok, transfers),
+        "decode_stalls": decode_stalls(itl, metrics.stall_factor),
+        "stall_factor": metrics.stall_factor,
+        "harness_delay": distribution(delays),
+        "prefill_chunks": distribution(ok["num_prefill_chunks"]),
+    }
+    out.update(step_summary(steps))
+    return json_safe(out)
+
+
+def _curve(table, slo, scales, tenant_slos) -> dict[str, list]:
+    curve = attainment_curve(table, slo, scales, tenant_slos)
+    return {"scales": list(curve.keys()), "attainment": list(curve.values())}
+
+
+def json_safe(value: Any) -> Any:
+    """Plain Python values for json.dumps(allow_nan=False): numpy scalars and arrays unwrapped,
+    NaN and infinities as None, tuples as lists, keys as strings."""
+    if isinstance(value, Mapping):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, np.ndarray, pd.Series)):
+        return [json_safe(v) for v in list(value)]
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, (float, np.floating)):
+        return float(value) if math.isfinite(value) else None
+    if value is None or value is pd.NA or value is pd.NaT:
+        return None
+    return value

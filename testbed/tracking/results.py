@@ -1,0 +1,156 @@
+"""The results directory of one run (DESIGN.md, Results contract), written atomically.
+
+config.yaml, meta.json, requests.parquet, steps.parquet, kv_transfers.parquet,
+telemetry.parquet (only when given), summary.json. Each file is written to a temporary file in
+the same directory and renamed into place, so a reader (or a sweep resuming after a crash)
+never sees half a file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+from omegaconf import OmegaConf
+
+from testbed.errors import TestbedError
+from testbed.metrics.events import REQUEST_COLUMNS, STEP_COLUMNS, TRANSFER_COLUMNS, request_table
+from testbed.metrics.summary import json_safe
+
+CHECKOUT = Path(__file__).resolve().parents[2]
+# Arrow types for list columns: an empty table (or all-empty lists) would otherwise be list<null>.
+LIST_TYPES = {"token_times": pa.list_(pa.float64()), "token_worker_times": pa.list_(pa.float64()),
+              "output_token_ids": pa.list_(pa.int64())}
+
+
+class ResultsError(TestbedError, OSError):
+    """The results directory cannot be written or read."""
+
+
+def write_results(out_dir, *, requests: pd.DataFrame, steps: Optional[pd.DataFrame] = None,
+                  transfers: Optional[pd.DataFrame] = None, telemetry: Optional[pd.DataFrame] = None,
+                  config: Any = None, meta: Optional[dict] = None, summary: Optional[dict] = None) -> Path:
+    """Write every file of the results contract into out_dir (created if needed); returns it.
+    A missing steps or transfers table still gets an empty parquet file with the contract's columns."""
+    out = Path(out_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ResultsError(f"cannot write results to {out}: {e.strerror or e}") from None
+    config_yaml = OmegaConf.to_yaml(OmegaConf.create(config if config is not None else {}))
+    _atomic(out / "config.yaml", lambda f: f.write(config_yaml.encode()))
+    _write_json(out / "meta.json", meta or {})
+    _write_parquet(out / "requests.parquet", requests if requests is not None else request_table([]))
+    _write_parquet(out / "steps.parquet", _or_empty(steps, STEP_COLUMNS))
+    _write_parquet(out / "kv_transfers.parquet", _or_empty(transfers, TRANSFER_COLUMNS))
+    if telemetry is not None:
+        _write_parquet(out / "telemetry.parquet", telemetry)
+    _write_json(out / "summary.json", summary or {})
+    return out
+
+
+def read_results(out_dir) -> dict[str, Any]:
+    """{"config", "meta", "summary": dicts; "requests", "steps", "kv_transfers": DataFrames;
+    "telemetry": DataFrame or None}."""
+    out = Path(out_dir)
+    if not (out / "summary.json").is_file():
+        raise ResultsError(f"not a results directory (no summary.json): {out}")
+    result: dict[str, Any] = {
+        "config": OmegaConf.to_container(OmegaConf.load(out / "config.yaml")),
+        "meta": json.loads((out / "meta.json").read_text()),
+        "summary": json.loads((out / "summary.json").read_text()),
+    }
+    for name in ("requests", "steps", "kv_transfers"):
+        result[name] = pd.read_parquet(out / f"{name}.parquet")
+    telemetry = out / "telemetry.parquet"
+    result["telemetry"] = pd.read_parquet(telemetry) if telemetry.is_file() else None
+    return result
+
+
+def _or_empty(df: Optional[pd.DataFrame], columns: list[str]) -> pd.DataFrame:
+    return df if df is not None else pd.DataFrame({c: pd.Series(dtype="float64") for c in columns})
+
+
+def _atomic(path: Path, write: Callable) -> None:
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as e:
+        raise ResultsError(f"cannot write results to {path.parent}: {e.strerror or e}") from None
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _write_json(path: Path, data: dict) -> None:
+    text = json.dumps(json_safe(data), indent=2, allow_nan=False, sort_keys=False)
+    _atomic(path, lambda f: f.write(text.encode()))
+
+
+def _write_parquet(path: Path, df: pd.DataFrame) -> None:
+    table = pa.Table.from_pandas(df.reset_index(drop=True), preserve_index=False)
+    for name, list_type in LIST_TYPES.items():
+        index = table.schema.get_field_index(name)
+        if index >= 0 and table.schema.field(index).type != list_type:
+            table = table.set_column(index, name, table.column(name).cast(list_type))
+    _atomic(path, lambda f: pq.write_table(table, f))
+
+
+def collect_meta(seed: int, extra: Optional[dict] = None) -> dict[str, Any]:
+    """Versions, host, devices, git commit and seed of a run (for meta.json)."""
+    import numpy as np
+
+    meta: dict[str, Any] = {
+        "seed": int(seed),
+        "time_unix": time.time(),
+        "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "hostname": socket.gethostname(),
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "python": sys.version.split()[0],
+        "numpy": np.__version__,
+        "pandas": pd.__version__,
+        "pyarrow": pa.__version__,
+    }
+    meta.update(_torch_meta())
+    meta.update(_git_meta())
+    meta.update(extra or {})
+    return json_safe(meta)
+
+
+def _torch_meta() -> dict[str, Any]:
+    try:
+        import torch
+    except Exception:  # torch absent or broken: the metadata says so instead of failing the run
+        return {"torch": None, "cuda_devices": []}
+    devices = []
+    if torch.cuda.is_available():
+        devices = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    return {"torch": torch.__version__, "cuda": torch.version.cuda, "cuda_devices": devices}
+
+
+def _git_meta() -> dict[str, Any]:
+    def git(*args: str) -> Optional[str]:
+        try:
+            done = subprocess.run(["git", "-C", str(CHECKOUT), *args], capture_output=True, text=True, timeout=5)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    commit = git("rev-parse", "HEAD")
+    status = git("status", "--porcelain") if commit else None
+    return {"git_commit": commit, "git_dirty": bool(status) if status is not None else None}

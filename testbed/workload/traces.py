@@ -1,0 +1,204 @@
+"""Trace readers: Azure LLM inference CSV, Mooncake JSONL, and the testbed's own JSONL.
+
+Each reader returns the raw rows (unscaled lengths, arrival offsets in seconds from the
+earliest row); `select` cuts a time window and a request count. Every error names the file and
+the line number.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import dataclass, replace
+from datetime import datetime
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from testbed.workload.config import WorkloadError
+
+AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+CHECKOUT = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True)
+class TraceRecords:
+    source: str
+    timestamps_s: np.ndarray
+    input_len: np.ndarray
+    output_len: np.ndarray
+    hash_ids: Optional[list] = None  # per row a tuple of block ids (Mooncake), else None
+    prompts: Optional[list] = None  # per row explicit token ids or None (native format)
+    tenants: Optional[list] = None
+
+    def __len__(self) -> int:
+        return len(self.timestamps_s)
+
+    def take(self, index: np.ndarray) -> "TraceRecords":
+        def pick(rows):
+            return None if rows is None else [rows[i] for i in index]
+
+        return replace(self, timestamps_s=self.timestamps_s[index], input_len=self.input_len[index],
+                       output_len=self.output_len[index], hash_ids=pick(self.hash_ids),
+                       prompts=pick(self.prompts), tenants=pick(self.tenants))
+
+
+def resolve_trace_path(path: str) -> Path:
+    """The path as given (relative to the current dir), then beside the checkout, then in the
+    shared traces folder next to it (`../shared/traces/<name>`)."""
+    given = Path(path).expanduser()
+    candidates = [given, CHECKOUT / given, CHECKOUT.parent / "shared" / "traces" / given.name]
+    for candidate in candidates:
+        if candidate.is_file():
+            return candidate
+    looked = ", ".join(str(c) for c in candidates)
+    raise WorkloadError(f"workload.path: trace file {path!r} not found (looked in {looked})")
+
+
+def detect_format(path: Path) -> str:
+    if path.suffix.lower() == ".csv":
+        return "azure_csv"
+    with path.open() as f:
+        for line in f:
+            if line.strip():
+                return "native_jsonl" if '"arrival_s"' in line else "mooncake_jsonl"
+    return "native_jsonl"
+
+
+def read_trace(path: Path, fmt: Optional[str] = None) -> TraceRecords:
+    fmt = fmt or detect_format(path)
+    readers = {"azure_csv": read_azure_csv, "mooncake_jsonl": read_mooncake_jsonl,
+               "native_jsonl": read_native_jsonl}
+    try:
+        records = readers[fmt](path)
+    except OSError as e:
+        raise WorkloadError(f"trace {path}: cannot read ({e.strerror or e})") from None
+    if len(records) == 0:
+        raise WorkloadError(f"trace {path}: no requests in the file")
+    start = records.timestamps_s.min()
+    return replace(records, timestamps_s=records.timestamps_s - start)
+
+
+def select(records: TraceRecords, start_s: float, window_s: Optional[float], num_requests: int) -> TraceRecords:
+    """Rows with start_s <= t < start_s + window_s (in trace time), sorted by time, the first
+    num_requests of them (0 = all); offsets then count from start_s."""
+    t = records.timestamps_s
+    keep = t >= start_s
+    if window_s is not None:
+        keep &= t < start_s + window_s
+    index = np.flatnonzero(keep)
+    index = index[np.argsort(t[index], kind="stable")]
+    if num_requests > 0:
+        index = index[:num_requests]
+    chosen = records.take(index)
+    return replace(chosen, timestamps_s=chosen.timestamps_s - start_s)
+
+
+def read_azure_csv(path: Path) -> TraceRecords:
+    times, inputs, outputs = [], [], []
+    with path.open(newline="") as f:
+        reader = csv.reader(f)
+        header = next(reader, None) or []
+        missing = [c for c in AZURE_COLUMNS if c not in header]
+        if missing:
+            raise WorkloadError(f"trace {path} line 1: missing column {missing[0]} (header: {','.join(header)})")
+        cols = [header.index(c) for c in AZURE_COLUMNS]
+        first: Optional[datetime] = None
+        for row in reader:
+            line = reader.line_num
+            if not row or not "".join(row).strip():
+                continue
+            if len(row) != len(header):
+                raise WorkloadError(f"trace {path} line {line}: expected {len(header)} fields, got {len(row)}")
+            stamp = _wall_clock(row[cols[0]], path, line)
+            first = first or stamp[0]
+            times.append((stamp[0] - first).total_seconds() + stamp[1])
+            inputs.append(_count(row[cols[1]], "ContextTokens", path, line))
+            outputs.append(_count(row[cols[2]], "GeneratedTokens", path, line))
+    return TraceRecords(str(path), np.array(times, dtype=np.float64), np.array(inputs, dtype=np.int64),
+                        np.array(outputs, dtype=np.int64))
+
+
+def _wall_clock(text: str, path: Path, line: int) -> tuple[datetime, float]:
+    """'2023-11-16 18:15:46.6805900' -> (the whole second, the fraction). Parsed by hand because
+    seven fractional digits are more than datetime accepts before Python 3.11."""
+    base, _, fraction = text.strip().partition(".")
+    try:
+        second = datetime.fromisoformat(base)
+        frac = int(fraction) / 10 ** len(fraction) if fraction else 0.0
+    except ValueError:
+        raise WorkloadError(f"trace {path} line {line}: TIMESTAMP {text!r} is not 'YYYY-MM-DD HH:MM:SS.fffffff'") from None
+    return second, frac
+
+
+def _count(value, key: str, path: Path, line: int) -> int:
+    try:
+        number = int(value) if not isinstance(value, float) or value.is_integer() else None
+    except (TypeError, ValueError):
+        number = None
+    if number is None or number < 0 or isinstance(value, bool):
+        raise WorkloadError(f"trace {path} line {line}: {key} must be an integer >= 0 (got {value!r})")
+    return number
+
+
+def _json_rows(path: Path):
+    with path.open() as f:
+        for line, text in enumerate(f, start=1):
+            if not text.strip():
+                continue
+            try:
+                row = json.loads(text)
+            except json.JSONDecodeError as e:
+                raise WorkloadError(f"trace {path} line {line}: not valid JSON ({e.msg})") from None
+            if not isinstance(row, dict):
+                raise WorkloadError(f"trace {path} line {line}: expected a JSON object")
+            yield line, row
+
+
+def _field(row: dict, key: str, path: Path, line: int):
+    if key not in row:
+        raise WorkloadError(f"trace {path} line {line}: missing field {key!r}")
+    return row[key]
+
+
+def _seconds(value, key: str, path: Path, line: int) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value) or value < 0:
+        raise WorkloadError(f"trace {path} line {line}: {key} must be a number >= 0 (got {value!r})")
+    return float(value)
+
+
+def _id_list(value, key: str, path: Path, line: int) -> tuple[int, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value):
+        raise WorkloadError(f"trace {path} line {line}: {key} must be a list of integers >= 0")
+    return tuple(value)
+
+
+def read_mooncake_jsonl(path: Path) -> TraceRecords:
+    """{"timestamp": ms, "input_length", "output_length", "hash_ids": [...]} per line."""
+    times, inputs, outputs, hashes = [], [], [], []
+    for line, row in _json_rows(path):
+        times.append(_seconds(_field(row, "timestamp", path, line), "timestamp", path, line) / 1000.0)
+        inputs.append(_count(_field(row, "input_length", path, line), "input_length", path, line))
+        outputs.append(_count(_field(row, "output_length", path, line), "output_length", path, line))
+        hashes.append(_id_list(row.get("hash_ids", []), "hash_ids", path, line))
+    return TraceRecords(str(path), np.array(times, dtype=np.float64), np.array(inputs, dtype=np.int64),
+                        np.array(outputs, dtype=np.int64), hash_ids=hashes)
+
+
+def read_native_jsonl(path: Path) -> TraceRecords:
+    """{"arrival_s", "input_len" (or "prompt_token_ids"), "output_len", optional "hash_ids",
+    "tenant"} per line: the testbed's own format, e.g. a recorded run to replay exactly."""
+    times, inputs, outputs, hashes, prompts, tenants = [], [], [], [], [], []
+    for line, row in _json_rows(path):
+        times.append(_seconds(_field(row, "arrival_s", path, line), "arrival_s", path, line))
+        prompt = row.get("prompt_token_ids")
+        prompts.append(None if prompt is None else _id_list(prompt, "prompt_token_ids", path, line))
+        length = len(prompt) if prompt is not None else _field(row, "input_len", path, line)
+        inputs.append(_count(length, "input_len", path, line))
+        outputs.append(_count(_field(row, "output_len", path, line), "output_len", path, line))
+        hashes.append(_id_list(row.get("hash_ids", []), "hash_ids", path, line))
+        tenants.append(str(row.get("tenant", "default")))
+    return TraceRecords(str(path), np.array(times, dtype=np.float64), np.array(inputs, dtype=np.int64),
+                        np.array(outputs, dtype=np.int64), hash_ids=hashes,
+                        prompts=prompts if any(p is not None for p in prompts) else None, tenants=tenants)
