@@ -1,0 +1,54 @@
+"""The command line: the default job end to end, and bad input as one line with exit code 2."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def cli(*overrides, tmp_path):
+    return subprocess.run([sys.executable, "-m", "testbed", f"hydra.run.dir={tmp_path}", *overrides],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.slow
+def test_default_job_writes_the_results_contract(tmp_path):
+    out = cli("workload.num_requests=12", "workload.rate=20", tmp_path=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    for name in ("config.yaml", "meta.json", "requests.parquet", "steps.parquet", "kv_transfers.parquet",
+                 "summary.json"):
+        assert (tmp_path / name).is_file(), name
+    requests = pd.read_parquet(tmp_path / "requests.parquet")
+    assert len(requests) == 12 and (requests.status == "ok").all()
+    assert (requests.ttft > 0).all() and (requests.output_token_ids.map(len) == requests.output_len).all()
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["kv_blocks_leaked"] == {"worker0": 0}
+    assert "ttft ms" in out.stdout and "throughput" in out.stdout
+
+
+@pytest.mark.parametrize("override, message", [
+    ("model.name=gpt5", "model.name='gpt5' is not a preset"),
+    ("model.num_heads=5", "model.num_heads=5 must divide model.hidden_size=64"),
+    ("engine.kv_cache_mib=0.01", "cannot hold one request of max_model_len=2048"),
+    ("mode=chunked scheduler.chunk_size=8", "scheduler.chunk_size=8 must be >= scheduler.max_running=64"),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, override, message):
+    out = cli(*override.split(), tmp_path=tmp_path)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_prompt_longer_than_max_model_len_is_refused():
+    from testbed import LLM
+    from testbed.errors import ConfigError
+
+    llm = LLM("tiny", max_model_len=64, num_kv_blocks=8)
+    with pytest.raises(ConfigError, match="exceeds model.max_model_len=64"):
+        llm.generate([[1] * 60], max_new_tokens=8)
