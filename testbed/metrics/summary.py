@@ -20,7 +20,7 @@ def mark_warmup(table: pd.DataFrame, metrics: MetricsConfig) -> pd.DataFrame:
     """A copy whose `warmup` column flags the first warmup_requests requests by arrival and every
     request arriving before warmup_s (seconds since the run start); earlier flags are kept."""
     table = table.copy()
-    flag = table["warmup"].to_numpy(dtype=bool) if "warmup" in table.columns else np.zeros(len(table), bool)
+    flag = table["warmup"].to_numpy(dtype=bool, copy=True) if "warmup" in table.columns else np.zeros(len(table), bool)
     if metrics.warmup_requests > 0:
         first = np.argsort(table["arrival_s"].to_numpy(), kind="stable")[: metrics.warmup_requests]
         flag[first] = True
@@ -83,11 +83,12 @@ def step_summary(steps: pd.DataFrame) -> dict[str, Any]:
 
 def summarize(requests: pd.DataFrame, steps: Optional[pd.DataFrame] = None,
               transfers: Optional[pd.DataFrame] = None, *, slo: SLOConfig,
-              metrics: MetricsConfig = MetricsConfig(), num_gpus: int = 1,
+              metrics: Optional[MetricsConfig] = None, num_gpus: int = 1,
               tenant_slos: Optional[Mapping[str, SLOConfig]] = None,
               slo_scales: Sequence[float] = DEFAULT_SLO_SCALES) -> dict[str, Any]:
     """summary.json: JSON-ready (plain floats and ints, NaN as None). Warm-up requests (see
     mark_warmup) are counted in "warmup_excluded" and left out of every other figure."""
+    metrics = metrics or MetricsConfig()  # not a default argument: a shared mutable instance
     marked = mark_warmup(requests, metrics)
     table = marked[~marked["warmup"]]
     ok = table[table["status"] == "ok"]

@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 from omegaconf import OmegaConf
 
 from testbed.errors import TestbedError
-from testbed.metrics.events import REQUEST_COLUMNS, STEP_COLUMNS, TRANSFER_COLUMNS, request_table
+from testbed.metrics.events import STEP_COLUMNS, TRANSFER_COLUMNS, request_table
 from testbed.metrics.summary import json_safe
 
 CHECKOUT = Path(__file__).resolve().parents[2]

@@ -47,10 +47,6 @@ class Workload:
             self.report["sessions_ended_overlength"] += 1
         return turn
 
-    def tenant_slos(self) -> dict[str, tuple[Optional[float], Optional[float]]]:
-        """{tenant: (ttft_s, tpot_s)} as configured (None = use the run's SLO)."""
-        return {t.name: (t.ttft_s, t.tpot_s) for t in self._planner.cfg.tenants}
-
     def __len__(self) -> int:
         return len(self.requests)
 
