@@ -10,8 +10,9 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from testbed.cluster.config import ClusterConfig, KVTransferConfig
 from testbed.engine.config import EngineConfig, SchedulerConfig
 from testbed.errors import ConfigError
 from testbed.metrics.config import MetricsConfig, SLOConfig
@@ -45,6 +46,8 @@ class Config:
     engine: EngineConfig = field(default_factory=EngineConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    kv_transfer: KVTransferConfig = field(default_factory=KVTransferConfig)
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     slo: SLOConfig = field(default_factory=SLOConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
@@ -57,6 +60,11 @@ class Config:
         self.engine.validate()
         self.scheduler.validate()
         self.hardware.validate()
+        self.cluster.validate()
+        self.kv_transfer.validate()
+        self.workload.validate()
+        self.slo.validate()
+        self.metrics.validate()
         return self
 
 
@@ -67,6 +75,8 @@ def _writable(node: DictConfig) -> DictConfig:
         child = node._get_node(key)
         if isinstance(child, DictConfig):
             _writable(child)
+        elif isinstance(child, ListConfig):
+            OmegaConf.set_readonly(child, False)
     return node
 
 

@@ -53,6 +53,8 @@ class Engine:
                                           engine_config.enable_prefix_caching)
         self.scheduler = Scheduler(make_policy(policy), self.block_manager, scheduler_config)
         self.role = policy
+        # after_layer(layer, sequences whose prefill completes this step): the KV streaming hook
+        self.after_layer = None
 
     @classmethod
     def build(cls, args: ModelArgs, engine_config: EngineConfig, scheduler_config: SchedulerConfig, policy: str,
@@ -84,7 +86,11 @@ class Engine:
         t1 = time.perf_counter()
         order, ids, pos, meta, rows = self.runner.prepare(batch)
         t2 = time.perf_counter()
-        logits = self.runner.forward(ids, pos, meta, rows)
+        hook = None
+        if self.after_layer is not None:
+            finishing = [seq for seq, n in batch.items if seq.in_prefill and seq.num_computed_tokens + n == seq.num_tokens]
+            hook = (lambda layer: self.after_layer(layer, finishing)) if finishing else None
+        logits = self.runner.forward(ids, pos, meta, rows, hook)
         t3 = time.perf_counter()  # on CUDA the forward is still in flight here; sampling waits for it
         tokens = self.runner.sample(logits)
         t4 = time.perf_counter()

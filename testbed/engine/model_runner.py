@@ -80,8 +80,8 @@ class ModelRunner:
         return order, ids, pos, meta, sample_rows
 
     @torch.inference_mode()
-    def forward(self, ids, pos, meta, sample_rows) -> torch.Tensor:
-        hidden = self.model(ids, pos, self.kv_caches, meta, self.backend)
+    def forward(self, ids, pos, meta, sample_rows, after_layer=None) -> torch.Tensor:
+        hidden = self.model(ids, pos, self.kv_caches, meta, self.backend, after_layer)
         return self.model.logits(hidden[sample_rows])  # (num sampled, vocab), float32
 
     def run(self, batch: Batch) -> tuple[list[int | None], torch.Tensor]:
@@ -108,14 +108,21 @@ class ModelRunner:
     def sample(logits: torch.Tensor) -> list[int]:
         return logits.argmax(dim=-1).tolist()  # the one host sync of a step
 
-    # -- KV blocks in and out (the connector's side of the pool) -----------------------------
-    def read_blocks(self, block_ids: list[int], layer: int | None = None) -> torch.Tensor:
-        """One contiguous buffer (2, layers, nblocks, block_size, Hkv, D), or one layer's (2, nblocks, ...)."""
-        index = torch.tensor(block_ids, device=self.device)
-        cache = self.kv_cache if layer is None else self.kv_cache[:, layer]
-        return cache.index_select(cache.dim() - 4, index)
+    # -- KV in and out, for the connector ----------------------------------------------------
+    def _token_slots(self, block_table: list[int], num_tokens: int) -> torch.Tensor:
+        bs = self.block_size
+        return torch.tensor([block_table[p // bs] * bs + p % bs for p in range(num_tokens)], device=self.device)
 
-    def write_blocks(self, block_ids: list[int], data: torch.Tensor, layer: int | None = None) -> None:
-        index = torch.tensor(block_ids, device=self.device)
-        cache = self.kv_cache if layer is None else self.kv_cache[:, layer]
-        cache.index_copy_(cache.dim() - 4, index, data.to(self.device, self.dtype))
+    def read_tokens(self, block_table: list[int], num_tokens: int, layer: int | None = None) -> torch.Tensor:
+        """The KV of the first `num_tokens` tokens as one contiguous buffer:
+        (2, layers, num_tokens, Hkv, D), or (2, num_tokens, Hkv, D) for one layer."""
+        flat = self.kv_cache.flatten(2, 3)  # (2, layers, blocks * block_size, Hkv, D)
+        if layer is not None:
+            flat = flat[:, layer]
+        return flat.index_select(flat.dim() - 3, self._token_slots(block_table, num_tokens))
+
+    def write_tokens(self, block_table: list[int], data: torch.Tensor, layer: int | None = None) -> None:
+        flat = self.kv_cache.flatten(2, 3)
+        if layer is not None:
+            flat = flat[:, layer]
+        flat.index_copy_(flat.dim() - 3, self._token_slots(block_table, data.shape[-3]), data.to(self.dtype))

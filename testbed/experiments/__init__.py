@@ -6,10 +6,10 @@ from pathlib import Path
 
 from testbed.config import Config
 from testbed.experiments.report import print_run
-from testbed.experiments.serve import serve_one_engine
+from testbed.experiments.serve import serve
 
 
 def run(cfg: Config, out_dir: Path) -> dict:
-    result = serve_one_engine(cfg, out_dir)
+    result = serve(cfg, out_dir)
     print_run(result["requests"], result["summary"], out_dir)
     return result

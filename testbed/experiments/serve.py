@@ -1,67 +1,86 @@
-"""The default job: serve one workload and write one results directory."""
+"""One serving point: start the workers, replay the workload, audit KV, write one results directory."""
 
 from __future__ import annotations
 
 import dataclasses
 import time
 from pathlib import Path
+from typing import Callable, Optional
 
 import pandas as pd
-import torch
 from tqdm import tqdm
 
-from testbed.cluster.inprocess import InProcessServer
+from testbed.cluster.launcher import Cluster, plan_workers
+from testbed.cluster.router import Router
+from testbed.cluster.worker import WorkerSpec
 from testbed.config import Config
-from testbed.engine import Engine, StepRecord
-from testbed.errors import ConfigError
-from testbed.metrics.events import RequestLog
+from testbed.metrics.events import STEP_COLUMNS, TRANSFER_COLUMNS, RequestLog
 from testbed.metrics.summary import summarize
 from testbed.tracking.results import collect_meta, write_results
 from testbed.workload import build_workload
 
-POLICY_OF_MODE = {"colocated": "colocated", "chunked": "chunked"}
+
+class KVLeakError(RuntimeError):
+    """A worker ended the run with KV blocks still allocated."""
 
 
-def pick_device(cfg: Config) -> torch.device:
-    name = cfg.hardware.name
-    if name == "gpu" and not torch.cuda.is_available():
-        raise ConfigError("hardware=gpu but no CUDA device is visible (torch.cuda.is_available() is False)")
-    use_cuda = name == "gpu" or (name == "auto" and torch.cuda.is_available())
-    return torch.device("cuda:0" if use_cuda else "cpu")
+def worker_template(cfg: Config) -> WorkerSpec:
+    kv = cfg.kv_transfer
+    return WorkerSpec(rank=0, world_size=1, role="", device="cpu", port=0, model=cfg.model, engine=cfg.engine,
+                      scheduler=cfg.scheduler, granularity=kv.granularity, kv_timeout_s=kv.timeout_s,
+                      recompute_on_failure=kv.on_failure == "recompute", max_pending=kv.max_pending,
+                      heartbeat_s=cfg.cluster.heartbeat_s, start_timeout_s=cfg.cluster.start_timeout_s)
 
 
-def steps_table(records: list[StepRecord], t0: float, worker: int = 0) -> pd.DataFrame:
-    rows = []
-    for i, r in enumerate(records):
-        row = dataclasses.asdict(r)
-        row.update(worker=worker, step=i, start_s=row.pop("start") - t0, end_s=row.pop("end") - t0)
+def steps_table(steps: list[tuple[int, object]], t0: float) -> pd.DataFrame:
+    rows, counts = [], {}
+    for worker, record in steps:
+        row = dataclasses.asdict(record)
+        counts[worker] = counts.get(worker, -1) + 1
+        row.update(worker=worker, step=counts[worker], start_s=row.pop("start") - t0, end_s=row.pop("end") - t0)
         rows.append(row)
-    return pd.DataFrame(rows)
+    extra = [c for c in (rows[0] if rows else {}) if c not in STEP_COLUMNS]
+    return pd.DataFrame(rows, columns=STEP_COLUMNS + extra)
 
 
-def serve_one_engine(cfg: Config, out_dir: Path) -> dict:
-    """One engine on one device (colocated or chunked policy) over the configured workload."""
-    if cfg.mode not in POLICY_OF_MODE:
-        raise ConfigError(f"mode={cfg.mode} needs separate prefill and decode workers; "
-                          f"one engine serves mode={' or '.join(POLICY_OF_MODE)}")
+def transfers_table(transfers: dict[int, dict]) -> pd.DataFrame:
+    rows = [row for row in transfers.values() if "request_id" in row]
+    return pd.DataFrame(rows, columns=TRANSFER_COLUMNS + ["send_end_s", "wait_s"])
+
+
+def serve(cfg: Config, out_dir: Path, on_started: Optional[Callable[[Cluster], None]] = None,
+          progress: bool = True) -> dict:
+    """Run one point and write its results directory; returns the tables and the summary."""
     args = cfg.model.args()
-    device = pick_device(cfg)
-    engine = Engine.build(args, cfg.engine, cfg.scheduler, POLICY_OF_MODE[cfg.mode], device,
-                          dtype=cfg.model.dtype, path=cfg.model.path, seed=cfg.model.seed)
+    plans = plan_workers(cfg.mode, cfg.cluster, cfg.hardware)
     workload = build_workload(cfg.workload, seed=cfg.seed, vocab_size=args.vocab_size,
                               max_model_len=args.max_model_len)
-    t0 = time.perf_counter()
-    log = RequestLog(t0)
-    server = InProcessServer(engine, workload, log)
-    with tqdm(total=len(workload.requests), desc="requests", unit="req", leave=False) as bar:
-        records = server.run(t0, on_finish=lambda: bar.update(1))
-    if engine.num_used_blocks:
-        raise RuntimeError(f"KV audit failed: {engine.num_used_blocks} blocks still allocated at the end of the run")
-    requests, steps = log.table(), steps_table(records, t0)
-    summary = summarize(requests, steps, None, slo=cfg.slo, metrics=cfg.metrics, num_gpus=1)
-    summary["kv_blocks_leaked"] = {"worker0": engine.num_used_blocks}
+    with Cluster(plans, worker_template(cfg), cfg.cluster.start_timeout_s) as cluster:
+        if on_started:
+            on_started(cluster)
+        t0 = time.perf_counter()
+        log = RequestLog(t0)
+        router = Router(cluster, workload, log, cfg.mode, cfg.cluster, cfg.kv_transfer, t0)
+        with tqdm(total=len(workload.requests), desc=f"{cfg.mode} requests", unit="req", leave=False,
+                  disable=not progress) as bar:
+            router.on_finish = lambda: bar.update(1)
+            router.run()
+        leftovers: list = []
+        audit = cluster.stop(leftovers)
+        for msg in leftovers:
+            router.handle(msg)
+    requests, steps = log.table(), steps_table(router.steps, t0)
+    transfers = transfers_table(router.transfers)
+    summary = summarize(requests, steps, transfers, slo=cfg.slo, metrics=cfg.metrics, num_gpus=len(plans))
+    summary["kv_blocks_leaked"] = {f"worker{rank}": blocks for rank, blocks in sorted(audit.items())}
+    summary["workers"] = {f"worker{p.rank}": {"role": p.role, "device": p.device,
+                                              "alive_at_end": p.rank in audit} for p in plans}
     summary["workload_report"] = workload.report
-    write_results(out_dir, requests=requests, steps=steps, transfers=None, telemetry=None,
-                  config=dataclasses.asdict(cfg), meta=collect_meta(cfg.seed, {"device": str(device)}),
+    write_results(out_dir, requests=requests, steps=steps, transfers=transfers, telemetry=None,
+                  config=dataclasses.asdict(cfg), meta=collect_meta(cfg.seed, {"workers": summary["workers"]}),
                   summary=summary)
-    return {"requests": requests, "summary": summary}
+    leaked = {rank: blocks for rank, blocks in audit.items() if blocks}
+    if leaked:
+        raise KVLeakError(f"KV audit failed: blocks still allocated at the end of the run {leaked}; "
+                          f"results kept in {out_dir}")
+    return {"requests": requests, "steps": steps, "transfers": transfers, "summary": summary}

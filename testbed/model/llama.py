@@ -109,12 +109,16 @@ class Transformer(nn.Module):
             self.lm_head.weight = self.embed_tokens.weight
         self.rotary = Rotary(args.head_dim, args.rope_theta)
 
-    def forward(self, input_ids, positions, kv_caches, meta: AttentionMetadata, backend) -> torch.Tensor:
-        """input_ids, positions: (T,) -> hidden (T, hidden); kv_caches[i] = (k, v) of layer i."""
+    def forward(self, input_ids, positions, kv_caches, meta: AttentionMetadata, backend,
+                after_layer=None) -> torch.Tensor:
+        """input_ids, positions: (T,) -> hidden (T, hidden); kv_caches[i] = (k, v) of layer i.
+        `after_layer(i)` runs once layer i's KV is in the pool (layer-wise KV streaming)."""
         x = self.embed_tokens(input_ids)
         cos, sin = self.rotary(positions)
-        for layer, kv in zip(self.layers, kv_caches):
+        for i, (layer, kv) in enumerate(zip(self.layers, kv_caches)):
             x = layer(x, cos, sin, kv, meta, backend)
+            if after_layer is not None:
+                after_layer(i)
         return self.norm(x)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -27,6 +27,7 @@ from omegaconf import OmegaConf
 from testbed.errors import TestbedError
 from testbed.metrics.events import STEP_COLUMNS, TRANSFER_COLUMNS, request_table
 from testbed.metrics.summary import json_safe
+from testbed.tracking.telemetry import gpu_inventory
 
 CHECKOUT = Path(__file__).resolve().parents[2]
 # Arrow types for list columns: an empty table (or all-empty lists) would otherwise be list<null>.
@@ -128,6 +129,7 @@ def collect_meta(seed: int, extra: Optional[dict] = None) -> dict[str, Any]:
     }
     meta.update(_torch_meta())
     meta.update(_git_meta())
+    meta["hardware"] = _hardware_meta()
     meta.update(extra or {})
     return json_safe(meta)
 
@@ -141,6 +143,14 @@ def _torch_meta() -> dict[str, Any]:
     if torch.cuda.is_available():
         devices = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
     return {"torch": torch.__version__, "cuda": torch.version.cuda, "cuda_devices": devices}
+
+
+def _hardware_meta() -> dict[str, Any]:
+    """GPUs, driver and NVLink/P2P topology from NVML (read only); the reason when absent."""
+    try:
+        return gpu_inventory()
+    except Exception as e:  # an odd driver must not fail the run: the metadata says so instead
+        return {"available": False, "reason": f"{type(e).__name__}: {e}"}
 
 
 def _git_meta() -> dict[str, Any]:

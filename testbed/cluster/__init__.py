@@ -1,0 +1,1 @@
+"""Cluster: launcher (one process per device), router (replay + dispatch), KV connector."""

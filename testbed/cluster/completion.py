@@ -1,0 +1,56 @@
+"""Knowing on the host when a point-to-point transfer has completed.
+
+NCCL work answers `is_completed()`. gloo's send/recv work does not: it completes only inside
+`wait()`. So on gloo one daemon thread per peer waits on that peer's work in issue order (the
+order the wire delivers it) and flags each handle; the worker loop only polls flags.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from datetime import timedelta
+from typing import Optional
+
+import torch.distributed as dist
+
+
+class Handle:
+    def __init__(self, work, polled: bool):
+        self.work, self.polled = work, polled
+        self.event = threading.Event()
+        self.error: Optional[str] = None
+
+    def done(self) -> bool:
+        if self.polled and not self.event.is_set() and self.work.is_completed():
+            self.event.set()
+        return self.event.is_set()
+
+
+class CompletionTracker:
+    def __init__(self, timeout_s: float):
+        self.timeout = timedelta(seconds=timeout_s)
+        self.polled = dist.get_backend() == "nccl"
+        self.queues: dict[int, queue.Queue] = {}
+
+    def track(self, work, peer: int) -> Handle:
+        handle = Handle(work, self.polled)
+        if not self.polled:
+            self._queue(peer).put(handle)
+        return handle
+
+    def _queue(self, peer: int) -> queue.Queue:
+        if peer not in self.queues:
+            self.queues[peer] = queue.Queue()
+            threading.Thread(target=self._wait_loop, args=(self.queues[peer],), daemon=True,
+                             name=f"kv-wait-peer{peer}").start()
+        return self.queues[peer]
+
+    def _wait_loop(self, pending: queue.Queue) -> None:
+        while True:
+            handle = pending.get()
+            try:
+                handle.work.wait(self.timeout)
+            except RuntimeError as error:  # peer gone or timed out
+                handle.error = str(error).splitlines()[0] if str(error) else type(error).__name__
+            handle.event.set()

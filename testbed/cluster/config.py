@@ -1,0 +1,64 @@
+"""Cluster and KV-transfer settings: which workers exist, where they run, how KV moves."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Optional
+
+from testbed.errors import ConfigError
+
+DISPATCH = ("round_robin", "least_loaded", "session_affinity")
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """colocated / chunked: `num_workers` mixed workers. disagg: `num_prefill` P + `num_decode` D
+    workers. Devices: P on the first devices and D on the next unless given explicitly."""
+
+    num_workers: int = 1
+    num_prefill: int = 1
+    num_decode: int = 1
+    prefill_devices: Optional[List[int]] = None
+    decode_devices: Optional[List[int]] = None
+    dispatch: str = "round_robin"  # requests to mixed / prefill workers
+    decode_dispatch: str = "least_loaded"  # KV to decode workers (late binding, or at arrival when early)
+    max_prompt_len: Optional[int] = None  # admission control: longer prompts are rejected
+    max_outstanding: Optional[int] = None  # admission control: requests in the system at once
+    start_timeout_s: float = 300.0  # workers up and process group formed
+    heartbeat_s: float = 2.0  # a silent live worker is declared dead after 5 heartbeats
+    drain_timeout_s: float = 600.0  # after the last arrival, everything finished within this
+
+    def validate(self) -> "ClusterConfig":
+        for key in ("num_workers", "num_prefill", "num_decode"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"cluster.{key} must be >= 1 (got {getattr(self, key)})")
+        for key in ("dispatch", "decode_dispatch"):
+            if getattr(self, key) not in DISPATCH:
+                raise ConfigError(f"cluster.{key}={getattr(self, key)!r} is not one of {', '.join(DISPATCH)}")
+        for key in ("max_prompt_len", "max_outstanding"):
+            if getattr(self, key) is not None and getattr(self, key) < 1:
+                raise ConfigError(f"cluster.{key} must be >= 1 when set (got {getattr(self, key)})")
+        return self
+
+
+@dataclass(frozen=True)
+class KVTransferConfig:
+    granularity: str = "request"  # request: one message after prefill; layer: one per layer, streamed
+    binding: str = "late"  # late: pick D when prefill ends; early: at arrival (D pre-allocates)
+    timeout_s: float = 30.0  # a transfer not done by then fails (blocks freed on both sides)
+    on_failure: str = "fail"  # fail | recompute (D runs the prefill itself)
+    max_pending: int = 8  # P's bounded queue of prefilled requests whose KV waits for D
+
+    def validate(self) -> "KVTransferConfig":
+        choices = {"granularity": ("request", "layer"), "binding": ("early", "late"),
+                   "on_failure": ("fail", "recompute")}
+        for key, allowed in choices.items():
+            if getattr(self, key) not in allowed:
+                raise ConfigError(f"kv_transfer.{key}={getattr(self, key)!r} is not one of {', '.join(allowed)}")
+        if self.granularity == "layer" and self.binding != "early":
+            raise ConfigError("kv_transfer.granularity=layer needs kv_transfer.binding=early "
+                              "(D must have blocks before the prefill streams into them)")
+        if self.timeout_s <= 0 or self.max_pending < 1:
+            raise ConfigError(f"kv_transfer.timeout_s must be > 0 and kv_transfer.max_pending >= 1 "
+                              f"(got {self.timeout_s}, {self.max_pending})")
+        return self

@@ -1,0 +1,150 @@
+"""Start one process per worker, pinned to one device, in one torch.distributed group; stop them all.
+
+GPUs: `cuda:i` with every GPU visible, NCCL. No CUDA: CPU processes on gloo, one thread each,
+so `hardware.num_devices=4` stands for four GPUs. A free port is picked per run, so two runs on
+one machine never collide. Every wait has a timeout; a worker that does not stop is killed.
+"""
+
+from __future__ import annotations
+
+import queue
+import socket
+import time
+from dataclasses import dataclass, replace
+
+import torch
+import torch.multiprocessing as mp
+
+from testbed.cluster.config import ClusterConfig
+from testbed.cluster.messages import Audit, Started, Stop, WorkerError
+from testbed.cluster.worker import WorkerSpec, worker_main
+from testbed.errors import ConfigError
+
+ROLES_OF_MODE = {"colocated": "colocated", "chunked": "chunked"}
+STOP_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class WorkerPlan:
+    rank: int
+    role: str
+    device: str
+
+
+def visible_devices(hardware) -> tuple[str, int | None]:
+    """('cuda', count) or ('cpu', requested count or None for as many as the plan needs)."""
+    use_cuda = hardware.name == "gpu" or (hardware.name == "auto" and torch.cuda.is_available())
+    if hardware.name == "gpu" and not torch.cuda.is_available():
+        raise ConfigError("hardware=gpu but no CUDA device is visible (torch.cuda.is_available() is False)")
+    if not use_cuda:
+        return "cpu", hardware.num_devices
+    count = torch.cuda.device_count()
+    if hardware.num_devices is not None and hardware.num_devices > count:
+        raise ConfigError(f"hardware.num_devices={hardware.num_devices} but only {count} CUDA devices are visible: "
+                          f"{', '.join(f'cuda:{i}' for i in range(count))}")
+    return "cuda", hardware.num_devices or count
+
+
+def plan_workers(mode: str, cluster: ClusterConfig, hardware) -> list[WorkerPlan]:
+    kind, available = visible_devices(hardware)
+    if mode in ROLES_OF_MODE:
+        roles = [(ROLES_OF_MODE[mode], i) for i in range(cluster.num_workers)]
+    else:
+        prefill = cluster.prefill_devices or list(range(cluster.num_prefill))
+        decode = cluster.decode_devices or list(range(len(prefill), len(prefill) + cluster.num_decode))
+        roles = [("prefill_only", d) for d in prefill] + [("decode_only", d) for d in decode]
+    needed = max(d for _, d in roles) + 1
+    if available is not None and needed > available:
+        what = (f"CUDA devices visible: {', '.join(f'cuda:{i}' for i in range(available))}" if kind == "cuda"
+                else f"hardware.num_devices={available} CPU workers")
+        raise ConfigError(f"mode={mode} with {_describe(mode, cluster)} needs {needed} devices; {what}")
+    return [WorkerPlan(rank, role, f"cuda:{d}" if kind == "cuda" else "cpu") for rank, (role, d) in enumerate(roles)]
+
+
+def _describe(mode: str, cluster: ClusterConfig) -> str:
+    if mode in ROLES_OF_MODE:
+        return f"cluster.num_workers={cluster.num_workers}"
+    return f"cluster.num_prefill={cluster.num_prefill} + cluster.num_decode={cluster.num_decode}"
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Cluster:
+    """Context manager: `with Cluster(plans, template) as cluster:` workers are up inside."""
+
+    def __init__(self, plans: list[WorkerPlan], template: WorkerSpec, start_timeout_s: float):
+        self.plans, self.template, self.start_timeout_s = plans, template, start_timeout_s
+        self.processes: list = []
+        self.started: dict[int, Started] = {}
+        self.audits: dict[int, Audit] = {}
+
+    def __enter__(self) -> "Cluster":
+        ctx = mp.get_context("spawn")
+        self.inboxes = [ctx.Queue() for _ in self.plans]
+        self.events = ctx.Queue()
+        port = free_port()
+        for plan in self.plans:
+            spec = replace(self.template, rank=plan.rank, world_size=len(self.plans), role=plan.role,
+                           device=plan.device, port=port)
+            proc = ctx.Process(target=worker_main, args=(spec, self.inboxes, self.events), daemon=True,
+                               name=f"testbed-worker{plan.rank}-{plan.role}")
+            proc.start()
+            self.processes.append(proc)
+        self._wait_started()
+        return self
+
+    def _wait_started(self) -> None:
+        deadline = time.monotonic() + self.start_timeout_s
+        while len(self.started) < len(self.plans):
+            try:
+                msg = self.events.get(timeout=0.5)
+            except queue.Empty:
+                dead = [p.name for p in self.processes if p.exitcode is not None]
+                if dead or time.monotonic() > deadline:
+                    raise RuntimeError(f"workers failed to start: {dead or 'timed out'}") from None
+                continue
+            if isinstance(msg, WorkerError):
+                raise RuntimeError(f"worker {msg.worker} failed to start:\n{msg.error}")
+            if isinstance(msg, Started):
+                self.started[msg.worker] = msg
+
+    def alive(self, rank: int) -> bool:
+        return self.processes[rank].exitcode is None
+
+    def stop(self, leftover_events: list) -> dict[int, int]:
+        """Ask every live worker for its KV audit and to exit; returns {rank: allocated blocks}."""
+        for rank, inbox in enumerate(self.inboxes):
+            if self.alive(rank):
+                inbox.put(Stop())
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        expected = {r for r in range(len(self.plans)) if self.alive(r)}
+        while not expected <= set(self.audits) and time.monotonic() < deadline:
+            try:
+                msg = self.events.get(timeout=0.2)
+            except queue.Empty:
+                expected = {r for r in expected if self.alive(r) or r in self.audits}
+                continue
+            if isinstance(msg, Audit):
+                self.audits[msg.worker] = msg
+            else:
+                leftover_events.append(msg)
+        return {rank: audit.used_blocks for rank, audit in self.audits.items()}
+
+    def __exit__(self, *exc) -> None:
+        for proc in self.processes:
+            proc.join(timeout=STOP_TIMEOUT_S if exc[0] is None else 1.0)
+        for proc in self.processes:
+            if proc.exitcode is None:
+                proc.terminate()
+                proc.join(timeout=5.0)
+            if proc.exitcode is None:
+                proc.kill()
+                proc.join(timeout=5.0)
+        for q in [*getattr(self, "inboxes", []), getattr(self, "events", None)]:
+            if q is not None:
+                q.cancel_join_thread()  # never block exit on undelivered messages
+                q.close()

@@ -1,0 +1,173 @@
+"""A worker process: one engine pinned to one device, driven by its inbox.
+
+    loop: read the inbox -> move KV (connector) -> engine.step() -> report the step to the router
+
+Roles: `colocated` / `chunked` (mixed), `prefill_only` (P: sends KV), `decode_only` (D: receives KV).
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import time
+import traceback
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from testbed.cluster.connector import KVReceiver, KVSender
+from testbed.cluster.messages import (Abort, Audit, Heartbeat, KVDone, KVPart, Ready, Reserve, Serve, Started,
+                                      StepEvents, Stop, WorkerError)
+from testbed.engine import Engine, EngineConfig, SchedulerConfig, Sequence, StepResult
+from testbed.model.config import ModelConfig
+
+IDLE_WAIT_S = 0.002  # inbox wait when there is nothing to step; short so KV polling stays prompt
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    rank: int
+    world_size: int
+    role: str  # scheduler policy
+    device: str  # "cpu" or "cuda:i"
+    port: int
+    model: ModelConfig
+    engine: EngineConfig
+    scheduler: SchedulerConfig
+    granularity: str = "request"
+    kv_timeout_s: float = 30.0
+    recompute_on_failure: bool = False
+    max_pending: int = 8
+    heartbeat_s: float = 2.0
+    start_timeout_s: float = 300.0
+
+
+def worker_main(spec: WorkerSpec, inboxes, events) -> None:
+    """Process entry point. Ctrl-C reaches the whole process group: the driver alone handles it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        engine = _setup(spec)
+        events.put(Started(spec.rank, spec.role, spec.device, engine.runner.num_blocks, os.getpid()))
+        Worker(spec, engine, inboxes, events).loop()
+    except Exception:  # noqa: BLE001 - the driver reports it and shuts the run down
+        events.put(WorkerError(spec.rank, traceback.format_exc()))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _setup(spec: WorkerSpec) -> Engine:
+    device = torch.device(spec.device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # all GPUs stay visible: NCCL keeps its NVLink paths
+    else:
+        torch.set_num_threads(1)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{spec.port}", rank=spec.rank,
+                            world_size=spec.world_size, timeout=timedelta(seconds=spec.start_timeout_s))
+    engine_config = spec.engine
+    if spec.role == "decode_only":  # received KV is written into fresh blocks, never shared ones
+        engine_config = type(spec.engine)(**{**spec.engine.__dict__, "enable_prefix_caching": False})
+    return Engine.build(spec.model.args(), engine_config, spec.scheduler, spec.role, device,
+                        dtype=spec.model.dtype, path=spec.model.path, seed=spec.model.seed)
+
+
+class Worker:
+    def __init__(self, spec: WorkerSpec, engine: Engine, inboxes, events):
+        self.spec, self.engine, self.inbox, self.events = spec, engine, inboxes[spec.rank], events
+        self.sender = self.receiver = None
+        if spec.role == "prefill_only":
+            self.sender = KVSender(engine, spec.rank, inboxes, events, spec.granularity, spec.kv_timeout_s)
+            if spec.granularity == "layer":
+                engine.after_layer = self.sender.stream_layer
+        if spec.role == "decode_only":
+            self.receiver = KVReceiver(engine, spec.rank, inboxes, events, spec.kv_timeout_s,
+                                       spec.recompute_on_failure)
+        self.stopping = False
+        self.last_report = time.perf_counter()
+
+    def loop(self) -> None:
+        while not self.stopping:
+            self._drain_inbox(block=not self._can_step())
+            self._poll_transfers()
+            if self._can_step():
+                self._step()
+            elif time.perf_counter() - self.last_report > self.spec.heartbeat_s:
+                self._report(Heartbeat(self.spec.rank, time.perf_counter()))
+        self.events.put(Audit(self.spec.rank, self.engine.num_used_blocks))
+
+    def _can_step(self) -> bool:
+        if self.sender is not None and self.sender.num_waiting >= self.spec.max_pending:
+            return False  # back-pressure: prefilled KV waits for decode workers
+        return self.engine.has_work()
+
+    def _drain_inbox(self, block: bool) -> None:
+        busy = (self.sender and self.sender.out) or (self.receiver and (self.receiver.incoming or self.receiver.queued))
+        timeout = IDLE_WAIT_S if busy else 0.05
+        try:
+            msg = self.inbox.get(timeout=timeout) if block else self.inbox.get_nowait()
+            while True:
+                self._handle(msg)
+                msg = self.inbox.get_nowait()
+        except queue.Empty:
+            pass
+
+    def _handle(self, msg) -> None:
+        if isinstance(msg, Serve):
+            seq = Sequence(msg.rid, list(msg.prompt), msg.max_tokens)
+            self.engine.add(seq)
+            if self.sender is not None and msg.decode_rank is not None:
+                self.sender.bind(seq, msg.decode_rank)
+        elif isinstance(msg, Reserve):
+            self.receiver.reserve(msg)
+        elif isinstance(msg, Ready):
+            self.sender.ready(msg)
+        elif isinstance(msg, KVPart):
+            self.receiver.on_part(msg)
+        elif isinstance(msg, KVDone):
+            self.receiver.on_done(msg)
+        elif isinstance(msg, Abort):
+            self._abort(msg)
+        elif isinstance(msg, Stop):
+            self.stopping = True
+
+    def _abort(self, msg: Abort) -> None:
+        if self.sender is not None and msg.rid in self.sender.out:
+            self.sender.abort(msg.rid, msg.reason, time.perf_counter())
+            return
+        if self.receiver is not None:
+            self.receiver.abort(msg.rid)
+        scheduler = self.engine.scheduler
+        for seq in [*scheduler.running, *scheduler.waiting]:
+            if seq.seq_id == msg.rid:
+                scheduler.abort(seq)
+
+    def _poll_transfers(self) -> None:
+        if self.sender is not None:
+            self.sender.poll()
+        if self.receiver is not None:
+            self.receiver.poll()
+
+    def _step(self) -> None:
+        result, record = self.engine.step()
+        if record is None:
+            return
+        t = time.perf_counter()
+        for seq in result.handoff:
+            self.sender.handoff(seq, t)
+        self._report(self._step_events(result, record, t))
+
+    def _step_events(self, result: StepResult, record, t: float) -> StepEvents:
+        return StepEvents(
+            worker=self.spec.rank, t=t, record=record,
+            scheduled=[(seq.seq_id, n, was_prefill) for seq, n, was_prefill in result.scheduled],
+            tokens=[(seq.seq_id, seq.num_output_tokens - 1, token) for seq, token in result.tokens],
+            finished=[seq.seq_id for seq in result.finished], handoff=[seq.seq_id for seq in result.handoff],
+            free_blocks=self.engine.block_manager.num_free_blocks, num_running=len(self.engine.scheduler.running))
+
+    def _report(self, msg) -> None:
+        self.events.put(msg)
+        self.last_report = time.perf_counter()

@@ -1,0 +1,119 @@
+"""`python -m testbed.doctor`: what this machine offers the testbed, one aligned line per item.
+
+Read-only and never failing: every probe reports what it found or why it could not look, and
+the command exits 0. W&B and NVML are probed through testbed.tracking, the only package that
+imports them.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+from typing import Iterator
+
+Item = tuple[str, str]
+GIB = 1024 ** 3
+
+
+def python_items() -> Iterator[Item]:
+    yield "python", f"{platform.python_version()} ({sys.executable})"
+    yield "cpu count", str(os.cpu_count())
+
+
+def torch_items() -> Iterator[Item]:
+    try:
+        import torch
+        import torch.distributed as dist
+    except Exception as e:  # a broken install raises more than ImportError
+        yield "torch", f"not importable ({type(e).__name__}: {e})"
+        return
+    yield "torch", torch.__version__
+    cuda = torch.cuda.is_available()
+    if not cuda:
+        built = f"built with CUDA {torch.version.cuda}" if torch.version.cuda else "CPU-only build"
+        yield "cuda", f"not available ({built}); workers run on the CPU"
+    else:
+        yield from cuda_items(torch)
+    if not (dist.is_available() and dist.is_nccl_available()):
+        yield "nccl", "not available"
+    else:
+        yield "nccl", f"available, version {nccl_version(torch)}" if cuda else "available (no CUDA to use it)"
+    yield "gloo", "available" if dist.is_available() and dist.is_gloo_available() else "not available"
+
+
+def cuda_items(torch) -> Iterator[Item]:
+    count = torch.cuda.device_count()
+    yield "cuda", f"available, {count} device(s), CUDA {torch.version.cuda}"
+    for i in range(count):
+        props = torch.cuda.get_device_properties(i)
+        yield f"cuda:{i}", f"{props.name}, {props.total_memory / GIB:.1f} GiB"
+    for i in range(count):
+        for j in range(i + 1, count):
+            both = torch.cuda.can_device_access_peer(i, j) and torch.cuda.can_device_access_peer(j, i)
+            yield f"p2p cuda:{i}<->cuda:{j}", "yes" if both else "no"
+
+
+def nccl_version(torch) -> str:
+    version = torch.cuda.nccl.version()  # a tuple (2, 21, 5); one integer on old torch
+    return ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
+
+
+def flash_attn_items() -> Iterator[Item]:
+    try:
+        import flash_attn
+    except Exception as e:  # a binary/ABI mismatch raises more than ImportError
+        yield "flash-attn", f"not importable ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); torch SDPA is used"
+        return
+    from testbed.model.attention import FLASH_ATTN_AVAILABLE
+
+    backend = "flash-attn" if FLASH_ATTN_AVAILABLE else "torch SDPA (flash_attn's kernels did not import)"
+    yield "flash-attn", f"{getattr(flash_attn, '__version__', '?')}; attention backend on CUDA: {backend}"
+
+
+def nvml_items() -> Iterator[Item]:
+    from testbed.tracking.telemetry import gpu_inventory
+
+    inventory = gpu_inventory()
+    if not inventory.get("available"):
+        yield "nvml", f"not available ({inventory.get('reason')}); no telemetry"
+        return
+    gpus = inventory["gpus"]
+    yield "nvml", f"driver {inventory['driver_version']}, {len(gpus)} GPU(s)"
+    for gpu in gpus:
+        yield f"nvlink gpu{gpu['index']}", f"{gpu['nvlink_links_active']} link(s) active ({gpu['name']})"
+    for pair in inventory["pairs"]:
+        nvlink = {True: "yes", False: "no", None: "unknown"}[pair["nvlink_p2p"]]
+        yield f"nvlink gpu{pair['a']}<->gpu{pair['b']}", f"p2p over nvlink: {nvlink}, topology: {pair['topology']}"
+
+
+def wandb_items() -> Iterator[Item]:
+    from testbed.tracking.wandb_tracker import wandb_version
+
+    version, reason = wandb_version()
+    yield "wandb", version if version else f"not importable ({reason}); use tracker=none"
+    env_mode = os.environ.get("WANDB_MODE")
+    # WandbTracker passes tracker.mode to wandb.init explicitly, so the environment cannot change it.
+    note = f"; WANDB_MODE={env_mode} in the environment is ignored" if env_mode else ""
+    yield "wandb mode", f"offline (testbed default; set tracker.mode=online|disabled){note}"
+
+
+def report() -> list[Item]:
+    items: list[Item] = []
+    for probe in (python_items, torch_items, flash_attn_items, nvml_items, wandb_items):
+        items.extend(probe())
+    return items
+
+
+def format_items(items: list[Item]) -> str:
+    width = max(len(name) for name, _ in items) + 1
+    return "\n".join(f"{name + ':':<{width}} {value}" for name, value in items)
+
+
+def main() -> int:
+    print(format_items(report()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
