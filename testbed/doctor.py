@@ -63,7 +63,8 @@ def flash_attn_items() -> Iterator[Item]:
     try:
         import flash_attn
     except Exception as e:  # a binary/ABI mismatch raises more than ImportError
-        yield "flash-attn", f"not importable ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); torch SDPA is used"
+        reason = str(e).splitlines()[0] if str(e) else ""
+        yield "flash-attn", f"not importable ({type(e).__name__}: {reason}); torch SDPA is used"
         return
     from testbed.model.attention import FLASH_ATTN_AVAILABLE
 

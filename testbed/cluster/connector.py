@@ -28,7 +28,7 @@ from testbed.engine import Engine, Sequence, SequenceStatus
 
 @dataclass
 class Outgoing:
-    seq: Sequence
+    seq: Optional[Sequence]  # None while a Ready from D has overtaken the request itself
     handoff_t: Optional[float] = None  # KV complete on P (prefill finished)
     decode_rank: Optional[int] = None
     ready_t: Optional[float] = None
@@ -45,6 +45,7 @@ class KVSender:
         self.engine, self.rank, self.inboxes, self.events = engine, rank, inboxes, events
         self.granularity, self.timeout_s = granularity, timeout_s
         self.out: dict[int, Outgoing] = {}
+        self.aborted: set[int] = set()
         self.completions = CompletionTracker(timeout_s)
 
     @property
@@ -52,7 +53,8 @@ class KVSender:
         return self.engine.args.num_layers if self.granularity == "layer" else 1
 
     def bind(self, seq: Sequence, decode_rank: Optional[int]) -> None:
-        self.out[seq.seq_id] = Outgoing(seq, decode_rank=decode_rank)
+        entry = self.out.setdefault(seq.seq_id, Outgoing(seq))
+        entry.seq, entry.decode_rank = seq, decode_rank
 
     def handoff(self, seq: Sequence, t: float) -> None:
         entry = self.out.setdefault(seq.seq_id, Outgoing(seq))
@@ -60,9 +62,10 @@ class KVSender:
         self._try_send(entry)
 
     def ready(self, msg: Ready) -> None:
-        entry = self.out.get(msg.rid)
-        if entry is None:
-            return  # aborted meanwhile
+        if msg.rid in self.aborted:
+            return
+        # D may answer before this worker has read the request itself (two queues, no order)
+        entry = self.out.setdefault(msg.rid, Outgoing(None))
         entry.decode_rank, entry.ready_t = msg.decode_rank, time.perf_counter()
         self._try_send(entry)
 
@@ -119,8 +122,9 @@ class KVSender:
         self.events.put(KVSent(rid, self.rank, entry.decode_rank, entry.kv_bytes, entry.start, now, wait))
 
     def abort(self, rid: int, reason: str, now: float) -> None:
+        self.aborted.add(rid)
         entry = self.out.pop(rid, None)
-        if entry is None:
+        if entry is None or entry.seq is None:
             return
         if entry.seq.status is SequenceStatus.TRANSFERRING:
             self.engine.release(entry.seq)

@@ -138,6 +138,8 @@ class Worker:
         if self.sender is not None and msg.rid in self.sender.out:
             self.sender.abort(msg.rid, msg.reason, time.perf_counter())
             return
+        if self.sender is not None:
+            self.sender.aborted.add(msg.rid)
         if self.receiver is not None:
             self.receiver.abort(msg.rid)
         scheduler = self.engine.scheduler

@@ -60,9 +60,11 @@ class NvmlSampler:
         self._thread.start()
 
     def stop(self) -> pd.DataFrame:
-        self._stopping.set()
-        self._thread.join()
-        self._nvml.nvmlShutdown()
+        """Stop sampling (a second call only returns the rows again) and return every row."""
+        if not self._stopping.is_set():
+            self._stopping.set()
+            self._thread.join()
+            self._nvml.nvmlShutdown()
         return pd.DataFrame(self._rows, columns=COLUMNS)
 
     def _loop(self) -> None:
@@ -196,7 +198,8 @@ def torch_device_uuids() -> list[str]:
     if not torch.cuda.is_available():
         return []
     try:
-        return [normalize_uuid(str(torch.cuda.get_device_properties(i).uuid)) for i in range(torch.cuda.device_count())]
+        return [normalize_uuid(str(torch.cuda.get_device_properties(i).uuid))
+                for i in range(torch.cuda.device_count())]
     except RuntimeError:  # CUDA present but failing to initialize: fall back to NVML's indices
         return []
 

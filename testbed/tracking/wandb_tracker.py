@@ -114,7 +114,7 @@ class WandbTracker:
                 settings=wandb.Settings(console="off"),
             )
         except wandb.errors.Error as e:
-            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            reason = str(e).strip().splitlines()[0].rstrip(".") if str(e).strip() else type(e).__name__
             hint = "; use tracker.mode=offline and `wandb sync` later" if self._cfg.mode == "online" else ""
             raise TrackerError(f"tracker.mode={self._cfg.mode}: wandb.init failed: {reason}{hint}") from None
 
