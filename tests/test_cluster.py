@@ -70,12 +70,14 @@ def test_trace_slice_end_to_end(mode, tmp_path):
 
 
 def test_decode_worker_killed_mid_run(tmp_path):
-    cfg = make_config(*small_workload(n=30, rate=10), "mode=disagg", "cluster.num_prefill=1",
-                      "cluster.num_decode=2", "cluster.decode_dispatch=round_robin", "kv_transfer.timeout_s=3")
+    # long outputs keep every decode worker busy when the kill lands
+    cfg = make_config(*small_workload(n=30, rate=40), "workload.output_len.min=100", "workload.output_len.max=130",
+                      "mode=disagg", "cluster.num_prefill=1", "cluster.num_decode=2",
+                      "cluster.decode_dispatch=round_robin", "kv_transfer.timeout_s=3")
 
     def kill_later(cluster):
         victim = cluster.processes[2]  # the second decode worker
-        threading.Timer(1.0, victim.kill).start()
+        threading.Timer(0.5, victim.kill).start()
 
     result = serve(cfg, tmp_path, on_started=kill_later, progress=False)
     requests = result["requests"]

@@ -7,11 +7,13 @@ order the wire delivers it) and flags each handle; the worker loop only polls fl
 
 from __future__ import annotations
 
+import math
 import queue
 import threading
 from datetime import timedelta
 from typing import Optional
 
+import torch
 import torch.distributed as dist
 
 
@@ -54,3 +56,31 @@ class CompletionTracker:
             except RuntimeError as error:  # peer gone or timed out
                 handle.error = str(error).splitlines()[0] if str(error) else type(error).__name__
             handle.event.set()
+
+
+class BufferPool:
+    """Reusable staging buffers in power-of-two size classes: a fresh allocation per transfer
+    costs page faults that rival the copy itself. Keeps at most `max_bytes` of idle buffers."""
+
+    def __init__(self, device, dtype, max_bytes: int = 1 << 30):
+        self.device, self.dtype, self.max_bytes = device, dtype, max_bytes
+        self.idle: dict[int, list[torch.Tensor]] = {}
+        self.idle_bytes = 0
+
+    def get(self, shape: tuple[int, ...]) -> torch.Tensor:
+        numel = math.prod(shape)
+        size_class = 1 << max(numel - 1, 1).bit_length()
+        free = self.idle.get(size_class)
+        if free:
+            flat = free.pop()
+            self.idle_bytes -= flat.numel() * flat.element_size()
+        else:
+            flat = torch.empty(size_class, dtype=self.dtype, device=self.device)
+        return flat[:numel].view(shape)
+
+    def put(self, buffer: torch.Tensor) -> None:
+        flat = buffer._base  # every buffer handed out is a view of one pooled allocation
+        nbytes = flat.numel() * flat.element_size()
+        if self.idle_bytes + nbytes <= self.max_bytes:
+            self.idle.setdefault(flat.numel(), []).append(flat)
+            self.idle_bytes += nbytes

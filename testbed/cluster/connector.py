@@ -21,7 +21,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from testbed.cluster.completion import CompletionTracker
+from testbed.cluster.completion import BufferPool, CompletionTracker
 from testbed.cluster.messages import Failed, KVArrived, KVDone, KVPart, KVSent, Ready, Reserve, Reserved
 from testbed.engine import Engine, Sequence, SequenceStatus
 
@@ -47,6 +47,7 @@ class KVSender:
         self.out: dict[int, Outgoing] = {}
         self.aborted: set[int] = set()
         self.completions = CompletionTracker(timeout_s)
+        self.buffers = BufferPool(engine.runner.device, engine.runner.dtype)
 
     @property
     def num_parts(self) -> int:
@@ -92,7 +93,9 @@ class KVSender:
     def _send_part(self, entry: Outgoing, part: int) -> None:
         seq = entry.seq
         layer = part if self.granularity == "layer" else None
-        buffer = self.engine.runner.read_tokens(seq.block_table, seq.num_prompt_tokens, layer)
+        runner = self.engine.runner
+        buffer = self.buffers.get(runner.kv_shape(seq.num_prompt_tokens, layer))
+        runner.read_tokens(seq.block_table, seq.num_prompt_tokens, layer, out=buffer)
         entry.start = entry.start or time.perf_counter()
         self.inboxes[entry.decode_rank].put(KVPart(seq.seq_id, part, tuple(buffer.shape),
                                                    str(buffer.dtype).removeprefix("torch."), self.rank))
@@ -116,6 +119,8 @@ class KVSender:
 
     def _done(self, rid: int, entry: Outgoing, now: float) -> None:
         del self.out[rid]
+        for _, buffer in entry.works:
+            self.buffers.put(buffer)
         self.engine.release(entry.seq)
         entry.seq.status = SequenceStatus.FINISHED
         wait = (entry.ready_t - entry.handoff_t) if entry.ready_t > entry.handoff_t else 0.0
@@ -151,6 +156,7 @@ class KVReceiver:
         self.engine, self.rank, self.inboxes, self.events = engine, rank, inboxes, events
         self.timeout_s, self.recompute = timeout_s, recompute
         self.completions = CompletionTracker(timeout_s)
+        self.buffers = BufferPool(engine.runner.device, engine.runner.dtype)
         self.queued: list[Reserve] = []
         self.incoming: dict[int, Incoming] = {}
 
@@ -175,7 +181,8 @@ class KVReceiver:
             self.inboxes[msg.prefill_rank].put(Ready(msg.rid, self.rank))
 
     def on_part(self, msg: KVPart) -> None:
-        buffer = torch.empty(msg.shape, dtype=getattr(torch, msg.dtype), device=self.engine.runner.device)
+        assert msg.dtype == str(self.engine.runner.dtype).removeprefix("torch."), "P and D pools differ in dtype"
+        buffer = self.buffers.get(msg.shape)
         handle = self.completions.track(dist.irecv(buffer, src=msg.src), msg.src)
         entry = self.incoming.get(msg.rid)
         if entry is not None:  # if aborted, the receive still drains the wire so later messages stay in step
@@ -204,6 +211,7 @@ class KVReceiver:
         runner, seq = self.engine.runner, entry.seq
         for part, _, buffer in entry.recvs:
             runner.write_tokens(seq.block_table, buffer, part if entry.num_parts > 1 else None)
+            self.buffers.put(buffer)
         seq.num_computed_tokens = seq.num_prompt_tokens
         seq.append_token(entry.first_token)
         self.engine.scheduler.add_running(seq)

@@ -110,19 +110,31 @@ class ModelRunner:
 
     # -- KV in and out, for the connector ----------------------------------------------------
     def _token_slots(self, block_table: list[int], num_tokens: int) -> torch.Tensor:
-        bs = self.block_size
-        return torch.tensor([block_table[p // bs] * bs + p % bs for p in range(num_tokens)], device=self.device)
+        blocks = torch.tensor(block_table[: -(-num_tokens // self.block_size)], device=self.device)
+        offsets = torch.arange(self.block_size, device=self.device)
+        return (blocks[:, None] * self.block_size + offsets).flatten()[:num_tokens]
 
-    def read_tokens(self, block_table: list[int], num_tokens: int, layer: int | None = None) -> torch.Tensor:
-        """The KV of the first `num_tokens` tokens as one contiguous buffer:
-        (2, layers, num_tokens, Hkv, D), or (2, num_tokens, Hkv, D) for one layer."""
-        flat = self.kv_cache.flatten(2, 3)  # (2, layers, blocks * block_size, Hkv, D)
-        if layer is not None:
-            flat = flat[:, layer]
-        return flat.index_select(flat.dim() - 3, self._token_slots(block_table, num_tokens))
+    def kv_shape(self, num_tokens: int, layer: int | None = None) -> tuple[int, ...]:
+        a = self.args
+        per_layer = (num_tokens, a.num_kv_heads, a.head_dim)
+        return (2, *per_layer) if layer is not None else (2, a.num_layers, *per_layer)
+
+    def _slices(self, layer: int | None):
+        """(K or V, layer) slices of the pool, each (blocks * block_size, Hkv, D) and contiguous, so a
+        token gather is a plain row gather (much faster than indexing one middle dimension)."""
+        layers = range(self.args.num_layers) if layer is None else [layer]
+        return [(kv, i, self.kv_cache[kv, i].flatten(0, 1)) for kv in range(2) for i in layers]
+
+    def read_tokens(self, block_table: list[int], num_tokens: int, layer: int | None = None,
+                    out: torch.Tensor | None = None) -> torch.Tensor:
+        """The KV of the first `num_tokens` tokens packed into one buffer of `kv_shape`."""
+        slots = self._token_slots(block_table, num_tokens)
+        out = torch.empty(self.kv_shape(num_tokens, layer), dtype=self.dtype, device=self.device) if out is None else out
+        for kv, i, src in self._slices(layer):
+            torch.index_select(src, 0, slots, out=out[kv] if layer is not None else out[kv, i])
+        return out
 
     def write_tokens(self, block_table: list[int], data: torch.Tensor, layer: int | None = None) -> None:
-        flat = self.kv_cache.flatten(2, 3)
-        if layer is not None:
-            flat = flat[:, layer]
-        flat.index_copy_(flat.dim() - 3, self._token_slots(block_table, data.shape[-3]), data.to(self.dtype))
+        slots = self._token_slots(block_table, data.shape[-3])
+        for kv, i, dst in self._slices(layer):
+            dst.index_copy_(0, slots, data[kv] if layer is not None else data[kv, i])

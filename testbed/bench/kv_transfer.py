@@ -1,0 +1,169 @@
+"""KV-transfer bandwidth: python -m testbed.bench.kv_transfer [--max-mib 1024] [--repeats 3]
+
+Two processes (P and D) in one torch.distributed group: gloo on CPU, NCCL on two GPUs. For each
+message size (4 KiB up to --max-mib) it times, in the same run:
+  raw        one contiguous tensor, isend -> irecv
+  connector  the connector's path: gather the tokens' KV out of P's paged pool into one buffer,
+             header, isend -> irecv, scatter into D's blocks
+and prints both bandwidths and their ratio. On GPUs it also times a device-to-device copy_,
+the link's ceiling. Times are on one clock (perf_counter is CLOCK_MONOTONIC for every process).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from testbed.cluster.completion import BufferPool
+from testbed.cluster.launcher import free_port
+from testbed.engine import EngineConfig
+from testbed.engine.model_runner import ModelRunner
+from testbed.model.config import ModelArgs
+from testbed.model.llama import Transformer
+
+# 2 layers x 2 KV heads x head dim 64, float32: 2 KiB of K and V per token
+SHAPE = ModelArgs(vocab_size=16, hidden_size=128, intermediate_size=16, num_layers=2, num_heads=2, num_kv_heads=2,
+                  max_model_len=16)
+BLOCK = 16
+
+
+def sizes(max_mib: int) -> list[int]:
+    out, size = [], 4 << 10
+    while size <= max_mib << 20:
+        out.append(size)
+        size *= 4
+    return out
+
+
+def make_runner(device: torch.device, tokens: int) -> ModelRunner:
+    with torch.device(device):
+        model = Transformer(SHAPE)
+    blocks = -(-tokens // BLOCK)
+    return ModelRunner(model, EngineConfig(block_size=BLOCK, num_kv_blocks=blocks), device)
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed_pair(rank: int, device, send, recv) -> float:
+    """Seconds from P's start to D's completion."""
+    dist.barrier()
+    start = torch.tensor([time.perf_counter()], dtype=torch.float64)
+    if rank == 0:
+        send()
+        sync(device)
+        dist.send(start, dst=1)
+        return 0.0
+    recv()
+    sync(device)
+    end = time.perf_counter()
+    dist.recv(start, src=0)
+    return end - start.item()
+
+
+def run_rank(rank: int, port: int, max_mib: int, repeats: int, use_cuda: bool, out) -> None:
+    device = torch.device(f"cuda:{rank}" if use_cuda else "cpu")
+    if use_cuda:
+        torch.cuda.set_device(device)
+    else:
+        torch.set_num_threads(1)
+    dist.init_process_group("nccl" if use_cuda else "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=2, timeout=timedelta(seconds=600))
+    per_token = SHAPE.kv_bytes_per_token * 4
+    runner = make_runner(device, (max_mib << 20) // per_token + BLOCK)
+    table = torch.randperm(runner.num_blocks).tolist()  # scattered blocks, as in a busy pool
+    pool = BufferPool(device, runner.dtype, max_bytes=4 << 30)
+    rows = []
+    for size in sizes(max_mib):
+        tokens = max(size // per_token, 1)
+        raw = torch.ones(tokens * per_token // 4, device=device)
+        header = torch.zeros(8, dtype=torch.int64, device=device)
+
+        def connector_send():
+            buffer = pool.get(runner.kv_shape(tokens))
+            runner.read_tokens(table, tokens, out=buffer)
+            dist.send(header, dst=1)
+            dist.send(buffer, dst=1)
+            pool.put(buffer)
+
+        def connector_recv():
+            dist.recv(header, src=0)
+            buffer = pool.get(runner.kv_shape(tokens))
+            dist.recv(buffer, src=0)
+            runner.write_tokens(table, buffer)
+            pool.put(buffer)
+
+        raw_s = [timed_pair(rank, device, lambda: dist.send(raw, dst=1), lambda: dist.recv(raw, src=0))
+                 for _ in range(repeats)]
+        conn_s = [timed_pair(rank, device, connector_send, connector_recv) for _ in range(repeats)]
+        if rank == 1:
+            rows.append({"bytes": tokens * per_token, "raw_s": statistics.median(raw_s),
+                         "connector_s": statistics.median(conn_s)})
+    if rank == 0 and use_cuda:
+        out.put({"ceiling": copy_ceiling(max_mib, repeats)})
+    if rank == 1:
+        out.put({"rows": rows})
+    dist.destroy_process_group()
+
+
+def copy_ceiling(max_mib: int, repeats: int) -> float:
+    """cuda:0 -> cuda:1 copy_ of the largest message: the link's bandwidth without NCCL."""
+    src = torch.ones(max_mib << 18, device="cuda:0")
+    dst = torch.empty_like(src, device="cuda:1")
+    times = []
+    for _ in range(repeats):
+        torch.cuda.synchronize("cuda:0")
+        torch.cuda.synchronize("cuda:1")
+        t = time.perf_counter()
+        dst.copy_(src)
+        torch.cuda.synchronize("cuda:1")
+        times.append(time.perf_counter() - t)
+    return src.numel() * 4 / statistics.median(times)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--max-mib", type=int, default=1024)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json", help="also write the figures to this file")
+    a = parser.parse_args(argv)
+    use_cuda = torch.cuda.is_available() and torch.cuda.device_count() >= 2
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    mp.start_processes(run_rank, args=(free_port(), a.max_mib, a.repeats, use_cuda, out), nprocs=2,
+                       start_method="spawn")
+    results = {}
+    while not out.empty():
+        results.update(out.get())
+    print(f"backend: {'nccl (cuda:0 -> cuda:1)' if use_cuda else 'gloo (CPU processes)'}")
+    print(f"{'message':>10} {'raw GB/s':>9} {'connector GB/s':>15} {'ratio':>6}")
+    for row in results["rows"]:
+        raw, conn = row["bytes"] / row["raw_s"] / 1e9, row["bytes"] / row["connector_s"] / 1e9
+        row.update(raw_gbps=raw, connector_gbps=conn, ratio=conn / raw)
+        print(f"{_human(row['bytes']):>10} {raw:>9.2f} {conn:>15.2f} {conn / raw:>6.2f}")
+    if "ceiling" in results:
+        print(f"device-to-device copy_ ceiling: {results['ceiling'] / 1e9:.1f} GB/s")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+def _human(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024:
+            return f"{n:.0f} {unit}"
+        n /= 1024
+    return f"{n:.0f} TiB"
+
+
+if __name__ == "__main__":
+    main()
