@@ -22,7 +22,8 @@ for p, d in [(1, 1), (1, 2), (2, 1)]:
     for granularity, binding in [("request", "late"), ("request", "early"), ("layer", "early")]:
         MODES[f"disagg-{p}P{d}D-{granularity}-{binding}"] = [
             "mode=disagg", f"cluster.num_prefill={p}", f"cluster.num_decode={d}",
-            f"kv_transfer.granularity={granularity}", f"kv_transfer.binding={binding}"]
+            f"kv_transfer.granularity={granularity}", f"kv_transfer.binding={binding}",
+            "kv_transfer.piece_kib=8"]  # 8 KiB pieces: most transfers travel as several pieces
 
 
 @pytest.fixture(scope="module")

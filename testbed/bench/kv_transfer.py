@@ -21,7 +21,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from testbed.cluster.completion import BufferPool
+from testbed.cluster.completion import BufferPool, CompletionTracker
+from testbed.cluster.kv_wire import receive_part, send_part, unpack_arrived
 from testbed.cluster.launcher import free_port
 from testbed.engine import EngineConfig
 from testbed.engine.model_runner import ModelRunner
@@ -82,25 +83,26 @@ def run_rank(rank: int, port: int, max_mib: int, repeats: int, use_cuda: bool, o
     runner = make_runner(device, (max_mib << 20) // per_token + BLOCK)
     table = torch.randperm(runner.num_blocks).tolist()  # scattered blocks, as in a busy pool
     pool = BufferPool(device, runner.dtype, max_bytes=4 << 30)
+    tracker = CompletionTracker(timeout_s=600)
     rows = []
     for size in sizes(max_mib):
         tokens = max(size // per_token, 1)
         raw = torch.ones(tokens * per_token // 4, device=device)
         header = torch.zeros(8, dtype=torch.int64, device=device)
 
-        def connector_send():
-            buffer = pool.get(runner.kv_shape(tokens))
-            runner.read_tokens(table, tokens, out=buffer)
+        def connector_send():  # the connector's own functions; the header stands for its queue message
             dist.send(header, dst=1)
-            dist.send(buffer, dst=1)
-            pool.put(buffer)
+            part = send_part(runner, table, tokens, None, 1, pool, tracker)
+            while not part.sent():
+                time.sleep(0)
+            pool.put(part.buffer)
 
         def connector_recv():
             dist.recv(header, src=0)
-            buffer = pool.get(runner.kv_shape(tokens))
-            dist.recv(buffer, src=0)
-            runner.write_tokens(table, buffer)
-            pool.put(buffer)
+            part = receive_part(runner.kv_shape(tokens), 0, pool, tracker)
+            while not unpack_arrived(runner, table, part, None):
+                time.sleep(0)
+            pool.put(part.buffer)
 
         raw_s = [timed_pair(rank, device, lambda: dist.send(raw, dst=1), lambda: dist.recv(raw, src=0))
                  for _ in range(repeats)]

@@ -66,6 +66,8 @@ class BufferPool:
         self.device, self.dtype, self.max_bytes = device, dtype, max_bytes
         self.idle: dict[int, list[torch.Tensor]] = {}
         self.idle_bytes = 0
+        self.loaned: dict[int, torch.Tensor] = {}  # data_ptr -> pooled allocation (views made under
+        # inference_mode carry no _base, so the pool remembers what it lent)
 
     def get(self, shape: tuple[int, ...]) -> torch.Tensor:
         numel = math.prod(shape)
@@ -76,10 +78,11 @@ class BufferPool:
             self.idle_bytes -= flat.numel() * flat.element_size()
         else:
             flat = torch.empty(size_class, dtype=self.dtype, device=self.device)
+        self.loaned[flat.data_ptr()] = flat
         return flat[:numel].view(shape)
 
     def put(self, buffer: torch.Tensor) -> None:
-        flat = buffer._base  # every buffer handed out is a view of one pooled allocation
+        flat = self.loaned.pop(buffer.data_ptr())
         nbytes = flat.numel() * flat.element_size()
         if self.idle_bytes + nbytes <= self.max_bytes:
             self.idle.setdefault(flat.numel(), []).append(flat)

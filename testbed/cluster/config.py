@@ -48,6 +48,7 @@ class KVTransferConfig:
     timeout_s: float = 30.0  # a transfer not done by then fails (blocks freed on both sides)
     on_failure: str = "fail"  # fail | recompute (D runs the prefill itself)
     max_pending: int = 8  # P's bounded queue of prefilled requests whose KV waits for D
+    piece_kib: int = 8192  # a part larger than this travels as pieces, so packing overlaps the wire
 
     def validate(self) -> "KVTransferConfig":
         choices = {"granularity": ("request", "layer"), "binding": ("early", "late"),
@@ -58,6 +59,8 @@ class KVTransferConfig:
         if self.granularity == "layer" and self.binding != "early":
             raise ConfigError("kv_transfer.granularity=layer needs kv_transfer.binding=early "
                               "(D must have blocks before the prefill streams into them)")
+        if self.piece_kib < 1:
+            raise ConfigError(f"kv_transfer.piece_kib must be >= 1 (got {self.piece_kib})")
         if self.timeout_s <= 0 or self.max_pending < 1:
             raise ConfigError(f"kv_transfer.timeout_s must be > 0 and kv_transfer.max_pending >= 1 "
                               f"(got {self.timeout_s}, {self.max_pending})")

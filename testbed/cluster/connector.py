@@ -18,10 +18,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Optional
 
-import torch
-import torch.distributed as dist
 
 from testbed.cluster.completion import BufferPool, CompletionTracker
+from testbed.cluster.kv_wire import WirePart, receive_part, send_part, unpack_arrived
 from testbed.cluster.messages import Failed, KVArrived, KVDone, KVPart, KVSent, Ready, Reserve, Reserved
 from testbed.engine import Engine, Sequence, SequenceStatus
 
@@ -33,7 +32,7 @@ class Outgoing:
     decode_rank: Optional[int] = None
     ready_t: Optional[float] = None
     sent_parts: set = field(default_factory=set)
-    works: list = field(default_factory=list)  # (handle, buffer): buffers live until sent
+    parts: list[WirePart] = field(default_factory=list)  # buffers live until sent
     start: Optional[float] = None
     kv_bytes: int = 0
 
@@ -41,9 +40,10 @@ class Outgoing:
 class KVSender:
     """The P side. Blocks are freed only once every part has left."""
 
-    def __init__(self, engine: Engine, rank: int, inboxes, events, granularity: str, timeout_s: float):
+    def __init__(self, engine: Engine, rank: int, inboxes, events, granularity: str, timeout_s: float,
+                 piece_bytes: int):
         self.engine, self.rank, self.inboxes, self.events = engine, rank, inboxes, events
-        self.granularity, self.timeout_s = granularity, timeout_s
+        self.granularity, self.timeout_s, self.piece_bytes = granularity, timeout_s, piece_bytes
         self.out: dict[int, Outgoing] = {}
         self.aborted: set[int] = set()
         self.completions = CompletionTracker(timeout_s)
@@ -94,24 +94,24 @@ class KVSender:
         seq = entry.seq
         layer = part if self.granularity == "layer" else None
         runner = self.engine.runner
-        buffer = self.buffers.get(runner.kv_shape(seq.num_prompt_tokens, layer))
-        runner.read_tokens(seq.block_table, seq.num_prompt_tokens, layer, out=buffer)
         entry.start = entry.start or time.perf_counter()
-        self.inboxes[entry.decode_rank].put(KVPart(seq.seq_id, part, tuple(buffer.shape),
-                                                   str(buffer.dtype).removeprefix("torch."), self.rank))
-        work = dist.isend(buffer, dst=entry.decode_rank)
-        entry.works.append((self.completions.track(work, entry.decode_rank), buffer))
+        shape = runner.kv_shape(seq.num_prompt_tokens, layer)
+        self.inboxes[entry.decode_rank].put(KVPart(seq.seq_id, part, shape, str(runner.dtype).removeprefix("torch."),
+                                                   self.rank))
+        wire = send_part(runner, seq.block_table, seq.num_prompt_tokens, layer, entry.decode_rank, self.buffers,
+                         self.completions, self.piece_bytes)
+        entry.parts.append(wire)
         entry.sent_parts.add(part)
-        entry.kv_bytes += buffer.numel() * buffer.element_size()
+        entry.kv_bytes += wire.nbytes
 
     def poll(self) -> None:
         now = time.perf_counter()
         for rid, entry in list(self.out.items()):
             if len(entry.sent_parts) == self.num_parts and entry.handoff_t is not None and \
-                    all(handle.done() for handle, _ in entry.works):
-                errors = [handle.error for handle, _ in entry.works if handle.error]
-                if errors:
-                    self.abort(rid, f"KV send failed: {errors[0]}", now)
+                    all(wire.sent() for wire in entry.parts):
+                error = next((wire.error() for wire in entry.parts if wire.error()), None)
+                if error:
+                    self.abort(rid, f"KV send failed: {error}", now)
                 else:
                     self._done(rid, entry, now)
             elif entry.handoff_t is not None and now - entry.handoff_t > self.timeout_s:
@@ -119,8 +119,8 @@ class KVSender:
 
     def _done(self, rid: int, entry: Outgoing, now: float) -> None:
         del self.out[rid]
-        for _, buffer in entry.works:
-            self.buffers.put(buffer)
+        for wire in entry.parts:
+            self.buffers.put(wire.buffer)
         self.engine.release(entry.seq)
         entry.seq.status = SequenceStatus.FINISHED
         wait = (entry.ready_t - entry.handoff_t) if entry.ready_t > entry.handoff_t else 0.0
@@ -144,7 +144,7 @@ class Incoming:
     seq: Sequence
     prefill_rank: int
     reserved_t: float
-    recvs: list = field(default_factory=list)  # (part, handle, buffer)
+    recvs: list = field(default_factory=list)  # (layer or None for the whole request, WirePart)
     first_token: Optional[int] = None
     num_parts: Optional[int] = None
 
@@ -152,9 +152,10 @@ class Incoming:
 class KVReceiver:
     """The D side: reserve blocks (or queue the reservation: back-pressure), receive, hand to decode."""
 
-    def __init__(self, engine: Engine, rank: int, inboxes, events, timeout_s: float, recompute: bool):
+    def __init__(self, engine: Engine, rank: int, inboxes, events, timeout_s: float, recompute: bool,
+                 piece_bytes: int):
         self.engine, self.rank, self.inboxes, self.events = engine, rank, inboxes, events
-        self.timeout_s, self.recompute = timeout_s, recompute
+        self.timeout_s, self.recompute, self.piece_bytes = timeout_s, recompute, piece_bytes
         self.completions = CompletionTracker(timeout_s)
         self.buffers = BufferPool(engine.runner.device, engine.runner.dtype)
         self.queued: list[Reserve] = []
@@ -182,11 +183,10 @@ class KVReceiver:
 
     def on_part(self, msg: KVPart) -> None:
         assert msg.dtype == str(self.engine.runner.dtype).removeprefix("torch."), "P and D pools differ in dtype"
-        buffer = self.buffers.get(msg.shape)
-        handle = self.completions.track(dist.irecv(buffer, src=msg.src), msg.src)
+        wire = receive_part(msg.shape, msg.src, self.buffers, self.completions, self.piece_bytes)
         entry = self.incoming.get(msg.rid)
         if entry is not None:  # if aborted, the receive still drains the wire so later messages stay in step
-            entry.recvs.append((msg.part, handle, buffer))
+            entry.recvs.append((msg.part if len(msg.shape) == 4 else None, wire))  # a layer part is 4-d
 
     def on_done(self, msg: KVDone) -> None:
         entry = self.incoming.get(msg.rid)
@@ -197,21 +197,21 @@ class KVReceiver:
         self._admit()
         now = time.perf_counter()
         for rid, entry in list(self.incoming.items()):
-            complete = entry.num_parts is not None and len(entry.recvs) == entry.num_parts
-            if complete and all(handle.done() for _, handle, _ in entry.recvs):
-                if any(handle.error for _, handle, _ in entry.recvs):
-                    self._give_up(rid, entry, now)
-                else:
-                    self._install(rid, entry, now)
+            if any(wire.error() for _, wire in entry.recvs):
+                self._give_up(rid, entry, now)
+                continue
+            unpacked = [unpack_arrived(self.engine.runner, entry.seq.block_table, wire, layer)
+                        for layer, wire in entry.recvs]
+            if entry.num_parts is not None and len(entry.recvs) == entry.num_parts and all(unpacked):
+                self._install(rid, entry, now)
             elif now - entry.reserved_t > self.timeout_s:
                 self._give_up(rid, entry, now)
 
     def _install(self, rid: int, entry: Incoming, now: float) -> None:
         del self.incoming[rid]
-        runner, seq = self.engine.runner, entry.seq
-        for part, _, buffer in entry.recvs:
-            runner.write_tokens(seq.block_table, buffer, part if entry.num_parts > 1 else None)
-            self.buffers.put(buffer)
+        seq = entry.seq
+        for _, wire in entry.recvs:
+            self.buffers.put(wire.buffer)
         seq.num_computed_tokens = seq.num_prompt_tokens
         seq.append_token(entry.first_token)
         self.engine.scheduler.add_running(seq)

@@ -41,6 +41,7 @@ class WorkerSpec:
     kv_timeout_s: float = 30.0
     recompute_on_failure: bool = False
     max_pending: int = 8
+    piece_bytes: int = 8 << 20
     heartbeat_s: float = 2.0
     start_timeout_s: float = 300.0
 
@@ -51,7 +52,8 @@ def worker_main(spec: WorkerSpec, inboxes, events) -> None:
     try:
         engine = _setup(spec)
         events.put(Started(spec.rank, spec.role, spec.device, engine.runner.num_blocks, os.getpid()))
-        Worker(spec, engine, inboxes, events).loop()
+        with torch.inference_mode():  # one mode for every tensor the worker touches, KV buffers included
+            Worker(spec, engine, inboxes, events).loop()
     except Exception:  # noqa: BLE001 - the driver reports it and shuts the run down
         events.put(WorkerError(spec.rank, traceback.format_exc()))
     finally:
@@ -80,12 +82,13 @@ class Worker:
         self.spec, self.engine, self.inbox, self.events = spec, engine, inboxes[spec.rank], events
         self.sender = self.receiver = None
         if spec.role == "prefill_only":
-            self.sender = KVSender(engine, spec.rank, inboxes, events, spec.granularity, spec.kv_timeout_s)
+            self.sender = KVSender(engine, spec.rank, inboxes, events, spec.granularity, spec.kv_timeout_s,
+                                   spec.piece_bytes)
             if spec.granularity == "layer":
                 engine.after_layer = self.sender.stream_layer
         if spec.role == "decode_only":
             self.receiver = KVReceiver(engine, spec.rank, inboxes, events, spec.kv_timeout_s,
-                                       spec.recompute_on_failure)
+                                       spec.recompute_on_failure, spec.piece_bytes)
         self.stopping = False
         self.last_report = time.perf_counter()
 

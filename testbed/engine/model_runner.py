@@ -126,15 +126,16 @@ class ModelRunner:
         return [(kv, i, self.kv_cache[kv, i].flatten(0, 1)) for kv in range(2) for i in layers]
 
     def read_tokens(self, block_table: list[int], num_tokens: int, layer: int | None = None,
-                    out: torch.Tensor | None = None) -> torch.Tensor:
-        """The KV of the first `num_tokens` tokens packed into one buffer of `kv_shape`."""
-        slots = self._token_slots(block_table, num_tokens)
+                    out: torch.Tensor | None = None, start: int = 0) -> torch.Tensor:
+        """The KV of tokens [start, start + num_tokens) packed into one buffer of `kv_shape`."""
+        slots = self._token_slots(block_table, start + num_tokens)[start:]
         out = torch.empty(self.kv_shape(num_tokens, layer), dtype=self.dtype, device=self.device) if out is None else out
         for kv, i, src in self._slices(layer):
             torch.index_select(src, 0, slots, out=out[kv] if layer is not None else out[kv, i])
         return out
 
-    def write_tokens(self, block_table: list[int], data: torch.Tensor, layer: int | None = None) -> None:
-        slots = self._token_slots(block_table, data.shape[-3])
+    def write_tokens(self, block_table: list[int], data: torch.Tensor, layer: int | None = None,
+                     start: int = 0) -> None:
+        slots = self._token_slots(block_table, start + data.shape[-3])[start:]
         for kv, i, dst in self._slices(layer):
             dst.index_copy_(0, slots, data[kv] if layer is not None else data[kv, i])

@@ -29,6 +29,7 @@ def worker_template(cfg: Config) -> WorkerSpec:
     return WorkerSpec(rank=0, world_size=1, role="", device="cpu", port=0, model=cfg.model, engine=cfg.engine,
                       scheduler=cfg.scheduler, granularity=kv.granularity, kv_timeout_s=kv.timeout_s,
                       recompute_on_failure=kv.on_failure == "recompute", max_pending=kv.max_pending,
+                      piece_bytes=kv.piece_kib << 10,
                       heartbeat_s=cfg.cluster.heartbeat_s, start_timeout_s=cfg.cluster.start_timeout_s)
 
 
