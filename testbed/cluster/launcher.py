@@ -107,6 +107,8 @@ class Cluster:
                 if dead or time.monotonic() > deadline:
                     raise RuntimeError(f"workers failed to start: {dead or 'timed out'}") from None
                 continue
+            if isinstance(msg, WorkerError) and msg.bad_input:
+                raise ConfigError(msg.error)
             if isinstance(msg, WorkerError):
                 raise RuntimeError(f"worker {msg.worker} failed to start:\n{msg.error}")
             if isinstance(msg, Started):

@@ -140,3 +140,4 @@ class Audit:
 class WorkerError:
     worker: int
     error: str
+    bad_input: bool = False  # a TestbedError: `error` is its one-line message

@@ -22,6 +22,7 @@ from testbed.cluster.connector import KVReceiver, KVSender
 from testbed.cluster.messages import (Abort, Audit, Heartbeat, KVDone, KVPart, Ready, Reserve, Serve, Started,
                                       StepEvents, Stop, WorkerError)
 from testbed.engine import Engine, EngineConfig, SchedulerConfig, Sequence, StepResult
+from testbed.errors import TestbedError
 from testbed.model.config import ModelConfig
 
 IDLE_WAIT_S = 0.002  # inbox wait when there is nothing to step; short so KV polling stays prompt
@@ -54,6 +55,8 @@ def worker_main(spec: WorkerSpec, inboxes, events) -> None:
         events.put(Started(spec.rank, spec.role, spec.device, engine.runner.num_blocks, os.getpid()))
         with torch.inference_mode():  # one mode for every tensor the worker touches, KV buffers included
             Worker(spec, engine, inboxes, events).loop()
+    except TestbedError as error:  # bad input found where the engine is built: still one line
+        events.put(WorkerError(spec.rank, str(error), bad_input=True))
     except Exception:  # noqa: BLE001 - the driver reports it and shuts the run down
         events.put(WorkerError(spec.rank, traceback.format_exc()))
     finally:
