@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 import torch
 import torch.multiprocessing as mp
 
+from testbed.cluster.channel import ReportReader, ReportWriter
 from testbed.cluster.config import ClusterConfig
 from testbed.cluster.messages import Audit, Started, Stop, WorkerError
 from testbed.cluster.worker import WorkerSpec, worker_main
@@ -85,14 +86,16 @@ class Cluster:
     def __enter__(self) -> "Cluster":
         ctx = mp.get_context("spawn")
         self.inboxes = [ctx.Queue() for _ in self.plans]
-        self.events = ctx.Queue()
+        pipes = [ctx.Pipe(duplex=False) for _ in self.plans]
+        self.events = ReportReader([reader for reader, _ in pipes])
         port = free_port()
-        for plan in self.plans:
+        for plan, (_, writer) in zip(self.plans, pipes):
             spec = replace(self.template, rank=plan.rank, world_size=len(self.plans), role=plan.role,
                            device=plan.device, port=port)
-            proc = ctx.Process(target=worker_main, args=(spec, self.inboxes, self.events), daemon=True,
+            proc = ctx.Process(target=worker_main, args=(spec, self.inboxes, ReportWriter(writer)), daemon=True,
                                name=f"testbed-worker{plan.rank}-{plan.role}")
             proc.start()
+            writer.close()  # the worker holds the only writing end: its exit closes the pipe
             self.processes.append(proc)
         self._wait_started()
         return self
@@ -146,7 +149,8 @@ class Cluster:
             if proc.exitcode is None:
                 proc.kill()
                 proc.join(timeout=5.0)
-        for q in [*getattr(self, "inboxes", []), getattr(self, "events", None)]:
-            if q is not None:
-                q.cancel_join_thread()  # never block exit on undelivered messages
-                q.close()
+        for q in getattr(self, "inboxes", []):
+            q.cancel_join_thread()  # never block exit on undelivered messages
+            q.close()
+        if hasattr(self, "events"):
+            self.events.close()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import queue
 import signal
+import sys
 import time
 import traceback
 from dataclasses import dataclass
@@ -25,6 +26,8 @@ from testbed.engine import Engine, EngineConfig, SchedulerConfig, Sequence, Step
 from testbed.errors import TestbedError
 from testbed.model.config import ModelConfig
 
+GIL_SWITCH_S = 0.0002
+CPU_WORKER_NICE = 5
 IDLE_WAIT_S = 0.002  # inbox wait when there is nothing to step; short so KV polling stays prompt
 
 
@@ -50,6 +53,8 @@ class WorkerSpec:
 def worker_main(spec: WorkerSpec, inboxes, events) -> None:
     """Process entry point. Ctrl-C reaches the whole process group: the driver alone handles it."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # the queue's feeder thread must not wait out the default 5 ms GIL interval behind a step
+    sys.setswitchinterval(GIL_SWITCH_S)
     try:
         engine = _setup(spec)
         events.put(Started(spec.rank, spec.role, spec.device, engine.runner.num_blocks, os.getpid()))
@@ -70,6 +75,9 @@ def _setup(spec: WorkerSpec) -> Engine:
         torch.cuda.set_device(device)  # all GPUs stay visible: NCCL keeps its NVLink paths
     else:
         torch.set_num_threads(1)
+        # CPU workers share the cores with the router: a lower priority lets the router take a
+        # core the moment a report arrives, instead of waiting out a worker's time slice
+        os.nice(CPU_WORKER_NICE)
     backend = "nccl" if device.type == "cuda" else "gloo"
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{spec.port}", rank=spec.rank,
                             world_size=spec.world_size, timeout=timedelta(seconds=spec.start_timeout_s))
