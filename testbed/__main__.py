@@ -7,7 +7,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from testbed.config import register_configs, to_config
+from testbed.config import override_keys, register_configs, to_config
 from testbed.errors import TestbedError
 
 register_configs()
@@ -15,11 +15,12 @@ register_configs()
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> None:
-    from testbed.experiments import run  # after Hydra: keeps `--help` fast
+    from testbed.experiments.runner import run  # after Hydra: keeps `--help` fast
 
     try:
         typed = to_config(cfg)
-        run(typed, Path(typed.output_dir or HydraConfig.get().runtime.output_dir))
+        hydra_cfg = HydraConfig.get()
+        run(typed, Path(typed.output_dir or hydra_cfg.runtime.output_dir), override_keys(hydra_cfg.overrides.task))
     except TestbedError as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(error.exit_code)

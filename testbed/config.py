@@ -14,9 +14,11 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from testbed.cluster.config import ClusterConfig, KVTransferConfig
 from testbed.engine.config import EngineConfig, SchedulerConfig
+from testbed.experiments.config import ExperimentConfig
 from testbed.errors import ConfigError
 from testbed.metrics.config import MetricsConfig, SLOConfig
 from testbed.model.config import ModelConfig
+from testbed.tracking.config import TrackerConfig
 from testbed.workload.config import WorkloadConfig
 
 MODES = ("colocated", "chunked", "disagg")
@@ -51,9 +53,14 @@ class Config:
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     slo: SLOConfig = field(default_factory=SLOConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    tracker: TrackerConfig = field(default_factory=TrackerConfig)
+    experiment: ExperimentConfig = field(default_factory=ExperimentConfig)
+    executor: str = "real"  # real | sim (the calibrated simulator)
     output_dir: Optional[str] = None  # default: Hydra's run directory
 
     def validate(self) -> "Config":
+        if self.executor not in ("real", "sim"):
+            raise ConfigError(f"executor={self.executor!r} is not one of real, sim")
         if self.mode not in MODES:
             raise ConfigError(f"mode={self.mode!r} is not one of {', '.join(MODES)}")
         self.model.args()
@@ -65,6 +72,8 @@ class Config:
         self.workload.validate()
         self.slo.validate()
         self.metrics.validate()
+        self.tracker.validate()
+        self.experiment.validate()
         return self
 
 
@@ -90,3 +99,17 @@ def to_config(cfg: DictConfig) -> Config:
     container.pop("hydra", None)
     typed = OmegaConf.to_object(OmegaConf.merge(_writable(OmegaConf.structured(Config)), container))
     return typed.validate()
+
+
+def with_overrides(cfg: Config, overrides: dict) -> Config:
+    """A copy of `cfg` with dotted keys set ("cluster.num_prefill": 2), validated again."""
+    node = OmegaConf.structured(cfg)
+    _writable(node)
+    for key, value in overrides.items():
+        OmegaConf.update(node, key, value, merge=False)
+    return OmegaConf.to_object(node).validate()
+
+
+def override_keys(overrides: list[str]) -> set[str]:
+    """Keys a command line set ("+experiment=x", "model=small", "slo.ttft_s=1" -> experiment, model, slo.ttft_s)."""
+    return {o.split("=", 1)[0].lstrip("+~") for o in overrides if "=" in o}

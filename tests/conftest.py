@@ -15,3 +15,12 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason="needs a CUDA device"))
         if "multigpu" in item.keywords and not multi:
             item.add_marker(pytest.mark.skip(reason="needs two or more CUDA devices"))
+
+
+@pytest.fixture(scope="session")
+def study_results(tmp_path_factory):
+    """{study: its sweep directory}: every study run once at tiny size (see tests/study_runs.py)."""
+    from tests.study_runs import STUDIES, run_study
+
+    root = tmp_path_factory.mktemp("studies")
+    return {name: (run_study(name, root / name), root / name)[1] for name in STUDIES}

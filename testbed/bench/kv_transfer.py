@@ -132,28 +132,40 @@ def copy_ceiling(max_mib: int, repeats: int) -> float:
     return src.numel() * 4 / statistics.median(times)
 
 
+def measure(max_mib: int, repeats: int) -> dict:
+    """{"backend", "rows": [{bytes, raw_s, connector_s, raw_gbps, connector_gbps, ratio}], "ceiling"?}"""
+    use_cuda = torch.cuda.is_available() and torch.cuda.device_count() >= 2
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    mp.start_processes(run_rank, args=(free_port(), max_mib, repeats, use_cuda, out), nprocs=2,
+                       start_method="spawn")
+    results = {"backend": "nccl (cuda:0 -> cuda:1)" if use_cuda else "gloo (CPU processes)"}
+    while not out.empty():
+        results.update(out.get())
+    for row in results["rows"]:
+        raw, conn = row["bytes"] / row["raw_s"] / 1e9, row["bytes"] / row["connector_s"] / 1e9
+        row.update(raw_gbps=raw, connector_gbps=conn, ratio=conn / raw)
+    return results
+
+
+def report_lines(results: dict) -> list[str]:
+    lines = [f"backend: {results['backend']}", f"{'message':>10} {'raw GB/s':>9} {'connector GB/s':>15} {'ratio':>6}"]
+    for row in results["rows"]:
+        lines.append(f"{_human(row['bytes']):>10} {row['raw_gbps']:>9.2f} {row['connector_gbps']:>15.2f} "
+                     f"{row['ratio']:>6.2f}")
+    if "ceiling" in results:
+        lines.append(f"device-to-device copy_ ceiling: {results['ceiling'] / 1e9:.1f} GB/s")
+    return lines
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-mib", type=int, default=1024)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", help="also write the figures to this file")
     a = parser.parse_args(argv)
-    use_cuda = torch.cuda.is_available() and torch.cuda.device_count() >= 2
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    mp.start_processes(run_rank, args=(free_port(), a.max_mib, a.repeats, use_cuda, out), nprocs=2,
-                       start_method="spawn")
-    results = {}
-    while not out.empty():
-        results.update(out.get())
-    print(f"backend: {'nccl (cuda:0 -> cuda:1)' if use_cuda else 'gloo (CPU processes)'}")
-    print(f"{'message':>10} {'raw GB/s':>9} {'connector GB/s':>15} {'ratio':>6}")
-    for row in results["rows"]:
-        raw, conn = row["bytes"] / row["raw_s"] / 1e9, row["bytes"] / row["connector_s"] / 1e9
-        row.update(raw_gbps=raw, connector_gbps=conn, ratio=conn / raw)
-        print(f"{_human(row['bytes']):>10} {raw:>9.2f} {conn:>15.2f} {conn / raw:>6.2f}")
-    if "ceiling" in results:
-        print(f"device-to-device copy_ ceiling: {results['ceiling'] / 1e9:.1f} GB/s")
+    results = measure(a.max_mib, a.repeats)
+    print("\n".join(report_lines(results)))
     if a.json:
         with open(a.json, "w") as f:
             json.dump(results, f, indent=1)

@@ -84,8 +84,10 @@ def _setup(spec: WorkerSpec) -> Engine:
     engine_config = spec.engine
     if spec.role == "decode_only":  # received KV is written into fresh blocks, never shared ones
         engine_config = type(spec.engine)(**{**spec.engine.__dict__, "enable_prefix_caching": False})
-    return Engine.build(spec.model.args(), engine_config, spec.scheduler, spec.role, device,
-                        dtype=spec.model.dtype, path=spec.model.path, seed=spec.model.seed)
+    engine = Engine.build(spec.model.args(), engine_config, spec.scheduler, spec.role, device,
+                          dtype=spec.model.dtype, path=spec.model.path, seed=spec.model.seed)
+    engine.warmup()
+    return engine
 
 
 class Worker:

@@ -114,6 +114,20 @@ class Engine:
             records.append(record)
         return records
 
+    def warmup(self, prompt_len: int = 64) -> None:
+        """One prefill and a few decodes before serving: first calls pay for lazy initialisation
+        (kernels, allocator), which would otherwise land on the first request's TTFT."""
+        prompt_len = min(prompt_len, self.args.max_model_len - 4)
+        seq = Sequence(-1, [i % self.args.vocab_size for i in range(prompt_len)], 3)
+        policy = self.scheduler.policy
+        self.scheduler.policy = make_policy("chunked" if policy.name == "chunked" else "colocated")
+        try:
+            self.add(seq)
+            self.run_until_done()
+        finally:
+            self.scheduler.policy = policy
+        assert self.num_used_blocks == 0 and not self.has_work()
+
     # -- the KV pool, for the connector and the end-of-run audit ------------------------------
     def release(self, seq: Sequence) -> None:
         """Free a handed-off sequence's blocks once its KV has left."""

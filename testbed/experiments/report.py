@@ -35,3 +35,20 @@ def summary_lines(summary: dict) -> list[str]:
 
 def print_run(requests: pd.DataFrame, summary: dict, out_dir) -> None:
     print("\n".join(request_lines(requests) + [""] + summary_lines(summary) + [f"results: {out_dir}"]))
+
+
+def print_sweep(name: str, table: pd.DataFrame, aggregate: dict, out_dir, columns: list[str], figures) -> None:
+    shown = ["point", "status"] + [c for c in columns if c in table.columns]
+    lines = [f"\n{name}: {len(table)} points", table[shown].to_string(index=False, float_format=lambda x: f"{x:.4g}")]
+    failed = table[table["status"] == "failed"] if "status" in table else table.iloc[0:0]
+    lines += [f"FAILED {row.point}: {row.error}" for row in failed.itertuples()]
+    goodput = aggregate.get("goodput")
+    if goodput:
+        lines.append(f"{'configuration':>14} {'goodput req/s':>14} {'per GPU':>8} {'capacity':>9}")
+        lines += [f"{label:>14} {g['goodput']:>14.2f} {g['goodput_per_gpu']:>8.2f} {g['capacity']:>9.2f}"
+                  for label, g in goodput.items()]
+    if aggregate.get("best"):
+        best = aggregate["best"]
+        lines.append(f"best configuration: {best['label']} ({best['goodput_per_gpu']:.2f} req/s per GPU)")
+    lines += [f"figure: {f}" for f in figures] + [f"results: {out_dir}"]
+    print("\n".join(lines))

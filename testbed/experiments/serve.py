@@ -15,7 +15,9 @@ from testbed.cluster.router import Router
 from testbed.cluster.worker import WorkerSpec
 from testbed.config import Config
 from testbed.metrics.events import STEP_COLUMNS, TRANSFER_COLUMNS, RequestLog
+from testbed.metrics.slo import tenant_slos
 from testbed.metrics.summary import summarize
+from testbed.tracking.telemetry import start_telemetry
 from testbed.tracking.results import collect_meta, write_results
 from testbed.workload import build_workload
 
@@ -60,28 +62,31 @@ def serve(cfg: Config, out_dir: Path, on_started: Optional[Callable[[Cluster], N
         if on_started:
             on_started(cluster)
         t0 = time.perf_counter()
+        sampler = start_telemetry(t0, announce=progress)
         log = RequestLog(t0)
         router = Router(cluster, workload, log, cfg.mode, cfg.cluster, cfg.kv_transfer, t0)
         with tqdm(total=len(workload.requests), desc=f"{cfg.mode} requests", unit="req", leave=False,
                   disable=not progress) as bar:
             router.on_finish = lambda: bar.update(1)
             router.run()
+        telemetry = sampler.stop()
         leftovers: list = []
         audit = cluster.stop(leftovers)
         for msg in leftovers:
             router.handle(msg)
     requests, steps = log.table(), steps_table(router.steps, t0)
     transfers = transfers_table(router.transfers)
-    summary = summarize(requests, steps, transfers, slo=cfg.slo, metrics=cfg.metrics, num_gpus=len(plans))
+    summary = summarize(requests, steps, transfers, slo=cfg.slo, metrics=cfg.metrics, num_gpus=len(plans),
+                        tenant_slos=tenant_slos(cfg.workload.tenants, cfg.slo))
     summary["kv_blocks_leaked"] = {f"worker{rank}": blocks for rank, blocks in sorted(audit.items())}
     summary["workers"] = {f"worker{p.rank}": {"role": p.role, "device": p.device,
                                               "alive_at_end": p.rank in audit} for p in plans}
     summary["workload_report"] = workload.report
-    write_results(out_dir, requests=requests, steps=steps, transfers=transfers, telemetry=None,
+    write_results(out_dir, requests=requests, steps=steps, transfers=transfers, telemetry=telemetry,
                   config=dataclasses.asdict(cfg), meta=collect_meta(cfg.seed, {"workers": summary["workers"]}),
                   summary=summary)
     leaked = {rank: blocks for rank, blocks in audit.items() if blocks}
     if leaked:
         raise KVLeakError(f"KV audit failed: blocks still allocated at the end of the run {leaked}; "
                           f"results kept in {out_dir}")
-    return {"requests": requests, "steps": steps, "transfers": transfers, "summary": summary}
+    return {"requests": requests, "steps": steps, "transfers": transfers, "telemetry": telemetry, "summary": summary}

@@ -51,13 +51,13 @@ def write_results(out_dir, *, requests: pd.DataFrame, steps: Optional[pd.DataFra
         raise ResultsError(f"cannot write results to {out}: {e.strerror or e}") from None
     config_yaml = OmegaConf.to_yaml(OmegaConf.create(config if config is not None else {}))
     _atomic(out / "config.yaml", lambda f: f.write(config_yaml.encode()))
-    _write_json(out / "meta.json", meta or {})
-    _write_parquet(out / "requests.parquet", requests if requests is not None else request_table([]))
-    _write_parquet(out / "steps.parquet", _or_empty(steps, STEP_COLUMNS))
-    _write_parquet(out / "kv_transfers.parquet", _or_empty(transfers, TRANSFER_COLUMNS))
+    write_json(out / "meta.json", meta or {})
+    write_parquet(out / "requests.parquet", requests if requests is not None else request_table([]))
+    write_parquet(out / "steps.parquet", _or_empty(steps, STEP_COLUMNS))
+    write_parquet(out / "kv_transfers.parquet", _or_empty(transfers, TRANSFER_COLUMNS))
     if telemetry is not None:
-        _write_parquet(out / "telemetry.parquet", telemetry)
-    _write_json(out / "summary.json", summary or {})
+        write_parquet(out / "telemetry.parquet", telemetry)
+    write_json(out / "summary.json", summary or {})
     return out
 
 
@@ -97,12 +97,12 @@ def _atomic(path: Path, write: Callable) -> None:
         raise
 
 
-def _write_json(path: Path, data: dict) -> None:
+def write_json(path: Path, data: dict) -> None:
     text = json.dumps(json_safe(data), indent=2, allow_nan=False, sort_keys=False)
     _atomic(path, lambda f: f.write(text.encode()))
 
 
-def _write_parquet(path: Path, df: pd.DataFrame) -> None:
+def write_parquet(path: Path, df: pd.DataFrame) -> None:
     table = pa.Table.from_pandas(df.reset_index(drop=True), preserve_index=False)
     for name, list_type in LIST_TYPES.items():
         index = table.schema.get_field_index(name)

@@ -78,6 +78,21 @@ def build_workload(cfg: WorkloadConfig, *, seed: int, vocab_size: int, max_model
 
 
 def _synthetic_shape(cfg: WorkloadConfig, seed: int) -> tuple[Shape, dict]:
+    shape, report = _foreground_shape(cfg, seed)
+    if not cfg.background_requests:
+        return shape, report
+    n = cfg.background_requests
+    return Shape(
+        arrival_s=np.concatenate([np.zeros(n), shape.arrival_s]),
+        input_len=np.concatenate([np.full(n, cfg.background_input_len), shape.input_len]),
+        output_len=np.concatenate([np.full(n, cfg.background_output_len), shape.output_len]),
+        tenant=["background"] * n + list(shape.tenant)), report
+
+
+def _foreground_shape(cfg: WorkloadConfig, seed: int) -> tuple[Shape, dict]:
+    if cfg.num_requests == 0 and cfg.duration_s is None:  # a background-only run
+        empty = np.zeros(0, dtype=np.int64)
+        return Shape(np.zeros(0), empty, empty.copy(), []), {"source": "synthetic"}
     times = arrivals.synthetic_until(lambda: derived_rng(seed, TAG_ARRIVALS), cfg, cfg.num_requests, cfg.duration_s)
     n = len(times)
     rng = derived_rng(seed, TAG_LENGTHS)

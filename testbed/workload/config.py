@@ -120,6 +120,11 @@ class WorkloadConfig:
     think_time_dist: str = "fixed"
     system_prompt_len: int = 0
     tenants: List[TenantConfig] = field(default_factory=list)
+    # A decode background (interference studies): requests with short prompts and long outputs,
+    # all arriving at t=0, tagged tenant "background", ahead of the arrivals above.
+    background_requests: int = 0
+    background_input_len: int = 16
+    background_output_len: int = 256
 
     def validate(self) -> "WorkloadConfig":
         """Raise WorkloadError (one line, naming the key) on the first bad value."""
@@ -132,7 +137,7 @@ class WorkloadConfig:
             _positive(f"workload.{key}", getattr(self, key))
         for key in ("start_s", "off_s", "think_time_s", "ramp_start_rate"):
             _non_negative(f"workload.{key}", getattr(self, key))
-        for key in ("num_requests", "system_prompt_len"):
+        for key in ("num_requests", "system_prompt_len", "background_requests"):
             _non_negative(f"workload.{key}", getattr(self, key))
         if self.duration_s is not None:
             _positive("workload.duration_s", self.duration_s)
@@ -146,7 +151,10 @@ class WorkloadConfig:
             raise WorkloadError("workload.path must name a trace file when workload.arrival=trace")
         if self.path and (self.turns > 1 or self.tenants):
             raise WorkloadError("workload.turns and workload.tenants are for synthetic workloads (workload.path is set)")
-        if self.num_requests == 0 and self.duration_s is None and not self.path:
+        for key in ("background_input_len", "background_output_len"):
+            if getattr(self, key) < 1:
+                raise WorkloadError(f"workload.{key} must be >= 1 (got {getattr(self, key)})")
+        if self.num_requests == 0 and self.duration_s is None and not self.path and not self.background_requests:
             raise WorkloadError("workload.num_requests must be > 0 unless workload.duration_s or workload.path is set")
         self.input_len.validate("workload.input_len")
         self.output_len.validate("workload.output_len")

@@ -1,0 +1,39 @@
+"""What a study sweeps. Each conf/experiment/NAME.yaml sets `experiment.name` and only the
+values that differ from the defaults here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List
+
+from testbed.errors import ConfigError
+
+STUDIES = ("serve", "ratio_sweep", "mode_compare", "rate_sweep", "slo_scale", "interference", "chunk_sweep",
+           "input_buckets", "burstiness", "multiturn", "kv_bandwidth")
+
+
+@dataclass(frozen=True)
+class ExperimentConfig:
+    name: str = "serve"  # serve: one point with the config as it is
+    modes: List[str] = field(default_factory=lambda: ["colocated", "chunked", "disagg"])
+    rates: List[float] = field(default_factory=list)  # empty: workload.rate alone
+    chunk_sizes: List[int] = field(default_factory=lambda: [256, 512, 1024, 2048, 4096, 8192])
+    burstiness: List[float] = field(default_factory=lambda: [0.25, 0.5, 1.0, 2.0, 4.0])
+    slo_scales: List[float] = field(default_factory=lambda: [0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0])
+    prefill_lengths: List[int] = field(default_factory=lambda: [512, 2048, 8192, 32768])
+    dispatch: List[str] = field(default_factory=lambda: ["session_affinity", "round_robin"])
+    message_mib: int = 1024  # kv_bandwidth: the largest message
+    # Applied when no CUDA device is visible: the same study at a size two CPU cores finish.
+    cpu_overrides: Dict[str, Any] = field(default_factory=dict)
+    figures: bool = True
+
+    def validate(self) -> "ExperimentConfig":
+        if self.name not in STUDIES:
+            raise ConfigError(f"experiment.name={self.name!r} is not one of {', '.join(STUDIES)}")
+        bad = [m for m in self.modes if m not in ("colocated", "chunked", "disagg")]
+        if bad:
+            raise ConfigError(f"experiment.modes has {bad}; allowed: colocated, chunked, disagg")
+        for key in ("rates", "chunk_sizes", "burstiness", "slo_scales", "prefill_lengths"):
+            if any(v <= 0 for v in getattr(self, key)):
+                raise ConfigError(f"experiment.{key} must all be > 0 (got {list(getattr(self, key))})")
+        return self

@@ -1,0 +1,76 @@
+"""`run(cfg, out_dir)`: one point, or a study's sweep of points, then its aggregate and figures."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import torch
+
+from testbed.config import Config, with_overrides
+from testbed.experiments import aggregates, studies
+from testbed.experiments.report import print_run, print_sweep
+from testbed.experiments.serve import serve
+from testbed.experiments.sweep import Sweep
+from testbed.tracking.wandb_tracker import make_tracker
+
+TABLE = ["ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99", "itl_p99", "slo_attainment", "throughput_requests_per_s"]
+
+# name -> (points, aggregate)
+STUDIES = {
+    "ratio_sweep": (studies.ratio_sweep, aggregates.ratio_sweep),
+    "rate_sweep": (studies.rate_sweep, aggregates.ratio_sweep),
+    "mode_compare": (studies.one_rate, aggregates.by_label(TABLE)),
+    "slo_scale": (studies.one_rate, aggregates.slo_scale),
+    "input_buckets": (studies.one_rate, aggregates.by_label(
+        [f"ttft_by_bucket_{b}_{s}" for b in ("0-1K", "1K-4K", "4K-16K", "16K+") for s in ("p50", "p99")])),
+    "chunk_sweep": (studies.chunk_sweep, aggregates.by_label(["chunk", *TABLE])),
+    "burstiness": (studies.burstiness, aggregates.burstiness),
+    "interference": (studies.interference, aggregates.interference),
+    "multiturn": (studies.multiturn, aggregates.multiturn),
+}
+
+
+def effective(cfg: Config, explicit: set[str] = frozenset()) -> Config:
+    """The study's CPU-sized variant when no GPU will be used. What the command line set
+    explicitly wins over the study's CPU defaults (`model=small` keeps the small model)."""
+    on_gpu = torch.cuda.is_available() and cfg.hardware.name != "cpu"
+    if on_gpu or not cfg.experiment.cpu_overrides:
+        return cfg
+    related = lambda a, b: a == b or a.startswith(b + ".") or b.startswith(a + ".")  # noqa: E731
+    chosen = {k: v for k, v in cfg.experiment.cpu_overrides.items() if not any(related(k, e) for e in explicit)}
+    return with_overrides(cfg, chosen)
+
+
+def run_point(cfg: Config, out_dir: Path) -> dict:
+    if cfg.executor == "sim":
+        from testbed.sim.executor import simulate_point
+
+        return simulate_point(cfg, out_dir)
+    return serve(cfg, out_dir)
+
+
+def run(cfg: Config, out_dir: Path, explicit: set[str] = frozenset()) -> dict:
+    """`explicit`: the config keys the command line set (they win over a study's CPU defaults)."""
+    cfg = effective(cfg, explicit)
+    name = cfg.experiment.name
+    if name == "serve":
+        result = run_point(cfg, out_dir)
+        print_run(result["requests"], result["summary"], out_dir)
+        return result
+    if name == "kv_bandwidth":
+        from testbed.experiments.kv_bandwidth import run_kv_bandwidth
+
+        return run_kv_bandwidth(cfg, out_dir)
+    build, aggregate = STUDIES[name]
+    sweep = Sweep(cfg, build(cfg), out_dir, run_point, make_tracker(cfg.tracker))
+    table = sweep.run()  # a Ctrl-C leaves the table of every finished point behind
+    summary = aggregate(table, cfg, out_dir)
+    sweep.write(summary)
+    figures = []
+    if cfg.experiment.figures:
+        from analysis.studies import study_figures
+
+        figures = study_figures(name, out_dir)
+    print_sweep(name, table, summary, out_dir, TABLE, figures)
+    return {"table": table, "aggregate": summary, "figures": figures, "config": dataclasses.asdict(cfg)}

@@ -1,0 +1,106 @@
+"""The studies: for each, the points it runs and what it computes across them.
+
+Every study runs on the same N devices (hardware.num_devices, or every visible GPU) so that its
+configurations compare at equal hardware: colocated and chunked use N mixed workers, and a
+disaggregated split pP:dD has p + d = N.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from testbed.config import Config
+from testbed.errors import ConfigError
+from testbed.experiments.sweep import Point
+
+
+def num_devices(cfg: Config) -> int:
+    if cfg.hardware.num_devices is not None:
+        return cfg.hardware.num_devices
+    if torch.cuda.is_available() and cfg.hardware.name != "cpu":
+        return torch.cuda.device_count()
+    return 2
+
+
+def layouts(cfg: Config, modes: list[str], all_splits: bool = False) -> list[tuple[str, dict]]:
+    """(label, overrides) per serving configuration on N devices."""
+    n = num_devices(cfg)
+    out = []
+    for mode in modes:
+        if mode != "disagg":
+            out.append((mode, {"mode": mode, "cluster.num_workers": n}))
+            continue
+        if n < 2:
+            raise ConfigError(f"mode=disagg needs at least 2 devices; hardware.num_devices={n}")
+        splits = range(1, n) if all_splits else [n // 2]
+        out += [(f"{p}P{n - p}D", {"mode": "disagg", "cluster.num_prefill": p, "cluster.num_decode": n - p})
+                for p in splits]
+    return out
+
+
+def _rates(cfg: Config) -> list[float]:
+    return list(cfg.experiment.rates) or [cfg.workload.rate]
+
+
+def _grid(cfg: Config, configs: list[tuple[str, dict]], axis: str, values: list, key: str) -> list[Point]:
+    points = []
+    for label, overrides in configs:
+        for value in values:
+            name = f"{label}_{axis}{value:g}" if isinstance(value, float) else f"{label}_{axis}{value}"
+            knobs = {"label": label, "mode": overrides["mode"], axis: value}
+            points.append(Point(name, {**overrides, key: value}, knobs))
+    return points
+
+
+# -- point builders -----------------------------------------------------------------------------
+def ratio_sweep(cfg: Config) -> list[Point]:
+    configs = layouts(cfg, ["colocated", "chunked"]) + layouts(cfg, ["disagg"], all_splits=True)
+    return _grid(cfg, configs, "rate", _rates(cfg), "workload.rate")
+
+
+def rate_sweep(cfg: Config) -> list[Point]:
+    return _grid(cfg, layouts(cfg, list(cfg.experiment.modes)), "rate", _rates(cfg), "workload.rate")
+
+
+def one_rate(cfg: Config) -> list[Point]:
+    """mode_compare, slo_scale, input_buckets: every mode once, at workload.rate."""
+    return [Point(label, overrides, {"label": label, "mode": overrides["mode"], "rate": cfg.workload.rate})
+            for label, overrides in layouts(cfg, list(cfg.experiment.modes))]
+
+
+def chunk_sweep(cfg: Config) -> list[Point]:
+    points = _grid(cfg, layouts(cfg, ["chunked"]), "chunk", list(cfg.experiment.chunk_sizes), "scheduler.chunk_size")
+    for point in points:  # every running decode must fit in the chunk
+        point.overrides["scheduler.max_running"] = min(cfg.scheduler.max_running, point.knobs["chunk"])
+    return points
+
+
+def burstiness(cfg: Config) -> list[Point]:
+    points = _grid(cfg, layouts(cfg, list(cfg.experiment.modes)), "burstiness", list(cfg.experiment.burstiness),
+                   "workload.burstiness")
+    for point in points:
+        point.overrides["workload.arrival"] = "gamma"
+    return points
+
+
+def interference(cfg: Config) -> list[Point]:
+    """Per mode: the decode background alone (the baseline), then with prefills of each length."""
+    points = []
+    for label, overrides in layouts(cfg, list(cfg.experiment.modes)):
+        base = {**overrides, "workload.num_requests": 0}
+        points.append(Point(f"{label}_baseline", base, {"label": label, "mode": overrides["mode"], "prefill_len": 0}))
+        for length in cfg.experiment.prefill_lengths:
+            fixed = {"workload.input_len.dist": "fixed", "workload.input_len.mean": float(length),
+                     "workload.input_len.min": 1, "workload.input_len.max": int(length)}
+            points.append(Point(f"{label}_prefill{length}", {**overrides, **fixed},
+                                {"label": label, "mode": overrides["mode"], "prefill_len": length}))
+    return points
+
+
+def multiturn(cfg: Config) -> list[Point]:
+    points = []
+    for label, overrides in layouts(cfg, list(cfg.experiment.modes)):
+        for policy in cfg.experiment.dispatch:
+            points.append(Point(f"{label}_{policy}", {**overrides, "cluster.dispatch": policy},
+                                {"label": label, "mode": overrides["mode"], "dispatch": policy}))
+    return points

@@ -1,0 +1,117 @@
+"""Run a list of points, one results directory each, and keep a sweep table of their summaries.
+
+    <out>/points/<point>/   the results contract of one run
+    <out>/sweep.parquet     one row per point: its knobs, status and flattened summary
+    <out>/sweep.json        the same rows plus the study's aggregate (goodput, best split, ...)
+
+The table is rewritten (atomically) after every point, so a crash or Ctrl-C keeps every finished
+point; a rerun into the same directory skips points whose summary.json exists.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import pandas as pd
+from tqdm import tqdm
+
+from testbed.config import Config, with_overrides
+from testbed.errors import TestbedError
+from testbed.tracking.results import write_json, write_parquet
+
+
+@dataclass(frozen=True)
+class Point:
+    name: str
+    overrides: dict  # dotted config keys -> values
+    knobs: dict  # what the sweep table shows for this point (label, mode, rate, ...)
+
+
+def flatten(summary: dict, prefix: str = "") -> dict:
+    """{"ttft": {"p99": x}} -> {"ttft_p99": x}; lists and strings are left out."""
+    flat = {}
+    for key, value in summary.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(flatten(value, f"{name}_"))
+        elif isinstance(value, bool) or isinstance(value, (int, float)):
+            flat[name] = float(value)
+        elif value is None:
+            flat[name] = math.nan
+    return flat
+
+
+class Sweep:
+    def __init__(self, cfg: Config, points: list[Point], out_dir: Path, run_point: Callable, tracker):
+        self.cfg, self.points, self.out_dir, self.run_point, self.tracker = cfg, points, out_dir, run_point, tracker
+        self.rows: list[dict] = []
+        names = [p.name for p in points]
+        assert len(set(names)) == len(names), f"duplicate point names in {names}"
+
+    def point_dir(self, point: Point) -> Path:
+        return self.out_dir / "points" / point.name
+
+    def configs(self) -> list[Config]:
+        """Every point's config, validated before anything runs: bad input fails at once."""
+        return [with_overrides(self.cfg, point.overrides) for point in self.points]
+
+    def run(self) -> pd.DataFrame:
+        configs = self.configs()
+        with tqdm(total=len(self.points), desc=self.cfg.experiment.name, unit="point") as bar:
+            for point, cfg in zip(self.points, configs):
+                bar.set_postfix_str(point.name)
+                self.rows.append(self._run_one(point, cfg))
+                self.write()
+                bar.update(1)
+        return self.table()
+
+    def _run_one(self, point: Point, cfg: Config) -> dict:
+        directory = self.point_dir(point)
+        row = {"point": point.name, **point.knobs, "num_gpus": _num_gpus(cfg), "error": ""}
+        if (directory / "summary.json").is_file():
+            summary = json.loads((directory / "summary.json").read_text())
+            return {**row, "status": "skipped", **flatten(summary)}
+        try:
+            result = self.run_point(cfg, directory)
+        except KeyboardInterrupt:
+            self.rows.append({**row, "status": "interrupted"})
+            self.write()
+            raise
+        except (TestbedError, RuntimeError, OSError) as error:
+            directory.mkdir(parents=True, exist_ok=True)
+            (directory / "error.txt").write_text(traceback.format_exc())
+            return {**row, "status": "failed", "error": str(error).splitlines()[0][:300]}
+        self._track(point, cfg, directory, result)
+        return {**row, "status": "ok", **flatten(result["summary"])}
+
+    def _track(self, point: Point, cfg: Config, directory: Path, result: dict) -> None:
+        """One tracker run per point, grouped by the sweep, job type = mode."""
+        self.tracker.start(point.name, self.out_dir.name, cfg.mode, dataclasses.asdict(cfg), directory)
+        try:
+            self.tracker.log_summary(result["summary"])
+            self.tracker.log_table("requests", result["requests"])
+        finally:
+            self.tracker.finish()
+
+    def table(self) -> pd.DataFrame:
+        return pd.DataFrame(self.rows)
+
+    def write(self, aggregate: dict | None = None) -> None:
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        table = self.table()
+        write_parquet(self.out_dir / "sweep.parquet", table)
+        body = {"experiment": self.cfg.experiment.name, "points": table.to_dict(orient="records")}
+        if aggregate is not None:
+            body["aggregate"] = aggregate
+        write_json(self.out_dir / "sweep.json", body)
+
+
+def _num_gpus(cfg: Config) -> int:
+    c = cfg.cluster
+    return c.num_prefill + c.num_decode if cfg.mode == "disagg" else c.num_workers

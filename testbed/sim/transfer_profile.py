@@ -1,0 +1,73 @@
+"""KV-transfer samples (bytes, seconds) for the cost model.
+
+- `wire` (the default): two processes in one torch.distributed group time the connector's own
+  path, gather from a paged pool, isend -> irecv, scatter into the receiver's blocks
+  (`testbed.bench.kv_transfer.run_rank`): gloo between CPU processes, NCCL between two GPUs.
+- `pack` (quick mode, or a single GPU, where there is no peer): the same gather and scatter on
+  this device with a device copy standing for the wire. It leaves the link out, so it is a lower
+  bound on the transfer time; the profile says which source it used.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+import torch.multiprocessing as mp
+
+from testbed.engine.model_runner import ModelRunner
+
+WIRE_MAX_MIB = {"cpu": 16, "cuda": 256}
+
+
+def measure_transfer(runner: ModelRunner, *, quick: bool) -> tuple[list[dict], str]:
+    """(samples, source): samples are {"bytes", "seconds"} rows."""
+    device = runner.device
+    has_peer = device.type == "cpu" or torch.cuda.device_count() >= 2
+    if quick or not has_peer:
+        return measure_pack(runner, repeats=3), "pack"
+    return measure_wire(device, repeats=3), "wire-nccl" if device.type == "cuda" else "wire-gloo"
+
+
+def measure_wire(device: torch.device, repeats: int) -> list[dict]:
+    from testbed.bench.kv_transfer import run_rank  # spawns processes: imported only when used
+    from testbed.cluster.launcher import free_port
+
+    use_cuda = device.type == "cuda"
+    out = mp.get_context("spawn").Queue()
+    mp.start_processes(run_rank, args=(free_port(), WIRE_MAX_MIB[device.type], repeats, use_cuda, out), nprocs=2,
+                       start_method="spawn")
+    results = {}
+    while not out.empty():
+        results.update(out.get())
+    return [{"bytes": row["bytes"], "seconds": row["connector_s"], "raw_seconds": row["raw_s"]}
+            for row in results["rows"]]
+
+
+def measure_pack(runner: ModelRunner, repeats: int) -> list[dict]:
+    """Gather a request's KV out of the pool, copy it, scatter it into other blocks."""
+    bs = runner.block_size
+    per_token = runner.args.kv_bytes_per_token * runner.dtype.itemsize
+    half = runner.num_blocks // 2
+    rows = []
+    for tokens in sorted({16, 128, 1024, min(runner.args.max_model_len, half * bs)}):
+        if tokens > half * bs:
+            continue
+        blocks = -(-tokens // bs)
+        src, dst = list(range(blocks)), list(range(half, half + blocks))
+        times = []
+        for _ in range(repeats + 1):
+            _sync(runner.device)
+            start = time.perf_counter()
+            packed = runner.read_tokens(src, tokens)
+            runner.write_tokens(dst, packed.clone())
+            _sync(runner.device)
+            times.append(time.perf_counter() - start)
+        rows.append({"bytes": tokens * per_token, "seconds": statistics.median(times[1:])})
+    return rows
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
