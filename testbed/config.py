@@ -18,6 +18,7 @@ from testbed.experiments.config import ExperimentConfig
 from testbed.errors import ConfigError
 from testbed.metrics.config import MetricsConfig, SLOConfig
 from testbed.model.config import ModelConfig
+from testbed.sim.config import SimConfig
 from testbed.tracking.config import TrackerConfig
 from testbed.workload.config import WorkloadConfig
 
@@ -56,6 +57,7 @@ class Config:
     tracker: TrackerConfig = field(default_factory=TrackerConfig)
     experiment: ExperimentConfig = field(default_factory=ExperimentConfig)
     executor: str = "real"  # real | sim (the calibrated simulator)
+    sim: SimConfig = field(default_factory=SimConfig)
     output_dir: Optional[str] = None  # default: Hydra's run directory
 
     def validate(self) -> "Config":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -98,3 +99,46 @@ def by_label(columns: list[str]) -> callable:
 def burstiness(table, cfg, out_dir) -> dict:
     return {label: dict(zip(group["burstiness"], group["slo_attainment"]))
             for label, group in finished(table).groupby("label")}
+
+
+VALIDATED = ("ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99")
+
+
+def sim_validate(table, cfg, out_dir) -> dict:
+    """Relative error of the simulation against the real run: per point, and of goodput."""
+    rows = finished(table)
+    real = rows[rows["executor"] == "real"].set_index(["label", "rate"])
+    sim = rows[rows["executor"] == "sim"].set_index(["label", "rate"])
+    errors = []
+    for key in real.index.intersection(sim.index):
+        row = {"label": key[0], "rate": key[1]}
+        row.update({f"{m}_error": _relative(sim.loc[key, m], real.loc[key, m]) for m in VALIDATED})
+        errors.append(row)
+    goodputs = {ex: goodput_by_label(rows[rows["executor"] == ex], cfg, out_dir) for ex in ("real", "sim")}
+    goodput_errors = {label: _relative(goodputs["sim"][label]["goodput"], g["goodput"])
+                      for label, g in goodputs["real"].items() if label in goodputs["sim"]}
+    table_errors = pd.DataFrame(errors)
+    if len(table_errors):
+        from testbed.tracking.results import write_parquet
+
+        write_parquet(out_dir / "validation.parquet", table_errors)
+    worst = {m: float(table_errors[f"{m}_error"].abs().max()) if len(table_errors) else np.nan for m in VALIDATED}
+    return {"errors": errors, "goodput": goodputs, "goodput_error": goodput_errors, "worst_abs_error": worst}
+
+
+def _relative(simulated: float, real: float) -> float:
+    return float((simulated - real) / real) if real else np.nan
+
+
+def plan(table, cfg, out_dir) -> dict:
+    """The analytical split, the simulated best configuration and, given a real sweep, the measured one."""
+    from testbed.experiments.studies import num_devices
+    from testbed.sim.planner import analytical_split
+
+    simulated = goodput_by_label(table, cfg, out_dir)
+    out = {"analytical": analytical_split(cfg, cfg.sim.load(cfg.model.name), num_devices(cfg)),
+           "simulated": {"goodput": simulated, "best": best_of(simulated)}}
+    if cfg.experiment.measured_sweep:
+        measured = json.loads((Path(cfg.experiment.measured_sweep) / "sweep.json").read_text())["aggregate"]
+        out["measured"] = {"goodput": measured.get("goodput", {}), "best": measured.get("best", {})}
+    return out

@@ -4,12 +4,12 @@ values that differ from the defaults here."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 from testbed.errors import ConfigError
 
 STUDIES = ("serve", "ratio_sweep", "mode_compare", "rate_sweep", "slo_scale", "interference", "chunk_sweep",
-           "input_buckets", "burstiness", "multiturn", "kv_bandwidth")
+           "input_buckets", "burstiness", "multiturn", "kv_bandwidth", "profile", "sim_validate", "plan")
 
 
 @dataclass(frozen=True)
@@ -23,6 +23,8 @@ class ExperimentConfig:
     prefill_lengths: List[int] = field(default_factory=lambda: [512, 2048, 8192, 32768])
     dispatch: List[str] = field(default_factory=lambda: ["session_affinity", "round_robin"])
     message_mib: int = 1024  # kv_bandwidth: the largest message
+    measured_sweep: Optional[str] = None  # plan: a real ratio_sweep directory to compare with
+    quick_profile: bool = False  # profile: fewer shapes and repeats
     # Applied when no CUDA device is visible: the same study at a size two CPU cores finish.
     cpu_overrides: Dict[str, Any] = field(default_factory=dict)
     figures: bool = True

@@ -50,5 +50,33 @@ def print_sweep(name: str, table: pd.DataFrame, aggregate: dict, out_dir, column
     if aggregate.get("best"):
         best = aggregate["best"]
         lines.append(f"best configuration: {best['label']} ({best['goodput_per_gpu']:.2f} req/s per GPU)")
+    lines += plan_lines(aggregate) + validation_lines(aggregate)
     lines += [f"figure: {f}" for f in figures] + [f"results: {out_dir}"]
     print("\n".join(lines))
+
+
+def plan_lines(aggregate: dict) -> list[str]:
+    if "analytical" not in aggregate:
+        return []
+    a, sim = aggregate["analytical"], aggregate["simulated"]
+    measured = aggregate.get("measured", {})
+    lines = [f"P:D plan for {a['num_devices']} devices",
+             f"  analytical (p95 lengths): {a['p95']['split']}   (mean lengths: {a['mean']['split']}; "
+             f"prefill share {a['p95']['prefill_share']:.2f})",
+             f"  simulated best:           {sim['best'].get('label')} ({sim['best'].get('goodput_per_gpu', 0):.2f} req/s per GPU)"]
+    if measured:
+        best = measured.get("best", {})
+        lines.append(f"  measured best:            {best.get('label')} ({best.get('goodput_per_gpu', 0):.2f} req/s per GPU)")
+    lines.append(f"  {'configuration':>14} {'simulated/GPU':>14} {'measured/GPU':>13}")
+    for label, g in sim["goodput"].items():
+        m = measured.get("goodput", {}).get(label, {}).get("goodput_per_gpu")
+        lines.append(f"  {label:>14} {g['goodput_per_gpu']:>14.2f} {'-' if m is None else f'{m:.2f}':>13}")
+    return lines
+
+
+def validation_lines(aggregate: dict) -> list[str]:
+    if "worst_abs_error" not in aggregate:
+        return []
+    worst = ", ".join(f"{k} {v:.0%}" for k, v in aggregate["worst_abs_error"].items())
+    goodput = ", ".join(f"{k} {v:+.0%}" for k, v in aggregate["goodput_error"].items())
+    return [f"simulation error, worst |sim - real| / real: {worst}", f"goodput error per mode: {goodput}"]

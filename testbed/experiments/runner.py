@@ -28,6 +28,8 @@ STUDIES = {
     "burstiness": (studies.burstiness, aggregates.burstiness),
     "interference": (studies.interference, aggregates.interference),
     "multiturn": (studies.multiturn, aggregates.multiturn),
+    "sim_validate": (studies.sim_validate, aggregates.sim_validate),
+    "plan": (studies.plan, aggregates.plan),
 }
 
 
@@ -38,6 +40,7 @@ def effective(cfg: Config, explicit: set[str] = frozenset()) -> Config:
     if on_gpu or not cfg.experiment.cpu_overrides:
         return cfg
     related = lambda a, b: a == b or a.startswith(b + ".") or b.startswith(a + ".")  # noqa: E731
+    explicit = set(explicit) - {"experiment"}  # `+experiment=NAME` picks the study, not its values
     chosen = {k: v for k, v in cfg.experiment.cpu_overrides.items() if not any(related(k, e) for e in explicit)}
     return with_overrides(cfg, chosen)
 
@@ -62,6 +65,10 @@ def run(cfg: Config, out_dir: Path, explicit: set[str] = frozenset()) -> dict:
         from testbed.experiments.kv_bandwidth import run_kv_bandwidth
 
         return run_kv_bandwidth(cfg, out_dir)
+    if name == "profile":
+        from testbed.experiments.profile import run_profile
+
+        return run_profile(cfg, out_dir)
     build, aggregate = STUDIES[name]
     sweep = Sweep(cfg, build(cfg), out_dir, run_point, make_tracker(cfg.tracker))
     table = sweep.run()  # a Ctrl-C leaves the table of every finished point behind

@@ -104,3 +104,26 @@ def multiturn(cfg: Config) -> list[Point]:
             points.append(Point(f"{label}_{policy}", {**overrides, "cluster.dispatch": policy},
                                 {"label": label, "mode": overrides["mode"], "dispatch": policy}))
     return points
+
+
+def sim_validate(cfg: Config) -> list[Point]:
+    """The same workload run for real and simulated, per mode and rate."""
+    points = []
+    for point in rate_sweep(cfg):
+        for executor in ("real", "sim"):
+            points.append(Point(f"{point.name}_{executor}", {**point.overrides, "executor": executor},
+                                {**point.knobs, "executor": executor}))
+    return points
+
+
+def plan(cfg: Config) -> list[Point]:
+    """Simulated search: every split, colocated, and chunked at each chunk size, over the rates."""
+    configs = layouts(cfg, ["colocated"]) + layouts(cfg, ["disagg"], all_splits=True)
+    for label, overrides in layouts(cfg, ["chunked"]):
+        for chunk in cfg.experiment.chunk_sizes:
+            configs.append((f"{label}{chunk}", {**overrides, "scheduler.chunk_size": chunk,
+                                               "scheduler.max_running": min(cfg.scheduler.max_running, chunk)}))
+    points = _grid(cfg, configs, "rate", _rates(cfg), "workload.rate")
+    for point in points:
+        point.overrides["executor"] = "sim"
+    return points

@@ -1,6 +1,2 @@
-"""Simulator: profile an engine, fit a cost model, and simulate clusters the box cannot hold."""
-
-from testbed.sim.cost_model import CostModel
-from testbed.sim.simulator import simulate
-
-__all__ = ["CostModel", "simulate"]
+"""Simulator: profile an engine, fit a cost model, and simulate clusters the box cannot hold
+(testbed.sim.simulator.simulate; `executor=sim` in any experiment)."""

@@ -1,0 +1,138 @@
+"""One paper style for every figure: sizes for single- and double-column figures, one colour and
+marker per serving configuration, and `save` (PDF for the paper, PNG for a quick look).
+
+Figures are built on `matplotlib.figure.Figure` directly (no pyplot): nothing is shown, the Agg
+canvas renders them, and no global figure registry keeps them alive. The rc settings apply only
+inside `paper()`, so importing this module changes nothing for anyone else.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from pathlib import Path
+from typing import Iterator
+
+import matplotlib
+
+matplotlib.use("Agg")  # before anything draws: a headless machine has no display
+
+from matplotlib import colors as mcolors  # noqa: E402
+from matplotlib import rc_context  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+# Widths of a two-column systems paper (ACM / USENIX templates), in inches.
+SINGLE_COLUMN_IN = 3.33
+DOUBLE_COLUMN_IN = 7.0
+ASPECT = 0.62  # height / width of one panel row
+
+RC = {
+    "font.family": "serif",
+    "font.serif": ["Times New Roman", "Times", "Nimbus Roman", "DejaVu Serif"],
+    "mathtext.fontset": "dejavuserif",
+    "font.size": 8,
+    "axes.labelsize": 8,
+    "axes.titlesize": 8,
+    "legend.fontsize": 7,
+    "xtick.labelsize": 7,
+    "ytick.labelsize": 7,
+    "lines.linewidth": 1.2,
+    "lines.markersize": 4,
+    "axes.grid": True,
+    "grid.alpha": 0.3,
+    "grid.linewidth": 0.5,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "legend.frameon": False,
+    "savefig.bbox": "tight",
+    "savefig.pad_inches": 0.02,
+    "pdf.fonttype": 42,  # TrueType in the PDF: venues reject Type 3 fonts
+    "ps.fonttype": 42,
+}
+
+# Okabe-Ito, a palette readable by colour-blind readers and in greyscale print.
+MODE_COLOURS = {"colocated": "#E69F00", "chunked": "#56B4E9", "disagg": "#009E73"}
+MODE_MARKERS = {"colocated": "o", "chunked": "s", "disagg": "^"}
+SPLIT_MARKERS = ["^", "v", "D", "P", "X", "*", "h"]  # by the number of prefill workers
+PERCENTILE_STYLES = {"p50": "-", "p90": "-.", "p99": "--"}
+PHASE_COLOURS = {"queue": "#BBBBBB", "prefill": "#E69F00", "transfer": "#CC79A7",
+                 "decode_queue": "#F0E442", "decode": "#0072B2"}
+FALLBACK = ["#D55E00", "#0072B2", "#CC79A7", "#F0E442", "#999999", "#000000"]
+SPLIT = re.compile(r"^(\d+)P(\d+)D$")
+
+
+def split_of(label: str) -> tuple[int, int] | None:
+    """(P, D) of a disaggregated label such as "3P1D"; None for anything else."""
+    match = SPLIT.match(label)
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def colour(label: str) -> str:
+    """The colour of a configuration label, the same in every figure and every study.
+
+    A split pPdD takes a shade between teal (few prefill workers) and purple (many) by its
+    prefill share, so the shade reads as the ratio whatever the GPU count."""
+    if label in MODE_COLOURS:
+        return MODE_COLOURS[label]
+    split = split_of(label)
+    if split:
+        share = split[0] / sum(split)
+        ramp = mcolors.LinearSegmentedColormap.from_list("pd", ["#009E73", "#0072B2", "#6A3D9A"])
+        return mcolors.to_hex(ramp(share))
+    # Anything else (a dispatch policy, a tenant): a stable pick from the label's characters.
+    return FALLBACK[sum(map(ord, label)) % len(FALLBACK)]
+
+
+def marker(label: str) -> str:
+    if label in MODE_MARKERS:
+        return MODE_MARKERS[label]
+    split = split_of(label)
+    return SPLIT_MARKERS[(split[0] - 1) % len(SPLIT_MARKERS)] if split else "o"
+
+
+def line_style(label: str) -> dict:
+    """kwargs for ax.plot / ax.scatter: colour, marker and the label itself."""
+    return {"color": colour(label), "marker": marker(label), "label": label}
+
+
+def order(labels) -> list[str]:
+    """Baselines first, then splits by prefill share: the reading order of every legend."""
+    def key(label: str):
+        split = split_of(label)
+        if label in MODE_COLOURS and not split:
+            return (0, list(MODE_COLOURS).index(label), 0)
+        if split:
+            return (1, split[0] / sum(split), split[0])
+        return (2, 0, label)
+    return sorted(set(labels), key=key)
+
+
+@contextlib.contextmanager
+def paper() -> Iterator[None]:
+    """The paper's rc settings, for building and saving figures inside this block only."""
+    with rc_context(RC):
+        yield
+
+
+def figure(columns: int = 1, rows: int = 1, cols: int = 1, height_in: float | None = None):
+    """(Figure, axes): `columns` 1 for a single-column figure, 2 for one spanning both.
+    Call inside `paper()` so the figure takes its fonts."""
+    width = SINGLE_COLUMN_IN if columns == 1 else DOUBLE_COLUMN_IN
+    height = height_in or width / max(cols, 1) * ASPECT * rows * (1.15 if cols > 1 else 1.0)
+    fig = Figure(figsize=(width, height), layout="constrained")
+    axes = fig.subplots(rows, cols, squeeze=False)
+    return fig, (axes[0, 0] if rows * cols == 1 else axes.ravel())
+
+
+def save(fig: Figure, path_without_suffix, caption: str | None = None) -> list[Path]:
+    """Write fig as PDF and PNG (and the caption, computed from the data, as .txt beside them);
+    returns [pdf, png]."""
+    base = Path(path_without_suffix)
+    base.parent.mkdir(parents=True, exist_ok=True)
+    paths = [base.with_suffix(".pdf"), base.with_suffix(".png")]
+    with paper():
+        fig.savefig(paths[0])
+        fig.savefig(paths[1], dpi=200)
+    if caption is not None:
+        base.with_suffix(".txt").write_text(caption.rstrip() + "\n")
+    return paths

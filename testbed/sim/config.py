@@ -1,0 +1,31 @@
+"""Simulator settings."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from testbed.errors import ConfigError
+
+SHIPPED = Path(__file__).parent / "profiles"
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """`profile`: a file written by `+experiment=profile` (or python -m testbed.sim.profile).
+    Unset: the profile shipped for the model preset, `testbed/sim/profiles/<model>_cpu.json`."""
+
+    profile: Optional[str] = None
+
+    def load(self, model_name: str) -> dict:
+        path = Path(self.profile) if self.profile else SHIPPED / f"{model_name}_cpu.json"
+        if not path.is_file():
+            shipped = ", ".join(sorted(p.name for p in SHIPPED.glob("*.json")))
+            raise ConfigError(f"sim.profile: {path} not found; profile this model with `python -m testbed "
+                              f"+experiment=profile` and pass sim.profile=<its profile.json> (shipped: {shipped})")
+        try:
+            return json.loads(path.read_text())
+        except json.JSONDecodeError as error:
+            raise ConfigError(f"sim.profile: {path} is not valid JSON (line {error.lineno})") from None

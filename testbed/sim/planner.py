@@ -1,0 +1,49 @@
+"""The first-order P:D split (DistServe-style load balance), from a profile and a workload.
+
+    prefill load = rate x input tokens  / prefill tokens per second of one worker
+    decode load  = rate x output tokens / decode tokens per second of one worker (at max_running)
+    P share of N devices = prefill load / (prefill load + decode load)
+
+The rate cancels out of the share; it matters only for how many devices a rate needs. Mean
+lengths give the average balance; p95 lengths correct it for the tail that drives queueing.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from testbed.config import Config
+from testbed.sim.cost_model import CostModel
+from testbed.workload import build_workload
+
+
+def worker_rates(cost: CostModel, mean_input: float, mean_output: float, budget: int, batch: int) -> dict:
+    """Tokens per second of one prefill worker (full budget-sized steps) and one decode worker."""
+    length = min(budget, max(int(mean_input), 1))
+    chunks = [(length, 0)] * max(budget // length, 1)  # (new tokens, cached tokens) per prompt
+    tokens = sum(n for n, _ in chunks)
+    prefill = tokens / cost.step_time(tokens, cost.prefill_context(chunks), 0, 0)
+    context = batch * int(mean_input + mean_output / 2)
+    decode = batch / cost.step_time(0, 0.0, batch, context)
+    return {"prefill_tokens_per_s": prefill, "decode_tokens_per_s": decode}
+
+
+def analytical_split(cfg: Config, profile: dict, num_devices: int) -> dict:
+    args = cfg.model.args()
+    workload = build_workload(cfg.workload, seed=cfg.seed, vocab_size=args.vocab_size, max_model_len=args.max_model_len)
+    inputs = np.array([r.input_len for r in workload.requests], dtype=float)
+    outputs = np.array([r.output_len for r in workload.requests], dtype=float)
+    cost = CostModel.from_profile(profile)
+    out = {"num_devices": num_devices}
+    for stat, pick in (("mean", np.mean), ("p95", lambda x: np.percentile(x, 95))):
+        rates = worker_rates(cost, pick(inputs), pick(outputs), cfg.scheduler.max_batched_tokens,
+                             cfg.scheduler.max_running)
+        prefill_load = pick(inputs) / rates["prefill_tokens_per_s"]  # device-seconds per request
+        decode_load = pick(outputs) / rates["decode_tokens_per_s"]
+        share = prefill_load / (prefill_load + decode_load)
+        p = int(np.clip(round(share * num_devices), 1, max(num_devices - 1, 1)))
+        out[stat] = {**rates, "input_len": float(pick(inputs)), "output_len": float(pick(outputs)),
+                     "prefill_share": float(share), "split": f"{p}P{num_devices - p}D",
+                     "max_rate": float(min(p / prefill_load, (num_devices - p) / decode_load))}
+    out["split"] = out["p95"]["split"]
+    return out
