@@ -1,9 +1,10 @@
 """One paper style for every figure: sizes for single- and double-column figures, one colour and
 marker per serving configuration, and `save` (PDF for the paper, PNG for a quick look).
 
-Figures are built on `matplotlib.figure.Figure` directly (no pyplot): nothing is shown, the Agg
-canvas renders them, and no global figure registry keeps them alive. The rc settings apply only
-inside `paper()`, so importing this module changes nothing for anyone else.
+Figures are built on `matplotlib.figure.Figure` with an Agg canvas attached (no pyplot): nothing
+is shown, no display is needed, and no global figure registry keeps them alive. The rc settings
+apply only inside `paper()`, so importing this module changes nothing for anyone else (a
+notebook keeps its own backend).
 """
 
 from __future__ import annotations
@@ -13,13 +14,13 @@ import re
 from pathlib import Path
 from typing import Iterator
 
-import matplotlib
+import io
 
-matplotlib.use("Agg")  # before anything draws: a headless machine has no display
-
-from matplotlib import colors as mcolors  # noqa: E402
-from matplotlib import rc_context  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
+from matplotlib import colors as mcolors
+from matplotlib import rc_context
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.ticker import LogFormatter
 
 # Widths of a two-column systems paper (ACM / USENIX templates), in inches.
 SINGLE_COLUMN_IN = 3.33
@@ -55,7 +56,7 @@ MODE_COLOURS = {"colocated": "#E69F00", "chunked": "#56B4E9", "disagg": "#009E73
 MODE_MARKERS = {"colocated": "o", "chunked": "s", "disagg": "^"}
 SPLIT_MARKERS = ["^", "v", "D", "P", "X", "*", "h"]  # by the number of prefill workers
 PERCENTILE_STYLES = {"p50": "-", "p90": "-.", "p99": "--"}
-PHASE_COLOURS = {"queue": "#BBBBBB", "prefill": "#E69F00", "transfer": "#CC79A7",
+PHASE_COLOURS = {"queue": "#BBBBBB", "prefill": "#E69F00", "transfer_wait": "#F2C6DE", "transfer": "#CC79A7",
                  "decode_queue": "#F0E442", "decode": "#0072B2"}
 FALLBACK = ["#D55E00", "#0072B2", "#CC79A7", "#F0E442", "#999999", "#000000"]
 SPLIT = re.compile(r"^(\d+)P(\d+)D$")
@@ -70,14 +71,15 @@ def split_of(label: str) -> tuple[int, int] | None:
 def colour(label: str) -> str:
     """The colour of a configuration label, the same in every figure and every study.
 
-    A split pPdD takes a shade between teal (few prefill workers) and purple (many) by its
-    prefill share, so the shade reads as the ratio whatever the GPU count."""
+    A split pPdD takes a shade from green (few prefill workers) through pink to purple (many) by
+    its prefill share, so the shade reads as the ratio whatever the GPU count, and no split
+    looks like the colocated (orange) or chunked (sky blue) baselines."""
     if label in MODE_COLOURS:
         return MODE_COLOURS[label]
     split = split_of(label)
     if split:
         share = split[0] / sum(split)
-        ramp = mcolors.LinearSegmentedColormap.from_list("pd", ["#009E73", "#0072B2", "#6A3D9A"])
+        ramp = mcolors.LinearSegmentedColormap.from_list("pd", ["#009E73", "#CC79A7", "#5E3C99"])
         return mcolors.to_hex(ramp(share))
     # Anything else (a dispatch policy, a tenant): a stable pick from the label's characters.
     return FALLBACK[sum(map(ord, label)) % len(FALLBACK)]
@@ -107,6 +109,21 @@ def order(labels) -> list[str]:
     return sorted(set(labels), key=key)
 
 
+class PlainLogFormatter(LogFormatter):
+    """LogFormatter's choice of which ticks to label, written as 0.5 rather than 5e-01."""
+
+    def __call__(self, x, pos=None):
+        return f"{x:g}" if super().__call__(x, pos) else ""
+
+
+def plain_ticks(axis) -> None:
+    """Tick labels as plain numbers (5, 10, 20) instead of 5x10^0 on a log axis."""
+    # Minor ticks get labels too when the axis spans under two decades, so a short log axis
+    # still has numbers on it.
+    axis.set_major_formatter(PlainLogFormatter(labelOnlyBase=False, minor_thresholds=(2, 0.5)))
+    axis.set_minor_formatter(PlainLogFormatter(labelOnlyBase=False, minor_thresholds=(2, 0.5)))
+
+
 @contextlib.contextmanager
 def paper() -> Iterator[None]:
     """The paper's rc settings, for building and saving figures inside this block only."""
@@ -120,8 +137,17 @@ def figure(columns: int = 1, rows: int = 1, cols: int = 1, height_in: float | No
     width = SINGLE_COLUMN_IN if columns == 1 else DOUBLE_COLUMN_IN
     height = height_in or width / max(cols, 1) * ASPECT * rows * (1.15 if cols > 1 else 1.0)
     fig = Figure(figsize=(width, height), layout="constrained")
+    FigureCanvasAgg(fig)  # renders off screen, whatever backend the process has chosen
     axes = fig.subplots(rows, cols, squeeze=False)
     return fig, (axes[0, 0] if rows * cols == 1 else axes.ravel())
+
+
+def png(fig: Figure, dpi: int = 150) -> bytes:
+    """The figure as PNG bytes (for IPython.display.Image in notebooks)."""
+    buffer = io.BytesIO()
+    with paper():
+        fig.savefig(buffer, format="png", dpi=dpi)
+    return buffer.getvalue()
 
 
 def save(fig: Figure, path_without_suffix, caption: str | None = None) -> list[Path]:

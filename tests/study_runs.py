@@ -27,6 +27,10 @@ STUDIES = {
     "burstiness": ["experiment.burstiness=[0.5,2.0]", "experiment.modes=[chunked]"],
     "multiturn": ["workload.num_requests=2", "workload.turns=3", "workload.think_time_s=0.05"],
     "kv_bandwidth": ["experiment.message_mib=1"],
+    "profile": ["experiment.quick_profile=true"],
+    "sim_validate": ["experiment.rates=[20]", "experiment.modes=[chunked]"],
+    "plan": ["experiment.rates=[20,80]", "experiment.chunk_sizes=[64]", "hardware.num_devices=3",
+             "workload.num_requests=40"],
 }
 
 

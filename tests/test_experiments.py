@@ -26,6 +26,10 @@ def test_experiment_composes(name):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", EXPERIMENTS)
 def test_experiment_runs_end_to_end(name, study_results):
+    if name == "profile":
+        profile = json.loads((study_results[name] / "profile.json").read_text())
+        assert profile["samples"]["step"] and profile["cost_model"]["per_prefill_token_s"] >= 0
+        return
     sweep = json.loads((study_results[name] / "sweep.json").read_text())
     table = pd.read_parquet(study_results[name] / "sweep.parquet")
     assert sweep["experiment"] == name and len(table) > 0
@@ -74,3 +78,19 @@ def test_ratio_sweep_command_line_writes_every_split(tmp_path):
     sweep = json.loads((tmp_path / "sweep.json").read_text())
     assert set(sweep["aggregate"]["goodput"]) == set(table["label"])
     assert "best configuration" in out.stdout
+
+
+@pytest.mark.slow
+def test_plan_puts_analytical_simulated_side_by_side(study_results):
+    aggregate = json.loads((study_results["plan"] / "sweep.json").read_text())["aggregate"]
+    assert aggregate["analytical"]["split"] in {"1P2D", "2P1D"}
+    assert set(aggregate["simulated"]["goodput"]) == {"colocated", "1P2D", "2P1D", "chunked64"}
+    assert aggregate["simulated"]["best"]["label"] in aggregate["simulated"]["goodput"]
+
+
+@pytest.mark.slow
+def test_sim_validate_reports_relative_errors(study_results):
+    aggregate = json.loads((study_results["sim_validate"] / "sweep.json").read_text())["aggregate"]
+    (row,) = aggregate["errors"]
+    assert row["label"] == "chunked" and all(k in row for k in ("ttft_p50_error", "tpot_p99_error"))
+    assert (study_results["sim_validate"] / "validation.parquet").is_file()

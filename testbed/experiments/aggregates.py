@@ -123,7 +123,8 @@ def sim_validate(table, cfg, out_dir) -> dict:
 
         write_parquet(out_dir / "validation.parquet", table_errors)
     worst = {m: float(table_errors[f"{m}_error"].abs().max()) if len(table_errors) else np.nan for m in VALIDATED}
-    return {"errors": errors, "goodput": goodputs, "goodput_error": goodput_errors, "worst_abs_error": worst}
+    return {"errors": errors, "goodput_by_executor": goodputs, "goodput_error": goodput_errors,
+            "worst_abs_error": worst}
 
 
 def _relative(simulated: float, real: float) -> float:

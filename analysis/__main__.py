@@ -1,0 +1,34 @@
+"""python -m analysis RESULTS_DIR [RESULTS_DIR ...]: regenerate the figures of a study's sweep
+directory (sweep.json) or of one run (summary.json) from the saved results."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from analysis.load import is_run, is_sweep, load_sweep
+from analysis.studies import run_figures, study_figures
+
+
+def figures_for(directory: Path, strict: bool) -> list[Path]:
+    if is_sweep(directory):
+        return study_figures(load_sweep(directory).experiment, directory, strict=strict)
+    if is_run(directory):
+        return run_figures(directory, strict=strict)
+    raise SystemExit(f"error: {directory} is neither a sweep (sweep.json) nor a run (summary.json)")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m analysis", description=__doc__.splitlines()[0])
+    parser.add_argument("results_dir", nargs="+", type=Path)
+    parser.add_argument("--strict", action="store_true", help="stop at the first figure that fails")
+    args = parser.parse_args(argv)
+    for directory in args.results_dir:
+        for path in figures_for(directory, args.strict):
+            print(f"figure: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,65 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # kv_bandwidth: KV-transfer bandwidth against message size
+#
+# The KV connector's bandwidth next to a raw contiguous send (its ceiling on this link), and on two
+# GPUs a device-to-device copy.
+#
+# Results come from `python -m testbed +experiment=kv_bandwidth output_dir=experiments/kv_bandwidth/results`
+# (see `experiments/kv_bandwidth/README.md`); nothing here reruns anything. Set `results_dir` below,
+# or the environment variable TESTBED_RESULTS_DIR, to read another run of the study.
+
+# %% tags=["parameters"]
+import os
+
+results_dir = os.environ.get("TESTBED_RESULTS_DIR", "../../experiments/kv_bandwidth/results")
+write_figures = False  # True: also write PDF/PNG/caption files into <results_dir>/figures/
+
+# %%
+from IPython.display import Image, display
+
+from analysis import captions, figures, load_sweep, style
+from analysis.studies import draw, study_figures
+
+sweep = load_sweep(results_dir)
+sweep.finished()[["bytes", "raw_gbps", "connector_gbps", "ratio"]]
+
+# %% [markdown]
+# ## Bandwidth against message size
+
+# %%
+with style.paper():
+    fig, ax = style.figure()
+    plotted = figures.kv_bandwidth(ax, sweep.table, sweep.aggregate.get("ceiling"))
+    text = captions.kv_bandwidth(plotted, sweep.aggregate.get("backend", "?"))
+    display(Image(style.png(fig)))
+print(text)
+
+# %% [markdown]
+# ## Every standard figure of the study, with its caption
+
+# %%
+with style.paper():
+    for stem, fig, caption in draw("kv_bandwidth", sweep):
+        print(stem)
+        display(Image(style.png(fig)))
+        print(caption)
+
+# %%
+if write_figures:
+    for path in study_figures("kv_bandwidth", results_dir):
+        print(path)

@@ -1,0 +1,64 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # mode_compare: TTFT and ITL distributions of the three modes on one workload
+#
+# Colocated, chunked and disaggregated serving of the same requests at one rate.
+#
+# Results come from `python -m testbed +experiment=mode_compare output_dir=experiments/mode_compare/results`
+# (see `experiments/mode_compare/README.md`); nothing here reruns anything. Set `results_dir` below,
+# or the environment variable TESTBED_RESULTS_DIR, to read another run of the study.
+
+# %% tags=["parameters"]
+import os
+
+results_dir = os.environ.get("TESTBED_RESULTS_DIR", "../../experiments/mode_compare/results")
+write_figures = False  # True: also write PDF/PNG/caption files into <results_dir>/figures/
+
+# %%
+from IPython.display import Image, display
+
+from analysis import captions, figures, load_sweep, style
+from analysis.studies import draw, study_figures
+
+sweep = load_sweep(results_dir)
+sweep.finished()[["point", "label", "ttft_p50", "ttft_p99", "itl_p50", "itl_p99", "slo_attainment"]]
+
+# %% [markdown]
+# ## TTFT CDF per mode
+
+# %%
+with style.paper():
+    fig, ax = style.figure()
+    plotted = figures.ttft_cdf(ax, sweep.requests())
+    text = captions.distributions(plotted, "TTFT")
+    display(Image(style.png(fig)))
+print(text)
+
+# %% [markdown]
+# ## Every standard figure of the study, with its caption
+
+# %%
+with style.paper():
+    for stem, fig, caption in draw("mode_compare", sweep):
+        print(stem)
+        display(Image(style.png(fig)))
+        print(caption)
+
+# %%
+if write_figures:
+    for path in study_figures("mode_compare", results_dir):
+        print(path)

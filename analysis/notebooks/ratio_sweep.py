@@ -1,0 +1,65 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # ratio_sweep: Which P:D split gives the most goodput per GPU?
+#
+# Every P:D split of N devices against colocated and chunked on the same N devices, over a sweep of
+# request rates; goodput is the highest rate with 90% SLO attainment (DistServe).
+#
+# Results come from `python -m testbed +experiment=ratio_sweep output_dir=experiments/ratio_sweep/results`
+# (see `experiments/ratio_sweep/README.md`); nothing here reruns anything. Set `results_dir` below,
+# or the environment variable TESTBED_RESULTS_DIR, to read another run of the study.
+
+# %% tags=["parameters"]
+import os
+
+results_dir = os.environ.get("TESTBED_RESULTS_DIR", "../../experiments/ratio_sweep/results")
+write_figures = False  # True: also write PDF/PNG/caption files into <results_dir>/figures/
+
+# %%
+from IPython.display import Image, display
+
+from analysis import captions, figures, load_sweep, style
+from analysis.studies import draw, study_figures
+
+sweep = load_sweep(results_dir)
+sweep.finished()[["point", "label", "rate", "slo_attainment", "ttft_p99", "tpot_p99", "itl_p99"]]
+
+# %% [markdown]
+# ## Goodput per GPU against the P:D split (the headline)
+
+# %%
+with style.paper():
+    fig, ax = style.figure()
+    plotted = figures.goodput_by_split(ax, sweep.aggregate["goodput"])
+    text = captions.goodput_per_gpu(plotted)
+    display(Image(style.png(fig)))
+print(text)
+
+# %% [markdown]
+# ## Every standard figure of the study, with its caption
+
+# %%
+with style.paper():
+    for stem, fig, caption in draw("ratio_sweep", sweep):
+        print(stem)
+        display(Image(style.png(fig)))
+        print(caption)
+
+# %%
+if write_figures:
+    for path in study_figures("ratio_sweep", results_dir):
+        print(path)
