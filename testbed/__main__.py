@@ -1,5 +1,6 @@
 """python -m testbed [+experiment=NAME] [key=value ...]"""
 
+import signal
 import sys
 from pathlib import Path
 
@@ -7,7 +8,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from testbed.config import override_keys, register_configs, to_config
+from testbed.config import check_overrides, override_keys, register_configs, to_config
 from testbed.errors import TestbedError
 
 register_configs()
@@ -26,5 +27,14 @@ def main(cfg: DictConfig) -> None:
         sys.exit(error.exit_code)
 
 
+def _terminate(signum, frame):
+    raise KeyboardInterrupt  # SIGTERM cleans up like Ctrl-C: workers stopped, finished points kept
+
+
 if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, _terminate)
+    problem = check_overrides(sys.argv[1:])
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        sys.exit(2)
     main()

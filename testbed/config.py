@@ -7,12 +7,14 @@ dataclasses (`OmegaConf.to_object` builds them), never a DictConfig.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from testbed.cluster.config import ClusterConfig, KVTransferConfig
+from testbed.cluster.faults import FaultsConfig
 from testbed.engine.config import EngineConfig, SchedulerConfig
 from testbed.experiments.config import ExperimentConfig
 from testbed.errors import ConfigError
@@ -23,6 +25,7 @@ from testbed.tracking.config import TrackerConfig
 from testbed.workload.config import WorkloadConfig
 
 MODES = ("colocated", "chunked", "disagg")
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 HARDWARE = ("auto", "cpu", "gpu")
 
 
@@ -51,6 +54,7 @@ class Config:
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     kv_transfer: KVTransferConfig = field(default_factory=KVTransferConfig)
+    faults: FaultsConfig = field(default_factory=FaultsConfig)
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     slo: SLOConfig = field(default_factory=SLOConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
@@ -71,6 +75,7 @@ class Config:
         self.hardware.validate()
         self.cluster.validate()
         self.kv_transfer.validate()
+        self.faults.validate()
         self.workload.validate()
         self.slo.validate()
         self.metrics.validate()
@@ -115,3 +120,34 @@ def with_overrides(cfg: Config, overrides: dict) -> Config:
 def override_keys(overrides: list[str]) -> set[str]:
     """Keys a command line set ("+experiment=x", "model=small", "slo.ttft_s=1" -> experiment, model, slo.ttft_s)."""
     return {o.split("=", 1)[0].lstrip("+~") for o in overrides if "=" in o}
+
+
+def check_overrides(argv: list[str]) -> str | None:
+    """Compose the config the command line asks for before Hydra runs it, so that an unknown key
+    or a mistyped value is one line (Hydra prints several and exits 1). Flags and multirun
+    sweeps are left to Hydra."""
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    if any(a.startswith("-") for a in argv):
+        return None
+    overrides = [a for a in argv if not a.startswith("hydra.")]
+    try:
+        with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
+            compose("config", overrides=overrides)
+    except (HydraException, OmegaConfBaseException) as error:
+        return _one_line(error)
+    return None
+
+
+def _one_line(error: BaseException) -> str:
+    parts = []
+    while error is not None and len(parts) < 3:
+        text = " ".join(line.strip() for line in str(error).splitlines() if line.strip()
+                        and not line.strip().startswith(("full_key", "object_type", "reference_type")))
+        text = text.split(" Config search path:")[0]
+        if text and text not in parts:
+            parts.append(text)
+        error = error.__cause__
+    return ": ".join(parts)

@@ -26,7 +26,7 @@ class ClusterConfig:
     max_outstanding: Optional[int] = None  # admission control: requests in the system at once
     start_timeout_s: float = 300.0  # workers up and process group formed
     heartbeat_s: float = 2.0  # a silent live worker is declared dead after 5 heartbeats
-    drain_timeout_s: float = 600.0  # after the last arrival, everything finished within this
+    on_worker_failure: str = "fail"  # fail | redispatch: what becomes of a lost worker's requests
 
     def validate(self) -> "ClusterConfig":
         for key in ("num_workers", "num_prefill", "num_decode"):
@@ -35,6 +35,8 @@ class ClusterConfig:
         for key in ("dispatch", "decode_dispatch"):
             if getattr(self, key) not in DISPATCH:
                 raise ConfigError(f"cluster.{key}={getattr(self, key)!r} is not one of {', '.join(DISPATCH)}")
+        if self.on_worker_failure not in ("fail", "redispatch"):
+            raise ConfigError(f"cluster.on_worker_failure={self.on_worker_failure!r} is not one of fail, redispatch")
         for key in ("max_prompt_len", "max_outstanding"):
             if getattr(self, key) is not None and getattr(self, key) < 1:
                 raise ConfigError(f"cluster.{key} must be >= 1 when set (got {getattr(self, key)})")

@@ -20,6 +20,7 @@ from typing import Optional
 
 
 from testbed.cluster.completion import BufferPool, CompletionTracker
+from testbed.cluster.faults import FaultInjected, KVFaults
 from testbed.cluster.kv_wire import WirePart, receive_part, send_part, unpack_arrived
 from testbed.cluster.messages import Failed, KVArrived, KVDone, KVPart, KVSent, Ready, Reserve, Reserved
 from testbed.engine import Engine, Sequence, SequenceStatus
@@ -35,15 +36,18 @@ class Outgoing:
     parts: list[WirePart] = field(default_factory=list)  # buffers live until sent
     start: Optional[float] = None
     kv_bytes: int = 0
+    dropped: bool = False  # fault injection: this KV never leaves
+    done_sent: bool = False
 
 
 class KVSender:
     """The P side. Blocks are freed only once every part has left."""
 
     def __init__(self, engine: Engine, rank: int, inboxes, events, granularity: str, timeout_s: float,
-                 piece_bytes: int):
+                 piece_bytes: int, faults: KVFaults):
         self.engine, self.rank, self.inboxes, self.events = engine, rank, inboxes, events
         self.granularity, self.timeout_s, self.piece_bytes = granularity, timeout_s, piece_bytes
+        self.faults = faults
         self.out: dict[int, Outgoing] = {}
         self.aborted: set[int] = set()
         self.completions = CompletionTracker(timeout_s)
@@ -68,6 +72,9 @@ class KVSender:
         # D may answer before this worker has read the request itself (two queues, no order)
         entry = self.out.setdefault(msg.rid, Outgoing(None))
         entry.decode_rank, entry.ready_t = msg.decode_rank, time.perf_counter()
+        if self.faults.drop():
+            entry.dropped = True
+            self.events.put(FaultInjected(self.rank, "drop_kv", msg.rid, entry.ready_t))
         self._try_send(entry)
 
     @property
@@ -79,16 +86,22 @@ class KVSender:
         """Called after `layer` of a step's forward: that layer's KV of these sequences is final."""
         for seq in finishing:
             entry = self.out.get(seq.seq_id)
-            if entry is not None and entry.ready_t is not None and layer not in entry.sent_parts:
+            if entry is not None and self._may_send(entry) and layer not in entry.sent_parts:
                 self._send_part(entry, layer)
 
+    def _may_send(self, entry: Outgoing) -> bool:
+        if entry.ready_t is None or entry.dropped:
+            return False
+        return time.perf_counter() >= entry.ready_t + self.faults.delay_s
+
     def _try_send(self, entry: Outgoing) -> None:
-        if entry.handoff_t is None or entry.ready_t is None:
+        if entry.handoff_t is None or entry.done_sent or not self._may_send(entry):
             return
         for part in range(self.num_parts):
             if part not in entry.sent_parts:
                 self._send_part(entry, part)
         self.inboxes[entry.decode_rank].put(KVDone(entry.seq.seq_id, entry.seq.token_ids[-1], self.num_parts))
+        entry.done_sent = True
 
     def _send_part(self, entry: Outgoing, part: int) -> None:
         seq = entry.seq
@@ -107,15 +120,15 @@ class KVSender:
     def poll(self) -> None:
         now = time.perf_counter()
         for rid, entry in list(self.out.items()):
-            if len(entry.sent_parts) == self.num_parts and entry.handoff_t is not None and \
-                    all(wire.sent() for wire in entry.parts):
+            self._try_send(entry)  # a delayed send whose time has come
+            if entry.done_sent and all(wire.sent() for wire in entry.parts):
                 error = next((wire.error() for wire in entry.parts if wire.error()), None)
                 if error:
-                    self.abort(rid, f"KV send failed: {error}", now)
+                    self.abort(rid, f"KV send failed: {error}", now, kind="kv_lost")
                 else:
                     self._done(rid, entry, now)
             elif entry.handoff_t is not None and now - entry.handoff_t > self.timeout_s:
-                self.abort(rid, f"KV transfer timed out after {self.timeout_s:.0f} s", now)
+                self.abort(rid, f"KV transfer timed out after {self.timeout_s:.0f} s", now, kind="kv_lost")
 
     def _done(self, rid: int, entry: Outgoing, now: float) -> None:
         del self.out[rid]
@@ -126,7 +139,7 @@ class KVSender:
         wait = (entry.ready_t - entry.handoff_t) if entry.ready_t > entry.handoff_t else 0.0
         self.events.put(KVSent(rid, self.rank, entry.decode_rank, entry.kv_bytes, entry.start, now, wait))
 
-    def abort(self, rid: int, reason: str, now: float) -> None:
+    def abort(self, rid: int, reason: str, now: float, kind: str = "error") -> None:
         self.aborted.add(rid)
         entry = self.out.pop(rid, None)
         if entry is None or entry.seq is None:
@@ -136,7 +149,7 @@ class KVSender:
         else:
             self.engine.scheduler.abort(entry.seq)
         entry.seq.status = SequenceStatus.FAILED
-        self.events.put(Failed(rid, self.rank, reason, now))
+        self.events.put(Failed(rid, self.rank, reason, now, kind))
 
 
 @dataclass
@@ -226,10 +239,12 @@ class KVReceiver:
                 seq.append_token(entry.first_token)
             seq.reset_for_recompute()
             self.engine.scheduler.add(seq)
-            self.events.put(Failed(rid, self.rank, "KV transfer timed out: recomputing on the decode worker", now))
+            self.events.put(Failed(rid, self.rank, "KV transfer timed out: recomputing on the decode worker", now,
+                                   "kv_recompute"))
         else:
             seq.status = SequenceStatus.FAILED
-            self.events.put(Failed(rid, self.rank, f"KV transfer timed out after {self.timeout_s:.0f} s", now))
+            self.events.put(Failed(rid, self.rank, f"KV transfer timed out after {self.timeout_s:.0f} s", now,
+                                   "kv_lost"))
 
     def abort(self, rid: int) -> None:
         self.queued = [m for m in self.queued if m.rid != rid]

@@ -121,6 +121,7 @@ class Failed:
     worker: int
     reason: str
     t: float
+    kind: str = "error"  # kv_lost: a transfer timed out or broke; kv_recompute: D recomputes it
 
 
 @dataclass(frozen=True)

@@ -16,13 +16,16 @@ from typing import Callable, Optional
 
 from testbed.cluster.config import ClusterConfig, KVTransferConfig
 from testbed.cluster.dispatch import Dispatcher, WorkerLoad
+from testbed.cluster.faults import FaultInjected, FaultsConfig, Stall
 from testbed.cluster.launcher import Cluster
+from testbed.cluster.memory import RssSampler
 from testbed.cluster.messages import (Abort, Failed, Heartbeat, KVArrived, KVSent, Reserve, Reserved, Serve,
                                       StepEvents, WorkerError)
 from testbed.metrics.events import Event, RequestLog
 from testbed.workload import Request, Workload
 
 LIVENESS_CHECK_S = 0.2
+MEMORY_SAMPLE_S = 1.0
 
 
 @dataclass
@@ -32,11 +35,14 @@ class Tracked:
     decode_worker: Optional[int] = None
     output: list = field(default_factory=list)
     left_front: bool = False  # prefill side done with it (mixed: finished; disagg: KV sent)
+    queued: bool = True  # its prompt tokens count in its worker's queue until the first token
+    early: dict = field(default_factory=dict)  # index -> (token, worker time): arrived before their turn
+    finished_early: bool = False  # the last token was reported before all earlier ones arrived
 
 
 class Router:
     def __init__(self, cluster: Cluster, workload: Workload, log: RequestLog, mode: str,
-                 cluster_config: ClusterConfig, kv: KVTransferConfig, t0: float):
+                 cluster_config: ClusterConfig, kv: KVTransferConfig, t0: float, faults: FaultsConfig = FaultsConfig()):
         self.cluster, self.workload, self.log, self.t0 = cluster, workload, log, t0
         self.cfg, self.kv, self.disagg = cluster_config, kv, mode == "disagg"
         roles = {p.rank: p.role for p in cluster.plans}
@@ -52,20 +58,36 @@ class Router:
         self.transfers: dict[int, dict] = {}
         self.last_seen = {rank: time.perf_counter() for rank in roles}
         self.on_finish: Callable[[], None] = lambda: None
+        self.cluster_faults, self.timed_faults = faults, faults.timed()
+        self.memory = RssSampler({f"worker{rank}": s.pid for rank, s in cluster.started.items()})
+        self.faults: list[dict] = []  # every injected fault and every re-dispatch, for the results
 
     # -- the loop -------------------------------------------------------------------------------
     def run(self) -> None:
         for request, reason in self.workload.rejected:
             self.log.reject(request, self.t0 + request.arrival_s, reason)
-        last_check = 0.0
+        last_check = last_sample = 0.0
         while self.pending or self.active:
             now = time.perf_counter()
             self._release(now - self.t0)
+            self._inject(now - self.t0)
             wait = min(self.pending[0][0] - (now - self.t0), 0.05) if self.pending else 0.05
             self._pump(max(wait, 0.0))
             if now - last_check > LIVENESS_CHECK_S:
                 self._check_workers(now)
                 last_check = now
+            if now - last_sample > MEMORY_SAMPLE_S:
+                self.memory.sample()
+                last_sample = now
+
+    def _inject(self, now_s: float) -> None:
+        while self.timed_faults and self.timed_faults[0][0] <= now_s:
+            _, kind, worker = self.timed_faults.pop(0)
+            if kind == "kill_worker":
+                self.cluster.processes[worker].kill()
+            else:
+                self.cluster.inboxes[worker].put(Stall(self.cluster_faults.stall_ms / 1000))
+            self.faults.append({"kind": kind, "worker": worker, "request_id": None, "t_s": now_s})
 
     def _release(self, now_s: float) -> None:
         while self.pending and self.pending[0][0] <= now_s:
@@ -92,13 +114,17 @@ class Router:
             return
         tracked = Tracked(request, worker)
         self.active[request.request_id] = tracked
-        load = self.loads[worker]
+        self.log.event(request.request_id, Event.DISPATCHED, t, worker=worker)
+        self._dispatch(tracked)
+        self.log.event(request.request_id, Event.PREFILL_QUEUED, time.perf_counter(), worker=worker)
+
+    def _dispatch(self, tracked: Tracked) -> None:
+        request, load = tracked.request, self.loads[tracked.worker]
         load.queued_prompt_tokens += request.input_len
         load.bound_sequences += 1
         decode = self._bind_decode(tracked) if self.disagg and self.kv.binding == "early" else None
-        self.log.event(request.request_id, Event.DISPATCHED, t, worker=worker)
-        self.cluster.inboxes[worker].put(Serve(request.request_id, request.prompt_token_ids, request.output_len, decode))
-        self.log.event(request.request_id, Event.PREFILL_QUEUED, time.perf_counter(), worker=worker)
+        self.cluster.inboxes[tracked.worker].put(Serve(request.request_id, request.prompt_token_ids,
+                                                       request.output_len, decode))
 
     def _admission_refusal(self, request: Request) -> Optional[str]:
         cap = self.cfg.max_prompt_len
@@ -137,6 +163,8 @@ class Router:
             self.transfers.setdefault(msg.rid, {})["end_s"] = msg.t - self.t0
         elif isinstance(msg, Failed):
             self._on_failed(msg)
+        elif isinstance(msg, FaultInjected):
+            self.faults.append({"kind": msg.kind, "worker": msg.worker, "request_id": msg.rid, "t_s": msg.t - self.t0})
         elif isinstance(msg, WorkerError):
             raise RuntimeError(f"worker {msg.worker} crashed:\n{msg.error}")
         elif not isinstance(msg, (Heartbeat, Reserved)):
@@ -157,17 +185,32 @@ class Router:
             if tracked is not None and tracked.decode_worker is None and self.kv.binding == "late":
                 self._bind_decode(tracked)
         for rid in ev.finished:
-            self._finish(rid, received)
+            tracked = self.active.get(rid)
+            if tracked is not None and len(tracked.output) < tracked.request.output_len:
+                tracked.finished_early = True  # D's report overtook P's first token: wait for it
+            else:
+                self._finish(rid, received)
 
     def _on_token(self, rid: int, index: int, token: int, ev: StepEvents, received: float) -> None:
         tracked = self.active.get(rid)
-        if tracked is None or index != len(tracked.output):
-            return  # a recomputed prefix re-emits tokens the client already has
-        tracked.output.append(token)
-        self.log.tokens(rid, [token], ev.t, received)
-        if index == 0:
-            self.log.event(rid, Event.PREFILL_END, ev.t, worker=ev.worker)
+        if tracked is None:
+            return
+        if tracked.queued and ev.worker == tracked.worker:
+            tracked.queued = False
             self.loads[tracked.worker].queued_prompt_tokens -= tracked.request.input_len
+        if index < len(tracked.output):
+            return  # a recomputed prefix re-emits tokens the client already has
+        # P's and D's reports travel on different pipes: D's first decode can overtake P's first
+        # token. The client sees tokens in order, so a later one waits for its predecessors.
+        tracked.early[index] = (token, ev.t, ev.worker)
+        while len(tracked.output) in tracked.early:
+            token, worker_t, worker = tracked.early.pop(len(tracked.output))
+            if not tracked.output:
+                self.log.event(rid, Event.PREFILL_END, worker_t, worker=worker)
+            tracked.output.append(token)
+            self.log.tokens(rid, [token], worker_t, received)
+        if tracked.finished_early and len(tracked.output) == tracked.request.output_len:
+            self._finish(rid, received)
 
     def _on_sent(self, msg: KVSent) -> None:
         self.log.event(msg.rid, Event.KV_TRANSFER_START, msg.start, prefill_worker=msg.prefill_rank,
@@ -182,8 +225,14 @@ class Router:
             self._leave_front(tracked)
 
     def _on_failed(self, msg: Failed) -> None:
-        if "recomputing" in msg.reason:
+        tracked = self.active.get(msg.rid)
+        if msg.kind == "kv_recompute":
             return  # the decode worker carries on: the request is late, not lost
+        if msg.kind == "kv_lost" and tracked is not None and msg.worker == tracked.worker \
+                and self.kv.on_failure == "recompute" and tracked.decode_worker is not None \
+                and self.loads[tracked.decode_worker].alive:
+            self._leave_front(tracked)  # P let go of the KV; D will recompute the prefill
+            return
         self._fail(msg.rid, msg.t, msg.reason)
 
     # -- endings -------------------------------------------------------------------------------
@@ -209,14 +258,18 @@ class Router:
 
     def _close(self, rid: int) -> Optional[Tracked]:
         tracked = self.active.pop(rid, None)
-        if tracked is None:
-            return None
-        if not tracked.output:
+        if tracked is not None:
+            self._unbind(tracked)
+        return tracked
+
+    def _unbind(self, tracked: Tracked) -> None:
+        if tracked.queued:
+            tracked.queued = False
             self.loads[tracked.worker].queued_prompt_tokens -= tracked.request.input_len
         self._leave_front(tracked)
         if tracked.decode_worker is not None:
             self.loads[tracked.decode_worker].bound_sequences -= 1
-        return tracked
+            tracked.decode_worker = None
 
     def _leave_front(self, tracked: Tracked) -> None:
         if not tracked.left_front:
@@ -240,4 +293,22 @@ class Router:
         role = self.cluster.plans[rank].role
         for rid, tracked in list(self.active.items()):
             if (tracked.worker == rank and not tracked.left_front) or tracked.decode_worker == rank:
-                self._fail(rid, now, f"worker {rank} ({role}) died")
+                reason = f"worker {rank} ({role}) died"
+                if self.cfg.on_worker_failure == "redispatch" and self._redispatch(rid, tracked, reason, now):
+                    continue
+                self._fail(rid, now, reason)
+
+    def _redispatch(self, rid: int, tracked: Tracked, reason: str, now: float) -> bool:
+        """Start the request over on live workers; the client keeps the tokens it has (the new
+        run re-emits them and the router passes on only what is new)."""
+        worker = self.front.pick(tracked.request)
+        if worker is None:
+            return False
+        for old in (tracked.worker, tracked.decode_worker):
+            if old is not None and self.loads[old].alive:
+                self.cluster.inboxes[old].put(Abort(rid, reason))
+        self._unbind(tracked)
+        tracked.worker, tracked.left_front, tracked.queued = worker, False, True
+        self._dispatch(tracked)
+        self.faults.append({"kind": "redispatch", "worker": worker, "request_id": rid, "t_s": now - self.t0})
+        return True

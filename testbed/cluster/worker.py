@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from testbed.cluster.connector import KVReceiver, KVSender
+from testbed.cluster.faults import KVFaults, Stall
 from testbed.cluster.messages import (Abort, Audit, Heartbeat, KVDone, KVPart, Ready, Reserve, Serve, Started,
                                       StepEvents, Stop, WorkerError)
 from testbed.engine import Engine, EngineConfig, SchedulerConfig, Sequence, StepResult
@@ -46,6 +47,9 @@ class WorkerSpec:
     recompute_on_failure: bool = False
     max_pending: int = 8
     piece_bytes: int = 8 << 20
+    drop_kv_probability: float = 0.0
+    delay_kv_s: float = 0.0
+    seed: int = 0
     heartbeat_s: float = 2.0
     start_timeout_s: float = 300.0
 
@@ -95,8 +99,9 @@ class Worker:
         self.spec, self.engine, self.inbox, self.events = spec, engine, inboxes[spec.rank], events
         self.sender = self.receiver = None
         if spec.role == "prefill_only":
+            faults = KVFaults(spec.drop_kv_probability, spec.delay_kv_s, seed=spec.seed * 1000 + spec.rank)
             self.sender = KVSender(engine, spec.rank, inboxes, events, spec.granularity, spec.kv_timeout_s,
-                                   spec.piece_bytes)
+                                   spec.piece_bytes, faults)
             if spec.granularity == "layer":
                 engine.after_layer = self.sender.stream_layer
         if spec.role == "decode_only":
@@ -135,8 +140,10 @@ class Worker:
         if isinstance(msg, Serve):
             seq = Sequence(msg.rid, list(msg.prompt), msg.max_tokens)
             self.engine.add(seq)
-            if self.sender is not None and msg.decode_rank is not None:
-                self.sender.bind(seq, msg.decode_rank)
+            if self.sender is not None:
+                self.sender.aborted.discard(msg.rid)  # served again after a re-dispatch
+                if msg.decode_rank is not None:
+                    self.sender.bind(seq, msg.decode_rank)
         elif isinstance(msg, Reserve):
             self.receiver.reserve(msg)
         elif isinstance(msg, Ready):
@@ -149,6 +156,8 @@ class Worker:
             self._abort(msg)
         elif isinstance(msg, Stop):
             self.stopping = True
+        elif isinstance(msg, Stall):
+            time.sleep(msg.seconds)  # injected: unresponsive, as a hung kernel or a paused process
 
     def _abort(self, msg: Abort) -> None:
         if self.sender is not None and msg.rid in self.sender.out:
@@ -174,9 +183,9 @@ class Worker:
         if record is None:
             return
         t = time.perf_counter()
+        self._report(self._step_events(result, record, t))  # the first token leaves before its KV
         for seq in result.handoff:
             self.sender.handoff(seq, t)
-        self._report(self._step_events(result, record, t))
 
     def _step_events(self, result: StepResult, record, t: float) -> StepEvents:
         return StepEvents(

@@ -55,17 +55,21 @@ class PrefillOnly(PrefillFirst):
 
 
 class DecodeOnly:
-    """Disaggregated decode: sequences arrive RUNNING with their KV already in this pool."""
+    """Disaggregated decode: sequences arrive RUNNING with their KV already in this pool. A
+    sequence whose KV never came (kv_transfer.on_failure=recompute) waits here and is prefilled
+    alongside the decodes, chunked, as in `chunked`."""
 
     name = "decode_only"
     hands_off_after_prefill = False
 
     def token_budget(self, s: Scheduler) -> int:
-        return s.config.max_running
+        return s.config.max_running + s.config.max_batched_tokens
 
     def schedule(self, s: Scheduler) -> Batch:
         batch = Batch()
         s.schedule_decodes(batch)
+        if s.waiting or any(seq.in_prefill for seq in s.running):
+            s.schedule_prefills(batch, s.config.max_batched_tokens)
         return batch
 
 

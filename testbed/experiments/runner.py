@@ -12,6 +12,7 @@ from testbed.experiments import aggregates, studies
 from testbed.experiments.report import print_run, print_sweep
 from testbed.experiments.serve import serve
 from testbed.experiments.sweep import Sweep
+from testbed.tracking.results import ensure_writable
 from testbed.tracking.wandb_tracker import make_tracker
 
 TABLE = ["ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99", "itl_p99", "slo_attainment", "throughput_requests_per_s"]
@@ -56,6 +57,7 @@ def run_point(cfg: Config, out_dir: Path) -> dict:
 def run(cfg: Config, out_dir: Path, explicit: set[str] = frozenset()) -> dict:
     """`explicit`: the config keys the command line set (they win over a study's CPU defaults)."""
     cfg = effective(cfg, explicit)
+    ensure_writable(out_dir)
     name = cfg.experiment.name
     if name == "serve":
         result = run_point(cfg, out_dir)

@@ -27,11 +27,14 @@ class KVLeakError(RuntimeError):
 
 
 def worker_template(cfg: Config) -> WorkerSpec:
-    kv = cfg.kv_transfer
-    return WorkerSpec(rank=0, world_size=1, role="", device="cpu", port=0, model=cfg.model, engine=cfg.engine,
+    kv, engine = cfg.kv_transfer, cfg.engine
+    if cfg.faults.exhaust_kv_pool:  # the least pool that still holds one request of max_model_len
+        engine = dataclasses.replace(engine, num_kv_blocks=-(-cfg.model.args().max_model_len // engine.block_size))
+    return WorkerSpec(rank=0, world_size=1, role="", device="cpu", port=0, model=cfg.model, engine=engine,
                       scheduler=cfg.scheduler, granularity=kv.granularity, kv_timeout_s=kv.timeout_s,
                       recompute_on_failure=kv.on_failure == "recompute", max_pending=kv.max_pending,
-                      piece_bytes=kv.piece_kib << 10,
+                      piece_bytes=kv.piece_kib << 10, drop_kv_probability=cfg.faults.drop_kv_probability,
+                      delay_kv_s=cfg.faults.delay_kv_ms / 1000, seed=cfg.seed,
                       heartbeat_s=cfg.cluster.heartbeat_s, start_timeout_s=cfg.cluster.start_timeout_s)
 
 
@@ -64,11 +67,12 @@ def serve(cfg: Config, out_dir: Path, on_started: Optional[Callable[[Cluster], N
         t0 = time.perf_counter()
         sampler = start_telemetry(t0, announce=progress)
         log = RequestLog(t0)
-        router = Router(cluster, workload, log, cfg.mode, cfg.cluster, cfg.kv_transfer, t0)
+        router = Router(cluster, workload, log, cfg.mode, cfg.cluster, cfg.kv_transfer, t0, cfg.faults)
         with tqdm(total=len(workload.requests), desc=f"{cfg.mode} requests", unit="req", leave=False,
                   disable=not progress) as bar:
             router.on_finish = lambda: bar.update(1)
             router.run()
+        router.memory.sample()
         telemetry = sampler.stop()
         leftovers: list = []
         audit = cluster.stop(leftovers)
@@ -82,6 +86,8 @@ def serve(cfg: Config, out_dir: Path, on_started: Optional[Callable[[Cluster], N
     summary["workers"] = {f"worker{p.rank}": {"role": p.role, "device": p.device,
                                               "alive_at_end": p.rank in audit} for p in plans}
     summary["workload_report"] = workload.report
+    summary["faults"] = router.faults
+    summary["memory"] = router.memory.summary()
     write_results(out_dir, requests=requests, steps=steps, transfers=transfers, telemetry=telemetry,
                   config=dataclasses.asdict(cfg), meta=collect_meta(cfg.seed, {"workers": summary["workers"]}),
                   summary=summary)

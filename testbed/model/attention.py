@@ -123,7 +123,7 @@ def select_backend(requested: str, device: torch.device, dtype: torch.dtype, blo
         raise ConfigError(f"engine.attention_backend={requested!r} is not one of auto, flash, torch")
     if not flash_ok or block_size % FLASH_BLOCK_MULTIPLE:
         raise ConfigError(
-            f"engine.attention_backend=flash needs flash-attn importable (it is {'' if FLASH_ATTN_AVAILABLE else 'not '}), "
-            f"a CUDA device in fp16/bf16 (got {device.type}/{dtype}) and engine.block_size divisible by "
-            f"{FLASH_BLOCK_MULTIPLE} (got {block_size})")
+            f"engine.attention_backend=flash needs flash-attn (importable: {FLASH_ATTN_AVAILABLE}), a CUDA "
+            f"device in fp16/bf16 (got {device.type}/{str(dtype).removeprefix('torch.')}) and engine.block_size "
+            f"divisible by {FLASH_BLOCK_MULTIPLE} (got {block_size}); engine.attention_backend=torch works everywhere")
     return FlashAttention()

@@ -79,6 +79,19 @@ def read_results(out_dir) -> dict[str, Any]:
     return result
 
 
+def ensure_writable(out_dir) -> Path:
+    """Fail before a run, not after it: the results directory must be creatable and writable."""
+    out = Path(out_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".write-probe"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise ResultsError(f"cannot write results to {out}: {e.strerror or e}") from None
+    return out
+
+
 def _or_empty(df: Optional[pd.DataFrame], columns: list[str]) -> pd.DataFrame:
     return df if df is not None else pd.DataFrame({c: pd.Series(dtype="float64") for c in columns})
 

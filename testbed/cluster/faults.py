@@ -1,0 +1,75 @@
+"""Fault injection (`faults:` in the config). Every injected fault is recorded in the results.
+
+- kill_worker / kill_at_s: the router kills that worker's process at that time.
+- stall_worker / stall_at_s / stall_ms: that worker sleeps, unresponsive, for stall_ms.
+- drop_kv_probability: a prefill worker silently never sends a request's KV (the transfer times
+  out on both sides: failure, or recompute on D with kv_transfer.on_failure=recompute).
+- delay_kv_ms: every KV send starts this much later than it could.
+- exhaust_kv_pool: every worker's pool is shrunk to the least that holds one max_model_len
+  request (preemption and back-pressure under load).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Optional
+
+from testbed.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class FaultsConfig:
+    kill_worker: Optional[int] = None
+    kill_at_s: float = 1.0
+    stall_worker: Optional[int] = None
+    stall_at_s: float = 1.0
+    stall_ms: float = 500.0
+    drop_kv_probability: float = 0.0
+    delay_kv_ms: float = 0.0
+    exhaust_kv_pool: bool = False
+
+    def validate(self) -> "FaultsConfig":
+        if not 0 <= self.drop_kv_probability <= 1:
+            raise ConfigError(f"faults.drop_kv_probability must be in [0, 1] (got {self.drop_kv_probability})")
+        for key in ("kill_at_s", "stall_at_s", "stall_ms", "delay_kv_ms"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"faults.{key} must be >= 0 (got {getattr(self, key)})")
+        return self
+
+    def timed(self) -> list[tuple[float, str, int]]:
+        """(time, kind, worker) of the faults the router injects, in time order."""
+        out = []
+        if self.kill_worker is not None:
+            out.append((self.kill_at_s, "kill_worker", self.kill_worker))
+        if self.stall_worker is not None:
+            out.append((self.stall_at_s, "stall_worker", self.stall_worker))
+        return sorted(out)
+
+
+@dataclass(frozen=True)
+class Stall:
+    """router -> worker: stop responding for `seconds`."""
+
+    seconds: float
+
+
+@dataclass(frozen=True)
+class FaultInjected:
+    """worker -> router: a fault this worker injected (KV drop or delay)."""
+
+    worker: int
+    kind: str
+    rid: Optional[int]
+    t: float
+
+
+class KVFaults:
+    """The prefill worker's side: which sends to drop, how long to hold them. Seeded per rank."""
+
+    def __init__(self, drop_probability: float, delay_s: float, seed: int):
+        self.drop_probability, self.delay_s = drop_probability, delay_s
+        self.rng = random.Random(seed)
+
+    def drop(self) -> bool:
+        return self.drop_probability > 0 and self.rng.random() < self.drop_probability

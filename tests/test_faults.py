@@ -1,0 +1,106 @@
+"""Faults: dead and stalled workers, lost and late KV, a starved pool, and overload."""
+
+import pytest
+
+from testbed.experiments.serve import serve
+from tests.cluster_helpers import make_config, small_workload
+
+pytestmark = pytest.mark.slow
+
+LONG = ["workload.output_len.min=60", "workload.output_len.max=90"]  # requests live long enough to be hit
+
+
+def kinds(summary):
+    return [f["kind"] for f in summary["faults"]]
+
+
+def assert_no_leaks(summary, dead=()):
+    assert all(v == 0 for k, v in summary["kv_blocks_leaked"].items())
+    assert set(summary["kv_blocks_leaked"]) == {w for w in summary["workers"] if w not in dead}
+
+
+def test_killed_prefill_worker_requests_are_redispatched(tmp_path):
+    cfg = make_config(*small_workload(n=24, rate=30), *LONG, "mode=disagg", "cluster.num_prefill=2",
+                      "cluster.num_decode=1", "faults.kill_worker=0", "faults.kill_at_s=0.3",
+                      "cluster.on_worker_failure=redispatch")
+    result = serve(cfg, tmp_path, progress=False)
+    requests, summary = result["requests"], result["summary"]
+    assert (requests.status == "ok").all(), requests.reason.unique()
+    assert (requests.output_token_ids.map(len) == requests.output_len).all()
+    assert kinds(summary)[0] == "kill_worker"
+    assert_no_leaks(summary, dead={"worker0"})
+
+
+def test_killed_mixed_worker_fails_its_requests(tmp_path):
+    cfg = make_config(*small_workload(n=24, rate=30), *LONG, "mode=chunked", "cluster.num_workers=2",
+                      "scheduler.chunk_size=64", "scheduler.max_running=16", "faults.kill_worker=1",
+                      "faults.kill_at_s=0.3")
+    requests = serve(cfg, tmp_path, progress=False)["requests"]
+    failed = requests[requests.status == "failed"]
+    assert len(failed) > 0 and (failed.reason == "worker 1 (chunked) died").all()
+    served_by_victim = requests[(requests.status == "ok") & (requests.prefill_worker == 1)]
+    assert (served_by_victim.finished_s < 0.3 + 0.5).all()  # only what it finished before it died
+
+
+@pytest.mark.parametrize("on_failure", ["fail", "recompute"])
+def test_dropped_kv_times_out_and_is_failed_or_recomputed(tmp_path, on_failure):
+    cfg = make_config(*small_workload(n=12, rate=30), "mode=disagg", "faults.drop_kv_probability=0.3",
+                      "kv_transfer.timeout_s=1", f"kv_transfer.on_failure={on_failure}", "seed=1")
+    result = serve(cfg, tmp_path, progress=False)
+    requests, summary = result["requests"], result["summary"]
+    drops = [f["request_id"] for f in summary["faults"] if f["kind"] == "drop_kv"]
+    assert drops
+    dropped = requests.set_index("request_id").loc[drops]
+    if on_failure == "fail":
+        assert (dropped.status == "failed").all() and dropped.reason.str.contains("timed out").all()
+    else:
+        assert (dropped.status == "ok").all()
+        assert (dropped.output_token_ids.map(len) == dropped.output_len).all()
+    assert (requests.drop(index=requests.index[requests.request_id.isin(drops)]).status == "ok").all()
+    assert_no_leaks(summary)
+
+
+def test_delayed_kv_shows_in_transfer_times(tmp_path):
+    cfg = make_config(*small_workload(n=6, rate=20), "mode=disagg", "faults.delay_kv_ms=80")
+    result = serve(cfg, tmp_path, progress=False)
+    requests = result["requests"]
+    sent = requests.dropna(subset=["kv_transfer_start_s"])
+    assert len(sent) > 0 and ((sent.kv_transfer_start_s - sent.prefill_end_s) >= 0.08).all()
+    assert (requests.status == "ok").all()
+
+
+def test_stalled_worker_past_its_heartbeat_is_declared_lost(tmp_path):
+    cfg = make_config(*small_workload(n=20, rate=20), *LONG, "mode=chunked", "cluster.num_workers=2",
+                      "scheduler.chunk_size=64", "scheduler.max_running=16", "faults.stall_worker=1",
+                      "faults.stall_at_s=0.3", "faults.stall_ms=3000", "cluster.heartbeat_s=0.1",
+                      "cluster.on_worker_failure=redispatch")
+    result = serve(cfg, tmp_path, progress=False)
+    requests, summary = result["requests"], result["summary"]
+    assert "stall_worker" in kinds(summary) and "redispatch" in kinds(summary)
+    assert (requests.status == "ok").all()
+    assert_no_leaks(summary, dead={"worker1"})
+
+
+def test_exhausted_kv_pool_preempts_but_completes(tmp_path):
+    cfg = make_config(*small_workload(n=16, rate=100), *LONG, "mode=chunked", "scheduler.chunk_size=64",
+                      "scheduler.max_running=16", "faults.exhaust_kv_pool=true")
+    result = serve(cfg, tmp_path, progress=False)
+    assert (result["requests"].status == "ok").all()
+    assert result["steps"].kv_blocks_used.max() <= 16  # max_model_len 256 / block 16
+    assert_no_leaks(result["summary"])
+
+
+def test_soak_above_capacity_stays_flat(tmp_path):
+    """Thousands of requests faster than one tiny worker serves them: admission control rejects
+    the excess, every admitted request completes, and no process grows."""
+    cfg = make_config(*small_workload(n=3000, rate=1000), *LONG, "mode=chunked", "scheduler.chunk_size=64",
+                      "scheduler.max_running=16", "cluster.max_outstanding=32")
+    result = serve(cfg, tmp_path, progress=False)
+    requests, summary = result["requests"], result["summary"]
+    rejected = requests[requests.status == "rejected"]
+    assert len(rejected) > 0 and rejected.reason.str.contains("cluster.max_outstanding=32").all()
+    assert (requests[requests.status != "rejected"].status == "ok").all()
+    for name, rss in summary["memory"].items():
+        assert rss["samples"] >= 3, name
+        assert rss["last_mib"] <= rss["first_mib"] * 1.25 + 32, (name, rss)
+    assert_no_leaks(summary)
