@@ -13,8 +13,10 @@ from analysis import style
 
 
 def ms(value: float) -> str:
-    """A latency already in ms, to three significant figures."""
-    return "n/a" if value is None or not math.isfinite(value) else f"{value:.3g} ms"
+    """A latency already in ms, to three significant figures (in seconds from 1000 ms on)."""
+    if value is None or not math.isfinite(value):
+        return "n/a"
+    return f"{value:.3g} ms" if abs(value) < 1000 else f"{value / 1000:.3g} s"
 
 
 def rate(value: float) -> str:
@@ -25,7 +27,8 @@ def slo_text(table: pd.DataFrame) -> str:
     """"TTFT <= 500 ms, TPOT <= 50 ms" from the sweep table's slo_* columns (one SLO per study)."""
     if not {"slo_ttft_s", "slo_tpot_s"} <= set(table.columns) or table.empty:
         return "the run's SLOs"
-    return f"TTFT \u2264 {table['slo_ttft_s'].iloc[0] * 1e3:.3g} ms, TPOT \u2264 {table['slo_tpot_s'].iloc[0] * 1e3:.3g} ms"
+    ttft, tpot = table["slo_ttft_s"].iloc[0] * 1e3, table["slo_tpot_s"].iloc[0] * 1e3
+    return f"TTFT \u2264 {ttft:.3g} ms, TPOT \u2264 {tpot:.3g} ms"
 
 
 def best(values: Mapping[str, float]) -> str:
@@ -46,7 +49,9 @@ def attainment_vs_rate(plotted: Mapping[str, dict], table: pd.DataFrame) -> str:
     parts = []
     for label in style.order(plotted):
         line = plotted[label]
-        note = " (every swept rate passes: a lower bound)" if np.all(line["attainment"] >= 0.9) else ""
+        passing = np.asarray(line["attainment"]) >= 0.9
+        note = (" (every swept rate passes: a lower bound)" if passing.all()
+                else " (no swept rate meets 90%)" if not passing.any() else "")
         parts.append(f"{label} {rate(line['goodput'])}{note}")
     return f"SLO attainment ({slo_text(table)}) against rate; goodput at 90%: {', '.join(parts)}."
 

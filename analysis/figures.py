@@ -13,7 +13,7 @@ from typing import Mapping, Sequence
 import numpy as np
 import pandas as pd
 from matplotlib.lines import Line2D
-from matplotlib.ticker import PercentFormatter
+from matplotlib.ticker import NullLocator, PercentFormatter
 
 from analysis import style
 from analysis.system import gpu_telemetry, kv_bandwidth, request_timeline  # noqa: F401  (re-exported)
@@ -98,8 +98,9 @@ def attainment_vs_rate(ax, table: pd.DataFrame, threshold: float = THRESHOLD) ->
     plotted = {}
     for label, (rates, attainment) in lines.items():
         value = goodput(rates, attainment, threshold)
-        ax.plot([value], [threshold], marker="*", markersize=9, color=style.colour(label), linestyle="none",
-                markeredgecolor="black", markeredgewidth=0.4)
+        if value > 0:  # 0 means no swept rate meets the threshold: nothing on the curve to mark
+            ax.plot([value], [threshold], marker="*", markersize=9, color=style.colour(label), linestyle="none",
+                    markeredgecolor="black", markeredgewidth=0.4)
         plotted[label] = {"rate": rates, "attainment": attainment, "goodput": value}
     ax.axhline(threshold, color="black", linewidth=0.7, linestyle=":")
     ax.set(xlabel="request rate (req/s)", ylabel="SLO attainment", ylim=(0, 1.05))
@@ -166,6 +167,9 @@ def itl_inflation(ax, interference: Mapping[str, Mapping]) -> dict[str, tuple[np
         plotted[label] = (np.array(lengths, dtype=float), inflation)
     ax.axhline(1.0, color="black", linewidth=0.7, linestyle=":")  # the baseline itself
     ax.set_xscale("log", base=2)
+    lengths = sorted({int(n) for x, _ in plotted.values() for n in x})
+    ax.set_xticks(lengths, [str(n) for n in lengths])  # the injected lengths, not powers of 2
+    ax.xaxis.set_minor_locator(NullLocator())
     ax.set(xlabel="injected prefill length (tokens)", ylabel="p99 ITL inflation (x baseline)")
     _legend(ax)
     return plotted
@@ -220,5 +224,26 @@ def ttft_by_turn(ax, turns: Mapping[str, Mapping], table: pd.DataFrame) -> dict[
         plotted[point] = (x, y)
     ax.set(xlabel="turn", ylabel="mean TTFT (ms)")
     ax.set_xticks(sorted({int(t) for x, _ in plotted.values() for t in x}))
+    _legend(ax)
+    return plotted
+
+
+def sim_vs_real(ax, table: pd.DataFrame, metrics=("ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99")) -> dict:
+    """sim_validate: each point's simulated figure against the real one (ms), per metric, with
+    the y = x line: the simulator is right where the markers sit on it. {metric: (real, sim)}."""
+    real = table[table["executor"] == "real"].set_index(["label", "rate"])
+    sim = table[table["executor"] == "sim"].set_index(["label", "rate"])
+    both = real.index.intersection(sim.index)
+    plotted = {}
+    for marker, metric in zip("osD^", metrics):
+        x = real.loc[both, metric].to_numpy(dtype=float) * 1000
+        y = sim.loc[both, metric].to_numpy(dtype=float) * 1000
+        ax.scatter(x, y, marker=marker, label=metric.replace("_", " "), s=14)
+        plotted[metric] = (x, y)
+    values = np.concatenate([np.concatenate(v) for v in plotted.values()]) if plotted else np.array([1.0])
+    finite = values[np.isfinite(values) & (values > 0)]
+    low, high = (finite.min() / 1.5, finite.max() * 1.5) if len(finite) else (0.1, 10.0)
+    ax.plot([low, high], [low, high], color="black", linewidth=0.7, linestyle=":")
+    ax.set(xscale="log", yscale="log", xlabel="real (ms)", ylabel="simulated (ms)")
     _legend(ax)
     return plotted

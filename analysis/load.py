@@ -103,7 +103,8 @@ def load_sweep(directory) -> Sweep:
     return Sweep(directory, body.get("experiment", directory.name), table, body.get("aggregate") or {})
 
 
-def load_runs(directories: Iterable, tags: Optional[Iterable[Mapping]] = None, only_served: bool = True) -> pd.DataFrame:
+def load_runs(directories: Iterable, tags: Optional[Iterable[Mapping]] = None,
+              only_served: bool = True) -> pd.DataFrame:
     """Per-request rows of several runs, concatenated, each tagged with point (the directory
     name unless a tag says), label and mode. only_served keeps what the summaries count."""
     directories = [Path(d) for d in directories]

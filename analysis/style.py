@@ -131,12 +131,15 @@ def paper() -> Iterator[None]:
         yield
 
 
-def figure(columns: int = 1, rows: int = 1, cols: int = 1, height_in: float | None = None):
-    """(Figure, axes): `columns` 1 for a single-column figure, 2 for one spanning both.
-    Call inside `paper()` so the figure takes its fonts."""
-    width = SINGLE_COLUMN_IN if columns == 1 else DOUBLE_COLUMN_IN
-    height = height_in or width / max(cols, 1) * ASPECT * rows * (1.15 if cols > 1 else 1.0)
-    fig = Figure(figsize=(width, height), layout="constrained")
+def figure(width: str = "single", rows: int = 1, cols: int = 1, height_in: float | None = None):
+    """(Figure, ax) for one panel, (Figure, flat array of axes) for several. width: "single"
+    (one column of the paper) or "double" (spanning both). Call inside `paper()` so the figure
+    takes its fonts."""
+    if width not in ("single", "double"):
+        raise ValueError(f"width must be 'single' or 'double', not {width!r}")
+    inches = SINGLE_COLUMN_IN if width == "single" else DOUBLE_COLUMN_IN
+    height = height_in or inches / cols * ASPECT * rows * (1.15 if cols > 1 else 1.0)
+    fig = Figure(figsize=(inches, height), layout="constrained")
     FigureCanvasAgg(fig)  # renders off screen, whatever backend the process has chosen
     axes = fig.subplots(rows, cols, squeeze=False)
     return fig, (axes[0, 0] if rows * cols == 1 else axes.ravel())

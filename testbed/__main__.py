@@ -18,13 +18,17 @@ register_configs()
 def main(cfg: DictConfig) -> None:
     from testbed.experiments.runner import run  # after Hydra: keeps `--help` fast
 
+    hydra_cfg = HydraConfig.get()
+    out_dir = Path(cfg.output_dir or hydra_cfg.runtime.output_dir)
     try:
-        typed = to_config(cfg)
-        hydra_cfg = HydraConfig.get()
-        run(typed, Path(typed.output_dir or hydra_cfg.runtime.output_dir), override_keys(hydra_cfg.overrides.task))
+        run(to_config(cfg), out_dir, override_keys(hydra_cfg.overrides.task))
     except TestbedError as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(error.exit_code)
+    except KeyboardInterrupt:
+        print(f"interrupted: every finished point is kept in {out_dir}; rerun the same command with "
+              f"hydra.run.dir={out_dir} to resume", file=sys.stderr)
+        sys.exit(130)
 
 
 def _terminate(signum, frame):

@@ -32,6 +32,15 @@ def test_default_job_writes_the_results_contract(tmp_path):
 
 
 @pytest.mark.parametrize("override, message", [
+    ("foo=1", "Could not override 'foo'"),
+    ("scheduler.chunk_size=abc", "Value 'abc' of type 'str' could not be converted to Integer"),
+    ("model=gpt5", "Could not find 'model/gpt5' Available options in 'model': hf llama3_8b"),
+    ("workload.rate=-1", "workload.rate must be > 0 (got -1.0)"),
+    ("mode=disagg hardware=cpu hardware.num_devices=1", "needs 2 devices; hardware.num_devices=1 CPU workers"),
+    ("engine.attention_backend=flash", "engine.attention_backend=flash needs flash-attn"),
+    ("workload.path=/no/such/trace.csv", "trace file '/no/such/trace.csv' not found"),
+    ("kv_transfer.granularity=layer kv_transfer.binding=late", "kv_transfer.granularity=layer needs"),
+    ("faults.drop_kv_probability=2", "faults.drop_kv_probability must be in [0, 1]"),
     ("model.name=gpt5", "model.name='gpt5' is not a preset"),
     ("model.num_heads=5", "model.num_heads=5 must divide model.hidden_size=64"),
     ("engine.kv_cache_mib=0.01", "cannot hold one request of max_model_len=2048"),
@@ -52,3 +61,28 @@ def test_prompt_longer_than_max_model_len_is_refused():
     llm = LLM("tiny", max_model_len=64, num_kv_blocks=8)
     with pytest.raises(ConfigError, match="exceeds model.max_model_len=64"):
         llm.generate([[1] * 60], max_new_tokens=8)
+
+
+def test_malformed_trace_names_file_and_line(tmp_path):
+    trace = tmp_path / "trace.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,374,44\nnot,a,row\n")
+    out = cli(f"workload.path={trace}", "workload.arrival=trace", tmp_path=tmp_path / "run")
+    assert out.returncode == 2 and "trace.csv" in out.stderr and "line 3" in out.stderr, out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_unwritable_output_dir_fails_before_running(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    out = cli(f"output_dir={blocker}/results", tmp_path=tmp_path / "run")
+    assert out.returncode == 2 and out.stderr.strip() == f"error: cannot write results to {blocker}/results: Not a directory"
+
+
+@pytest.mark.slow
+def test_overlength_prompts_are_rejected_with_a_reason(tmp_path):
+    out = cli("workload.num_requests=6", "workload.rate=50", "model.max_model_len=128", "workload.overlength=reject",
+              tmp_path=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    requests = pd.read_parquet(tmp_path / "requests.parquet")
+    rejected = requests[requests.status == "rejected"]
+    assert len(rejected) > 0 and rejected.reason.str.startswith("overlength").all()
