@@ -55,3 +55,14 @@ class Dispatcher:
         if self.for_decode:
             return min(live, key=lambda w: (self.loads[w].bound_sequences, -self.loads[w].free_blocks, w))
         return min(live, key=lambda w: (self.loads[w].queued_prompt_tokens, self.loads[w].bound_sequences, w))
+
+
+def admission_refusal(cluster, request: Request, outstanding: int) -> Optional[str]:
+    """Admission control (cluster.max_prompt_len, cluster.max_outstanding): why a request is
+    refused, or None to admit it."""
+    cap, limit = cluster.max_prompt_len, cluster.max_outstanding
+    if cap is not None and request.input_len > cap:
+        return f"prompt of {request.input_len} tokens exceeds cluster.max_prompt_len={cap}"
+    if limit is not None and outstanding >= limit:
+        return f"{outstanding} requests outstanding (cluster.max_outstanding={limit})"
+    return None

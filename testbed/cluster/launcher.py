@@ -46,14 +46,18 @@ def visible_devices(hardware) -> tuple[str, int | None]:
     return "cuda", hardware.num_devices or count
 
 
+def worker_roles(mode: str, cluster: ClusterConfig) -> list[tuple[str, int]]:
+    """(scheduler policy, device index) per worker, in rank order: P workers before D workers."""
+    if mode in ROLES_OF_MODE:
+        return [(ROLES_OF_MODE[mode], i) for i in range(cluster.num_workers)]
+    prefill = cluster.prefill_devices or list(range(cluster.num_prefill))
+    decode = cluster.decode_devices or list(range(len(prefill), len(prefill) + cluster.num_decode))
+    return [("prefill_only", d) for d in prefill] + [("decode_only", d) for d in decode]
+
+
 def plan_workers(mode: str, cluster: ClusterConfig, hardware) -> list[WorkerPlan]:
     kind, available = visible_devices(hardware)
-    if mode in ROLES_OF_MODE:
-        roles = [(ROLES_OF_MODE[mode], i) for i in range(cluster.num_workers)]
-    else:
-        prefill = cluster.prefill_devices or list(range(cluster.num_prefill))
-        decode = cluster.decode_devices or list(range(len(prefill), len(prefill) + cluster.num_decode))
-        roles = [("prefill_only", d) for d in prefill] + [("decode_only", d) for d in decode]
+    roles = worker_roles(mode, cluster)
     needed = max(d for _, d in roles) + 1
     if available is not None and needed > available:
         what = (f"CUDA devices visible: {', '.join(f'cuda:{i}' for i in range(available))}" if kind == "cuda"

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from testbed.cluster.config import ClusterConfig, KVTransferConfig
-from testbed.cluster.dispatch import Dispatcher, WorkerLoad
+from testbed.cluster.dispatch import Dispatcher, WorkerLoad, admission_refusal
 from testbed.cluster.faults import FaultInjected, FaultsConfig, Stall
 from testbed.cluster.launcher import Cluster
 from testbed.cluster.memory import RssSampler
@@ -107,7 +107,7 @@ class Router:
     def _admit(self, request: Request) -> None:
         t = time.perf_counter()
         self.log.register(request)
-        reason = self._admission_refusal(request)
+        reason = admission_refusal(self.cfg, request, len(self.active))
         worker = None if reason else self.front.pick(request)
         if reason or worker is None:
             self.log.reject(request, t, reason or "no live worker to serve it")
@@ -125,15 +125,6 @@ class Router:
         decode = self._bind_decode(tracked) if self.disagg and self.kv.binding == "early" else None
         self.cluster.inboxes[tracked.worker].put(Serve(request.request_id, request.prompt_token_ids,
                                                        request.output_len, decode))
-
-    def _admission_refusal(self, request: Request) -> Optional[str]:
-        cap = self.cfg.max_prompt_len
-        if cap is not None and request.input_len > cap:
-            return f"prompt of {request.input_len} tokens exceeds cluster.max_prompt_len={cap}"
-        limit = self.cfg.max_outstanding
-        if limit is not None and len(self.active) >= limit:
-            return f"{len(self.active)} requests outstanding (cluster.max_outstanding={limit})"
-        return None
 
     def _bind_decode(self, tracked: Tracked) -> Optional[int]:
         """Pick the decode worker and have it reserve blocks for the KV."""

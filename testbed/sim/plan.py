@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Mapping, Optional
 
 from testbed.cluster.config import ClusterConfig
-from testbed.cluster.launcher import ROLES_OF_MODE, WorkerPlan
+from testbed.cluster.launcher import WorkerPlan, worker_roles
 from testbed.engine.config import EngineConfig
 from testbed.errors import ConfigError
 from testbed.model.config import ModelArgs
@@ -20,12 +20,7 @@ SHAPE_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "n
 def plan_sim_workers(mode: str, cluster: ClusterConfig, num_devices: Optional[int]) -> list[WorkerPlan]:
     """One plan per worker, ranks in launcher order (P before D); `num_devices=None`: as many
     devices as the plan needs."""
-    if mode in ROLES_OF_MODE:
-        roles = [(ROLES_OF_MODE[mode], i) for i in range(cluster.num_workers)]
-    else:
-        prefill = cluster.prefill_devices or list(range(cluster.num_prefill))
-        decode = cluster.decode_devices or list(range(len(prefill), len(prefill) + cluster.num_decode))
-        roles = [("prefill_only", d) for d in prefill] + [("decode_only", d) for d in decode]
+    roles = worker_roles(mode, cluster)
     needed = max(d for _, d in roles) + 1
     if num_devices is not None and needed > num_devices:
         raise ConfigError(f"mode={mode} needs {needed} devices; the simulation was given num_devices={num_devices}")

@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Mapping, Optional
 
-from testbed.cluster.dispatch import Dispatcher, WorkerLoad
+from testbed.cluster.dispatch import Dispatcher, WorkerLoad, admission_refusal
 from testbed.config import Config
 from testbed.engine.sequence import Sequence
 from testbed.errors import ConfigError
@@ -116,7 +116,7 @@ class Simulation:
     # -- admission and dispatch --------------------------------------------------------------------
     def _arrive(self, request: Request) -> None:
         self.log.register(request)
-        reason = self._admission_refusal(request)
+        reason = admission_refusal(self.cfg.cluster, request, len(self.active))
         worker = None if reason else self.front.pick(request)
         if reason or worker is None:
             self.log.reject(request, self.now, reason or "no live worker to serve it")
@@ -137,14 +137,6 @@ class Simulation:
         self.log.event(request.request_id, Event.DISPATCHED, self.now, worker=worker)
         self.log.event(request.request_id, Event.PREFILL_QUEUED, self.now, worker=worker)
         self.dirty.add(worker)
-
-    def _admission_refusal(self, request: Request) -> Optional[str]:
-        cap, limit = self.cfg.cluster.max_prompt_len, self.cfg.cluster.max_outstanding
-        if cap is not None and request.input_len > cap:
-            return f"prompt of {request.input_len} tokens exceeds cluster.max_prompt_len={cap}"
-        if limit is not None and len(self.active) >= limit:
-            return f"{len(self.active)} requests outstanding (cluster.max_outstanding={limit})"
-        return None
 
     def _bind_decode(self, tracked: Tracked) -> Optional[int]:
         request = tracked.request
