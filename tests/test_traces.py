@@ -131,3 +131,11 @@ def test_native_jsonl_replays_explicit_prompts(tmp_path):
     first, second = w.requests
     assert first.arrival_s == 0.0 and first.input_len == 5
     assert second.prompt_token_ids == (1, 2, 3) and second.tenant == "x" and second.arrival_s == 0.25
+
+
+@pytest.mark.parametrize("name", ["azure_conv_2023.csv", "azure_code_2023.csv", "mooncake_conversation.jsonl"])
+def test_bundled_slices_hold_the_first_thousand_requests(name):
+    from testbed.workload.traces import read_trace
+
+    bundled = Path(__file__).resolve().parents[1] / "testbed" / "workload" / "traces" / name
+    assert len(read_trace(bundled).input_len) == 1000
