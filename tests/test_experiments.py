@@ -94,3 +94,14 @@ def test_sim_validate_reports_relative_errors(study_results):
     (row,) = aggregate["errors"]
     assert row["label"] == "chunked" and all(k in row for k in ("ttft_p50_error", "tpot_p99_error"))
     assert (study_results["sim_validate"] / "validation.parquet").is_file()
+
+
+@pytest.mark.slow
+def test_wandb_offline_run_per_point_and_figures(tmp_path):
+    """tracker=wandb: one offline run per point under its results directory, and one with the figures."""
+    out = tmp_path / "sweep"
+    result = run_study("burstiness", out, "experiment.burstiness=[1.0]", "tracker=wandb", "tracker.mode=offline",
+                       "experiment.figures=true")
+    assert result["figures"] and all(p.is_file() for p in result["figures"])
+    assert list((out / "points" / "chunked_burstiness1" / "wandb").glob("offline-run-*"))
+    assert list((out / "wandb").glob("offline-run-*"))

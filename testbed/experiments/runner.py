@@ -11,7 +11,7 @@ from testbed.config import Config, with_overrides
 from testbed.experiments import aggregates, studies
 from testbed.experiments.report import print_run, print_sweep
 from testbed.experiments.serve import serve
-from testbed.experiments.sweep import Sweep
+from testbed.experiments.sweep import Sweep, track_figures, track_point
 from testbed.tracking.results import ensure_writable
 from testbed.tracking.wandb_tracker import make_tracker
 
@@ -59,8 +59,10 @@ def run(cfg: Config, out_dir: Path, explicit: set[str] = frozenset()) -> dict:
     cfg = effective(cfg, explicit)
     ensure_writable(out_dir)
     name = cfg.experiment.name
+    tracker = make_tracker(cfg.tracker)
     if name == "serve":
         result = run_point(cfg, out_dir)
+        track_point(tracker, out_dir.name, out_dir.name, cfg, out_dir, result)
         print_run(result["requests"], result["summary"], out_dir)
         return result
     if name == "kv_bandwidth":
@@ -72,7 +74,7 @@ def run(cfg: Config, out_dir: Path, explicit: set[str] = frozenset()) -> dict:
 
         return run_profile(cfg, out_dir)
     build, aggregate = STUDIES[name]
-    sweep = Sweep(cfg, build(cfg), out_dir, run_point, make_tracker(cfg.tracker))
+    sweep = Sweep(cfg, build(cfg), out_dir, run_point, tracker)
     table = sweep.run()  # a Ctrl-C leaves the table of every finished point behind
     summary = aggregate(table, cfg, out_dir)
     sweep.write(summary)
@@ -81,5 +83,7 @@ def run(cfg: Config, out_dir: Path, explicit: set[str] = frozenset()) -> dict:
         from analysis.studies import study_figures
 
         figures = study_figures(name, out_dir)
+        if figures:
+            track_figures(tracker, out_dir.name, cfg, out_dir, summary, figures)
     print_sweep(name, table, summary, out_dir, TABLE, figures)
     return {"table": table, "aggregate": summary, "figures": figures, "config": dataclasses.asdict(cfg)}

@@ -87,17 +87,8 @@ class Sweep:
             directory.mkdir(parents=True, exist_ok=True)
             (directory / "error.txt").write_text(traceback.format_exc())
             return {**row, "status": "failed", "error": str(error).splitlines()[0][:300]}
-        self._track(point, cfg, directory, result)
+        track_point(self.tracker, point.name, self.out_dir.name, cfg, directory, result)
         return {**row, "status": "ok", **flatten(result["summary"])}
-
-    def _track(self, point: Point, cfg: Config, directory: Path, result: dict) -> None:
-        """One tracker run per point, grouped by the sweep, job type = mode."""
-        self.tracker.start(point.name, self.out_dir.name, cfg.mode, dataclasses.asdict(cfg), directory)
-        try:
-            self.tracker.log_summary(result["summary"])
-            self.tracker.log_table("requests", result["requests"])
-        finally:
-            self.tracker.finish()
 
     def table(self) -> pd.DataFrame:
         return pd.DataFrame(self.rows)
@@ -110,6 +101,29 @@ class Sweep:
         if aggregate is not None:
             body["aggregate"] = aggregate
         write_json(self.out_dir / "sweep.json", body)
+
+
+def track_point(tracker, name: str, group: str, cfg: Config, directory: Path, result: dict) -> None:
+    """One tracker run per point, grouped by the sweep, job type = mode: the resolved config, the
+    summary, the per-request table (sampled by the tracker) and GPU telemetry when recorded."""
+    tracker.start(name, group, cfg.mode, dataclasses.asdict(cfg), directory)
+    try:
+        tracker.log_summary(result["summary"])
+        tracker.log_table("requests", result["requests"])
+        if result.get("telemetry") is not None:
+            tracker.log_table("telemetry", result["telemetry"])
+    finally:
+        tracker.finish()
+
+
+def track_figures(tracker, group: str, cfg: Config, out_dir: Path, aggregate: dict, figures: list[Path]) -> None:
+    """The study's figures and aggregate as one more run of the sweep's group (job type "figures")."""
+    tracker.start(f"{cfg.experiment.name}-figures", group, "figures", dataclasses.asdict(cfg), out_dir)
+    try:
+        tracker.log_summary({"aggregate": aggregate})
+        tracker.log_figures([p for p in figures if p.suffix == ".png"])
+    finally:
+        tracker.finish()
 
 
 def _num_gpus(cfg: Config) -> int:

@@ -80,7 +80,8 @@ def table_sample(df: pd.DataFrame, max_rows: int) -> pd.DataFrame:
     if len(df) > max_rows:
         df = df.sample(n=max_rows, random_state=TABLE_SAMPLE_SEED).sort_index()
     keep = [c for c in df.columns if not _holds_sequences(df[c])]
-    return df[keep].reset_index(drop=True)
+    table = df[keep].reset_index(drop=True).astype(object)
+    return table.where(table.notna(), None)  # pandas' NA (nullable ints) is not JSON: W&B wants None
 
 
 def _holds_sequences(column: pd.Series) -> bool:
