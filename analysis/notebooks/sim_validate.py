@@ -1,0 +1,58 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # sim_validate: How far can the simulator be trusted here?
+#
+# The same workload real and simulated: relative error of TTFT and TPOT at p50 and p99 per
+# point, and of goodput per mode.
+#
+# Results come from `python -m testbed +experiment=sim_validate output_dir=experiments/sim_validate/results`
+# (see `experiments/sim_validate/README.md`); nothing here reruns anything. Set `results_dir` below,
+# or the environment variable TESTBED_RESULTS_DIR, to read another run of the study.
+
+# %% tags=["parameters"]
+import os
+
+results_dir = os.environ.get("TESTBED_RESULTS_DIR", "../../experiments/sim_validate/results")
+write_figures = False  # True: also write PDF/PNG/caption files into <results_dir>/figures/
+
+# %%
+import pandas as pd
+from IPython.display import Image, display
+
+from analysis import load_sweep, style
+from analysis.studies import draw, study_figures
+
+sweep = load_sweep(results_dir)
+pd.DataFrame(sweep.aggregate["errors"])
+
+# %%
+pd.Series(sweep.aggregate["worst_abs_error"], name="worst |sim - real| / real")
+
+# %% [markdown]
+# ## Every standard figure of the study, with its caption
+
+# %%
+with style.paper():
+    for stem, fig, caption in draw("sim_validate", sweep):
+        print(stem)
+        display(Image(style.png(fig)))
+        print(caption)
+
+# %%
+if write_figures:
+    for path in study_figures("sim_validate", results_dir):
+        print(path)
