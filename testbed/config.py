@@ -81,6 +81,7 @@ class Config:
         self.metrics.validate()
         self.tracker.validate()
         self.experiment.validate()
+        self.sim.validate()
         return self
 
 

@@ -161,3 +161,10 @@ def test_device_count_is_a_parameter():
 def test_profile_of_another_model_is_refused():
     with pytest.raises(ConfigError, match="does not match"):
         run("model=small")
+
+
+def test_dispatch_latency_delays_every_first_step():
+    base = run("mode=chunked")["requests"]
+    late = run("mode=chunked", "sim.dispatch_latency_s=0.01")["requests"]
+    assert (late.prefill_queue_s >= 0.01 - 1e-9).all()
+    assert late.ttft.median() == pytest.approx(base.ttft.median() + 0.01, abs=0.002)

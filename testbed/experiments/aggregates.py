@@ -124,7 +124,19 @@ def sim_validate(table, cfg, out_dir) -> dict:
         write_parquet(out_dir / "validation.parquet", table_errors)
     worst = {m: float(table_errors[f"{m}_error"].abs().max()) if len(table_errors) else np.nan for m in VALIDATED}
     return {"errors": errors, "goodput_by_executor": goodputs, "goodput_error": goodput_errors,
-            "worst_abs_error": worst}
+            "worst_abs_error": worst, "measured_dispatch_latency_s": _dispatch_latency(rows, out_dir)}
+
+
+def _dispatch_latency(rows: pd.DataFrame, out_dir: Path) -> float:
+    """Median arrival -> first prefill step of the real points at their lowest rate, where queueing
+    is least: the host-side hop the simulator adds as sim.dispatch_latency_s."""
+    real = rows[rows["executor"] == "real"]
+    if not len(real):
+        return np.nan
+    lowest = real[real["rate"] == real["rate"].min()]
+    waits = [point_requests(out_dir, p)["prefill_queue_s"].dropna() for p in lowest["point"]]
+    waits = pd.concat(waits) if waits else pd.Series(dtype=float)
+    return float(waits.median()) if len(waits) else np.nan
 
 
 def _relative(simulated: float, real: float) -> float:

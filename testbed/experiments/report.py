@@ -79,4 +79,7 @@ def validation_lines(aggregate: dict) -> list[str]:
         return []
     worst = ", ".join(f"{k} {v:.0%}" for k, v in aggregate["worst_abs_error"].items())
     goodput = ", ".join(f"{k} {v:+.0%}" for k, v in aggregate["goodput_error"].items())
-    return [f"simulation error, worst |sim - real| / real: {worst}", f"goodput error per mode: {goodput}"]
+    latency = aggregate.get("measured_dispatch_latency_s")
+    return [f"simulation error, worst |sim - real| / real: {worst}", f"goodput error per mode: {goodput}",
+            f"measured dispatch latency (real, lowest rate, p50): {1000 * latency:.2f} ms: simulate with "
+            f"sim.dispatch_latency_s={latency:.4f}" if latency == latency else "measured dispatch latency: n/a"]

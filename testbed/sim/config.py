@@ -18,6 +18,14 @@ class SimConfig:
     Unset: the profile shipped for the model preset, `testbed/sim/profiles/<model>_cpu.json`."""
 
     profile: Optional[str] = None
+    # The router -> worker hop of a real run (a queue and a process wake-up), which the engine
+    # profile cannot see: sim_validate reports the measured value (prefill_queue_s p50 at low load).
+    dispatch_latency_s: float = 0.0
+
+    def validate(self) -> "SimConfig":
+        if self.dispatch_latency_s < 0:
+            raise ConfigError(f"sim.dispatch_latency_s must be >= 0 (got {self.dispatch_latency_s})")
+        return self
 
     def load(self, model_name: str) -> dict:
         path = Path(self.profile) if self.profile else SHIPPED / f"{model_name}_cpu.json"

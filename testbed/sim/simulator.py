@@ -35,7 +35,7 @@ from testbed.sim.tables import SimRequestLog, TransferRow, requests_steps_transf
 from testbed.sim.worker import SAMPLED_TOKEN, Outgoing, SimWorker
 from testbed.workload import Request, build_workload
 
-ARRIVE, STEP_END, KV_SENT, SEND_DEADLINE, RECEIVE_DEADLINE = range(5)
+ARRIVE, STEP_END, KV_SENT, SEND_DEADLINE, RECEIVE_DEADLINE, DELIVER = range(6)
 
 
 @dataclass
@@ -78,7 +78,10 @@ class Simulation:
         self.transfers: dict[int, TransferRow] = {}
         self.num_events = 0
         self.handlers = {ARRIVE: self._arrive, STEP_END: self._step_end, KV_SENT: self._kv_sent,
-                         SEND_DEADLINE: self._send_deadline, RECEIVE_DEADLINE: self._receive_deadline}
+                         SEND_DEADLINE: self._send_deadline, RECEIVE_DEADLINE: self._receive_deadline,
+                         DELIVER: self._deliver}
+        # the router -> worker hop of a real run (queue, process wake-up): sim.dispatch_latency_s
+        self.dispatch_latency = cfg.sim.dispatch_latency_s
 
     # -- the event loop --------------------------------------------------------------------------
     def push(self, t: float, kind: int, payload) -> None:
@@ -129,13 +132,22 @@ class Simulation:
         load.queued_prompt_tokens += request.input_len
         load.bound_sequences += 1
         seq = Sequence(request.request_id, list(request.prompt_token_ids), request.output_len)
+        self.log.event(request.request_id, Event.DISPATCHED, self.now, worker=worker)
+        if self.dispatch_latency > 0:
+            self.push(self.now + self.dispatch_latency, DELIVER, (tracked, seq))
+        else:
+            self._deliver((tracked, seq))
+
+    def _deliver(self, payload: tuple[Tracked, Sequence]) -> None:
+        """The request reaches its worker (and, bound early, its decode worker's reservation)."""
+        tracked, seq = payload
+        worker = tracked.worker
         self.workers[worker].scheduler.add(seq)
         if self.disagg and self.kv.binding == "early":
             decode = self._bind_decode(tracked)
             if decode is not None:
                 self.workers[worker].bind(seq, decode)
-        self.log.event(request.request_id, Event.DISPATCHED, self.now, worker=worker)
-        self.log.event(request.request_id, Event.PREFILL_QUEUED, self.now, worker=worker)
+        self.log.event(seq.seq_id, Event.PREFILL_QUEUED, self.now, worker=worker)
         self.dirty.add(worker)
 
     def _bind_decode(self, tracked: Tracked) -> Optional[int]:
