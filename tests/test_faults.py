@@ -104,3 +104,18 @@ def test_soak_above_capacity_stays_flat(tmp_path):
         assert rss["samples"] >= 3, name
         assert rss["last_mib"] <= rss["first_mib"] * 1.25 + 32, (name, rss)
     assert_no_leaks(summary)
+
+
+def test_a_hang_that_outlasts_the_stall_timeout_fails_what_waits(tmp_path):
+    """One worker frozen for 3 s, too briefly to be declared lost (heartbeat 100 s): the run's own
+    bound (cluster.stall_timeout_s) fails the waiting requests and the run still ends."""
+    cfg = make_config(*small_workload(n=20, rate=20), *LONG, "mode=chunked", "cluster.num_workers=1",
+                      "scheduler.chunk_size=64", "scheduler.max_running=16", "faults.stall_worker=0",
+                      "faults.stall_at_s=0.3", "faults.stall_ms=3000", "cluster.heartbeat_s=100",
+                      "cluster.stall_timeout_s=1")
+    result = serve(cfg, tmp_path, progress=False)
+    requests = result["requests"]
+    failed = requests[requests.status == "failed"]
+    assert len(failed) > 0 and failed.reason.str.contains("cluster.stall_timeout_s").all()
+    assert (requests.status.isin(["ok", "failed"])).all()
+    assert_no_leaks(result["summary"])

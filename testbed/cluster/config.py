@@ -27,6 +27,7 @@ class ClusterConfig:
     start_timeout_s: float = 300.0  # workers up and process group formed
     heartbeat_s: float = 2.0  # a silent live worker is declared dead after 5 heartbeats
     on_worker_failure: str = "fail"  # fail | redispatch: what becomes of a lost worker's requests
+    stall_timeout_s: float = 120.0  # no report from any worker for this long: the rest fails
 
     def validate(self) -> "ClusterConfig":
         for key in ("num_workers", "num_prefill", "num_decode"):
@@ -35,6 +36,9 @@ class ClusterConfig:
         for key in ("dispatch", "decode_dispatch"):
             if getattr(self, key) not in DISPATCH:
                 raise ConfigError(f"cluster.{key}={getattr(self, key)!r} is not one of {', '.join(DISPATCH)}")
+        if self.stall_timeout_s <= 0 or self.heartbeat_s <= 0:
+            raise ConfigError(f"cluster.stall_timeout_s and cluster.heartbeat_s must be > 0 "
+                              f"(got {self.stall_timeout_s}, {self.heartbeat_s})")
         if self.on_worker_failure not in ("fail", "redispatch"):
             raise ConfigError(f"cluster.on_worker_failure={self.on_worker_failure!r} is not one of fail, redispatch")
         for key in ("max_prompt_len", "max_outstanding"):

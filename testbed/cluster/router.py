@@ -57,6 +57,7 @@ class Router:
         self.steps: list[tuple[int, object]] = []
         self.transfers: dict[int, dict] = {}
         self.last_seen = {rank: time.perf_counter() for rank in roles}
+        self.last_progress = time.perf_counter()
         self.on_finish: Callable[[], None] = lambda: None
         self.cluster_faults, self.timed_faults = faults, faults.timed()
         self.memory = RssSampler({f"worker{rank}": s.pid for rank, s in cluster.started.items()})
@@ -75,6 +76,7 @@ class Router:
             self._pump(max(wait, 0.0))
             if now - last_check > LIVENESS_CHECK_S:
                 self._check_workers(now)
+                self._check_progress(now)
                 last_check = now
             if now - last_sample > MEMORY_SAMPLE_S:
                 self.memory.sample()
@@ -106,6 +108,8 @@ class Router:
     # -- admission and dispatch ----------------------------------------------------------------
     def _admit(self, request: Request) -> None:
         t = time.perf_counter()
+        if not self.active:
+            self.last_progress = t  # an idle gap between arrivals is not a stall
         self.log.register(request)
         reason = admission_refusal(self.cfg, request, len(self.active))
         worker = None if reason else self.front.pick(request)
@@ -162,6 +166,7 @@ class Router:
             raise AssertionError(f"unexpected message {msg!r}")
 
     def _on_step(self, ev: StepEvents) -> None:
+        self.last_progress = time.perf_counter()
         self.steps.append((ev.worker, ev.record))
         self.loads[ev.worker].free_blocks = ev.free_blocks
         for rid, _, was_prefill in ev.scheduled:
@@ -278,6 +283,13 @@ class Router:
                 dead = True
             if dead:
                 self._lose_worker(rank, now)
+
+    def _check_progress(self, now: float) -> None:
+        """The run's own bound: when no step anywhere has run for stall_timeout_s while requests
+        wait (a hang that still heartbeats), those requests fail instead of the run waiting."""
+        if self.active and now - self.last_progress > self.cfg.stall_timeout_s:
+            for rid in list(self.active):
+                self._fail(rid, now, f"no worker reported for {self.cfg.stall_timeout_s:.0f} s (cluster.stall_timeout_s)")
 
     def _lose_worker(self, rank: int, now: float) -> None:
         self.loads[rank].alive = False
