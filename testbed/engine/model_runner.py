@@ -67,17 +67,21 @@ class ModelRunner:
         for q, kv in zip(q_lens, kv_lens):
             cu_q.append(cu_q[-1] + q)
             cu_kv.append(cu_kv[-1] + kv)
-        to = dict(device=self.device, non_blocking=True)
         meta = AttentionMetadata(
             q_lens=q_lens, kv_lens=kv_lens, num_single=sum(1 for q in q_lens if q == 1),
-            slot_mapping=torch.tensor(slots, dtype=torch.int64).to(**to),
-            block_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32).to(**to),
-            kv_lens_t=torch.tensor(kv_lens, dtype=torch.int32).to(**to),
-            cu_q=torch.tensor(cu_q, dtype=torch.int32).to(**to),
-            cu_kv=torch.tensor(cu_kv, dtype=torch.int32).to(**to))
-        ids = torch.tensor(input_ids, dtype=torch.int64).to(**to)
-        pos = torch.tensor(positions, dtype=torch.int64).to(**to)
+            slot_mapping=self._to_device(slots, torch.int64),
+            block_tables=self._to_device([t + [0] * (width - len(t)) for t in tables], torch.int32),
+            kv_lens_t=self._to_device(kv_lens, torch.int32),
+            cu_q=self._to_device(cu_q, torch.int32), cu_kv=self._to_device(cu_kv, torch.int32))
+        ids = self._to_device(input_ids, torch.int64)
+        pos = self._to_device(positions, torch.int64)
         return order, ids, pos, meta, sample_rows
+
+    def _to_device(self, data: list, dtype: torch.dtype) -> torch.Tensor:
+        """Host lists to the device. On CUDA from pinned memory (the caching host allocator), so
+        the copy is queued without waiting: the step's only host sync stays the sampled tokens."""
+        pinned = self.device.type == "cuda"
+        return torch.tensor(data, dtype=dtype, pin_memory=pinned).to(self.device, non_blocking=pinned)
 
     @torch.inference_mode()
     def forward(self, ids, pos, meta, sample_rows, after_layer=None) -> torch.Tensor:
