@@ -86,17 +86,20 @@ class Engine:
         t1 = time.perf_counter()
         order, ids, pos, meta, rows = self.runner.prepare(batch)
         t2 = time.perf_counter()
-        hook = None
-        if self.after_layer is not None:
-            finishing = [seq for seq, n in batch.items if seq.in_prefill and seq.num_computed_tokens + n == seq.num_tokens]
-            hook = (lambda layer: self.after_layer(layer, finishing)) if finishing else None
-        logits = self.runner.forward(ids, pos, meta, rows, hook)
+        logits = self.runner.forward(ids, pos, meta, rows, self._layer_hook(batch))
         t3 = time.perf_counter()  # on CUDA the forward is still in flight here; sampling waits for it
         tokens = self.runner.sample(logits)
         t4 = time.perf_counter()
         result = self.scheduler.postprocess(batch, self.runner.scatter(batch, order, tokens))
         t5 = time.perf_counter()
         return result, self._record(shape, (t0, t1, t2, t3, t4, t5))
+
+    def _layer_hook(self, batch):
+        """after_layer bound to the sequences whose prefill this step completes, or None."""
+        if self.after_layer is None:
+            return None
+        finishing = [seq for seq, n in batch.items if seq.in_prefill and seq.num_computed_tokens + n == seq.num_tokens]
+        return (lambda layer: self.after_layer(layer, finishing)) if finishing else None
 
     def _record(self, shape: tuple[int, int, int], times: tuple[float, ...]) -> StepRecord:
         t0, t1, t2, t3, t4, t5 = times
