@@ -57,7 +57,8 @@ class WorkerSpec:
 def worker_main(spec: WorkerSpec, inboxes, events) -> None:
     """Process entry point. Ctrl-C reaches the whole process group: the driver alone handles it."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    # the queue's feeder thread must not wait out the default 5 ms GIL interval behind a step
+    # a queue's feeder thread (KV headers, Ready) must not wait out the default 5 ms GIL interval
+    # behind a step
     sys.setswitchinterval(GIL_SWITCH_S)
     try:
         engine = _setup(spec)
