@@ -51,14 +51,15 @@ class BlockManager:
     # -- allocation -------------------------------------------------------------------------
     def can_allocate(self, seq: Sequence, num_tokens: int) -> bool:
         """Room to cover `num_tokens` tokens of `seq` (prefix hits counted when it has no blocks)."""
-        hits = self._match_prefix(seq) if not seq.block_table else []
+        hits = self._match_prefix(seq)[0] if not seq.block_table else []
         fresh = self.blocks_for(num_tokens) - len(seq.block_table) - len(hits)
         hits_now_free = sum(1 for b in hits if self.blocks[b].ref_count == 0)
         return fresh + hits_now_free <= self.num_free_blocks
 
     def allocate(self, seq: Sequence, num_tokens: int) -> None:
         if not seq.block_table:
-            for block_id in self._match_prefix(seq):
+            hits, seq.block_hashes = self._match_prefix(seq)
+            for block_id in hits:
                 self._take(block_id)
                 seq.block_table.append(block_id)
             seq.num_cached_tokens = seq.num_computed_tokens = len(seq.block_table) * self.block_size
@@ -75,29 +76,30 @@ class BlockManager:
             block.ref_count -= 1
             if block.ref_count == 0:
                 self.free_ids[block_id] = None
-        seq.block_table = []
+        seq.block_table, seq.block_hashes = [], []
 
     # -- prefix caching ---------------------------------------------------------------------
     def commit(self, seq: Sequence) -> None:
         """Register the full blocks whose KV is now computed, so later prompts can share them."""
         if not self.enable_prefix_caching:
             return
-        parent = None
-        for i in range(seq.num_computed_tokens // self.block_size):
+        # only the blocks filled since the last commit: the step loop calls this for every item
+        for i in range(len(seq.block_hashes), seq.num_computed_tokens // self.block_size):
             tokens = tuple(seq.token_ids[i * self.block_size:(i + 1) * self.block_size])
-            h = hash((parent, tokens))
+            h = hash((seq.block_hashes[-1] if seq.block_hashes else None, tokens))
             block = self.blocks[seq.block_table[i]]
             if block.hash is None and h not in self.hash_to_block:
                 block.hash, block.token_ids = h, tokens
                 self.hash_to_block[h] = block.block_id
-            parent = h
+            seq.block_hashes.append(h)
 
-    def _match_prefix(self, seq: Sequence) -> list[int]:
-        # Only blocks strictly before the last token: that token must be computed to get logits,
-        # and a shared block is never written.
+    def _match_prefix(self, seq: Sequence) -> tuple[list[int], list[int]]:
+        """(block ids, their chain hashes) of the cached blocks the sequence starts with. Only
+        blocks strictly before the last token: that token must be computed to get logits, and a
+        shared block is never written."""
         if not self.enable_prefix_caching:
-            return []
-        hits, parent = [], None
+            return [], []
+        hits, hashes, parent = [], [], None
         for i in range((seq.num_tokens - 1) // self.block_size):
             tokens = tuple(seq.token_ids[i * self.block_size:(i + 1) * self.block_size])
             h = hash((parent, tokens))
@@ -105,8 +107,9 @@ class BlockManager:
             if block_id is None or self.blocks[block_id].token_ids != tokens:
                 break
             hits.append(block_id)
+            hashes.append(h)
             parent = h
-        return hits
+        return hits, hashes
 
     def _take(self, block_id: int) -> None:
         block = self.blocks[block_id]

@@ -78,11 +78,11 @@ class Scheduler:
         for seq in [s for s in self.running if not s.in_prefill]:
             if seq.status is not SequenceStatus.RUNNING:
                 continue  # preempted earlier in this loop
-            while not self.block_manager.can_allocate(seq, seq.num_tokens):
+            while not (fits := self.block_manager.can_allocate(seq, seq.num_tokens)):
                 victim = self._preempt_newest(exclude=[s for s, _ in batch.items])
                 if victim is None or victim is seq:
                     break
-            if seq.status is SequenceStatus.RUNNING and self.block_manager.can_allocate(seq, seq.num_tokens):
+            if fits and seq.status is SequenceStatus.RUNNING:
                 self.block_manager.allocate(seq, seq.num_tokens)
                 batch.items.append((seq, 1))
 

@@ -35,6 +35,7 @@ class Sequence:
         self.num_computed_tokens = 0  # tokens whose KV is in the pool
         self.num_cached_tokens = 0  # of those, found in the prefix cache at admission
         self.block_table: list[int] = []
+        self.block_hashes: list[int] = []  # chain hashes of the leading full blocks with KV (prefix caching)
         self.status = SequenceStatus.WAITING
         self.num_preemptions = 0
 
