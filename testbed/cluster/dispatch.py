@@ -51,6 +51,16 @@ class Dispatcher:
             return worker
         return self._least_loaded(live)
 
+    def bind(self, request: Request) -> Optional[int]:
+        """The decode worker for a request's KV, counted as bound to it; None when the request
+        ends with its first token on the prefill worker, or no decode worker is alive."""
+        if request.output_len <= 1:
+            return None
+        worker = self.pick(request)
+        if worker is not None:
+            self.loads[worker].bound_sequences += 1
+        return worker
+
     def _least_loaded(self, live: list[int]) -> int:
         if self.for_decode:
             return min(live, key=lambda w: (self.loads[w].bound_sequences, -self.loads[w].free_blocks, w))

@@ -133,13 +133,9 @@ class Router:
     def _bind_decode(self, tracked: Tracked) -> Optional[int]:
         """Pick the decode worker and have it reserve blocks for the KV."""
         request = tracked.request
-        if request.output_len <= 1:
-            return None  # finishes with its first token on the prefill worker
-        worker = self.back.pick(request)
+        worker = tracked.decode_worker = self.back.bind(request)
         if worker is None:
             return None
-        tracked.decode_worker = worker
-        self.loads[worker].bound_sequences += 1
         self.cluster.inboxes[worker].put(Reserve(request.request_id, request.prompt_token_ids, request.output_len,
                                                  tracked.worker))
         return worker

@@ -152,13 +152,9 @@ class Simulation:
 
     def _bind_decode(self, tracked: Tracked) -> Optional[int]:
         request = tracked.request
-        if request.output_len <= 1:
-            return None  # finishes with its first token on the prefill worker
-        worker = self.back.pick(request)
+        worker = tracked.decode_worker = self.back.bind(request)
         if worker is None:
             return None
-        tracked.decode_worker = worker
-        self.loads[worker].bound_sequences += 1
         seq = Sequence(request.request_id, list(request.prompt_token_ids), request.output_len)
         self.workers[worker].reserve(seq, tracked.worker)
         self.dirty.add(worker)
