@@ -17,7 +17,7 @@ import pandas as pd
 
 from testbed.metrics.config import MetricsConfig
 from testbed.metrics.latency import pooled_itl
-from testbed.metrics.summary import mark_warmup
+from testbed.metrics.summary import measured
 from testbed.tracking.results import read_results
 
 FINISHED = ("ok", "skipped")  # a resumed sweep marks points it did not rerun as "skipped"
@@ -54,8 +54,8 @@ def served(requests: pd.DataFrame, config: Optional[Mapping] = None) -> pd.DataF
     a distribution drawn from them matches summary.json exactly."""
     metrics = (config or {}).get("metrics") or {}
     known = {k: metrics[k] for k in ("warmup_requests", "warmup_s") if k in metrics}
-    marked = mark_warmup(requests, MetricsConfig(**known))
-    return marked[(~marked["warmup"]) & (marked["status"] == "ok")]
+    kept = measured(requests, MetricsConfig(**known))
+    return kept[kept["status"] == "ok"]
 
 
 @dataclass(frozen=True)

@@ -14,12 +14,13 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from testbed.cluster.config import ClusterConfig, KVTransferConfig
+from testbed.cluster.emulation import check_spec
 from testbed.cluster.faults import FaultsConfig
 from testbed.engine.config import EngineConfig, SchedulerConfig
 from testbed.experiments.config import ExperimentConfig
 from testbed.errors import ConfigError
 from testbed.metrics.config import MetricsConfig, SLOConfig
-from testbed.model.config import ModelConfig
+from testbed.model.config import PRESETS, ModelConfig
 from testbed.sim.config import SimConfig
 from testbed.tracking.config import TrackerConfig
 from testbed.workload.config import WorkloadConfig
@@ -35,13 +36,34 @@ class HardwareConfig:
 
     name: str = "auto"
     num_devices: Optional[int] = None  # CPU: worker processes that stand for GPUs; GPU: GPUs to use
+    # emulated devices: real workers paced to a GPU's analytical model or a profile file's
+    # (testbed/cluster/emulation.py); per-role overrides for heterogeneous P and D pools
+    emulate: Optional[str] = None
+    emulate_prefill: Optional[str] = None
+    emulate_decode: Optional[str] = None
+    emulate_model: Optional[str] = None  # the preset whose shape the pacing models (default: the run's)
 
     def validate(self) -> "HardwareConfig":
         if self.name not in HARDWARE:
             raise ConfigError(f"hardware={self.name!r} is not one of {', '.join(HARDWARE)}")
         if self.num_devices is not None and self.num_devices < 1:
             raise ConfigError(f"hardware.num_devices must be >= 1 (got {self.num_devices})")
+        self._validate_emulation()
         return self
+
+    def _validate_emulation(self) -> None:
+        for key in ("emulate", "emulate_prefill", "emulate_decode"):
+            if getattr(self, key) is not None:
+                check_spec(f"hardware.{key}", getattr(self, key))
+        if self.emulate is None and (self.emulate_prefill is None) != (self.emulate_decode is None):
+            raise ConfigError("hardware.emulate_prefill and hardware.emulate_decode: set both, or set hardware.emulate "
+                              "for the role left out (a paced role beside an unpaced one mixes two clocks)")
+        if self.emulate_model is not None:
+            if self.emulate is None and self.emulate_prefill is None:
+                raise ConfigError(f"hardware.emulate_model={self.emulate_model} needs hardware.emulate (or the "
+                                  f"per-role emulate_prefill and emulate_decode)")
+            if self.emulate_model not in PRESETS:
+                raise ConfigError(f"hardware.emulate_model={self.emulate_model!r} is not one of {', '.join(PRESETS)}")
 
 
 @dataclass(frozen=True)
@@ -131,14 +153,36 @@ def check_overrides(argv: list[str]) -> str | None:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    if any(a.startswith("-") for a in argv):
-        return None
+    problem = output_dir_problem(argv)
+    if problem or any(a.startswith("-") for a in argv):
+        return problem
     overrides = [a for a in argv if not a.startswith("hydra.")]
     try:
         with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
             compose("config", overrides=overrides)
     except (HydraException, OmegaConfBaseException) as error:
         return _one_line(error)
+    return None
+
+
+OUTPUT_KEYS = ("hydra.run.dir", "hydra.sweep.dir", "output_dir")
+
+
+def output_dir_problem(argv: list[str]) -> str | None:
+    """Where results go must be writable before Hydra tries (its own failure is a traceback): the
+    directory is created (Hydra would create it next) and a probe file written and removed."""
+    given = {a.split("=", 1)[0].lstrip("+"): a.split("=", 1)[1] for a in argv if "=" in a}
+    for key in OUTPUT_KEYS:
+        if key not in given or "${" in given[key]:  # interpolations are Hydra's to resolve
+            continue
+        path = Path(given[key]).expanduser()
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            probe = path / ".write-probe"
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as error:
+            return f"{key}={given[key]} cannot be written ({error.strerror or error}); name a writable directory"
     return None
 
 

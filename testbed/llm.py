@@ -28,9 +28,12 @@ class LLM:
         is_path = Path(model).is_dir()
         model_config = ModelConfig(name="tiny" if is_path else model, path=model if is_path else None,
                                    **pick(_MODEL_FIELDS))
+        # a length the caller did not ask for (a checkpoint's max_position_embeddings can exceed
+        # the default pool) is lowered to what the pool holds; an explicit one the pool cannot hold is an error
         self.engine = Engine.build(model_config.args(), EngineConfig(**pick(_ENGINE_FIELDS)),
                                    SchedulerConfig(**pick(_SCHEDULER_FIELDS)), policy, device,
-                                   dtype=model_config.dtype, path=model_config.path, seed=model_config.seed)
+                                   dtype=model_config.dtype, path=model_config.path, seed=model_config.seed,
+                                   fit_max_model_len=model_config.max_model_len is None)
         self._next_id = 0
 
     def generate(self, prompt_token_ids: list[list[int]], max_new_tokens: int | list[int] = 16) -> list[list[int]]:

@@ -13,7 +13,8 @@ from tests.paths import CONF
 
 register_configs()
 
-COMMON = ["hardware=cpu", "hardware.num_devices=2", "experiment.figures=false", "workload.num_requests=6",
+COMMON = ["hardware=cpu", "hardware.num_devices=2", "experiment.figures=false", "experiment.repeats=1",
+          "experiment.background_margin=0", "workload.num_requests=6",
           "slo.ttft_s=0.5", "slo.tpot_s=0.05"]
 STUDIES = {
     "ratio_sweep": ["experiment.rates=[20,40]"],
@@ -21,7 +22,8 @@ STUDIES = {
     "mode_compare": [],
     "slo_scale": ["experiment.modes=[colocated,disagg]"],
     "interference": ["experiment.modes=[colocated,disagg]", "experiment.prefill_lengths=[256]",
-                     "workload.background_requests=4", "workload.background_output_len=48", "workload.num_requests=3"],
+                     "workload.background_requests=4", "workload.background_output_len=48", "workload.num_requests=3",
+                     "workload.rate=20", "experiment.background_margin=1"],
     "chunk_sweep": ["experiment.chunk_sizes=[32,256]", "hardware.num_devices=1"],
     "input_buckets": ["experiment.modes=[chunked,disagg]", "workload.input_len.max=6000"],
     "burstiness": ["experiment.burstiness=[0.5,2.0]", "experiment.modes=[chunked]"],

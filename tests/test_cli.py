@@ -75,7 +75,20 @@ def test_unwritable_output_dir_fails_before_running(tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     out = cli(f"output_dir={blocker}/results", tmp_path=tmp_path / "run")
-    assert out.returncode == 2 and out.stderr.strip() == f"error: cannot write results to {blocker}/results: Not a directory"
+    assert out.returncode == 2
+    assert out.stderr.strip() == (f"error: output_dir={blocker}/results cannot be written (Not a directory); "
+                                  f"name a writable directory")
+
+
+def test_unwritable_hydra_run_dir_is_one_line_not_a_traceback(tmp_path):
+    """Hydra creates hydra.run.dir itself and fails with a traceback: the directory is checked first."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    out = subprocess.run([sys.executable, "-m", "testbed", f"hydra.run.dir={blocker}/run"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    assert out.stderr.strip() == (f"error: hydra.run.dir={blocker}/run cannot be written (Not a directory); "
+                                  f"name a writable directory")
 
 
 @pytest.mark.slow

@@ -47,7 +47,7 @@ def log() -> RequestLog:
     log.finish(1, 101.5)
     log.register(req(2, 2.0))
     log.fail(2, 103.0, "worker died")
-    log.reject(req(3, 3.0, input_len=5000), 103.0, "overlength")
+    log.reject(req(3, 3.0, input_len=5000), 103.0, "overlength", by="workload")
     return log
 
 
@@ -187,7 +187,7 @@ def test_warmup_by_count_and_time(log):
 def test_summarize(log):
     s = summarize(log.table(), slo=SLOConfig(ttft_s=0.7, tpot_s=0.3), num_gpus=2)
     json.dumps(s, allow_nan=False)
-    assert s["num_requests"] == {"ok": 2, "failed": 1, "rejected": 1, "total": 4}
+    assert s["num_requests"] == {"ok": 2, "failed": 1, "rejected": 1, "refused": 0, "total": 4}
     assert s["ttft"]["mean"] == pytest.approx(0.55)  # (0.6 + 0.5) / 2
     assert s["tpot"]["mean"] == pytest.approx(0.8 / 3)
     assert s["itl"]["p50"] == pytest.approx(0.2) and s["itl"]["max"] == pytest.approx(0.4)

@@ -23,6 +23,14 @@ class Handle:
         self.event = threading.Event()
         self.error: Optional[str] = None
 
+    @classmethod
+    def failed(cls, error: str) -> "Handle":
+        """A send or receive that could not even be posted (its peer's connection is closed)."""
+        handle = cls(None, polled=False)
+        handle.error = error
+        handle.event.set()
+        return handle
+
     def done(self) -> bool:
         if self.polled and not self.event.is_set() and self.work.is_completed():
             self.event.set()
@@ -87,3 +95,8 @@ class BufferPool:
         if self.idle_bytes + nbytes <= self.max_bytes:
             self.idle.setdefault(flat.numel(), []).append(flat)
             self.idle_bytes += nbytes
+
+    @property
+    def loaned_bytes(self) -> int:
+        """Bytes lent and not yet returned (the end-of-run audit expects 0)."""
+        return sum(flat.numel() * flat.element_size() for flat in self.loaned.values())

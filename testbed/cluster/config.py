@@ -48,17 +48,44 @@ class ClusterConfig:
 
 
 @dataclass(frozen=True)
+class KVFailurePolicy:
+    """What the decode worker does when an attempt to move a request's KV fails."""
+
+    on_failure: str = "fail"
+    max_retries: int = 0
+    retry_fallback: str = "recompute"
+
+    def after(self, attempt: int) -> str:
+        """`retry`, `recompute` or `fail` once attempt number `attempt` (from 1) has failed."""
+        if self.on_failure != "retry":
+            return self.on_failure
+        return "retry" if attempt <= self.max_retries else self.retry_fallback
+
+    @property
+    def holds_until_ack(self) -> bool:
+        """P keeps the KV until D acknowledges it, so that it can send it again."""
+        return self.on_failure == "retry"
+
+
+@dataclass(frozen=True)
 class KVTransferConfig:
     granularity: str = "request"  # request: one message after prefill; layer: one per layer, streamed
     binding: str = "late"  # late: pick D when prefill ends; early: at arrival (D pre-allocates)
-    timeout_s: float = 30.0  # a transfer not done by then fails (blocks freed on both sides)
-    on_failure: str = "fail"  # fail | recompute (D runs the prefill itself)
+    # a lease: it starts when P begins to send an attempt and every arriving piece renews it; an
+    # attempt silent for this long has failed (D's reservation while P queues is not timed)
+    timeout_s: float = 30.0
+    on_failure: str = "fail"  # fail | recompute (D runs the prefill itself) | retry (P sends again)
+    max_retries: int = 2  # on_failure=retry: resends after the first attempt
+    retry_fallback: str = "recompute"  # on_failure=retry, every resend failed: recompute | fail
     max_pending: int = 8  # P's bounded queue of prefilled requests whose KV waits for D
     piece_kib: int = 8192  # a part larger than this travels as pieces, so packing overlaps the wire
 
+    def failure_policy(self) -> KVFailurePolicy:
+        return KVFailurePolicy(self.on_failure, self.max_retries, self.retry_fallback)
+
     def validate(self) -> "KVTransferConfig":
         choices = {"granularity": ("request", "layer"), "binding": ("early", "late"),
-                   "on_failure": ("fail", "recompute")}
+                   "on_failure": ("fail", "recompute", "retry"), "retry_fallback": ("recompute", "fail")}
         for key, allowed in choices.items():
             if getattr(self, key) not in allowed:
                 raise ConfigError(f"kv_transfer.{key}={getattr(self, key)!r} is not one of {', '.join(allowed)}")
@@ -67,6 +94,8 @@ class KVTransferConfig:
                               "(D must have blocks before the prefill streams into them)")
         if self.piece_kib < 1:
             raise ConfigError(f"kv_transfer.piece_kib must be >= 1 (got {self.piece_kib})")
+        if self.max_retries < 0:
+            raise ConfigError(f"kv_transfer.max_retries must be >= 0 (got {self.max_retries})")
         if self.timeout_s <= 0 or self.max_pending < 1:
             raise ConfigError(f"kv_transfer.timeout_s must be > 0 and kv_transfer.max_pending >= 1 "
                               f"(got {self.timeout_s}, {self.max_pending})")

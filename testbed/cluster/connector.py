@@ -52,6 +52,7 @@ class KVSender:
         self.aborted: set[int] = set()
         self.completions = CompletionTracker(timeout_s)
         self.buffers = BufferPool(engine.runner.device, engine.runner.dtype)
+        self.link = None  # an emulated device's link (testbed/cluster/pacing.py LinkPacer), set by the worker
 
     @property
     def num_parts(self) -> int:
@@ -100,6 +101,9 @@ class KVSender:
         for part in range(self.num_parts):
             if part not in entry.sent_parts:
                 self._send_part(entry, part)
+        if self.link is not None and not self.link.arrived(entry.seq.seq_id, entry.start, entry.kv_bytes,
+                                                           time.perf_counter()):
+            return  # emulated link: D may not install the KV (nor P free it) before its modelled time
         self.inboxes[entry.decode_rank].put(KVDone(entry.seq.seq_id, entry.seq.token_ids[-1], self.num_parts))
         entry.done_sent = True
 

@@ -1,6 +1,7 @@
 """One part of a request's KV on the wire: packed from P's blocks, unpacked into D's blocks.
 
-A part (the whole request, or one layer) is one staging buffer. Large parts travel as a few
+A part (the whole request, or one layer) is one staging buffer, lent by a BufferPool and returned
+only once every piece of it has completed or failed (the transport may still read or write it). Large parts travel as a few
 pieces of about `piece_bytes` (kv_transfer.piece_kib): P gathers piece i+1 while piece i is on the wire, and D scatters
 piece i while piece i+1 arrives, so packing overlaps the transfer instead of adding to it.
 Both sides derive the same pieces from the part's shape; a piece is a contiguous slice
@@ -49,7 +50,8 @@ class WirePart:
     def nbytes(self) -> int:
         return self.buffer.numel() * self.buffer.element_size()
 
-    def sent(self) -> bool:
+    def settled(self) -> bool:
+        """Every piece completed or failed: the transport no longer touches the buffer."""
         return all(h.done() for h in self.handles)
 
     def error(self) -> Optional[str]:
@@ -63,7 +65,7 @@ def send_part(runner: ModelRunner, block_table: list[int], num_tokens: int, laye
     part = WirePart(buffer, ranges, _views(buffer, ranges))
     for (a, b), view in zip(ranges, part.views):
         runner.read_tokens(block_table, b - a, layer, out=view, start=a)
-        part.handles.append(tracker.track(dist.isend(view, dst=dst), dst))
+        part.handles.append(_post(dist.isend, view, dst, tracker))
     return part
 
 
@@ -72,8 +74,38 @@ def receive_part(shape: tuple[int, ...], src: int, pool: BufferPool, tracker: Co
     buffer = pool.get(shape)
     ranges = piece_ranges(shape, buffer.element_size(), piece_bytes)
     part = WirePart(buffer, ranges, _views(buffer, ranges))
-    part.handles = [tracker.track(dist.irecv(view, src=src), src) for view in part.views]
+    part.handles = [_post(dist.irecv, view, src, tracker) for view in part.views]
     return part
+
+
+def _post(op, view: torch.Tensor, peer: int, tracker: CompletionTracker) -> Handle:
+    """isend / irecv one piece; a peer whose connection is gone fails the piece instead of the worker."""
+    try:
+        return tracker.track(op(view, peer), peer)
+    except RuntimeError as error:
+        return Handle.failed(str(error).splitlines()[0] if str(error) else type(error).__name__)
+
+
+class Retired:
+    """Parts of an abandoned attempt (aborted, given up, or for a request this worker no longer
+    has): their buffers go back to the pool once every piece has settled, never before."""
+
+    def __init__(self, pool: BufferPool):
+        self.pool = pool
+        self.parts: list[WirePart] = []
+
+    def add(self, parts) -> None:
+        self.parts.extend(parts)
+        self.poll()
+
+    def poll(self) -> None:
+        waiting = []
+        for part in self.parts:
+            if part.settled():
+                self.pool.put(part.buffer)
+            else:
+                waiting.append(part)
+        self.parts = waiting
 
 
 def unpack_arrived(runner: ModelRunner, block_table: list[int], part: WirePart, layer: Optional[int]) -> bool:

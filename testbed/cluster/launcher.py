@@ -1,12 +1,15 @@
 """Start one process per worker, pinned to one device, in one torch.distributed group; stop them all.
 
 GPUs: `cuda:i` with every GPU visible, NCCL. No CUDA: CPU processes on gloo, one thread each,
-so `hardware.num_devices=4` stands for four GPUs. A free port is picked per run, so two runs on
+so `hardware.num_devices=4` stands for four GPUs, each pinned to a core of its own when there are
+enough (else one line warns that they share cores). A free port is picked per run, so two runs on
 one machine never collide. Every wait has a timeout; a worker that does not stop is killed.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import queue
 import socket
 import time
@@ -23,6 +26,7 @@ from testbed.errors import ConfigError
 
 ROLES_OF_MODE = {"colocated": "colocated", "chunked": "chunked"}
 STOP_TIMEOUT_S = 30.0
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -72,6 +76,35 @@ def _describe(mode: str, cluster: ClusterConfig) -> str:
     return f"cluster.num_prefill={cluster.num_prefill} + cluster.num_decode={cluster.num_decode}"
 
 
+@dataclass(frozen=True)
+class CorePlan:
+    """How CPU workers share this machine's cores: a distinct core each when there are enough."""
+
+    cores_per_worker: float
+    pins: tuple  # a core per rank, or None per rank when the workers share cores
+
+
+def available_cores() -> list[int]:
+    """The cores this process may run on (its affinity mask where the OS has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return sorted(os.sched_getaffinity(0))
+    return list(range(os.cpu_count() or 1))
+
+
+def plan_cores(plans: list[WorkerPlan], paced: bool) -> CorePlan | None:
+    """None for GPU workers. With more CPU workers than cores, one line says the contention will
+    show as interference, since every worker's steps then slow each other down."""
+    if not plans or plans[0].device != "cpu":
+        return None
+    cores = available_cores()
+    if len(plans) <= len(cores):
+        return CorePlan(round(len(cores) / len(plans), 3), tuple(cores[: len(plans)]))
+    hint = "" if paced else "; hardware.emulate paces steps to a device model instead"
+    log.warning(f"{len(plans)} CPU workers share {len(cores)} cores: cross-worker contention will appear "
+                f"as interference{hint}")
+    return CorePlan(round(len(cores) / len(plans), 3), (None,) * len(plans))
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -86,6 +119,7 @@ class Cluster:
         self.processes: list = []
         self.started: dict[int, Started] = {}
         self.audits: dict[int, Audit] = {}
+        self.cores = plan_cores(plans, template.emulation is not None)
 
     def __enter__(self) -> "Cluster":
         ctx = mp.get_context("spawn")
@@ -95,7 +129,7 @@ class Cluster:
         port = free_port()
         for plan, (_, writer) in zip(self.plans, pipes):
             spec = replace(self.template, rank=plan.rank, world_size=len(self.plans), role=plan.role,
-                           device=plan.device, port=port)
+                           device=plan.device, port=port, cpu_core=self.cores.pins[plan.rank] if self.cores else None)
             proc = ctx.Process(target=worker_main, args=(spec, self.inboxes, ReportWriter(writer)), daemon=True,
                                name=f"testbed-worker{plan.rank}-{plan.role}")
             proc.start()

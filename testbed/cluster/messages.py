@@ -1,13 +1,18 @@
 """Control-plane messages (small, picklable). KV tensors never travel here: only their headers.
 
 router -> worker:  Serve, Reserve, Abort, Stop
-D -> P (direct):   Ready            P -> D (direct): KVPart, KVDone
-worker -> router:  Started, StepEvents, Reserved, KVSent, KVArrived, Failed, Heartbeat, Audit, WorkerError
+D -> P (direct):   Ready, KVAck     P -> D (direct): KVBegin, KVPart, KVDone
+worker -> router:  Started, StepEvents, Reserved, KVSent, KVArrived, KVAttemptFailed, Failed, Heartbeat,
+                   Audit, WorkerError
+
+A request's KV may take several attempts (kv_transfer.on_failure=retry): every P -> D message and
+every report about a transfer names its attempt, so a late piece of an abandoned attempt is
+told apart from the current one.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional
 
 from testbed.engine import StepRecord
@@ -46,8 +51,30 @@ class Stop:
 
 @dataclass(frozen=True)
 class Ready:
+    """D has blocks for the KV: P may send attempt `attempt` (a higher one asks P to resend)."""
+
     rid: int
     decode_rank: int
+    attempt: int = 1
+
+
+@dataclass(frozen=True)
+class KVBegin:
+    """P starts sending an attempt: D's lease on the transfer starts here, not at reservation."""
+
+    rid: int
+    attempt: int
+    src: int
+
+
+@dataclass(frozen=True)
+class KVAck:
+    """D is done with P's copy of the KV (installed, or given up for good): P frees its blocks.
+    Sent only where P holds the KV until D answers (kv_transfer.on_failure=retry)."""
+
+    rid: int
+    attempt: int
+    installed: bool
 
 
 @dataclass(frozen=True)
@@ -59,6 +86,7 @@ class KVPart:
     shape: tuple[int, ...]
     dtype: str
     src: int
+    attempt: int = 1
 
 
 @dataclass(frozen=True)
@@ -66,6 +94,7 @@ class KVDone:
     rid: int
     first_token: int
     num_parts: int
+    attempt: int = 1
 
 
 @dataclass(frozen=True)
@@ -105,7 +134,10 @@ class KVSent:
     kv_bytes: int
     start: float
     end: float
-    wait_s: float  # handed off -> D ready (back-pressure)
+    wait_s: float  # handed off -> D ready (back-pressure); 0 for a resend
+    attempt: int = 1
+    dropped: bool = False  # fault injection: this attempt's data was lost
+    error: str = ""  # a send that broke (the peer is gone): D's side decides what follows
 
 
 @dataclass(frozen=True)
@@ -113,6 +145,20 @@ class KVArrived:
     rid: int
     worker: int
     t: float
+    attempt: int = 1
+
+
+@dataclass(frozen=True)
+class KVAttemptFailed:
+    """D gave up one attempt: its lease ran out (`timed_out`) or the wire broke (`error`)."""
+
+    rid: int
+    worker: int
+    prefill_rank: int
+    attempt: int
+    outcome: str
+    t: float
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -122,6 +168,7 @@ class Failed:
     reason: str
     t: float
     kind: str = "error"  # kv_lost: a transfer timed out or broke; kv_recompute: D recomputes it
+    peer: Optional[int] = None  # the other end of a broken transfer: if it died, its loss decides
 
 
 @dataclass(frozen=True)
@@ -132,9 +179,12 @@ class Heartbeat:
 
 @dataclass(frozen=True)
 class Audit:
+    """End of run: what the worker still holds (all zero when nothing leaked)."""
+
     worker: int
     used_blocks: int
-    stats: dict = field(default_factory=dict)
+    loaned_buffers: int = 0  # KV staging buffers not back in their pool
+    loaned_bytes: int = 0
 
 
 @dataclass(frozen=True)

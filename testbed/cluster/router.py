@@ -66,7 +66,7 @@ class Router:
     # -- the loop -------------------------------------------------------------------------------
     def run(self) -> None:
         for request, reason in self.workload.rejected:
-            self.log.reject(request, self.t0 + request.arrival_s, reason)
+            self.log.reject(request, self.t0 + request.arrival_s, reason, by="workload")
         last_check = last_sample = 0.0
         while self.pending or self.active:
             now = time.perf_counter()

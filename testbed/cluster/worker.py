@@ -3,6 +3,8 @@
     loop: read the inbox -> move KV (connector) -> engine.step() -> report the step to the router
 
 Roles: `colocated` / `chunked` (mixed), `prefill_only` (P: sends KV), `decode_only` (D: receives KV).
+On an emulated device (hardware.emulate) each step is held to its modelled time before it is
+reported, and P's KV hand-offs to the modelled link time (testbed/cluster/pacing.py).
 """
 
 from __future__ import annotations
@@ -13,16 +15,19 @@ import signal
 import sys
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
+from typing import Optional
 
 import torch
 import torch.distributed as dist
 
 from testbed.cluster.connector import KVReceiver, KVSender
+from testbed.cluster.emulation import Emulation, role_pacers
 from testbed.cluster.faults import KVFaults, Stall
 from testbed.cluster.messages import (Abort, Audit, Heartbeat, KVDone, KVPart, Ready, Reserve, Serve, Started,
                                       StepEvents, Stop, WorkerError)
+from testbed.cluster.pacing import hold
 from testbed.engine import Engine, EngineConfig, SchedulerConfig, Sequence, StepResult
 from testbed.errors import TestbedError
 from testbed.model.config import ModelConfig
@@ -52,6 +57,8 @@ class WorkerSpec:
     seed: int = 0
     heartbeat_s: float = 2.0
     start_timeout_s: float = 300.0
+    emulation: Optional[Emulation] = None  # pace steps and KV sends to an emulated device
+    cpu_core: Optional[int] = None  # CPU workers: the core this worker is pinned to (None: not pinned)
 
 
 def worker_main(spec: WorkerSpec, inboxes, events) -> None:
@@ -80,6 +87,7 @@ def _setup(spec: WorkerSpec) -> Engine:
         torch.cuda.set_device(device)  # all GPUs stay visible: NCCL keeps its NVLink paths
     else:
         torch.set_num_threads(1)
+        _pin(spec.cpu_core)
         # CPU workers share the cores with the router: a lower priority lets the router take a
         # core the moment a report arrives, instead of waiting out a worker's time slice
         os.nice(CPU_WORKER_NICE)
@@ -95,6 +103,12 @@ def _setup(spec: WorkerSpec) -> Engine:
     return engine
 
 
+def _pin(core: Optional[int]) -> None:
+    """Keep a CPU worker on its own core, so workers do not migrate onto each other (Linux only)."""
+    if core is not None and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {core})
+
+
 class Worker:
     def __init__(self, spec: WorkerSpec, engine: Engine, inboxes, events):
         self.spec, self.engine, self.inbox, self.events = spec, engine, inboxes[spec.rank], events
@@ -108,6 +122,12 @@ class Worker:
         if spec.role == "decode_only":
             self.receiver = KVReceiver(engine, spec.rank, inboxes, events, spec.kv_timeout_s,
                                        spec.recompute_on_failure, spec.piece_bytes)
+        self.pacer = self.link = None
+        if spec.emulation is not None:
+            real_kv_bytes = engine.args.kv_bytes_per_token * engine.runner.dtype.itemsize
+            self.pacer, self.link = role_pacers(spec.emulation, spec.role, spec.model, real_kv_bytes)
+            if self.sender is not None:
+                self.sender.link = self.link
         self.stopping = False
         self.last_report = time.perf_counter()
 
@@ -183,10 +203,22 @@ class Worker:
         result, record = self.engine.step()
         if record is None:
             return
+        if self.pacer is not None:
+            record = self._pace(record)
         t = time.perf_counter()
         self._report(self._step_events(result, record, t))  # the first token leaves before its KV
         for seq in result.handoff:
             self.sender.handoff(seq, t)
+
+    def _pace(self, record):
+        """Hold the step until the emulated device would have finished it (the tokens leave then);
+        the KV link keeps moving meanwhile."""
+        pace = self.pacer.pace(record)
+        if pace.sleep_s > 0:
+            wake = self.link.next_due if self.sender is not None else (lambda now: None)
+            hold(record.start + pace.modelled_s, time.perf_counter, time.sleep, self._poll_transfers, wake)
+        end = time.perf_counter() if pace.sleep_s > 0 else record.end
+        return replace(record, end=end, modelled_s=pace.modelled_s, pace_overrun=pace.overrun)
 
     def _step_events(self, result: StepResult, record, t: float) -> StepEvents:
         return StepEvents(

@@ -37,18 +37,34 @@ class StepRecord:
     forward_s: float
     sample_s: float
     postprocess_s: float
+    # the batch's shape as a cost model reads it (testbed.sim.cost_model): prefill chunks as
+    # (new tokens, cached tokens) and the total context of the decodes
+    prefill_chunks: tuple[tuple[int, int], ...] = ()
+    decode_context: int = 0
+    # set by a worker paced to an emulated device (hardware.emulate): the modelled step time,
+    # and whether the real step took longer than it
+    modelled_s: float = float("nan")
+    pace_overrun: bool = False
+
+
+def _cost_shape(batch) -> tuple[tuple[tuple[int, int], ...], int]:
+    """Prefill chunks as (new, cached) pairs and the decodes' total context, read before the step
+    runs (as the simulator reads them)."""
+    chunks = tuple((n, seq.num_computed_tokens) for seq, n in batch.items if seq.in_prefill)
+    context = sum(seq.num_tokens for seq, _ in batch.items if not seq.in_prefill)
+    return chunks, context
 
 
 class Engine:
     def __init__(self, model: Transformer, engine_config: EngineConfig, scheduler_config: SchedulerConfig,
-                 policy: str, device: torch.device):
+                 policy: str, device: torch.device, fit_max_model_len: bool = False):
         engine_config.validate()
         scheduler_config.validate()
         if policy == "chunked" and scheduler_config.chunk_size < scheduler_config.max_running:
             raise ConfigError(f"scheduler.chunk_size={scheduler_config.chunk_size} must be >= scheduler.max_running="
                               f"{scheduler_config.max_running} so every running decode fits in a chunked step")
-        self.args: ModelArgs = model.args
-        self.runner = ModelRunner(model, engine_config, device)
+        self.runner = ModelRunner(model, engine_config, device, fit_max_model_len)
+        self.args: ModelArgs = self.runner.args  # max_model_len as the pool allows
         self.block_manager = BlockManager(self.runner.num_blocks, engine_config.block_size,
                                           engine_config.enable_prefix_caching)
         self.scheduler = Scheduler(make_policy(policy), self.block_manager, scheduler_config)
@@ -58,10 +74,11 @@ class Engine:
 
     @classmethod
     def build(cls, args: ModelArgs, engine_config: EngineConfig, scheduler_config: SchedulerConfig, policy: str,
-              device: str | torch.device = "cpu", dtype: str = "auto", path: str | None = None, seed: int = 0):
+              device: str | torch.device = "cpu", dtype: str = "auto", path: str | None = None, seed: int = 0,
+              fit_max_model_len: bool = False):
         device = torch.device(device)
         model = build_model(args, device, resolve_dtype(dtype, device), path=path, seed=seed)
-        return cls(model, engine_config, scheduler_config, policy, device)
+        return cls(model, engine_config, scheduler_config, policy, device, fit_max_model_len)
 
     # -- requests in --------------------------------------------------------------------------
     def check_fits(self, prompt_len: int, max_tokens: int) -> None:
@@ -82,7 +99,7 @@ class Engine:
         batch = self.scheduler.schedule()
         if not batch.items:
             return StepResult(), None
-        shape = (batch.num_prefill_tokens, batch.num_decodes, batch.num_tokens)
+        shape = (batch.num_prefill_tokens, batch.num_decodes, batch.num_tokens, *_cost_shape(batch))
         t1 = time.perf_counter()
         order, ids, pos, meta, rows = self.runner.prepare(batch)
         t2 = time.perf_counter()
@@ -101,13 +118,13 @@ class Engine:
         finishing = [seq for seq, n in batch.items if seq.in_prefill and seq.num_computed_tokens + n == seq.num_tokens]
         return (lambda layer: self.after_layer(layer, finishing)) if finishing else None
 
-    def _record(self, shape: tuple[int, int, int], times: tuple[float, ...]) -> StepRecord:
+    def _record(self, shape: tuple, times: tuple[float, ...]) -> StepRecord:
         t0, t1, t2, t3, t4, t5 = times
         return StepRecord(
             start=t0, end=t5, role=self.role, prefill_tokens=shape[0], decode_seqs=shape[1], batched_tokens=shape[2],
             kv_blocks_used=self.block_manager.num_used_blocks, num_waiting=len(self.scheduler.waiting),
             num_running=len(self.scheduler.running), schedule_s=t1 - t0, prepare_s=t2 - t1, forward_s=t3 - t2,
-            sample_s=t4 - t3, postprocess_s=t5 - t4)
+            sample_s=t4 - t3, postprocess_s=t5 - t4, prefill_chunks=shape[3], decode_context=shape[4])
 
     def run_until_done(self) -> list[StepRecord]:
         records = []

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import logging
+
 import torch
 
 from testbed.engine.config import EngineConfig
@@ -11,15 +14,23 @@ from testbed.model.attention import AttentionMetadata, select_backend
 from testbed.model.config import ModelArgs
 from testbed.model.llama import Transformer
 
+log = logging.getLogger(__name__)
+
 
 class ModelRunner:
-    def __init__(self, model: Transformer, config: EngineConfig, device: torch.device):
+    """`fit_max_model_len`: when the pool cannot hold one request of max_model_len, lower
+    max_model_len to what it holds (and say so) instead of refusing; for a length the user did not
+    ask for, such as a checkpoint's max_position_embeddings."""
+
+    def __init__(self, model: Transformer, config: EngineConfig, device: torch.device,
+                 fit_max_model_len: bool = False):
         self.model, self.config, self.device = model, config, device
         self.args: ModelArgs = model.args
         self.dtype = next(model.parameters()).dtype
         self.block_size = config.block_size
         self.backend = select_backend(config.attention_backend, device, self.dtype, config.block_size)
         self.num_blocks = self._pool_blocks()
+        self.args = self._fit_max_model_len() if fit_max_model_len else self._check_max_model_len()
         # (2, layers, blocks, block_size, Hkv, D): K and V of every layer, one allocation
         self.kv_cache = torch.zeros(2, self.args.num_layers, self.num_blocks, self.block_size,
                                     self.args.num_kv_heads, self.args.head_dim, dtype=self.dtype, device=device)
@@ -37,12 +48,26 @@ class ModelRunner:
             blocks = int(free * self.config.gpu_memory_utilization) // self.block_bytes
         else:
             blocks = int(self.config.kv_cache_mib * 2**20) // self.block_bytes
-        if blocks * self.block_size < self.args.max_model_len:
+        return blocks
+
+    def _check_max_model_len(self) -> ModelArgs:
+        if self.num_blocks * self.block_size < self.args.max_model_len:
             raise ConfigError(
-                f"KV pool of {blocks} blocks x {self.block_size} tokens cannot hold one request of "
+                f"KV pool of {self.num_blocks} blocks x {self.block_size} tokens cannot hold one request of "
                 f"max_model_len={self.args.max_model_len}: raise engine.kv_cache_mib / engine.num_kv_blocks / "
                 f"engine.gpu_memory_utilization or lower model.max_model_len")
-        return blocks
+        return self.args
+
+    def _fit_max_model_len(self) -> ModelArgs:
+        held = self.num_blocks * self.block_size
+        if held >= self.args.max_model_len or held < 2:  # fits, or too small to fit anything: refuse
+            return self._check_max_model_len()
+        log.warning("model.max_model_len lowered from %d to %d: what the KV pool of %d blocks x %d tokens holds "
+                    "(raise engine.kv_cache_mib / engine.num_kv_blocks / engine.gpu_memory_utilization for more)",
+                    self.args.max_model_len, held, self.num_blocks, self.block_size)
+        args = dataclasses.replace(self.args, max_model_len=held)
+        self.model.args = args  # one max_model_len for everything that reads the model's shape
+        return args
 
     def prepare(self, batch: Batch) -> tuple[list[int], torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
         """Order: single-token items first (the backends' batched decode path), then chunks."""

@@ -9,96 +9,182 @@ import numpy as np
 import pandas as pd
 
 from testbed.config import Config
-from testbed.metrics.latency import pooled_itl
-from testbed.metrics.slo import attainment_curve, capacity, goodput
+from testbed.metrics.interference import background_gaps, decode_steps, injection_window
+from testbed.experiments.repeats import goodput_interval, per_repeat
+from testbed.metrics.slo import attainment_curve, capacity, filtered_out, goodput, meets_slo, tenant_slos
+from testbed.metrics.summary import measured
+from testbed.metrics.uncertainty import bootstrap_interval, ratio_interval, verdict
 
 
 def finished(table: pd.DataFrame) -> pd.DataFrame:
     return table[table["status"].isin(["ok", "skipped"])] if len(table) else table
 
 
-def point_requests(out_dir: Path, point: str) -> pd.DataFrame:
-    return pd.read_parquet(out_dir / "points" / point / "requests.parquet")
+def point_requests(out_dir: Path, point: str, cfg: Config) -> pd.DataFrame:
+    """A point's requests without its warm-up: the same filter as its summary.json."""
+    return measured(pd.read_parquet(out_dir / "points" / point / "requests.parquet"), cfg.metrics)
+
+
+def cells(out_dir: Path) -> pd.DataFrame:
+    """The sweep's cells (a point's repeats together) with their intervals: intervals.parquet."""
+    path = out_dir / "intervals.parquet"
+    return pd.read_parquet(path) if path.is_file() else pd.DataFrame()
 
 
 def goodput_by_label(table: pd.DataFrame, cfg: Config, out_dir: Path) -> dict:
-    """Per configuration: goodput (90% attainment, DistServe) in total and per GPU, and
-    capacity (p99 ITL under slo.tpot_s, Sarathi-Serve), over the swept rates."""
+    """Per configuration: goodput (90% attainment, DistServe) in total and per GPU, and capacity
+    (p99 ITL under slo.tpot_s, Sarathi-Serve), over the swept rates; one value per repeat, their
+    mean and a 95% interval across the repeats."""
     out = {}
     for label, group in finished(table).groupby("label"):
-        group = group.sort_values("rate")
-        total = goodput(group["rate"], group["slo_attainment"])
         gpus = int(group["num_gpus"].iloc[0])
-        out[label] = {"goodput": total, "goodput_per_gpu": total / gpus, "num_gpus": gpus,
-                      "capacity": capacity(group["rate"], group["itl_p99"], cfg.slo.tpot_s),
-                      "rates": group["rate"].tolist(), "attainment": group["slo_attainment"].tolist()}
+        totals, capacities = [], []
+        for rows in per_repeat(group):
+            rows = rows.sort_values("rate")
+            totals.append(goodput(rows["rate"], rows["slo_attainment"]))
+            capacities.append(capacity(rows["rate"], rows["itl_p99"], cfg.slo.tpot_s))
+        highest = float(group["rate"].max())
+        total = goodput_interval(totals, highest)
+        per_gpu = goodput_interval([t / gpus for t in totals], highest / gpus)
+        curve = group.groupby("rate")["slo_attainment"].mean()
+        out[label] = {"goodput": total["mean"], "goodput_low": total["low"], "goodput_high": total["high"],
+                      "goodput_per_gpu": per_gpu["mean"], "goodput_per_gpu_low": per_gpu["low"],
+                      "goodput_per_gpu_high": per_gpu["high"], "goodput_per_repeat": total["values"],
+                      "num_gpus": gpus, "repeats": len(totals), "capacity": float(np.mean(capacities)),
+                      "rates": curve.index.tolist(), "attainment": curve.tolist()}
     return out
 
 
 def best_of(goodputs: dict) -> dict:
+    """The leader by mean goodput per GPU, `separated` only when its interval clears the
+    runner-up's; `line` says which (see metrics.uncertainty.verdict)."""
     if not goodputs:
         return {}
-    label = max(goodputs, key=lambda k: goodputs[k]["goodput_per_gpu"])
-    return {"label": label, "goodput_per_gpu": goodputs[label]["goodput_per_gpu"]}
+    estimates = {k: (g["goodput_per_gpu"], g.get("goodput_per_gpu_low", np.nan), g.get("goodput_per_gpu_high", np.nan))
+                 for k, g in goodputs.items()}
+    chosen = verdict(estimates)
+    return {**chosen, "goodput_per_gpu": goodputs[chosen["label"]]["goodput_per_gpu"]}
 
 
 def ratio_sweep(table, cfg, out_dir) -> dict:
     goodputs = goodput_by_label(table, cfg, out_dir)
-    return {"goodput": goodputs, "best": best_of(goodputs)}
+    return {"goodput": goodputs, "best": best_of(goodputs), "repeats": cfg.experiment.repeats}
 
 
 def slo_scale(table, cfg, out_dir) -> dict:
-    curves = {}
-    for row in finished(table).itertuples():
-        curve = attainment_curve(point_requests(out_dir, row.point), cfg.slo, cfg.experiment.slo_scales)
-        curves[row.label] = {"scales": list(curve), "attainment": list(curve.values())}
+    """Per configuration, its repeats pooled: attainment with both SLOs (tenant SLOs included)
+    scaled, with a 95% bootstrap interval at each scale."""
+    curves, tenants = {}, tenant_slos(cfg.workload.tenants, cfg.slo)
+    for label, group in finished(table).groupby("label"):
+        requests = pd.concat([point_requests(out_dir, p, cfg) for p in group["point"]], ignore_index=True)
+        counted = requests[~filtered_out(requests)]
+        scales = list(cfg.experiment.slo_scales)
+        curve = attainment_curve(requests, cfg.slo, scales, tenants)
+        bounds = [bootstrap_interval(meets_slo(counted, cfg.slo, tenants, scale=s).to_numpy(float), "mean",
+                                     seed=cfg.seed) for s in scales]
+        curves[label] = {"scales": list(curve), "attainment": list(curve.values()),
+                         "low": [b[0] for b in bounds], "high": [b[1] for b in bounds]}
     return {"curves": curves}
 
 
 def interference(table, cfg, out_dir) -> dict:
-    """p99 ITL of the decode background with prefills injected / without, per mode and length."""
+    """Per mode and prefill length (repeats pooled): p99 ITL of background gaps that overlap an
+    injected prefill against those that do not, in the same run (`inflation`), and against the
+    decode-only baseline point (`inflation_vs_baseline`), with 95% bootstrap intervals; decode
+    stalls; and the step-level view, decode step time with and without prefill work alongside."""
     out = {}
     for label, group in finished(table).groupby("label"):
-        itl = {row.prefill_len: _background_itl(out_dir, row.point) for row in group.itertuples()}
-        if 0 not in itl:
+        loaded = {int(length): [_point_tables(out_dir, p, cfg) for p in rows["point"]]
+                  for length, rows in group.groupby("prefill_len")}
+        if 0 not in loaded:
             continue
-        base = itl[0]
-        base_p99 = float(np.percentile(base, 99)) if len(base) else np.nan
-        threshold = cfg.metrics.stall_factor * float(np.median(base)) if len(base) else np.nan
-        out[label] = {str(length): {
-            "itl_p99": float(np.percentile(values, 99)) if len(values) else np.nan,
-            "inflation": (float(np.percentile(values, 99)) / base_p99) if len(values) else np.nan,
-            "stalls": int(np.sum(values > threshold)),
-        } for length, values in sorted(itl.items())}
+        out[label] = {}
+        for length, runs in sorted(loaded.items()):
+            windows = [injection_window(requests) for requests, _ in runs]
+            window = _widest(windows)
+            gaps = pd.concat([background_gaps(r, s, w) for (r, s), w in zip(runs, windows)], ignore_index=True)
+            steps = pd.concat([decode_steps(r, s, w) for (r, s), w in zip(runs, windows)], ignore_index=True)
+            # the baseline over the same period of its own run: the background alone, context grown alike
+            baseline = pd.concat([background_gaps(r, s, window) for r, s in loaded[0]], ignore_index=True)
+            itl = baseline["itl"].to_numpy(float)
+            threshold = cfg.metrics.stall_factor * float(np.median(itl)) if itl.size else np.nan
+            out[label][str(length)] = _interference_cell(gaps, steps, itl, threshold, cfg.seed)
     return {"interference": out, "baseline_stall_threshold_factor": cfg.metrics.stall_factor}
 
 
-def _background_itl(out_dir: Path, point: str) -> np.ndarray:
-    requests = point_requests(out_dir, point)
-    return pooled_itl(requests[(requests["tenant"] == "background") & (requests["status"] == "ok")])
+def _widest(windows: list) -> tuple[float, float] | None:
+    known = [w for w in windows if w is not None]
+    return (min(w[0] for w in known), max(w[1] for w in known)) if known else None
+
+
+def _interference_cell(gaps: pd.DataFrame, steps: pd.DataFrame, baseline: np.ndarray, threshold: float,
+                       seed: int) -> dict:
+    exposed = gaps.loc[gaps["exposed"].astype(bool), "itl"].to_numpy(float)
+    quiet = gaps.loc[~gaps["exposed"].astype(bool), "itl"].to_numpy(float)
+    inflation = ratio_interval(exposed, quiet, seed=seed)
+    versus_baseline = ratio_interval(exposed, baseline, seed=seed)
+    p99 = lambda x: float(np.percentile(x, 99)) if x.size else np.nan  # noqa: E731
+    with_prefill = steps.loc[steps["with_prefill"].astype(bool), "seconds"].to_numpy(float)
+    without = steps.loc[~steps["with_prefill"].astype(bool), "seconds"].to_numpy(float)
+    return {"exposed_gaps": int(exposed.size), "quiet_gaps": int(quiet.size),
+            "itl_p99_exposed": p99(exposed), "itl_p99_quiet": p99(quiet), "itl_p99_baseline": p99(baseline),
+            "inflation": inflation[0], "inflation_low": inflation[1], "inflation_high": inflation[2],
+            "inflation_vs_baseline": versus_baseline[0], "inflation_vs_baseline_low": versus_baseline[1],
+            "inflation_vs_baseline_high": versus_baseline[2],
+            "stalls": int(np.sum(exposed > threshold)) + int(np.sum(quiet > threshold)),
+            "decode_step_s_with_prefill": float(with_prefill.mean()) if with_prefill.size else np.nan,
+            "decode_step_s_without_prefill": float(without.mean()) if without.size else np.nan,
+            "decode_steps_with_prefill": int(with_prefill.size)}
+
+
+def _point_tables(out_dir: Path, point: str, cfg: Config) -> tuple[pd.DataFrame, pd.DataFrame]:
+    steps = out_dir / "points" / point / "steps.parquet"
+    return point_requests(out_dir, point, cfg), (pd.read_parquet(steps) if steps.is_file() else pd.DataFrame())
+
+
+def cell_requests(table: pd.DataFrame, cfg: Config, out_dir: Path) -> dict[str, pd.DataFrame]:
+    """{cell: the requests of its finished repeats, pooled}."""
+    rows = finished(table)
+    key = "cell" if "cell" in rows.columns else "point"
+    return {cell: pd.concat([point_requests(out_dir, p, cfg) for p in group["point"]], ignore_index=True)
+            for cell, group in rows.groupby(key, sort=False)}
 
 
 def multiturn(table, cfg, out_dir) -> dict:
+    """Mean TTFT per turn of each cell (repeats pooled), with a 95% bootstrap interval."""
     out = {}
-    for row in finished(table).itertuples():
-        requests = point_requests(out_dir, row.point)
+    for cell, requests in cell_requests(table, cfg, out_dir).items():
         ok = requests[requests["status"] == "ok"]
-        out[row.point] = {"ttft_mean_by_turn": {str(t): float(v) for t, v in ok.groupby("turn")["ttft"].mean().items()}}
+        by_turn = {str(t): (float(g.mean()), *bootstrap_interval(g.to_numpy(float), "mean", seed=cfg.seed))
+                   for t, g in ok.groupby("turn")["ttft"]}
+        out[cell] = {"ttft_mean_by_turn": {t: v[0] for t, v in by_turn.items()},
+                     "ttft_mean_by_turn_low": {t: v[1] for t, v in by_turn.items()},
+                     "ttft_mean_by_turn_high": {t: v[2] for t, v in by_turn.items()}}
     return {"turns": out}
 
 
 def by_label(columns: list[str]) -> callable:
-    """An aggregate that tabulates a few sweep columns per point (mode_compare, chunk_sweep, ...)."""
+    """An aggregate that tabulates a few figures per cell, with their intervals where the cell
+    table has them (mode_compare, chunk_sweep, input_buckets)."""
     def aggregate(table, cfg, out_dir) -> dict:
-        rows = finished(table)
+        rows = cells(out_dir)
+        if rows.empty:
+            return {"points": {}}
         keep = [c for c in columns if c in rows.columns]
-        return {"points": rows.set_index("point")[keep].to_dict(orient="index")}
+        keep += [f"{c}_{b}" for c in keep for b in ("low", "high") if f"{c}_{b}" in rows.columns]
+        return {"points": rows.set_index("cell")[keep].to_dict(orient="index")}
     return aggregate
 
 
 def burstiness(table, cfg, out_dir) -> dict:
-    return {label: dict(zip(group["burstiness"], group["slo_attainment"]))
-            for label, group in finished(table).groupby("label")}
+    """Per configuration: {burstiness: mean attainment over repeats}, and its interval."""
+    out = {}
+    for label, group in cells(out_dir).groupby("label"):
+        group = group.sort_values("burstiness")
+        out[label] = dict(zip(group["burstiness"], group["slo_attainment"]))
+        out[f"{label}_interval"] = {b: [lo, hi] for b, lo, hi in zip(group["burstiness"], group["slo_attainment_low"],
+                                                                       group["slo_attainment_high"])}
+    return out
 
 
 VALIDATED = ("ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99")
@@ -106,9 +192,9 @@ VALIDATED = ("ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99")
 
 def sim_validate(table, cfg, out_dir) -> dict:
     """Relative error of the simulation against the real run: per point, and of goodput."""
-    rows = finished(table)
-    real = rows[rows["executor"] == "real"].set_index(["label", "rate"])
-    sim = rows[rows["executor"] == "sim"].set_index(["label", "rate"])
+    rows, grid = finished(table), cells(out_dir)
+    real = grid[grid["executor"] == "real"].set_index(["label", "rate"])
+    sim = grid[grid["executor"] == "sim"].set_index(["label", "rate"])
     errors = []
     for key in real.index.intersection(sim.index):
         row = {"label": key[0], "rate": key[1]}
@@ -124,17 +210,17 @@ def sim_validate(table, cfg, out_dir) -> dict:
         write_parquet(out_dir / "validation.parquet", table_errors)
     worst = {m: float(table_errors[f"{m}_error"].abs().max()) if len(table_errors) else np.nan for m in VALIDATED}
     return {"errors": errors, "goodput_by_executor": goodputs, "goodput_error": goodput_errors,
-            "worst_abs_error": worst, "measured_dispatch_latency_s": _dispatch_latency(rows, out_dir)}
+            "worst_abs_error": worst, "measured_dispatch_latency_s": _dispatch_latency(rows, cfg, out_dir)}
 
 
-def _dispatch_latency(rows: pd.DataFrame, out_dir: Path) -> float:
+def _dispatch_latency(rows: pd.DataFrame, cfg: Config, out_dir: Path) -> float:
     """Median arrival -> first prefill step of the real points at their lowest rate, where queueing
     is least: the host-side hop the simulator adds as sim.dispatch_latency_s."""
     real = rows[rows["executor"] == "real"]
     if not len(real):
         return np.nan
     lowest = real[real["rate"] == real["rate"].min()]
-    waits = [point_requests(out_dir, p)["prefill_queue_s"].dropna() for p in lowest["point"]]
+    waits = [point_requests(out_dir, p, cfg)["prefill_queue_s"].dropna() for p in lowest["point"]]
     waits = pd.concat(waits) if waits else pd.Series(dtype=float)
     return float(waits.median()) if len(waits) else np.nan
 
@@ -149,7 +235,7 @@ def plan(table, cfg, out_dir) -> dict:
     from testbed.sim.planner import analytical_split
 
     simulated = goodput_by_label(table, cfg, out_dir)
-    out = {"analytical": analytical_split(cfg, cfg.sim.load(cfg.model.name), num_devices(cfg)),
+    out = {"analytical": analytical_split(cfg, None, num_devices(cfg)),  # each role's device from cfg.sim
            "simulated": {"goodput": simulated, "best": best_of(simulated)}}
     if cfg.experiment.measured_sweep:
         measured = json.loads((Path(cfg.experiment.measured_sweep) / "sweep.json").read_text())["aggregate"]

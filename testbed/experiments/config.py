@@ -28,6 +28,12 @@ class ExperimentConfig:
     # Applied when no CUDA device is visible: the same study at a size two CPU cores finish.
     cpu_overrides: Dict[str, Any] = field(default_factory=dict)
     figures: bool = True
+    # Each point runs this many times, with seeds seed, seed+1, ...: the intervals across repeats
+    # are what lets a study say that one configuration beats another (1: no interval).
+    repeats: int = 3
+    # interference: the background's output length is sized to outlast the injections, this many
+    # times the cost model's estimate (a model's estimate: err long); 0 keeps the configured length
+    background_margin: float = 2.0
 
     def validate(self) -> "ExperimentConfig":
         if self.name not in STUDIES:
@@ -38,4 +44,8 @@ class ExperimentConfig:
         for key in ("rates", "chunk_sizes", "burstiness", "slo_scales", "prefill_lengths"):
             if any(v <= 0 for v in getattr(self, key)):
                 raise ConfigError(f"experiment.{key} must all be > 0 (got {list(getattr(self, key))})")
+        if self.background_margin < 0:
+            raise ConfigError(f"experiment.background_margin must be >= 0 (got {self.background_margin})")
+        if self.repeats < 1:
+            raise ConfigError(f"experiment.repeats must be >= 1 (got {self.repeats})")
         return self

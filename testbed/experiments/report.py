@@ -37,19 +37,47 @@ def print_run(requests: pd.DataFrame, summary: dict, out_dir) -> None:
     print("\n".join(request_lines(requests) + [""] + summary_lines(summary) + [f"results: {out_dir}"]))
 
 
-def print_sweep(name: str, table: pd.DataFrame, aggregate: dict, out_dir, columns: list[str], figures) -> None:
+def _with_interval(value, low, high, scale: float = 1.0) -> str:
+    if value is None or value != value:
+        return "-"
+    if low is None or low != low:
+        return f"{scale * value:.4g}"
+    return f"{scale * value:.4g} [{scale * low:.4g}, {scale * high:.4g}]"
+
+
+def cell_lines(cells: pd.DataFrame, columns: list[str]) -> list[str]:
+    """One row per cell: each figure as its mean over the repeats and its 95% interval."""
+    if cells is None or cells.empty:
+        return []
+    shown = [c for c in columns if c in cells.columns]
+    table = pd.DataFrame({"cell": cells["cell"], "repeats": cells["repeats"]})
+    for column in shown:
+        low, high = cells.get(f"{column}_low"), cells.get(f"{column}_high")
+        table[column] = [_with_interval(v, None if low is None else low.iloc[i], None if high is None else high.iloc[i])
+                         for i, v in enumerate(cells[column])]
+    return ["per cell: mean over repeats [95% interval] (latencies in seconds)", table.to_string(index=False)]
+
+
+def goodput_lines(goodput: dict) -> list[str]:
+    lines = [f"{'configuration':>14} {'goodput req/s':>24} {'per GPU':>24} {'capacity':>9}"]
+    for label, g in goodput.items():
+        total = _with_interval(g["goodput"], g.get("goodput_low"), g.get("goodput_high"))
+        per_gpu = _with_interval(g["goodput_per_gpu"], g.get("goodput_per_gpu_low"), g.get("goodput_per_gpu_high"))
+        lines.append(f"{label:>14} {total:>24} {per_gpu:>24} {g['capacity']:>9.2f}")
+    return lines
+
+
+def print_sweep(name: str, table: pd.DataFrame, aggregate: dict, out_dir, columns: list[str], figures,
+                cells: pd.DataFrame | None = None) -> None:
     shown = ["point", "status"] + [c for c in columns if c in table.columns]
     lines = [f"\n{name}: {len(table)} points", table[shown].to_string(index=False, float_format=lambda x: f"{x:.4g}")]
     failed = table[table["status"] == "failed"] if "status" in table else table.iloc[0:0]
     lines += [f"FAILED {row.point}: {row.error}" for row in failed.itertuples()]
-    goodput = aggregate.get("goodput")
-    if goodput:
-        lines.append(f"{'configuration':>14} {'goodput req/s':>14} {'per GPU':>8} {'capacity':>9}")
-        lines += [f"{label:>14} {g['goodput']:>14.2f} {g['goodput_per_gpu']:>8.2f} {g['capacity']:>9.2f}"
-                  for label, g in goodput.items()]
+    lines += cell_lines(cells, columns)
+    if aggregate.get("goodput"):
+        lines += goodput_lines(aggregate["goodput"])
     if aggregate.get("best"):
-        best = aggregate["best"]
-        lines.append(f"best configuration: {best['label']} ({best['goodput_per_gpu']:.2f} req/s per GPU)")
+        lines.append(aggregate["best"]["line"])
     lines += plan_lines(aggregate) + validation_lines(aggregate)
     lines += [f"figure: {f}" for f in figures] + [f"results: {out_dir}"]
     print("\n".join(lines))
@@ -63,10 +91,10 @@ def plan_lines(aggregate: dict) -> list[str]:
     lines = [f"P:D plan for {a['num_devices']} devices",
              f"  analytical (p95 lengths): {a['p95']['split']}   (mean lengths: {a['mean']['split']}; "
              f"prefill share {a['p95']['prefill_share']:.2f})",
-             f"  simulated best:           {sim['best'].get('label')} ({sim['best'].get('goodput_per_gpu', 0):.2f} req/s per GPU)"]
+             f"  simulated: {sim['best'].get('line', '')}"]
     if measured:
         best = measured.get("best", {})
-        lines.append(f"  measured best:            {best.get('label')} ({best.get('goodput_per_gpu', 0):.2f} req/s per GPU)")
+        lines.append(f"  measured: {best.get('line') or best.get('label')}")
     lines.append(f"  {'configuration':>14} {'simulated/GPU':>14} {'measured/GPU':>13}")
     for label, g in sim["goodput"].items():
         m = measured.get("goodput", {}).get(label, {}).get("goodput_per_gpu")

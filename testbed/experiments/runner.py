@@ -10,9 +10,10 @@ import torch
 from testbed.config import Config, with_overrides
 from testbed.experiments import aggregates, studies
 from testbed.experiments.report import print_run, print_sweep
+from testbed.experiments.repeats import intervals, with_repeats
 from testbed.experiments.serve import serve
 from testbed.experiments.sweep import Sweep, track_figures, track_point
-from testbed.tracking.results import ensure_writable
+from testbed.tracking.results import ensure_writable, write_parquet
 from testbed.tracking.wandb_tracker import make_tracker
 
 TABLE = ["ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99", "itl_p99", "slo_attainment", "throughput_requests_per_s"]
@@ -35,15 +36,32 @@ STUDIES = {
 
 
 def effective(cfg: Config, explicit: set[str] = frozenset()) -> Config:
-    """The study's CPU-sized variant when no GPU will be used. What the command line set
-    explicitly wins over the study's CPU defaults (`model=small` keeps the small model)."""
+    """The study's CPU-sized variant when no GPU will be used (a simulated GPU keeps the GPU
+    sizing). What the command line set explicitly wins over the study's CPU defaults
+    (`model=small` keeps the small model)."""
     on_gpu = torch.cuda.is_available() and cfg.hardware.name != "cpu"
-    if on_gpu or not cfg.experiment.cpu_overrides:
+    if on_gpu or simulates_gpu(cfg) or not cfg.experiment.cpu_overrides:
         return cfg
     related = lambda a, b: a == b or a.startswith(b + ".") or b.startswith(a + ".")  # noqa: E731
     explicit = set(explicit) - {"experiment"}  # `+experiment=NAME` picks the study, not its values
     chosen = {k: v for k, v in cfg.experiment.cpu_overrides.items() if not any(related(k, e) for e in explicit)}
     return with_overrides(cfg, chosen)
+
+
+def simulates_gpu(cfg: Config) -> bool:
+    """executor=sim on a GPU of the analytical table: the study keeps its GPU sizing."""
+    from testbed.perf import is_gpu
+
+    specs = [cfg.sim.profile, cfg.sim.prefill_profile, cfg.sim.decode_profile]
+    return cfg.executor == "sim" and any(spec is not None and is_gpu(spec) for spec in specs)
+
+
+def cell_table(table, cfg: Config, out_dir: Path):
+    """intervals.parquet: the finished points' cells with their 95% intervals."""
+    done = aggregates.finished(table)
+    if done.empty:
+        return done
+    return intervals(done, cfg, out_dir, lambda point: aggregates.point_requests(out_dir, point, cfg))
 
 
 def run_point(cfg: Config, out_dir: Path) -> dict:
@@ -74,8 +92,10 @@ def run(cfg: Config, out_dir: Path, explicit: set[str] = frozenset()) -> dict:
 
         return run_profile(cfg, out_dir)
     build, aggregate = STUDIES[name]
-    sweep = Sweep(cfg, build(cfg), out_dir, run_point, tracker)
+    sweep = Sweep(cfg, with_repeats(build(cfg), cfg), out_dir, run_point, tracker)
     table = sweep.run()  # a Ctrl-C leaves the table of every finished point behind
+    cells = cell_table(table, cfg, out_dir)
+    write_parquet(out_dir / "intervals.parquet", cells)
     summary = aggregate(table, cfg, out_dir)
     sweep.write(summary)
     figures = []
@@ -85,5 +105,5 @@ def run(cfg: Config, out_dir: Path, explicit: set[str] = frozenset()) -> dict:
         figures = study_figures(name, out_dir)
         if figures:
             track_figures(tracker, out_dir.name, cfg, out_dir, summary, figures)
-    print_sweep(name, table, summary, out_dir, TABLE, figures)
+    print_sweep(name, table, summary, out_dir, TABLE, figures, cells)
     return {"table": table, "aggregate": summary, "figures": figures, "config": dataclasses.asdict(cfg)}

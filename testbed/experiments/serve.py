@@ -10,7 +10,9 @@ from typing import Callable, Optional
 import pandas as pd
 from tqdm import tqdm
 
+from testbed.cluster.emulation import Emulation, emulation_meta
 from testbed.cluster.launcher import Cluster, plan_workers
+from testbed.cluster.pacing import pace_summary
 from testbed.cluster.router import Router
 from testbed.cluster.worker import WorkerSpec
 from testbed.config import Config
@@ -35,7 +37,8 @@ def worker_template(cfg: Config) -> WorkerSpec:
                       recompute_on_failure=kv.on_failure == "recompute", max_pending=kv.max_pending,
                       piece_bytes=kv.piece_kib << 10, drop_kv_probability=cfg.faults.drop_kv_probability,
                       delay_kv_s=cfg.faults.delay_kv_ms / 1000, seed=cfg.seed,
-                      heartbeat_s=cfg.cluster.heartbeat_s, start_timeout_s=cfg.cluster.start_timeout_s)
+                      heartbeat_s=cfg.cluster.heartbeat_s, start_timeout_s=cfg.cluster.start_timeout_s,
+                      emulation=Emulation.from_hardware(cfg.hardware))
 
 
 def steps_table(steps: list[tuple[int, object]], t0: float) -> pd.DataFrame:
@@ -59,6 +62,7 @@ def serve(cfg: Config, out_dir: Path, on_started: Optional[Callable[[Cluster], N
     """Run one point and write its results directory; returns the tables and the summary."""
     args = cfg.model.args()
     plans = plan_workers(cfg.mode, cfg.cluster, cfg.hardware)
+    emulated = emulation_meta(Emulation.from_hardware(cfg.hardware), cfg.model, cfg.mode == "disagg")
     workload = build_workload(cfg.workload, seed=cfg.seed, vocab_size=args.vocab_size,
                               max_model_len=args.max_model_len)
     with Cluster(plans, worker_template(cfg), cfg.cluster.start_timeout_s) as cluster:
@@ -88,8 +92,11 @@ def serve(cfg: Config, out_dir: Path, on_started: Optional[Callable[[Cluster], N
     summary["workload_report"] = workload.report
     summary["faults"] = router.faults
     summary["memory"] = router.memory.summary()
+    summary["emulated"], summary["pacing"] = emulated, pace_summary(steps)
+    meta = {"workers": summary["workers"], "emulated": emulated,
+            "cores_per_worker": cluster.cores.cores_per_worker if cluster.cores else None}
     write_results(out_dir, requests=requests, steps=steps, transfers=transfers, telemetry=telemetry,
-                  config=dataclasses.asdict(cfg), meta=collect_meta(cfg.seed, {"workers": summary["workers"]}),
+                  config=dataclasses.asdict(cfg), meta=collect_meta(cfg.seed, meta),
                   summary=summary)
     leaked = {rank: blocks for rank, blocks in audit.items() if blocks}
     if leaked:

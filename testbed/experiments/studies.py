@@ -84,17 +84,61 @@ def burstiness(cfg: Config) -> list[Point]:
 
 
 def interference(cfg: Config) -> list[Point]:
-    """Per mode: the decode background alone (the baseline), then with prefills of each length."""
+    """Per mode: the decode background alone (the baseline), then with prefills of each length,
+    one at a time at evenly spaced arrivals, the background sized to keep decoding through them."""
+    background = {"workload.background_output_len": background_len(cfg)}
     points = []
     for label, overrides in layouts(cfg, list(cfg.experiment.modes)):
-        base = {**overrides, "workload.num_requests": 0}
+        base = {**overrides, **background, "workload.num_requests": 0}
         points.append(Point(f"{label}_baseline", base, {"label": label, "mode": overrides["mode"], "prefill_len": 0}))
         for length in cfg.experiment.prefill_lengths:
             fixed = {"workload.input_len.dist": "fixed", "workload.input_len.mean": float(length),
-                     "workload.input_len.min": 1, "workload.input_len.max": int(length)}
-            points.append(Point(f"{label}_prefill{length}", {**overrides, **fixed},
+                     "workload.input_len.min": 1, "workload.input_len.max": int(length),
+                     "workload.arrival": "constant"}
+            points.append(Point(f"{label}_prefill{length}", {**overrides, **background, **fixed},
                                 {"label": label, "mode": overrides["mode"], "prefill_len": length}))
     return points
+
+
+def background_len(cfg: Config) -> int:
+    """Background output tokens that outlast the injection window (num_requests / rate, arrivals
+    evenly spaced): the window over the modelled decode step of the whole background on one
+    worker (the device's cost model: emulated, simulated, or this CPU's shipped profile), times
+    experiment.background_margin (0: keep the configured length); never below
+    workload.background_output_len, never past the model's length."""
+    w, margin = cfg.workload, cfg.experiment.background_margin
+    room = cfg.model.args().max_model_len - w.background_input_len - 8
+    step = decode_step_model(cfg) if margin > 0 and w.background_requests else None
+    if step is None:
+        return min(w.background_output_len, room)
+    window = (w.num_requests + 1) / w.rate
+    tokens = w.background_output_len
+    for _ in range(3):  # the step slows as the context grows: settle the fixed point
+        context = w.background_requests * (w.background_input_len + tokens // 2)
+        tokens = int(margin * window / step(w.background_requests, context))
+    return int(min(max(tokens, w.background_output_len), room))
+
+
+def decode_step_model(cfg: Config):
+    """decode_seconds(batch, context) from the cost model of the device the background decodes on;
+    None for real GPU runs (nothing to size from but the configured length)."""
+    from testbed.model.config import preset
+    from testbed.perf import cost_model
+    from testbed.sim.config import SHIPPED
+
+    hw, args = cfg.hardware, cfg.model.args()
+    spec = hw.emulate_decode or hw.emulate
+    if spec and hw.emulate_model:
+        args = preset(hw.emulate_model)
+    if not spec and cfg.executor == "sim":
+        spec = cfg.sim.spec("decode") or str(SHIPPED / f"{cfg.model.name}_cpu.json")
+    if not spec:
+        shipped = SHIPPED / f"{cfg.model.name}_cpu.json"
+        if (torch.cuda.is_available() and hw.name != "cpu") or not shipped.is_file():
+            return None
+        spec = str(shipped)
+    model, _ = cost_model(spec, args, dtype_bytes=2)
+    return lambda batch, context: model.step_time(0, 0.0, batch, context)
 
 
 def multiturn(cfg: Config) -> list[Point]:
@@ -117,12 +161,15 @@ def sim_validate(cfg: Config) -> list[Point]:
 
 
 def plan(cfg: Config) -> list[Point]:
-    """Simulated search: every split, colocated, and chunked at each chunk size, over the rates."""
+    """Simulated search: every split, colocated, and chunked at each chunk size (the default one
+    labelled plain `chunked`, as in ratio_sweep), over the rates."""
     configs = layouts(cfg, ["colocated"]) + layouts(cfg, ["disagg"], all_splits=True)
+    default = cfg.scheduler.chunk_size  # the chunked baseline every other study (ratio_sweep) runs
     for label, overrides in layouts(cfg, ["chunked"]):
-        for chunk in cfg.experiment.chunk_sizes:
-            configs.append((f"{label}{chunk}", {**overrides, "scheduler.chunk_size": chunk,
-                                               "scheduler.max_running": min(cfg.scheduler.max_running, chunk)}))
+        for chunk in sorted({default, *cfg.experiment.chunk_sizes}):
+            name = label if chunk == default else f"{label}{chunk}"  # "chunked" matches a measured sweep
+            configs.append((name, {**overrides, "scheduler.chunk_size": chunk,
+                                   "scheduler.max_running": min(cfg.scheduler.max_running, chunk)}))
     points = _grid(cfg, configs, "rate", _rates(cfg), "workload.rate")
     for point in points:
         point.overrides["executor"] = "sim"

@@ -44,7 +44,7 @@ DECODE_SIDE = {Event.DECODE_QUEUED, Event.DECODE_START}
 TIME_COLUMNS = ["arrived_s", "dispatched_s", "prefill_queued_s", "prefill_start_s", "prefill_end_s",
                 "kv_transfer_start_s", "kv_transfer_end_s", "decode_queued_s", "decode_start_s", "finished_s"]
 REQUEST_COLUMNS = (["request_id", "arrival_s", "input_len", "output_len", "session_id", "turn", "tenant",
-                    "prefill_worker", "decode_worker", "status", "reason"] + TIME_COLUMNS
+                    "prefill_worker", "decode_worker", "status", "reason", "refused_by"] + TIME_COLUMNS
                    + ["kv_bytes", "num_prefill_chunks", "token_times", "token_worker_times", "output_token_ids"])
 INT_COLUMNS = ["request_id", "input_len", "output_len", "turn", "num_prefill_chunks"]
 NULLABLE_INT_COLUMNS = ["session_id", "prefill_worker", "decode_worker"]
@@ -52,6 +52,7 @@ NULLABLE_INT_COLUMNS = ["session_id", "prefill_worker", "decode_worker"]
 # uses them for empty tables.
 STEP_COLUMNS = ["worker", "role", "step", "start_s", "end_s", "prefill_tokens", "decode_seqs",
                 "batched_tokens", "kv_blocks_used", "num_waiting", "num_running"]
+REFUSERS = ("workload", "admission")
 TRANSFER_COLUMNS = ["request_id", "prefill_worker", "decode_worker", "kv_bytes", "start_s", "end_s"]
 
 
@@ -68,6 +69,7 @@ class _Record:
     decode_worker: Optional[int] = None
     status: Optional[str] = None  # None until finished / failed / rejected
     reason: str = ""
+    refused_by: str = ""  # a rejected request: "workload" (overlength filter) or "admission"
     times: dict = field(default_factory=dict)
     kv_bytes: float = float("nan")
     num_prefill_chunks: int = 0
@@ -148,9 +150,13 @@ class RequestLog:
     def fail(self, request_id: int, t: float, reason: str) -> None:
         self.event(request_id, Event.FAILED, t, reason=reason)
 
-    def reject(self, request: Any, t: float, reason: str) -> None:
-        """A request refused without running (at build time or by admission control)."""
+    def reject(self, request: Any, t: float, reason: str, by: str = "admission") -> None:
+        """A request refused without running: by the workload's overlength filter (decided before
+        serving, the same in every mode) or by admission control (a miss for attainment)."""
+        if by not in REFUSERS:
+            raise ValueError(f"reject: by={by!r} is not one of {REFUSERS}")
         self.register(request)
+        self._get(request.request_id).refused_by = by
         self.event(request.request_id, Event.REJECTED, t, reason=reason)
 
     @staticmethod
@@ -174,6 +180,7 @@ class RequestLog:
             "output_len": r.output_len, "session_id": r.session_id, "turn": r.turn, "tenant": r.tenant,
             "prefill_worker": r.prefill_worker, "decode_worker": r.decode_worker,
             "status": r.status or "failed", "reason": r.reason if r.status else "unfinished",
+            "refused_by": r.refused_by if r.status == "rejected" else "",
             "kv_bytes": r.kv_bytes, "num_prefill_chunks": r.num_prefill_chunks,
             "token_times": list(r.token_times), "token_worker_times": list(r.token_worker_times),
             "output_token_ids": list(r.output_token_ids),
@@ -183,7 +190,7 @@ class RequestLog:
 
 
 ROW_DEFAULTS = {"input_len": 0, "output_len": 0, "session_id": None, "turn": 0, "tenant": "default",
-                "prefill_worker": None, "decode_worker": None, "status": "ok", "reason": "",
+                "prefill_worker": None, "decode_worker": None, "status": "ok", "reason": "", "refused_by": None,
                 "kv_bytes": float("nan"), "num_prefill_chunks": 0}
 LIST_COLUMNS = ["token_times", "token_worker_times", "output_token_ids"]
 
@@ -203,6 +210,8 @@ def request_table(rows: list[dict]) -> pd.DataFrame:
         df[c] = df[c].astype("Int64")
     for c in ["arrival_s", "kv_bytes"] + TIME_COLUMNS:
         df[c] = df[c].astype("float64")
-    for c in ["tenant", "status", "reason"]:
+    # a table built by hand: a rejected row without refused_by is the workload's filter
+    df.loc[(df["status"] == "rejected") & df["refused_by"].isna(), "refused_by"] = "workload"
+    for c in ["tenant", "status", "reason", "refused_by"]:
         df[c] = df[c].astype(object).where(df[c].notna(), "").astype(str)
     return add_derived(df)

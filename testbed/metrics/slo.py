@@ -38,12 +38,23 @@ def meets_slo(table: pd.DataFrame, slo: SLOConfig, tenants: Optional[Mapping[str
     return pd.Series(meets, index=table.index)
 
 
+def filtered_out(table: pd.DataFrame) -> pd.Series:
+    """Requests the workload's overlength filter refused before serving (the same in every mode):
+    the only ones attainment leaves out. A table without `refused_by` predates admission control
+    being told apart, and counts every rejection as the filter's."""
+    rejected = table["status"] == "rejected"
+    if "refused_by" not in table.columns:
+        return rejected
+    return rejected & (table["refused_by"] != "admission")
+
+
 def slo_attainment(table: pd.DataFrame, slo: SLOConfig, tenants: Optional[Mapping[str, SLOConfig]] = None,
                    scale: float = 1.0) -> float:
-    """Share of requests meeting their SLOs, among requests that were not rejected: a rejection
-    here is the workload's overlength filter, decided before serving and the same in every mode,
-    so it is reported as a count instead. Failed requests count as misses. NaN with no requests."""
-    served = table[table["status"] != "rejected"]
+    """Share of requests meeting their SLOs among every request that arrived, except those the
+    workload's overlength filter refused (reported as a count instead). Failed requests and requests
+    refused by admission control count as misses: shedding load must not look good. NaN with no
+    requests."""
+    served = table[~filtered_out(table)]
     if len(served) == 0:
         return float("nan")
     return float(meets_slo(served, slo, tenants, scale).mean())

@@ -11,7 +11,7 @@ import pandas as pd
 from testbed.metrics.config import MetricsConfig, SLOConfig
 from testbed.metrics.latency import (as_times, decode_stalls, distribution, harness_delays, pooled_itl,
                                      ttft_by_bucket)
-from testbed.metrics.slo import attainment_by_tenant, attainment_curve, slo_attainment
+from testbed.metrics.slo import attainment_by_tenant, attainment_curve, filtered_out, slo_attainment
 
 DEFAULT_SLO_SCALES = (0.5, 1.0, 1.5, 2.0, 3.0, 5.0)
 
@@ -30,11 +30,18 @@ def mark_warmup(table: pd.DataFrame, metrics: MetricsConfig) -> pd.DataFrame:
     return table
 
 
+def measured(table: pd.DataFrame, metrics: MetricsConfig) -> pd.DataFrame:
+    """The requests every figure counts: the warm-up (see mark_warmup) left out. The one filter
+    that summary.json, the study aggregates and the figures all apply."""
+    marked = mark_warmup(table, metrics)
+    return marked[~marked["warmup"]]
+
+
 def throughput(table: pd.DataFrame) -> dict[str, float]:
     """Completed requests, input and output tokens per second of the ok requests, over the span
     from the first arrival (of the requests given, rejected ones aside) to the last token of a
     finished request."""
-    served = table[table["status"] != "rejected"]
+    served = table[~filtered_out(table)]
     ok = table[table["status"] == "ok"]
     last = [as_times(c)[-1] for c in ok["token_times"] if as_times(c).size]
     if not last or served.empty:
@@ -97,7 +104,9 @@ def summarize(requests: pd.DataFrame, steps: Optional[pd.DataFrame] = None,
     tput = throughput(table)
     out = {
         "num_requests": {"ok": int(len(ok)), "failed": int((table["status"] == "failed").sum()),
-                         "rejected": int((table["status"] == "rejected").sum()), "total": int(len(table))},
+                         "rejected": int(filtered_out(table).sum()),
+                         "refused": int(((table["status"] == "rejected") & ~filtered_out(table)).sum()),
+                         "total": int(len(table))},
         "warmup_excluded": int(marked["warmup"].sum()),
         "num_gpus": int(num_gpus),
         "ttft": distribution(ok["ttft"]),

@@ -9,11 +9,13 @@ from pathlib import Path
 from typing import Optional
 
 from testbed.errors import ConfigError
+from testbed.model.rope import Llama3RopeScaling, read_rope
 
 
 @dataclass(frozen=True)
 class ModelArgs:
-    """A fully specified Llama-family shape."""
+    """A fully specified Llama-family shape. `head_dim` defaults to hidden_size / num_heads; real
+    checkpoints may set it apart (q/k/v project to num_heads * head_dim, o back to hidden_size)."""
 
     vocab_size: int
     hidden_size: int
@@ -26,10 +28,13 @@ class ModelArgs:
     rms_norm_eps: float = 1e-5
     tie_embeddings: bool = False
     qkv_bias: bool = False
+    head_dim: Optional[int] = None
+    rope_scaling: Optional[Llama3RopeScaling] = None  # None: plain RoPE
 
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
+    def __post_init__(self):
+        # derived only where it divides evenly; validate() names the shape that does not
+        if self.head_dim is None and self.num_heads > 0 and self.hidden_size % self.num_heads == 0:
+            object.__setattr__(self, "head_dim", self.hidden_size // self.num_heads)
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -41,12 +46,15 @@ class ModelArgs:
                      "num_kv_heads", "max_model_len"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"model.{name} must be > 0 (got {getattr(self, name)})")
-        if self.hidden_size % self.num_heads:
-            raise ConfigError(f"model.num_heads={self.num_heads} must divide model.hidden_size={self.hidden_size}")
+        if self.head_dim is None:
+            raise ConfigError(f"model.num_heads={self.num_heads} must divide model.hidden_size={self.hidden_size} "
+                              f"(or set model.head_dim)")
         if self.num_heads % self.num_kv_heads:
             raise ConfigError(f"model.num_kv_heads={self.num_kv_heads} must divide model.num_heads={self.num_heads}")
-        if self.head_dim % 2:
-            raise ConfigError(f"head dim hidden_size/num_heads={self.head_dim} must be even for RoPE")
+        if self.head_dim <= 0 or self.head_dim % 2:
+            raise ConfigError(f"model.head_dim={self.head_dim} must be even and > 0 for RoPE")
+        if self.rope_theta <= 0:
+            raise ConfigError(f"model.rope_theta must be > 0 (got {self.rope_theta})")
         return self
 
 
@@ -64,7 +72,8 @@ PRESETS: dict[str, ModelArgs] = {
                             rms_norm_eps=1e-6, qkv_bias=True),
 }
 
-_SHAPE_FIELDS = [f.name for f in dataclasses.fields(ModelArgs)]
+# rope_scaling comes from a checkpoint's config.json only; every other field is a preset override
+_SHAPE_FIELDS = [f.name for f in dataclasses.fields(ModelArgs) if f.name != "rope_scaling"]
 
 
 @dataclass(frozen=True)
@@ -87,13 +96,17 @@ class ModelConfig:
     rms_norm_eps: Optional[float] = None
     tie_embeddings: Optional[bool] = None
     qkv_bias: Optional[bool] = None
+    head_dim: Optional[int] = None
 
     def args(self) -> ModelArgs:
-        base = hf_model_args(Path(self.path)) if self.path else preset(self.name)
         overrides = {k: getattr(self, k) for k in _SHAPE_FIELDS if getattr(self, k) is not None}
-        if self.path and any(k != "max_model_len" for k in overrides):
-            raise ConfigError(f"model.path is set: only model.max_model_len may override its shape (got {sorted(overrides)})")
-        return dataclasses.replace(base, **overrides).validate()
+        if self.path:
+            if any(k != "max_model_len" for k in overrides):
+                raise ConfigError(f"model.path is set: only model.max_model_len may override its shape "
+                                  f"(got {sorted(overrides)})")
+            return dataclasses.replace(hf_model_args(Path(self.path)), **overrides).validate()
+        # a preset's head_dim is derived: re-derive it from overridden hidden_size / num_heads
+        return dataclasses.replace(preset(self.name), **{"head_dim": None, **overrides}).validate()
 
 
 def preset(name: str) -> ModelArgs:
@@ -103,7 +116,7 @@ def preset(name: str) -> ModelArgs:
 
 
 def hf_model_args(path: Path) -> ModelArgs:
-    """Shape from a Hugging Face config.json (Llama and Qwen2 families)."""
+    """Shape from a Hugging Face config.json (Llama and Qwen2 families), either RoPE layout."""
     config_file = path / "config.json"
     if not config_file.is_file():
         raise ConfigError(f"model.path={str(path)!r}: {config_file} not found")
@@ -111,17 +124,31 @@ def hf_model_args(path: Path) -> ModelArgs:
     model_type = hf.get("model_type", "llama")
     if model_type not in ("llama", "qwen2"):
         raise ConfigError(f"{config_file}: model_type={model_type!r} is not supported (llama, qwen2)")
-    if hf.get("rope_scaling"):
-        raise ConfigError(f"{config_file}: rope_scaling={hf['rope_scaling']} is not supported (plain RoPE only)")
+    _refuse_unsupported(hf, model_type, config_file)
+    rope_theta, rope_scaling = read_rope(hf, str(config_file))
     try:
         return ModelArgs(
             vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"],
             intermediate_size=hf["intermediate_size"], num_layers=hf["num_hidden_layers"],
             num_heads=hf["num_attention_heads"],
-            num_kv_heads=hf.get("num_key_value_heads", hf["num_attention_heads"]),
+            num_kv_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"],
             max_model_len=hf.get("max_position_embeddings", 4096),
-            rope_theta=float(hf.get("rope_theta", 10000.0)), rms_norm_eps=float(hf.get("rms_norm_eps", 1e-5)),
+            rope_theta=rope_theta, rms_norm_eps=float(hf.get("rms_norm_eps", 1e-5)),
             tie_embeddings=bool(hf.get("tie_word_embeddings", False)), qkv_bias=model_type == "qwen2",
+            head_dim=hf.get("head_dim"), rope_scaling=rope_scaling,
         ).validate()
     except KeyError as missing:
         raise ConfigError(f"{config_file}: missing key {missing}") from None
+
+
+def _refuse_unsupported(hf: dict, model_type: str, config_file: Path) -> None:
+    """Options of these families the model does not implement: loading them would compute
+    something else without a word, so each is refused by name."""
+    unsupported = {"hidden_act": ("silu",), "mlp_bias": (False, None)}
+    if model_type == "llama":  # Qwen2's q/k/v biases are implied by its model_type
+        unsupported["attention_bias"] = (False, None)
+    else:
+        unsupported["use_sliding_window"] = (False, None)
+    for key, allowed in unsupported.items():
+        if key in hf and hf[key] not in allowed:
+            raise ConfigError(f"{config_file}: {key}={hf[key]!r} is not supported (allowed: {allowed[0]!r})")

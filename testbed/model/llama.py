@@ -15,6 +15,7 @@ from torch import nn
 
 from testbed.model.attention import AttentionMetadata, write_kv
 from testbed.model.config import ModelArgs
+from testbed.model.rope import Llama3RopeScaling
 
 
 class RMSNorm(nn.Module):
@@ -31,15 +32,31 @@ class RMSNorm(nn.Module):
 class Rotary(nn.Module):
     """RoPE in the Hugging Face layout (rotate the two halves), so real checkpoints load as they are."""
 
-    def __init__(self, head_dim: int, theta: float):
+    def __init__(self, head_dim: int, theta: float, scaling: Llama3RopeScaling | None = None):
         super().__init__()
         inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+        if scaling is not None:
+            inv_freq = llama3_inv_freq(inv_freq, scaling)
         self.inv_freq = inv_freq  # a plain attribute: model.to(bfloat16) must not round it
 
     def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions.float()[:, None] * self.inv_freq[None, :]  # (T, D/2)
         emb = torch.cat((freqs, freqs), dim=-1)  # (T, D)
         return emb.cos(), emb.sin()
+
+
+def llama3_inv_freq(inv_freq: torch.Tensor, s: Llama3RopeScaling) -> torch.Tensor:
+    """Llama 3.1 scaling, in transformers' float32 order of operations so frequencies match bit for
+    bit: long wavelengths divided by `factor`, short ones kept, the band between interpolated."""
+    low_freq_wavelen = s.original_max_position_embeddings / s.low_freq_factor
+    high_freq_wavelen = s.original_max_position_embeddings / s.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / s.factor, inv_freq)
+    smooth = ((s.original_max_position_embeddings / wavelen - s.low_freq_factor)
+              / (s.high_freq_factor - s.low_freq_factor))
+    smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled
+    medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
+    return torch.where(medium, smoothed, scaled)
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -107,7 +124,7 @@ class Transformer(nn.Module):
         self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
         if args.tie_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
-        self.rotary = Rotary(args.head_dim, args.rope_theta)
+        self.rotary = Rotary(args.head_dim, args.rope_theta, args.rope_scaling)
 
     def forward(self, input_ids, positions, kv_caches, meta: AttentionMetadata, backend,
                 after_layer=None) -> torch.Tensor:

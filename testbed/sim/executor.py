@@ -12,13 +12,13 @@ from testbed.tracking.results import collect_meta, write_results
 
 
 def simulate_point(cfg: Config, out_dir: Path) -> dict:
-    profile = cfg.sim.load(cfg.model.name)
-    result = simulate(cfg, profile)
+    result = simulate(cfg)  # each role's device from cfg.sim: a measured profile or an analytical GPU
     summary = result["summary"]
     summary["sim"]["events_per_s"] = result["events_per_s"]
+    sim = summary["sim"]
     write_results(out_dir, requests=result["requests"], steps=result["steps"], transfers=result["transfers"],
                   telemetry=None, config=dataclasses.asdict(cfg),
-                  meta=collect_meta(cfg.seed, {"executor": "sim", "profile": summary["sim"]["profile"]}),
+                  meta=collect_meta(cfg.seed, {"executor": "sim", "profile": sim["profile"], "profiles": sim["profiles"]}),
                   summary=summary)
     leaked = {k: v for k, v in summary["kv_blocks_leaked"].items() if v}
     if leaked:

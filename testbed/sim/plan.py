@@ -13,8 +13,11 @@ from testbed.cluster.launcher import WorkerPlan, worker_roles
 from testbed.engine.config import EngineConfig
 from testbed.errors import ConfigError
 from testbed.model.config import ModelArgs
+from testbed.perf.measured import SHAPE_KEYS, check_profile
+from testbed.perf.roofline import RooflineModel
 
-SHAPE_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads")
+__all__ = ["SHAPE_KEYS", "check_profile", "checked_pool", "gpu_pool_blocks", "kv_bytes_per_token", "plan_sim_workers",
+           "pool_blocks"]  # check_profile and SHAPE_KEYS live in testbed.perf.measured
 
 
 def plan_sim_workers(mode: str, cluster: ClusterConfig, num_devices: Optional[int]) -> list[WorkerPlan]:
@@ -25,15 +28,6 @@ def plan_sim_workers(mode: str, cluster: ClusterConfig, num_devices: Optional[in
     if num_devices is not None and needed > num_devices:
         raise ConfigError(f"mode={mode} needs {needed} devices; the simulation was given num_devices={num_devices}")
     return [WorkerPlan(rank, role, f"sim:{d}") for rank, (role, d) in enumerate(roles)]
-
-
-def check_profile(args: ModelArgs, profile: Mapping) -> None:
-    """The profile must describe this model's shape (max_model_len aside: it only bounds lengths)."""
-    measured = profile["model"]
-    wrong = [k for k in SHAPE_KEYS if measured[k] != getattr(args, k)]
-    if wrong:
-        got = ", ".join(f"{k}={getattr(args, k)} (profile {measured[k]})" for k in wrong)
-        raise ConfigError(f"the profile of model {profile.get('model_name')!r} does not match the configured model: {got}")
 
 
 def kv_bytes_per_token(args: ModelArgs, profile: Mapping) -> int:
@@ -53,6 +47,24 @@ def pool_blocks(args: ModelArgs, engine: EngineConfig, profile: Mapping) -> int:
         blocks = int(free * engine.gpu_memory_utilization) // block_bytes
     else:
         blocks = int(engine.kv_cache_mib * 2**20) // block_bytes
+    return checked_pool(blocks, args, engine)
+
+
+def gpu_pool_blocks(model: RooflineModel, engine: EngineConfig) -> int:
+    """An analytical GPU's pool: an explicit block count, else vLLM's sizing, the utilised share
+    of the device memory less the weights (activations and the CUDA context are not modelled)."""
+    if engine.num_kv_blocks is not None:
+        return checked_pool(engine.num_kv_blocks, model.model_args, engine)
+    pool = model.kv_pool_bytes(engine.gpu_memory_utilization)
+    if pool <= 0:
+        raise ConfigError(f"the model's weights ({model.weight_bytes / 1e9:.1f} GB) do not fit in "
+                          f"engine.gpu_memory_utilization={engine.gpu_memory_utilization} of {model.gpu.name} "
+                          f"({model.gpu.memory_bytes / 1e9:.1f} GB): raise it or simulate a larger GPU")
+    block_bytes = model.model_args.kv_bytes_per_token * model.dtype_bytes * engine.block_size
+    return checked_pool(int(pool // block_bytes), model.model_args, engine)
+
+
+def checked_pool(blocks: int, args: ModelArgs, engine: EngineConfig) -> int:
     if blocks * engine.block_size < args.max_model_len:
         raise ConfigError(f"KV pool of {blocks} blocks x {engine.block_size} tokens cannot hold one request of "
                           f"max_model_len={args.max_model_len}: raise engine.kv_cache_mib / engine.num_kv_blocks / "

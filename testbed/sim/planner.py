@@ -10,34 +10,42 @@ lengths give the average balance; p95 lengths correct it for the tail that drive
 
 from __future__ import annotations
 
+from typing import Mapping, Optional
+
 import numpy as np
 
 from testbed.config import Config
-from testbed.sim.cost_model import CostModel
+from testbed.perf.resolve import StepCostModel
+from testbed.sim.profiles import resolve_roles
 from testbed.workload import build_workload
 
 
-def worker_rates(cost: CostModel, mean_input: float, mean_output: float, budget: int, batch: int) -> dict:
-    """Tokens per second of one prefill worker (full budget-sized steps) and one decode worker."""
+def worker_rates(cost: StepCostModel, mean_input: float, mean_output: float, budget: int, batch: int,
+                 decode_cost: Optional[StepCostModel] = None) -> dict:
+    """Tokens per second of one prefill worker (full budget-sized steps) and one decode worker
+    (on `decode_cost`'s device when P and D differ)."""
+    decode_cost = decode_cost or cost
     length = min(budget, max(int(mean_input), 1))
     chunks = [(length, 0)] * max(budget // length, 1)  # (new tokens, cached tokens) per prompt
     tokens = sum(n for n, _ in chunks)
     prefill = tokens / cost.step_time(tokens, cost.prefill_context(chunks), 0, 0)
     context = batch * int(mean_input + mean_output / 2)
-    decode = batch / cost.step_time(0, 0.0, batch, context)
+    decode = batch / decode_cost.step_time(0, 0.0, batch, context)
     return {"prefill_tokens_per_s": prefill, "decode_tokens_per_s": decode}
 
 
-def analytical_split(cfg: Config, profile: dict, num_devices: int) -> dict:
+def analytical_split(cfg: Config, profile: Optional[Mapping], num_devices: int) -> dict:
+    """`profile`: a loaded measured profile standing for sim.profile, or None to take every role's
+    device from cfg.sim (GPUs of the analytical table, heterogeneous P and D included)."""
     args = cfg.model.args()
     workload = build_workload(cfg.workload, seed=cfg.seed, vocab_size=args.vocab_size, max_model_len=args.max_model_len)
     inputs = np.array([r.input_len for r in workload.requests], dtype=float)
     outputs = np.array([r.output_len for r in workload.requests], dtype=float)
-    cost = CostModel.from_profile(profile)
+    roles = resolve_roles(cfg, {"prefill", "decode"}, profile)
     out = {"num_devices": num_devices}
     for stat, pick in (("mean", np.mean), ("p95", lambda x: np.percentile(x, 95))):
-        rates = worker_rates(cost, pick(inputs), pick(outputs), cfg.scheduler.max_batched_tokens,
-                             cfg.scheduler.max_running)
+        rates = worker_rates(roles["prefill"].cost, pick(inputs), pick(outputs), cfg.scheduler.max_batched_tokens,
+                             cfg.scheduler.max_running, roles["decode"].cost)
         prefill_load = pick(inputs) / rates["prefill_tokens_per_s"]  # device-seconds per request
         decode_load = pick(outputs) / rates["decode_tokens_per_s"]
         share = prefill_load / (prefill_load + decode_load)

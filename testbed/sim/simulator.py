@@ -1,13 +1,14 @@
-"""Discrete-event simulation of the serving cluster: simulate(cfg, profile) -> the tables of a run.
+"""Discrete-event simulation of the serving cluster: simulate(cfg) -> the tables of a run.
 
 The router's logic (testbed/cluster/router.py) on a virtual clock: open-loop arrivals, closed-
 loop session turns, the real Dispatcher (round robin / least loaded / session affinity),
 admission caps, early or late binding of the decode worker, and the connector's back-pressure
 and timeouts. Workers are `SimWorker`s: the real Scheduler and BlockManager, with the forward
-pass replaced by the cost model's step time. Messages take no time (harness delay 0); a KV
-transfer takes `transfer_time(bytes)`, one at a time per prefill worker. Events at the same
-instant are all delivered before idle workers look for their next step, as a real worker
-drains its inbox before stepping.
+pass replaced by the step time of its role's cost model (testbed/sim/profiles.py: a measured
+profile or an analytical GPU; P and D may differ). Messages take no time (harness delay 0); a KV
+transfer takes `transfer_time(bytes)` of the slower link of its two ends, one at a time per
+prefill worker. Events at the same instant are all delivered before idle workers look for
+their next step, as a real worker drains its inbox before stepping.
 
 Simplifications, each erring towards the real system's slower path: layer-wise KV streaming
 (kv_transfer.granularity=layer) moves the KV after the prefill like granularity=request; a
@@ -29,8 +30,8 @@ from testbed.errors import ConfigError
 from testbed.metrics.events import Event
 from testbed.metrics.slo import tenant_slos
 from testbed.metrics.summary import summarize
-from testbed.sim.cost_model import CostModel
-from testbed.sim.plan import check_profile, kv_bytes_per_token, plan_sim_workers, pool_blocks
+from testbed.sim.plan import plan_sim_workers
+from testbed.sim.profiles import ROLE_OF, resolve_roles, role_blocks, transfer_time
 from testbed.sim.tables import SimRequestLog, TransferRow, requests_steps_transfers
 from testbed.sim.worker import SAMPLED_TOKEN, Outgoing, SimWorker
 from testbed.workload import Request, build_workload
@@ -49,17 +50,18 @@ class Tracked:
 
 
 class Simulation:
-    def __init__(self, cfg: Config, profile: Mapping, num_devices: Optional[int] = None):
+    def __init__(self, cfg: Config, profile: Optional[Mapping] = None, num_devices: Optional[int] = None):
         cfg.validate()
         args = cfg.model.args()
-        check_profile(args, profile)
-        self.cfg, self.args, self.cost = cfg, args, CostModel.from_profile(profile)
-        self.kv_bytes_per_token = kv_bytes_per_token(args, profile)
+        self.cfg, self.args = cfg, args
         available = num_devices if num_devices is not None else cfg.hardware.num_devices
         self.plans = plan_sim_workers(cfg.mode, cfg.cluster, available)
-        blocks = pool_blocks(args, cfg.engine, profile)
-        self.workers = [SimWorker(p.rank, p.role, blocks, cfg.engine, cfg.scheduler, cfg.kv_transfer.max_pending)
-                        for p in self.plans]
+        self.profiles = resolve_roles(cfg, {ROLE_OF[p.role] for p in self.plans}, profile)
+        self.roles = [self.profiles[ROLE_OF[p.role]] for p in self.plans]  # by rank
+        self.kv_bytes_per_token = args.kv_bytes_per_token * next(iter(self.profiles.values())).dtype_bytes
+        blocks = role_blocks(cfg, self.profiles)
+        self.workers = [SimWorker(p.rank, p.role, blocks[ROLE_OF[p.role]], cfg.engine, cfg.scheduler,
+                                  cfg.kv_transfer.max_pending) for p in self.plans]
         self.workload = build_workload(cfg.workload, seed=cfg.seed, vocab_size=args.vocab_size,
                                        max_model_len=args.max_model_len)
         self.log = SimRequestLog()
@@ -90,7 +92,7 @@ class Simulation:
 
     def run(self) -> None:
         for request, reason in self.workload.rejected:
-            self.log.reject(request, request.arrival_s, reason)
+            self.log.reject(request, request.arrival_s, reason, by="workload")
         for request in self.workload.requests:
             self.push(request.arrival_s, ARRIVE, request)
         queue, handlers = self.queue, self.handlers
@@ -112,7 +114,7 @@ class Simulation:
                 for entry in worker.admit(self.now):
                     self._reserved(rank, entry)
             if worker.can_step():
-                duration = worker.start_step(self.now, self.cost)
+                duration = worker.start_step(self.now, self.roles[rank].cost)
                 if duration is not None:
                     self.push(self.now + duration, STEP_END, rank)
 
@@ -212,7 +214,8 @@ class Simulation:
             return
         sender = self.workers[rank]
         entry.start = max(self.now, sender.link_free_at)
-        sender.link_free_at = entry.start + self.cost.transfer_time(self._kv_bytes(entry.seq))
+        duration = transfer_time(self.roles[rank], self.roles[entry.decode_rank], self._kv_bytes(entry.seq))
+        sender.link_free_at = entry.start + duration
         self.push(sender.link_free_at, KV_SENT, (sender.rank, entry.seq.seq_id))
 
     def _kv_bytes(self, seq: Sequence) -> int:
@@ -283,8 +286,9 @@ class Simulation:
             self.loads[tracked.worker].bound_sequences -= 1
 
 
-def simulate(cfg: Config, profile: Mapping, *, num_devices: Optional[int] = None) -> dict:
-    """Simulate one serving point; the same tables and summary as a real run's serve()."""
+def simulate(cfg: Config, profile: Optional[Mapping] = None, *, num_devices: Optional[int] = None) -> dict:
+    """Simulate one serving point; the same tables and summary as a real run's serve(). The
+    devices come from cfg.sim; `profile`, a loaded measured profile, stands for sim.profile."""
     started = time.perf_counter()
     sim = Simulation(cfg, profile, num_devices)
     sim.run()
@@ -298,7 +302,8 @@ def simulate(cfg: Config, profile: Mapping, *, num_devices: Optional[int] = None
     summary["workload_report"] = sim.workload.report
     summary["executor"] = "sim"
     summary["sim"] = {"events": sim.num_events, "loop_s": loop_s, "unfinished": len(sim.active),
-                      "profile": {k: profile.get(k) for k in ("model_name", "device", "device_name", "dtype")}}
+                      "profile": sim.roles[0].label,  # the first worker's (P's in disagg)
+                      "profiles": {role: r.label for role, r in sim.profiles.items()}}
     wall = time.perf_counter() - started
     return {"requests": requests, "steps": steps, "transfers": transfers, "summary": summary,
             "events_per_s": sim.num_events / loop_s if loop_s > 0 else float("inf"), "wall_s": wall}

@@ -18,7 +18,7 @@ from testbed.engine.policies import make_policy
 from testbed.engine.scheduler import Batch, Scheduler, StepResult
 from testbed.engine.sequence import Sequence, SequenceStatus
 from testbed.errors import ConfigError
-from testbed.sim.cost_model import CostModel
+from testbed.perf.resolve import StepCostModel
 
 SAMPLED_TOKEN = 0  # greedy content is irrelevant to timing
 
@@ -70,7 +70,7 @@ class SimWorker:
             return False
         return bool(self.scheduler.waiting or self.scheduler.running)
 
-    def start_step(self, now: float, cost: CostModel) -> Optional[float]:
+    def start_step(self, now: float, cost: StepCostModel) -> Optional[float]:
         """Schedule a batch; its duration, or None when nothing is admissible."""
         batch = self.scheduler.schedule()
         if not batch.items:

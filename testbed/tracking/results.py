@@ -32,7 +32,7 @@ from testbed.tracking.telemetry import gpu_inventory
 CHECKOUT = Path(__file__).resolve().parents[2]
 # Arrow types for list columns: an empty table (or all-empty lists) would otherwise be list<null>.
 LIST_TYPES = {"token_times": pa.list_(pa.float64()), "token_worker_times": pa.list_(pa.float64()),
-              "output_token_ids": pa.list_(pa.int64())}
+              "output_token_ids": pa.list_(pa.int64()), "prefill_chunks": pa.list_(pa.list_(pa.int64()))}
 
 
 class ResultsError(TestbedError, OSError):

@@ -1,0 +1,97 @@
+"""Emulated devices: which cost model paces each worker role, and what the results say about it.
+
+`hardware.emulate` names a GPU (an analytical roofline) or a profile file (a measured model);
+testbed.perf builds either; `hardware.emulate_prefill` / `emulate_decode` override it
+per role in disagg mode (heterogeneous pools). The cost model is built for the run's model shape,
+or for the preset `hardware.emulate_model` names: tiny real weights then run while each step takes
+that shape's modelled time. The KV link of a prefill worker follows its role's model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from testbed.cluster.pacing import LinkPacer, StepPacer
+from testbed.errors import ConfigError
+from testbed.model.config import PRESETS, ModelArgs, ModelConfig
+from testbed.perf import GPUS, StepCostModel, cost_model, is_gpu
+
+# bytes per KV element of the modelled device: `auto` is what a CUDA run picks (bfloat16)
+DTYPE_BYTES = {"auto": 2, "float32": 4, "bfloat16": 2, "float16": 2}
+ROLE_KEYS = {"prefill_only": "prefill", "decode_only": "decode"}
+
+
+@dataclass(frozen=True)
+class Emulation:
+    """The pacing spec (GPU name or profile path) of each role, and the modelled shape's preset."""
+
+    prefill: Optional[str]
+    decode: Optional[str]
+    mixed: Optional[str]
+    model: Optional[str] = None
+
+    @classmethod
+    def from_hardware(cls, hardware) -> Optional["Emulation"]:
+        if not (hardware.emulate or hardware.emulate_prefill or hardware.emulate_decode):
+            return None
+        return cls(prefill=hardware.emulate_prefill or hardware.emulate,
+                   decode=hardware.emulate_decode or hardware.emulate, mixed=hardware.emulate,
+                   model=hardware.emulate_model)
+
+    def spec_for(self, role: str) -> str:
+        spec = getattr(self, ROLE_KEYS.get(role, "mixed"))
+        if spec is None:
+            raise ConfigError(f"{role} workers need hardware.emulate: hardware.emulate_prefill and "
+                              f"hardware.emulate_decode pace the roles of mode=disagg only")
+        return spec
+
+
+@dataclass(frozen=True)
+class Paced:
+    model: StepCostModel
+    label: dict  # {"kind": "analytical" | "measured", "name": ...}
+    dtype_bytes: int  # bytes per KV element on the modelled device
+
+
+def check_spec(key: str, spec: str) -> None:
+    """One line when `spec` is neither a GPU of the analytical table nor a profile file."""
+    if not (is_gpu(spec) or Path(spec).is_file()):
+        raise ConfigError(f"{key}={spec!r} is neither a GPU of the analytical table ({', '.join(sorted(GPUS))}) "
+                          f"nor a profile .json file (from +experiment=profile)")
+
+
+def modelled_args(emulation: Emulation, model: ModelConfig) -> ModelArgs:
+    return PRESETS[emulation.model] if emulation.model else model.args()
+
+
+def resolve(spec: str, args: ModelArgs, dtype: str, key: str = "hardware.emulate") -> Paced:
+    """The cost model a spec names, built for the shape `args` with KV elements of `dtype` (a
+    measured profile must describe `args` and carries its own dtype)."""
+    model, label = cost_model(spec, args, DTYPE_BYTES[dtype], key=key)
+    dtype_bytes = label.get("dtype_bytes") or DTYPE_BYTES.get(label.get("dtype"), DTYPE_BYTES[dtype])
+    return Paced(model, dict(label), int(dtype_bytes))
+
+
+def role_pacers(emulation: Emulation, role: str, model: ModelConfig,
+                real_kv_bytes_per_token: int) -> tuple[StepPacer, LinkPacer]:
+    """The step pacer of a worker of `role`, and the link pacer its KV sends follow."""
+    args = modelled_args(emulation, model)
+    paced = resolve(emulation.spec_for(role), args, model.dtype)
+    scale = args.kv_bytes_per_token * paced.dtype_bytes / real_kv_bytes_per_token
+    return StepPacer(paced.model), LinkPacer(paced.model, scale)
+
+
+def emulation_meta(emulation: Optional[Emulation], model: ModelConfig, disagg: bool) -> Optional[dict]:
+    """meta.json / summary.json `emulated`: each role's cost-model label and both shapes; None when off."""
+    if emulation is None:
+        return None
+    args = modelled_args(emulation, model)
+    labels = {key: resolve(emulation.spec_for(role if disagg else "mixed"), args, model.dtype).label
+              for role, key in ROLE_KEYS.items()}
+    run_name = model.path or model.name
+    return {**labels, "model": {"modelled": {"name": emulation.model or run_name, "shape": dataclasses.asdict(args)},
+                                "run": {"name": run_name, "shape": dataclasses.asdict(model.args()),
+                                        "dtype": model.dtype}}}

@@ -1,0 +1,101 @@
+"""Pacing a real worker to an emulated device (hardware.emulate): the arithmetic, with no clock.
+
+A paced worker runs the real model, then holds each step until the cost model's time for the
+step's batch shape has passed; a prefill worker holds each KV hand-off until the modelled link
+time has passed. Holding sleeps, so the CPU goes to the other workers. Callers pass `now` (or a
+clock and a sleep function), so the tests drive all of it on a fake clock.
+
+The cost model is any object with `step_time`, `prefill_context` and `transfer_time`, as
+testbed.sim.cost_model.CostModel: the simulator and a paced run can share one.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+
+@dataclass(frozen=True)
+class StepPace:
+    """One step: its modelled and its real duration."""
+
+    modelled_s: float
+    real_s: float
+
+    @property
+    def sleep_s(self) -> float:
+        return max(0.0, self.modelled_s - self.real_s)
+
+    @property
+    def overrun(self) -> bool:
+        """The real step took longer than the modelled one: this device cannot keep the pace."""
+        return self.real_s > self.modelled_s
+
+
+class StepPacer:
+    """Modelled step time from a step record's batch shape (engine.StepRecord fields)."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def modelled_s(self, record) -> float:
+        chunks = record.prefill_chunks
+        context = self.model.prefill_context(chunks) if chunks else 0.0
+        return self.model.step_time(record.prefill_tokens, context, record.decode_seqs, record.decode_context)
+
+    def pace(self, record) -> StepPace:
+        return StepPace(self.modelled_s(record), record.end - record.start)
+
+
+class LinkPacer:
+    """A prefill worker's link: one transfer at a time, each `transfer_time(bytes)` long (the
+    simulator's link). `bytes_scale` turns the real KV bytes into the modelled shape's bytes."""
+
+    def __init__(self, model, bytes_scale: float = 1.0):
+        self.model, self.bytes_scale = model, bytes_scale
+        self.free_at = -math.inf
+        self.due: dict[tuple[int, float], float] = {}  # (request, start) -> when the KV may arrive
+
+    def modelled_s(self, nbytes: int) -> float:
+        return self.model.transfer_time(nbytes * self.bytes_scale)
+
+    def arrived(self, rid: int, start: float, nbytes: int, now: float) -> bool:
+        """May this transfer (all of its bytes posted, the first at `start`) complete at `now`?
+        The first call books it on the link; keyed by start too, so a re-dispatched request books anew."""
+        key = (rid, start)
+        due = self.due.get(key)
+        if due is None:
+            due = self.due[key] = max(start, self.free_at) + self.modelled_s(nbytes)
+            self.free_at = due
+        if now < due:
+            return False
+        del self.due[key]
+        return True
+
+    def next_due(self, now: float) -> Optional[float]:
+        """The earliest booked completion still ahead of `now` (a worker wakes for it)."""
+        ahead = [due for due in self.due.values() if due > now]
+        return min(ahead) if ahead else None
+
+
+def hold(until: float, clock: Callable[[], float], sleep: Callable[[float], None],
+         poll: Callable[[], None] = lambda: None,
+         wake: Callable[[float], Optional[float]] = lambda now: None) -> None:
+    """Sleep until `until`, waking at each `wake(now)` time on the way to `poll` (the KV link
+    keeps running while a paced step holds the worker). Loops because a sleep may end early."""
+    while (now := clock()) < until:
+        early = wake(now)
+        sleep((until if early is None else min(until, early)) - now)
+        poll()
+
+
+def pace_summary(steps) -> Optional[dict]:
+    """Steps that kept the modelled pace and those that overran it; None when nothing was paced."""
+    if steps is None or "modelled_s" not in steps.columns or not steps["modelled_s"].notna().any():
+        return None
+    paced = steps[steps["modelled_s"].notna()]
+    real = paced[["schedule_s", "prepare_s", "forward_s", "sample_s", "postprocess_s"]].sum(axis=1)
+    overruns = int(paced["pace_overrun"].sum())
+    return {"steps": int(len(paced)), "overrun_steps": overruns, "overrun_share": overruns / len(paced),
+            "modelled_s_mean": float(paced["modelled_s"].mean()), "real_s_mean": float(real.mean())}

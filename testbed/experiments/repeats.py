@@ -1,0 +1,78 @@
+"""Repeats: every point of a study runs `experiment.repeats` times with seeds seed, seed+1, ...;
+the repeats of one point form a cell, and a cell's figures come with 95% intervals.
+
+    points/<point>_r<i>/   one repeat (the results contract of one run)
+    intervals.parquet      one row per cell: its knobs, each figure's mean over the repeats and
+                           its interval (`<figure>_low`, `<figure>_high`): a bootstrap over the
+                           pooled requests for latency percentiles and attainment
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from testbed.config import Config
+from testbed.experiments.sweep import Point
+from testbed.metrics.slo import tenant_slos
+from testbed.metrics.uncertainty import point_intervals, repeat_interval
+
+def with_repeats(points: list[Point], cfg: Config) -> list[Point]:
+    """Each point once per repeat, the seed advanced; the cell knob names the point it repeats."""
+    n = cfg.experiment.repeats
+    out = []
+    for point in points:
+        for i in range(n):
+            name = point.name if n == 1 else f"{point.name}_r{i}"
+            seed = cfg.seed + i
+            knobs = {**point.knobs, "cell": point.name, "repeat": i, "seed": seed}
+            out.append(Point(name, {**point.overrides, "seed": seed}, knobs))
+    return out
+
+
+KNOBS = ("label", "mode", "executor", "rate", "burstiness", "chunk", "prefill_len", "dispatch", "num_gpus")
+
+
+def cell_knobs(table: pd.DataFrame) -> list[str]:
+    """The columns that identify a cell (its label, mode, rate, ...): the point's knobs."""
+    return [c for c in KNOBS if c in table.columns]
+
+
+def intervals(table: pd.DataFrame, cfg: Config, out_dir: Path, requests_of) -> pd.DataFrame:
+    """One row per cell of the finished points: knobs, the mean over repeats of every numeric
+    column, the repeats' count, and for latency percentiles and attainment the pooled figure
+    with its bootstrap interval (see point_intervals).
+
+    `requests_of(point)`: a point's requests without its warm-up."""
+    rows = []
+    knobs = cell_knobs(table)
+    tenants = tenant_slos(cfg.workload.tenants, cfg.slo)
+    for cell, group in table.groupby("cell", sort=False):
+        row = {"cell": cell, **{k: group[k].iloc[0] for k in knobs}, "repeats": int(len(group))}
+        for column in group.select_dtypes("number").columns:
+            if column not in knobs and column not in ("repeat", "seed"):
+                row[column] = float(group[column].mean())
+        pooled = pd.concat([requests_of(p) for p in group["point"]], ignore_index=True)
+        # a latency percentile of the pooled requests, beside its interval (not a mean of percentiles)
+        for figure, (estimate, low, high) in point_intervals(pooled, cfg.slo, tenants, seed=cfg.seed).items():
+            row[figure], row[f"{figure}_low"], row[f"{figure}_high"] = estimate, low, high
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def goodput_interval(values: list[float], highest: float = float("inf")) -> dict:
+    """{"mean", "low", "high", "values"}: one goodput per repeat, Student's t across them,
+    within [0, the highest swept rate]."""
+    mean, low, high = repeat_interval(values, bounds=(0.0, highest))
+    return {"mean": mean, "low": low, "high": high, "values": [float(v) for v in values]}
+
+
+def per_repeat(group: pd.DataFrame) -> list[pd.DataFrame]:
+    """The rows of one configuration split by repeat (each a sweep over the study's axis)."""
+    return [rows for _, rows in group.groupby("repeat", sort=True)] if "repeat" in group else [group]
+
+
+def finite(values) -> list[float]:
+    return [float(v) for v in values if v is not None and np.isfinite(v)]

@@ -1,0 +1,92 @@
+"""Named GPUs for the analytical (roofline) cost model: datasheet peaks and achievable shares.
+
+Peaks are datasheet figures; the efficiency factors turn them into what kernels reach. Each
+number carries its source. Sources named here:
+- [A100-DS] NVIDIA A100 Tensor Core GPU datasheet: bf16 312 TFLOP/s dense; HBM 1,555 GB/s (40GB),
+  2,039 GB/s (80GB SXM); NVLink 600 GB/s both directions.
+- [H100-DS] NVIDIA H100 datasheet, SXM5: bf16 1,979 TFLOP/s with 2:4 sparsity, so 989 dense;
+  HBM3 3.35 TB/s; NVLink 900 GB/s both directions.
+- [H200-DS] NVIDIA H200 datasheet, SXM: 141 GB HBM3e at 4.8 TB/s, NVLink 900 GB/s, the H100's
+  compute (also ../shared/notes/roofline-cost-models.md, hardware table).
+- [NVSMI] total memory nvidia-smi reports: A100-SXM4-40GB 40,960 MiB; A100-SXM4-80GB 81,920 MiB;
+  H100 80GB HBM3 81,559 MiB; H200 143,771 MiB.
+- [BLIS] inference-sim roofline v2, lesson 1: achievable HBM bandwidth is about 0.8 of peak
+  (STREAM sustains 2,650-2,750 of 3,350 GB/s on H100); InferSim multiplies HBM and NVLink by 0.8.
+  Lesson 2: a per-step CPU overhead of milliseconds in Python engines (InferSim: 5 ms a decode step).
+- [VIDUR] microsoft/vidur operator profiles (data/profiling/compute/{a100,h100}/...): cuBLAS bf16
+  GEMMs of 7-8B shapes at 2K-8K tokens reach 0.70-0.74 of peak on A100 and 0.75-0.77 on H100;
+  send_recv between two NVLink GPUs takes 4-17 us for small messages and moves ~350 GB/s at 64 MiB
+  on H100 (0.77 of 450).
+- [NCCL] NVIDIA/nccl#1264: H100 SXM p2pBandwidthLatencyTest ~380 of 450 GB/s one way (0.84).
+- [FA2] Dao, FlashAttention-2 (2023): forward attention reaches up to ~70% of A100 peak at long
+  sequences. [FA3] Shah et al., FlashAttention-3 (2024): FlashAttention-2 reaches ~35% of H100 peak.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from testbed.errors import ConfigError
+
+MIB = 2**20
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """One device. Bandwidths in bytes/s, NVLink one direction; `*_share` and `*_mfu` in (0, 1]."""
+
+    name: str
+    peak_flops: float  # dense bf16/fp16 tensor-core FLOP/s
+    hbm_bytes_per_s: float
+    nvlink_bytes_per_s: float
+    memory_bytes: float
+    matmul_mfu: float  # share of peak a GEMM reaches when compute-bound
+    attention_mfu: float  # share of peak the attention kernel reaches when compute-bound
+    hbm_share: float  # achievable share of the HBM bandwidth
+    nvlink_share: float  # achievable share of the NVLink bandwidth (a KV send)
+    step_overhead_s: float  # per-step CPU time of a Python engine outside kernels
+    link_latency_s: float  # fixed cost of one KV send
+
+    def validate(self) -> "Gpu":
+        for key in ("matmul_mfu", "attention_mfu", "hbm_share", "nvlink_share"):
+            if not 0 < getattr(self, key) <= 1:
+                raise ConfigError(f"gpu {self.name}: {key}={getattr(self, key)} must be in (0, 1]")
+        return self
+
+
+# Shared factors. A Python engine's step overhead: 2 ms, the low end of [BLIS]'s "milliseconds"
+# (InferSim's 5 ms is vLLM's, API server and detokenisation included, which this engine lacks).
+HBM_SHARE = 0.8  # [BLIS]; [VIDUR] decode GEMVs of Llama shapes read weights at 0.75-0.78
+NVLINK_SHARE = 0.8  # [BLIS] InferSim; [NCCL] 0.84; [VIDUR] 0.77
+STEP_OVERHEAD_S = 2e-3  # [BLIS] lesson 2
+LINK_LATENCY_S = 10e-6  # [VIDUR] small-message send_recv 4-17 us
+
+GPUS: dict[str, Gpu] = {
+    "a100_40g": Gpu("NVIDIA A100-SXM4-40GB", peak_flops=312e12, hbm_bytes_per_s=1555e9,  # [A100-DS]
+                    nvlink_bytes_per_s=300e9, memory_bytes=40960 * MIB,  # [A100-DS], [NVSMI]
+                    matmul_mfu=0.7, attention_mfu=0.5,  # [VIDUR] 0.70-0.74; [FA2] up to ~0.7, less at serving shapes
+                    hbm_share=HBM_SHARE, nvlink_share=NVLINK_SHARE, step_overhead_s=STEP_OVERHEAD_S,
+                    link_latency_s=LINK_LATENCY_S),
+    "a100_80g": Gpu("NVIDIA A100-SXM4-80GB", peak_flops=312e12, hbm_bytes_per_s=2039e9,  # [A100-DS]
+                    nvlink_bytes_per_s=300e9, memory_bytes=81920 * MIB,  # [A100-DS], [NVSMI]
+                    matmul_mfu=0.7, attention_mfu=0.5,  # as a100_40g
+                    hbm_share=HBM_SHARE, nvlink_share=NVLINK_SHARE, step_overhead_s=STEP_OVERHEAD_S,
+                    link_latency_s=LINK_LATENCY_S),
+    "h100_sxm": Gpu("NVIDIA H100 80GB HBM3 (SXM5)", peak_flops=989e12, hbm_bytes_per_s=3350e9,  # [H100-DS]
+                    nvlink_bytes_per_s=450e9, memory_bytes=81559 * MIB,  # [H100-DS], [NVSMI]
+                    matmul_mfu=0.75, attention_mfu=0.35,  # [VIDUR] 0.75-0.77; [FA3] FA2 on Hopper
+                    hbm_share=HBM_SHARE, nvlink_share=NVLINK_SHARE, step_overhead_s=STEP_OVERHEAD_S,
+                    link_latency_s=LINK_LATENCY_S),
+    "h200": Gpu("NVIDIA H200 (SXM)", peak_flops=989e12, hbm_bytes_per_s=4800e9,  # [H200-DS]
+                nvlink_bytes_per_s=450e9, memory_bytes=143771 * MIB,  # [H200-DS], [NVSMI]
+                matmul_mfu=0.75, attention_mfu=0.35,  # the H100's compute: as h100_sxm
+                hbm_share=HBM_SHARE, nvlink_share=NVLINK_SHARE, step_overhead_s=STEP_OVERHEAD_S,
+                link_latency_s=LINK_LATENCY_S),
+}
+
+
+def gpu(name: str) -> Gpu:
+    """The table's entry; a one-line error listing the names for anything else."""
+    if name not in GPUS:
+        raise ConfigError(f"unknown GPU {name!r}: choose one of {', '.join(sorted(GPUS))}")
+    return GPUS[name]

@@ -1,0 +1,68 @@
+"""One cost model from a spec: a GPU of the analytical table, or a measured profile file.
+
+    model, label = cost_model("h100_sxm", args, dtype_bytes=2)        # analytical (roofline)
+    model, label = cost_model("outputs/.../profile.json", args, 2)    # measured on a device
+
+A measured profile replaces the analytical model wherever one exists: pass its path instead of
+the GPU's name. Both models answer `step_time`, `prefill_context` and `transfer_time`; the label
+({"kind": "analytical" | "measured", "name": ...}) goes into the results.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterable, Mapping, Protocol, Union
+
+from testbed.errors import ConfigError
+from testbed.model.config import ModelArgs
+from testbed.perf.gpus import GPUS, gpu
+from testbed.perf.measured import CostModel, check_profile, load_profile
+from testbed.perf.roofline import RooflineModel
+
+PROFILE_FIELDS = ("model_name", "device", "device_name", "dtype")
+
+
+class StepCostModel(Protocol):
+    """What the simulator and a paced worker ask of a cost model (CostModel, RooflineModel)."""
+
+    def prefill_context(self, chunks: Iterable[tuple[int, int]]) -> float: ...
+
+    def step_time(self, prefill_tokens: int, prefill_context: float, decode_seqs: int, decode_context: int) -> float: ...
+
+    def transfer_time(self, nbytes: int) -> float: ...
+
+
+def is_gpu(spec: str) -> bool:
+    return spec in GPUS
+
+
+def cost_model(spec: str, model_args: ModelArgs, dtype_bytes: int = 2,
+               key: str = "profile") -> tuple[Union[RooflineModel, CostModel], dict]:
+    """(model, label). A GPU name builds the roofline for `model_args` in `dtype_bytes`; anything
+    else is a measured profile's path: it must describe `model_args` and carries its own dtype.
+    `key` names the setting in errors (e.g. sim.decode_profile)."""
+    if is_gpu(spec):
+        return analytical(spec, model_args, dtype_bytes)
+    path = Path(spec)
+    if not path.is_file() and path.suffix != ".json":
+        raise ConfigError(f"{key}={spec!r} is neither a GPU of the analytical table ({', '.join(sorted(GPUS))}) "
+                          f"nor a measured profile .json file")
+    return measured(load_profile(path, key), model_args, str(path))
+
+
+def analytical(name: str, model_args: ModelArgs, dtype_bytes: int = 2) -> tuple[RooflineModel, dict]:
+    return RooflineModel(gpu(name).validate(), model_args, dtype_bytes), analytical_label(name, dtype_bytes)
+
+
+def measured(profile: Mapping, model_args: ModelArgs, name: str) -> tuple[CostModel, dict]:
+    """A loaded profile's model; it must describe `model_args` (max_model_len aside)."""
+    check_profile(model_args, profile)
+    return CostModel.from_profile(profile), measured_label(name, profile)
+
+
+def analytical_label(name: str, dtype_bytes: int) -> dict:
+    return {"kind": "analytical", "name": name, "device_name": GPUS[name].name, "dtype_bytes": dtype_bytes}
+
+
+def measured_label(name: str, profile: Mapping) -> dict:
+    return {"kind": "measured", "name": name, **{k: profile.get(k) for k in PROFILE_FIELDS}}

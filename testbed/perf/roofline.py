@@ -1,0 +1,140 @@
+"""The analytical cost model: a per-component roofline of one engine step on a named GPU.
+
+Each component is its own roofline, max(FLOPs / (peak x mfu), bytes / (HBM x share)), and the
+step is their sum plus the engine's per-step overhead (BLIS lesson 4, per component; lesson 2,
+the overhead). A step runs the linear layers once over all its tokens, then attention for the
+prefill chunks and for the decodes (lesson 5: a mixed step is additive):
+
+- GEMMs, per layer: qkv (fused), o, gate/up (fused), down over every token of the batch; each
+  reads its weights once per step, plus its activations.
+- elementwise, per layer: RMSNorms, RoPE, SiLU x up, residual adds: memory-bound activations.
+- prefill attention: 4 x tokens x attended keys x heads x head_dim FLOPs (QK^T and PV).
+- decode attention: reads `decode_context` tokens of K and V per layer.
+- lm_head: one row of logits per sampling sequence (a decode, or the chunk that ends a prompt).
+
+The same interface as testbed.perf.measured.CostModel, so the simulator and a paced real
+worker take either. No clock, no torch: pure arithmetic on the model shape. The peaks are 16-bit
+tensor-core figures; `dtype_bytes` scales the memory traffic only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Iterable
+
+from testbed.model.config import ModelArgs
+from testbed.perf.attention import attended_context
+from testbed.perf.gpus import Gpu
+
+FLASH_QUERY_TILE = 128  # flash-attn reads a chunk's cached keys once per tile of this many queries
+
+
+@dataclass(frozen=True)
+class RooflineModel:
+    gpu: Gpu
+    model_args: ModelArgs
+    dtype_bytes: int = 2
+    causal_attention: bool = True  # flash-attn on a GPU skips a chunk's masked half
+
+    # -- the CostModel interface -------------------------------------------------------------------
+    def prefill_context(self, chunks: Iterable[tuple[int, int]]) -> float:
+        return attended_context(chunks, self.causal_attention)
+
+    def step_time(self, prefill_tokens: int, prefill_context: float, decode_seqs: int, decode_context: int) -> float:
+        return sum(self.breakdown(prefill_tokens, prefill_context, decode_seqs, decode_context).values())
+
+    def transfer_time(self, nbytes: int) -> float:
+        """A KV send over NVLink (one direction)."""
+        return self.gpu.link_latency_s + nbytes / (self.gpu.nvlink_bytes_per_s * self.gpu.nvlink_share)
+
+    def as_dict(self) -> dict:
+        return {"kind": "analytical", "gpu": asdict(self.gpu), "dtype_bytes": self.dtype_bytes,
+                "causal_attention": self.causal_attention}
+
+    # -- the components ----------------------------------------------------------------------------
+    def breakdown(self, prefill_tokens: int, prefill_context: float, decode_seqs: int,
+                  decode_context: int) -> dict[str, float]:
+        """Seconds per component of one step (their sum is `step_time`)."""
+        layers = self.model_args.num_layers
+        tokens = prefill_tokens + decode_seqs
+        sampled = decode_seqs + (1 if prefill_tokens else 0)
+        return {
+            "overhead": self.gpu.step_overhead_s,
+            "gemm": layers * self.layer_gemms(tokens) if tokens else 0.0,
+            "elementwise": self.elementwise(tokens),
+            "prefill_attention": layers * self.prefill_attention(prefill_tokens, prefill_context),
+            "decode_attention": layers * self.decode_attention(decode_seqs, decode_context),
+            "lm_head": self.gemm(sampled, self.model_args.hidden_size, self.model_args.vocab_size, out_bytes=4)
+            if sampled else 0.0,
+        }
+
+    def roofline(self, flops: float, nbytes: float, mfu: float) -> float:
+        gpu = self.gpu
+        return max(flops / (gpu.peak_flops * mfu), nbytes / (gpu.hbm_bytes_per_s * gpu.hbm_share))
+
+    def gemm(self, tokens: int, k: int, n: int, out_bytes: int = 0) -> float:
+        """(tokens x k) @ (k x n): weights read once, activations in and out."""
+        db = self.dtype_bytes
+        nbytes = k * n * db + tokens * k * db + tokens * n * (out_bytes or db)
+        return self.roofline(2.0 * tokens * k * n, nbytes, self.gpu.matmul_mfu)
+
+    def layer_gemms(self, tokens: int) -> float:
+        a = self.model_args
+        q, kv = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
+        h, inter = a.hidden_size, a.intermediate_size
+        return (self.gemm(tokens, h, q + 2 * kv) + self.gemm(tokens, q, h)
+                + self.gemm(tokens, h, 2 * inter) + self.gemm(tokens, inter, h))
+
+    def elementwise(self, tokens: int) -> float:
+        """Norms, RoPE, SiLU x up, residual adds: elements read + written per token per layer,
+        plus the embedding gather and the final norm."""
+        a = self.model_args
+        q, kv = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
+        per_layer = 10 * a.hidden_size + 2 * (q + kv) + 3 * a.intermediate_size
+        elements = tokens * (a.num_layers * per_layer + 3 * a.hidden_size)
+        return self.roofline(0.0, elements * self.dtype_bytes, 1.0)
+
+    def prefill_attention(self, tokens: int, context: float) -> float:
+        """One layer: FLOPs of the attended pairs; bytes of Q, O, the new K/V, and the cached
+        keys each query tile reads."""
+        if not tokens:
+            return 0.0
+        a = self.model_args
+        q, kv = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
+        tiles = max(1.0, tokens / FLASH_QUERY_TILE)
+        nbytes = (tokens * (2 * q + 2 * kv) + tiles * context * 2 * kv) * self.dtype_bytes
+        return self.roofline(4.0 * tokens * context * q, nbytes, self.gpu.attention_mfu)
+
+    def decode_attention(self, seqs: int, context: int) -> float:
+        """One layer: every decode reads its whole K and V; writes its own new K/V."""
+        if not seqs:
+            return 0.0
+        a = self.model_args
+        q, kv = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
+        nbytes = (context * 2 * kv + seqs * (2 * q + 2 * kv)) * self.dtype_bytes
+        return self.roofline(4.0 * context * q, nbytes, self.gpu.attention_mfu)
+
+    # -- memory --------------------------------------------------------------------------------
+    @property
+    def weight_bytes(self) -> int:
+        return weight_params(self.model_args) * self.dtype_bytes
+
+    def weight_read_s(self) -> float:
+        """Reading every streamed weight once at the achievable bandwidth: a memory-bound step's
+        floor. The input embedding is gathered row by row, not streamed (unless tied to lm_head)."""
+        a = self.model_args
+        gathered = 0 if a.tie_embeddings else a.vocab_size * a.hidden_size
+        return self.roofline(0.0, (weight_params(a) - gathered) * self.dtype_bytes, 1.0)
+
+    def kv_pool_bytes(self, memory_utilization: float) -> float:
+        """The KV pool as vLLM sizes it: the utilised share of the device memory, less the weights."""
+        return self.gpu.memory_bytes * memory_utilization - self.weight_bytes
+
+
+def weight_params(a: ModelArgs) -> int:
+    """Parameters of a Llama-family model (embedding, layers, final norm, lm_head unless tied)."""
+    q, kv = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
+    per_layer = a.hidden_size * (q + 2 * kv) + q * a.hidden_size + 3 * a.hidden_size * a.intermediate_size
+    per_layer += 2 * a.hidden_size + (q + 2 * kv if a.qkv_bias else 0)
+    embeddings = a.vocab_size * a.hidden_size * (1 if a.tie_embeddings else 2)
+    return embeddings + a.num_layers * per_layer + a.hidden_size

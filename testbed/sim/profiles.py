@@ -1,0 +1,94 @@
+"""Which device simulates each worker role: a cost model, a KV pool and a label per role.
+
+Mixed workers (colocated, chunked) run on `sim.profile`; prefill and decode workers on
+`sim.prefill_profile` / `sim.decode_profile` (default: sim.profile), so P and D may be different
+devices (heterogeneous pools). A role's spec is a GPU of the analytical table (a roofline of that
+GPU for the configured model; its KV pool comes from the GPU's memory) or a measured profile
+(its model must be the configured one; its KV pool as the profiled engine sized it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Optional
+
+from testbed.config import Config
+from testbed.engine.config import EngineConfig
+from testbed.errors import ConfigError
+from testbed.model.config import ModelArgs
+from testbed.perf.resolve import StepCostModel, analytical, is_gpu, measured
+from testbed.sim.plan import gpu_pool_blocks, pool_blocks
+
+ROLE_OF = {"colocated": "mixed", "chunked": "mixed", "prefill_only": "prefill", "decode_only": "decode"}
+# a simulated GPU holds the weights in 16 bits unless the model's dtype says float32 (auto: bfloat16 on CUDA)
+GPU_DTYPE_BYTES = {"auto": 2, "bfloat16": 2, "float16": 2, "float32": 4}
+
+
+@dataclass(frozen=True)
+class RoleProfile:
+    cost: StepCostModel  # a measured CostModel or an analytical RooflineModel
+    label: dict  # {"kind": "analytical" | "measured", "name": ...}
+    dtype_bytes: int  # of the KV cache
+    measured: Optional[Mapping] = None  # the measured profile; None: an analytical GPU
+
+    def pool_blocks(self, args: ModelArgs, engine: EngineConfig) -> int:
+        """KV blocks of one worker: from the GPU's memory, or as the profiled engine sized its pool."""
+        if self.measured is None:
+            return gpu_pool_blocks(self.cost, engine)
+        return pool_blocks(args, engine, self.measured)
+
+
+def resolve_roles(cfg: Config, roles: set[str], profile: Optional[Mapping] = None) -> dict[str, RoleProfile]:
+    """A RoleProfile per role in `roles`; `profile`, when given, is a loaded measured profile
+    standing for sim.profile (P's and D's own settings still apply)."""
+    out = {role: resolve_role(cfg, role, profile) for role in sorted(roles)}
+    sizes = {role: r.dtype_bytes for role, r in out.items()}
+    if len(set(sizes.values())) > 1:
+        got = ", ".join(f"{cfg.sim.key(role)}: {n} bytes" for role, n in sizes.items())
+        raise ConfigError(f"the simulated devices hold the KV cache in different dtypes ({got}): "
+                          f"a measured CPU profile (float32) cannot pair with a GPU; pick GPUs or profiles of one dtype")
+    return out
+
+
+def resolve_role(cfg: Config, role: str, profile: Optional[Mapping] = None) -> RoleProfile:
+    args, spec = cfg.model.args(), cfg.sim.spec(role)
+    given = profile is not None and cfg.sim.key(role) == "sim.profile"
+    if spec is not None and is_gpu(spec) and not given:
+        dtype_bytes = gpu_dtype_bytes(cfg.model.dtype)
+        model, label = analytical(spec, args, dtype_bytes)
+        return RoleProfile(model, label, dtype_bytes)
+    loaded = profile if given else cfg.sim.load(cfg.model.name, role)
+    name = "given" if given else spec or f"shipped:{cfg.model.name}_cpu.json"
+    model, label = measured(loaded, args, name)
+    return RoleProfile(model, label, int(loaded["dtype_bytes"]), loaded)
+
+
+def role_blocks(cfg: Config, profiles: dict[str, RoleProfile]) -> dict[str, int]:
+    """KV blocks of one worker of each role. Without prefix caching, blocks past what a worker can
+    ever hold change nothing, so they are not built: a tiny model on an 80 GB GPU would otherwise
+    be tens of millions of Block objects per worker."""
+    args = cfg.model.args()
+    blocks = {role: r.pool_blocks(args, cfg.engine) for role, r in profiles.items()}
+    if cfg.engine.enable_prefix_caching:  # cached blocks outlive their requests: the whole pool matters
+        return blocks
+    cap = reachable_blocks(args, cfg.engine, cfg.scheduler.max_running, cfg.kv_transfer.max_pending)
+    return {role: min(n, cap) for role, n in blocks.items()}
+
+
+def reachable_blocks(args: ModelArgs, engine: EngineConfig, max_running: int, max_pending: int) -> int:
+    """The most blocks a worker holds at once: max_running sequences stepping, and on a prefill
+    worker up to max_pending - 1 + max_running more holding their KV for D (a step may hand off
+    all its sequences), each at most max_model_len + 1 tokens."""
+    per_sequence = -(-(args.max_model_len + 1) // engine.block_size)
+    return (2 * max_running + max_pending) * per_sequence
+
+
+def gpu_dtype_bytes(dtype: str) -> int:
+    if dtype not in GPU_DTYPE_BYTES:
+        raise ConfigError(f"model.dtype={dtype!r} is not one of {', '.join(GPU_DTYPE_BYTES)}")
+    return GPU_DTYPE_BYTES[dtype]
+
+
+def transfer_time(sender: RoleProfile, receiver: RoleProfile, nbytes: int) -> float:
+    """A KV transfer runs at the slower link of its two ends."""
+    return max(sender.cost.transfer_time(nbytes), receiver.cost.transfer_time(nbytes))
