@@ -1,5 +1,7 @@
 """Captions whose numbers come from what a figure plotted (the dicts the figure functions
-return), so the text under a figure can never disagree with it."""
+return), so the text under a figure can never disagree with it. A figure's value comes with its
+95% interval in brackets, and a caption names a leader only when its interval clears the
+runner-up's; otherwise it says the leaders are not separated."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import numpy as np
 import pandas as pd
 
 from analysis import style
+from testbed.metrics.uncertainty import overlaps
 
 
 def ms(value: float) -> str:
@@ -19,8 +22,9 @@ def ms(value: float) -> str:
     return f"{value:.3g} ms" if abs(value) < 1000 else f"{value / 1000:.3g} s"
 
 
-def rate(value: float) -> str:
-    return "n/a" if value is None or not math.isfinite(value) else f"{value:.3g} req/s"
+def rate(value: float, low: float = math.nan, high: float = math.nan) -> str:
+    """A rate with its interval when known: "8 [0, 110] req/s"."""
+    return "n/a" if value is None or not math.isfinite(value) else f"{value:.3g}{bracket(low, high)} req/s"
 
 
 def slo_text(table: pd.DataFrame) -> str:
@@ -31,29 +35,66 @@ def slo_text(table: pd.DataFrame) -> str:
     return f"TTFT \u2264 {ttft:.3g} ms, TPOT \u2264 {tpot:.3g} ms"
 
 
-def best(values: Mapping[str, float]) -> str:
-    finite = {k: v for k, v in values.items() if math.isfinite(v)}
-    if not finite:
-        return "none"
-    top = max(finite.values())
-    winners = [k for k in style.order(finite) if finite[k] == top]
-    return winners[0] if len(winners) == 1 else " = ".join(winners) + " (tie)"
+def num(value: float) -> str:
+    """Three significant figures, without an exponent for numbers up to 10^6."""
+    return f"{value:.3g}" if abs(value) < 1000 or abs(value) >= 1e6 else f"{value:.0f}"
 
 
-def goodput_per_gpu(plotted: Mapping[str, float]) -> str:
-    parts = [f"{label} {rate(plotted[label])}" for label in style.order(plotted)]
-    return f"goodput per GPU (90% SLO attainment): {', '.join(parts)}; best: {best(plotted)}."
+def bracket(low: float, high: float) -> str:
+    """" [low, high]", or nothing when the interval is unknown."""
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return ""
+    return f" [{num(low)}, {num(high)}]"
 
 
-def attainment_vs_rate(plotted: Mapping[str, dict], table: pd.DataFrame) -> str:
+def ms_interval(value: float, low: float = math.nan, high: float = math.nan) -> str:
+    """A latency in ms with its interval: "12.3 [10.1, 14.2] ms" (seconds from 1000 ms on)."""
+    if value is None or not math.isfinite(value):
+        return "n/a"
+    scale, unit = (1.0, "ms") if abs(value) < 1000 else (1e-3, "s")
+    return f"{num(value * scale)}{bracket(low * scale, high * scale)} {unit}"
+
+
+def leader(estimates: Mapping[str, tuple], what: str, lower: bool = False) -> str:
+    """Who leads on `what` ({label: (value, low, high)}; lower or higher is better), named only
+    when its interval clears every other's; empty with fewer than two finite values."""
+    finite = {k: tuple(float(x) for x in v) for k, v in estimates.items() if math.isfinite(float(v[0]))}
+    if len(finite) < 2:
+        return ""
+    ranked = sorted(style.order(finite), key=lambda k: finite[k][0], reverse=not lower)
+    top, word = ranked[0], "lowest" if lower else "highest"
+    tied = [k for k in ranked if k == top or overlaps(finite[top][1:], finite[k][1:])]
+    if len(tied) == 1:
+        return f"{word} {what}: {top}, clear of {ranked[1]}"
+    known = all(math.isfinite(b) for k in tied for b in finite[k][1:])
+    why = "95% intervals overlap" if known else "no interval to tell them apart"
+    return f"{word} {what}: leaders not separated ({', '.join(tied)}: {why})"
+
+
+def sentence(*parts: str) -> str:
+    """Parts joined by "; " (empty ones left out), ending with a full stop."""
+    return "; ".join(p for p in parts if p) + "."
+
+
+def goodput_per_gpu(plotted: Mapping[str, Mapping], best: Mapping | None = None) -> str:
+    """best: the aggregate's verdict (sweep.json "best"); its line says whether the leader is
+    separated. Without it the plotted intervals decide."""
+    parts = [f"{label} {rate(g['goodput_per_gpu'], g['low'], g['high'])}" for label, g in plotted.items()]
+    verdict = (best or {}).get("line") or leader(
+        {k: (g["goodput_per_gpu"], g["low"], g["high"]) for k, g in plotted.items()}, "goodput per GPU")
+    return sentence(f"goodput per GPU (90% SLO attainment), 95% intervals across repeats: {', '.join(parts)}", verdict)
+
+
+def attainment_vs_rate(plotted: Mapping[str, dict], table: pd.DataFrame, best: Mapping | None = None) -> str:
     parts = []
     for label in style.order(plotted):
         line = plotted[label]
-        passing = np.asarray(line["attainment"]) >= 0.9
-        note = (" (every swept rate passes: a lower bound)" if passing.all()
-                else " (no swept rate meets 90%)" if not passing.any() else "")
-        parts.append(f"{label} {rate(line['goodput'])}{note}")
-    return f"SLO attainment ({slo_text(table)}) against rate; goodput at 90%: {', '.join(parts)}."
+        # from the goodput itself: with repeats it is a mean over them, the curve a pooled estimate
+        note = (" (no swept rate meets 90%)" if line["goodput"] <= 0
+                else " (the highest swept rate passes: a lower bound)" if line["goodput"] >= max(line["rate"]) else "")
+        parts.append(f"{label} {rate(line['goodput'], line['goodput_low'], line['goodput_high'])}{note}")
+    return sentence(f"SLO attainment ({slo_text(table)}) against rate, shaded: 95% intervals; "
+                    f"goodput at 90%: {', '.join(parts)}", (best or {}).get("line", ""))
 
 
 def attainment_vs_scale(plotted: Mapping[str, dict]) -> str:
@@ -61,7 +102,8 @@ def attainment_vs_scale(plotted: Mapping[str, dict]) -> str:
     for label in style.order(plotted):
         s = plotted[label]["tightest_scale"]
         parts.append(f"{label} {s:.3g}x" if math.isfinite(s) else f"{label} none")
-    return f"tightest SLO scale with 90% attainment: {', '.join(parts)}."
+    return (f"tightest SLO scale with 90% attainment: {', '.join(parts)}; shaded: 95% bootstrap intervals of "
+            "attainment.")
 
 
 def distributions(plotted: Mapping[str, tuple], what: str) -> str:
@@ -71,28 +113,67 @@ def distributions(plotted: Mapping[str, tuple], what: str) -> str:
     return f"{what} p50 / p99: {', '.join(parts)}."
 
 
-def latency_vs_rate(plotted: Mapping[str, Mapping[str, tuple]], metric: str) -> str:
-    parts = []
-    for label, (x, y) in plotted.get("p99", {}).items():
-        if len(x):
-            parts.append(f"{label} {ms(y[-1])} at {rate(x[-1])}")
-    return f"p99 {metric.upper()} at the highest rate: {', '.join(parts)}."
+def _at_highest(lines: Mapping[str, Mapping]) -> dict[str, tuple]:
+    """{label: (y, low, high, x)} at each line's highest x."""
+    out = {}
+    for label, line in lines.items():
+        if len(line["x"]):
+            i = int(np.argmax(line["x"]))
+            out[label] = (line["y"][i], line["low"][i], line["high"][i], line["x"][i])
+    return out
 
 
-def itl_inflation(plotted: Mapping[str, tuple]) -> str:
-    parts = [f"{label} {y[-1]:.3g}x at {int(x[-1])} tokens" for label, (x, y) in plotted.items() if len(x)]
-    return f"p99 ITL of the decode background over its decode-only baseline: {', '.join(parts)}."
+def latency_vs_rate(plotted: Mapping[str, Mapping[str, Mapping]], metric: str) -> str:
+    last = _at_highest(plotted.get("p99", {}))
+    parts = [f"{label} {ms_interval(*v[:3])} at {rate(v[3])}" for label, v in last.items()]
+    top = max((v[3] for v in last.values()), default=math.nan)
+    same = {k: v[:3] for k, v in last.items() if v[3] == top}  # compared only at the same rate
+    return sentence(f"p99 {metric.upper()} at the highest rate (95% intervals): {', '.join(parts)}",
+                    leader(same, f"p99 {metric.upper()}", lower=True))
 
 
-def ttft_by_bucket(plotted: Mapping[str, Mapping[str, float]], percentile: str) -> str:
-    parts = [f"{label}: " + ", ".join(f"{b} {ms(v)}" for b, v in buckets.items()) for label, buckets in plotted.items()]
-    return f"{percentile} TTFT by input length; {'; '.join(parts)}."
+INFLATION = ("inflation: p99 of the decode background's inter-token gaps that overlap an injected prefill over "
+             "p99 of the gaps that do not, in the same run (1 = no interference)")
+
+
+def itl_inflation(plotted: Mapping[str, Mapping]) -> str:
+    last = {label: (line["inflation"][-1], line["low"][-1], line["high"][-1], line["prefill_len"][-1])
+            for label, line in plotted.items() if len(line["prefill_len"])}
+    parts = [f"{label} {v[0]:.3g}x{bracket(v[1], v[2])} at {int(v[3])} tokens" for label, v in last.items()]
+    longest = max((v[3] for v in last.values()), default=math.nan)
+    same = {k: v[:3] for k, v in last.items() if v[3] == longest}
+    return sentence(f"{INFLATION}; 95% bootstrap intervals: {', '.join(parts)}",
+                    leader(same, "inflation at the longest prefill", lower=True))
+
+
+def decode_steps(plotted: Mapping[str, Mapping]) -> str:
+    parts = [f"{label} {ms(line['with_prefill_ms'][-1])} / {ms(line['without_prefill_ms'][-1])} at "
+             f"{int(line['prefill_len'][-1])} tokens" for label, line in plotted.items() if len(line["prefill_len"])]
+    return sentence(f"mean decode step of the background's workers with / without prefill work alongside: "
+                    f"{', '.join(parts)}")
+
+
+def ttft_by_bucket(plotted: Mapping[str, Mapping[str, Mapping]], percentile: str) -> str:
+    parts = [f"{label}: " + ", ".join(f"{b} {ms_interval(v['ms'], v['low'], v['high'])} (n={v['count']})"
+                                      for b, v in buckets.items()) for label, buckets in plotted.items()]
+    return sentence(f"{percentile} TTFT by input length, 95% intervals; {'; '.join(parts)}")
 
 
 def chunk_tradeoff(plotted: Mapping[str, np.ndarray]) -> str:
-    parts = [f"{int(c)}: TTFT {ms(t)}, p99 ITL {ms(i)}"
-             for c, t, i in zip(plotted["chunk"], plotted["ttft"], plotted["itl_p99"])]
-    return f"chunk size trade-off; {'; '.join(parts)}."
+    p = plotted
+    parts = [f"{int(c)}: TTFT {ms_interval(p['ttft'][i], p['ttft_low'][i], p['ttft_high'][i])}, p99 ITL "
+             f"{ms_interval(p['itl_p99'][i], p['itl_p99_low'][i], p['itl_p99_high'][i])}"
+             for i, c in enumerate(p["chunk"])]
+    return sentence(f"chunk size trade-off, 95% intervals; {'; '.join(parts)}")
+
+
+def latency_summary(plotted: Mapping[str, Mapping[str, Mapping]]) -> str:
+    metrics = list(next(iter(plotted.values()), {}))
+    parts = [f"{label} " + ", ".join(f"{m.replace('_', ' ')} {ms_interval(v['ms'], v['low'], v['high'])}"
+                                     for m, v in by_metric.items()) for label, by_metric in plotted.items()]
+    verdicts = [leader({k: (v[m]["ms"], v[m]["low"], v[m]["high"]) for k, v in plotted.items()},
+                       m.replace("_", " "), lower=True) for m in metrics]
+    return sentence(f"latency per configuration, 95% intervals: {'; '.join(parts)}", *verdicts)
 
 
 def kv_bandwidth(plotted: Mapping[str, np.ndarray], backend: str) -> str:
@@ -111,6 +192,16 @@ def telemetry(plotted: Mapping[int, tuple], what: str) -> str:
     return f"mean {what}: {', '.join(parts)}."
 
 
-def by_knob(plotted: Mapping[str, tuple], what: str, knob: str) -> str:
-    parts = [f"{label} " + ", ".join(f"{x:g}: {y:.3g}" for x, y in zip(xs, ys)) for label, (xs, ys) in plotted.items()]
-    return f"{what} by {knob}; {'; '.join(parts)}."
+def by_knob(plotted: Mapping[str, Mapping], what: str, knob: str, x: str = "x", y: str = "y",
+            better: str = "") -> str:
+    """Each line's values with their intervals; better ("lower" / "higher"): also who leads at
+    the last value of the knob."""
+    parts = [f"{label} " + ", ".join(f"{xi:g}: {yi:.3g}{bracket(lo, hi)}"
+                                     for xi, yi, lo, hi in zip(line[x], line[y], line["low"], line["high"]))
+             for label, line in plotted.items()]
+    verdict = ""
+    if better:
+        last = {label: (line[y][-1], line["low"][-1], line["high"][-1])
+                for label, line in plotted.items() if len(line[x])}
+        verdict = leader(last, f"{what} at the largest {knob}", lower=better == "lower")
+    return sentence(f"{what} by {knob}, 95% intervals; {'; '.join(parts)}", verdict)

@@ -1,7 +1,8 @@
 """Saved results -> tidy DataFrames. Nothing here reruns anything: it reads the results contract
 (DESIGN.md) of single runs and the sweep layout of studies:
 
-    <sweep>/sweep.parquet, sweep.json ("experiment", "points", "aggregate")
+    <sweep>/sweep.parquet, sweep.json ("experiment", "points", "aggregate"): one row per point
+    <sweep>/intervals.parquet one row per cell (a point's repeats together) with 95% intervals
     <sweep>/points/<point>/   one run's results directory
 """
 
@@ -16,11 +17,15 @@ import numpy as np
 import pandas as pd
 
 from testbed.metrics.config import MetricsConfig
-from testbed.metrics.latency import pooled_itl
+from testbed.metrics.latency import BUCKETS, pooled_itl, ttft_by_bucket
 from testbed.metrics.summary import measured
+from testbed.metrics.uncertainty import bootstrap_interval
 from testbed.tracking.results import read_results
 
 FINISHED = ("ok", "skipped")  # a resumed sweep marks points it did not rerun as "skipped"
+# The columns that say what a cell is (those a study's points vary), in reading order.
+KNOBS = ("cell", "label", "mode", "executor", "rate", "burstiness", "chunk", "prefill_len", "dispatch", "num_gpus",
+         "repeats")
 
 
 def is_sweep(directory) -> bool:
@@ -74,6 +79,23 @@ class Sweep:
             return self.table
         return self.table[self.table["status"].isin(FINISHED)]
 
+    def cells(self) -> pd.DataFrame:
+        """One row per cell (a point's repeats together): intervals.parquet, each figure with its
+        `<figure>_low` / `<figure>_high` where the sweep computed one. A sweep saved without it
+        (written before repeats, or interrupted before its end): the finished rows, a cell's
+        repeats averaged, with no intervals."""
+        path = self.dir / "intervals.parquet"
+        if path.is_file():
+            return pd.read_parquet(path)
+        return rows_as_cells(self.finished())
+
+    def summary(self, *figures: str) -> pd.DataFrame:
+        """The cells' knobs beside the given figures, each followed by its interval's bounds where
+        the sweep has them (a notebook's first table)."""
+        cells = self.cells()
+        wanted = [*KNOBS, *(f"{f}{side}" for f in figures for side in ("", "_low", "_high"))]
+        return cells[[c for c in wanted if c in cells.columns]]
+
     def point_dir(self, point: str) -> Path:
         return self.dir / "points" / point
 
@@ -82,7 +104,7 @@ class Sweep:
 
     def knobs(self, point: str) -> dict:
         row = self.table[self.table["point"] == point].iloc[0]
-        return {k: row[k] for k in ("point", "label", "mode") if k in row}
+        return {k: row[k] for k in ("point", "cell", "label", "mode") if k in row}
 
     def requests(self, points: Optional[Iterable[str]] = None) -> pd.DataFrame:
         """Every request of the given (default: every finished) point, tagged point/label/mode."""
@@ -93,6 +115,34 @@ class Sweep:
         """{point: pooled ITLs of its served requests} (what summary itl_* is computed from)."""
         names = list(points) if points is not None else list(self.finished()["point"])
         return {p: point_itls(self.point_dir(p)) for p in names}
+
+    def ttft_buckets(self) -> pd.DataFrame:
+        """TTFT per cell and input-length bucket with 95% intervals (see ttft_buckets)."""
+        cells = self.cells()
+        if cells.empty:
+            return ttft_buckets(pd.DataFrame(columns=["cell", "label", "input_len", "ttft"]))
+        finished = self.finished()
+        key = "cell" if "cell" in finished.columns else "point"
+        points = finished[finished[key].isin(cells["cell"])]["point"]
+        requests = self.requests(points)
+        if "cell" not in requests.columns:
+            requests = requests.assign(cell=requests["point"])
+        seeds = finished.groupby(key)["seed"].min() if "seed" in finished.columns else {}
+        return ttft_buckets(requests, {cell: int(seed) for cell, seed in dict(seeds).items()})
+
+
+def rows_as_cells(rows: pd.DataFrame) -> pd.DataFrame:
+    """Sweep rows without intervals as cells: a cell's repeats averaged (numeric columns), the
+    first repeat's value of the others; one row per point where the sweep has no `cell`."""
+    if rows.empty:
+        return rows.assign(cell=[], repeats=[])
+    rows = rows.assign(cell=rows["cell"] if "cell" in rows.columns else rows["point"])
+    numeric = [c for c in rows.select_dtypes("number").columns if c not in ("repeat", "seed")]
+    others = [c for c in rows.columns if c not in numeric and c not in ("cell", "repeat", "seed")]
+    grouped = rows.groupby("cell", sort=False)
+    cells = pd.concat([grouped[others].first(), grouped[numeric].mean(), grouped.size().rename("repeats")], axis=1)
+    order = [c for c in rows.columns if c in cells.columns] + ["repeats"]
+    return cells[order].reset_index()
 
 
 def load_sweep(directory) -> Sweep:
@@ -106,7 +156,8 @@ def load_sweep(directory) -> Sweep:
 def load_runs(directories: Iterable, tags: Optional[Iterable[Mapping]] = None,
               only_served: bool = True) -> pd.DataFrame:
     """Per-request rows of several runs, concatenated, each tagged with point (the directory
-    name unless a tag says), label and mode. only_served keeps what the summaries count."""
+    name unless a tag says), label, mode, and cell where the tags give one. only_served keeps
+    what the summaries count."""
     directories = [Path(d) for d in directories]
     tags = list(tags) if tags is not None else [{} for _ in directories]
     frames = []
@@ -115,9 +166,10 @@ def load_runs(directories: Iterable, tags: Optional[Iterable[Mapping]] = None,
         config, requests = run["config"], run["requests"]
         if only_served:
             requests = served(requests, config)
+        cell = {"cell": tag["cell"]} if "cell" in tag else {}  # the point a repeat belongs to
         frames.append(requests.assign(point=tag.get("point", directory.name),
                                       label=tag.get("label", label_of(config)),
-                                      mode=tag.get("mode", config.get("mode"))))
+                                      mode=tag.get("mode", config.get("mode")), **cell))
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["point", "label", "mode"])
 
 
@@ -128,6 +180,31 @@ def point_itls(directory) -> np.ndarray:
 
 
 def by_label(samples: Mapping[str, np.ndarray], table: pd.DataFrame) -> dict[str, np.ndarray]:
-    """{point: values} -> {label: values} for a table with one point per label (mode_compare)."""
+    """{point: values} -> {label: the values of its points pooled} (a label's repeats, or its
+    points at several rates), in the table's order."""
     labels = dict(zip(table["point"], table["label"]))
-    return {labels[p]: v for p, v in samples.items()}
+    pooled: dict[str, list] = {}
+    for point, values in samples.items():
+        pooled.setdefault(labels[point], []).append(np.asarray(values, dtype=float))
+    return {label: np.concatenate(parts) for label, parts in pooled.items()}
+
+
+def ttft_buckets(requests: pd.DataFrame, seeds: Optional[Mapping[str, int]] = None) -> pd.DataFrame:
+    """One row per cell and non-empty input-length bucket of served requests tagged with cell and
+    label: cell, label, bucket, count, and p50 / p99 TTFT (s) over the cell's repeats pooled
+    (testbed.metrics.latency.ttft_by_bucket, as in summary.json) with `_low` / `_high`: 95%
+    bootstrap intervals (seeded per cell by `seeds`, default 0)."""
+    rows = []
+    for (cell, label), group in requests.groupby(["cell", "label"], sort=False):
+        for bucket, figures in ttft_by_bucket(group).items():
+            if not figures["count"]:
+                continue
+            low, high = BUCKETS[bucket]
+            ttft = group.loc[(group["input_len"] >= low) & (group["input_len"] < high), "ttft"].to_numpy(float)
+            row = {"cell": cell, "label": label, "bucket": bucket, "count": figures["count"]}
+            for stat in ("p50", "p99"):
+                bounds = bootstrap_interval(ttft, stat, seed=(seeds or {}).get(cell, 0))
+                row.update({stat: figures[stat], f"{stat}_low": bounds[0], f"{stat}_high": bounds[1]})
+            rows.append(row)
+    columns = ["cell", "label", "bucket", "count", *(f"{s}{b}" for s in ("p50", "p99") for b in ("", "_low", "_high"))]
+    return pd.DataFrame(rows, columns=columns)

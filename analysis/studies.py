@@ -1,6 +1,8 @@
 """Each study's standard figures, from its saved sweep: `study_figures(name, sweep_dir)` writes
 <sweep_dir>/figures/<figure>.pdf/.png/.txt (the .txt is the caption, numbers computed from the
 plotted data) and returns the PDF and PNG paths. `run_figures(run_dir)` does the same for one run.
+`draw(name, sweep)` builds them without saving: (stem, figure, caption, what it plotted) each,
+which is what a notebook shows and what the tests hold to the saved summaries.
 """
 
 from __future__ import annotations
@@ -15,37 +17,44 @@ from matplotlib.figure import Figure
 from analysis import captions, figures, style, system
 from analysis.load import Sweep, by_label, load_run, load_sweep, served
 
-Made = list[tuple[str, Figure, str]]  # (file stem, figure, caption)
+Made = list[tuple[str, Figure, str, object]]  # (file stem, figure, caption, what it plotted)
 TIMELINE_REQUESTS = 40  # the first requests by arrival: enough to see the pattern, few enough to read
 
 
-# -- one maker per figure: Sweep -> [(stem, figure, caption)] -------------------------------------
+# -- one maker per figure: Sweep -> [(stem, figure, caption, plotted)] -----------------------------
 def goodput_per_gpu(sweep: Sweep) -> Made:
     fig, ax = style.figure()
     plotted = figures.goodput_by_split(ax, sweep.aggregate["goodput"])
-    return [("goodput_per_gpu", fig, captions.goodput_per_gpu(plotted))]
+    return [("goodput_per_gpu", fig, captions.goodput_per_gpu(plotted, sweep.aggregate.get("best")), plotted)]
 
 
 def attainment_vs_rate(sweep: Sweep) -> Made:
     fig, ax = style.figure()
-    plotted = figures.attainment_vs_rate(ax, sweep.finished())
-    return [("attainment_vs_rate", fig, captions.attainment_vs_rate(plotted, sweep.finished()))]
+    cells = sweep.cells()
+    plotted = figures.attainment_vs_rate(ax, cells, sweep.aggregate.get("goodput"))
+    text = captions.attainment_vs_rate(plotted, cells, sweep.aggregate.get("best"))
+    return [("attainment_vs_rate", fig, text, plotted)]
 
 
 def latency_vs_rate(sweep: Sweep) -> Made:
     fig, axes = style.figure("double", cols=2)
-    ttft = figures.latency_vs_rate(axes[0], sweep.finished(), "ttft")
-    tpot = figures.latency_vs_rate(axes[1], sweep.finished(), "tpot")
-    return [("latency_vs_rate", fig, " ".join([captions.latency_vs_rate(ttft, "ttft"),
-                                               captions.latency_vs_rate(tpot, "tpot")]))]
+    plotted = {m: figures.latency_vs_rate(ax, sweep.cells(), m) for ax, m in zip(axes, ("ttft", "tpot"))}
+    return [("latency_vs_rate", fig, " ".join(captions.latency_vs_rate(v, m) for m, v in plotted.items()), plotted)]
 
 
 def latency_cdfs(sweep: Sweep) -> Made:
-    table = sweep.finished()
+    """TTFT and ITL distributions per configuration, its repeats pooled."""
     fig, axes = style.figure("double", cols=2)
     ttft = figures.ttft_cdf(axes[0], sweep.requests())
-    itl = figures.itl_cdf(axes[1], by_label(sweep.itls(), table))
-    return [("latency_cdf", fig, " ".join([captions.distributions(ttft, "TTFT"), captions.distributions(itl, "ITL")]))]
+    itl = figures.itl_cdf(axes[1], by_label(sweep.itls(), sweep.finished()))
+    text = " ".join([captions.distributions(ttft, "TTFT"), captions.distributions(itl, "ITL")])
+    return [("latency_cdf", fig, text, {"ttft": ttft, "itl": itl})]
+
+
+def latency_summary(sweep: Sweep) -> Made:
+    fig, ax = style.figure()
+    plotted = figures.latency_summary(ax, sweep.cells())
+    return [("latency_summary", fig, captions.latency_summary(plotted), plotted)]
 
 
 def timelines(sweep: Sweep) -> Made:
@@ -66,75 +75,80 @@ def telemetry(sweep: Sweep) -> Made:
 def attainment_vs_scale(sweep: Sweep) -> Made:
     fig, ax = style.figure()
     plotted = figures.attainment_vs_scale(ax, sweep.aggregate["curves"])
-    return [("attainment_vs_slo_scale", fig, captions.attainment_vs_scale(plotted))]
+    return [("attainment_vs_slo_scale", fig, captions.attainment_vs_scale(plotted), plotted)]
 
 
 def itl_inflation(sweep: Sweep) -> Made:
-    fig, ax = style.figure()
-    plotted = figures.itl_inflation(ax, sweep.aggregate["interference"])
-    return [("itl_inflation", fig, captions.itl_inflation(plotted))]
+    """Two panels: the ITL view (inflation with its interval) and the step-level view."""
+    fig, axes = style.figure("double", cols=2)
+    agg = sweep.aggregate["interference"]
+    plotted = {"inflation": figures.itl_inflation(axes[0], agg), "decode_step": figures.decode_step_times(axes[1], agg)}
+    text = " ".join([captions.itl_inflation(plotted["inflation"]), captions.decode_steps(plotted["decode_step"])])
+    return [("itl_inflation", fig, text, plotted)]
 
 
 def chunk_tradeoff(sweep: Sweep) -> Made:
     fig, ax = style.figure()
-    plotted = figures.chunk_tradeoff(ax, sweep.finished())
-    return [("chunk_tradeoff", fig, captions.chunk_tradeoff(plotted))]
+    plotted = figures.chunk_tradeoff(ax, sweep.cells())
+    return [("chunk_tradeoff", fig, captions.chunk_tradeoff(plotted), plotted)]
 
 
 def ttft_by_bucket(sweep: Sweep) -> Made:
     fig, axes = style.figure("double", cols=2)
-    p50 = figures.ttft_by_bucket(axes[0], sweep.finished(), "p50")
-    p99 = figures.ttft_by_bucket(axes[1], sweep.finished(), "p99")
-    text = " ".join([captions.ttft_by_bucket(p50, "p50"), captions.ttft_by_bucket(p99, "p99")])
-    return [("ttft_by_bucket", fig, text)]
+    buckets = sweep.ttft_buckets()
+    plotted = {p: figures.ttft_by_bucket(ax, buckets, p) for ax, p in zip(axes, ("p50", "p99"))}
+    return [("ttft_by_bucket", fig, " ".join(captions.ttft_by_bucket(v, p) for p, v in plotted.items()), plotted)]
 
 
 def burstiness(sweep: Sweep) -> Made:
     fig, axes = style.figure("double", cols=2)
-    table = sweep.finished()
-    attainment = figures.metric_by_label(axes[0], table, "burstiness", "slo_attainment")
+    cells = sweep.cells()
+    attainment = figures.metric_by_label(axes[0], cells, "burstiness", "slo_attainment")
     axes[0].set(xlabel="burstiness (gamma shape; 1 = Poisson)", ylabel="SLO attainment", ylim=(0, 1.05))
-    ttft = figures.latency_vs_rate(axes[1], table, "ttft", x="burstiness")
+    ttft = figures.latency_vs_rate(axes[1], cells, "ttft", x="burstiness")
     for ax in axes:
         ax.set_xscale("log", base=2)
     axes[1].set_xlabel("burstiness (gamma shape; 1 = Poisson)")
-    text = " ".join([captions.by_knob(attainment, "SLO attainment", "burstiness"),
-                     captions.by_knob(ttft["p99"], "p99 TTFT (ms)", "burstiness")])
-    return [("burstiness", fig, text)]
+    text = " ".join([captions.by_knob(attainment, "SLO attainment", "burstiness", better="higher"),
+                     captions.by_knob(ttft["p99"], "p99 TTFT (ms)", "burstiness", better="lower")])
+    return [("burstiness", fig, text, {"attainment": attainment, "ttft": ttft})]
 
 
 def ttft_by_turn(sweep: Sweep) -> Made:
     fig, ax = style.figure()
-    plotted = figures.ttft_by_turn(ax, sweep.aggregate["turns"], sweep.finished())
-    return [("ttft_by_turn", fig, captions.by_knob(plotted, "mean TTFT (ms)", "turn"))]
+    plotted = figures.ttft_by_turn(ax, sweep.aggregate["turns"], sweep.cells())
+    return [("ttft_by_turn", fig, captions.by_knob(plotted, "mean TTFT (ms)", "turn", x="turn", y="ttft"), plotted)]
 
 
 def kv_bandwidth(sweep: Sweep) -> Made:
     fig, ax = style.figure()
     plotted = figures.kv_bandwidth(ax, sweep.table, sweep.aggregate.get("ceiling"))
-    return [("kv_bandwidth", fig, captions.kv_bandwidth(plotted, sweep.aggregate.get("backend", "?")))]
+    return [("kv_bandwidth", fig, captions.kv_bandwidth(plotted, sweep.aggregate.get("backend", "?")), plotted)]
 
 
 def plan_goodput(sweep: Sweep) -> Made:
     """The simulated search of `plan`: goodput per GPU per split, the baselines as lines."""
     fig, ax = style.figure()
-    plotted = figures.goodput_by_split(ax, sweep.aggregate["simulated"]["goodput"])
+    simulated = sweep.aggregate["simulated"]
+    plotted = figures.goodput_by_split(ax, simulated["goodput"])
     analytical = sweep.aggregate["analytical"]["split"]
-    text = f"{captions.goodput_per_gpu(plotted)} First-order analytical split: {analytical}."
-    return [("plan_goodput_per_gpu", fig, text)]
+    text = f"{captions.goodput_per_gpu(plotted, simulated.get('best'))} First-order analytical split: {analytical}."
+    return [("plan_goodput_per_gpu", fig, text, plotted)]
 
 
 def sim_vs_real(sweep: Sweep) -> Made:
     fig, ax = style.figure()
-    figures.sim_vs_real(ax, sweep.finished())
-    worst = ", ".join(f"{k} {v:.0%}" for k, v in sweep.aggregate["worst_abs_error"].items() if v == v)
-    return [("sim_vs_real", fig, f"Simulated against measured latency per point; worst relative error: {worst}.")]
+    plotted = figures.sim_vs_real(ax, sweep.cells())
+    worst = ", ".join(f"{k} {v:.0%}" for k, v in sweep.aggregate["worst_abs_error"].items() if v is not None and v == v)
+    text = (f"Simulated against measured latency per cell, error bars: 95% intervals; worst relative error: "
+            f"{worst or 'n/a'}.")
+    return [("sim_vs_real", fig, text, plotted)]
 
 
 FIGURES: dict[str, list[Callable[[Sweep], Made]]] = {
     "ratio_sweep": [goodput_per_gpu, attainment_vs_rate, latency_vs_rate],
     "rate_sweep": [attainment_vs_rate, latency_vs_rate],
-    "mode_compare": [latency_cdfs, timelines, telemetry],
+    "mode_compare": [latency_summary, latency_cdfs, timelines, telemetry],
     "slo_scale": [attainment_vs_scale, latency_cdfs],
     "interference": [itl_inflation],
     "chunk_sweep": [chunk_tradeoff],
@@ -157,7 +171,7 @@ def run_timeline(run: dict, stem: str = "timeline") -> Made:
     shown = min(len(run["requests"]), TIMELINE_REQUESTS)
     fig, ax = style.figure("double", height_in=0.9 + 0.1 * shown)  # a readable row per request
     segments = system.request_timeline(ax, run["requests"], TIMELINE_REQUESTS)
-    return [(stem, fig, captions.timeline(segments, system.phase_totals(segments), run["label"]))]
+    return [(stem, fig, captions.timeline(segments, system.phase_totals(segments), run["label"]), segments)]
 
 
 def run_telemetry(run: dict, stem: str = "telemetry") -> Made:
@@ -167,13 +181,11 @@ def run_telemetry(run: dict, stem: str = "telemetry") -> Made:
     if not metrics:
         return []
     fig, axes = style.figure("double", rows=-(-len(metrics) // 2), cols=2)
-    text = []
-    for ax, metric in zip(axes, metrics):
-        plotted = system.gpu_telemetry(ax, data, metric)
-        text.append(captions.telemetry(plotted, system.TELEMETRY[metric][0]))
+    plotted = {metric: system.gpu_telemetry(ax, data, metric) for ax, metric in zip(axes, metrics)}
+    text = [captions.telemetry(v, system.TELEMETRY[m][0]) for m, v in plotted.items()]
     for ax in axes[len(metrics):]:
         ax.set_visible(False)
-    return [(stem, fig, " ".join(text))]
+    return [(stem, fig, " ".join(text), plotted)]
 
 
 def run_cdfs(run: dict) -> Made:
@@ -183,7 +195,8 @@ def run_cdfs(run: dict) -> Made:
     fig, axes = style.figure("double", cols=2)
     ttft = figures.ttft_cdf(axes[0], requests)
     itl = figures.itl_cdf(axes[1], {run["label"]: pooled_itl(requests)})
-    return [("latency_cdf", fig, " ".join([captions.distributions(ttft, "TTFT"), captions.distributions(itl, "ITL")]))]
+    text = " ".join([captions.distributions(ttft, "TTFT"), captions.distributions(itl, "ITL")])
+    return [("latency_cdf", fig, text, {"ttft": ttft, "itl": itl})]
 
 
 # -- writing ---------------------------------------------------------------------------------------
@@ -194,7 +207,7 @@ def _write(makers, source, out: Path, strict: bool) -> list[Path]:
     with style.paper():
         for make in makers:
             try:
-                for stem, fig, caption in make(source):
+                for stem, fig, caption, _ in make(source):
                     paths += style.save(fig, out / stem, caption)
             except Exception:
                 if strict:

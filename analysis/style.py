@@ -20,6 +20,7 @@ from matplotlib import colors as mcolors
 from matplotlib import rc_context
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 from matplotlib.ticker import LogFormatter
 
 # Widths of a two-column systems paper (ACM / USENIX templates), in inches.
@@ -107,6 +108,19 @@ def order(labels) -> list[str]:
             return (1, split[0] / sum(split), split[0])
         return (2, 0, label)
     return sorted(set(labels), key=key)
+
+
+def legend(ax, styles: dict[str, str] | None = None, above: bool = False) -> None:
+    """A legend of the labelled artists, if any. styles: one black entry per line style as well
+    (p50 solid, p99 dashed); above: in a row over the axes, clear of the bars."""
+    handles, names = ax.get_legend_handles_labels()
+    for name, linestyle in (styles or {}).items():
+        handles.append(Line2D([], [], color="black", linestyle=linestyle))
+        names.append(name)
+    if handles and above:
+        ax.legend(handles, names, ncols=len(handles), loc="lower center", bbox_to_anchor=(0.5, 1.0))
+    elif handles:
+        ax.legend(handles, names)
 
 
 class PlainLogFormatter(LogFormatter):

@@ -24,3 +24,19 @@ def study_results(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("studies")
     return {name: (run_study(name, root / name), root / name)[1] for name in STUDIES}
+
+
+# ratio_sweep in the simulator (seconds), two repeats per point and rates that cross the SLOs, so
+# goodput differs between repeats: figures whose intervals come from across repeats have some.
+REPEATED = ["executor=sim", "experiment.repeats=2", "experiment.rates=[20,80,320]", "workload.num_requests=40",
+            "slo.ttft_s=0.05", "slo.tpot_s=0.01"]
+
+
+@pytest.fixture(scope="session")
+def repeated_results(tmp_path_factory):
+    """A ratio_sweep directory whose cells have two repeats each (see REPEATED)."""
+    from tests.study_runs import run_study
+
+    out = tmp_path_factory.mktemp("repeated") / "ratio_sweep"
+    run_study("ratio_sweep", out, *REPEATED)
+    return out

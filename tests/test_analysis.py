@@ -1,19 +1,28 @@
 """The figures show exactly what the saved results say: every figure function is drawn from the
-results the tool itself produced (the `study_results` fixture) and its plotted data is held to
-sweep.parquet, sweep.json and the points' request tables."""
+results the tool itself produced (the `study_results` fixture, one repeat per point, and
+`repeated_results`, two) and its plotted data, bounds included, is held to sweep.json's
+aggregate, intervals.parquet and the points' request tables; the artists drawn are held to the
+plotted data."""
 
 from __future__ import annotations
+
+import json
+import shutil
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import captions, figures, style, system
+from analysis import bounds, captions, figures, style, system
 from analysis.__main__ import main as cli
-from analysis.load import by_label, load_run, load_runs, load_sweep, served
-from analysis.studies import FIGURES, run_figures, run_telemetry, study_figures
+from analysis.load import Sweep, by_label, load_run, load_runs, load_sweep, served
+from analysis.plotted import dumps
+from analysis.studies import FIGURES, draw, run_figures, run_telemetry, study_figures, ttft_by_turn
+from testbed.metrics.config import MetricsConfig
+from testbed.metrics.interference import background_gaps, injection_window
 from testbed.metrics.latency import pooled_itl
-from testbed.metrics.slo import goodput
+from testbed.metrics.summary import measured
+from tests.figure_checks import check_study
 
 pytestmark = pytest.mark.slow
 MS = 1e3
@@ -27,68 +36,153 @@ def lines_by_label(ax) -> dict:
     return {line.get_label(): line for line in ax.get_lines() if not line.get_label().startswith("_")}
 
 
+def segments(ax, name: str) -> np.ndarray:
+    """The error bars drawn for `name`: one [[x0, y0], [x1, y1]] per bar."""
+    (lines,) = bounds.drawn(ax, name)
+    return np.array(lines.get_segments())
+
+
+def band_vertices(ax, name: str) -> set:
+    (shade,) = bounds.drawn(ax, name)
+    return {tuple(v) for path in shade.get_paths() for v in path.vertices}
+
+
+def assert_band(ax, name: str, x, low, high) -> None:
+    """The shaded band runs through every known (x, low) and (x, high)."""
+    vertices = band_vertices(ax, name)
+    known = np.isfinite(low) & np.isfinite(high)
+    assert known.any()
+    for xi, lo, hi in zip(np.asarray(x)[known], np.asarray(low)[known], np.asarray(high)[known]):
+        assert (xi, lo) in vertices and (xi, hi) in vertices, (name, xi, lo, hi)
+
+
 @pytest.fixture(scope="module")
 def sweeps(study_results):
     return {name: load_sweep(path) for name, path in study_results.items() if name in FIGURES}
 
 
-def test_load_sweep_and_runs(sweeps, study_results):
+@pytest.fixture(scope="module")
+def repeated(repeated_results):
+    return load_sweep(repeated_results)
+
+
+def test_load_sweep_cells_and_runs(sweeps, study_results, repeated):
     sweep = sweeps["ratio_sweep"]
     assert sweep.experiment == "ratio_sweep"
     assert close(sweep.table["ttft_p99"], pd.read_parquet(study_results["ratio_sweep"] / "sweep.parquet")["ttft_p99"])
+    pd.testing.assert_frame_equal(sweep.cells(), pd.read_parquet(study_results["ratio_sweep"] / "intervals.parquet"))
     requests = sweep.requests()
     for row in sweep.finished().itertuples():
         rows = requests[requests["point"] == row.point]
         assert len(rows) == row.num_requests_ok
-        assert set(rows["label"]) == {row.label} and set(rows["mode"]) == {row.mode}
+        assert set(rows["label"]) == {row.label} and set(rows["cell"]) == {row.cell}
     point = sweep.finished()["point"].iloc[0]
     assert set(load_runs([sweep.point_dir(point)])["point"]) == {point}
     assert load_run(sweep.point_dir(point))["summary"]["num_requests"]["ok"] == len(sweep.requests([point]))
+    cells = repeated.cells()
+    assert set(cells["repeats"]) == {2} and len(cells) * 2 == len(repeated.finished())
+    summary = repeated.summary("slo_attainment", "ttft_p99")
+    assert list(summary.columns[-6:]) == ["slo_attainment", "slo_attainment_low", "slo_attainment_high",
+                                          "ttft_p99", "ttft_p99_low", "ttft_p99_high"]
 
 
-def test_goodput_by_split_matches_sweep(sweeps):
-    sweep = sweeps["ratio_sweep"]
+def test_cells_of_a_sweep_saved_without_intervals(repeated_results, tmp_path):
+    """Interrupted before intervals.parquet, or written before repeats: cells without bounds."""
+    copy = tmp_path / "interrupted"
+    shutil.copytree(repeated_results, copy)
+    (copy / "intervals.parquet").unlink()
+    sweep = load_sweep(copy)
+    cells = sweep.cells()
+    assert set(cells["repeats"]) == {2} and not any(c.endswith("_low") for c in cells.columns)
+    for cell, rows in sweep.finished().groupby("cell"):
+        assert close(cells.set_index("cell").loc[cell, "slo_attainment"], rows["slo_attainment"].mean())
     fig, ax = style.figure()
-    plotted = figures.goodput_by_split(ax, sweep.aggregate["goodput"])
+    plotted = figures.attainment_vs_rate(ax, cells)
+    for label, line in plotted.items():
+        assert np.isnan(line["low"]).all() and not bounds.drawn(ax, f"{label}:slo_attainment")
+    old = sweep.table.drop(columns=["cell", "repeat", "seed"])  # a sweep from before repeats
+    cells = Sweep(copy, "ratio_sweep", old).cells()
+    assert list(cells["cell"]) == list(old["point"]) and set(cells["repeats"]) == {1}
+    assert [stem for stem, *_ in draw("ratio_sweep", Sweep(copy, "ratio_sweep", old, sweep.aggregate))]
+
+
+def test_every_figure_plots_the_saved_results(sweeps, study_results, repeated, repeated_results):
+    runs = [(name, sweep, study_results[name]) for name, sweep in sweeps.items()]
+    for name, sweep, directory in [*runs, ("ratio_sweep", repeated, repeated_results)]:
+        with style.paper():
+            plotted = {stem: data for stem, _, _, data in draw(name, sweep)}
+        assert len(check_study(plotted, directory)) >= len(FIGURES[name]) - 1, name  # no telemetry on CPU
+        check_study(json.loads(dumps(plotted)), directory)  # what a notebook prints reads back the same
+
+
+def test_figure_checks_catch_a_wrong_bound(repeated, repeated_results):
+    plotted = {stem: data for stem, _, _, data in draw("ratio_sweep", repeated)}
+    wrong = json.loads(dumps(plotted))
+    label = next(iter(wrong["latency_vs_rate"]["ttft"]["p99"]))
+    wrong["latency_vs_rate"]["ttft"]["p99"][label]["high"][0] *= 1 + 1e-6
+    with pytest.raises(AssertionError, match="high"):
+        check_study(wrong, repeated_results)
+
+
+def test_goodput_bars_carry_their_intervals_and_the_verdict(repeated):
+    goodputs = repeated.aggregate["goodput"]
+    fig, ax = style.figure()
+    plotted = figures.goodput_by_split(ax, goodputs)
     splits = [label for label in plotted if style.split_of(label)]
-    assert [p.get_height() for p in ax.patches] == [plotted[s] for s in splits]
-    for label, group in sweep.finished().groupby("label"):  # recomputed from the table itself
-        expected = goodput(group["rate"], group["slo_attainment"]) / group["num_gpus"].iloc[0]
-        assert close(plotted[label], expected)
-        assert close(plotted[label], sweep.aggregate["goodput"][label]["goodput_per_gpu"])
-    baselines = {line.get_label(): line.get_ydata()[0] for line in ax.get_lines()}
-    assert {"colocated", "chunked"} <= set(baselines)
-    assert all(close(baselines[b], plotted[b]) for b in baselines)
-    text = captions.goodput_per_gpu(plotted)
-    assert all(f"{label} {plotted[label]:.3g} req/s" in text for label in plotted)
+    heights = [p.get_height() for p in ax.patches if p.get_gid() is None]  # the bars, not the baselines' bands
+    assert heights == [plotted[s]["goodput_per_gpu"] for s in splits]
+    widths = []
+    for label, g in goodputs.items():
+        assert close([plotted[label][k] for k in ("goodput_per_gpu", "low", "high")],
+                     [g["goodput_per_gpu"], g["goodput_per_gpu_low"], g["goodput_per_gpu_high"]])
+        if label in splits:
+            (bar,) = segments(ax, label)
+            assert close(bar[:, 1], [g["goodput_per_gpu_low"], g["goodput_per_gpu_high"]])
+        else:
+            (shade,) = bounds.drawn(ax, label)  # the baseline's interval: a band across the axes
+            assert close([shade.get_y(), shade.get_y() + shade.get_height()],
+                         [g["goodput_per_gpu_low"], g["goodput_per_gpu_high"]])
+        widths.append(g["goodput_per_gpu_high"] - g["goodput_per_gpu_low"])
+    assert max(widths) > 0  # the repeats disagree somewhere: the bars are not decoration
+    text = captions.goodput_per_gpu(plotted, repeated.aggregate["best"])
+    assert repeated.aggregate["best"]["line"] in text
+    assert all(f"{label} {captions.rate(v['goodput_per_gpu'], v['low'], v['high'])}" in text
+               for label, v in plotted.items())
 
 
-def test_attainment_vs_rate_marks_goodput(sweeps):
-    sweep = sweeps["ratio_sweep"]
+def test_attainment_vs_rate_bands_and_goodput_interval(repeated):
+    cells, goodputs = repeated.cells(), repeated.aggregate["goodput"]
     fig, ax = style.figure()
-    plotted = figures.attainment_vs_rate(ax, sweep.finished())
+    plotted = figures.attainment_vs_rate(ax, cells, goodputs)
     lines = lines_by_label(ax)
-    for label, group in sweep.finished().groupby("label"):
-        group = group.sort_values("rate")
-        assert close(lines[label].get_xdata(), group["rate"])
-        assert close(lines[label].get_ydata(), group["slo_attainment"])
-        assert close(plotted[label]["goodput"], sweep.aggregate["goodput"][label]["goodput"])
+    for label, rows in cells.groupby("label"):
+        rows, line = rows.sort_values("rate"), plotted[label]
+        assert close(lines[label].get_xdata(), rows["rate"]) and close(lines[label].get_ydata(), rows["slo_attainment"])
+        assert_band(ax, f"{label}:slo_attainment", rows["rate"], *bounds.column_bounds(rows, "slo_attainment"))
+        g = goodputs[label]
+        assert close([line["goodput"], line["goodput_low"], line["goodput_high"]],
+                     [g["goodput"], g["goodput_low"], g["goodput_high"]])
+        if g["goodput"] > 0:  # the star's interval lies on the threshold line
+            (bar,) = segments(ax, f"{label}:goodput")
+            assert close(bar, [[g["goodput_low"], 0.9], [g["goodput_high"], 0.9]])
     stars = [line for line in ax.get_lines() if line.get_marker() == "*"]
     assert sorted(s.get_xdata()[0] for s in stars) == sorted(p["goodput"] for p in plotted.values() if p["goodput"] > 0)
-    assert all(s.get_ydata()[0] == 0.9 for s in stars)
 
 
-def test_latency_vs_rate_matches_table(sweeps):
-    table = sweeps["rate_sweep"].finished()
+def test_latency_vs_rate_draws_cells_and_bands(sweeps):
+    cells = sweeps["rate_sweep"].cells()
     fig, ax = style.figure()
-    plotted = figures.latency_vs_rate(ax, table, "tpot")
+    plotted = figures.latency_vs_rate(ax, cells, "tpot")
     drawn = [(tuple(line.get_xdata()), tuple(line.get_ydata())) for line in ax.get_lines()]
     for p in ("p50", "p99"):
-        for label, group in table.groupby("label"):
-            group = group.sort_values("rate")
-            x, y = plotted[p][label]
-            assert close(x, group["rate"]) and close(y, group[f"tpot_{p}"] * MS)
-            assert (tuple(x), tuple(y)) in drawn
+        for label, rows in cells.groupby("label"):
+            rows, line = rows.sort_values("rate"), plotted[p][label]
+            assert close(line["x"], rows["rate"]) and close(line["y"], rows[f"tpot_{p}"] * MS)
+            assert close(line["low"], rows[f"tpot_{p}_low"] * MS) and close(line["high"], rows[f"tpot_{p}_high"] * MS)
+            assert (tuple(line["x"]), tuple(line["y"])) in drawn
+            assert_band(ax, f"{label}:tpot_{p}", line["x"], line["low"], line["high"])
+    text = captions.latency_vs_rate(plotted, "tpot")
+    assert "lowest p99 TPOT" in text and "[" in text
 
 
 def test_cdfs_match_summaries(sweeps):
@@ -108,6 +202,31 @@ def test_cdfs_match_summaries(sweeps):
     assert close(itl["chunked"][0], np.sort(pooled_itl(requests)) * MS)
 
 
+def test_itls_by_label_pool_every_point_of_the_label(repeated):
+    """A label's repeats (or rates) are several points: the ITL CDF pools them all, not the last."""
+    table = pd.DataFrame({"point": ["a_r0", "a_r1", "b_r0"], "label": ["chunked", "chunked", "1P1D"]})
+    pooled = by_label({"a_r0": np.array([1.0, 2.0]), "a_r1": np.array([3.0]), "b_r0": np.array([4.0])}, table)
+    assert close(pooled["chunked"], [1.0, 2.0, 3.0]) and close(pooled["1P1D"], [4.0])
+    itls = repeated.itls()
+    pooled = by_label(itls, repeated.finished())
+    for label, rows in repeated.finished().groupby("label"):
+        assert len(pooled[label]) == sum(len(itls[p]) for p in rows["point"])
+
+
+def test_latency_summary_bars_and_intervals(sweeps):
+    cells = sweeps["mode_compare"].cells()
+    fig, ax = style.figure()
+    plotted = figures.latency_summary(ax, cells)
+    for label, by_metric in plotted.items():
+        row = cells.set_index("label").loc[label]
+        bars = segments(ax, label)
+        for i, (metric, bar) in enumerate(by_metric.items()):
+            assert close([bar["ms"], bar["low"], bar["high"]],
+                         [row[metric] * MS, row[f"{metric}_low"] * MS, row[f"{metric}_high"] * MS])
+            assert close(bars[i][:, 1], [bar["low"], bar["high"]])
+    assert "lowest ttft p99" in captions.latency_summary(plotted)
+
+
 def test_attainment_vs_scale_matches_aggregate(sweeps):
     curves = sweeps["slo_scale"].aggregate["curves"]
     fig, ax = style.figure()
@@ -115,6 +234,8 @@ def test_attainment_vs_scale_matches_aggregate(sweeps):
     lines = lines_by_label(ax)
     for label, curve in curves.items():
         assert close(lines[label].get_xdata(), curve["scales"]) and close(lines[label].get_ydata(), curve["attainment"])
+        assert close(plotted[label]["low"], curve["low"]) and close(plotted[label]["high"], curve["high"])
+        assert_band(ax, f"{label}:slo_attainment", curve["scales"], plotted[label]["low"], plotted[label]["high"])
         passing = [s for s, a in zip(curve["scales"], curve["attainment"]) if a >= 0.9]
         if passing:
             assert min(curve["scales"]) <= plotted[label]["tightest_scale"] <= min(passing)
@@ -125,39 +246,61 @@ def test_tightest_scale_interpolates():
     assert np.isnan(figures.tightest_scale([1.0, 2.0], [0.1, 0.2]))
 
 
-def test_itl_inflation_matches_aggregate_and_points(sweeps):
+def test_itl_inflation_and_the_step_level_view(sweeps):
     sweep = sweeps["interference"]
     agg = sweep.aggregate["interference"]
-    fig, ax = style.figure()
-    plotted = figures.itl_inflation(ax, agg)
-    for label, (x, y) in plotted.items():
-        assert close(lines_by_label(ax)[label].get_ydata(), y)
-        assert close(y, [agg[label][str(int(n))]["inflation"] for n in x])
+    made = {stem: (fig, caption, data) for stem, fig, caption, data in draw("interference", sweep)}
+    fig, caption, plotted = made["itl_inflation"]
+    inflation_ax, step_ax = fig.axes[:2]
+    for label, line in plotted["inflation"].items():
+        entries = [agg[label][str(int(n))] for n in line["prefill_len"]]
+        assert close(lines_by_label(inflation_ax)[label].get_ydata(), [e["inflation"] for e in entries])
+        bars = segments(inflation_ax, f"{label}:inflation")
+        assert close(bars[:, :, 1], [[e["inflation_low"], e["inflation_high"]] for e in entries])
+        steps = plotted["decode_step"][label]
+        assert close(lines_by_label(step_ax)[label].get_ydata(),
+                     [np.nan if e["decode_step_s_with_prefill"] is None else e["decode_step_s_with_prefill"] * MS
+                      for e in entries])
+        assert close(steps["without_prefill_ms"], [e["decode_step_s_without_prefill"] * MS for e in entries])
         rows = sweep.finished()[sweep.finished()["label"] == label].set_index("prefill_len")
-        background = lambda point: pooled_itl(sweep.requests([point]).query("tenant == 'background'"))  # noqa: E731
-        base = np.percentile(background(rows.loc[0, "point"]), 99)
-        for n, value in zip(x, y):  # recomputed from the points' request tables
-            assert close(value, np.percentile(background(rows.loc[int(n), "point"]), 99) / base)
+        for n, value in zip(line["prefill_len"], line["inflation"]):  # recomputed from the point's own tables
+            run = sweep.run(rows.loc[int(n), "point"])
+            requests = measured(run["requests"], MetricsConfig(**run["config"]["metrics"]))
+            gaps = background_gaps(requests, run["steps"], injection_window(requests))
+            exposed, quiet = (gaps.loc[gaps["exposed"] == flag, "itl"] for flag in (True, False))
+            assert close(value, np.percentile(exposed, 99) / np.percentile(quiet, 99))
+    assert "overlap an injected prefill over p99 of the gaps that do not" in caption
+    assert "with / without prefill work" in caption
 
 
-def test_ttft_by_bucket_bars_match_table(sweeps):
-    table = sweeps["input_buckets"].finished()
+def test_ttft_by_bucket_bars_and_bounds(sweeps):
+    sweep = sweeps["input_buckets"]
     fig, ax = style.figure()
-    plotted = figures.ttft_by_bucket(ax, table, "p99")
+    plotted = figures.ttft_by_bucket(ax, sweep.ttft_buckets(), "p99")
+    points = sweep.aggregate["points"]
+    names = [t.get_text() for t in ax.get_xticklabels()]
     heights = [p.get_height() for p in ax.patches]
-    expected = [table.set_index("label").loc[label, f"ttft_by_bucket_{b}_p99"] * MS
-                for label in plotted for b in plotted[label]]
-    assert close(heights, np.nan_to_num(expected)) and len(heights) > 0
+    expected = [plotted[label].get(b, {"ms": np.nan})["ms"] for label in plotted for b in names]
+    assert close(heights, np.nan_to_num(expected))
+    for label, buckets in plotted.items():
+        for bucket, bar in buckets.items():
+            assert close(bar["ms"], points[label][f"ttft_by_bucket_{bucket}_p99"] * MS)
+        known = [(b["low"], b["high"]) for b in buckets.values() if np.isfinite(b["low"])]
+        if known:
+            assert close(segments(ax, label)[:, :, 1], known)
 
 
-def test_chunk_tradeoff_matches_table(sweeps):
-    table = sweeps["chunk_sweep"].finished().sort_values("chunk")
+def test_chunk_tradeoff_draws_both_intervals(sweeps):
+    cells = sweeps["chunk_sweep"].cells().sort_values("chunk")
     fig, ax = style.figure()
-    plotted = figures.chunk_tradeoff(ax, table)
+    plotted = figures.chunk_tradeoff(ax, cells)
     line = ax.get_lines()[0]
-    assert close(line.get_xdata(), table["itl_p99"] * MS) and close(line.get_ydata(), table["ttft_p50"] * MS)
-    assert [t.get_text() for t in ax.texts] == [str(c) for c in table["chunk"]]
-    assert close(plotted["chunk"], table["chunk"])
+    assert close(line.get_xdata(), cells["itl_p99"] * MS) and close(line.get_ydata(), cells["ttft_p50"] * MS)
+    assert [t.get_text() for t in ax.texts] == [str(c) for c in cells["chunk"]]
+    assert close(plotted["chunk"], cells["chunk"])
+    horizontal, vertical = segments(ax, "chunked:itl_p99"), segments(ax, "chunked:ttft_p50")
+    assert close(horizontal[:, :, 0], np.c_[cells["itl_p99_low"], cells["itl_p99_high"]] * MS)
+    assert close(vertical[:, :, 1], np.c_[cells["ttft_p50_low"], cells["ttft_p50_high"]] * MS)
 
 
 def test_kv_bandwidth_matches_table(sweeps):
@@ -174,7 +317,7 @@ def test_request_timeline_matches_requests(sweeps):
     point = sweep.finished().query("mode == 'disagg'")["point"].iloc[0]
     requests = sweep.run(point)["requests"].sort_values("arrival_s")
     fig, ax = style.figure("double")
-    segments = system.request_timeline(ax, requests)
+    segments_drawn = system.request_timeline(ax, requests)
     bars = {c.get_label(): c for c in ax.containers}
     for phase, start, end in [("prefill", "prefill_start_s", "prefill_end_s"),
                               ("transfer", "kv_transfer_start_s", "kv_transfer_end_s"),
@@ -183,7 +326,7 @@ def test_request_timeline_matches_requests(sweeps):
         drawn = bars[phase].patches
         assert close([b.get_x() for b in drawn], rows[start])
         assert close([b.get_width() for b in drawn], rows[end] - rows[start])
-        assert len(segments.query("phase == @phase")) == len(rows)
+        assert len(segments_drawn.query("phase == @phase")) == len(rows)
     assert any("P0\u2192D1" in t.get_text() for t in ax.get_yticklabels())
 
 
@@ -204,20 +347,71 @@ def test_gpu_telemetry_draws_a_given_frame_and_cpu_runs_skip(sweeps):
 def test_ttft_by_turn_and_burstiness_match(sweeps):
     sweep = sweeps["multiturn"]
     fig, ax = style.figure()
-    plotted = figures.ttft_by_turn(ax, sweep.aggregate["turns"], sweep.finished())
-    for point, (x, y) in plotted.items():
-        requests = sweep.requests([point])
-        assert close(y, requests.groupby("turn")["ttft"].mean().loc[x.astype(int)] * MS)
-    table = sweeps["burstiness"].finished()
+    plotted = figures.ttft_by_turn(ax, sweep.aggregate["turns"], sweep.cells())
+    for cell, line in plotted.items():
+        requests = sweep.requests(sweep.finished().query("cell == @cell")["point"])
+        assert close(line["ttft"], requests.groupby("turn")["ttft"].mean().loc[line["turn"].astype(int)] * MS)
+        assert_band(ax, cell, line["turn"], line["low"], line["high"])
+    burst = sweeps["burstiness"]
     fig, ax = style.figure()
-    lines = figures.metric_by_label(ax, table, "burstiness", "slo_attainment")
-    for label, (x, y) in lines.items():
-        assert close(y, [sweeps["burstiness"].aggregate[label][str(float(b))] for b in x])
+    lines = figures.metric_by_label(ax, burst.cells(), "burstiness", "slo_attainment")
+    for label, line in lines.items():
+        assert close(line["y"], [burst.aggregate[label][str(float(b))] for b in line["x"]])
+        assert close(np.c_[line["low"], line["high"]], [burst.aggregate[f"{label}_interval"][str(float(b))]
+                                                       for b in line["x"]])
 
 
-def test_study_figures_write_pdf_png_and_caption(study_results):
+def test_ttft_by_turn_reads_cells_of_repeated_points(tmp_path):
+    """With repeats, the aggregate's turns are keyed by cell, and the sweep rows are its repeats."""
+    table = pd.DataFrame({"point": ["chunked_rr_r0", "chunked_rr_r1"], "cell": ["chunked_rr"] * 2,
+                          "repeat": [0, 1], "seed": [0, 1], "label": ["chunked"] * 2, "mode": ["chunked"] * 2,
+                          "dispatch": ["round_robin"] * 2, "status": ["ok"] * 2, "ttft_p50": [0.01, 0.03]})
+    turns = {"chunked_rr": {"ttft_mean_by_turn": {"0": 0.02, "1": 0.01},
+                            "ttft_mean_by_turn_low": {"0": 0.015, "1": 0.008},
+                            "ttft_mean_by_turn_high": {"0": 0.025, "1": 0.012}}}
+    sweep = Sweep(tmp_path, "multiturn", table, {"turns": turns})
+    ((stem, fig, caption, plotted),) = ttft_by_turn(sweep)
+    assert close(plotted["chunked_rr"]["ttft"], [20.0, 10.0]) and close(plotted["chunked_rr"]["low"], [15.0, 8.0])
+    assert "20 [15, 25]" in caption
+
+
+def test_captions_name_a_leader_only_when_separated():
+    clear = {"chunked": (10.0, 9.0, 11.0), "colocated": (20.0, 18.0, 22.0)}
+    assert captions.leader(clear, "p99 TTFT", lower=True) == "lowest p99 TTFT: chunked, clear of colocated"
+    tied = {"chunked": (10.0, 9.0, 15.0), "colocated": (12.0, 11.0, 14.0), "1P1D": (30.0, 25.0, 35.0)}
+    text = captions.leader(tied, "p99 TTFT", lower=True)
+    assert "not separated (chunked, colocated: 95% intervals overlap)" in text and "1P1D" not in text
+    unknown = {"chunked": (10.0, np.nan, np.nan), "colocated": (20.0, np.nan, np.nan)}
+    assert "no interval to tell them apart" in captions.leader(unknown, "goodput")
+    assert captions.leader({"chunked": (1.0, 0.5, 2.0)}, "goodput") == ""
+    plotted = {"colocated": {"goodput_per_gpu": 4.0, "low": 3.0, "high": 6.0},
+               "1P1D": {"goodput_per_gpu": 5.0, "low": 4.5, "high": 5.5}}
+    assert "highest goodput per GPU: leaders not separated (1P1D, colocated" in captions.goodput_per_gpu(plotted)
+    assert captions.goodput_per_gpu(plotted, {"line": "best configuration: 1P1D"}).endswith("best configuration: 1P1D.")
+
+
+def test_attainment_caption_notes_follow_the_goodput_not_the_pooled_curve():
+    """With repeats the curve is a pooled estimate and the goodput a mean over repeats: a repeat
+    that met 90% gives a goodput even where the pooled curve stays under it."""
+    line = {"rate": np.array([20.0, 80.0]), "attainment": np.array([0.85, 0.4]), "low": np.array([0.8, 0.3]),
+            "high": np.array([0.9, 0.5]), "goodput": 11.9, "goodput_low": 0.0, "goodput_high": 160.0}
+    text = captions.attainment_vs_rate({"1P1D": line}, pd.DataFrame())
+    assert "1P1D 11.9 [0, 160] req/s" in text and "no swept rate" not in text
+    assert "no swept rate meets 90%" in captions.attainment_vs_rate({"1P1D": {**line, "goodput": 0.0}}, pd.DataFrame())
+
+
+def test_ttft_buckets_pool_a_cells_repeats(repeated):
+    buckets = repeated.ttft_buckets()
+    table = repeated.finished()
+    for row in buckets.itertuples():
+        repeats = table[table["cell"] == row.cell]
+        assert len(repeats) == 2 and row.count == repeats[f"ttft_by_bucket_{row.bucket}_count"].sum()
+        assert row.p50_low <= row.p50 <= row.p50_high
+
+
+def test_study_figures_write_pdf_png_and_caption(study_results, repeated_results):
     assert set(FIGURES) <= set(study_results)  # every study with figures has a tiny run to draw
-    for name, directory in study_results.items():
+    for name, directory in [*study_results.items(), ("ratio_sweep", repeated_results)]:
         if name not in FIGURES:
             assert study_figures(name, directory) == []
             continue

@@ -87,5 +87,22 @@ def test_decode_worker_killed_mid_run(tmp_path):
     ok = requests[requests.status == "ok"]
     assert len(ok) > 0 and (ok.output_token_ids.map(len) == ok.output_len).all()
     assert result["summary"]["kv_blocks_leaked"] == {"worker0": 0, "worker1": 0}
+    assert result["summary"]["staging_buffers_leaked"] == {w: {"count": 0, "bytes": 0} for w in ("worker0", "worker1")}
     assert (tmp_path / "requests.parquet").is_file()
     assert len(pd.read_parquet(tmp_path / "requests.parquet")) == 30
+
+
+def test_early_binding_outlasts_a_prefill_queue_longer_than_the_timeout(tmp_path):
+    """D reserves at arrival, then the prefills queue on P for longer than kv_transfer.timeout_s:
+    the transfer lease starts only when P begins to send, so nothing times out."""
+    timeout_s = 1.0
+    cfg = make_config("workload.num_requests=10", "workload.rate=1000", "workload.input_len.min=300",
+                      "workload.input_len.max=400", "workload.output_len.min=4", "workload.output_len.max=8",
+                      "hardware=cpu", "model=small", "model.max_model_len=512", "engine.num_kv_blocks=512",
+                      "scheduler.max_batched_tokens=512", "mode=disagg", "kv_transfer.binding=early",
+                      f"kv_transfer.timeout_s={timeout_s}")
+    result = serve(cfg, tmp_path, progress=False)
+    requests, transfers = result["requests"], result["transfers"]
+    assert (requests.status == "ok").all(), requests.reason.unique()
+    assert (requests.prefill_end_s - requests.arrival_s).max() > timeout_s  # the premise: a long P queue
+    assert (transfers.outcome == "ok").all() and (transfers.attempt == 1).all()

@@ -15,8 +15,10 @@ def kinds(summary):
 
 
 def assert_no_leaks(summary, dead=()):
-    assert all(v == 0 for k, v in summary["kv_blocks_leaked"].items())
-    assert set(summary["kv_blocks_leaked"]) == {w for w in summary["workers"] if w not in dead}
+    """Every surviving worker audited: no KV block and no staging buffer still held."""
+    survivors = {w for w in summary["workers"] if w not in dead}
+    assert summary["kv_blocks_leaked"] == {w: 0 for w in survivors}
+    assert summary["staging_buffers_leaked"] == {w: {"count": 0, "bytes": 0} for w in survivors}
 
 
 def test_killed_prefill_worker_requests_are_redispatched(tmp_path):
@@ -35,11 +37,13 @@ def test_killed_mixed_worker_fails_its_requests(tmp_path):
     cfg = make_config(*small_workload(n=24, rate=30), *LONG, "mode=chunked", "cluster.num_workers=2",
                       "scheduler.chunk_size=64", "scheduler.max_running=16", "faults.kill_worker=1",
                       "faults.kill_at_s=0.3")
-    requests = serve(cfg, tmp_path, progress=False)["requests"]
+    result = serve(cfg, tmp_path, progress=False)
+    requests = result["requests"]
     failed = requests[requests.status == "failed"]
     assert len(failed) > 0 and (failed.reason == "worker 1 (chunked) died").all()
     served_by_victim = requests[(requests.status == "ok") & (requests.prefill_worker == 1)]
     assert (served_by_victim.finished_s < 0.3 + 0.5).all()  # only what it finished before it died
+    assert_no_leaks(result["summary"], dead={"worker1"})
 
 
 @pytest.mark.parametrize("on_failure", ["fail", "recompute"])
@@ -57,7 +61,62 @@ def test_dropped_kv_times_out_and_is_failed_or_recomputed(tmp_path, on_failure):
         assert (dropped.status == "ok").all()
         assert (dropped.output_token_ids.map(len) == dropped.output_len).all()
     assert (requests.drop(index=requests.index[requests.request_id.isin(drops)]).status == "ok").all()
+    transfers = result["transfers"].set_index("request_id")
+    assert (transfers.loc[drops, "outcome"] == "dropped").all()
     assert_no_leaks(summary)
+
+
+def test_retry_resends_dropped_kv_until_it_arrives(tmp_path):
+    cfg = make_config(*small_workload(n=12, rate=30), "mode=disagg", "faults.drop_kv_probability=0.3",
+                      "kv_transfer.timeout_s=1", "kv_transfer.on_failure=retry", "kv_transfer.max_retries=3",
+                      "seed=1")
+    result = serve(cfg, tmp_path, progress=False)
+    requests, summary, transfers = result["requests"], result["summary"], result["transfers"]
+    assert (requests.status == "ok").all(), requests.reason.unique()  # no request lost
+    assert (requests.output_token_ids.map(len) == requests.output_len).all()
+    attempts = transfers.groupby("request_id").attempt.agg(["count", "max"])
+    assert (attempts["count"] == attempts["max"]).all()  # one row per attempt, numbered from 1
+    assert attempts["count"].max() > 1  # retried requests show several rows
+    drops = {f["request_id"] for f in summary["faults"] if f["kind"] == "drop_kv"}
+    assert drops and set(transfers[transfers.outcome == "dropped"].request_id) == drops
+    last = transfers.sort_values("attempt").groupby("request_id").tail(1).set_index("request_id")
+    exhausted = attempts["count"] == 1 + 3  # every resend dropped too: recomputed on D
+    assert len(last) == len(requests) and ((last.outcome == "ok") | exhausted).all()
+    assert summary["kv_transfer"]["count"] == (transfers.outcome == "ok").sum()  # the figures count arrivals
+    assert_no_leaks(summary)
+
+
+@pytest.mark.parametrize("fallback", ["recompute", "fail"])
+def test_retries_exhausted_fall_back_to_recompute_or_fail(tmp_path, fallback):
+    cfg = make_config(*small_workload(n=6, rate=30), "mode=disagg", "faults.drop_kv_probability=1",
+                      "kv_transfer.timeout_s=0.5", "kv_transfer.on_failure=retry", "kv_transfer.max_retries=1",
+                      f"kv_transfer.retry_fallback={fallback}")
+    result = serve(cfg, tmp_path, progress=False)
+    requests, transfers = result["requests"], result["transfers"]
+    assert sorted(transfers.groupby("request_id").attempt.apply(sorted)) == [[1, 2]] * len(requests)
+    assert (transfers.outcome == "dropped").all()
+    if fallback == "recompute":
+        assert (requests.status == "ok").all() and (requests.output_token_ids.map(len) == requests.output_len).all()
+    else:
+        assert (requests.status == "failed").all() and requests.reason.str.contains("timed out").all()
+    assert_no_leaks(result["summary"])
+
+
+def test_decode_worker_killed_with_kv_on_the_wire_fails_for_its_death_only(tmp_path):
+    """Worker 2 stops reading (stalled) while P's sends to it wait on the wire, then dies: those
+    sends break on P, and the requests fail because worker 2 died, not as transfer errors."""
+    cfg = make_config(*small_workload(n=30, rate=40), *LONG, "mode=disagg", "cluster.num_prefill=1",
+                      "cluster.num_decode=2", "cluster.decode_dispatch=round_robin", "kv_transfer.binding=early",
+                      "faults.delay_kv_ms=200", "faults.stall_worker=2", "faults.stall_at_s=0.3",
+                      "faults.stall_ms=3000", "faults.kill_worker=2", "faults.kill_at_s=0.8")
+    result = serve(cfg, tmp_path, progress=False)
+    requests, transfers = result["requests"], result["transfers"]
+    failed = requests[requests.status == "failed"]
+    assert len(failed) > 0 and (failed.reason == "worker 2 (decode_only) died").all(), failed.reason.unique()
+    ok = requests[requests.status == "ok"]
+    assert len(ok) > 0 and (ok.output_token_ids.map(len) == ok.output_len).all()
+    assert "error" in set(transfers.outcome)  # sends that broke when worker 2 died
+    assert_no_leaks(result["summary"], dead={"worker2"})
 
 
 def test_delayed_kv_shows_in_transfer_times(tmp_path):
@@ -67,6 +126,7 @@ def test_delayed_kv_shows_in_transfer_times(tmp_path):
     sent = requests.dropna(subset=["kv_transfer_start_s"])
     assert len(sent) > 0 and ((sent.kv_transfer_start_s - sent.prefill_end_s) >= 0.08).all()
     assert (requests.status == "ok").all()
+    assert_no_leaks(result["summary"])
 
 
 def test_stalled_worker_past_its_heartbeat_is_declared_lost(tmp_path):

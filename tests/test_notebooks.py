@@ -1,15 +1,22 @@
 """Every study notebook executes, top to bottom, against the results the tool itself produced
-(the `study_results` fixture), with the venv's own python3 kernel; a cell that raises fails it.
-The notebooks read their results directory from TESTBED_RESULTS_DIR (their parameters cell)."""
+(the `study_results` fixture, and ratio_sweep also against `repeated_results`), with the venv's
+own python3 kernel; a cell that raises fails it. The notebooks read their results directory from
+TESTBED_RESULTS_DIR (their parameters cell).
+
+Each notebook ends by leaving what its figures plotted in `plotted`; the test appends a cell that
+prints it as JSON, reads it back from the executed notebook's output, and holds it to the saved
+summaries (tests/figure_checks.py)."""
 
 from __future__ import annotations
 
+import json
 import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
+from tests.figure_checks import check_study
 from tests.paths import ROOT
 
 nbformat = pytest.importorskip("nbformat")
@@ -18,18 +25,28 @@ jupytext = pytest.importorskip("jupytext")
 
 pytestmark = pytest.mark.slow
 NOTEBOOKS = ROOT / "analysis" / "notebooks"
+READBACK = "from analysis.plotted import dumps\n\nprint(dumps(plotted))"
 
 
-def execute(notebook: Path, results_dir: Path) -> None:
-    """Run one notebook in a fresh kernel (jupyter_client starts it with this interpreter) with
-    the results directory injected through the environment the kernel inherits."""
+def execute(notebook: Path, results_dir: Path) -> dict:
+    """Run one notebook, and a last cell printing its `plotted` as JSON, in a fresh kernel
+    (jupyter_client starts it with this interpreter) with the results directory injected through
+    the environment the kernel inherits; returns `plotted` as read back from that cell's output."""
     nb = nbformat.read(notebook, as_version=4)
+    nb.cells.append(nbformat.v4.new_code_cell(READBACK))
     # PYTHONPATH: the kernel imports this checkout's analysis package, however it was installed.
     path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     env = {**os.environ, "TESTBED_RESULTS_DIR": str(results_dir), "PYTHONPATH": path}
     client = nbclient.NotebookClient(nb, timeout=300, kernel_name="python3",
                                      resources={"metadata": {"path": str(NOTEBOOKS)}})
     client.execute(env=env)
+    return printed_json(nb.cells[-1])
+
+
+def printed_json(cell) -> dict:
+    """What a cell printed to stdout, parsed as JSON (NaN allowed, as json.dumps writes it)."""
+    text = "".join(out.get("text", "") for out in cell.outputs if out.output_type == "stream" and out.name == "stdout")
+    return json.loads(text)
 
 
 def studies_with_notebooks(study_results) -> dict:
@@ -48,17 +65,25 @@ def test_every_study_has_a_paired_notebook(study_results):
         stored = nbformat.read(ipynb, as_version=4)
         assert [c.source for c in paired.cells] == [c.source for c in stored.cells], name
         assert any("parameters" in c.metadata.get("tags", []) for c in stored.cells), name
+        assert stored.cells[-1].source.startswith("plotted = "), f"{name}: the last cell leaves `plotted`"
 
 
-def test_notebooks_execute(study_results):
+def test_notebooks_execute_and_plot_the_saved_summaries(study_results, repeated_results):
+    from analysis.studies import FIGURES
+
+    runs = {name: (name, path) for name, path in studies_with_notebooks(study_results).items()}
+    runs["ratio_sweep, 2 repeats"] = ("ratio_sweep", repeated_results)
     # Two at a time: most of a notebook's time is its kernel starting and importing.
     with ThreadPoolExecutor(max_workers=2) as pool:
-        futures = {name: pool.submit(execute, NOTEBOOKS / f"{name}.ipynb", path)
-                   for name, path in studies_with_notebooks(study_results).items()}
+        futures = {key: pool.submit(execute, NOTEBOOKS / f"{name}.ipynb", path) for key, (name, path) in runs.items()}
     errors = {}
-    for name, future in futures.items():
+    for key, future in futures.items():
+        name, path = runs[key]
         try:
-            future.result()
+            stems = check_study(future.result(), path)
+            assert len(stems) >= len(FIGURES[name]) - 1, f"figures plotted: {stems}"  # no telemetry on CPU
         except nbclient.exceptions.CellExecutionError as error:
-            errors[name] = str(error)[-2000:]
+            errors[key] = str(error)[-2000:]
+        except AssertionError as error:
+            errors[key] = f"plotted data against the saved results: {error}"
     assert not errors, errors

@@ -31,29 +31,23 @@ write_figures = False  # True: also write PDF/PNG/caption files into <results_di
 # %%
 from IPython.display import Image, display
 
-from analysis import captions, figures, load_sweep, style
+from analysis import load_sweep, style
 from analysis.studies import draw, study_figures
 
 sweep = load_sweep(results_dir)
-sweep.finished()[["point", "chunk", "ttft_p50", "ttft_p99", "itl_p99", "slo_attainment"]]
-
-# %% [markdown]
-# ## TTFT against p99 ITL, labelled by chunk size
-
-# %%
-with style.paper():
-    fig, ax = style.figure()
-    plotted = figures.chunk_tradeoff(ax, sweep.finished())
-    text = captions.chunk_tradeoff(plotted)
-    display(Image(style.png(fig)))
-print(text)
+sweep.summary("ttft_p50", "ttft_p99", "itl_p99", "slo_attainment")
 
 # %% [markdown]
 # ## Every standard figure of the study, with its caption
+#
+# Each figure draws every cell (a point's `experiment.repeats` runs together) with its 95% interval:
+# a shaded band along a line, error bars on bars and markers. A caption names a leader only when its
+# interval clears the runner-up's.
 
 # %%
 with style.paper():
-    for stem, fig, caption in draw("chunk_sweep", sweep):
+    made = draw("chunk_sweep", sweep)
+    for stem, fig, caption, _ in made:
         print(stem)
         display(Image(style.png(fig)))
         print(caption)
@@ -62,3 +56,12 @@ with style.paper():
 if write_figures:
     for path in study_figures("chunk_sweep", results_dir):
         print(path)
+
+# %% [markdown]
+# ## What the figures plotted
+#
+# `plotted[stem]`: exactly the values each figure drew, bounds included, in the units on its axes
+# (the notebook tests hold them to sweep.json and intervals.parquet).
+
+# %%
+plotted = {stem: data for stem, _, _, data in made}

@@ -31,29 +31,23 @@ write_figures = False  # True: also write PDF/PNG/caption files into <results_di
 # %%
 from IPython.display import Image, display
 
-from analysis import captions, figures, load_sweep, style
+from analysis import load_sweep, style
 from analysis.studies import draw, study_figures
 
 sweep = load_sweep(results_dir)
-sweep.finished()[["point", "label"] + [c for c in sweep.table.columns if c.startswith("ttft_by_bucket_") and c.endswith(("count", "p50", "p99"))]]
-
-# %% [markdown]
-# ## p50 TTFT per input-length bucket
-
-# %%
-with style.paper():
-    fig, ax = style.figure()
-    plotted = figures.ttft_by_bucket(ax, sweep.finished(), "p50")
-    text = captions.ttft_by_bucket(plotted, "p50")
-    display(Image(style.png(fig)))
-print(text)
+sweep.ttft_buckets()
 
 # %% [markdown]
 # ## Every standard figure of the study, with its caption
+#
+# Each figure draws every cell (a point's `experiment.repeats` runs together) with its 95% interval:
+# a shaded band along a line, error bars on bars and markers. A caption names a leader only when its
+# interval clears the runner-up's.
 
 # %%
 with style.paper():
-    for stem, fig, caption in draw("input_buckets", sweep):
+    made = draw("input_buckets", sweep)
+    for stem, fig, caption, _ in made:
         print(stem)
         display(Image(style.png(fig)))
         print(caption)
@@ -62,3 +56,12 @@ with style.paper():
 if write_figures:
     for path in study_figures("input_buckets", results_dir):
         print(path)
+
+# %% [markdown]
+# ## What the figures plotted
+#
+# `plotted[stem]`: exactly the values each figure drew, bounds included, in the units on its axes
+# (the notebook tests hold them to sweep.json and intervals.parquet).
+
+# %%
+plotted = {stem: data for stem, _, _, data in made}

@@ -16,8 +16,9 @@
 # %% [markdown]
 # # interference: How much does a prefill slow the running decodes?
 #
-# A decode-only background, then prefills of growing length injected: p99 ITL of the background
-# over its decode-only baseline, per mode.
+# A decode-only background, then prefills of growing length injected, per mode: the inflation (p99
+# of the background's inter-token gaps that overlap a prefill over p99 of those that do not, in the
+# same run) and the step-level view (decode step time with and without prefill work alongside).
 #
 # Results come from `python -m testbed +experiment=interference output_dir=experiments/interference/results`
 # (see `experiments/interference/README.md`); nothing here reruns anything. Set `results_dir` below,
@@ -30,31 +31,33 @@ results_dir = os.environ.get("TESTBED_RESULTS_DIR", "../../experiments/interfere
 write_figures = False  # True: also write PDF/PNG/caption files into <results_dir>/figures/
 
 # %%
+import pandas as pd
 from IPython.display import Image, display
 
-from analysis import captions, figures, load_sweep, style
+from analysis import load_sweep, style
 from analysis.studies import draw, study_figures
 
 sweep = load_sweep(results_dir)
-sweep.finished()[["point", "label", "prefill_len", "itl_p99", "decode_stalls"]]
+sweep.summary("itl_p99", "decode_stalls")
 
 # %% [markdown]
-# ## p99 ITL inflation against the injected prefill length
+# ## Inflation and the step-level view per mode and injected length (length 0: the decode-only baseline)
 
 # %%
-with style.paper():
-    fig, ax = style.figure()
-    plotted = figures.itl_inflation(ax, sweep.aggregate["interference"])
-    text = captions.itl_inflation(plotted)
-    display(Image(style.png(fig)))
-print(text)
+pd.DataFrame([{"label": label, "prefill_len": int(n), **entry}
+              for label, by_length in sweep.aggregate["interference"].items() for n, entry in by_length.items()])
 
 # %% [markdown]
 # ## Every standard figure of the study, with its caption
+#
+# Each figure draws every cell (a point's `experiment.repeats` runs together) with its 95% interval:
+# a shaded band along a line, error bars on bars and markers. A caption names a leader only when its
+# interval clears the runner-up's.
 
 # %%
 with style.paper():
-    for stem, fig, caption in draw("interference", sweep):
+    made = draw("interference", sweep)
+    for stem, fig, caption, _ in made:
         print(stem)
         display(Image(style.png(fig)))
         print(caption)
@@ -63,3 +66,12 @@ with style.paper():
 if write_figures:
     for path in study_figures("interference", results_dir):
         print(path)
+
+# %% [markdown]
+# ## What the figures plotted
+#
+# `plotted[stem]`: exactly the values each figure drew, bounds included, in the units on its axes
+# (the notebook tests hold them to sweep.json and intervals.parquet).
+
+# %%
+plotted = {stem: data for stem, _, _, data in made}

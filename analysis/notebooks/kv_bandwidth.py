@@ -32,29 +32,23 @@ write_figures = False  # True: also write PDF/PNG/caption files into <results_di
 # %%
 from IPython.display import Image, display
 
-from analysis import captions, figures, load_sweep, style
+from analysis import load_sweep, style
 from analysis.studies import draw, study_figures
 
 sweep = load_sweep(results_dir)
 sweep.finished()[["bytes", "raw_gbps", "connector_gbps", "ratio"]]
 
 # %% [markdown]
-# ## Bandwidth against message size
-
-# %%
-with style.paper():
-    fig, ax = style.figure()
-    plotted = figures.kv_bandwidth(ax, sweep.table, sweep.aggregate.get("ceiling"))
-    text = captions.kv_bandwidth(plotted, sweep.aggregate.get("backend", "?"))
-    display(Image(style.png(fig)))
-print(text)
-
-# %% [markdown]
 # ## Every standard figure of the study, with its caption
+#
+# Each figure draws every cell (a point's `experiment.repeats` runs together) with its 95% interval:
+# a shaded band along a line, error bars on bars and markers. A caption names a leader only when its
+# interval clears the runner-up's.
 
 # %%
 with style.paper():
-    for stem, fig, caption in draw("kv_bandwidth", sweep):
+    made = draw("kv_bandwidth", sweep)
+    for stem, fig, caption, _ in made:
         print(stem)
         display(Image(style.png(fig)))
         print(caption)
@@ -63,3 +57,12 @@ with style.paper():
 if write_figures:
     for path in study_figures("kv_bandwidth", results_dir):
         print(path)
+
+# %% [markdown]
+# ## What the figures plotted
+#
+# `plotted[stem]`: exactly the values each figure drew, bounds included, in the units on its axes
+# (the notebook tests hold them to sweep.json and intervals.parquet).
+
+# %%
+plotted = {stem: data for stem, _, _, data in made}

@@ -31,29 +31,23 @@ write_figures = False  # True: also write PDF/PNG/caption files into <results_di
 # %%
 from IPython.display import Image, display
 
-from analysis import captions, figures, load_sweep, style
+from analysis import load_sweep, style
 from analysis.studies import draw, study_figures
 
 sweep = load_sweep(results_dir)
-sweep.finished()[["point", "label", "ttft_p50", "ttft_p99", "itl_p50", "itl_p99", "slo_attainment"]]
-
-# %% [markdown]
-# ## TTFT CDF per mode
-
-# %%
-with style.paper():
-    fig, ax = style.figure()
-    plotted = figures.ttft_cdf(ax, sweep.requests())
-    text = captions.distributions(plotted, "TTFT")
-    display(Image(style.png(fig)))
-print(text)
+sweep.summary("ttft_p50", "ttft_p99", "itl_p50", "itl_p99", "slo_attainment")
 
 # %% [markdown]
 # ## Every standard figure of the study, with its caption
+#
+# Each figure draws every cell (a point's `experiment.repeats` runs together) with its 95% interval:
+# a shaded band along a line, error bars on bars and markers. A caption names a leader only when its
+# interval clears the runner-up's.
 
 # %%
 with style.paper():
-    for stem, fig, caption in draw("mode_compare", sweep):
+    made = draw("mode_compare", sweep)
+    for stem, fig, caption, _ in made:
         print(stem)
         display(Image(style.png(fig)))
         print(caption)
@@ -62,3 +56,12 @@ with style.paper():
 if write_figures:
     for path in study_figures("mode_compare", results_dir):
         print(path)
+
+# %% [markdown]
+# ## What the figures plotted
+#
+# `plotted[stem]`: exactly the values each figure drew, bounds included, in the units on its axes
+# (the notebook tests hold them to sweep.json and intervals.parquet).
+
+# %%
+plotted = {stem: data for stem, _, _, data in made}

@@ -41,15 +41,28 @@ analytical = sweep.aggregate["analytical"]
 pd.DataFrame({stat: analytical[stat] for stat in ("mean", "p95")})
 
 # %%
-simulated = pd.DataFrame(sweep.aggregate["simulated"]["goodput"]).T[["goodput", "goodput_per_gpu", "capacity"]]
+columns = ["goodput", "goodput_low", "goodput_high", "goodput_per_gpu", "goodput_per_gpu_low", "goodput_per_gpu_high",
+           "capacity"]
+simulated = pd.DataFrame(sweep.aggregate["simulated"]["goodput"]).T.reindex(columns=columns)
 simulated.sort_values("goodput_per_gpu", ascending=False)
 
 # %% [markdown]
+# ## The best simulated configuration, named only when its interval clears the runner-up's
+
+# %%
+print(sweep.aggregate["simulated"].get("best", {}).get("line", "no verdict saved"))
+
+# %% [markdown]
 # ## Every standard figure of the study, with its caption
+#
+# Each figure draws every cell (a point's `experiment.repeats` runs together) with its 95% interval:
+# a shaded band along a line, error bars on bars and markers. A caption names a leader only when its
+# interval clears the runner-up's.
 
 # %%
 with style.paper():
-    for stem, fig, caption in draw("plan", sweep):
+    made = draw("plan", sweep)
+    for stem, fig, caption, _ in made:
         print(stem)
         display(Image(style.png(fig)))
         print(caption)
@@ -58,3 +71,12 @@ with style.paper():
 if write_figures:
     for path in study_figures("plan", results_dir):
         print(path)
+
+# %% [markdown]
+# ## What the figures plotted
+#
+# `plotted[stem]`: exactly the values each figure drew, bounds included, in the units on its axes
+# (the notebook tests hold them to sweep.json and intervals.parquet).
+
+# %%
+plotted = {stem: data for stem, _, _, data in made}

@@ -44,10 +44,15 @@ pd.Series(sweep.aggregate["worst_abs_error"], name="worst |sim - real| / real")
 
 # %% [markdown]
 # ## Every standard figure of the study, with its caption
+#
+# Each figure draws every cell (a point's `experiment.repeats` runs together) with its 95% interval:
+# a shaded band along a line, error bars on bars and markers. A caption names a leader only when its
+# interval clears the runner-up's.
 
 # %%
 with style.paper():
-    for stem, fig, caption in draw("sim_validate", sweep):
+    made = draw("sim_validate", sweep)
+    for stem, fig, caption, _ in made:
         print(stem)
         display(Image(style.png(fig)))
         print(caption)
@@ -56,3 +61,12 @@ with style.paper():
 if write_figures:
     for path in study_figures("sim_validate", results_dir):
         print(path)
+
+# %% [markdown]
+# ## What the figures plotted
+#
+# `plotted[stem]`: exactly the values each figure drew, bounds included, in the units on its axes
+# (the notebook tests hold them to sweep.json and intervals.parquet).
+
+# %%
+plotted = {stem: data for stem, _, _, data in made}

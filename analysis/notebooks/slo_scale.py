@@ -31,29 +31,23 @@ write_figures = False  # True: also write PDF/PNG/caption files into <results_di
 # %%
 from IPython.display import Image, display
 
-from analysis import captions, figures, load_sweep, style
+from analysis import load_sweep, style
 from analysis.studies import draw, study_figures
 
 sweep = load_sweep(results_dir)
-sweep.finished()[["point", "label", "slo_attainment", "slo_ttft_s", "slo_tpot_s"]]
-
-# %% [markdown]
-# ## Attainment against SLO scale, the tightest scale meeting 90% marked
-
-# %%
-with style.paper():
-    fig, ax = style.figure()
-    plotted = figures.attainment_vs_scale(ax, sweep.aggregate["curves"])
-    text = captions.attainment_vs_scale(plotted)
-    display(Image(style.png(fig)))
-print(text)
+sweep.summary("slo_attainment", "ttft_p99", "tpot_p99")
 
 # %% [markdown]
 # ## Every standard figure of the study, with its caption
+#
+# Each figure draws every cell (a point's `experiment.repeats` runs together) with its 95% interval:
+# a shaded band along a line, error bars on bars and markers. A caption names a leader only when its
+# interval clears the runner-up's.
 
 # %%
 with style.paper():
-    for stem, fig, caption in draw("slo_scale", sweep):
+    made = draw("slo_scale", sweep)
+    for stem, fig, caption, _ in made:
         print(stem)
         display(Image(style.png(fig)))
         print(caption)
@@ -62,3 +56,12 @@ with style.paper():
 if write_figures:
     for path in study_figures("slo_scale", results_dir):
         print(path)
+
+# %% [markdown]
+# ## What the figures plotted
+#
+# `plotted[stem]`: exactly the values each figure drew, bounds included, in the units on its axes
+# (the notebook tests hold them to sweep.json and intervals.parquet).
+
+# %%
+plotted = {stem: data for stem, _, _, data in made}

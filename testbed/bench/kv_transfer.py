@@ -93,7 +93,7 @@ def run_rank(rank: int, port: int, max_mib: int, repeats: int, use_cuda: bool, o
         def connector_send():  # the connector's own functions; the header stands for its queue message
             dist.send(header, dst=1)
             part = send_part(runner, table, tokens, None, 1, pool, tracker)
-            while not part.sent():
+            while not part.settled():
                 time.sleep(0)
             pool.put(part.buffer)
 

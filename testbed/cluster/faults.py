@@ -2,8 +2,9 @@
 
 - kill_worker / kill_at_s: the router kills that worker's process at that time.
 - stall_worker / stall_at_s / stall_ms: that worker sleeps, unresponsive, for stall_ms.
-- drop_kv_probability: a prefill worker silently never sends a request's KV (the transfer times
-  out on both sides: failure, or recompute on D with kv_transfer.on_failure=recompute).
+- drop_kv_probability: an attempt to send a request's KV loses its data: P begins the attempt
+  (D's lease starts) but sends nothing, so D's lease runs out and kv_transfer.on_failure decides
+  (fail, recompute on D, or retry: P sends again, and each attempt is drawn anew).
 - delay_kv_ms: every KV send starts this much later than it could.
 - exhaust_kv_pool: every worker's pool is shrunk to the least that holds one max_model_len
   request (preemption and back-pressure under load).

@@ -1,9 +1,10 @@
 """One part of a request's KV on the wire: packed from P's blocks, unpacked into D's blocks.
 
 A part (the whole request, or one layer) is one staging buffer, lent by a BufferPool and returned
-only once every piece of it has completed or failed (the transport may still read or write it). Large parts travel as a few
-pieces of about `piece_bytes` (kv_transfer.piece_kib): P gathers piece i+1 while piece i is on the wire, and D scatters
-piece i while piece i+1 arrives, so packing overlaps the transfer instead of adding to it.
+only once every piece of it has completed or failed (the transport may still read or write it).
+Large parts travel as a few pieces of about `piece_bytes` (kv_transfer.piece_kib): P gathers
+piece i+1 while piece i is on the wire, and D scatters piece i while piece i+1 arrives, so
+packing overlaps the transfer instead of adding to it.
 Both sides derive the same pieces from the part's shape; a piece is a contiguous slice
 (2, [layers,] tokens, Hkv, D) of the buffer, so every send is one contiguous tensor.
 """

@@ -95,6 +95,7 @@ class KVDone:
     first_token: int
     num_parts: int
     attempt: int = 1
+    src: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -146,6 +147,7 @@ class KVArrived:
     worker: int
     t: float
     attempt: int = 1
+    prefill_rank: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -167,8 +169,9 @@ class Failed:
     worker: int
     reason: str
     t: float
-    kind: str = "error"  # kv_lost: a transfer timed out or broke; kv_recompute: D recomputes it
-    peer: Optional[int] = None  # the other end of a broken transfer: if it died, its loss decides
+    # kv_lost: a transfer timed out; kv_broken: its wire broke (the peer is gone, so the router
+    # treats it as that worker's loss); kv_recompute: D recomputes it
+    kind: str = "error"
 
 
 @dataclass(frozen=True)

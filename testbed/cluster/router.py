@@ -19,8 +19,9 @@ from testbed.cluster.dispatch import Dispatcher, WorkerLoad, admission_refusal
 from testbed.cluster.faults import FaultInjected, FaultsConfig, Stall
 from testbed.cluster.launcher import Cluster
 from testbed.cluster.memory import RssSampler
-from testbed.cluster.messages import (Abort, Failed, Heartbeat, KVArrived, KVSent, Reserve, Reserved, Serve,
-                                      StepEvents, WorkerError)
+from testbed.cluster.messages import (Abort, Failed, Heartbeat, KVArrived, KVAttemptFailed, KVSent, Reserve, Reserved,
+                                      Serve, StepEvents, WorkerError)
+from testbed.cluster.transfers import TransferLog
 from testbed.metrics.events import Event, RequestLog
 from testbed.workload import Request, Workload
 
@@ -35,6 +36,7 @@ class Tracked:
     decode_worker: Optional[int] = None
     output: list = field(default_factory=list)
     left_front: bool = False  # prefill side done with it (mixed: finished; disagg: KV sent)
+    on_decode: bool = False  # D holds it: KV installed, or D recomputes it
     queued: bool = True  # its prompt tokens count in its worker's queue until the first token
     early: dict = field(default_factory=dict)  # index -> (token, worker time): arrived before their turn
     finished_early: bool = False  # the last token was reported before all earlier ones arrived
@@ -55,7 +57,7 @@ class Router:
         heapq.heapify(self.pending)
         self.active: dict[int, Tracked] = {}
         self.steps: list[tuple[int, object]] = []
-        self.transfers: dict[int, dict] = {}
+        self.transfers = TransferLog(t0)  # one row per KV transfer attempt
         self.last_seen = {rank: time.perf_counter() for rank in roles}
         self.last_progress = time.perf_counter()
         self.on_finish: Callable[[], None] = lambda: None
@@ -149,9 +151,9 @@ class Router:
         elif isinstance(msg, KVSent):
             self._on_sent(msg)
         elif isinstance(msg, KVArrived):
-            self.log.event(msg.rid, Event.KV_TRANSFER_END, msg.t, decode_worker=msg.worker)
-            self.log.event(msg.rid, Event.DECODE_QUEUED, msg.t, worker=msg.worker)
-            self.transfers.setdefault(msg.rid, {})["end_s"] = msg.t - self.t0
+            self._on_arrived(msg)
+        elif isinstance(msg, KVAttemptFailed):
+            self.transfers.failed(msg)
         elif isinstance(msg, Failed):
             self._on_failed(msg)
         elif isinstance(msg, FaultInjected):
@@ -205,25 +207,31 @@ class Router:
             self._finish(rid, received)
 
     def _on_sent(self, msg: KVSent) -> None:
-        self.log.event(msg.rid, Event.KV_TRANSFER_START, msg.start, prefill_worker=msg.prefill_rank,
-                       decode_worker=msg.decode_rank, kv_bytes=msg.kv_bytes)
-        row = self.transfers.setdefault(msg.rid, {})
-        row.update(request_id=msg.rid, prefill_worker=msg.prefill_rank, decode_worker=msg.decode_rank,
-                   kv_bytes=msg.kv_bytes, start_s=msg.start - self.t0, send_end_s=msg.end - self.t0,
-                   wait_s=msg.wait_s)
-        row.setdefault("end_s", msg.end - self.t0)
+        self.transfers.sent(msg)
+        if not (msg.dropped or msg.error):  # an attempt that moved data (the first one wins)
+            self.log.event(msg.rid, Event.KV_TRANSFER_START, msg.start, prefill_worker=msg.prefill_rank,
+                           decode_worker=msg.decode_rank, kv_bytes=msg.kv_bytes)
         tracked = self.active.get(msg.rid)
         if tracked is not None:
             self._leave_front(tracked)
 
+    def _on_arrived(self, msg: KVArrived) -> None:
+        self.transfers.arrived(msg)
+        self.log.event(msg.rid, Event.KV_TRANSFER_END, msg.t, decode_worker=msg.worker)
+        self.log.event(msg.rid, Event.DECODE_QUEUED, msg.t, worker=msg.worker)
+        tracked = self.active.get(msg.rid)
+        if tracked is not None:
+            tracked.on_decode = True
+
     def _on_failed(self, msg: Failed) -> None:
         tracked = self.active.get(msg.rid)
+        if tracked is None or msg.worker not in (tracked.worker, tracked.decode_worker):
+            return  # the request ended, or moved to other workers, before this report
         if msg.kind == "kv_recompute":
-            return  # the decode worker carries on: the request is late, not lost
-        if msg.kind == "kv_lost" and tracked is not None and msg.worker == tracked.worker \
-                and self.kv.on_failure == "recompute" and tracked.decode_worker is not None \
-                and self.loads[tracked.decode_worker].alive:
-            self._leave_front(tracked)  # P let go of the KV; D will recompute the prefill
+            tracked.on_decode = True  # the decode worker carries on: the request is late, not lost
+            return
+        if msg.kind == "kv_broken":  # the wire to the prefill worker broke: that worker is lost to it
+            self._lost(msg.rid, tracked, msg.reason, time.perf_counter())
             return
         self._fail(msg.rid, msg.t, msg.reason)
 
@@ -291,11 +299,22 @@ class Router:
         self.loads[rank].alive = False
         role = self.cluster.plans[rank].role
         for rid, tracked in list(self.active.items()):
-            if (tracked.worker == rank and not tracked.left_front) or tracked.decode_worker == rank:
-                reason = f"worker {rank} ({role}) died"
-                if self.cfg.on_worker_failure == "redispatch" and self._redispatch(rid, tracked, reason, now):
-                    continue
-                self._fail(rid, now, reason)
+            if self._depends_on(tracked, rank):
+                self._lost(rid, tracked, f"worker {rank} ({role}) died", now)
+
+    def _depends_on(self, tracked: Tracked, rank: int) -> bool:
+        """Its decode worker, and its prefill worker until the KV has left (or, where P keeps
+        the KV for resends, until D holds the request)."""
+        if tracked.decode_worker == rank:
+            return True
+        resendable = self.kv.on_failure == "retry" and not tracked.on_decode
+        return tracked.worker == rank and (not tracked.left_front or resendable)
+
+    def _lost(self, rid: int, tracked: Tracked, reason: str, now: float) -> None:
+        """A worker the request needs is gone: re-dispatch it or fail it (cluster.on_worker_failure)."""
+        if self.cfg.on_worker_failure == "redispatch" and self._redispatch(rid, tracked, reason, now):
+            return
+        self._fail(rid, now, reason)
 
     def _redispatch(self, rid: int, tracked: Tracked, reason: str, now: float) -> bool:
         """Start the request over on live workers; the client keeps the tokens it has (the new
@@ -307,7 +326,7 @@ class Router:
             if old is not None and self.loads[old].alive:
                 self.cluster.inboxes[old].put(Abort(rid, reason))
         self._unbind(tracked)
-        tracked.worker, tracked.left_front, tracked.queued = worker, False, True
+        tracked.worker, tracked.left_front, tracked.queued, tracked.on_decode = worker, False, True, False
         self._dispatch(tracked)
         self.faults.append({"kind": "redispatch", "worker": worker, "request_id": rid, "t_s": now - self.t0})
         return True

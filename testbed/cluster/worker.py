@@ -22,12 +22,14 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from testbed.cluster.connector import KVReceiver, KVSender
+from testbed.cluster.config import KVFailurePolicy
+from testbed.cluster.connector import KVSender
 from testbed.cluster.emulation import Emulation, role_pacers
 from testbed.cluster.faults import KVFaults, Stall
-from testbed.cluster.messages import (Abort, Audit, Heartbeat, KVDone, KVPart, Ready, Reserve, Serve, Started,
-                                      StepEvents, Stop, WorkerError)
+from testbed.cluster.messages import (Abort, Audit, Heartbeat, KVAck, KVBegin, KVDone, KVPart, Ready, Reserve, Serve,
+                                      Started, StepEvents, Stop, WorkerError)
 from testbed.cluster.pacing import hold
+from testbed.cluster.receiver import KVReceiver
 from testbed.engine import Engine, EngineConfig, SchedulerConfig, Sequence, StepResult
 from testbed.errors import TestbedError
 from testbed.model.config import ModelConfig
@@ -49,7 +51,7 @@ class WorkerSpec:
     scheduler: SchedulerConfig
     granularity: str = "request"
     kv_timeout_s: float = 30.0
-    recompute_on_failure: bool = False
+    kv_failure: KVFailurePolicy = KVFailurePolicy()  # what D does when a KV transfer attempt fails
     max_pending: int = 8
     piece_bytes: int = 8 << 20
     drop_kv_probability: float = 0.0
@@ -116,12 +118,12 @@ class Worker:
         if spec.role == "prefill_only":
             faults = KVFaults(spec.drop_kv_probability, spec.delay_kv_s, seed=spec.seed * 1000 + spec.rank)
             self.sender = KVSender(engine, spec.rank, inboxes, events, spec.granularity, spec.kv_timeout_s,
-                                   spec.piece_bytes, faults)
+                                   spec.piece_bytes, faults, spec.kv_failure)
             if spec.granularity == "layer":
                 engine.after_layer = self.sender.stream_layer
         if spec.role == "decode_only":
-            self.receiver = KVReceiver(engine, spec.rank, inboxes, events, spec.kv_timeout_s,
-                                       spec.recompute_on_failure, spec.piece_bytes)
+            self.receiver = KVReceiver(engine, spec.rank, inboxes, events, spec.kv_timeout_s, spec.kv_failure,
+                                       spec.piece_bytes)
         self.pacer = self.link = None
         if spec.emulation is not None:
             real_kv_bytes = engine.args.kv_bytes_per_token * engine.runner.dtype.itemsize
@@ -139,7 +141,18 @@ class Worker:
                 self._step()
             elif time.perf_counter() - self.last_report > self.spec.heartbeat_s:
                 self._report(Heartbeat(self.spec.rank, time.perf_counter()))
-        self.events.put(Audit(self.spec.rank, self.engine.num_used_blocks))
+        self.events.put(self._audit())
+
+    def _audit(self) -> Audit:
+        """What this worker still holds at the end. Pieces still on the wire settle first (each
+        within the transfer timeout: a dead peer fails them), so their buffers count as returned."""
+        sides = [side for side in (self.sender, self.receiver) if side is not None]
+        deadline = time.perf_counter() + self.spec.kv_timeout_s
+        while any(side.in_flight for side in sides) and time.perf_counter() < deadline:
+            time.sleep(IDLE_WAIT_S)
+            self._poll_transfers()
+        return Audit(self.spec.rank, self.engine.num_used_blocks, sum(len(side.buffers.loaned) for side in sides),
+                     sum(side.buffers.loaned_bytes for side in sides))
 
     def _can_step(self) -> bool:
         if self.sender is not None and self.sender.num_waiting >= self.spec.max_pending:
@@ -169,10 +182,14 @@ class Worker:
             self.receiver.reserve(msg)
         elif isinstance(msg, Ready):
             self.sender.ready(msg)
+        elif isinstance(msg, KVBegin):
+            self.receiver.on_begin(msg)
         elif isinstance(msg, KVPart):
             self.receiver.on_part(msg)
         elif isinstance(msg, KVDone):
             self.receiver.on_done(msg)
+        elif isinstance(msg, KVAck):
+            self.sender.ack(msg)
         elif isinstance(msg, Abort):
             self._abort(msg)
         elif isinstance(msg, Stop):
@@ -182,7 +199,7 @@ class Worker:
 
     def _abort(self, msg: Abort) -> None:
         if self.sender is not None and msg.rid in self.sender.out:
-            self.sender.abort(msg.rid, msg.reason, time.perf_counter())
+            self.sender.abort(msg.rid)
             return
         if self.sender is not None:
             self.sender.aborted.add(msg.rid)

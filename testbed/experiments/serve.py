@@ -12,11 +12,12 @@ from tqdm import tqdm
 
 from testbed.cluster.emulation import Emulation, emulation_meta
 from testbed.cluster.launcher import Cluster, plan_workers
+from testbed.cluster.messages import Audit
 from testbed.cluster.pacing import pace_summary
 from testbed.cluster.router import Router
 from testbed.cluster.worker import WorkerSpec
 from testbed.config import Config
-from testbed.metrics.events import STEP_COLUMNS, TRANSFER_COLUMNS, RequestLog
+from testbed.metrics.events import STEP_COLUMNS, RequestLog
 from testbed.metrics.slo import tenant_slos
 from testbed.metrics.summary import summarize
 from testbed.tracking.telemetry import start_telemetry
@@ -25,7 +26,7 @@ from testbed.workload import build_workload
 
 
 class KVLeakError(RuntimeError):
-    """A worker ended the run with KV blocks still allocated."""
+    """A worker ended the run with KV blocks or KV staging buffers still allocated."""
 
 
 def worker_template(cfg: Config) -> WorkerSpec:
@@ -34,7 +35,7 @@ def worker_template(cfg: Config) -> WorkerSpec:
         engine = dataclasses.replace(engine, num_kv_blocks=-(-cfg.model.args().max_model_len // engine.block_size))
     return WorkerSpec(rank=0, world_size=1, role="", device="cpu", port=0, model=cfg.model, engine=engine,
                       scheduler=cfg.scheduler, granularity=kv.granularity, kv_timeout_s=kv.timeout_s,
-                      recompute_on_failure=kv.on_failure == "recompute", max_pending=kv.max_pending,
+                      kv_failure=kv.failure_policy(), max_pending=kv.max_pending,
                       piece_bytes=kv.piece_kib << 10, drop_kv_probability=cfg.faults.drop_kv_probability,
                       delay_kv_s=cfg.faults.delay_kv_ms / 1000, seed=cfg.seed,
                       heartbeat_s=cfg.cluster.heartbeat_s, start_timeout_s=cfg.cluster.start_timeout_s,
@@ -52,9 +53,19 @@ def steps_table(steps: list[tuple[int, object]], t0: float) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=STEP_COLUMNS + extra)
 
 
-def transfers_table(transfers: dict[int, dict]) -> pd.DataFrame:
-    rows = [row for row in transfers.values() if "request_id" in row]
-    return pd.DataFrame(rows, columns=TRANSFER_COLUMNS + ["send_end_s", "wait_s"])
+def audit_summary(audits: dict[int, Audit]) -> dict:
+    """What each worker still held at the end (all zero unless something leaked)."""
+    return {"kv_blocks_leaked": {f"worker{rank}": a.used_blocks for rank, a in sorted(audits.items())},
+            "staging_buffers_leaked": {f"worker{rank}": {"count": a.loaned_buffers, "bytes": a.loaned_bytes}
+                                       for rank, a in sorted(audits.items())}}
+
+
+def check_audit(audits: dict[int, Audit], out_dir: Path) -> None:
+    leaked = {rank: {"blocks": a.used_blocks, "staging_buffers": a.loaned_buffers}
+              for rank, a in audits.items() if a.used_blocks or a.loaned_buffers}
+    if leaked:
+        raise KVLeakError(f"KV audit failed: still allocated at the end of the run {leaked}; "
+                          f"results kept in {out_dir}")
 
 
 def serve(cfg: Config, out_dir: Path, on_started: Optional[Callable[[Cluster], None]] = None,
@@ -79,16 +90,18 @@ def serve(cfg: Config, out_dir: Path, on_started: Optional[Callable[[Cluster], N
         router.memory.sample()
         telemetry = sampler.stop()
         leftovers: list = []
-        audit = cluster.stop(leftovers)
+        cluster.stop(leftovers)
         for msg in leftovers:
             router.handle(msg)
+    audits = cluster.audits
     requests, steps = log.table(), steps_table(router.steps, t0)
-    transfers = transfers_table(router.transfers)
-    summary = summarize(requests, steps, transfers, slo=cfg.slo, metrics=cfg.metrics, num_gpus=len(plans),
-                        tenant_slos=tenant_slos(cfg.workload.tenants, cfg.slo))
-    summary["kv_blocks_leaked"] = {f"worker{rank}": blocks for rank, blocks in sorted(audit.items())}
+    transfers = router.transfers.table()  # one row per attempt; the figures use the attempts that arrived
+    summary = summarize(requests, steps, transfers[transfers.outcome == "ok"], slo=cfg.slo, metrics=cfg.metrics,
+                        num_gpus=len(plans), tenant_slos=tenant_slos(cfg.workload.tenants, cfg.slo))
+    summary.update(audit_summary(audits))
+    summary["kv_transfer_attempts"] = {str(k): int(v) for k, v in transfers.outcome.value_counts().items()}
     summary["workers"] = {f"worker{p.rank}": {"role": p.role, "device": p.device,
-                                              "alive_at_end": p.rank in audit} for p in plans}
+                                              "alive_at_end": p.rank in audits} for p in plans}
     summary["workload_report"] = workload.report
     summary["faults"] = router.faults
     summary["memory"] = router.memory.summary()
@@ -98,8 +111,5 @@ def serve(cfg: Config, out_dir: Path, on_started: Optional[Callable[[Cluster], N
     write_results(out_dir, requests=requests, steps=steps, transfers=transfers, telemetry=telemetry,
                   config=dataclasses.asdict(cfg), meta=collect_meta(cfg.seed, meta),
                   summary=summary)
-    leaked = {rank: blocks for rank, blocks in audit.items() if blocks}
-    if leaked:
-        raise KVLeakError(f"KV audit failed: blocks still allocated at the end of the run {leaked}; "
-                          f"results kept in {out_dir}")
+    check_audit(audits, out_dir)
     return {"requests": requests, "steps": steps, "transfers": transfers, "telemetry": telemetry, "summary": summary}

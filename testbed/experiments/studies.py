@@ -151,13 +151,28 @@ def multiturn(cfg: Config) -> list[Point]:
 
 
 def sim_validate(cfg: Config) -> list[Point]:
-    """The same workload run for real and simulated, per mode and rate."""
+    """The same workload run for real and simulated, per mode and rate. With hardware.emulate the
+    simulation runs on the very cost model that paces the real workers, so what differs is the
+    control plane alone (queues, processes, the router), not the cost model."""
     points = []
     for point in rate_sweep(cfg):
         for executor in ("real", "sim"):
-            points.append(Point(f"{point.name}_{executor}", {**point.overrides, "executor": executor},
+            extra = emulated_sim(cfg) if executor == "sim" else {}
+            points.append(Point(f"{point.name}_{executor}", {**point.overrides, **extra, "executor": executor},
                                 {**point.knobs, "executor": executor}))
     return points
+
+
+def emulated_sim(cfg: Config) -> dict:
+    """The simulator's settings that stand for the emulated devices ({} when not emulated)."""
+    hw = cfg.hardware
+    if not (hw.emulate or hw.emulate_prefill or hw.emulate_decode):
+        return {}
+    out = {"sim.profile": hw.emulate, "sim.prefill_profile": hw.emulate_prefill,
+           "sim.decode_profile": hw.emulate_decode}
+    if hw.emulate_model:
+        out["model.name"] = hw.emulate_model
+    return {k: v for k, v in out.items() if v is not None}
 
 
 def plan(cfg: Config) -> list[Point]:

@@ -1,0 +1,68 @@
+"""kv_transfers.parquet of a real run: one row per attempt to move a request's KV.
+
+Both ends report on an attempt: P when its sends have left (bytes, start, send end, whether the
+attempt's data was dropped by fault injection or the send broke), D when it installed the KV or
+gave the attempt up (its lease ran out, or the wire broke). The row's `outcome` joins them:
+
+    ok         D installed the KV
+    dropped    fault injection lost the data (faults.drop_kv_probability)
+    timed_out  D's lease ran out: nothing arrived for kv_transfer.timeout_s
+    error      the wire broke (the peer is gone)
+    aborted    the request ended (failed, or a worker died) before D's verdict
+
+Workers number the attempts of one P -> D binding from 1; a re-dispatched request gets a new
+binding, so `attempt` in the table counts a request's attempts across its bindings, in order.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from testbed.cluster.messages import KVArrived, KVAttemptFailed, KVSent
+from testbed.metrics.events import TRANSFER_COLUMNS
+
+OUTCOMES = ("ok", "dropped", "timed_out", "error", "aborted")
+COLUMNS = TRANSFER_COLUMNS + ["attempt", "outcome", "send_end_s", "wait_s"]
+
+
+class TransferLog:
+    """Attempt rows keyed by (request, P, D, attempt of that binding), times since the run's t0."""
+
+    def __init__(self, t0: float):
+        self.t0 = t0
+        self.rows: dict[tuple, dict] = {}
+
+    def _row(self, rid: int, prefill: int, decode: int, attempt: int) -> dict:
+        return self.rows.setdefault((rid, prefill, decode, attempt),
+                                    {"request_id": rid, "prefill_worker": prefill, "decode_worker": decode})
+
+    def sent(self, msg: KVSent) -> None:
+        row = self._row(msg.rid, msg.prefill_rank, msg.decode_rank, msg.attempt)
+        row.update(kv_bytes=msg.kv_bytes, start_s=msg.start - self.t0, send_end_s=msg.end - self.t0,
+                   wait_s=msg.wait_s, dropped=msg.dropped, send_error=bool(msg.error))
+        row.setdefault("end_s", msg.end - self.t0)  # D's verdict, when it comes, says when it ended
+
+    def arrived(self, msg: KVArrived) -> None:
+        self._row(msg.rid, msg.prefill_rank, msg.worker, msg.attempt).update(end_s=msg.t - self.t0, verdict="ok")
+
+    def failed(self, msg: KVAttemptFailed) -> None:
+        row = self._row(msg.rid, msg.prefill_rank, msg.worker, msg.attempt)
+        row.update(end_s=msg.t - self.t0, verdict=msg.outcome)
+
+    def table(self) -> pd.DataFrame:
+        first_seen: dict[tuple, int] = {}
+        for i, key in enumerate(self.rows):
+            first_seen.setdefault(key[:3], i)
+        rows, count = [], {}
+        for key in sorted(self.rows, key=lambda k: (k[0], first_seen[k[:3]], k[3])):
+            count[key[0]] = count.get(key[0], 0) + 1
+            rows.append({**self.rows[key], "attempt": count[key[0]], "outcome": outcome(self.rows[key])})
+        return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def outcome(row: dict) -> str:
+    if row.get("dropped"):
+        return "dropped"
+    if "verdict" in row:
+        return row["verdict"]
+    return "error" if row.get("send_error") else "aborted"
