@@ -188,7 +188,7 @@ def test_enough_cores_pin_each_worker_to_its_own(monkeypatch, caplog):
 
 def write_profile(path, **terms) -> str:
     tiny = dataclasses.asdict(PRESETS["tiny"])
-    path.write_text(json.dumps({"model": tiny, "dtype_bytes": 4, "cost_model": {**ZERO, **terms}}))
+    path.write_text(json.dumps({"model": tiny, "dtype": "float32", "cost_model": {**ZERO, **terms}}))
     return str(path)
 
 

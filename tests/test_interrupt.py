@@ -16,7 +16,7 @@ pytestmark = pytest.mark.slow
 
 ARGS = ["+experiment=burstiness", "experiment.burstiness=[0.5,1.0,2.0,4.0]", "experiment.modes=[chunked]",
         "hardware=cpu", "hardware.num_devices=2", "workload.num_requests=30", "workload.rate=10",
-        "experiment.figures=false"]
+        "experiment.figures=false", "experiment.repeats=1"]
 
 
 def descendants(pid: int) -> list[int]:

@@ -55,6 +55,7 @@ class LinkPacer:
     def __init__(self, model, bytes_scale: float = 1.0):
         self.model, self.bytes_scale = model, bytes_scale
         self.free_at = -math.inf
+        self.begin: dict[tuple[int, float], float] = {}  # (request, start) -> when it has the link
         self.due: dict[tuple[int, float], float] = {}  # (request, start) -> when the KV may arrive
 
     def modelled_s(self, nbytes: int) -> float:
@@ -64,13 +65,13 @@ class LinkPacer:
         """May this transfer (all of its bytes posted, the first at `start`) complete at `now`?
         The first call books it on the link; keyed by start too, so a re-dispatched request books anew."""
         key = (rid, start)
-        due = self.due.get(key)
-        if due is None:
-            due = self.due[key] = max(start, self.free_at) + self.modelled_s(nbytes)
-            self.free_at = due
+        begin = self.begin.setdefault(key, max(start, self.free_at))
+        # from the bytes posted so far: a later call may know of more
+        due = self.due[key] = begin + self.modelled_s(nbytes)
+        self.free_at = max(self.free_at, due)
         if now < due:
             return False
-        del self.due[key]
+        del self.due[key], self.begin[key]
         return True
 
     def next_due(self, now: float) -> Optional[float]:

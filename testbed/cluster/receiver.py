@@ -120,7 +120,7 @@ class KVReceiver:
             if pieces > entry.pieces:
                 entry.pieces, entry.lease_t = pieces, now
             if entry.num_parts is not None and len(entry.recvs) == entry.num_parts and all(unpacked):
-                self._install(rid, entry, now)
+                self._install(rid, entry, self.clock())  # after the unpacking: when the KV is really there
             elif entry.lease_t is not None and now - entry.lease_t > self.timeout_s:
                 self._attempt_failed(rid, entry, "timed_out", f"KV transfer timed out: nothing arrived for "
                                                               f"{self.timeout_s:g} s", now)
