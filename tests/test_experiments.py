@@ -80,14 +80,16 @@ def test_resume_runs_only_the_missing_points(tmp_path):
 def test_ratio_sweep_command_line_writes_every_split(tmp_path):
     """The main job as a user types it (CPU defaults of the study), shortened to one rate."""
     out = subprocess.run([sys.executable, "-m", "testbed", "+experiment=ratio_sweep", f"hydra.run.dir={tmp_path}",
-                          "experiment.rates=[20]", "workload.num_requests=8", "experiment.figures=false"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+                          "experiment.rates=[20]", "workload.num_requests=8", "experiment.figures=false",
+                          "experiment.repeats=2"], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     table = pd.read_parquet(tmp_path / "sweep.parquet")
-    assert set(table["label"]) == {"colocated", "chunked", "1P3D", "2P2D", "3P1D"}  # 4 CPU workers
+    assert set(table["label"]) == {"colocated", "chunked", "1P2D", "2P1D"}  # 3 CPU workers
+    assert len(table) == 2 * 4 and set(table["repeat"]) == {0, 1}
     sweep = json.loads((tmp_path / "sweep.json").read_text())
     assert set(sweep["aggregate"]["goodput"]) == set(table["label"])
-    assert "best configuration" in out.stdout
+    assert sweep["aggregate"]["best"]["line"] in out.stdout
+    assert "per cell: mean over repeats [95% interval]" in out.stdout
 
 
 @pytest.mark.slow

@@ -12,6 +12,7 @@ the Llama-3-8B shape: the direction of each anchor's result, not its numbers.
     input_buckets  TTFT rises with the input-length bucket
     burstiness     tail TTFT rises as arrivals get burstier
     multiturn      later turns reach their first token sooner with prefix caching
+    kv_bandwidth   the connector approaches the raw link as messages grow (measured over gloo)
 """
 
 from __future__ import annotations
@@ -133,3 +134,14 @@ def test_prefix_caching_speeds_up_later_turns(tmp_path):
     turns_on, turns_off = (next(iter(r["aggregate"]["turns"].values()))["ttft_mean_by_turn"] for r in (on, off))
     later = [t for t in turns_on if int(t) >= 2 and t in turns_off]
     assert later and all(turns_on[t] < turns_off[t] for t in later), (turns_on, turns_off)
+
+
+def test_connector_approaches_the_raw_link_as_messages_grow(tmp_path):
+    """Measured, not simulated (gloo between two CPU processes): per-message costs dominate small
+    KV messages; at the largest the connector's pipelined pieces come close to a raw send."""
+    from tests.study_runs import run_study
+
+    result = run_study("kv_bandwidth", tmp_path, "experiment.message_mib=4")
+    rows = sorted(result["aggregate"]["rows"], key=lambda r: r["bytes"])
+    ratios = [r["ratio"] for r in rows]
+    assert ratios[-1] >= 0.3 and ratios[-1] > min(ratios[:-1]), ratios

@@ -2,11 +2,11 @@
 injected prefill against the gaps that do not (DistServe section 2, Sarathi-Serve).
 
 A background gap is the interval between two tokens of a background request, as stamped on its
-decode worker; it is *exposed* when an injected request's prefill ran during it on the same
-worker or, for a decode-only worker (disaggregation), on any prefill worker: what a decode
-would suffer from sharing compute, or from a neighbour on a shared host. The gap's value is the
-ITL the client saw. Gaps before every background request has produced its first token (the
-background's own prefills) are left out.
+decode worker (the device's cadence: the router's own delays, which on a CPU box include sharing
+cores with the workers, stay out); it is *exposed* when an injected request's prefill ran during
+it on the same worker or, for a decode-only worker (disaggregation), on any prefill worker: what
+a decode suffers from sharing compute, or from a neighbour on a shared host. Gaps before every
+background request has produced its first token (the background's own prefills) are left out.
 
 Pure functions over requests.parquet and steps.parquet.
 """
@@ -63,8 +63,8 @@ def background_gaps(requests: pd.DataFrame, steps: pd.DataFrame,
                     window: tuple[float, float] | None = None) -> pd.DataFrame:
     """One row per background ITL gap after the background's start-up, and starting inside
     `window` when given (the injections' window: gaps of the same period, whose context has
-    grown alike): `itl` (client side), `worker`, and `exposed` (an injected prefill overlapped
-    it; see the module docstring)."""
+    grown alike): `itl` (as the decode worker stamped it), `worker`, and `exposed` (an injected
+    prefill overlapped it; see the module docstring)."""
     background = requests[(requests["tenant"] == BACKGROUND) & (requests["status"] == "ok")]
     if background.empty:
         return pd.DataFrame({"itl": [], "worker": [], "exposed": []})
@@ -72,11 +72,11 @@ def background_gaps(requests: pd.DataFrame, steps: pd.DataFrame,
     windows, roles = prefill_windows(requests), worker_roles(steps)
     frames = []
     for row in background.itertuples():
-        client, stamped = as_times(row.token_times), as_times(row.token_worker_times)
+        stamped = as_times(row.token_worker_times)
         if stamped.size < 2:
             continue
         worker = int(row.decode_worker) if not pd.isna(row.decode_worker) else int(row.prefill_worker)
-        lo, hi, itl = stamped[:-1], stamped[1:], np.diff(client)
+        lo, hi, itl = stamped[:-1], stamped[1:], np.diff(stamped)
         keep = lo >= settled
         if window is not None:
             keep &= (lo >= window[0]) & (lo <= window[1])

@@ -12,8 +12,6 @@ from typing import Mapping, Optional, Sequence
 
 import numpy as np
 import pandas as pd
-from scipy import stats
-
 from testbed.metrics.config import SLOConfig
 from testbed.metrics.latency import pooled_itl
 from testbed.metrics.slo import filtered_out, meets_slo
@@ -39,6 +37,8 @@ def bootstrap_interval(values: Sequence[float], statistic: str, *, seed: int = 0
         return NAN_INTERVAL
     if np.all(x == x[0]):  # a constant sample: the bootstrap distribution is a point
         return float(x[0]), float(x[0])
+    from scipy import stats  # here, not at import: scipy adds a second to every command's start
+
     if statistic in QUANTILES:
         ranks, cdf = _quantile_distribution(x.size, QUANTILES[statistic])
         ordered = np.sort(x)
@@ -54,6 +54,8 @@ QUANTILES = {"p50": 0.50, "p99": 0.99}
 
 def _quantile_distribution(n: int, q: float) -> tuple[np.ndarray, np.ndarray]:
     """(ranks 0..n-1, cdf): the exact bootstrap distribution of the sample q-quantile's rank."""
+    from scipy import stats
+
     m = max(1, math.ceil(q * n))
     ranks = np.arange(n)
     cdf = stats.binom.sf(m - 1, n, (ranks + 1) / n)  # P(at least m of n draws fall at or below x_(j))
@@ -132,6 +134,8 @@ def repeat_interval(values: Sequence[float], confidence: float = CONFIDENCE,
     mean = float(x.mean())
     if x.size == 1:
         return mean, math.nan, math.nan
+    from scipy import stats
+
     half = float(stats.t.ppf(0.5 + confidence / 2, x.size - 1) * x.std(ddof=1) / math.sqrt(x.size))
     return mean, max(mean - half, bounds[0]), min(mean + half, bounds[1])
 
