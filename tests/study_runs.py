@@ -30,7 +30,8 @@ STUDIES = {
     "multiturn": ["workload.num_requests=2", "workload.turns=3", "workload.think_time_s=0.05"],
     "kv_bandwidth": ["experiment.message_mib=1"],
     "profile": ["experiment.quick_profile=true"],
-    "sim_validate": ["experiment.rates=[20]", "experiment.modes=[chunked]"],
+    "sim_validate": ["experiment.rates=[20]", "experiment.modes=[chunked]", "hardware.emulate=h100_sxm",
+                     "hardware.emulate_model=llama3_8b"],
     "plan": ["experiment.rates=[20,80]", "experiment.chunk_sizes=[64]", "hardware.num_devices=3",
              "workload.num_requests=40"],
 }

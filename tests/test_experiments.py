@@ -45,8 +45,8 @@ def test_ratio_sweep_aggregates_goodput_per_split(study_results):
     sweep = json.loads((study_results["ratio_sweep"] / "sweep.json").read_text())
     goodput, best = sweep["aggregate"]["goodput"], sweep["aggregate"]["best"]
     assert set(goodput) == {"colocated", "chunked", "1P1D"}
-    leader = max(goodput, key=lambda k: goodput[k]["goodput_per_gpu"])
-    assert best["label"] == leader and best["goodput_per_gpu"] == goodput[leader]["goodput_per_gpu"]
+    top = max(g["goodput_per_gpu"] for g in goodput.values())
+    assert best["goodput_per_gpu"] == goodput[best["label"]]["goodput_per_gpu"] == top  # a leader (ties allowed)
     # one repeat: no interval, so no winner is claimed
     assert not best["separated"] and "not separated" in best["line"]
     assert all(g["repeats"] == 1 and g["goodput_per_repeat"] == [g["goodput"]] for g in goodput.values())
@@ -100,7 +100,7 @@ def test_plan_puts_analytical_simulated_side_by_side(study_results):
     assert set(aggregate["simulated"]["goodput"]) == {"colocated", "1P2D", "2P1D", "chunked", "chunked64"}
     best = aggregate["simulated"]["best"]
     simulated = aggregate["simulated"]["goodput"]
-    assert best["label"] == max(simulated, key=lambda k: simulated[k]["goodput_per_gpu"])
+    assert simulated[best["label"]]["goodput_per_gpu"] == max(g["goodput_per_gpu"] for g in simulated.values())
 
 
 @pytest.mark.slow
@@ -115,14 +115,23 @@ def test_plan_lines_up_a_measured_ratio_sweep(study_results, tmp_path):
     assert set(measured) == {"colocated", "chunked", "1P1D"} and set(measured) <= set(simulated)
 
 
+def sweep_has_emulation(sweep_dir) -> bool:
+    real = [p for p in (sweep_dir / "points").iterdir() if p.name.endswith("_real")]
+    return all(json.loads((p / "meta.json").read_text()).get("emulated") for p in real)
+
+
 @pytest.mark.slow
 def test_sim_validate_reports_relative_errors(study_results):
     aggregate = json.loads((study_results["sim_validate"] / "sweep.json").read_text())["aggregate"]
     (row,) = aggregate["errors"]
     assert row["label"] == "chunked" and all(k in row for k in ("ttft_p50_error", "tpot_p99_error"))
     assert (study_results["sim_validate"] / "validation.parquet").is_file()
-    # the simulator errs, but within a factor a loaded two-core machine still meets
-    assert all(abs(row[f"{m}_error"]) < 0.9 for m in ("tpot_p50", "tpot_p99")), row
+    # emulated: the simulation runs on the cost model that paces the real workers, so what is left
+    # is the control plane's error. Decode steps fit their modelled time even on a loaded machine
+    # (unpaced, the median TPOT was off by 66%); prefills of the tiny model on a shared CPU can
+    # overrun an H100's modelled time, which moves TTFT and the TPOT tail, so only the median is held.
+    assert abs(row["tpot_p50_error"]) < 0.3, row
+    assert sweep_has_emulation(study_results["sim_validate"])
 
 
 @pytest.mark.slow
