@@ -170,19 +170,16 @@ OUTPUT_KEYS = ("hydra.run.dir", "hydra.sweep.dir", "output_dir")
 
 def output_dir_problem(argv: list[str]) -> str | None:
     """Where results go must be writable before Hydra tries (its own failure is a traceback): the
-    directory is created (Hydra would create it next) and a probe file written and removed."""
+    directory is created (Hydra would create it next) and probed, as every run's results are."""
+    from testbed.tracking.results import write_problem
+
     given = {a.split("=", 1)[0].lstrip("+"): a.split("=", 1)[1] for a in argv if "=" in a}
     for key in OUTPUT_KEYS:
         if key not in given or "${" in given[key]:  # interpolations are Hydra's to resolve
             continue
-        path = Path(given[key]).expanduser()
-        try:
-            path.mkdir(parents=True, exist_ok=True)
-            probe = path / ".write-probe"
-            probe.write_bytes(b"")
-            probe.unlink()
-        except OSError as error:
-            return f"{key}={given[key]} cannot be written ({error.strerror or error}); name a writable directory"
+        problem = write_problem(Path(given[key]).expanduser())
+        if problem:
+            return f"{key}={given[key]} cannot be written ({problem}); name a writable directory"
     return None
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from testbed.config import Config
@@ -72,7 +71,3 @@ def goodput_interval(values: list[float], highest: float = float("inf")) -> dict
 def per_repeat(group: pd.DataFrame) -> list[pd.DataFrame]:
     """The rows of one configuration split by repeat (each a sweep over the study's axis)."""
     return [rows for _, rows in group.groupby("repeat", sort=True)] if "repeat" in group else [group]
-
-
-def finite(values) -> list[float]:
-    return [float(v) for v in values if v is not None and np.isfinite(v)]

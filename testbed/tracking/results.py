@@ -79,8 +79,9 @@ def read_results(out_dir) -> dict[str, Any]:
     return result
 
 
-def ensure_writable(out_dir) -> Path:
-    """Fail before a run, not after it: the results directory must be creatable and writable."""
+def write_problem(out_dir) -> Optional[str]:
+    """Why the directory cannot take results (created if missing, a probe file written and
+    removed), or None when it can."""
     out = Path(out_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -88,8 +89,16 @@ def ensure_writable(out_dir) -> Path:
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as e:
-        raise ResultsError(f"cannot write results to {out}: {e.strerror or e}") from None
-    return out
+        return str(e.strerror or e)
+    return None
+
+
+def ensure_writable(out_dir) -> Path:
+    """Fail before a run, not after it: the results directory must be creatable and writable."""
+    problem = write_problem(out_dir)
+    if problem:
+        raise ResultsError(f"cannot write results to {Path(out_dir)}: {problem}")
+    return Path(out_dir)
 
 
 def _or_empty(df: Optional[pd.DataFrame], columns: list[str]) -> pd.DataFrame:
