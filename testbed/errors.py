@@ -9,3 +9,7 @@ class TestbedError(Exception):
 
 class ConfigError(TestbedError, ValueError):
     """A configuration value is out of range or inconsistent."""
+
+
+class KVLeakError(RuntimeError):
+    """A worker ended the run with KV blocks or KV staging buffers still allocated."""

@@ -17,16 +17,13 @@ from testbed.cluster.pacing import pace_summary
 from testbed.cluster.router import Router
 from testbed.cluster.worker import WorkerSpec
 from testbed.config import Config
+from testbed.errors import KVLeakError
 from testbed.metrics.events import STEP_COLUMNS, RequestLog
 from testbed.metrics.slo import tenant_slos
 from testbed.metrics.summary import summarize
 from testbed.tracking.telemetry import start_telemetry
 from testbed.tracking.results import collect_meta, write_results
 from testbed.workload import build_workload
-
-
-class KVLeakError(RuntimeError):
-    """A worker ended the run with KV blocks or KV staging buffers still allocated."""
 
 
 def worker_template(cfg: Config) -> WorkerSpec:

@@ -6,7 +6,7 @@ import dataclasses
 from pathlib import Path
 
 from testbed.config import Config
-from testbed.experiments.serve import KVLeakError
+from testbed.errors import KVLeakError
 from testbed.sim.simulator import simulate
 from testbed.tracking.results import collect_meta, write_results
 
