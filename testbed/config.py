@@ -17,7 +17,7 @@ from testbed.cluster.config import ClusterConfig, KVTransferConfig
 from testbed.cluster.emulation import check_spec
 from testbed.cluster.faults import FaultsConfig
 from testbed.engine.config import EngineConfig, SchedulerConfig
-from testbed.experiments.config import ExperimentConfig
+from testbed.experiment import ExperimentConfig
 from testbed.errors import ConfigError
 from testbed.metrics.config import MetricsConfig, SLOConfig
 from testbed.model.config import PRESETS, ModelConfig
@@ -93,7 +93,7 @@ class Config:
             raise ConfigError(f"mode={self.mode!r} is not one of {', '.join(MODES)}")
         self.model.args()
         self.engine.validate()
-        self.scheduler.validate()
+        self.scheduler.validate(policy=self.mode)  # mode chunked runs the chunked policy
         self.hardware.validate()
         self.cluster.validate()
         self.kv_transfer.validate()

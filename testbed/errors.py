@@ -13,3 +13,7 @@ class ConfigError(TestbedError, ValueError):
 
 class KVLeakError(RuntimeError):
     """A worker ended the run with KV blocks or KV staging buffers still allocated."""
+
+
+class StateError(RuntimeError):
+    """A status change its state machine does not have (a bug in the caller, not bad input)."""

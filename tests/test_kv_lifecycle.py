@@ -17,7 +17,7 @@ from testbed.cluster.faults import KVFaults
 from testbed.cluster.kv_wire import WirePart, piece_ranges
 from testbed.cluster.messages import (Failed, KVAck, KVArrived, KVAttemptFailed, KVBegin, KVDone, KVPart, KVSent,
                                       Ready, Reserve)
-from testbed.cluster.transfers import TransferLog
+from testbed.control.transfers import TransferLog
 from testbed.engine import Sequence
 from testbed.errors import ConfigError
 
@@ -228,7 +228,7 @@ def test_p_keeps_the_kv_for_a_resend_until_d_acknowledges_it(engines, wire):
     tx.ready(Ready(7, D, 2))  # a duplicate starts nothing
     assert len(tx.buffers.loaned) == 1
     tx.ack(KVAck(7, 2, installed=True))
-    assert prefill_engine.num_used_blocks == 0 and 7 not in tx.out
+    assert prefill_engine.num_used_blocks == 0 and 7 not in tx.ledger
     assert [m.attempt for m in events.take(KVSent)] == [2]
     assert len(tx.buffers.loaned) == 1 and tx.in_flight  # its piece has not settled yet
     wire.complete()
@@ -277,12 +277,12 @@ def test_a_dropped_attempt_begins_but_sends_nothing(engines, wire):
 # -- kv_transfers.parquet ----------------------------------------------------------------------------
 def test_transfer_rows_join_both_ends_and_number_attempts_across_bindings():
     log = TransferLog(t0=10.0)
-    log.sent(KVSent(5, P, D, 64, 11.0, 11.1, 0.0, 1, dropped=True))
-    log.failed(KVAttemptFailed(5, D, P, 1, "timed_out", 12.0, "KV transfer timed out"))
-    log.arrived(KVArrived(5, D, 13.5, 2, P))  # D's report may come before P's
-    log.sent(KVSent(5, P, D, 64, 13.0, 13.4, 0.0, 2))
-    log.sent(KVSent(5, 2, D, 64, 14.0, 14.1, 0.0, 1, error="Connection reset by peer"))  # re-dispatched to P 2
-    log.sent(KVSent(6, P, D, 64, 15.0, 15.1, 0.0, 1))  # the request failed before D's verdict
+    log.sent(5, P, D, 1, 64, 11.0, 11.1, 0.0, dropped=True)
+    log.failed(5, P, D, 1, "timed_out", 12.0)
+    log.arrived(5, P, D, 2, 13.5)  # D's report may come before P's
+    log.sent(5, P, D, 2, 64, 13.0, 13.4, 0.0)
+    log.sent(5, 2, D, 1, 64, 14.0, 14.1, 0.0, error=True)  # re-dispatched to P 2, whose send broke
+    log.sent(6, P, D, 1, 64, 15.0, 15.1, 0.0)  # the request failed before D's verdict
     table = log.table()
     assert list(zip(table.request_id, table.attempt, table.outcome)) == [
         (5, 1, "dropped"), (5, 2, "ok"), (5, 3, "error"), (6, 1, "aborted")]

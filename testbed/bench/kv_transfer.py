@@ -23,11 +23,11 @@ import torch.multiprocessing as mp
 
 from testbed.cluster.completion import BufferPool, CompletionTracker
 from testbed.cluster.kv_wire import receive_part, send_part, unpack_arrived
-from testbed.cluster.launcher import free_port
 from testbed.engine import EngineConfig
 from testbed.engine.model_runner import ModelRunner
 from testbed.model.config import ModelArgs
 from testbed.model.llama import Transformer
+from testbed.ports import free_port
 
 # 2 layers x 2 KV heads x head dim 64, float32: 2 KiB of K and V per token
 SHAPE = ModelArgs(vocab_size=16, hidden_size=128, intermediate_size=16, num_layers=2, num_heads=2, num_kv_heads=2,

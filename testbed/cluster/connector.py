@@ -33,41 +33,28 @@ from testbed.cluster.config import KVFailurePolicy
 from testbed.cluster.faults import FaultInjected, KVFaults
 from testbed.cluster.kv_wire import Retired, WirePart, send_part
 from testbed.cluster.messages import KVAck, KVBegin, KVDone, KVPart, KVSent, Ready
-from testbed.engine import Engine, Sequence, SequenceStatus
+from testbed.control.ledger import Outgoing, SendLedger
+from testbed.engine import Engine, Sequence
 
 
 @dataclass
-class Outgoing:
-    """P's copy of one request's KV and the attempt under way to send it."""
+class WireOutgoing(Outgoing):
+    """The ledger's entry plus this attempt's wire state."""
 
-    seq: Optional[Sequence]  # None while a Ready from D has overtaken the request itself
-    handoff_t: Optional[float] = None  # KV complete on P (prefill finished)
-    decode_rank: Optional[int] = None
-    attempt: int = 0  # the attempt D is ready for; 0 before D's first Ready
-    ready_t: Optional[float] = None
     begun: bool = False  # KVBegin sent for this attempt
     sent_parts: set = field(default_factory=set)
     parts: list[WirePart] = field(default_factory=list)  # this attempt's buffers, lent until settled
-    start: Optional[float] = None
+    abandoned: list[WirePart] = field(default_factory=list)  # the previous attempt's, to retire
     kv_bytes: int = 0
     dropped: bool = False  # fault injection: this attempt's data is lost on the way
     done_sent: bool = False
     reported: bool = False  # KVSent for this attempt
 
-    def restart(self, attempt: int, decode_rank: int, now: float) -> list[WirePart]:
-        """Ready for `attempt`: reset the per-attempt state; returns the previous attempt's parts."""
-        parts = self.parts
-        self.attempt, self.decode_rank, self.ready_t = attempt, decode_rank, now
+    def restart(self, attempt: int, decode_rank: int, now: float) -> None:
+        super().restart(attempt, decode_rank, now)
+        self.abandoned, self.parts = self.abandoned + self.parts, []
         self.begun = self.dropped = self.done_sent = self.reported = False
-        self.sent_parts, self.parts, self.start, self.kv_bytes = set(), [], None, 0
-        return parts
-
-    @property
-    def wait_s(self) -> float:
-        """Handed off -> D ready (back-pressure); a resend is ready at once."""
-        if self.attempt > 1 or self.handoff_t is None or self.ready_t is None:
-            return 0.0
-        return max(self.ready_t - self.handoff_t, 0.0)
+        self.sent_parts, self.kv_bytes = set(), 0
 
 
 class KVSender:
@@ -80,8 +67,7 @@ class KVSender:
         self.engine, self.rank, self.inboxes, self.events = engine, rank, inboxes, events
         self.granularity, self.piece_bytes = granularity, piece_bytes
         self.faults, self.policy, self.clock = faults, policy, clock
-        self.out: dict[int, Outgoing] = {}
-        self.aborted: set[int] = set()
+        self.ledger: SendLedger[WireOutgoing] = SendLedger(WireOutgoing)
         self.completions = CompletionTracker(timeout_s)  # bounds every send: a dead peer fails it
         self.buffers = BufferPool(engine.runner.device, engine.runner.dtype)
         self.retired = Retired(self.buffers)
@@ -91,23 +77,20 @@ class KVSender:
     def num_parts(self) -> int:
         return self.engine.args.num_layers if self.granularity == "layer" else 1
 
-    def bind(self, seq: Sequence, decode_rank: Optional[int]) -> None:
-        entry = self.out.setdefault(seq.seq_id, Outgoing(seq))
-        entry.seq, entry.decode_rank = seq, decode_rank
+    def serve(self, seq: Sequence, decode_rank: Optional[int]) -> None:
+        """The request reached this worker (again, after a re-dispatch); D known when bound early."""
+        self.ledger.serve(seq, decode_rank)
 
     def handoff(self, seq: Sequence, t: float) -> None:
-        entry = self.out.setdefault(seq.seq_id, Outgoing(seq))
-        entry.seq, entry.handoff_t = seq, t
-        self._try_send(entry)
+        self._try_send(self.ledger.handoff(seq, t))
 
     def ready(self, msg: Ready) -> None:
-        if msg.rid in self.aborted:
-            return
         # D may answer before this worker has read the request itself (two queues, no order)
-        entry = self.out.setdefault(msg.rid, Outgoing(None))
-        if msg.attempt <= entry.attempt:
-            return  # already under way
-        self.retired.add(entry.restart(msg.attempt, msg.decode_rank, self.clock()))
+        entry = self.ledger.ready(msg.rid, msg.decode_rank, msg.attempt, self.clock())
+        if entry is None:
+            return  # ended here, or already under way
+        self.retired.add(entry.abandoned)
+        entry.abandoned = []
         if self.faults.drop():
             entry.dropped = True
             self.events.put(FaultInjected(self.rank, "drop_kv", msg.rid, entry.ready_t))
@@ -115,30 +98,33 @@ class KVSender:
 
     def ack(self, msg: KVAck) -> None:
         """D installed the KV or gave it up for good: P's copy is no longer needed."""
-        entry = self.out.get(msg.rid)
-        if entry is None or entry.seq is None or entry.handoff_t is None:
+        entry = self.ledger.get(msg.rid)
+        if entry is None or entry.seq is None or not entry.held:
             return
         if entry.done_sent and not entry.reported:
             self._sent(msg.rid, entry)  # D holds every piece, whether or not P's side has seen them settle
-        self._release(msg.rid, entry)
+        self._release(msg.rid)
+
+    def blocked(self, max_pending: int) -> bool:
+        """Back-pressure: prefilled KV waits for decode workers."""
+        return self.ledger.blocked(max_pending)
 
     @property
-    def num_waiting(self) -> int:
-        """Prefilled requests whose KV still occupies this worker's pool."""
-        return sum(1 for e in self.out.values() if e.handoff_t is not None)
+    def busy(self) -> bool:
+        return bool(self.ledger.out)
 
     def stream_layer(self, layer: int, finishing: list[Sequence]) -> None:
         """Called after `layer` of a step's forward: that layer's KV of these sequences is final."""
         for seq in finishing:
-            entry = self.out.get(seq.seq_id)
+            entry = self.ledger.get(seq.seq_id)
             if entry is not None and self._may_send(entry) and not entry.dropped and layer not in entry.sent_parts:
                 self._send_part(entry, layer)
 
-    def _may_send(self, entry: Outgoing) -> bool:
+    def _may_send(self, entry: WireOutgoing) -> bool:
         return entry.ready_t is not None and self.clock() >= entry.ready_t + self.faults.delay_s
 
-    def _try_send(self, entry: Outgoing) -> None:
-        if entry.handoff_t is None or entry.done_sent or not self._may_send(entry):
+    def _try_send(self, entry: WireOutgoing) -> None:
+        if not entry.sendable or entry.done_sent or not self._may_send(entry):
             return
         if entry.dropped:  # the attempt begins (D's lease starts) but its data never arrives
             self._begin(entry)
@@ -154,12 +140,12 @@ class KVSender:
                                                    entry.attempt, self.rank))
         entry.done_sent = True
 
-    def _begin(self, entry: Outgoing) -> None:
+    def _begin(self, entry: WireOutgoing) -> None:
         if not entry.begun:
             entry.begun, entry.start = True, self.clock()
             self.inboxes[entry.decode_rank].put(KVBegin(entry.seq.seq_id, entry.attempt, self.rank))
 
-    def _send_part(self, entry: Outgoing, part: int) -> None:
+    def _send_part(self, entry: WireOutgoing, part: int) -> None:
         seq = entry.seq
         layer = part if self.granularity == "layer" else None
         runner = self.engine.runner
@@ -175,12 +161,12 @@ class KVSender:
 
     def poll(self) -> None:
         self.retired.poll()
-        for rid, entry in list(self.out.items()):
+        for rid, entry in list(self.ledger.out.items()):
             self._try_send(entry)  # a delayed send whose time has come
             if entry.done_sent and not entry.reported and all(wire.settled() for wire in entry.parts):
                 self._sent(rid, entry)
 
-    def _sent(self, rid: int, entry: Outgoing) -> None:
+    def _sent(self, rid: int, entry: WireOutgoing) -> None:
         """Every part of the attempt left (or broke: D's side sees it too and decides what follows)."""
         entry.reported = True
         error = next((wire.error() for wire in entry.parts if wire.error()), None) or ""
@@ -189,30 +175,25 @@ class KVSender:
         self.retired.add(entry.parts)
         entry.parts = []
         if not self.policy.holds_until_ack:
-            self._release(rid, entry)
+            self._release(rid)
 
-    def _release(self, rid: int, entry: Outgoing) -> None:
-        del self.out[rid]
-        self.retired.add(entry.parts)
-        self.engine.release(entry.seq)
-        entry.seq.status = SequenceStatus.FINISHED
+    def _release(self, rid: int) -> None:
+        entry = self.ledger.release(rid)
+        self.retired.add(entry.parts + entry.abandoned)
+        self.engine.release(rid)
 
-    def abort(self, rid: int) -> None:
-        """The router ended the request: free its blocks now and its buffers once they settle."""
-        self.aborted.add(rid)
-        entry = self.out.pop(rid, None)
+    def abort(self, rid: int) -> bool:
+        """The router ended the request: free its blocks now and its buffers once they settle.
+        False when this side had no record of it (the engine may still hold it queued)."""
+        entry = self.ledger.abort(rid)
         if entry is None:
-            return
-        self.retired.add(entry.parts)
-        if entry.seq is None:
-            return
-        if entry.seq.status is SequenceStatus.TRANSFERRING:
-            self.engine.release(entry.seq)
-        else:
-            self.engine.scheduler.abort(entry.seq)
-        entry.seq.status = SequenceStatus.FAILED
+            return False
+        self.retired.add(entry.parts + entry.abandoned)
+        if entry.seq is not None:
+            self.engine.abort(rid)
+        return True
 
     @property
     def in_flight(self) -> bool:
         """Staging buffers still on the wire."""
-        return bool(self.retired.parts) or any(entry.parts for entry in self.out.values())
+        return bool(self.retired.parts) or any(entry.parts for entry in self.ledger.out.values())

@@ -4,6 +4,7 @@ GPUs: `cuda:i` with every GPU visible, NCCL. No CUDA: CPU processes on gloo, one
 so `hardware.num_devices=4` stands for four GPUs, each pinned to a core of its own when there are
 enough (else one line warns that they share cores). A free port is picked per run, so two runs on
 one machine never collide. Every wait has a timeout; a worker that does not stop is killed.
+Which worker runs where is planned in `testbed.cluster.layout`, which holds no process code.
 """
 
 from __future__ import annotations
@@ -11,69 +12,20 @@ from __future__ import annotations
 import logging
 import os
 import queue
-import socket
 import time
 from dataclasses import dataclass, replace
 
-import torch
 import torch.multiprocessing as mp
 
 from testbed.cluster.channel import ReportReader, ReportWriter
-from testbed.cluster.config import ClusterConfig
+from testbed.cluster.layout import WorkerPlan
 from testbed.cluster.messages import Audit, Started, Stop, WorkerError
 from testbed.cluster.worker import WorkerSpec, worker_main
 from testbed.errors import ConfigError
+from testbed.ports import free_port
 
-ROLES_OF_MODE = {"colocated": "colocated", "chunked": "chunked"}
 STOP_TIMEOUT_S = 30.0
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class WorkerPlan:
-    rank: int
-    role: str
-    device: str
-
-
-def visible_devices(hardware) -> tuple[str, int | None]:
-    """('cuda', count) or ('cpu', requested count or None for as many as the plan needs)."""
-    use_cuda = hardware.name == "gpu" or (hardware.name == "auto" and torch.cuda.is_available())
-    if hardware.name == "gpu" and not torch.cuda.is_available():
-        raise ConfigError("hardware=gpu but no CUDA device is visible (torch.cuda.is_available() is False)")
-    if not use_cuda:
-        return "cpu", hardware.num_devices
-    count = torch.cuda.device_count()
-    if hardware.num_devices is not None and hardware.num_devices > count:
-        raise ConfigError(f"hardware.num_devices={hardware.num_devices} but only {count} CUDA devices are visible: "
-                          f"{', '.join(f'cuda:{i}' for i in range(count))}")
-    return "cuda", hardware.num_devices or count
-
-
-def worker_roles(mode: str, cluster: ClusterConfig) -> list[tuple[str, int]]:
-    """(scheduler policy, device index) per worker, in rank order: P workers before D workers."""
-    if mode in ROLES_OF_MODE:
-        return [(ROLES_OF_MODE[mode], i) for i in range(cluster.num_workers)]
-    prefill = cluster.prefill_devices or list(range(cluster.num_prefill))
-    decode = cluster.decode_devices or list(range(len(prefill), len(prefill) + cluster.num_decode))
-    return [("prefill_only", d) for d in prefill] + [("decode_only", d) for d in decode]
-
-
-def plan_workers(mode: str, cluster: ClusterConfig, hardware) -> list[WorkerPlan]:
-    kind, available = visible_devices(hardware)
-    roles = worker_roles(mode, cluster)
-    needed = max(d for _, d in roles) + 1
-    if available is not None and needed > available:
-        what = (f"CUDA devices visible: {', '.join(f'cuda:{i}' for i in range(available))}" if kind == "cuda"
-                else f"hardware.num_devices={available} CPU workers")
-        raise ConfigError(f"mode={mode} with {_describe(mode, cluster)} needs {needed} devices; {what}")
-    return [WorkerPlan(rank, role, f"cuda:{d}" if kind == "cuda" else "cpu") for rank, (role, d) in enumerate(roles)]
-
-
-def _describe(mode: str, cluster: ClusterConfig) -> str:
-    if mode in ROLES_OF_MODE:
-        return f"cluster.num_workers={cluster.num_workers}"
-    return f"cluster.num_prefill={cluster.num_prefill} + cluster.num_decode={cluster.num_decode}"
 
 
 @dataclass(frozen=True)
@@ -103,12 +55,6 @@ def plan_cores(plans: list[WorkerPlan], paced: bool) -> CorePlan | None:
     log.warning(f"{len(plans)} CPU workers share {len(cores)} cores: cross-worker contention will appear "
                 f"as interference{hint}")
     return CorePlan(round(len(cores) / len(plans), 3), (None,) * len(plans))
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Cluster:

@@ -96,10 +96,7 @@ def _setup(spec: WorkerSpec) -> Engine:
     backend = "nccl" if device.type == "cuda" else "gloo"
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{spec.port}", rank=spec.rank,
                             world_size=spec.world_size, timeout=timedelta(seconds=spec.start_timeout_s))
-    engine_config = spec.engine
-    if spec.role == "decode_only":  # received KV is written into fresh blocks, never shared ones
-        engine_config = type(spec.engine)(**{**spec.engine.__dict__, "enable_prefix_caching": False})
-    engine = Engine.build(spec.model.args(), engine_config, spec.scheduler, spec.role, device,
+    engine = Engine.build(spec.model.args(), spec.engine.for_role(spec.role), spec.scheduler, spec.role, device,
                           dtype=spec.model.dtype, path=spec.model.path, seed=spec.model.seed)
     engine.warmup()
     return engine
@@ -155,12 +152,12 @@ class Worker:
                      sum(side.buffers.loaned_bytes for side in sides))
 
     def _can_step(self) -> bool:
-        if self.sender is not None and self.sender.num_waiting >= self.spec.max_pending:
+        if self.sender is not None and self.sender.blocked(self.spec.max_pending):
             return False  # back-pressure: prefilled KV waits for decode workers
         return self.engine.has_work()
 
     def _drain_inbox(self, block: bool) -> None:
-        busy = (self.sender and self.sender.out) or (self.receiver and (self.receiver.incoming or self.receiver.queued))
+        busy = any(side.busy for side in (self.sender, self.receiver) if side is not None)
         timeout = IDLE_WAIT_S if busy else 0.05
         try:
             msg = self.inbox.get(timeout=timeout) if block else self.inbox.get_nowait()
@@ -175,9 +172,7 @@ class Worker:
             seq = Sequence(msg.rid, list(msg.prompt), msg.max_tokens)
             self.engine.add(seq)
             if self.sender is not None:
-                self.sender.aborted.discard(msg.rid)  # served again after a re-dispatch
-                if msg.decode_rank is not None:
-                    self.sender.bind(seq, msg.decode_rank)
+                self.sender.serve(seq, msg.decode_rank)
         elif isinstance(msg, Reserve):
             self.receiver.reserve(msg)
         elif isinstance(msg, Ready):
@@ -198,17 +193,13 @@ class Worker:
             time.sleep(msg.seconds)  # injected: unresponsive, as a hung kernel or a paused process
 
     def _abort(self, msg: Abort) -> None:
-        if self.sender is not None and msg.rid in self.sender.out:
-            self.sender.abort(msg.rid)
+        """Wherever the request is here: the connector's records first (they own its buffers),
+        then the engine's queues."""
+        if self.sender is not None and self.sender.abort(msg.rid):
             return
-        if self.sender is not None:
-            self.sender.aborted.add(msg.rid)
         if self.receiver is not None:
             self.receiver.abort(msg.rid)
-        scheduler = self.engine.scheduler
-        for seq in [*scheduler.running, *scheduler.waiting]:
-            if seq.seq_id == msg.rid:
-                scheduler.abort(seq)
+        self.engine.abort(msg.rid)
 
     def _poll_transfers(self) -> None:
         if self.sender is not None:
@@ -243,7 +234,7 @@ class Worker:
             scheduled=[(seq.seq_id, n, was_prefill) for seq, n, was_prefill in result.scheduled],
             tokens=[(seq.seq_id, seq.num_output_tokens - 1, token) for seq, token in result.tokens],
             finished=[seq.seq_id for seq in result.finished], handoff=[seq.seq_id for seq in result.handoff],
-            free_blocks=self.engine.block_manager.num_free_blocks, num_running=len(self.engine.scheduler.running))
+            free_blocks=self.engine.num_free_blocks, num_running=self.engine.num_running)
 
     def _report(self, msg) -> None:
         self.events.put(msg)

@@ -2,7 +2,8 @@
 
 from testbed.engine.block_manager import BlockManager
 from testbed.engine.config import EngineConfig, SchedulerConfig
-from testbed.engine.engine import Engine, StepRecord
+from testbed.engine.engine import Engine
+from testbed.engine.record import StepRecord
 from testbed.engine.scheduler import Batch, Scheduler, StepResult
 from testbed.engine.sequence import Sequence, SequenceStatus
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 from testbed.errors import ConfigError
@@ -17,10 +17,17 @@ class SchedulerConfig:
     chunk_size: int = 256
     max_running: int = 64
 
-    def validate(self) -> "SchedulerConfig":
+    def validate(self, policy: Optional[str] = None) -> "SchedulerConfig":
+        """`policy`: the scheduling policy these limits will run under (None: any), for the rules
+        that hold for one policy only."""
         for name in ("max_batched_tokens", "chunk_size", "max_running"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"scheduler.{name} must be >= 1 (got {getattr(self, name)})")
+        # a chunked step schedules every running decode first (one token each), so a chunk smaller
+        # than max_running would leave decodes out of a step
+        if policy == "chunked" and self.chunk_size < self.max_running:
+            raise ConfigError(f"scheduler.chunk_size={self.chunk_size} must be >= scheduler.max_running="
+                              f"{self.max_running} so every running decode fits in a chunked step")
         return self
 
 
@@ -45,3 +52,8 @@ class EngineConfig:
         if self.attention_backend not in ("auto", "flash", "torch"):
             raise ConfigError(f"engine.attention_backend={self.attention_backend!r} is not one of auto, flash, torch")
         return self
+
+    def for_role(self, role: str) -> "EngineConfig":
+        """The settings a worker of `role` runs with: a decode-only worker writes the KV it receives
+        into fresh blocks, never into shared ones, so prefix caching is off there."""
+        return replace(self, enable_prefix_caching=self.enable_prefix_caching and role != "decode_only")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 import torch
 
@@ -11,58 +10,19 @@ from testbed.engine.block_manager import BlockManager
 from testbed.engine.config import EngineConfig, SchedulerConfig
 from testbed.engine.model_runner import ModelRunner
 from testbed.engine.policies import make_policy
+from testbed.engine.record import StepRecord, cost_shape
 from testbed.engine.scheduler import Scheduler, StepResult
-from testbed.engine.sequence import Sequence
-from testbed.errors import ConfigError
+from testbed.engine.sequence import Sequence, check_fits
 from testbed.model.config import ModelArgs
 from testbed.model.llama import Transformer
 from testbed.model.loader import build_model, resolve_dtype
-
-
-@dataclass(frozen=True)
-class StepRecord:
-    """One row of steps.parquet (times are perf_counter seconds; the recorder rebases them)."""
-
-    start: float
-    end: float
-    role: str
-    prefill_tokens: int
-    decode_seqs: int
-    batched_tokens: int
-    kv_blocks_used: int
-    num_waiting: int
-    num_running: int
-    schedule_s: float  # host work outside the model forward, for the overhead benchmark
-    prepare_s: float
-    forward_s: float
-    sample_s: float
-    postprocess_s: float
-    # the batch's shape as a cost model reads it (testbed.sim.cost_model): prefill chunks as
-    # (new tokens, cached tokens) and the total context of the decodes
-    prefill_chunks: tuple[tuple[int, int], ...] = ()
-    decode_context: int = 0
-    # set by a worker paced to an emulated device (hardware.emulate): the modelled step time,
-    # and whether the real step took longer than it
-    modelled_s: float = float("nan")
-    pace_overrun: bool = False
-
-
-def _cost_shape(batch) -> tuple[tuple[tuple[int, int], ...], int]:
-    """Prefill chunks as (new, cached) pairs and the decodes' total context, read before the step
-    runs (as the simulator reads them)."""
-    chunks = tuple((n, seq.num_computed_tokens) for seq, n in batch.items if seq.in_prefill)
-    context = sum(seq.num_tokens for seq, _ in batch.items if not seq.in_prefill)
-    return chunks, context
 
 
 class Engine:
     def __init__(self, model: Transformer, engine_config: EngineConfig, scheduler_config: SchedulerConfig,
                  policy: str, device: torch.device, fit_max_model_len: bool = False):
         engine_config.validate()
-        scheduler_config.validate()
-        if policy == "chunked" and scheduler_config.chunk_size < scheduler_config.max_running:
-            raise ConfigError(f"scheduler.chunk_size={scheduler_config.chunk_size} must be >= scheduler.max_running="
-                              f"{scheduler_config.max_running} so every running decode fits in a chunked step")
+        scheduler_config.validate(policy)
         self.runner = ModelRunner(model, engine_config, device, fit_max_model_len)
         self.args: ModelArgs = self.runner.args  # max_model_len as the pool allows
         self.block_manager = BlockManager(self.runner.num_blocks, engine_config.block_size,
@@ -82,9 +42,7 @@ class Engine:
 
     # -- requests in --------------------------------------------------------------------------
     def check_fits(self, prompt_len: int, max_tokens: int) -> None:
-        if prompt_len + max_tokens > self.args.max_model_len:
-            raise ConfigError(f"request of {prompt_len} prompt + {max_tokens} output tokens exceeds "
-                              f"model.max_model_len={self.args.max_model_len}")
+        check_fits(prompt_len, max_tokens, self.args.max_model_len)
 
     def add(self, seq: Sequence) -> None:
         self.check_fits(seq.num_prompt_tokens, seq.max_tokens)
@@ -99,7 +57,7 @@ class Engine:
         batch = self.scheduler.schedule()
         if not batch.items:
             return StepResult(), None
-        shape = (batch.num_prefill_tokens, batch.num_decodes, batch.num_tokens, *_cost_shape(batch))
+        shape = (batch.num_prefill_tokens, batch.num_decodes, batch.num_tokens, *cost_shape(batch))
         t1 = time.perf_counter()
         order, ids, pos, meta, rows = self.runner.prepare(batch)
         t2 = time.perf_counter()
@@ -148,11 +106,37 @@ class Engine:
             self.scheduler.policy = policy
         assert self.num_used_blocks == 0 and not self.has_work()
 
-    # -- the KV pool, for the connector and the end-of-run audit ------------------------------
-    def release(self, seq: Sequence) -> None:
-        """Free a handed-off sequence's blocks once its KV has left."""
-        self.block_manager.free(seq)
+    # -- the KV connector's boundary: it never touches the scheduler's queues ----------------
+    def reserve(self, seq: Sequence) -> bool:
+        """D: reserve blocks for a request's KV (False: no room yet, ask again later)."""
+        self.check_fits(seq.num_prompt_tokens, seq.max_tokens)
+        return self.scheduler.reserve(seq)
 
+    def install(self, seq_id: int, first_token: int) -> Sequence:
+        """D: the KV is in the reserved blocks; the sequence decodes from P's first token."""
+        return self.scheduler.install(seq_id, first_token)
+
+    def recompute(self, seq_id: int, first_token: int | None) -> Sequence:
+        """D: the KV will not come; prefill the reserved sequence here."""
+        return self.scheduler.recompute(seq_id, first_token)
+
+    def release(self, seq_id: int) -> Sequence:
+        """P: a handed-off sequence's KV has left: free its blocks."""
+        return self.scheduler.release(seq_id)
+
+    def abort(self, seq_id: int) -> Sequence | None:
+        """Drop the sequence wherever it is on this engine; None when it holds no such sequence."""
+        return self.scheduler.abort(seq_id)
+
+    # -- what the worker reports and the end-of-run audit reads ---------------------------------
     @property
     def num_used_blocks(self) -> int:
         return self.block_manager.num_used_blocks
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.block_manager.num_free_blocks
+
+    @property
+    def num_running(self) -> int:
+        return len(self.scheduler.running)

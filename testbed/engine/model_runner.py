@@ -8,8 +8,8 @@ import logging
 import torch
 
 from testbed.engine.config import EngineConfig
+from testbed.engine.kv_pool import checked_pool, needs_free_bytes, pool_blocks
 from testbed.engine.scheduler import Batch
-from testbed.errors import ConfigError
 from testbed.model.attention import AttentionMetadata, select_backend
 from testbed.model.config import ModelArgs
 from testbed.model.llama import Transformer
@@ -41,21 +41,12 @@ class ModelRunner:
         return self.args.kv_bytes_per_token * self.block_size * self.dtype.itemsize
 
     def _pool_blocks(self) -> int:
-        if self.config.num_kv_blocks is not None:
-            blocks = self.config.num_kv_blocks
-        elif self.device.type == "cuda":
-            free, _ = torch.cuda.mem_get_info(self.device)
-            blocks = int(free * self.config.gpu_memory_utilization) // self.block_bytes
-        else:
-            blocks = int(self.config.kv_cache_mib * 2**20) // self.block_bytes
-        return blocks
+        # the free memory is read only when it sizes the pool (an explicit block count needs none)
+        free = torch.cuda.mem_get_info(self.device)[0] if needs_free_bytes(self.config, self.device.type) else None
+        return pool_blocks(self.config, self.block_bytes, device_type=self.device.type, free_bytes=free)
 
     def _check_max_model_len(self) -> ModelArgs:
-        if self.num_blocks * self.block_size < self.args.max_model_len:
-            raise ConfigError(
-                f"KV pool of {self.num_blocks} blocks x {self.block_size} tokens cannot hold one request of "
-                f"max_model_len={self.args.max_model_len}: raise engine.kv_cache_mib / engine.num_kv_blocks / "
-                f"engine.gpu_memory_utilization or lower model.max_model_len")
+        checked_pool(self.num_blocks, self.block_size, self.args.max_model_len)
         return self.args
 
     def _fit_max_model_len(self) -> ModelArgs:

@@ -1,7 +1,10 @@
 """The scheduler: queues, a policy per role, and the bookkeeping after each step.
 
 It never touches tensors or clocks: `schedule()` returns a batch plan and `postprocess()` takes
-the sampled tokens. That keeps it runnable under a simulated clock.
+the sampled tokens. That keeps it runnable under a simulated clock. It is also the one place a
+sequence's status changes (`move`, which refuses edges the state machine in sequence.py lacks):
+the KV connector reserves, installs, releases and aborts through the methods below and never
+touches the queues.
 """
 
 from __future__ import annotations
@@ -11,7 +14,8 @@ from dataclasses import dataclass, field
 
 from testbed.engine.block_manager import BlockManager
 from testbed.engine.config import SchedulerConfig
-from testbed.engine.sequence import Sequence, SequenceStatus
+from testbed.engine.sequence import EDGES, Sequence, SequenceStatus
+from testbed.errors import StateError
 
 
 @dataclass
@@ -54,18 +58,78 @@ class Scheduler:
         self.config = config
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        self.held: dict[int, Sequence] = {}  # TRANSFERRING: prefilled, KV kept for a decode worker
+        self.receiving: dict[int, Sequence] = {}  # RECEIVING: blocks reserved for KV on its way
+
+    @staticmethod
+    def move(seq: Sequence, status: SequenceStatus) -> None:
+        """The one place a status changes: edges the state machine lacks are refused."""
+        if status not in EDGES[seq.status]:
+            raise StateError(f"sequence {seq.seq_id}: no edge {seq.status.name} -> {status.name}")
+        seq.status = status
 
     def add(self, seq: Sequence) -> None:
-        assert seq.status is SequenceStatus.WAITING
+        if seq.status is not SequenceStatus.WAITING:
+            raise StateError(f"sequence {seq.seq_id} is {seq.status.name}: only a WAITING sequence is queued")
         self.waiting.append(seq)
 
     def add_running(self, seq: Sequence) -> None:
-        """A sequence whose KV is already in this pool (decode worker after a transfer)."""
-        seq.status = SequenceStatus.RUNNING
+        """A WAITING sequence whose KV its caller put in this pool (the profiler stages batches so)."""
+        self.move(seq, SequenceStatus.RUNNING)
         self.running.append(seq)
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
+
+    @property
+    def num_busy(self) -> int:
+        """Sequences counted against max_running on a decode worker: queued, running, reserved."""
+        return len(self.running) + len(self.waiting) + len(self.receiving)
+
+    def find(self, seq_id: int) -> Sequence | None:
+        """The sequence with this id wherever it is on this engine, or None."""
+        seq = self.held.get(seq_id) or self.receiving.get(seq_id)
+        if seq is None:
+            seq = next((s for s in [*self.running, *self.waiting] if s.seq_id == seq_id), None)
+        return seq
+
+    # -- the KV connector's side ------------------------------------------------------------
+    def reserve(self, seq: Sequence) -> bool:
+        """D: blocks for the prompt's KV and the first token's slot, when there is room under
+        max_running and in the pool; False leaves everything as it was (back-pressure)."""
+        if self.num_busy >= self.config.max_running or not self.block_manager.can_allocate(seq, seq.num_tokens + 1):
+            return False
+        self.block_manager.allocate(seq, seq.num_tokens + 1)
+        self.move(seq, SequenceStatus.RECEIVING)
+        self.receiving[seq.seq_id] = seq
+        return True
+
+    def install(self, seq_id: int, first_token: int) -> Sequence:
+        """D: the prompt's KV is in the reserved blocks; decode from the first token P sampled."""
+        seq = self.receiving.pop(seq_id)
+        seq.num_computed_tokens = seq.num_prompt_tokens
+        seq.append_token(first_token)
+        self.move(seq, SequenceStatus.RUNNING)
+        self.running.append(seq)
+        return seq
+
+    def recompute(self, seq_id: int, first_token: int | None) -> Sequence:
+        """D: the KV will not come; prefill here instead (keeping P's first token if it has it)."""
+        seq = self.receiving.pop(seq_id)
+        self.block_manager.free(seq)
+        if first_token is not None:
+            seq.append_token(first_token)
+        seq.reset_for_recompute()
+        self.move(seq, SequenceStatus.WAITING)
+        self.waiting.append(seq)
+        return seq
+
+    def release(self, seq_id: int) -> Sequence:
+        """P: the held KV has left (or is no longer needed): free its blocks."""
+        seq = self.held.pop(seq_id)
+        self.block_manager.free(seq)
+        self.move(seq, SequenceStatus.FINISHED)
+        return seq
 
     def schedule(self) -> Batch:
         batch = self.policy.schedule(self)
@@ -100,7 +164,7 @@ class Scheduler:
                 return  # FCFS: later arrivals do not overtake the head of the queue
             self.waiting.popleft()
             self.block_manager.allocate(seq, seq.num_tokens)
-            seq.status = SequenceStatus.RUNNING
+            self.move(seq, SequenceStatus.RUNNING)
             self.running.append(seq)
             n = min(seq.num_uncomputed_tokens, budget)
             batch.items.append((seq, n))
@@ -112,6 +176,7 @@ class Scheduler:
                 self.running.remove(seq)
                 self.block_manager.free(seq)
                 seq.reset_for_recompute()
+                self.move(seq, SequenceStatus.WAITING)
                 self.waiting.appendleft(seq)
                 return seq
         return None
@@ -132,20 +197,28 @@ class Scheduler:
                 result.finished.append(seq)
             elif self.policy.hands_off_after_prefill:
                 self.running.remove(seq)
-                seq.status = SequenceStatus.TRANSFERRING
+                self.move(seq, SequenceStatus.TRANSFERRING)
+                self.held[seq.seq_id] = seq
                 result.handoff.append(seq)
         return result
 
     def _finish(self, seq: Sequence) -> None:
         self.running.remove(seq)
         self.block_manager.free(seq)
-        seq.status = SequenceStatus.FINISHED
+        self.move(seq, SequenceStatus.FINISHED)
 
-    def abort(self, seq: Sequence) -> None:
-        """Drop a sequence wherever it is and free its blocks (failed transfer, lost peer)."""
+    def abort(self, seq_id: int) -> Sequence | None:
+        """Drop a sequence wherever it is and free its blocks (failed request, lost peer); the
+        sequence, or None when this engine does not hold it."""
+        seq = self.find(seq_id)
+        if seq is None:
+            return None
         if seq in self.waiting:
             self.waiting.remove(seq)
         if seq in self.running:
             self.running.remove(seq)
+        self.held.pop(seq_id, None)
+        self.receiving.pop(seq_id, None)
         self.block_manager.free(seq)
-        seq.status = SequenceStatus.FAILED
+        self.move(seq, SequenceStatus.FAILED)
+        return seq

@@ -1,27 +1,46 @@
 """A request inside an engine: its tokens, its KV blocks and where it is in its life.
 
     WAITING --admit--> RUNNING --last token--> FINISHED
-       ^                 |  |
-       +---preempt-------+  +--first token on a prefill-only worker--> TRANSFERRING
-           (recompute)                       (KV leaves for a decode worker; blocks held until sent)
-    any state --error / timeout / lost worker--> FAILED
+      ^  |               |  |
+      |  +--preempt------+  +--first token on a prefill-only worker--> TRANSFERRING --KV left--> FINISHED
+      |    (recompute)                     (KV held for a decode worker until it has left)
+      |
+      +--recompute-- RECEIVING <--reserve-- WAITING   (decode worker: blocks reserved for KV on its way)
+                        |
+                        +--KV installed with its first token--> RUNNING
+    any state but FINISHED --abort (error, timeout, lost worker)--> FAILED
 
-On a decode worker a sequence arrives with its KV already in the pool and starts RUNNING.
-Prefill and decode are one thing here: computing `n` new tokens of the sequence. A sequence is
-"in prefill" while more than its last token lacks KV, or before its first output token.
+`EDGES` is that drawing; only the Scheduler changes a status, through `Scheduler.move`, which
+refuses an edge not in it. Prefill and decode are one thing here: computing `n` new tokens of
+the sequence. A sequence is "in prefill" while more than its last token lacks KV, or before
+its first output token.
 """
 
 from __future__ import annotations
 
 from enum import Enum
 
+from testbed.errors import ConfigError
+
 
 class SequenceStatus(Enum):
     WAITING = "waiting"
     RUNNING = "running"
-    TRANSFERRING = "transferring"
+    TRANSFERRING = "transferring"  # P: prefilled, KV held until it has left
+    RECEIVING = "receiving"  # D: blocks reserved, KV on its way
     FINISHED = "finished"
     FAILED = "failed"
+
+
+S = SequenceStatus
+EDGES: dict[SequenceStatus, frozenset[SequenceStatus]] = {
+    S.WAITING: frozenset({S.RUNNING, S.RECEIVING, S.FAILED}),
+    S.RUNNING: frozenset({S.WAITING, S.TRANSFERRING, S.FINISHED, S.FAILED}),
+    S.TRANSFERRING: frozenset({S.FINISHED, S.FAILED}),
+    S.RECEIVING: frozenset({S.RUNNING, S.WAITING, S.FAILED}),
+    S.FINISHED: frozenset(),
+    S.FAILED: frozenset(),
+}
 
 
 class Sequence:
@@ -72,8 +91,15 @@ class Sequence:
         self.token_ids.append(token_id)
 
     def reset_for_recompute(self) -> None:
-        """Preempted: its KV is dropped and it will be recomputed, generated tokens included."""
+        """Preempted: its KV is dropped and it will be recomputed, generated tokens included
+        (the scheduler moves it back to WAITING)."""
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0
-        self.status = SequenceStatus.WAITING
         self.num_preemptions += 1
+
+
+def check_fits(prompt_len: int, max_tokens: int, max_model_len: int) -> None:
+    """A request must fit the model's context (the engine refuses it; the simulator likewise)."""
+    if prompt_len + max_tokens > max_model_len:
+        raise ConfigError(f"request of {prompt_len} prompt + {max_tokens} output tokens exceeds "
+                          f"model.max_model_len={max_model_len}")

@@ -7,19 +7,20 @@ import time
 from pathlib import Path
 from typing import Callable, Optional
 
-import pandas as pd
 from tqdm import tqdm
 
 from testbed.cluster.emulation import Emulation, emulation_meta
-from testbed.cluster.launcher import Cluster, plan_workers
+from testbed.cluster.launcher import Cluster
+from testbed.cluster.layout import plan_workers
 from testbed.cluster.messages import Audit
 from testbed.cluster.pacing import pace_summary
 from testbed.cluster.router import Router
 from testbed.cluster.worker import WorkerSpec
 from testbed.config import Config
 from testbed.errors import KVLeakError
-from testbed.metrics.events import STEP_COLUMNS, RequestLog
+from testbed.metrics.events import RequestLog
 from testbed.metrics.slo import tenant_slos
+from testbed.metrics.steps import steps_table
 from testbed.metrics.summary import summarize
 from testbed.tracking.telemetry import start_telemetry
 from testbed.tracking.results import collect_meta, write_results
@@ -37,17 +38,6 @@ def worker_template(cfg: Config) -> WorkerSpec:
                       delay_kv_s=cfg.faults.delay_kv_ms / 1000, seed=cfg.seed,
                       heartbeat_s=cfg.cluster.heartbeat_s, start_timeout_s=cfg.cluster.start_timeout_s,
                       emulation=Emulation.from_hardware(cfg.hardware))
-
-
-def steps_table(steps: list[tuple[int, object]], t0: float) -> pd.DataFrame:
-    rows, counts = [], {}
-    for worker, record in steps:
-        row = dataclasses.asdict(record)
-        counts[worker] = counts.get(worker, -1) + 1
-        row.update(worker=worker, step=counts[worker], start_s=row.pop("start") - t0, end_s=row.pop("end") - t0)
-        rows.append(row)
-    extra = [c for c in (rows[0] if rows else {}) if c not in STEP_COLUMNS]
-    return pd.DataFrame(rows, columns=STEP_COLUMNS + extra)
 
 
 def audit_summary(audits: dict[int, Audit]) -> dict:

@@ -144,6 +144,15 @@ class RequestLog:
         record.token_worker_times.extend(float(w) - self.t0 for w in worker_times)
         record.token_times.extend([float(client_time) - self.t0] * n)
 
+    def token_series(self, request_id: int, token_ids: Sequence[int], worker_times: Sequence[float],
+                     client_times: Sequence[float]) -> None:
+        """A request's tokens in one call (the request book hands them over when it closes the
+        request): one worker stamp and one receipt stamp per token."""
+        record = self._get(request_id)
+        record.output_token_ids.extend(int(t) for t in token_ids)
+        record.token_worker_times.extend(float(w) - self.t0 for w in worker_times)
+        record.token_times.extend(float(c) - self.t0 for c in client_times)
+
     def finish(self, request_id: int, t: float) -> None:
         self.event(request_id, Event.FINISHED, t)
 

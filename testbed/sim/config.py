@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -13,6 +13,18 @@ from testbed.perf.resolve import is_gpu
 
 SHIPPED = Path(__file__).parent / "profiles"
 ROLE_KEYS = {"mixed": "profile", "prefill": "prefill_profile", "decode": "decode_profile"}
+
+
+@dataclass(frozen=True)
+class HostDelays:
+    """Host-side time a real run spends outside the engine's steps, in seconds."""
+
+    dispatch_s: float = 0.0  # router -> worker: the request's message and the worker's wake-up
+    step_gap_s: float = 0.0  # a busy worker's gap between steps: reporting, inbox, KV polling
+    report_s: float = 0.0  # worker -> router: a token's step report until the router reads it
+
+    def as_dict(self) -> dict:
+        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -29,16 +41,24 @@ class SimConfig:
     # The router -> worker hop of a real run (a queue and a process wake-up), which the engine
     # profile cannot see: sim_validate reports the measured value (prefill_queue_s p50 at low load).
     dispatch_latency_s: float = 0.0
+    # A busy worker's gap between two steps, and the worker -> router report of a token (the
+    # harness delay): sim_validate measures both on the real points it validates against.
+    step_gap_s: float = 0.0
+    report_latency_s: float = 0.0
 
     def validate(self) -> "SimConfig":
-        if self.dispatch_latency_s < 0:
-            raise ConfigError(f"sim.dispatch_latency_s must be >= 0 (got {self.dispatch_latency_s})")
+        for key in ("dispatch_latency_s", "step_gap_s", "report_latency_s"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"sim.{key} must be >= 0 (got {getattr(self, key)})")
         for key in ROLE_KEYS.values():
             spec = getattr(self, key)
             if spec is not None and not is_gpu(spec) and not spec.endswith(".json") and not Path(spec).is_file():
                 raise ConfigError(f"sim.{key}={spec!r} is neither a GPU of the analytical table "
                                   f"({', '.join(sorted(GPUS))}) nor a profile .json file")
         return self
+
+    def host_delays(self) -> HostDelays:
+        return HostDelays(self.dispatch_latency_s, self.step_gap_s, self.report_latency_s)
 
     def spec(self, role: str) -> Optional[str]:
         """What simulates a worker of this role ("mixed", "prefill", "decode"); None: the shipped profile."""

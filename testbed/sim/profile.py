@@ -87,7 +87,7 @@ def time_shape(engine: Engine, shape: Shape, repeats: int) -> float:
         _, record = engine.step()
         assert record.prefill_tokens == sum(n for n, _ in shape.chunks) and record.decode_seqs == len(shape.decodes)
         for seq in staged:
-            engine.scheduler.abort(seq)
+            engine.abort(seq.seq_id)
         assert engine.num_used_blocks == 0
         times.append(record.end - record.start)
     return statistics.median(times[1:])

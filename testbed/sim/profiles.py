@@ -10,14 +10,16 @@ GPU for the configured model; its KV pool comes from the GPU's memory) or a meas
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Optional
+from typing import TYPE_CHECKING, Mapping, Optional
 
-from testbed.config import Config
 from testbed.engine.config import EngineConfig
 from testbed.errors import ConfigError
 from testbed.model.config import ModelArgs
 from testbed.perf.resolve import StepCostModel, analytical, is_gpu, measured
 from testbed.sim.plan import gpu_pool_blocks, pool_blocks
+
+if TYPE_CHECKING:  # annotations only: the root config composes the experiment layer's
+    from testbed.config import Config
 
 ROLE_OF = {"colocated": "mixed", "chunked": "mixed", "prefill_only": "prefill", "decode_only": "decode"}
 # a simulated GPU holds the weights in 16 bits unless the model's dtype says float32 (auto: bfloat16 on CUDA)

@@ -14,9 +14,9 @@ import statistics
 import time
 
 import torch
-import torch.multiprocessing as mp
 
 from testbed.engine.model_runner import ModelRunner
+from testbed.ports import free_port
 
 WIRE_MAX_MIB = {"cpu": 16, "cuda": 256}
 
@@ -31,8 +31,10 @@ def measure_transfer(runner: ModelRunner, *, quick: bool) -> tuple[list[dict], s
 
 
 def measure_wire(device: torch.device, repeats: int) -> list[dict]:
-    from testbed.bench.kv_transfer import run_rank  # spawns processes: imported only when used
-    from testbed.cluster.launcher import free_port
+    # process code (spawn, the benchmark's ranks) is imported only when a wire is measured
+    import torch.multiprocessing as mp
+
+    from testbed.bench.kv_transfer import run_rank
 
     use_cuda = device.type == "cuda"
     out = mp.get_context("spawn").Queue()

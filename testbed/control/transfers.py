@@ -1,4 +1,4 @@
-"""kv_transfers.parquet of a real run: one row per attempt to move a request's KV.
+"""kv_transfers.parquet: one row per attempt to move a request's KV, real or simulated.
 
 Both ends report on an attempt: P when its sends have left (bytes, start, send end, whether the
 attempt's data was dropped by fault injection or the send broke), D when it installed the KV or
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import pandas as pd
 
-from testbed.cluster.messages import KVArrived, KVAttemptFailed, KVSent
 from testbed.metrics.events import TRANSFER_COLUMNS
 
 OUTCOMES = ("ok", "dropped", "timed_out", "error", "aborted")
@@ -36,18 +35,21 @@ class TransferLog:
         return self.rows.setdefault((rid, prefill, decode, attempt),
                                     {"request_id": rid, "prefill_worker": prefill, "decode_worker": decode})
 
-    def sent(self, msg: KVSent) -> None:
-        row = self._row(msg.rid, msg.prefill_rank, msg.decode_rank, msg.attempt)
-        row.update(kv_bytes=msg.kv_bytes, start_s=msg.start - self.t0, send_end_s=msg.end - self.t0,
-                   wait_s=msg.wait_s, dropped=msg.dropped, send_error=bool(msg.error))
-        row.setdefault("end_s", msg.end - self.t0)  # D's verdict, when it comes, says when it ended
+    def sent(self, rid: int, prefill: int, decode: int, attempt: int, kv_bytes: int, start: float, end: float,
+             wait_s: float, dropped: bool = False, error: bool = False) -> None:
+        """P's report: the attempt's sends have left (or were dropped, or broke)."""
+        row = self._row(rid, prefill, decode, attempt)
+        row.update(kv_bytes=kv_bytes, start_s=start - self.t0, send_end_s=end - self.t0, wait_s=wait_s,
+                   dropped=dropped, send_error=error)
+        row.setdefault("end_s", end - self.t0)  # D's verdict, when it comes, says when it ended
 
-    def arrived(self, msg: KVArrived) -> None:
-        self._row(msg.rid, msg.prefill_rank, msg.worker, msg.attempt).update(end_s=msg.t - self.t0, verdict="ok")
+    def arrived(self, rid: int, prefill: int, decode: int, attempt: int, t: float) -> None:
+        """D's verdict: the KV is installed."""
+        self._row(rid, prefill, decode, attempt).update(end_s=t - self.t0, verdict="ok")
 
-    def failed(self, msg: KVAttemptFailed) -> None:
-        row = self._row(msg.rid, msg.prefill_rank, msg.worker, msg.attempt)
-        row.update(end_s=msg.t - self.t0, verdict=msg.outcome)
+    def failed(self, rid: int, prefill: int, decode: int, attempt: int, outcome: str, t: float) -> None:
+        """D's verdict: the attempt failed (`timed_out` or `error`)."""
+        self._row(rid, prefill, decode, attempt).update(end_s=t - self.t0, verdict=outcome)
 
     def table(self) -> pd.DataFrame:
         first_seen: dict[tuple, int] = {}

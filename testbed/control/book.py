@@ -1,0 +1,296 @@
+"""The request book: the control plane's per-request state, with no clock and no I/O.
+
+The router (testbed/cluster/router.py) and the simulator (testbed/sim/simulator.py) are thin
+drivers over it: they turn worker messages or simulated events into calls here, stamp the
+times, and do the sending. The book admits or refuses, picks workers (Dispatcher), keeps each
+worker's load, binds decode workers, hands the client its tokens in order across P and D, and
+writes every lifecycle event to the RequestLog: one set of rules for real and simulated runs.
+
+Each tracked request has two sides, each a small state machine whose every change goes through
+`_front` / `_back`, which refuse an edge not drawn here and keep the loads in step:
+
+    front (the mixed or prefill worker):  QUEUED --first token--> PREFILLED --left--> LEFT
+                                          QUEUED ------------------ended-----------> LEFT
+                                          LEFT --re-dispatch--> QUEUED
+      QUEUED counts the prompt in the worker's queued tokens; QUEUED and PREFILLED count the
+      request as bound to the worker. It leaves when it finishes there (mixed) or its KV has
+      left (P).
+    back (the decode worker):             NONE --bind--> BOUND --KV in, or D recomputes--> HOLDS
+                                          BOUND, HOLDS --ended or re-dispatched--> NONE
+      BOUND and HOLDS count the request as bound to the decode worker.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Optional
+
+from testbed.control.dispatch import Dispatcher, WorkerLoad, admission_refusal
+from testbed.errors import StateError
+from testbed.metrics.events import Event, RequestLog
+from testbed.workload import Request
+
+
+class Front(Enum):
+    QUEUED = "queued"
+    PREFILLED = "prefilled"
+    LEFT = "left"
+
+
+class Back(Enum):
+    NONE = "none"
+    BOUND = "bound"
+    HOLDS = "holds"
+
+
+FRONT_EDGES = {Front.QUEUED: {Front.PREFILLED, Front.LEFT}, Front.PREFILLED: {Front.LEFT},
+               Front.LEFT: {Front.QUEUED}}
+BACK_EDGES = {Back.NONE: {Back.BOUND}, Back.BOUND: {Back.HOLDS, Back.NONE}, Back.HOLDS: {Back.NONE}}
+
+
+@dataclass
+class Tracked:
+    request: Request
+    worker: int  # the mixed or prefill worker
+    decode_worker: Optional[int] = None
+    front: Front = Front.QUEUED
+    back: Back = Back.NONE
+    decode_started: bool = False
+    finished_early: bool = False  # the last token was reported before all earlier ones arrived
+    output: list = field(default_factory=list)  # tokens the client has, in order
+    worker_times: list = field(default_factory=list)
+    received_times: list = field(default_factory=list)
+    early: dict = field(default_factory=dict)  # index -> (token, worker time, worker): ahead of their turn
+
+    @property
+    def rid(self) -> int:
+        return self.request.request_id
+
+
+@dataclass
+class StepNews:
+    """What a step report asks of the driver: decode workers to reserve for (late binding),
+    and the requests it closed (for their sessions' next turns)."""
+
+    bound: list[Tracked] = field(default_factory=list)
+    finished: list[Tracked] = field(default_factory=list)
+
+
+class RequestBook:
+    def __init__(self, cluster, kv, disagg: bool, roles: dict[int, str], log: RequestLog):
+        self.cfg, self.kv, self.disagg, self.log = cluster, kv, disagg, log
+        self.loads = {rank: WorkerLoad() for rank in roles}
+        self.front = Dispatcher(cluster.dispatch, [r for r, role in roles.items() if role != "decode_only"], self.loads)
+        self.back = Dispatcher(cluster.decode_dispatch, [r for r, role in roles.items() if role == "decode_only"],
+                               self.loads, for_decode=True)
+        self.active: dict[int, Tracked] = {}
+
+    def __len__(self) -> int:
+        return len(self.active)
+
+    def get(self, rid: int) -> Optional[Tracked]:
+        return self.active.get(rid)
+
+    # -- admission and binding -------------------------------------------------------------
+    def admit(self, request: Request, t: float) -> Optional[Tracked]:
+        """Admit and dispatch a request (bound early to its decode worker when so configured),
+        or refuse it: None."""
+        self.log.register(request)
+        reason = admission_refusal(self.cfg, request, len(self.active))
+        worker = None if reason else self.front.pick(request)
+        if reason or worker is None:
+            self.log.reject(request, t, reason or "no live worker to serve it")
+            return None
+        tracked = self.active[request.request_id] = Tracked(request, worker)
+        self._count_front(tracked, +1)
+        self.log.event(request.request_id, Event.DISPATCHED, t, worker=worker)
+        if self.disagg and self.kv.binding == "early":
+            self.bind_decode(tracked)
+        return tracked
+
+    def queued(self, tracked: Tracked, t: float) -> None:
+        """The request reached its worker's queue."""
+        self.log.event(tracked.rid, Event.PREFILL_QUEUED, t, worker=tracked.worker)
+
+    def bind_decode(self, tracked: Tracked) -> Optional[int]:
+        """Pick the decode worker for the request's KV (None: it ends on P, or none is alive)."""
+        worker = self.back.bind(tracked.request)
+        if worker is not None:
+            tracked.decode_worker = worker
+            self._back(tracked, Back.BOUND)
+        return worker
+
+    # -- step reports ----------------------------------------------------------------------
+    def on_step(self, worker: int, start: float, scheduled, tokens, finished, handoff, worker_t: float,
+                received_t: float, free_blocks: int) -> StepNews:
+        """One step of `worker`: scheduled (rid, new tokens, was prefill), tokens (rid, output
+        index, token), finished and handed-off rids; stamped on the worker and on receipt."""
+        news = StepNews()
+        self.loads[worker].free_blocks = free_blocks
+        for rid, _, was_prefill in scheduled:
+            self._scheduled(rid, worker, start, was_prefill)
+        for rid, index, token in tokens:
+            self._token(rid, index, token, worker, worker_t, received_t, news)
+        if self.disagg and self.kv.binding == "late":
+            for rid in handoff:
+                tracked = self.active.get(rid)
+                if tracked is not None and tracked.back is Back.NONE and self.bind_decode(tracked) is not None:
+                    news.bound.append(tracked)
+        for rid in finished:
+            tracked = self.active.get(rid)
+            if tracked is not None and len(tracked.output) < tracked.request.output_len:
+                tracked.finished_early = True  # D's report overtook P's tokens: wait for them
+            elif tracked is not None:
+                news.finished.append(self.finish(rid, received_t))
+        return news
+
+    def _scheduled(self, rid: int, worker: int, start: float, was_prefill: bool) -> None:
+        if was_prefill:
+            self.log.event(rid, Event.PREFILL_START, start, worker=worker)
+            self.log.event(rid, Event.PREFILL_CHUNK, start, worker=worker)
+            return
+        tracked = self.active.get(rid)
+        if tracked is not None and not tracked.decode_started:  # later decode steps change nothing
+            tracked.decode_started = True
+            self.log.event(rid, Event.DECODE_START, start, worker=worker)
+
+    def _token(self, rid: int, index: int, token: int, worker: int, worker_t: float, received_t: float,
+               news: StepNews) -> None:
+        tracked = self.active.get(rid)
+        if tracked is None or index < len(tracked.output):
+            return  # ended, or a recomputed prefix re-emitting tokens the client already has
+        if tracked.front is Front.QUEUED and worker == tracked.worker:
+            self._front(tracked, Front.PREFILLED)
+        # P's and D's reports may travel on different pipes: D's first decode can overtake P's
+        # first token. The client sees tokens in order, so a later one waits for its predecessors.
+        tracked.early[index] = (token, worker_t, worker)
+        while len(tracked.output) in tracked.early:
+            token, at, by = tracked.early.pop(len(tracked.output))
+            if not tracked.output:
+                self.log.event(rid, Event.PREFILL_END, at, worker=by)
+            tracked.output.append(token)
+            tracked.worker_times.append(at)
+            tracked.received_times.append(received_t)
+        if tracked.finished_early and len(tracked.output) == tracked.request.output_len:
+            news.finished.append(self.finish(rid, received_t))
+
+    # -- the KV hand-off -------------------------------------------------------------------
+    def kv_sent(self, rid: int, prefill: int, decode: int, start: float, kv_bytes: int, moved: bool) -> None:
+        """P's sends of an attempt have left (`moved`: data went, not dropped or broken)."""
+        tracked = self.active.get(rid)
+        if tracked is None or tracked.worker != prefill:
+            return  # ended, or re-dispatched away from that worker
+        if moved:
+            self.log.event(rid, Event.KV_TRANSFER_START, start, prefill_worker=prefill, decode_worker=decode,
+                           kv_bytes=kv_bytes)
+        if tracked.front is not Front.LEFT:
+            self._front(tracked, Front.LEFT)
+
+    def kv_arrived(self, rid: int, decode: int, t: float) -> None:
+        tracked = self.active.get(rid)
+        if tracked is None or tracked.decode_worker != decode:
+            return
+        self.log.event(rid, Event.KV_TRANSFER_END, t, decode_worker=decode)
+        self.log.event(rid, Event.DECODE_QUEUED, t, worker=decode)
+        self._back(tracked, Back.HOLDS)
+
+    def decode_recomputes(self, rid: int, decode: int) -> None:
+        """D gave up on the KV and prefills the request itself: late, not lost."""
+        tracked = self.active.get(rid)
+        if tracked is not None and tracked.decode_worker == decode and tracked.back is Back.BOUND:
+            self._back(tracked, Back.HOLDS)
+
+    def involves(self, rid: int, worker: int) -> Optional[Tracked]:
+        """The request, if it is open and `worker` is one of its two workers."""
+        tracked = self.active.get(rid)
+        return tracked if tracked is not None and worker in (tracked.worker, tracked.decode_worker) else None
+
+    # -- endings ---------------------------------------------------------------------------
+    def finish(self, rid: int, t: float) -> Optional[Tracked]:
+        tracked = self._close(rid)
+        if tracked is not None:
+            self.log.finish(rid, t)
+        return tracked
+
+    def fail(self, rid: int, t: float, reason: str) -> Optional[Tracked]:
+        """Close the request as failed; the driver aborts it on the workers it names."""
+        tracked = self._close(rid)
+        if tracked is not None:
+            self.log.fail(rid, t, reason)
+        return tracked
+
+    def _close(self, rid: int) -> Optional[Tracked]:
+        tracked = self.active.pop(rid, None)
+        if tracked is not None:
+            self.log.token_series(rid, tracked.output, tracked.worker_times, tracked.received_times)
+            self._unbind(tracked)
+        return tracked
+
+    def flush_open(self) -> None:
+        """End of a run with requests still open: they keep the tokens they got (unfinished)."""
+        for tracked in self.active.values():
+            self.log.token_series(tracked.rid, tracked.output, tracked.worker_times, tracked.received_times)
+
+    # -- lost workers ----------------------------------------------------------------------
+    def lose_worker(self, rank: int) -> list[int]:
+        """Mark a worker dead; the open requests that needed it."""
+        self.loads[rank].alive = False
+        return [rid for rid, tracked in self.active.items() if self.depends_on(tracked, rank)]
+
+    def depends_on(self, tracked: Tracked, rank: int) -> bool:
+        """Its decode worker, and its prefill worker until the KV has left (or, where P keeps
+        the KV for resends, until D holds the request)."""
+        if tracked.decode_worker == rank:
+            return True
+        resendable = self.kv.on_failure == "retry" and tracked.back is not Back.HOLDS
+        return tracked.worker == rank and (tracked.front is not Front.LEFT or resendable)
+
+    def redispatch(self, rid: int) -> Optional[tuple[Tracked, list[int]]]:
+        """Start the request over on live workers: (it, the old workers still alive to abort it
+        on), or None when no worker can take it. The client keeps the tokens it has."""
+        tracked = self.active[rid]
+        worker = self.front.pick(tracked.request)
+        if worker is None:
+            return None
+        old = [w for w in (tracked.worker, tracked.decode_worker) if w is not None and self.loads[w].alive]
+        self._unbind(tracked)
+        tracked.worker, tracked.decode_started = worker, False
+        self._front(tracked, Front.QUEUED)
+        if self.disagg and self.kv.binding == "early":
+            self.bind_decode(tracked)
+        return tracked, old
+
+    # -- the two state machines, and the loads they carry -----------------------------------
+    def _unbind(self, tracked: Tracked) -> None:
+        if tracked.front is not Front.LEFT:
+            self._front(tracked, Front.LEFT)
+        if tracked.back is not Back.NONE:
+            self._back(tracked, Back.NONE)
+
+    def _front(self, tracked: Tracked, new: Front) -> None:
+        old = tracked.front
+        if new not in FRONT_EDGES[old]:
+            raise StateError(f"request {tracked.rid}: front {old.name} -> {new.name} is not an edge")
+        load = self.loads[tracked.worker]
+        if old is Front.QUEUED:
+            load.queued_prompt_tokens -= tracked.request.input_len
+        if new is Front.LEFT:
+            load.bound_sequences -= 1
+        if new is Front.QUEUED:
+            self._count_front(tracked, +1)
+        tracked.front = new
+
+    def _count_front(self, tracked: Tracked, sign: int) -> None:
+        load = self.loads[tracked.worker]
+        load.queued_prompt_tokens += sign * tracked.request.input_len
+        load.bound_sequences += sign
+
+    def _back(self, tracked: Tracked, new: Back) -> None:
+        old = tracked.back
+        if new not in BACK_EDGES[old]:
+            raise StateError(f"request {tracked.rid}: back {old.name} -> {new.name} is not an edge")
+        if new is Back.NONE:
+            self.loads[tracked.decode_worker].bound_sequences -= 1
+            tracked.decode_worker = None
+        tracked.back = new

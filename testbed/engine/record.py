@@ -1,0 +1,41 @@
+"""One row of steps.parquet, for a real step and a simulated one alike."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One row of steps.parquet (times are perf_counter seconds; the recorder rebases them)."""
+
+    start: float
+    end: float
+    role: str
+    prefill_tokens: int
+    decode_seqs: int
+    batched_tokens: int
+    kv_blocks_used: int
+    num_waiting: int
+    num_running: int
+    schedule_s: float  # host work outside the model forward, for the overhead benchmark
+    prepare_s: float
+    forward_s: float
+    sample_s: float
+    postprocess_s: float
+    # the batch's shape as a cost model reads it (testbed.sim.cost_model): prefill chunks as
+    # (new tokens, cached tokens) and the total context of the decodes
+    prefill_chunks: tuple[tuple[int, int], ...] = ()
+    decode_context: int = 0
+    # set by a worker paced to an emulated device (hardware.emulate): the modelled step time,
+    # and whether the real step took longer than it
+    modelled_s: float = float("nan")
+    pace_overrun: bool = False
+
+
+def cost_shape(batch) -> tuple[tuple[tuple[int, int], ...], int]:
+    """Prefill chunks as (new, cached) pairs and the decodes' total context, read before the step
+    runs (as the simulator reads them)."""
+    chunks = tuple((n, seq.num_computed_tokens) for seq, n in batch.items if seq.in_prefill)
+    context = sum(seq.num_tokens for seq, _ in batch.items if not seq.in_prefill)
+    return chunks, context
