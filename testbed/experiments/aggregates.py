@@ -190,8 +190,12 @@ def burstiness(table, cfg, out_dir) -> dict:
 VALIDATED = ("ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99")
 
 
+HOST_DELAYS = ("dispatch_s", "step_gap_s", "report_s")
+
+
 def sim_validate(table, cfg, out_dir) -> dict:
-    """Relative error of the simulation against the real run: per point, and of goodput."""
+    """Relative error of the simulation against the real run: per point, and of goodput; and
+    the host-side delays the simulation ran with (in situ: measured on the calibration runs)."""
     rows, grid = finished(table), cells(out_dir)
     real = grid[grid["executor"] == "real"].set_index(["label", "rate"])
     sim = grid[grid["executor"] == "sim"].set_index(["label", "rate"])
@@ -210,19 +214,20 @@ def sim_validate(table, cfg, out_dir) -> dict:
         write_parquet(out_dir / "validation.parquet", table_errors)
     worst = {m: float(table_errors[f"{m}_error"].abs().max()) if len(table_errors) else np.nan for m in VALIDATED}
     return {"errors": errors, "goodput_by_executor": goodputs, "goodput_error": goodput_errors,
-            "worst_abs_error": worst, "measured_dispatch_latency_s": _dispatch_latency(rows, cfg, out_dir)}
+            "worst_abs_error": worst, "host_delays": _host_delays(rows)}
 
 
-def _dispatch_latency(rows: pd.DataFrame, cfg: Config, out_dir: Path) -> float:
-    """Median arrival -> first prefill step of the real points at their lowest rate, where queueing
-    is least: the host-side hop the simulator adds as sim.dispatch_latency_s."""
-    real = rows[rows["executor"] == "real"]
-    if not len(real):
-        return np.nan
-    lowest = real[real["rate"] == real["rate"].min()]
-    waits = [point_requests(out_dir, p, cfg)["prefill_queue_s"].dropna() for p in lowest["point"]]
-    waits = pd.concat(waits) if waits else pd.Series(dtype=float)
-    return float(waits.median()) if len(waits) else np.nan
+def _host_delays(rows: pd.DataFrame) -> dict:
+    """Per configuration, the host delays its simulated points ran with (seconds)."""
+    sim = rows[rows["executor"] == "sim"] if len(rows) else rows
+    columns = {d: f"sim_host_delays_{d}" for d in HOST_DELAYS}
+    if not len(sim) or not all(c in sim.columns for c in columns.values()):
+        return {}
+    scales = [c for c in sim.columns if c.startswith("sim_host_delays_step_scale_")]
+    return {label: {**{d: float(group[c].iloc[0]) for d, c in columns.items()},
+                    **{c.removeprefix("sim_host_delays_"): float(group[c].iloc[0]) for c in scales
+                       if group[c].notna().any()}}
+            for label, group in sim.groupby("label")}
 
 
 def _relative(simulated: float, real: float) -> float:

@@ -23,6 +23,10 @@ def with_repeats(points: list[Point], cfg: Config) -> list[Point]:
     n = cfg.experiment.repeats
     out = []
     for point in points:
+        if not point.repeat:
+            out.append(Point(point.name, point.overrides, {**point.knobs, "cell": point.name, "repeat": 0,
+                                                             "seed": point.overrides.get("seed", cfg.seed)}, False))
+            continue
         for i in range(n):
             name = point.name if n == 1 else f"{point.name}_r{i}"
             seed = cfg.seed + i

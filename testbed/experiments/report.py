@@ -107,7 +107,10 @@ def validation_lines(aggregate: dict) -> list[str]:
         return []
     worst = ", ".join(f"{k} {v:.0%}" for k, v in aggregate["worst_abs_error"].items())
     goodput = ", ".join(f"{k} {v:+.0%}" for k, v in aggregate["goodput_error"].items())
-    latency = aggregate.get("measured_dispatch_latency_s")
-    return [f"simulation error, worst |sim - real| / real: {worst}", f"goodput error per mode: {goodput}",
-            f"measured dispatch latency (real, lowest rate, p50): {1000 * latency:.2f} ms: simulate with "
-            f"sim.dispatch_latency_s={latency:.4f}" if latency == latency else "measured dispatch latency: n/a"]
+    lines = [f"simulation error, worst |sim - real| / real: {worst}", f"goodput error per mode: {goodput}"]
+    for label, d in aggregate.get("host_delays", {}).items():
+        lines.append(f"  {label}: simulated with host delays dispatch {1000 * d['dispatch_s']:.2f} ms, step gap "
+                     f"{1000 * d['step_gap_s']:.2f} ms, report {1000 * d['report_s']:.2f} ms, step time "
+                     + ", ".join(f"x{v:.2f} ({k.removeprefix('step_scale_')})" for k, v in d.items()
+                                 if k.startswith("step_scale_")) + " (medians)")
+    return lines

@@ -150,14 +150,29 @@ def multiturn(cfg: Config) -> list[Point]:
     return points
 
 
+CALIBRATION_SEED = 1000  # a calibration run's seed offset: other requests than any validated repeat
+
+
 def sim_validate(cfg: Config) -> list[Point]:
-    """The same workload run for real and simulated, per mode and rate. With hardware.emulate the
-    simulation runs on the very cost model that paces the real workers, so what differs is the
-    control plane alone (queues, processes, the router), not the cost model."""
-    points = []
+    """The same workload run for real and simulated, per mode and rate. The simulator runs on a
+    profile fitted in situ (testbed/sim/in_situ.py) from one calibration run per mode, at the
+    middle rate with its own seed, so it is never fitted on the runs it is compared with. With
+    hardware.emulate it runs on the very cost model that paces the real workers instead, so what
+    differs is the control plane alone; an explicit sim.profile is kept as given."""
+    points, calibrate = [], not emulated_sim(cfg) and cfg.sim.profile is None
+    rates = _rates(cfg)
+    for label, overrides in layouts(cfg, list(cfg.experiment.modes)) if calibrate else []:
+        rate = rates[len(rates) // 2]
+        points.append(Point(f"calibrate_{label}", {**overrides, "workload.rate": rate, "executor": "real",
+                                                   "seed": cfg.seed + CALIBRATION_SEED},
+                            {"label": label, "mode": overrides["mode"], "rate": rate, "executor": "calibration"},
+                            repeat=False))
     for point in rate_sweep(cfg):
         for executor in ("real", "sim"):
-            extra = emulated_sim(cfg) if executor == "sim" else {}
+            extra = {}
+            if executor == "sim":
+                extra = {"sim.profile": f"run:{{points}}/calibrate_{point.knobs['label']}"} if calibrate \
+                    else emulated_sim(cfg)
             points.append(Point(f"{point.name}_{executor}", {**point.overrides, **extra, "executor": executor},
                                 {**point.knobs, "executor": executor}))
     return points

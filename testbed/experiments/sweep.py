@@ -29,8 +29,9 @@ from testbed.tracking.results import write_json, write_parquet
 @dataclass(frozen=True)
 class Point:
     name: str
-    overrides: dict  # dotted config keys -> values
+    overrides: dict  # dotted config keys -> values; "{points}" in a value is the sweep's points/ dir
     knobs: dict  # what the sweep table shows for this point (label, mode, rate, ...)
+    repeat: bool = True  # runs experiment.repeats times (False: once, e.g. a calibration run)
 
 
 def flatten(summary: dict, prefix: str = "") -> dict:
@@ -59,7 +60,13 @@ class Sweep:
 
     def configs(self) -> list[Config]:
         """Every point's config, validated before anything runs: bad input fails at once."""
-        return [with_overrides(self.cfg, point.overrides) for point in self.points]
+        return [with_overrides(self.cfg, self.resolve(point.overrides)) for point in self.points]
+
+    def resolve(self, overrides: dict) -> dict:
+        """A value may name another point's results (a later point simulating on an earlier
+        one's measurements): "{points}" stands for this sweep's points/ directory."""
+        root = str(self.out_dir / "points")
+        return {k: v.replace("{points}", root) if isinstance(v, str) else v for k, v in overrides.items()}
 
     def run(self) -> pd.DataFrame:
         configs = self.configs()

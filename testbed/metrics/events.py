@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
+from operator import attrgetter
 from typing import Any, Optional, Sequence
 
 import numpy as np
@@ -178,24 +179,30 @@ class RequestLog:
             record.reason = reason
 
     def table(self) -> pd.DataFrame:
-        """One row per request, in request id order (see REQUEST_COLUMNS plus derived columns)."""
-        rows = [self._row(r) for _, r in sorted(self._records.items())]
-        return request_table(rows)
+        """One row per request, in request id order (see REQUEST_COLUMNS plus derived columns).
+        Built column by column: a dict per row costs seconds at 100k requests."""
+        records = [r for _, r in sorted(self._records.items())]
+        return typed_table({c: list(map(read, records)) for c, read in _READERS.items()})
 
-    @staticmethod
-    def _row(r: _Record) -> dict:
-        row = {
-            "request_id": r.request_id, "arrival_s": r.arrival_s, "input_len": r.input_len,
-            "output_len": r.output_len, "session_id": r.session_id, "turn": r.turn, "tenant": r.tenant,
-            "prefill_worker": r.prefill_worker, "decode_worker": r.decode_worker,
-            "status": r.status or "failed", "reason": r.reason if r.status else "unfinished",
-            "refused_by": r.refused_by if r.status == "rejected" else "",
-            "kv_bytes": r.kv_bytes, "num_prefill_chunks": r.num_prefill_chunks,
-            "token_times": list(r.token_times), "token_worker_times": list(r.token_worker_times),
-            "output_token_ids": list(r.output_token_ids),
-        }
-        row.update({c: r.times.get(c, float("nan")) for c in TIME_COLUMNS})
-        return row
+
+def _time_reader(column: str):
+    return lambda r: r.times.get(column, float("nan"))
+
+
+# column -> its value in a _Record (an unfinished request is a failed one)
+_READERS = {
+    "request_id": attrgetter("request_id"), "arrival_s": attrgetter("arrival_s"),
+    "input_len": attrgetter("input_len"), "output_len": attrgetter("output_len"),
+    "session_id": attrgetter("session_id"), "turn": attrgetter("turn"), "tenant": attrgetter("tenant"),
+    "prefill_worker": attrgetter("prefill_worker"), "decode_worker": attrgetter("decode_worker"),
+    "status": lambda r: r.status or "failed", "reason": lambda r: r.reason if r.status else "unfinished",
+    "refused_by": lambda r: r.refused_by if r.status == "rejected" else "",
+    **{c: _time_reader(c) for c in TIME_COLUMNS},
+    "kv_bytes": attrgetter("kv_bytes"), "num_prefill_chunks": attrgetter("num_prefill_chunks"),
+    "token_times": lambda r: list(r.token_times),
+    "token_worker_times": lambda r: list(r.token_worker_times) or list(r.token_times),
+    "output_token_ids": lambda r: list(r.output_token_ids),
+}
 
 
 ROW_DEFAULTS = {"input_len": 0, "output_len": 0, "session_id": None, "turn": 0, "tenant": "default",
@@ -207,12 +214,18 @@ LIST_COLUMNS = ["token_times", "token_worker_times", "output_token_ids"]
 def request_table(rows: list[dict]) -> pd.DataFrame:
     """The typed requests table from row dicts; missing keys take defaults (absent times are NaN,
     absent lists empty), so tests can build tables from a few hand-made fields."""
-    full = []
+    columns = {c: [] for c in REQUEST_COLUMNS}
     for row in rows:
         row = {**ROW_DEFAULTS, **{c: [] for c in LIST_COLUMNS}, **row}
         row["token_worker_times"] = row["token_worker_times"] or list(row["token_times"])
-        full.append({c: row.get(c, float("nan")) for c in REQUEST_COLUMNS})
-    df = pd.DataFrame(full, columns=REQUEST_COLUMNS)
+        for c in REQUEST_COLUMNS:
+            columns[c].append(row.get(c, float("nan")))
+    return typed_table(columns)
+
+
+def typed_table(columns: dict[str, list]) -> pd.DataFrame:
+    """The typed requests table from one list per column of REQUEST_COLUMNS."""
+    df = pd.DataFrame({c: columns[c] for c in REQUEST_COLUMNS}, columns=REQUEST_COLUMNS)
     for c in INT_COLUMNS:
         df[c] = df[c].astype("int64")
     for c in NULLABLE_INT_COLUMNS:

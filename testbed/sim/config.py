@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -10,21 +10,11 @@ from testbed.errors import ConfigError
 from testbed.perf.gpus import GPUS
 from testbed.perf.measured import load_profile
 from testbed.perf.resolve import is_gpu
+from testbed.sim.host import HostModel
+from testbed.sim.in_situ import is_run_spec, load_in_situ
 
 SHIPPED = Path(__file__).parent / "profiles"
 ROLE_KEYS = {"mixed": "profile", "prefill": "prefill_profile", "decode": "decode_profile"}
-
-
-@dataclass(frozen=True)
-class HostDelays:
-    """Host-side time a real run spends outside the engine's steps, in seconds."""
-
-    dispatch_s: float = 0.0  # router -> worker: the request's message and the worker's wake-up
-    step_gap_s: float = 0.0  # a busy worker's gap between steps: reporting, inbox, KV polling
-    report_s: float = 0.0  # worker -> router: a token's step report until the router reads it
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -40,25 +30,28 @@ class SimConfig:
     decode_profile: Optional[str] = None
     # The router -> worker hop of a real run (a queue and a process wake-up), which the engine
     # profile cannot see: sim_validate reports the measured value (prefill_queue_s p50 at low load).
-    dispatch_latency_s: float = 0.0
     # A busy worker's gap between two steps, and the worker -> router report of a token (the
-    # harness delay): sim_validate measures both on the real points it validates against.
-    step_gap_s: float = 0.0
-    report_latency_s: float = 0.0
+    # harness delay). Unset (None): what an in-situ profile (sim.profile=run:<dir>) measured, else 0.
+    dispatch_latency_s: Optional[float] = None
+    step_gap_s: Optional[float] = None
+    report_latency_s: Optional[float] = None
 
     def validate(self) -> "SimConfig":
         for key in ("dispatch_latency_s", "step_gap_s", "report_latency_s"):
-            if getattr(self, key) < 0:
+            if getattr(self, key) is not None and getattr(self, key) < 0:
                 raise ConfigError(f"sim.{key} must be >= 0 (got {getattr(self, key)})")
         for key in ROLE_KEYS.values():
             spec = getattr(self, key)
-            if spec is not None and not is_gpu(spec) and not spec.endswith(".json") and not Path(spec).is_file():
-                raise ConfigError(f"sim.{key}={spec!r} is neither a GPU of the analytical table "
-                                  f"({', '.join(sorted(GPUS))}) nor a profile .json file")
+            if spec is None or is_gpu(spec) or is_run_spec(spec) or spec.endswith(".json") or Path(spec).is_file():
+                continue
+            raise ConfigError(f"sim.{key}={spec!r} is neither a GPU of the analytical table "
+                              f"({', '.join(sorted(GPUS))}), a profile .json file, nor run:<a real run's results dir>")
         return self
 
-    def host_delays(self) -> HostDelays:
-        return HostDelays(self.dispatch_latency_s, self.step_gap_s, self.report_latency_s)
+    def host_model(self, measured: Optional[dict] = None) -> HostModel:
+        """The delays set here; an unset one as the in-situ profile measured it, else none."""
+        fixed = {"dispatch": self.dispatch_latency_s, "step_gap": self.step_gap_s, "report": self.report_latency_s}
+        return HostModel.from_dict((measured or {}).get("host", {}), fixed)
 
     def spec(self, role: str) -> Optional[str]:
         """What simulates a worker of this role ("mixed", "prefill", "decode"); None: the shipped profile."""
@@ -75,6 +68,8 @@ class SimConfig:
         spec = self.spec(role)
         if spec is not None and is_gpu(spec):
             return None
+        if is_run_spec(spec):
+            return load_in_situ(spec, role, self.key(role))
         if spec is None and not (SHIPPED / f"{model_name}_cpu.json").is_file():
             shipped = ", ".join(sorted(p.name for p in SHIPPED.glob("*.json")))
             raise ConfigError(f"sim.profile: no profile is shipped for model {model_name!r} (shipped: {shipped}); "

@@ -9,9 +9,11 @@ GPU; P and D may differ). Open-loop arrivals, closed-loop session turns. A KV tr
 Events at the same instant are all delivered before idle workers look for their next step, as
 a real worker drains its inbox before stepping.
 
-Host-side delays a real run adds outside the engine (sim.host_delays, measured by sim_validate
-on the machine it validates): the router -> worker hop, the worker's gap between steps, and the
-worker -> router report that stamps a token's receipt.
+The host around the engine (testbed/sim/host.py: the router -> worker hop, a worker's gap
+between steps, the worker -> router report that stamps a token's receipt, and contention that
+stretches a step past its modelled time) is drawn from the distributions an in-situ profile
+measured (sim.profile=run:<dir>, what sim_validate uses), or fixed by sim.dispatch_latency_s,
+sim.step_gap_s and sim.report_latency_s; none by default.
 
 Simplifications, each erring towards the real system's slower path: layer-wise KV streaming
 (kv_transfer.granularity=layer) moves the KV after the prefill like granularity=request;
@@ -22,6 +24,7 @@ costs the prefill worker no compute time.
 from __future__ import annotations
 
 import heapq
+import random
 import time
 from typing import Mapping, Optional
 
@@ -34,12 +37,13 @@ from testbed.metrics.events import RequestLog
 from testbed.metrics.slo import tenant_slos
 from testbed.metrics.steps import steps_table
 from testbed.metrics.summary import summarize
+from testbed.sim.host import step_scale
 from testbed.sim.plan import plan_sim_workers
 from testbed.sim.profiles import ROLE_OF, resolve_roles, role_blocks, transfer_time
 from testbed.sim.worker import SimWorker
 from testbed.workload import Request, build_workload
 
-ARRIVE, DELIVER, STEP_END, KV_SENT = range(4)
+ARRIVE, DELIVER, STEP_END, KV_SENT, RESUME = range(5)
 
 
 class Simulation:
@@ -59,7 +63,10 @@ class Simulation:
         self.log = RequestLog(0.0)
         self.book = RequestBook(cfg.cluster, cfg.kv_transfer, cfg.mode == "disagg",
                                 {p.rank: p.role for p in self.plans}, self.log)
-        self.delays = cfg.sim.host_delays()
+        self.host = cfg.sim.host_model(next((r.measured for r in self.roles if r.measured), None))
+        self.scales = [step_scale(r.measured) for r in self.roles]  # by rank
+        self.rng = random.Random(cfg.seed)  # the host's draws: the same seed gives the same run
+        self.paused: set[int] = set()  # workers in their gap between steps
         self.queue: list = []
         self.counter = 0
         self.now = 0.0
@@ -67,7 +74,8 @@ class Simulation:
         self.steps: list[tuple] = []
         self.transfers = TransferLog(0.0)
         self.num_events = 0
-        self.handlers = {ARRIVE: self._arrive, DELIVER: self._deliver, STEP_END: self._step_end, KV_SENT: self._kv_sent}
+        self.handlers = {ARRIVE: self._arrive, DELIVER: self._deliver, STEP_END: self._step_end, KV_SENT: self._kv_sent,
+                         RESUME: self._resume}
 
     # -- the event loop --------------------------------------------------------------------------
     def push(self, t: float, kind: int, payload) -> None:
@@ -97,10 +105,17 @@ class Simulation:
                 for entry in worker.admit(self.now):
                     sender = self.workers[entry.prefill_rank]
                     self._send_when_ready(sender.rank, sender.ready(entry.seq.seq_id, rank, self.now))
-            if worker.can_step():
+            if rank not in self.paused and worker.can_step():
                 duration = worker.start_step(self.now, self.roles[rank].cost)
                 if duration is not None:
-                    self.push(self.now + duration + self.delays.step_gap_s, STEP_END, rank)
+                    self.push(self.now + duration * self.draw(self.scales[rank]), STEP_END, rank)
+
+    def draw(self, delay) -> float:
+        return delay.sample(self.rng.random()) if not delay.is_fixed else delay.quantiles[0]
+
+    def _resume(self, rank: int) -> None:
+        self.paused.discard(rank)
+        self.dirty.add(rank)
 
     # -- admission and dispatch --------------------------------------------------------------------
     def _arrive(self, request: Request) -> None:
@@ -108,8 +123,9 @@ class Simulation:
         if tracked is None:
             return
         check_fits(request.input_len, request.output_len, self.args.max_model_len)  # as Engine.add refuses it
-        if self.delays.dispatch_s > 0:
-            self.push(self.now + self.delays.dispatch_s, DELIVER, tracked)
+        delay = self.draw(self.host.dispatch)
+        if delay > 0:
+            self.push(self.now + delay, DELIVER, tracked)
         else:
             self._deliver(tracked)
 
@@ -128,21 +144,25 @@ class Simulation:
     # -- steps -------------------------------------------------------------------------------------
     def _step_end(self, rank: int) -> None:
         worker, now = self.workers[rank], self.now
-        result, record = worker.finish_step(now - self.delays.step_gap_s)
+        result, record = worker.finish_step(now)
         self.steps.append((rank, record))
         for seq in result.handoff:
             self._send_when_ready(rank, worker.handoff(seq, now))
         news = self.book.on_step(
             rank, record.start, [(seq.seq_id, n, was_prefill) for seq, n, was_prefill in result.scheduled],
             [(seq.seq_id, seq.num_output_tokens - 1, token) for seq, token in result.tokens],
-            [seq.seq_id for seq in result.finished], [seq.seq_id for seq in result.handoff], record.end,
-            record.end + self.delays.report_s, worker.block_manager.num_free_blocks)
+            [seq.seq_id for seq in result.finished], [seq.seq_id for seq in result.handoff], now,
+            now + self.draw(self.host.report), worker.block_manager.num_free_blocks)
         for tracked in news.bound:
             self._reserve(tracked)
         for tracked in news.finished:
             follow_up = self.workload.next_turn(tracked.request, tracked.output, now)
             if follow_up is not None:
                 self.push(follow_up.arrival_s, ARRIVE, follow_up)
+        gap = self.draw(self.host.step_gap)
+        if gap > 0:  # the worker reports, reads its inbox and polls its KV before its next step
+            self.paused.add(rank)
+            self.push(now + gap, RESUME, rank)
         self.dirty.add(rank)
 
     # -- KV transfer ---------------------------------------------------------------------------------
@@ -192,7 +212,9 @@ def simulate(cfg: Config, profile: Optional[Mapping] = None, *, num_devices: Opt
     summary["sim"] = {"events": sim.num_events, "loop_s": loop_s, "unfinished": len(sim.book),
                       "profile": sim.roles[0].label,  # the first worker's (P's in disagg)
                       "profiles": {role: r.label for role, r in sim.profiles.items()},
-                      "host_delays": sim.delays.as_dict()}
+                      "host_delays": {**sim.host.as_dict(),
+                                      **{f"step_scale_{role}": step_scale(r.measured).median
+                                         for role, r in sim.profiles.items()}}}
     wall = time.perf_counter() - started
     return {"requests": requests, "steps": steps, "transfers": transfers, "summary": summary,
             "events_per_s": sim.num_events / loop_s if loop_s > 0 else float("inf"), "wall_s": wall}

@@ -1,0 +1,84 @@
+"""The host around the engine: delays and contention a real run has and a cost model lacks.
+
+    dispatch     router -> worker: the request's message and the worker's wake-up
+    step_gap     a busy worker's gap between two steps: its report, inbox and KV polling
+    report       worker -> router: a step's tokens until the router reads them (harness delay)
+    step_scale   a real step's time over the cost model's prediction for its shape: processes
+                 sharing cores make the same batch take different times (one per role: P and D
+                 contend differently)
+
+Each is a distribution kept as evenly spaced quantiles (from the 0th to the 100th percentile)
+and sampled by inverse transform, so the simulation reproduces the tails as well as the medians;
+a fixed value (sim.dispatch_latency_s, ...) is a one-point distribution. The simulator draws from
+its own seeded generator: the same seed gives the same run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping, Optional, Sequence
+
+import numpy as np
+
+NUM_QUANTILES = 101
+
+
+@dataclass(frozen=True)
+class Delay:
+    quantiles: tuple[float, ...] = (0.0,)
+
+    @classmethod
+    def fixed(cls, value: float) -> "Delay":
+        return cls((float(value),))
+
+    @classmethod
+    def of(cls, values: Sequence[float]) -> "Delay":
+        """The empirical distribution of `values` (non-finite ones dropped)."""
+        values = np.asarray(values, dtype=float)
+        values = values[np.isfinite(values)]
+        if not len(values):
+            return cls()
+        return cls(tuple(float(q) for q in np.quantile(values, np.linspace(0.0, 1.0, NUM_QUANTILES))))
+
+    @property
+    def is_fixed(self) -> bool:
+        return len(self.quantiles) == 1
+
+    @property
+    def median(self) -> float:
+        return float(np.median(self.quantiles)) if not self.is_fixed else self.quantiles[0]
+
+    def sample(self, u: float) -> float:
+        """The value at quantile u in [0, 1), linearly interpolated."""
+        q = self.quantiles
+        if len(q) == 1:
+            return q[0]
+        x = u * (len(q) - 1)
+        i = int(x)
+        return q[i] + (q[i + 1] - q[i]) * (x - i)
+
+
+@dataclass(frozen=True)
+class HostModel:
+    dispatch: Delay = field(default_factory=Delay)
+    step_gap: Delay = field(default_factory=Delay)
+    report: Delay = field(default_factory=Delay)
+
+    @classmethod
+    def from_dict(cls, measured: Mapping, fixed: Mapping[str, Optional[float]]) -> "HostModel":
+        """Measured quantiles ({name: [q0..q100]}), each replaced by a fixed value where one is set."""
+        delays = {name: Delay(tuple(measured[name])) if measured.get(name) else Delay()
+                  for name in ("dispatch", "step_gap", "report")}
+        delays.update({name: Delay.fixed(v) for name, v in fixed.items() if v is not None})
+        return cls(**delays)
+
+    def as_dict(self) -> dict:
+        """Medians, for summary.json (a fixed value is its own median)."""
+        return {"dispatch_s": self.dispatch.median, "step_gap_s": self.step_gap.median, "report_s": self.report.median,
+                "sampled": not all(d.is_fixed for d in (self.dispatch, self.step_gap, self.report))}
+
+
+def step_scale(measured: Optional[Mapping]) -> Delay:
+    """A role's contention: what its in-situ profile measured, else none (x1)."""
+    found = ((measured or {}).get("host") or {}).get("step_scale")
+    return Delay(tuple(found)) if found else Delay.fixed(1.0)

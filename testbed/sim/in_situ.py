@@ -1,0 +1,153 @@
+"""A profile fitted in situ: from a real run's own results, under its real process layout.
+
+`sim.profile=run:<results dir>` simulates on what that run measured rather than on a profile
+taken by `+experiment=profile` on a quiet engine in one process: every step's wall time with
+the worker processes and the router sharing the machine (contention included), the KV
+transfers as they went, and the host-side delays the cost model cannot see:
+
+    dispatch     router -> worker: dispatched -> the first step holding the request, over the
+                 requests that reached an idle worker (so no step was in the way)
+    step_gap     a worker's gap between a step and the next when work was waiting: its report,
+                 inbox and KV polling
+    report       a token stamped on the worker -> read by the router (the harness delay)
+    step_scale   real step time / the fitted model's time for its shape: contention
+
+each kept as a distribution (testbed/sim/host.py), so the tails come through as well as the medians.
+
+Steps are fitted per role where the run has that role (P's and D's contention differ).
+sim_validate calibrates on a real run of its own (other seed), never on the runs it validates.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import pandas as pd
+
+from testbed.errors import ConfigError
+from testbed.model.config import ModelConfig
+from testbed.perf.attention import attended_context
+from testbed.sim.host import Delay
+from testbed.perf.measured import SHAPE_KEYS, STEP_INPUTS, STEP_TERMS, fit_step, fit_transfer, step_features
+from testbed.tracking.results import read_results
+
+PREFIX = "run:"
+ROLES = {"mixed": ("colocated", "chunked"), "prefill": ("prefill_only",), "decode": ("decode_only",)}
+MIN_STEPS = 10
+
+
+def is_run_spec(spec: Optional[str]) -> bool:
+    return spec is not None and spec.startswith(PREFIX)
+
+
+def load_in_situ(spec: str, role: str, key: str = "sim.profile") -> dict:
+    """The profile a role simulates on, fitted from the run `spec` names (run:<dir>)."""
+    directory = Path(spec[len(PREFIX):])
+    if not (directory / "summary.json").is_file():
+        raise ConfigError(f"{key}={spec!r}: {directory} is not a finished run's results directory")
+    results = read_results(directory)
+    steps = results["steps"]
+    own = steps[steps["role"].isin(ROLES[role])]
+    workers = results["summary"].get("workers") or {}
+    device = next((w["device"] for w in workers.values()), "cpu").split(":")[0]
+    return profile_from_results(results["config"], device, own if len(own) >= MIN_STEPS else steps, steps,
+                                results["kv_transfers"], results["requests"], f"{key}={spec}")
+
+
+def profile_from_results(config: dict, device: str, fit_on: pd.DataFrame, steps: pd.DataFrame,
+                         transfers: pd.DataFrame, requests: pd.DataFrame, name: str) -> dict:
+    if len(fit_on) < MIN_STEPS:
+        raise ConfigError(f"{name}: the run has {len(fit_on)} steps; at least {MIN_STEPS} are needed to fit a profile")
+    model = ModelConfig(**config["model"]).args()
+    cost, fit, causal, scale = best_step_fit(fit_on)
+    transfer = transfer_fit(transfers)
+    return {
+        "version": 1, "model_name": config["model"]["name"], "source": name,
+        "model": {k: getattr(model, k) for k in SHAPE_KEYS},
+        "device": device, "dtype_bytes": dtype_bytes(config["model"].get("dtype", "auto"), device),
+        "kv_free_bytes": None, "causal_attention": causal,
+        "cost_model": {**cost, **transfer, "causal_attention": causal}, "fit": fit,
+        "host": {**host_delays(steps, requests), "step_scale": scale},
+    }
+
+
+def best_step_fit(steps: pd.DataFrame) -> tuple[dict, dict, bool, list[float]]:
+    """Coefficients for the kernel's way of counting prefill keys that fits the steps better
+    (a causal kernel, or torch SDPA's dense masked one), and the quantiles of real / fitted step
+    time: the contention the shape alone does not explain."""
+    fits = []
+    for causal in (False, True):
+        samples = [{"prefill_tokens": row.prefill_tokens, "decode_seqs": row.decode_seqs,
+                    "decode_context": row.decode_context, "seconds": row.end_s - row.start_s,
+                    "prefill_context": attended_context([tuple(c) for c in row.prefill_chunks], causal)}
+                   for row in steps.itertuples() if row.end_s > row.start_s]
+        coefficients, error = fit_step(samples)
+        fits.append((error["mean"], causal, coefficients, error, samples))
+    _, causal, coefficients, error, samples = min(fits, key=lambda f: f[0])
+    model = [coefficients[k] for k in STEP_TERMS]
+    ratios = [s["seconds"] / max(float(np.dot(model, step_features(*(s[k] for k in STEP_INPUTS)))), 1e-9)
+              for s in samples]
+    return coefficients, {"step_relative_error": error}, causal, quantiles(ratios)
+
+
+def transfer_fit(transfers: pd.DataFrame) -> dict:
+    moved = transfers[(transfers.get("outcome", "ok") == "ok") & (transfers["end_s"] > transfers["start_s"])] \
+        if len(transfers) else transfers
+    if len(moved) < 2:
+        return {"transfer_latency_s": 0.0, "transfer_bytes_per_s": float("inf")}
+    samples = [{"bytes": row.kv_bytes, "seconds": row.end_s - row.start_s} for row in moved.itertuples()]
+    fitted, _ = fit_transfer(samples)
+    return {"transfer_latency_s": fitted["latency_s"], "transfer_bytes_per_s": fitted["bytes_per_s"]}
+
+
+def dtype_bytes(dtype: str, device: str) -> int:
+    """The KV cache's element size as the engine resolved model.dtype (auto: float32 on CPU)."""
+    return {"float16": 2, "bfloat16": 2, "float32": 4}.get(dtype, 4 if device == "cpu" else 2)
+
+
+# -- host-side delays: each as quantiles (testbed/sim/host.py samples them) -------------------------
+def host_delays(steps: pd.DataFrame, requests: pd.DataFrame) -> dict:
+    return {"dispatch": quantiles(dispatch_delays(steps, requests)), "step_gap": quantiles(step_gaps(steps)),
+            "report": quantiles(report_delays(requests))}
+
+
+def report_delays(requests: pd.DataFrame) -> np.ndarray:
+    """Per step report: the receipt of its first token less its stamp on the worker."""
+    gaps = [np.asarray(c) - np.asarray(w) for c, w in zip(requests["token_times"], requests["token_worker_times"])
+            if len(c) and len(c) == len(w)]
+    return np.concatenate(gaps) if gaps else np.zeros(0)
+
+
+def step_gaps(steps: pd.DataFrame) -> np.ndarray:
+    """A worker's next step start less this step's end, where the step left work behind."""
+    gaps = [np.zeros(0)]
+    for _, own in steps.sort_values("start_s").groupby("worker"):
+        busy = (own["num_waiting"] + own["num_running"]).to_numpy()[:-1] > 0
+        gaps.append((own["start_s"].to_numpy()[1:] - own["end_s"].to_numpy()[:-1])[busy])
+    return np.concatenate(gaps)
+
+
+def dispatch_delays(steps: pd.DataFrame, requests: pd.DataFrame) -> np.ndarray:
+    """Dispatched -> first step, for requests that reached a worker with nothing to do: between
+    steps, and its last step left nothing waiting or running."""
+    waits = [np.zeros(0)]
+    ran = requests.dropna(subset=["dispatched_s", "prefill_start_s", "prefill_worker"])
+    for worker, own in steps.sort_values("start_s").groupby("worker"):
+        starts, ends = own["start_s"].to_numpy(), own["end_s"].to_numpy()
+        left = (own["num_waiting"] + own["num_running"]).to_numpy()
+        mine = ran[ran["prefill_worker"] == worker]
+        t = mine["dispatched_s"].to_numpy()
+        last = np.searchsorted(starts, t, side="right") - 1  # the last step started before dispatch
+        before = np.maximum(last, 0)
+        idle = (last < 0) | ((ends[before] <= t) & (left[before] == 0))
+        waits.append((mine["prefill_start_s"].to_numpy() - t)[idle])
+    return np.concatenate(waits)
+
+
+def quantiles(values) -> list[float]:
+    """The distribution as NUM_QUANTILES evenly spaced quantiles; [] when nothing was measured."""
+    values = np.asarray(values, dtype=float)
+    values = np.clip(values[np.isfinite(values)], 0.0, None)
+    return list(Delay.of(values).quantiles) if len(values) else []

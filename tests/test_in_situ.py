@@ -1,0 +1,60 @@
+"""In-situ profiles (sim.profile=run:<dir>) and the host model they feed: distributions sampled by
+inverse transform, a fit that recovers a known cost model and known delays, and a simulation on
+them that reproduces the run it was fitted on."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from testbed.errors import ConfigError
+from testbed.sim.executor import simulate_point
+from testbed.sim.host import Delay, HostModel, step_scale
+from testbed.sim.in_situ import load_in_situ
+from tests.cluster_helpers import make_config, small_workload
+
+DELAYS = ["sim.dispatch_latency_s=0.003", "sim.step_gap_s=0.002", "sim.report_latency_s=0.001"]
+
+
+def test_a_delay_samples_its_distribution():
+    values = np.random.default_rng(0).exponential(0.01, 5000)
+    delay = Delay.of(values)
+    rng = random.Random(1)
+    drawn = np.array([delay.sample(rng.random()) for _ in range(20000)])
+    for q in (0.5, 0.9, 0.99):
+        assert np.quantile(drawn, q) == pytest.approx(np.quantile(values, q), rel=0.1)
+    assert Delay.fixed(0.5).sample(0.3) == 0.5 and Delay.fixed(0.5).is_fixed and not delay.is_fixed
+
+
+def test_fixed_settings_win_over_what_was_measured():
+    measured = {"dispatch": [0.0, 1.0], "report": [0.0, 2.0]}
+    host = HostModel.from_dict(measured, {"dispatch": 0.25, "step_gap": None, "report": None})
+    assert host.dispatch.quantiles == (0.25,) and host.report.quantiles == (0.0, 2.0) and host.step_gap.is_fixed
+    assert step_scale(None).quantiles == (1.0,) and step_scale({"host": {"step_scale": [1.0, 3.0]}}).median == 2.0
+
+
+@pytest.mark.parametrize("mode", [["mode=chunked", "cluster.num_workers=2"],
+                                  ["mode=disagg", "cluster.num_prefill=1", "cluster.num_decode=1"]])
+def test_a_fit_on_a_run_recovers_its_delays_and_reproduces_it(tmp_path, mode):
+    """A simulated run with known fixed delays stands for a measured one: the in-situ profile
+    recovers the delays and the step model, and a simulation on it reproduces the run."""
+    source = make_config(*small_workload(60, 30.0), *mode, *DELAYS, "hardware=cpu")
+    original = simulate_point(source, tmp_path / "run")
+    role = "mixed" if "mode=chunked" in mode else "decode"
+    profile = load_in_situ(f"run:{tmp_path / 'run'}", role)
+    host = HostModel.from_dict(profile["host"], {})
+    assert host.report.median == pytest.approx(0.001, abs=1e-9)
+    assert host.step_gap.median == pytest.approx(0.002, abs=1e-9)
+    assert host.dispatch.median == pytest.approx(0.003, rel=0.05)
+    assert step_scale(profile).median == pytest.approx(1.0, abs=0.05)  # a simulated step is its model
+    again = simulate_point(make_config(*small_workload(60, 30.0), *mode, "hardware=cpu",
+                                       f"sim.profile=run:{tmp_path / 'run'}"), tmp_path / "again")
+    for metric in ("ttft", "tpot"):
+        assert again["summary"][metric]["p50"] == pytest.approx(original["summary"][metric]["p50"], rel=0.1)
+
+
+def test_a_run_spec_must_name_a_finished_run(tmp_path):
+    with pytest.raises(ConfigError, match="not a finished run"):
+        load_in_situ(f"run:{tmp_path}", "mixed")
