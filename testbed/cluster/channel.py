@@ -7,6 +7,7 @@ out the interpreter's GIL switch interval (milliseconds of harness delay on a to
 from __future__ import annotations
 
 import queue
+import time
 from collections import deque
 from multiprocessing.connection import Connection, wait
 
@@ -22,11 +23,13 @@ class ReportWriter:
 
 
 class ReportReader:
-    """The router's end: messages from every worker, `get(timeout)` like a queue."""
+    """The router's end: messages from every worker, `get(timeout)` like a queue. `last_read` is
+    when the message `get` returned came off its pipe (for the harness-delay breakdown)."""
 
     def __init__(self, conns: list[Connection]):
         self.conns = list(conns)
         self.ready: deque = deque()
+        self.last_read = 0.0
 
     def get(self, timeout: float | None = None):
         if not self.ready:
@@ -34,7 +37,8 @@ class ReportReader:
                 self._read(conn)
         if not self.ready:
             raise queue.Empty
-        return self.ready.popleft()
+        msg, self.last_read = self.ready.popleft()
+        return msg
 
     def get_nowait(self):
         return self.get(timeout=0)
@@ -42,7 +46,7 @@ class ReportReader:
     def _read(self, conn: Connection) -> None:
         try:
             while conn.poll():
-                self.ready.append(conn.recv())
+                self.ready.append((conn.recv(), time.perf_counter()))
         except (EOFError, OSError):  # the worker is gone; the liveness check reports it
             self.conns.remove(conn)
 

@@ -118,6 +118,7 @@ class StepEvents:
     handoff: list[int]
     free_blocks: int
     num_running: int
+    sent: float = 0.0  # when the worker had built this report and was about to send it
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,7 @@ class Router:
         self.cluster_faults, self.timed_faults = faults, faults.timed()
         self.memory = RssSampler({f"worker{rank}": s.pid for rank, s in cluster.started.items()})
         self.faults: list[dict] = []  # every injected fault and every re-dispatch, for the results
+        self.harness: list[tuple[float, float, float]] = []  # per step report: build, pipe, router queue
 
     # -- the loop -------------------------------------------------------------------------------
     def run(self) -> None:
@@ -139,6 +140,8 @@ class Router:
 
     def _on_step(self, ev: StepEvents) -> None:
         self.last_progress = received = time.perf_counter()
+        read = getattr(self.cluster.events, "last_read", received)
+        self.harness.append((ev.sent - ev.t, read - ev.sent, received - read))
         self.steps.append((ev.worker, ev.record))
         news = self.book.on_step(ev.worker, ev.record.start, ev.scheduled, ev.tokens, ev.finished, ev.handoff, ev.t,
                                  received, ev.free_blocks)

@@ -7,6 +7,8 @@ import time
 from pathlib import Path
 from typing import Callable, Optional
 
+import numpy as np
+
 from tqdm import tqdm
 
 from testbed.cluster.emulation import Emulation, emulation_meta
@@ -19,6 +21,7 @@ from testbed.cluster.worker import WorkerSpec
 from testbed.config import Config
 from testbed.errors import KVLeakError
 from testbed.metrics.events import RequestLog
+from testbed.metrics.latency import distribution
 from testbed.metrics.slo import tenant_slos
 from testbed.metrics.steps import steps_table
 from testbed.metrics.summary import summarize
@@ -38,6 +41,13 @@ def worker_template(cfg: Config) -> WorkerSpec:
                       delay_kv_s=cfg.faults.delay_kv_ms / 1000, seed=cfg.seed,
                       heartbeat_s=cfg.cluster.heartbeat_s, start_timeout_s=cfg.cluster.start_timeout_s,
                       emulation=Emulation.from_hardware(cfg.hardware))
+
+
+def harness_breakdown(rows: list[tuple[float, float, float]]) -> dict:
+    """Where a step report's harness delay goes: building the report on the worker, the pipe
+    (pickling, the router's wake-up, unpickling), and waiting behind earlier reports in the router."""
+    parts = np.array(rows, dtype=float).reshape(-1, 3)
+    return {name: distribution(parts[:, i]) for i, name in enumerate(("build_s", "pipe_s", "router_queue_s"))}
 
 
 def audit_summary(audits: dict[int, Audit]) -> dict:
@@ -91,6 +101,7 @@ def serve(cfg: Config, out_dir: Path, on_started: Optional[Callable[[Cluster], N
                                               "alive_at_end": p.rank in audits} for p in plans}
     summary["workload_report"] = workload.report
     summary["faults"] = router.faults
+    summary["harness_breakdown"] = harness_breakdown(router.harness)
     summary["memory"] = router.memory.summary()
     summary["emulated"], summary["pacing"] = emulated, pace_summary(steps)
     meta = {"workers": summary["workers"], "emulated": emulated,
