@@ -135,6 +135,24 @@ def test_sim_validate_reports_relative_errors(study_results):
 
 
 @pytest.mark.slow
+def test_sim_validate_simulates_on_a_calibration_run_of_its_own(tmp_path):
+    """Unpaced, the simulator runs on a profile fitted in situ from a separate real run (other
+    seed): host delays sampled, contention measured. On the shipped profile the median TPOT came
+    out 66% low (the simulator 2-4x too fast); calibrated, it may not be half the real one."""
+    out = tmp_path / "validate"
+    result = run_study("sim_validate", out, "experiment.rates=[20]", "experiment.modes=[chunked]",
+                       "workload.num_requests=20", "hardware.emulate=null", "hardware.emulate_model=null")
+    points = result["table"].set_index("point")
+    assert points.loc["calibrate_chunked", "executor"] == "calibration" and points.loc["calibrate_chunked", "seed"] != 0
+    summary = json.loads((out / "points" / "chunked_rate20_sim" / "summary.json").read_text())
+    assert summary["sim"]["profile"]["name"] == f"run:{out / 'points' / 'calibrate_chunked'}"
+    assert summary["sim"]["host_delays"]["sampled"] and summary["sim"]["host_delays"]["report_s"] > 0
+    (row,) = result["aggregate"]["errors"]
+    assert row["tpot_p50_error"] > -0.5, row
+    assert set(result["aggregate"]["host_delays"]["chunked"]) >= {"dispatch_s", "step_gap_s", "report_s"}
+
+
+@pytest.mark.slow
 def test_wandb_offline_run_per_point_and_figures(tmp_path):
     """tracker=wandb: one offline run per point under its results directory, and one with the figures."""
     out = tmp_path / "sweep"

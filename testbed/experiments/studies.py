@@ -151,6 +151,7 @@ def multiturn(cfg: Config) -> list[Point]:
 
 
 CALIBRATION_SEED = 1000  # a calibration run's seed offset: other requests than any validated repeat
+CALIBRATION_REQUESTS = 3  # x workload.num_requests: enough steps for the fit's tails
 
 
 def sim_validate(cfg: Config) -> list[Point]:
@@ -164,7 +165,8 @@ def sim_validate(cfg: Config) -> list[Point]:
     for label, overrides in layouts(cfg, list(cfg.experiment.modes)) if calibrate else []:
         rate = rates[len(rates) // 2]
         points.append(Point(f"calibrate_{label}", {**overrides, "workload.rate": rate, "executor": "real",
-                                                   "seed": cfg.seed + CALIBRATION_SEED},
+                                                   "seed": cfg.seed + CALIBRATION_SEED,
+                                                   "workload.num_requests": CALIBRATION_REQUESTS * cfg.workload.num_requests},
                             {"label": label, "mode": overrides["mode"], "rate": rate, "executor": "calibration"},
                             repeat=False))
     for point in rate_sweep(cfg):
