@@ -12,7 +12,8 @@ from testbed.perf import GPUS, CostModel, RooflineModel, cost_model, weight_para
 from testbed.perf.check import DECODE, PREFILL, RIDGE, decode_rows, prefill_rows
 from testbed.sim.executor import simulate_point
 from testbed.sim.planner import analytical_split
-from testbed.sim.simulator import Simulation, simulate
+from testbed.sim.executor import simulate
+from testbed.sim.simulator import Simulation
 from tests.cluster_helpers import make_config, small_workload
 
 LLAMA = PRESETS["llama3_8b"]

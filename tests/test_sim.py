@@ -11,7 +11,7 @@ from testbed.errors import ConfigError
 from testbed.model.config import ModelConfig
 from testbed.engine import EngineConfig
 from testbed.sim.cost_model import CostModel
-from testbed.sim.simulator import simulate
+from testbed.sim.executor import simulate
 from testbed.sim.cost_model import STEP_TERMS, attended_context, fit_step, fit_transfer
 from testbed.sim.profile import profile_engine
 from tests.cluster_helpers import make_config, small_workload

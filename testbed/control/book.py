@@ -128,10 +128,25 @@ class RequestBook:
         index, token), finished and handed-off rids; stamped on the worker and on receipt."""
         news = StepNews()
         self.loads[worker].free_blocks = free_blocks
+        active = self.active  # the loops below run once per sequence per step: locals, no calls
         for rid, _, was_prefill in scheduled:
-            self._scheduled(rid, worker, start, was_prefill)
+            if was_prefill:
+                self.log.event(rid, Event.PREFILL_START, start, worker=worker)
+                self.log.event(rid, Event.PREFILL_CHUNK, start, worker=worker)
+                continue
+            tracked = active.get(rid)
+            if tracked is not None and not tracked.decode_started:  # later decode steps change nothing
+                tracked.decode_started = True
+                self.log.event(rid, Event.DECODE_START, start, worker=worker)
         for rid, index, token in tokens:
-            self._token(rid, index, token, worker, worker_t, received_t, news)
+            tracked = active.get(rid)
+            if tracked is not None and index == len(tracked.output) and index and tracked.front is not Front.QUEUED \
+                    and not tracked.early and not tracked.finished_early:  # in order: the common case
+                tracked.output.append(token)
+                tracked.worker_times.append(worker_t)
+                tracked.received_times.append(received_t)
+            elif tracked is not None:
+                self._token(tracked, index, token, worker, worker_t, received_t, news)
         if self.disagg and self.kv.binding == "late":
             for rid in handoff:
                 tracked = self.active.get(rid)
@@ -145,35 +160,28 @@ class RequestBook:
                 news.finished.append(self.finish(rid, received_t))
         return news
 
-    def _scheduled(self, rid: int, worker: int, start: float, was_prefill: bool) -> None:
-        if was_prefill:
-            self.log.event(rid, Event.PREFILL_START, start, worker=worker)
-            self.log.event(rid, Event.PREFILL_CHUNK, start, worker=worker)
-            return
-        tracked = self.active.get(rid)
-        if tracked is not None and not tracked.decode_started:  # later decode steps change nothing
-            tracked.decode_started = True
-            self.log.event(rid, Event.DECODE_START, start, worker=worker)
-
-    def _token(self, rid: int, index: int, token: int, worker: int, worker_t: float, received_t: float,
+    def _token(self, tracked: Tracked, index: int, token: int, worker: int, worker_t: float, received_t: float,
                news: StepNews) -> None:
-        tracked = self.active.get(rid)
-        if tracked is None or index < len(tracked.output):
-            return  # ended, or a recomputed prefix re-emitting tokens the client already has
+        if index < len(tracked.output):
+            return  # a recomputed prefix re-emitting tokens the client already has
         if tracked.front is Front.QUEUED and worker == tracked.worker:
             self._front(tracked, Front.PREFILLED)
+        self._reorder(tracked, index, token, worker, worker_t, received_t)
+        if tracked.finished_early and len(tracked.output) == tracked.request.output_len:
+            news.finished.append(self.finish(tracked.rid, received_t))
+
+    def _reorder(self, tracked: Tracked, index: int, token: int, worker: int, worker_t: float,
+                 received_t: float) -> None:
         # P's and D's reports may travel on different pipes: D's first decode can overtake P's
         # first token. The client sees tokens in order, so a later one waits for its predecessors.
         tracked.early[index] = (token, worker_t, worker)
         while len(tracked.output) in tracked.early:
             token, at, by = tracked.early.pop(len(tracked.output))
             if not tracked.output:
-                self.log.event(rid, Event.PREFILL_END, at, worker=by)
+                self.log.event(tracked.rid, Event.PREFILL_END, at, worker=by)
             tracked.output.append(token)
             tracked.worker_times.append(at)
             tracked.received_times.append(received_t)
-        if tracked.finished_early and len(tracked.output) == tracked.request.output_len:
-            news.finished.append(self.finish(rid, received_t))
 
     # -- the KV hand-off -------------------------------------------------------------------
     def kv_sent(self, rid: int, prefill: int, decode: int, start: float, kv_bytes: int, moved: bool) -> None:

@@ -36,6 +36,10 @@ class StepRecord:
 def cost_shape(batch) -> tuple[tuple[tuple[int, int], ...], int]:
     """Prefill chunks as (new, cached) pairs and the decodes' total context, read before the step
     runs (as the simulator reads them)."""
-    chunks = tuple((n, seq.num_computed_tokens) for seq, n in batch.items if seq.in_prefill)
-    context = sum(seq.num_tokens for seq, _ in batch.items if not seq.in_prefill)
-    return chunks, context
+    chunks, context = [], 0
+    for seq, n in batch.items:
+        if seq.in_prefill:
+            chunks.append((n, seq.num_computed_tokens))
+        else:
+            context += len(seq.token_ids)
+    return tuple(chunks), context

@@ -68,7 +68,7 @@ class Sequence:
 
     @property
     def num_output_tokens(self) -> int:
-        return self.num_tokens - self.num_prompt_tokens
+        return len(self.token_ids) - self.num_prompt_tokens
 
     @property
     def output_token_ids(self) -> list[int]:
@@ -76,11 +76,12 @@ class Sequence:
 
     @property
     def num_uncomputed_tokens(self) -> int:
-        return self.num_tokens - self.num_computed_tokens
+        return len(self.token_ids) - self.num_computed_tokens
 
     @property
     def in_prefill(self) -> bool:
-        return self.num_output_tokens == 0 or self.num_uncomputed_tokens > 1
+        n = len(self.token_ids)  # the hottest check of a long simulation: no property chain
+        return n == self.num_prompt_tokens or n - self.num_computed_tokens > 1
 
     @property
     def is_done(self) -> bool:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import heapq
 import random
-import time
 from typing import Mapping, Optional
 
 from testbed.config import Config
@@ -34,9 +33,6 @@ from testbed.control.ledger import Outgoing
 from testbed.control.transfers import TransferLog
 from testbed.engine.sequence import Sequence, check_fits
 from testbed.metrics.events import RequestLog
-from testbed.metrics.slo import tenant_slos
-from testbed.metrics.steps import steps_table
-from testbed.metrics.summary import summarize
 from testbed.sim.host import step_scale
 from testbed.sim.plan import plan_sim_workers
 from testbed.sim.profiles import ROLE_OF, resolve_roles, role_blocks, transfer_time
@@ -192,29 +188,3 @@ class Simulation:
 
 def sequence(request: Request) -> Sequence:
     return Sequence(request.request_id, list(request.prompt_token_ids), request.output_len)
-
-
-def simulate(cfg: Config, profile: Optional[Mapping] = None, *, num_devices: Optional[int] = None) -> dict:
-    """Simulate one serving point; the same tables and summary as a real run's serve(). The
-    devices come from cfg.sim; `profile`, a loaded measured profile, stands for sim.profile."""
-    started = time.perf_counter()
-    sim = Simulation(cfg, profile, num_devices)
-    sim.run()
-    loop_s = time.perf_counter() - started
-    requests, steps, transfers = sim.log.table(), steps_table(sim.steps, 0.0), sim.transfers.table()
-    summary = summarize(requests, steps, transfers[transfers.outcome == "ok"], slo=cfg.slo, metrics=cfg.metrics,
-                        num_gpus=len(sim.plans), tenant_slos=tenant_slos(cfg.workload.tenants, cfg.slo))
-    summary["kv_blocks_leaked"] = {f"worker{w.rank}": w.block_manager.num_used_blocks for w in sim.workers}
-    summary["workers"] = {f"worker{p.rank}": {"role": p.role, "device": p.device, "alive_at_end": True}
-                          for p in sim.plans}
-    summary["workload_report"] = sim.workload.report
-    summary["executor"] = "sim"
-    summary["sim"] = {"events": sim.num_events, "loop_s": loop_s, "unfinished": len(sim.book),
-                      "profile": sim.roles[0].label,  # the first worker's (P's in disagg)
-                      "profiles": {role: r.label for role, r in sim.profiles.items()},
-                      "host_delays": {**sim.host.as_dict(),
-                                      **{f"step_scale_{role}": step_scale(r.measured).median
-                                         for role, r in sim.profiles.items()}}}
-    wall = time.perf_counter() - started
-    return {"requests": requests, "steps": steps, "transfers": transfers, "summary": summary,
-            "events_per_s": sim.num_events / loop_s if loop_s > 0 else float("inf"), "wall_s": wall}
