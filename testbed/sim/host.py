@@ -78,7 +78,8 @@ class HostModel:
                 "sampled": not all(d.is_fixed for d in (self.dispatch, self.step_gap, self.report))}
 
 
-def step_scale(measured: Optional[Mapping]) -> Delay:
-    """A role's contention: what its in-situ profile measured, else none (x1)."""
-    found = ((measured or {}).get("host") or {}).get("step_scale")
+def step_scale(measured: Optional[Mapping], prefill: bool = False) -> Delay:
+    """A role's contention on decode steps (or on steps with prefill): what its in-situ profile
+    measured, else none (x1)."""
+    found = ((measured or {}).get("host") or {}).get("step_scale_prefill" if prefill else "step_scale")
     return Delay(tuple(found)) if found else Delay.fixed(1.0)

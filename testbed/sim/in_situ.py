@@ -10,7 +10,8 @@ transfers as they went, and the host-side delays the cost model cannot see:
     step_gap     a worker's gap between a step and the next when work was waiting: its report,
                  inbox and KV polling
     report       a token stamped on the worker -> read by the router (the harness delay)
-    step_scale   real step time / the fitted model's time for its shape: contention
+    step_scale   real step time / the fitted model's time for its shape: contention (for decode
+                 steps and for steps with prefill apart: the linear fit errs differently on each)
 
 each kept as a distribution (testbed/sim/host.py), so the tails come through as well as the medians.
 
@@ -61,7 +62,7 @@ def profile_from_results(config: dict, device: str, fit_on: pd.DataFrame, steps:
     if len(fit_on) < MIN_STEPS:
         raise ConfigError(f"{name}: the run has {len(fit_on)} steps; at least {MIN_STEPS} are needed to fit a profile")
     model = ModelConfig(**config["model"]).args()
-    cost, fit, causal, scale = best_step_fit(fit_on)
+    cost, fit, causal, scales = best_step_fit(fit_on)
     transfer = transfer_fit(transfers)
     return {
         "version": 1, "model_name": config["model"]["name"], "source": name,
@@ -69,11 +70,11 @@ def profile_from_results(config: dict, device: str, fit_on: pd.DataFrame, steps:
         "device": device, "dtype_bytes": dtype_bytes(config["model"].get("dtype", "auto"), device),
         "kv_free_bytes": None, "causal_attention": causal,
         "cost_model": {**cost, **transfer, "causal_attention": causal}, "fit": fit,
-        "host": {**host_delays(steps, requests), "step_scale": scale},
+        "host": {**host_delays(steps, requests), **scales},
     }
 
 
-def best_step_fit(steps: pd.DataFrame) -> tuple[dict, dict, bool, list[float]]:
+def best_step_fit(steps: pd.DataFrame) -> tuple[dict, dict, bool, dict]:
     """Coefficients for the kernel's way of counting prefill keys that fits the steps better
     (a causal kernel, or torch SDPA's dense masked one), and the quantiles of real / fitted step
     time: the contention the shape alone does not explain."""
@@ -87,9 +88,14 @@ def best_step_fit(steps: pd.DataFrame) -> tuple[dict, dict, bool, list[float]]:
         fits.append((error["mean"], causal, coefficients, error, samples))
     _, causal, coefficients, error, samples = min(fits, key=lambda f: f[0])
     model = [coefficients[k] for k in STEP_TERMS]
-    ratios = [s["seconds"] / max(float(np.dot(model, step_features(*(s[k] for k in STEP_INPUTS)))), 1e-9)
-              for s in samples]
-    return coefficients, {"step_relative_error": error}, causal, quantiles(ratios)
+    ratio = {False: [], True: []}  # by whether the step held prefill tokens: the fit errs apart on each
+    for sample in samples:
+        fitted = float(np.dot(model, step_features(*(sample[k] for k in STEP_INPUTS))))
+        ratio[sample["prefill_tokens"] > 0].append(sample["seconds"] / max(fitted, 1e-9))
+    everything = ratio[False] + ratio[True]
+    scales = {"step_scale": quantiles(ratio[False] if len(ratio[False]) >= MIN_STEPS else everything),
+              "step_scale_prefill": quantiles(ratio[True] if len(ratio[True]) >= MIN_STEPS else everything)}
+    return coefficients, {"step_relative_error": error}, causal, scales
 
 
 def transfer_fit(transfers: pd.DataFrame) -> dict:

@@ -60,7 +60,8 @@ class Simulation:
         self.book = RequestBook(cfg.cluster, cfg.kv_transfer, cfg.mode == "disagg",
                                 {p.rank: p.role for p in self.plans}, self.log)
         self.host = cfg.sim.host_model(next((r.measured for r in self.roles if r.measured), None))
-        self.scales = [step_scale(r.measured) for r in self.roles]  # by rank
+        # by rank: the contention of a decode step and of a step with prefill
+        self.scales = [(step_scale(r.measured), step_scale(r.measured, prefill=True)) for r in self.roles]
         self.rng = random.Random(cfg.seed)  # the host's draws: the same seed gives the same run
         self.paused: set[int] = set()  # workers in their gap between steps
         self.queue: list = []
@@ -104,7 +105,8 @@ class Simulation:
             if rank not in self.paused and worker.can_step():
                 duration = worker.start_step(self.now, self.roles[rank].cost)
                 if duration is not None:
-                    self.push(self.now + duration * self.draw(self.scales[rank]), STEP_END, rank)
+                    scale = self.scales[rank][worker.shape[0] > 0]  # decode step, or one with prefill
+                    self.push(self.now + duration * self.draw(scale), STEP_END, rank)
 
     def draw(self, delay) -> float:
         return delay.sample(self.rng.random()) if not delay.is_fixed else delay.quantiles[0]
