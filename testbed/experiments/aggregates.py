@@ -203,6 +203,8 @@ def sim_validate(table, cfg, out_dir) -> dict:
     for key in real.index.intersection(sim.index):
         row = {"label": key[0], "rate": key[1]}
         row.update({f"{m}_error": _relative(sim.loc[key, m], real.loc[key, m]) for m in VALIDATED})
+        # the real cell's own spread: a simulated figure inside its 95% interval is not told apart
+        row.update({f"{m}_within_real": _within(sim.loc[key, m], real.loc[key], m) for m in VALIDATED})
         errors.append(row)
     goodputs = {ex: goodput_by_label(rows[rows["executor"] == ex], cfg, out_dir) for ex in ("real", "sim")}
     goodput_errors = {label: _relative(goodputs["sim"][label]["goodput"], g["goodput"])
@@ -213,8 +215,10 @@ def sim_validate(table, cfg, out_dir) -> dict:
 
         write_parquet(out_dir / "validation.parquet", table_errors)
     worst = {m: float(table_errors[f"{m}_error"].abs().max()) if len(table_errors) else np.nan for m in VALIDATED}
+    within = {m: int(table_errors[f"{m}_within_real"].sum()) if len(table_errors) else 0 for m in VALIDATED}
     return {"errors": errors, "goodput_by_executor": goodputs, "goodput_error": goodput_errors,
-            "worst_abs_error": worst, "host_delays": _host_delays(rows)}
+            "worst_abs_error": worst, "within_real_interval": within, "points_compared": len(errors),
+            "host_delays": _host_delays(rows)}
 
 
 def _host_delays(rows: pd.DataFrame) -> dict:
@@ -228,6 +232,11 @@ def _host_delays(rows: pd.DataFrame) -> dict:
                     **{c.removeprefix("sim_host_delays_"): float(group[c].iloc[0]) for c in scales
                        if group[c].notna().any()}}
             for label, group in sim.groupby("label")}
+
+
+def _within(simulated: float, real: pd.Series, metric: str) -> bool:
+    low, high = real.get(f"{metric}_low", np.nan), real.get(f"{metric}_high", np.nan)
+    return bool(low <= simulated <= high)
 
 
 def _relative(simulated: float, real: float) -> float:

@@ -107,7 +107,10 @@ def validation_lines(aggregate: dict) -> list[str]:
         return []
     worst = ", ".join(f"{k} {v:.0%}" for k, v in aggregate["worst_abs_error"].items())
     goodput = ", ".join(f"{k} {v:+.0%}" for k, v in aggregate["goodput_error"].items())
-    lines = [f"simulation error, worst |sim - real| / real: {worst}", f"goodput error per mode: {goodput}"]
+    within = ", ".join(f"{k} {v}/{aggregate.get('points_compared', 0)}"
+                       for k, v in aggregate.get("within_real_interval", {}).items())
+    lines = [f"simulation error, worst |sim - real| / real: {worst}", f"goodput error per mode: {goodput}",
+             f"simulated inside the real cell's 95% interval (not told apart): {within}"]
     for label, d in aggregate.get("host_delays", {}).items():
         lines.append(f"  {label}: simulated with host delays dispatch {1000 * d['dispatch_s']:.2f} ms, step gap "
                      f"{1000 * d['step_gap_s']:.2f} ms, report {1000 * d['report_s']:.2f} ms, step time "
