@@ -182,11 +182,9 @@ class RequestLog:
         """One row per request, in request id order (see REQUEST_COLUMNS plus derived columns).
         Built column by column: a dict per row costs seconds at 100k requests."""
         records = [r for _, r in sorted(self._records.items())]
-        return typed_table({c: list(map(read, records)) for c, read in _READERS.items()})
-
-
-def _time_reader(column: str):
-    return lambda r: r.times.get(column, float("nan"))
+        columns = {c: list(map(read, records)) for c, read in _READERS.items()}
+        times = pd.DataFrame([r.times for r in records], columns=TIME_COLUMNS, dtype=np.float64)  # absent: NaN
+        return typed_table({**columns, **{c: times[c].to_numpy() for c in TIME_COLUMNS}})
 
 
 # column -> its value in a _Record (an unfinished request is a failed one)
@@ -197,7 +195,6 @@ _READERS = {
     "prefill_worker": attrgetter("prefill_worker"), "decode_worker": attrgetter("decode_worker"),
     "status": lambda r: r.status or "failed", "reason": lambda r: r.reason if r.status else "unfinished",
     "refused_by": lambda r: r.refused_by if r.status == "rejected" else "",
-    **{c: _time_reader(c) for c in TIME_COLUMNS},
     "kv_bytes": attrgetter("kv_bytes"), "num_prefill_chunks": attrgetter("num_prefill_chunks"),
     "token_times": lambda r: list(r.token_times),
     "token_worker_times": lambda r: list(r.token_worker_times) or list(r.token_times),
@@ -225,7 +222,9 @@ def request_table(rows: list[dict]) -> pd.DataFrame:
 
 def typed_table(columns: dict[str, list]) -> pd.DataFrame:
     """The typed requests table from one list per column of REQUEST_COLUMNS."""
-    df = pd.DataFrame({c: columns[c] for c in REQUEST_COLUMNS}, columns=REQUEST_COLUMNS)
+    # list cells stay objects, also in an empty table (pandas would type an empty column float64)
+    df = pd.DataFrame({c: pd.Series(columns[c], dtype=object) if c in LIST_COLUMNS else columns[c]
+                       for c in REQUEST_COLUMNS}, columns=REQUEST_COLUMNS)
     for c in INT_COLUMNS:
         df[c] = df[c].astype("int64")
     for c in NULLABLE_INT_COLUMNS:

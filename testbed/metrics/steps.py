@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typing
 from dataclasses import fields
-from operator import attrgetter, itemgetter
+from operator import attrgetter, index, itemgetter
 
 import numpy as np
 import pandas as pd
@@ -16,7 +16,8 @@ RECORD_FIELDS = [f.name for f in fields(StepRecord)]
 _read = attrgetter(*RECORD_FIELDS)
 # A column's dtype is its StepRecord annotation's (what pandas infers from such values): a
 # simulation has millions of steps, and inferring each column from Python objects took most
-# of the time of building this table.
+# of the time of building this table. An int column takes ints only (index() refuses a float
+# that int64 would truncate); a column with a value off its annotation is inferred as before.
 _NUMPY_TYPES = {float: np.float64, int: np.int64, bool: np.bool_}
 _HINTS = typing.get_type_hints(StepRecord)
 
@@ -51,6 +52,6 @@ def _column(values, count: int, hint) -> np.ndarray | pd.Series:
         return pd.Series(np.fromiter(values(), dtype=object, count=count), dtype="str")
     dtype = _NUMPY_TYPES.get(hint, object)  # object: tuples and the like, as they are
     try:
-        return np.fromiter(values(), dtype=dtype, count=count)
+        return np.fromiter(map(index, values()) if hint is int else values(), dtype=dtype, count=count)
     except (TypeError, ValueError, OverflowError):  # a value off its annotation (None, ...): as pandas infers it
         return pd.Series(list(values()))
