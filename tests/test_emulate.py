@@ -94,12 +94,12 @@ def test_link_runs_one_transfer_at_a_time_at_the_modelled_rate():
 def test_pace_summary_counts_overruns():
     import pandas as pd
 
-    rows = [dataclasses.asdict(dataclasses.replace(record(0, real), modelled_s=0.02, pace_overrun=real > 0.02))
+    rows = [record(0, real)._replace(modelled_s=0.02, pace_overrun=real > 0.02)._asdict()
             for real in (0.001, 0.03, 0.005, 0.04)]
     summary = pace_summary(pd.DataFrame(rows))
     assert summary["steps"] == 4 and summary["overrun_steps"] == 2 and summary["overrun_share"] == 0.5
     assert summary["modelled_s_mean"] == pytest.approx(0.02)
-    assert pace_summary(pd.DataFrame([dataclasses.asdict(record())])) is None
+    assert pace_summary(pd.DataFrame([record()._asdict()])) is None
 
 
 def test_step_record_holds_the_cost_shape():

@@ -15,7 +15,7 @@ import signal
 import sys
 import time
 import traceback
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Optional
 
@@ -227,7 +227,7 @@ class Worker:
             wake = self.link.next_due if self.sender is not None else (lambda now: None)
             hold(record.start + pace.modelled_s, time.perf_counter, time.sleep, self._poll_transfers, wake)
         end = time.perf_counter() if pace.sleep_s > 0 else record.end
-        return replace(record, end=end, modelled_s=pace.modelled_s, pace_overrun=pace.overrun)
+        return record._replace(end=end, modelled_s=pace.modelled_s, pace_overrun=pace.overrun)
 
     def _step_events(self, result: StepResult, record, t: float) -> StepEvents:
         return StepEvents(

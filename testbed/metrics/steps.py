@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import typing
-from dataclasses import fields
-from operator import attrgetter, index, itemgetter
+from operator import index, itemgetter
 
 import numpy as np
 import pandas as pd
@@ -12,8 +11,7 @@ import pandas as pd
 from testbed.engine.record import StepRecord
 from testbed.metrics.events import STEP_COLUMNS
 
-RECORD_FIELDS = [f.name for f in fields(StepRecord)]
-_read = attrgetter(*RECORD_FIELDS)
+RECORD_FIELDS = list(StepRecord._fields)
 # A column's dtype is its StepRecord annotation's (what pandas infers from such values): a
 # simulation has millions of steps, and inferring each column from Python objects took most
 # of the time of building this table. An int column takes ints only (index() refuses a float
@@ -39,7 +37,7 @@ def steps_table(steps: list[tuple[int, StepRecord]], t0: float) -> pd.DataFrame:
 def _columns(steps: list[tuple[int, StepRecord]]) -> pd.DataFrame:
     """worker and every StepRecord field, one typed column each. The records are read once,
     field by field from the resulting tuples (a pass per field over the records costs more)."""
-    rows = list(map(_read, (record for _, record in steps)))
+    rows = [record for _, record in steps]  # a StepRecord is a tuple in field order
     columns = {"worker": _column(lambda: (worker for worker, _ in steps), len(steps), int)}
     for i, name in enumerate(RECORD_FIELDS):
         columns[name] = _column(lambda get=itemgetter(i): map(get, rows), len(rows), _HINTS[name])

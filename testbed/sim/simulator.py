@@ -71,8 +71,6 @@ class Simulation:
         self.steps: list[tuple] = []
         self.transfers = TransferLog(0.0)
         self.num_events = 0
-        self.handlers = {ARRIVE: self._arrive, DELIVER: self._deliver, STEP_END: self._step_end, KV_SENT: self._kv_sent,
-                         RESUME: self._resume}
 
     # -- the event loop --------------------------------------------------------------------------
     def push(self, t: float, kind: int, payload) -> None:
@@ -84,7 +82,11 @@ class Simulation:
             self.log.reject(request, request.arrival_s, reason, by="workload")
         for request in self.workload.requests:
             self.push(request.arrival_s, ARRIVE, request)
-        queue, handlers = self.queue, self.handlers
+        # a local, not an attribute: bound methods held by the simulation would make it a cycle,
+        # freed only by a full collection over its millions of objects
+        handlers = {ARRIVE: self._arrive, DELIVER: self._deliver, STEP_END: self._step_end, KV_SENT: self._kv_sent,
+                    RESUME: self._resume}
+        queue = self.queue
         while queue:
             self.now, _, kind, payload = heapq.heappop(queue)
             handlers[kind](payload)
