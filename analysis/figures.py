@@ -215,5 +215,7 @@ def sim_vs_real(ax, cells: pd.DataFrame, metrics=("ttft_p50", "ttft_p99", "tpot_
     low, high = (finite.min() / 1.5, finite.max() * 1.5) if len(finite) else (0.1, 10.0)
     ax.plot([low, high], [low, high], color="black", linewidth=0.7, linestyle=":")
     ax.set(xscale="log", yscale="log", xlabel="real (ms)", ylabel="simulated (ms)")
+    style.plain_ticks(ax.xaxis)  # 2, 3, 4 rather than overlapping 2x10^0, 3x10^0, ...
+    style.plain_ticks(ax.yaxis)
     style.legend(ax)
     return plotted
