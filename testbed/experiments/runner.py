@@ -66,13 +66,9 @@ def cell_table(table, cfg: Config, out_dir: Path):
 
 def run_point(cfg: Config, out_dir: Path) -> dict:
     if cfg.executor == "sim":
-        from testbed.sim.executor import cyclic_gc_paused, simulate_point
+        from testbed.sim.executor import simulate_point
 
-        # Not only the loop: while the simulation's millions of objects are alive, every pass of
-        # the cyclic collector over them while the tables, summary and files are built costs more
-        # than building them. Reference counting frees what dies; the rest waits for the end.
-        with cyclic_gc_paused():
-            return simulate_point(cfg, out_dir)
+        return simulate_point(cfg, out_dir)
     return serve(cfg, out_dir)
 
 

@@ -135,15 +135,12 @@ class RequestLog:
                client_time: float) -> None:
         """A batch of tokens of one engine step: stamped on the worker (one time, or one per
         token) and on arrival at the router (client_time, which TTFT and ITL use)."""
-        record = self._get(request_id)
         n = len(token_ids)
         if np.ndim(worker_times) == 0:
             worker_times = [worker_times] * n
         if len(worker_times) != n:
             raise ValueError(f"tokens: {n} token ids but {len(worker_times)} worker times")
-        record.output_token_ids.extend(int(t) for t in token_ids)
-        record.token_worker_times.extend(float(w) - self.t0 for w in worker_times)
-        record.token_times.extend([float(client_time) - self.t0] * n)
+        self.token_series(request_id, token_ids, worker_times, [client_time] * n)
 
     def token_series(self, request_id: int, token_ids: Sequence[int], worker_times: Sequence[float],
                      client_times: Sequence[float]) -> None:

@@ -62,7 +62,14 @@ def simulate(cfg: Config, profile: Optional[Mapping] = None, *, num_devices: Opt
 
 
 def simulate_point(cfg: Config, out_dir: Path) -> dict:
-    result = simulate(cfg)  # each role's device from cfg.sim: a measured profile or an analytical GPU
+    """simulate() and its results directory. The collector stays paused until the files are
+    written: while the run's millions of objects live, its passes over them cost more than
+    building the tables and the summary."""
+    with cyclic_gc_paused():
+        return _write_point(cfg, out_dir, simulate(cfg))  # each role's device from cfg.sim
+
+
+def _write_point(cfg: Config, out_dir: Path, result: dict) -> dict:
     summary = result["summary"]
     summary["sim"]["events_per_s"] = result["events_per_s"]
     sim = summary["sim"]

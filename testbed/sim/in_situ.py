@@ -26,9 +26,11 @@ from typing import Optional
 
 import numpy as np
 import pandas as pd
+import torch
 
 from testbed.errors import ConfigError
 from testbed.model.config import ModelConfig
+from testbed.model.loader import resolve_dtype
 from testbed.perf.attention import attended_context
 from testbed.sim.host import Delay
 from testbed.perf.measured import SHAPE_KEYS, STEP_INPUTS, STEP_TERMS, fit_step, fit_transfer, step_features
@@ -109,8 +111,8 @@ def transfer_fit(transfers: pd.DataFrame) -> dict:
 
 
 def dtype_bytes(dtype: str, device: str) -> int:
-    """The KV cache's element size as the engine resolved model.dtype (auto: float32 on CPU)."""
-    return {"float16": 2, "bfloat16": 2, "float32": 4}.get(dtype, 4 if device == "cpu" else 2)
+    """The KV cache's element size as the engine resolved model.dtype for that device."""
+    return resolve_dtype(dtype, torch.device("cuda" if device == "cuda" else "cpu")).itemsize  # a host: as CPU
 
 
 # -- host-side delays: each as quantiles (testbed/sim/host.py samples them) -------------------------
