@@ -103,7 +103,7 @@ class RequestBook:
             self.log.reject(request, t, reason or "no live worker to serve it")
             return None
         tracked = self.active[request.request_id] = Tracked(request, worker)
-        self._count_front(tracked, +1)
+        self._count_front(tracked)
         self.log.event(request.request_id, Event.DISPATCHED, t, worker=worker)
         if self.disagg and self.kv.binding == "early":
             self.bind_decode(tracked)
@@ -286,13 +286,14 @@ class RequestBook:
         if new is Front.LEFT:
             load.bound_sequences -= 1
         if new is Front.QUEUED:
-            self._count_front(tracked, +1)
+            self._count_front(tracked)
         tracked.front = new
 
-    def _count_front(self, tracked: Tracked, sign: int) -> None:
+    def _count_front(self, tracked: Tracked) -> None:
+        """A request joins its front worker: its prompt queues there and it is bound to it."""
         load = self.loads[tracked.worker]
-        load.queued_prompt_tokens += sign * tracked.request.input_len
-        load.bound_sequences += sign
+        load.queued_prompt_tokens += tracked.request.input_len
+        load.bound_sequences += 1
 
     def _back(self, tracked: Tracked, new: Back) -> None:
         old = tracked.back
