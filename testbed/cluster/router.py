@@ -39,7 +39,7 @@ class Router:
         self.book = RequestBook(cluster_config, kv, mode == "disagg", roles, log)
         self.pending = [(r.arrival_s, r.request_id, r) for r in workload.requests]
         heapq.heapify(self.pending)
-        self.steps: list[tuple[int, object]] = []
+        self.steps = StepLog()
         self.transfers = TransferLog(t0)  # one row per KV transfer attempt
         self.last_seen = {rank: time.perf_counter() for rank in roles}
         self.last_progress = time.perf_counter()
@@ -142,7 +142,7 @@ class Router:
         self.last_progress = received = time.perf_counter()
         read = getattr(self.cluster.events, "last_read", received)
         self.harness.append((ev.sent - ev.t, read - ev.sent, received - read))
-        self.steps.append((ev.worker, ev.record))
+        self.steps.add(ev.worker, ev.record)
         news = self.book.on_step(ev.worker, ev.record.start, ev.scheduled, ev.tokens, ev.finished, ev.handoff, ev.t,
                                  received, ev.free_blocks)
         for tracked in news.bound:

@@ -160,6 +160,34 @@ class RequestBook:
                 news.finished.append(self.finish(rid, received_t))
         return news
 
+    def on_run(self, worker: int, seqs, starts: list[float], ends: list[float], received: list[float],
+               free_blocks: list[int], token: int) -> None:
+        """Quiet decode steps of `worker` reported at once (the simulator's decode runs): each
+        of `seqs`, (rid, output tokens it had), got `token` a step and none finished; the
+        steps' starts, worker and receipt stamps and free blocks. As on_step, step by step."""
+        if not starts:
+            return
+        found = [self.active.get(rid) for rid, _ in seqs]
+        if not all(t is not None and had == len(t.output) and had and t.front is not Front.QUEUED
+                   and not t.early and not t.finished_early for t, (_, had) in zip(found, seqs)):
+            for i, start in enumerate(starts):  # out of order somewhere: the general path
+                self.on_step(worker, start, [(rid, 1, False) for rid, _ in seqs],
+                             [(rid, had + i, token) for rid, had in seqs], [], [], ends[i], received[i], free_blocks[i])
+            return
+        self.loads[worker].free_blocks = free_blocks[-1]
+        tokens = [token] * len(starts)
+        for tracked in found:
+            if not tracked.decode_started:
+                tracked.decode_started = True
+                self.log.event(tracked.rid, Event.DECODE_START, starts[0], worker=worker)
+            tracked.output.extend(tokens)
+            tracked.worker_times.extend(ends)
+            tracked.received_times.extend(received)
+
+    def report_free(self, worker: int, free_blocks: int) -> None:
+        """A step's report of the worker's free KV blocks (decode dispatch breaks ties on them)."""
+        self.loads[worker].free_blocks = free_blocks
+
     def _token(self, tracked: Tracked, index: int, token: int, worker: int, worker_t: float, received_t: float,
                news: StepNews) -> None:
         if index < len(tracked.output):

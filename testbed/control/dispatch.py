@@ -62,9 +62,10 @@ class Dispatcher:
         return worker
 
     def _least_loaded(self, live: list[int]) -> int:
+        loads = self.loads  # once per request over every worker: tuples, no key function
         if self.for_decode:
-            return min(live, key=lambda w: (self.loads[w].bound_sequences, -self.loads[w].free_blocks, w))
-        return min(live, key=lambda w: (self.loads[w].queued_prompt_tokens, self.loads[w].bound_sequences, w))
+            return min((loads[w].bound_sequences, -loads[w].free_blocks, w) for w in live)[2]
+        return min((loads[w].queued_prompt_tokens, loads[w].bound_sequences, w) for w in live)[2]
 
 
 def admission_refusal(cluster, request: Request, outstanding: int) -> Optional[str]:

@@ -10,6 +10,7 @@ until reused, so a finished turn's KV still serves the next turn of a session.
 from __future__ import annotations
 
 from collections import OrderedDict
+from itertools import islice
 
 from testbed.engine.sequence import Sequence
 
@@ -63,11 +64,11 @@ class BlockManager:
                 self._take(block_id)
                 seq.block_table.append(block_id)
             seq.num_cached_tokens = seq.num_computed_tokens = len(seq.block_table) * self.block_size
-        while len(seq.block_table) < self.blocks_for(num_tokens):
-            block_id = next(iter(self.free_ids))
+        fresh = list(islice(self.free_ids, max(0, self.blocks_for(num_tokens) - len(seq.block_table))))
+        for block_id in fresh:  # LRU first: taken whole, the free list's order stays as it was
             self._forget_hash(block_id)
             self._take(block_id)
-            seq.block_table.append(block_id)
+        seq.block_table.extend(fresh)
 
     def free(self, seq: Sequence) -> None:
         for block_id in reversed(seq.block_table):  # tail first: it is the least likely to be shared

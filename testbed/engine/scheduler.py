@@ -10,7 +10,9 @@ touches the queues.
 from __future__ import annotations
 
 from collections import deque
+from itertools import accumulate
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from testbed.engine.block_manager import BlockManager
 from testbed.engine.config import SchedulerConfig
@@ -38,6 +40,15 @@ class Batch:
     @property
     def num_prefill_tokens(self) -> int:
         return sum(n for seq, n in self.items if seq.in_prefill)
+
+
+class QuietRun(NamedTuple):
+    """`steps` plain decode steps to come (Scheduler.quiet_run)."""
+
+    steps: int
+    seqs: tuple[tuple[int, int], ...]  # (seq_id, output tokens before the first step), in batch order
+    context: int  # the decodes' total context at the first step (it grows by len(seqs) a step)
+    used: list[int]  # the pool's used blocks after each step
 
 
 @dataclass
@@ -180,6 +191,48 @@ class Scheduler:
                 self.waiting.appendleft(seq)
                 return seq
         return None
+
+    # -- quiet decode steps, applied at once (the simulator's decode runs) ------------------
+    def quiet_run(self) -> QuietRun | None:
+        """The next steps that are plain decodes changing nothing but lengths: every running
+        sequence decodes one token, none finishes, nothing waits or prefills, and the pool
+        covers their blocks (no preemption). None when the next step is not one."""
+        running = self.running
+        if not running or self.waiting or len(running) > self.policy.token_budget(self) \
+                or any(seq.in_prefill for seq in running):
+            return None
+        steps = min(seq.max_tokens - len(seq.token_ids) + seq.num_prompt_tokens for seq in running) - 1
+        while steps > 0 and len(self._crossings(steps)) > self.block_manager.num_free_blocks:
+            steps //= 2
+        if steps < 1:
+            return None
+        grown = [0] * steps
+        for step, _, _ in self._crossings(steps):
+            grown[step] += 1
+        return QuietRun(steps, tuple((seq.seq_id, seq.num_output_tokens) for seq in running),
+                        sum(len(seq.token_ids) for seq in running),
+                        list(accumulate(grown, initial=self.block_manager.num_used_blocks))[1:])
+
+    def advance_decodes(self, steps: int, token: int) -> None:
+        """Apply the first `steps` steps of a quiet run at once: each sequence gains `steps`
+        tokens, and blocks are taken in the order step-by-step scheduling takes them."""
+        size = self.block_manager.block_size
+        for _, _, seq in sorted(self._crossings(steps), key=lambda c: c[:2]):
+            self.block_manager.allocate(seq, len(seq.block_table) * size + 1)
+        for seq in self.running:
+            seq.num_computed_tokens += steps
+            seq.token_ids.extend([token] * steps)
+            self.block_manager.commit(seq)
+
+    def _crossings(self, steps: int) -> list[tuple[int, int, Sequence]]:
+        """(step, place in the batch, sequence) for each block the next `steps` decodes take:
+        step i computes the KV of a sequence's token number len + i."""
+        size, found = self.block_manager.block_size, []
+        for place, seq in enumerate(self.running):
+            have = len(seq.block_table) * size  # tokens the sequence's blocks cover
+            for step in range(have - len(seq.token_ids) + 1, steps, size):
+                found.append((step, place, seq))
+        return found
 
     # -- after the forward pass -----------------------------------------------------------
     def postprocess(self, batch: Batch, sampled: list[int | None]) -> StepResult:

@@ -41,6 +41,7 @@ LAST_WINS = {Event.PREFILL_END, Event.KV_TRANSFER_END}
 # Events whose `worker=` names the prefill or the decode worker.
 PREFILL_SIDE = {Event.PREFILL_QUEUED, Event.PREFILL_START, Event.PREFILL_CHUNK, Event.PREFILL_END}
 DECODE_SIDE = {Event.DECODE_QUEUED, Event.DECODE_START}
+_COLUMN = {event: f"{event.value}_s" for event in Event}
 
 TIME_COLUMNS = ["arrived_s", "dispatched_s", "prefill_queued_s", "prefill_start_s", "prefill_end_s",
                 "kv_transfer_start_s", "kv_transfer_end_s", "decode_queued_s", "decode_start_s", "finished_s"]
@@ -105,10 +106,11 @@ class RequestLog:
               prefill_worker: Optional[int] = None, decode_worker: Optional[int] = None,
               kv_bytes: Optional[float] = None, reason: Optional[str] = None) -> None:
         """One lifecycle event at absolute perf_counter time t. kv_bytes is the request's total."""
-        event = Event(event)
-        record = self._get(request_id)
+        if type(event) is not Event:  # a value; the enum call costs more than the rest on a hot path
+            event = Event(event)
+        record = self._records.get(request_id) or self._get(request_id)
         since = float(t) - self.t0
-        column = f"{event.value}_s"
+        column = _COLUMN[event]
         if event in FIRST_WINS:
             record.times.setdefault(column, since)
         elif event in LAST_WINS:
@@ -146,10 +148,10 @@ class RequestLog:
                      client_times: Sequence[float]) -> None:
         """A request's tokens in one call (the request book hands them over when it closes the
         request): one worker stamp and one receipt stamp per token."""
-        record = self._get(request_id)
-        record.output_token_ids.extend(int(t) for t in token_ids)
-        record.token_worker_times.extend(float(w) - self.t0 for w in worker_times)
-        record.token_times.extend(float(c) - self.t0 for c in client_times)
+        record, t0 = self._get(request_id), self.t0
+        record.output_token_ids.extend(map(int, token_ids))
+        record.token_worker_times.extend(map(float, worker_times) if not t0 else [float(w) - t0 for w in worker_times])
+        record.token_times.extend(map(float, client_times) if not t0 else [float(c) - t0 for c in client_times])
 
     def finish(self, request_id: int, t: float) -> None:
         self.event(request_id, Event.FINISHED, t)

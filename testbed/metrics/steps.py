@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import typing
-from operator import index, itemgetter
 
 import numpy as np
 import pandas as pd
@@ -18,14 +17,44 @@ RECORD_FIELDS = list(StepRecord._fields)
 # that int64 would truncate); a column with a value off its annotation is inferred as before.
 _NUMPY_TYPES = {float: np.float64, int: np.int64, bool: np.bool_}
 _HINTS = typing.get_type_hints(StepRecord)
+_DEFAULTS = StepRecord._field_defaults
 
 
-def steps_table(steps: list[tuple[int, StepRecord]], t0: float) -> pd.DataFrame:
-    """(worker, record) pairs in the order the steps ended on each worker; times since t0."""
-    if not steps:
+class StepLog:
+    """steps.parquet's rows as they come, kept as one list per column: a long simulation adds
+    millions, most as runs of decode steps (`add_many`), which a column takes in one extend."""
+
+    def __init__(self):
+        self.columns: dict[str, list] = {name: [] for name in ("worker", *RECORD_FIELDS)}
+        self._lists = list(self.columns.values())
+
+    def __len__(self) -> int:
+        return len(self._lists[0])
+
+    def add(self, worker: int, record: StepRecord) -> None:
+        for column, value in zip(self._lists, (worker, *record)):
+            column.append(value)
+
+    def add_many(self, worker: int, count: int, **fields) -> None:
+        """`count` rows of one worker: each field a list of `count` values, or one value for all
+        of them; a field left out takes its StepRecord default."""
+        for name, column in self.columns.items():
+            value = worker if name == "worker" else fields[name] if name in fields else _DEFAULTS[name]
+            column.extend(value if isinstance(value, list) else [value] * count)
+
+
+def steps_table(steps: StepLog | list[tuple[int, StepRecord]], t0: float) -> pd.DataFrame:
+    """The steps (a StepLog, or (worker, record) pairs) in the order they ended on each
+    worker; times since t0."""
+    if not isinstance(steps, StepLog):
+        pairs, steps = steps, StepLog()
+        for worker, record in pairs:
+            steps.add(worker, record)
+    if not len(steps):
         frame = pd.DataFrame.from_records([], columns=["worker", "step", *RECORD_FIELDS])
     else:
-        frame = _columns(steps)
+        frame = pd.DataFrame({name: _column(values, _HINTS.get(name, int)) for name, values in steps.columns.items()},
+                             copy=False)
         frame.insert(1, "step", frame.groupby("worker", sort=False).cumcount())
     frame = frame.rename(columns={"start": "start_s", "end": "end_s"})
     frame["start_s"] -= t0
@@ -34,22 +63,13 @@ def steps_table(steps: list[tuple[int, StepRecord]], t0: float) -> pd.DataFrame:
     return frame[STEP_COLUMNS + extra]
 
 
-def _columns(steps: list[tuple[int, StepRecord]]) -> pd.DataFrame:
-    """worker and every StepRecord field, one typed column each. The records are read once,
-    field by field from the resulting tuples (a pass per field over the records costs more)."""
-    rows = [record for _, record in steps]  # a StepRecord is a tuple in field order
-    columns = {"worker": _column(lambda: (worker for worker, _ in steps), len(steps), int)}
-    for i, name in enumerate(RECORD_FIELDS):
-        columns[name] = _column(lambda get=itemgetter(i): map(get, rows), len(rows), _HINTS[name])
-    return pd.DataFrame(columns, copy=False)
-
-
-def _column(values, count: int, hint) -> np.ndarray | pd.Series:
-    """The column of `values()` (an iterator, made again for a second try) typed by its hint."""
+def _column(values: list, hint) -> np.ndarray | pd.Series:
+    """The column typed by its hint; a value off it (None, a float among ints) leaves the
+    column to pandas' inference, as a row-by-row table would have it."""
     if hint is str:
-        return pd.Series(np.fromiter(values(), dtype=object, count=count), dtype="str")
-    dtype = _NUMPY_TYPES.get(hint, object)  # object: tuples and the like, as they are
-    try:
-        return np.fromiter(map(index, values()) if hint is int else values(), dtype=dtype, count=count)
-    except (TypeError, ValueError, OverflowError):  # a value off its annotation (None, ...): as pandas infers it
-        return pd.Series(list(values()))
+        return pd.Series(values, dtype="str")
+    dtype = _NUMPY_TYPES.get(hint)
+    if dtype is None:  # tuples and the like, as they are
+        return np.fromiter(values, dtype=object, count=len(values))
+    column = np.array(values)
+    return column if column.dtype == dtype else pd.Series(values)

@@ -9,12 +9,14 @@
 
 Each is a distribution kept as evenly spaced quantiles (from the 0th to the 100th percentile)
 and sampled by inverse transform, so the simulation reproduces the tails as well as the medians;
-a fixed value (sim.dispatch_latency_s, ...) is a one-point distribution. The simulator draws from
-its own seeded generator: the same seed gives the same run.
+a fixed value (sim.dispatch_latency_s, ...) is a one-point distribution. Each worker, and the
+router, draws from its own seeded stream (`Draws`): the same seed gives the same run, and a
+worker's draws do not depend on how other workers' events interleave with its own.
 """
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass, field
 from typing import Mapping, Optional, Sequence
 
@@ -83,3 +85,25 @@ def step_scale(measured: Optional[Mapping], prefill: bool = False) -> Delay:
     measured, else none (x1)."""
     found = ((measured or {}).get("host") or {}).get("step_scale_prefill" if prefill else "step_scale")
     return Delay(tuple(found)) if found else Delay.fixed(1.0)
+
+
+class Draws:
+    """One worker's (or the router's) uniform draws for its delays. A decode run draws ahead for
+    steps it may not run; cut short, it gives those back (`give_back`), next one out first, so
+    the stream goes on where stepping one at a time would have left it."""
+
+    def __init__(self, seed: int):
+        self.rng = random.Random(seed)
+        self.returned: list[float] = []  # a stack: the next draw on top
+
+    def sample(self, delay: Delay, taken: Optional[list] = None) -> float:
+        """A value of `delay`; a sampled one's uniform is appended to `taken` when given."""
+        if delay.is_fixed:
+            return delay.quantiles[0]
+        u = self.returned.pop() if self.returned else self.rng.random()
+        if taken is not None:
+            taken.append(u)
+        return delay.sample(u)
+
+    def give_back(self, uniforms: Sequence[float]) -> None:
+        self.returned.extend(reversed(uniforms))

@@ -24,7 +24,6 @@ costs the prefill worker no compute time.
 from __future__ import annotations
 
 import heapq
-import random
 from typing import Mapping, Optional
 
 from testbed.config import Config
@@ -33,13 +32,14 @@ from testbed.control.ledger import Outgoing
 from testbed.control.transfers import TransferLog
 from testbed.engine.sequence import Sequence, check_fits
 from testbed.metrics.events import RequestLog
-from testbed.sim.host import step_scale
+from testbed.metrics.steps import StepLog
+from testbed.sim.host import Draws, step_scale
 from testbed.sim.plan import plan_sim_workers
 from testbed.sim.profiles import ROLE_OF, resolve_roles, role_blocks, transfer_time
-from testbed.sim.worker import SimWorker
+from testbed.sim.worker import SAMPLED_TOKEN, SimWorker
 from testbed.workload import Request, build_workload
 
-ARRIVE, DELIVER, STEP_END, KV_SENT, RESUME = range(5)
+ARRIVE, DELIVER, STEP_END, KV_SENT, RESUME, RUN_END, FREE = range(7)
 
 
 class Simulation:
@@ -62,13 +62,15 @@ class Simulation:
         self.host = cfg.sim.host_model(next((r.measured for r in self.roles if r.measured), None))
         # by rank: the contention of a decode step and of a step with prefill
         self.scales = [(step_scale(r.measured), step_scale(r.measured, prefill=True)) for r in self.roles]
-        self.rng = random.Random(cfg.seed)  # the host's draws: the same seed gives the same run
+        # the host's draws: the router's stream, then one per worker (by rank)
+        self.draws = [Draws(cfg.seed * 1_000_003 + i) for i in range(len(self.plans) + 1)]
+        self.runs = cfg.sim.decode_runs  # quiet decode steps in one event (testbed/sim/decode_run.py)
         self.paused: set[int] = set()  # workers in their gap between steps
         self.queue: list = []
         self.counter = 0
         self.now = 0.0
         self.dirty: set[int] = set()
-        self.steps: list[tuple] = []
+        self.steps = StepLog()
         self.transfers = TransferLog(0.0)
         self.num_events = 0
 
@@ -85,7 +87,7 @@ class Simulation:
         # a local, not an attribute: bound methods held by the simulation would make it a cycle,
         # freed only by a full collection over its millions of objects
         handlers = {ARRIVE: self._arrive, DELIVER: self._deliver, STEP_END: self._step_end, KV_SENT: self._kv_sent,
-                    RESUME: self._resume}
+                    RESUME: self._resume, RUN_END: self._run_end, FREE: self._free}
         queue = self.queue
         while queue:
             self.now, _, kind, payload = heapq.heappop(queue)
@@ -105,13 +107,20 @@ class Simulation:
                     sender = self.workers[entry.prefill_rank]
                     self._send_when_ready(sender.rank, sender.ready(entry.seq.seq_id, rank, self.now))
             if rank not in self.paused and worker.can_step():
-                duration = worker.start_step(self.now, self.roles[rank].cost)
-                if duration is not None:
-                    scale = self.scales[rank][worker.shape[0] > 0]  # decode step, or one with prefill
-                    self.push(self.now + duration * self.draw(scale), STEP_END, rank)
+                self._start(rank, worker)
 
-    def draw(self, delay) -> float:
-        return delay.sample(self.rng.random()) if not delay.is_fixed else delay.quantiles[0]
+    def _start(self, rank: int, worker: SimWorker) -> None:
+        cost, draws = self.roles[rank].cost, self.draws[rank + 1]
+        run = worker.start_run(self.now, cost, self.scales[rank][0], self.host, draws) if self.runs else None
+        if run is not None:
+            self.push(run.end, RUN_END, (rank, run))
+            for i, free in run.free_changes(worker.block_manager.num_blocks):
+                self.push(run.ends[i], FREE, (rank, run, i, free))
+            return
+        duration = worker.start_step(self.now, cost)
+        if duration is not None:
+            scale = self.scales[rank][worker.shape[0] > 0]  # decode step, or one with prefill
+            self.push(self.now + duration * draws.sample(scale), STEP_END, rank)
 
     def _resume(self, rank: int) -> None:
         self.paused.discard(rank)
@@ -123,7 +132,7 @@ class Simulation:
         if tracked is None:
             return
         check_fits(request.input_len, request.output_len, self.args.max_model_len)  # as Engine.add refuses it
-        delay = self.draw(self.host.dispatch)
+        delay = self.draws[0].sample(self.host.dispatch)
         if delay > 0:
             self.push(self.now + delay, DELIVER, tracked)
         else:
@@ -133,37 +142,70 @@ class Simulation:
         """The request reaches its worker (and, bound early, its decode worker's reservation)."""
         if tracked.decode_worker is not None:
             self._reserve(tracked)
+        self._interrupt(tracked.worker)
         self.workers[tracked.worker].serve(sequence(tracked.request), tracked.decode_worker)
         self.book.queued(tracked, self.now)
         self.dirty.add(tracked.worker)
 
     def _reserve(self, tracked: Tracked) -> None:
+        self._interrupt(tracked.decode_worker)
         self.workers[tracked.decode_worker].reserve(sequence(tracked.request), tracked.worker)
         self.dirty.add(tracked.decode_worker)
 
     # -- steps -------------------------------------------------------------------------------------
     def _step_end(self, rank: int) -> None:
-        worker, now = self.workers[rank], self.now
+        worker, now, draws = self.workers[rank], self.now, self.draws[rank + 1]
         result, record = worker.finish_step(now)
-        self.steps.append((rank, record))
+        self.steps.add(rank, record)
         for seq in result.handoff:
             self._send_when_ready(rank, worker.handoff(seq, now))
         news = self.book.on_step(
             rank, record.start, [(seq.seq_id, n, was_prefill) for seq, n, was_prefill in result.scheduled],
             [(seq.seq_id, seq.num_output_tokens - 1, token) for seq, token in result.tokens],
             [seq.seq_id for seq in result.finished], [seq.seq_id for seq in result.handoff], now,
-            now + self.draw(self.host.report), worker.block_manager.num_free_blocks)
+            now + draws.sample(self.host.report), worker.block_manager.num_free_blocks)
         for tracked in news.bound:
             self._reserve(tracked)
         for tracked in news.finished:
             follow_up = self.workload.next_turn(tracked.request, tracked.output, now)
             if follow_up is not None:
                 self.push(follow_up.arrival_s, ARRIVE, follow_up)
-        gap = self.draw(self.host.step_gap)
-        if gap > 0:  # the worker reports, reads its inbox and polls its KV before its next step
+        self._pause(rank, now + draws.sample(self.host.step_gap))
+
+    def _pause(self, rank: int, resume_at: float) -> None:
+        if resume_at > self.now:  # the worker reports, reads its inbox and polls its KV before its next step
             self.paused.add(rank)
-            self.push(now + gap, RESUME, rank)
+            self.push(resume_at, RESUME, rank)
         self.dirty.add(rank)
+
+    # -- decode runs ---------------------------------------------------------------------------
+    def _run_end(self, payload: tuple) -> None:
+        rank, run = payload
+        if self.workers[rank].run is run:  # else a message cut it already
+            self._interrupt(rank)
+
+    def _free(self, payload: tuple) -> None:
+        rank, run, step, free = payload
+        if step < run.valid:  # a step of the run that stands: its report's free blocks
+            self.book.report_free(rank, free)
+
+    def _interrupt(self, rank: int) -> None:
+        """A message reaches the worker (or its run ends): apply the run's steps that ended."""
+        worker = self.workers[rank]
+        if worker.run is None:
+            return
+        run, done, in_flight = worker.end_run(self.now, self.draws[rank + 1])
+        self.steps.add_many(rank, done, **run.step_fields(done, worker.role))
+        received = [end + report for end, report in zip(run.ends[:done], run.reports)]
+        total = worker.block_manager.num_blocks
+        self.book.on_run(rank, run.quiet.seqs, run.starts[:done], run.ends[:done], received,
+                         [total - used for used in run.quiet.used[:done]], SAMPLED_TOKEN)
+        if in_flight:
+            self.push(run.ends[done], STEP_END, rank)
+        elif done:
+            self._pause(rank, run.ends[done - 1] + run.gaps[done - 1])
+        else:
+            self.dirty.add(rank)
 
     # -- KV transfer ---------------------------------------------------------------------------------
     def _send_when_ready(self, rank: int, entry: Optional[Outgoing]) -> None:
@@ -185,6 +227,7 @@ class Simulation:
         self.transfers.sent(rid, rank, decode, entry.attempt, nbytes, entry.start, now, entry.wait_s)
         self.transfers.arrived(rid, rank, decode, entry.attempt, now)
         self.book.kv_sent(rid, rank, decode, entry.start, nbytes, moved=True)
+        self._interrupt(decode)
         self.workers[decode].install(rid)
         self.book.kv_arrived(rid, decode, now)
         self.dirty.update((rank, decode))

@@ -19,6 +19,8 @@ from testbed.engine.record import StepRecord, cost_shape
 from testbed.engine.scheduler import Batch, Scheduler, StepResult
 from testbed.engine.sequence import Sequence
 from testbed.perf.resolve import StepCostModel
+from testbed.sim.decode_run import MIN_STEPS, DecodeRun, plan
+from testbed.sim.host import Delay, Draws, HostModel
 
 SAMPLED_TOKEN = 0  # greedy content is irrelevant to timing
 
@@ -37,10 +39,13 @@ class SimWorker:
         self.sender: SendLedger[Outgoing] = SendLedger()
         self.receiver: ReceiveLedger[Incoming] = ReceiveLedger()
         self.link_free_at = 0.0  # P's sends go one at a time
+        self.run: Optional[DecodeRun] = None  # quiet decode steps planned ahead
 
     # -- stepping -------------------------------------------------------------------------------
     def can_step(self) -> bool:
-        if self.batch is not None or (self.role == "prefill_only" and self.sender.blocked(self.max_pending)):
+        if self.batch is not None or self.run is not None:
+            return False
+        if self.role == "prefill_only" and self.sender.blocked(self.max_pending):
             return False
         return self.scheduler.has_work()
 
@@ -49,12 +54,16 @@ class SimWorker:
         batch = self.scheduler.schedule()
         if not batch.items:
             return None
+        self._begin(batch, now)
+        prefill, decodes, _, chunks, context = self.shape
+        return cost.step_time(prefill, cost.prefill_context(chunks) if chunks else 0.0, decodes, context)
+
+    def _begin(self, batch: Batch, now: float) -> None:
         chunks, context = cost_shape(batch)
         prefill = sum(n for n, _ in chunks)
         decodes = len(batch.items) - len(chunks)
         self.batch, self.step_start = batch, now
         self.shape = (prefill, decodes, prefill + decodes, chunks, context)
-        return cost.step_time(prefill, cost.prefill_context(chunks) if chunks else 0.0, decodes, context)
 
     def finish_step(self, now: float) -> tuple[StepResult, StepRecord]:
         """Postprocess the batch in flight with dummy tokens; the result and the step's record."""
@@ -66,6 +75,26 @@ class SimWorker:
                             self.block_manager.num_used_blocks, len(self.scheduler.waiting),
                             len(self.scheduler.running), 0.0, 0.0, now - self.step_start, 0.0, 0.0, chunks, context)
         return result, record
+
+    # -- decode runs (testbed/sim/decode_run.py) --------------------------------------------
+    def start_run(self, now: float, cost: StepCostModel, scale: Delay, host: HostModel,
+                  draws: Draws) -> Optional[DecodeRun]:
+        """Plan the quiet decode steps ahead as one run, or None when there are too few."""
+        quiet = self.scheduler.quiet_run()
+        if quiet is None or quiet.steps < MIN_STEPS:
+            return None
+        self.run = plan(now, quiet, cost, scale, host, draws)
+        return self.run
+
+    def end_run(self, t: float, draws: Draws) -> tuple[DecodeRun, int, bool]:
+        """Apply the run's steps that ended by `t`: (the run, how many, whether one more step is
+        in flight: it becomes this worker's batch, to finish as an ordinary step)."""
+        run, self.run = self.run, None
+        done, in_flight = run.cut(t, draws)
+        self.scheduler.advance_decodes(done, SAMPLED_TOKEN)
+        if in_flight:
+            self._begin(self.scheduler.schedule(), run.starts[done])
+        return run, done, in_flight
 
     # -- P: KV out ------------------------------------------------------------------------------
     def serve(self, seq: Sequence, decode_rank: Optional[int]) -> None:

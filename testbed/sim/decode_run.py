@@ -1,0 +1,107 @@
+"""Decode runs: the simulator's way through quiet decode steps in one event.
+
+Most steps of a long simulation are plain decodes: every running sequence gets one token, none
+finishes, nothing waits (Scheduler.quiet_run). Until a message reaches the worker, those steps
+are fixed in advance. The simulator plans them at once (`plan`: each step's start, end, report
+delay and the gap after it, with the host's draws in the order stepping would draw them), posts
+one event at the run's end, and applies the steps together when it comes. A message that
+reaches the worker first cuts the run (`cut`): the steps begun before it stand, the one in
+flight finishes as an ordinary step, and the draws of the rest go back to the worker's stream.
+So a run gives the results of stepping one at a time (tests/test_decode_run.py checks they are
+identical), in a few events instead of one per step.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from dataclasses import dataclass, field
+
+from testbed.engine.scheduler import QuietRun
+from testbed.perf.resolve import StepCostModel
+from testbed.sim.host import Delay, Draws, HostModel
+
+MIN_STEPS = 2  # a one-step run saves nothing over an ordinary step
+
+
+@dataclass
+class DecodeRun:
+    quiet: QuietRun
+    starts: list[float] = field(default_factory=list)
+    ends: list[float] = field(default_factory=list)
+    reports: list[float] = field(default_factory=list)  # each step's report delay (harness)
+    gaps: list[float] = field(default_factory=list)  # the worker's gap after each step
+    taken: list[list[float]] = field(default_factory=list)  # each step's uniforms: scale, report, gap
+    scale_sampled: bool = False  # the first of a step's uniforms is its contention draw
+    valid: int = 0  # steps that stand (all planned ones until a cut)
+
+    @property
+    def end(self) -> float:
+        return self.ends[-1]
+
+    def free_changes(self, num_blocks: int) -> list[tuple[int, int]]:
+        """(step, free blocks after it) where the reported free blocks may change: the first
+        step, and each step that takes a block."""
+        used = self.quiet.used
+        return [(i, num_blocks - u) for i, u in enumerate(used) if i == 0 or u != used[i - 1]]
+
+    def step_fields(self, done: int, role: str) -> dict:
+        """steps.parquet's fields of the first `done` steps (StepLog.add_many), as the
+        worker's ordinary steps record them."""
+        n, context = len(self.quiet.seqs), self.quiet.context
+        starts, ends = self.starts[:done], self.ends[:done]
+        return dict(start=starts, end=ends, role=role, prefill_tokens=0, decode_seqs=n, batched_tokens=n,
+                    kv_blocks_used=self.quiet.used[:done], num_waiting=0, num_running=n, schedule_s=0.0,
+                    prepare_s=0.0, forward_s=[end - start for start, end in zip(starts, ends)], sample_s=0.0,
+                    postprocess_s=0.0, prefill_chunks=(), decode_context=list(range(context, context + n * done, n)))
+
+    def cut(self, t: float, draws: Draws) -> tuple[int, bool]:
+        """Keep the steps begun before `t`: (how many ended by `t`, whether one more is in
+        flight). The draws of the dropped steps, and the in-flight step's report and gap (drawn
+        again when it ends), go back to `draws`."""
+        begun = bisect_left(self.starts, t)
+        in_flight = begun > 0 and self.ends[begun - 1] > t
+        done = begun - in_flight
+        back = self.taken[done][int(self.scale_sampled):] if in_flight else []
+        for taken in self.taken[begun:]:
+            back.extend(taken)
+        draws.give_back(back)
+        self.valid = done
+        return done, in_flight
+
+
+def plan(now: float, quiet: QuietRun, cost: StepCostModel, scale: Delay, host: HostModel, draws: Draws) -> DecodeRun:
+    """The run's steps from `now`, timed as Simulation steps them one at a time: the step's cost
+    times its contention draw, then the report and gap draws."""
+    run = DecodeRun(quiet, scale_sampled=not scale.is_fixed, valid=quiet.steps)
+    if scale.is_fixed and host.report.is_fixed and host.step_gap.is_fixed:
+        return _plan_fixed(run, now, cost, scale.quantiles[0], host.report.quantiles[0], host.step_gap.quantiles[0])
+    n, context, t = len(quiet.seqs), quiet.context, now
+    sample = draws.sample
+    for i in range(quiet.steps):
+        taken: list[float] = []
+        end = t + cost.step_time(0, 0.0, n, context + n * i) * sample(scale, taken)
+        report = sample(host.report, taken)
+        gap = sample(host.step_gap, taken)
+        run.starts.append(t)
+        run.ends.append(end)
+        run.reports.append(report)
+        run.gaps.append(gap)
+        run.taken.append(taken)
+        t = end + gap if gap > 0 else end
+    return run
+
+
+def _plan_fixed(run: DecodeRun, t: float, cost: StepCostModel, scale: float, report: float, gap: float) -> DecodeRun:
+    """`plan` with no draws: the common case of a long simulation, kept to one call a step."""
+    quiet, step_time, starts, ends = run.quiet, cost.step_time, run.starts, run.ends
+    n, context = len(quiet.seqs), quiet.context
+    for i in range(quiet.steps):
+        starts.append(t)
+        t += step_time(0, 0.0, n, context + n * i) * scale
+        ends.append(t)
+        if gap > 0:
+            t += gap
+    run.reports = [report] * quiet.steps
+    run.gaps = [gap] * quiet.steps
+    run.taken = [[] for _ in range(quiet.steps)]
+    return run
