@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from testbed.cluster.config import ClusterConfig
 from testbed.errors import ConfigError
 
@@ -23,14 +21,23 @@ class WorkerPlan:
     device: str
 
 
+def cuda_count(hardware) -> int:
+    """The CUDA devices a run may use: none on hardware=cpu, where torch is not even imported
+    (seconds of a simulated run's start)."""
+    if hardware.name == "cpu":
+        return 0
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
 def visible_devices(hardware) -> tuple[str, int | None]:
     """('cuda', count) or ('cpu', requested count or None for as many as the plan needs)."""
-    use_cuda = hardware.name == "gpu" or (hardware.name == "auto" and torch.cuda.is_available())
-    if hardware.name == "gpu" and not torch.cuda.is_available():
+    count = cuda_count(hardware)
+    if hardware.name == "gpu" and not count:
         raise ConfigError("hardware=gpu but no CUDA device is visible (torch.cuda.is_available() is False)")
-    if not use_cuda:
+    if not (hardware.name == "gpu" or (hardware.name == "auto" and count)):
         return "cpu", hardware.num_devices
-    count = torch.cuda.device_count()
     if hardware.num_devices is not None and hardware.num_devices > count:
         raise ConfigError(f"hardware.num_devices={hardware.num_devices} but only {count} CUDA devices are visible: "
                           f"{', '.join(f'cuda:{i}' for i in range(count))}")

@@ -188,6 +188,10 @@ class RequestBook:
         """A step's report of the worker's free KV blocks (decode dispatch breaks ties on them)."""
         self.loads[worker].free_blocks = free_blocks
 
+    def free_blocks(self, worker: int) -> int:
+        """The worker's free KV blocks as its last report had them."""
+        return self.loads[worker].free_blocks
+
     def _token(self, tracked: Tracked, index: int, token: int, worker: int, worker_t: float, received_t: float,
                news: StepNews) -> None:
         if index < len(tracked.output):

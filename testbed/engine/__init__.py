@@ -2,10 +2,18 @@
 
 from testbed.engine.block_manager import BlockManager
 from testbed.engine.config import EngineConfig, SchedulerConfig
-from testbed.engine.engine import Engine
 from testbed.engine.record import StepRecord
 from testbed.engine.scheduler import Batch, Scheduler, StepResult
 from testbed.engine.sequence import Sequence, SequenceStatus
 
 __all__ = ["Batch", "BlockManager", "Engine", "EngineConfig", "Scheduler", "SchedulerConfig", "Sequence",
            "SequenceStatus", "StepRecord", "StepResult"]
+
+
+def __getattr__(name: str):
+    # Engine pulls in torch (seconds); the simulator uses the scheduler side only
+    if name == "Engine":
+        from testbed.engine.engine import Engine
+
+        return Engine
+    raise AttributeError(f"module 'testbed.engine' has no attribute {name!r}")

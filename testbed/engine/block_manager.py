@@ -65,9 +65,13 @@ class BlockManager:
                 seq.block_table.append(block_id)
             seq.num_cached_tokens = seq.num_computed_tokens = len(seq.block_table) * self.block_size
         fresh = list(islice(self.free_ids, max(0, self.blocks_for(num_tokens) - len(seq.block_table))))
-        for block_id in fresh:  # LRU first: taken whole, the free list's order stays as it was
-            self._forget_hash(block_id)
-            self._take(block_id)
+        free_ids, blocks = self.free_ids, self.blocks
+        for block_id in fresh:  # LRU first; _forget_hash and _take, inlined: a long simulation's hottest loop
+            block = blocks[block_id]
+            if block.hash is not None:
+                self._forget_hash(block_id)
+            del free_ids[block_id]
+            block.ref_count = 1
         seq.block_table.extend(fresh)
 
     def free(self, seq: Sequence) -> None:

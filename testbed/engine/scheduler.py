@@ -46,6 +46,7 @@ class QuietRun(NamedTuple):
     """`steps` plain decode steps to come (Scheduler.quiet_run)."""
 
     steps: int
+    finishes: bool  # the step after them is a plain decode too, in which a sequence finishes
     seqs: tuple[tuple[int, int], ...]  # (seq_id, output tokens before the first step), in batch order
     context: int  # the decodes' total context at the first step (it grows by len(seqs) a step)
     used: list[int]  # the pool's used blocks after each step
@@ -196,20 +197,20 @@ class Scheduler:
     def quiet_run(self) -> QuietRun | None:
         """The next steps that are plain decodes changing nothing but lengths: every running
         sequence decodes one token, none finishes, nothing waits or prefills, and the pool
-        covers their blocks (no preemption). None when the next step is not one."""
+        covers their blocks (no preemption). None when the next step is not a plain decode."""
         running = self.running
         if not running or self.waiting or len(running) > self.policy.token_budget(self) \
                 or any(seq.in_prefill for seq in running):
             return None
         steps = min(seq.max_tokens - len(seq.token_ids) + seq.num_prompt_tokens for seq in running) - 1
-        while steps > 0 and len(self._crossings(steps)) > self.block_manager.num_free_blocks:
+        free = self.block_manager.num_free_blocks
+        finishes = len(self._crossings(steps + 1)) <= free  # the step after them, which finishes one, fits too
+        while not finishes and steps > 0 and len(self._crossings(steps)) > free:
             steps //= 2
-        if steps < 1:
-            return None
         grown = [0] * steps
         for step, _, _ in self._crossings(steps):
             grown[step] += 1
-        return QuietRun(steps, tuple((seq.seq_id, seq.num_output_tokens) for seq in running),
+        return QuietRun(steps, finishes, tuple((seq.seq_id, seq.num_output_tokens) for seq in running),
                         sum(len(seq.token_ids) for seq in running),
                         list(accumulate(grown, initial=self.block_manager.num_used_blocks))[1:])
 

@@ -5,13 +5,10 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-import torch
-
 from testbed.config import Config, with_overrides
 from testbed.experiments import aggregates, studies
 from testbed.experiments.report import print_run, print_sweep
 from testbed.experiments.repeats import intervals, with_repeats
-from testbed.experiments.serve import serve
 from testbed.experiments.sweep import Sweep, track_figures, track_point
 from testbed.tracking.results import ensure_writable, write_parquet
 from testbed.tracking.wandb_tracker import make_tracker
@@ -39,7 +36,7 @@ def effective(cfg: Config, explicit: set[str] = frozenset()) -> Config:
     """The study's CPU-sized variant when no GPU will be used (a simulated GPU keeps the GPU
     sizing). What the command line set explicitly wins over the study's CPU defaults
     (`model=small` keeps the small model)."""
-    on_gpu = torch.cuda.is_available() and cfg.hardware.name != "cpu"
+    on_gpu = studies.cuda_count(cfg.hardware) > 0
     if on_gpu or simulates_gpu(cfg) or not cfg.experiment.cpu_overrides:
         return cfg
     related = lambda a, b: a == b or a.startswith(b + ".") or b.startswith(a + ".")  # noqa: E731
@@ -69,6 +66,8 @@ def run_point(cfg: Config, out_dir: Path) -> dict:
         from testbed.sim.executor import simulate_point
 
         return simulate_point(cfg, out_dir)
+    from testbed.experiments.serve import serve  # here: a simulated run never imports torch (seconds)
+
     return serve(cfg, out_dir)
 
 

@@ -7,8 +7,7 @@ disaggregated split pP:dD has p + d = N.
 
 from __future__ import annotations
 
-import torch
-
+from testbed.cluster.layout import cuda_count
 from testbed.config import Config
 from testbed.errors import ConfigError
 from testbed.experiments.sweep import Point
@@ -17,8 +16,8 @@ from testbed.experiments.sweep import Point
 def num_devices(cfg: Config) -> int:
     if cfg.hardware.num_devices is not None:
         return cfg.hardware.num_devices
-    if torch.cuda.is_available() and cfg.hardware.name != "cpu":
-        return torch.cuda.device_count()
+    if cuda_count(cfg.hardware):
+        return cuda_count(cfg.hardware)
     return 2
 
 
@@ -134,7 +133,7 @@ def decode_step_model(cfg: Config):
         spec = cfg.sim.spec("decode") or str(SHIPPED / f"{cfg.model.name}_cpu.json")
     if not spec:
         shipped = SHIPPED / f"{cfg.model.name}_cpu.json"
-        if (torch.cuda.is_available() and hw.name != "cpu") or not shipped.is_file():
+        if cuda_count(hw) or not shipped.is_file():
             return None
         spec = str(shipped)
     model, _ = cost_model(spec, args, dtype_bytes=2)

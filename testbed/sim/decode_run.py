@@ -2,10 +2,11 @@
 
 Most steps of a long simulation are plain decodes: every running sequence gets one token, none
 finishes, nothing waits (Scheduler.quiet_run). Until a message reaches the worker, those steps
-are fixed in advance. The simulator plans them at once (`plan`: each step's start, end, report
-delay and the gap after it, with the host's draws in the order stepping would draw them), posts
-one event at the run's end, and applies the steps together when it comes. A message that
-reaches the worker first cuts the run (`cut`): the steps begun before it stand, the one in
+are fixed in advance, and so is the one after them, in which a sequence finishes. The simulator
+plans them at once (`plan`: each step's start, end, report delay and the gap after it, with the
+host's draws in the order stepping would draw them) and posts one event at the run's end. Then
+it applies the quiet steps together and finishes the last one as an ordinary step. A message
+that reaches the worker first cuts the run (`cut`): the steps begun before it stand, the one in
 flight finishes as an ordinary step, and the draws of the rest go back to the worker's stream.
 So a run gives the results of stepping one at a time (tests/test_decode_run.py checks they are
 identical), in a few events instead of one per step.
@@ -38,11 +39,16 @@ class DecodeRun:
     def end(self) -> float:
         return self.ends[-1]
 
-    def free_changes(self, num_blocks: int) -> list[tuple[int, int]]:
-        """(step, free blocks after it) where the reported free blocks may change: the first
-        step, and each step that takes a block."""
-        used = self.quiet.used
-        return [(i, num_blocks - u) for i, u in enumerate(used) if i == 0 or u != used[i - 1]]
+    def free_changes(self, num_blocks: int, reported: int) -> list[tuple[int, int]]:
+        """(step, free blocks after it) where a step's report changes the free blocks the book
+        has from this worker (`reported`): where a step takes a block, or the first step when
+        blocks were reserved since the last report."""
+        changes, last = [], num_blocks - reported
+        for i, used in enumerate(self.quiet.used):
+            if used != last:
+                changes.append((i, num_blocks - used))
+                last = used
+        return changes
 
     def step_fields(self, done: int, role: str) -> dict:
         """steps.parquet's fields of the first `done` steps (StepLog.add_many), as the
@@ -55,11 +61,11 @@ class DecodeRun:
                     postprocess_s=0.0, prefill_chunks=(), decode_context=list(range(context, context + n * done, n)))
 
     def cut(self, t: float, draws: Draws) -> tuple[int, bool]:
-        """Keep the steps begun before `t`: (how many ended by `t`, whether one more is in
-        flight). The draws of the dropped steps, and the in-flight step's report and gap (drawn
-        again when it ends), go back to `draws`."""
+        """Keep the steps begun before `t`: (how many quiet steps ended by `t`, whether one more
+        is in flight: one not ended, or the finishing step). The draws of the dropped steps, and
+        the in-flight step's report and gap (drawn again when it ends), go back to `draws`."""
         begun = bisect_left(self.starts, t)
-        in_flight = begun > 0 and self.ends[begun - 1] > t
+        in_flight = begun > 0 and (self.ends[begun - 1] > t or begun > self.quiet.steps)
         done = begun - in_flight
         back = self.taken[done][int(self.scale_sampled):] if in_flight else []
         for taken in self.taken[begun:]:
@@ -73,11 +79,13 @@ def plan(now: float, quiet: QuietRun, cost: StepCostModel, scale: Delay, host: H
     """The run's steps from `now`, timed as Simulation steps them one at a time: the step's cost
     times its contention draw, then the report and gap draws."""
     run = DecodeRun(quiet, scale_sampled=not scale.is_fixed, valid=quiet.steps)
+    steps = quiet.steps + quiet.finishes
     if scale.is_fixed and host.report.is_fixed and host.step_gap.is_fixed:
-        return _plan_fixed(run, now, cost, scale.quantiles[0], host.report.quantiles[0], host.step_gap.quantiles[0])
+        return _plan_fixed(run, steps, now, cost, scale.quantiles[0], host.report.quantiles[0],
+                           host.step_gap.quantiles[0])
     n, context, t = len(quiet.seqs), quiet.context, now
     sample = draws.sample
-    for i in range(quiet.steps):
+    for i in range(steps):
         taken: list[float] = []
         end = t + cost.step_time(0, 0.0, n, context + n * i) * sample(scale, taken)
         report = sample(host.report, taken)
@@ -91,17 +99,19 @@ def plan(now: float, quiet: QuietRun, cost: StepCostModel, scale: Delay, host: H
     return run
 
 
-def _plan_fixed(run: DecodeRun, t: float, cost: StepCostModel, scale: float, report: float, gap: float) -> DecodeRun:
+def _plan_fixed(run: DecodeRun, steps: int, t: float, cost: StepCostModel, scale: float, report: float,
+                gap: float) -> DecodeRun:
     """`plan` with no draws: the common case of a long simulation, kept to one call a step."""
-    quiet, step_time, starts, ends = run.quiet, cost.step_time, run.starts, run.ends
+    quiet, step_time = run.quiet, cost.step_time
     n, context = len(quiet.seqs), quiet.context
-    for i in range(quiet.steps):
-        starts.append(t)
+    start, end = run.starts.append, run.ends.append
+    for i in range(steps):
+        start(t)
         t += step_time(0, 0.0, n, context + n * i) * scale
-        ends.append(t)
+        end(t)
         if gap > 0:
             t += gap
-    run.reports = [report] * quiet.steps
-    run.gaps = [gap] * quiet.steps
-    run.taken = [[] for _ in range(quiet.steps)]
+    run.reports = [report] * steps
+    run.gaps = [gap] * steps
+    run.taken = [[]] * steps  # nothing drawn: one shared empty list serves every step
     return run

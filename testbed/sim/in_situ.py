@@ -26,11 +26,9 @@ from typing import Optional
 
 import numpy as np
 import pandas as pd
-import torch
 
 from testbed.errors import ConfigError
 from testbed.model.config import ModelConfig
-from testbed.model.loader import resolve_dtype
 from testbed.perf.attention import attended_context
 from testbed.sim.host import Delay
 from testbed.perf.measured import SHAPE_KEYS, STEP_INPUTS, STEP_TERMS, fit_step, fit_transfer, step_features
@@ -112,6 +110,10 @@ def transfer_fit(transfers: pd.DataFrame) -> dict:
 
 def dtype_bytes(dtype: str, device: str) -> int:
     """The KV cache's element size as the engine resolved model.dtype for that device."""
+    import torch  # here: only an in-situ profile needs it, and it costs a simulation seconds to import
+
+    from testbed.model.loader import resolve_dtype
+
     return resolve_dtype(dtype, torch.device("cuda" if device == "cuda" else "cpu")).itemsize  # a host: as CPU
 
 

@@ -114,7 +114,7 @@ class Simulation:
         run = worker.start_run(self.now, cost, self.scales[rank][0], self.host, draws) if self.runs else None
         if run is not None:
             self.push(run.end, RUN_END, (rank, run))
-            for i, free in run.free_changes(worker.block_manager.num_blocks):
+            for i, free in run.free_changes(worker.block_manager.num_blocks, self.book.free_blocks(rank)):
                 self.push(run.ends[i], FREE, (rank, run, i, free))
             return
         duration = worker.start_step(self.now, cost)
@@ -200,7 +200,9 @@ class Simulation:
         total = worker.block_manager.num_blocks
         self.book.on_run(rank, run.quiet.seqs, run.starts[:done], run.ends[:done], received,
                          [total - used for used in run.quiet.used[:done]], SAMPLED_TOKEN)
-        if in_flight:
+        if in_flight and run.ends[done] == self.now:  # the run's finishing step ends now
+            self._step_end(rank)
+        elif in_flight:
             self.push(run.ends[done], STEP_END, rank)
         elif done:
             self._pause(rank, run.ends[done - 1] + run.gaps[done - 1])

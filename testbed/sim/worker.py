@@ -81,7 +81,7 @@ class SimWorker:
                   draws: Draws) -> Optional[DecodeRun]:
         """Plan the quiet decode steps ahead as one run, or None when there are too few."""
         quiet = self.scheduler.quiet_run()
-        if quiet is None or quiet.steps < MIN_STEPS:
+        if quiet is None or quiet.steps + quiet.finishes < MIN_STEPS:
             return None
         self.run = plan(now, quiet, cost, scale, host, draws)
         return self.run
