@@ -110,8 +110,8 @@ def test_quiet_run_refuses_waiting_work_and_shrinks_to_the_free_blocks():
 
 # -- draws --------------------------------------------------------------------------------------
 def test_a_cut_run_gives_back_the_draws_stepping_would_not_have_made():
-    scale, host = Delay(tuple(np.linspace(0.5, 1.5, 101))), HostModel(report=Delay(tuple(np.linspace(0, 1e-3, 101))),
-                                                                         step_gap=Delay(tuple(np.linspace(0, 1e-4, 101))))
+    scale = Delay(tuple(np.linspace(0.5, 1.5, 101)))
+    host = HostModel(report=Delay(tuple(np.linspace(0, 1e-3, 101))), step_gap=Delay(tuple(np.linspace(0, 1e-4, 101))))
     scheduler = _decoding([(5, 30), (3, 30)])
 
     class Flat:  # a step costs 1 ms whatever its shape

@@ -11,7 +11,7 @@ import pytest
 from testbed.engine.record import StepRecord
 from testbed.metrics import Event, RequestLog, SLOConfig, meets_slo, pooled_itl, request_table
 from testbed.metrics.latency import add_derived, as_times, harness_delays
-from testbed.metrics.steps import RECORD_FIELDS, steps_table
+from testbed.metrics.steps import RECORD_FIELDS, StepLog, steps_table
 from testbed.tracking.results import write_parquet
 from testbed.workload.builder import _Prompts, _synthetic_shape
 from testbed.workload.config import LengthConfig, WorkloadConfig
@@ -73,6 +73,45 @@ def test_steps_table_matches_a_row_per_step(odd):
     pd.testing.assert_frame_equal(table, expected[list(table.columns)], check_exact=True)
     assert table["step"].tolist() == [0, 0, 1, 1]
     assert steps_table([], 0.0).columns.tolist() == table.columns.tolist()
+
+
+RUN_FIELDS = ("start", "end", "kv_blocks_used", "forward_s", "decode_context")
+
+
+def _run(start: float, count: int, **odd) -> dict:
+    """add_many's fields of a decode run: per-row lists for what changes, one value for the rest."""
+    starts = [start + 0.1 * i for i in range(count)]
+    fields = dict(start=starts, end=[t + 0.05 for t in starts], role="decode_only", prefill_tokens=0, decode_seqs=2,
+                  batched_tokens=2, kv_blocks_used=[4 + i // 2 for i in range(count)], num_waiting=0, num_running=2,
+                  schedule_s=0.0, prepare_s=0.0, forward_s=[0.05] * count, sample_s=0.0, postprocess_s=0.0,
+                  prefill_chunks=(), decode_context=list(range(30, 30 + 2 * count, 2)))
+    return {**fields, **odd}
+
+
+def _expand(fields: dict, count: int) -> list[StepRecord]:
+    return [StepRecord(**{k: (v[i] if isinstance(v, list) else v) for k, v in fields.items()}) for i in range(count)]
+
+
+@pytest.mark.parametrize("odd", [{}, {"num_waiting": None}, {"role": "decode_only*"}, {"decode_context": 2.5}])
+def test_runs_of_rows_land_where_rows_added_one_by_one_would(odd):
+    """StepLog.add_many keeps a run whole and places it when the table is built: the table equals
+    the one of the same rows added one at a time, in order, step numbers and types included."""
+    log, pairs = StepLog(), []
+    plan = [("row", 0, 10.0), ("run", 3, 10.1, 4, {}), ("row", 3, 10.6), ("run", 0, 10.7, 2, odd),
+            ("run", 3, 10.8, 3, {}), ("row", 0, 11.0), ("row", 5, 11.1), ("run", 5, 11.2, 1, {})]
+    for kind, worker, start, *rest in plan:
+        if kind == "row":
+            record = _step(start)
+            log.add(worker, record)
+            pairs.append((worker, record))
+        else:
+            count, extra = rest
+            fields = _run(start, count, **extra)
+            log.add_many(worker, count, **fields)
+            pairs.extend((worker, record) for record in _expand(fields, count))
+    table = steps_table(log, 10.0)
+    pd.testing.assert_frame_equal(table, steps_table(pairs, 10.0), check_exact=True)
+    pd.testing.assert_frame_equal(table, _steps_by_rows(pairs, 10.0)[list(table.columns)], check_exact=True)
 
 
 def _table_by_rows(log: RequestLog) -> pd.DataFrame:

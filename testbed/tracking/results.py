@@ -8,6 +8,7 @@ never sees half a file.
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import platform
@@ -157,6 +158,13 @@ def collect_meta(seed: int, extra: Optional[dict] = None) -> dict[str, Any]:
 
 
 def _torch_meta() -> dict[str, Any]:
+    """torch's version and the CUDA devices it sees. A run that never imported torch (a
+    simulation) used no device: it reads the installed version without the import (seconds)."""
+    if "torch" not in sys.modules:
+        try:
+            return {"torch": importlib.metadata.version("torch"), "cuda": None, "cuda_devices": []}
+        except importlib.metadata.PackageNotFoundError:
+            return {"torch": None, "cuda_devices": []}
     try:
         import torch
     except Exception:  # torch absent or broken: the metadata says so instead of failing the run
