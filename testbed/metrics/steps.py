@@ -23,20 +23,23 @@ _DEFAULTS = StepRecord._field_defaults
 
 
 class StepLog:
-    """steps.parquet's rows as they come. A row is kept as one value per column list; a run of
-    rows of one worker (`add_many`: a simulator's decode run, most of a long simulation's rows)
-    is kept whole, its per-row fields as lists and the rest as one value, and laid out in place
-    when the table is built."""
+    """steps.parquet's rows as they come, one list per column. A run of rows of one worker
+    (`add_many`: a simulator's decode run, most of a long simulation's rows) is kept apart, its
+    per-row fields extended flat and its other fields once per run, and follows the single rows
+    in the table: so a worker's rows are in time order by `step`, not by their place."""
 
     def __init__(self):
         self.columns: dict[str, list] = {name: [] for name in COLUMNS}
         self._lists = list(self.columns.values())
         self.steps: list[int] = []  # each row's step number on its worker
-        self.runs: list[tuple[int, int, int, dict]] = []  # (rows added before it, first step number, count, fields)
+        self.run_counts: list[int] = []
+        self.run_steps: list[int] = []  # each run's first step number
+        self.run_flat: dict[str, list] = {}  # a field given per row: every run's rows, flat
+        self.run_once: dict[str, list] = {name: [] for name in COLUMNS}  # a field given once: per run
         self._next: dict[int, int] = {}  # worker -> its next step number
 
     def __len__(self) -> int:
-        return len(self.steps) + sum(count for _, _, count, _ in self.runs)
+        return len(self.steps) + sum(self.run_counts)
 
     def add(self, worker: int, record: StepRecord) -> None:
         for column, value in zip(self._lists, (worker, *record)):
@@ -48,63 +51,66 @@ class StepLog:
     def add_many(self, worker: int, count: int, **fields) -> None:
         """`count` rows of one worker: each field a list of `count` values, or one value for all
         of them; a field left out takes its StepRecord default."""
-        if count:
-            step = self._next.get(worker, 0)
-            self.runs.append((len(self.steps), step, count, {**fields, "worker": worker}))
-            self._next[worker] = step + count
+        if not count:
+            return
+        fields["worker"] = worker
+        for name, once in self.run_once.items():
+            value = fields[name] if name in fields else _DEFAULTS[name]
+            if isinstance(value, list) and name not in self.run_flat:
+                self.run_flat[name] = list(chain.from_iterable([v] * n for v, n in zip(once, self.run_counts)))
+            if name in self.run_flat:
+                self.run_flat[name].extend(value if isinstance(value, list) else [value] * count)
+            else:
+                once.append(value)
+        step = self._next.get(worker, 0)
+        self.run_counts.append(count)
+        self.run_steps.append(step)
+        self._next[worker] = step + count
 
     def table_columns(self) -> dict[str, np.ndarray | pd.Series]:
-        """Every column typed by its StepRecord hint, rows in the order they were added; "step"
-        is the row's step number on its worker."""
-        if not self.runs:
+        """Every column typed by its StepRecord hint: the single rows, then the runs' rows;
+        "step" is a row's step number on its worker."""
+        if not self.run_counts:
             return {"step": np.array(self.steps, dtype=np.int64),
                     **{name: _column(values, _HINTS[name]) for name, values in self.columns.items()}}
-        counts = np.array([count for _, _, count, _ in self.runs], dtype=np.int64)
-        ends = np.cumsum(counts)
-        before = np.array([rows for rows, _, _, _ in self.runs], dtype=np.int64)
-        # a row goes after every run added before it; a run after the rows added before it
-        runs_before = np.searchsorted(before, np.arange(len(self.steps)), side="right")
-        at_row = np.arange(len(self.steps)) + np.concatenate([[0], ends])[runs_before]
-        within = np.arange(int(ends[-1])) - np.repeat(ends - counts, counts)
-        at_run = np.repeat(before + ends - counts, counts) + within
-        firsts = np.array([step for _, step, _, _ in self.runs], dtype=np.int64)
-        columns = {"step": _place(np.array(self.steps, dtype=np.int64), np.repeat(firsts, counts) + within,
-                                  at_row, at_run, int)}
+        counts = np.array(self.run_counts, dtype=np.int64)
+        within = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+        columns = {"step": np.concatenate([np.array(self.steps, dtype=np.int64),
+                                           np.repeat(np.array(self.run_steps, dtype=np.int64), counts) + within])}
         for name, values in self.columns.items():
-            fields = [run[3].get(name, _DEFAULTS.get(name)) for run in self.runs]
-            columns[name] = _place(_column(values, _HINTS[name]), _run_column(fields, counts, _HINTS[name]),
-                                   at_row, at_run, _HINTS[name])
+            hint = _HINTS[name]
+            if hint is str:
+                columns[name] = self._text(name, counts)
+                continue
+            runs = _column(self.run_flat[name], hint) if name in self.run_flat else \
+                np.repeat(_as_array(_column(self.run_once[name], hint)), counts)
+            columns[name] = _join(_column(values, hint), runs, hint)
         return columns
+
+    def _text(self, name: str, counts: np.ndarray) -> pd.Series:
+        """A text column (role) through arrow: a run's one value is taken for each of its rows."""
+        if name in self.run_flat:
+            runs = pa.array(self.run_flat[name], type=pa.string(), from_pandas=True)
+        else:
+            once = pa.array(self.run_once[name], type=pa.string(), from_pandas=True)
+            runs = once.take(pa.array(np.repeat(np.arange(len(counts)), counts)))
+        return pa.concat_arrays([pa.array(self.columns[name], type=pa.string(), from_pandas=True), runs]).to_pandas()
 
 
 COLUMNS = ("worker", *RECORD_FIELDS)
 _HINTS["worker"] = int
 
 
-def _run_column(fields: list, counts: np.ndarray, hint):
-    """One column's values over every run: a run's list as it is, a single value repeated."""
-    if not any(isinstance(value, list) for value in fields):
-        return _repeat(_column(fields, hint), counts)
-    return _column(list(chain.from_iterable(value if isinstance(value, list) else [value] * int(count)
-                                            for value, count in zip(fields, counts))), hint)
+def _as_array(column) -> np.ndarray:
+    return column.to_numpy(dtype=object) if isinstance(column, pd.Series) else column
 
 
-def _repeat(column, counts: np.ndarray) -> np.ndarray:
-    return np.repeat(column.to_numpy(dtype=object) if isinstance(column, pd.Series) else column, counts)
-
-
-def _place(rows, runs, at_row: np.ndarray, at_run: np.ndarray, hint):
-    """The rows' and the runs' values of one column, each at its place in the table."""
+def _join(rows, runs, hint):
+    """The single rows' and the runs' values of one column, in that order."""
     if isinstance(rows, np.ndarray) and isinstance(runs, np.ndarray) and rows.dtype == runs.dtype:
-        out = np.empty(len(at_row) + len(at_run), dtype=rows.dtype)
-        out[at_row], out[at_run] = rows, runs
-        return out
-    out = np.empty(len(at_row) + len(at_run), dtype=object)  # a text column, or a value off its hint
-    for at, part in ((at_row, rows), (at_run, runs)):
-        out[at] = part.to_numpy(dtype=object) if isinstance(part, pd.Series) else part.astype(object)
-    if hint is str:
-        return pa.array(out, type=pa.string(), from_pandas=True).to_pandas()
-    return _column(out.tolist(), hint)
+        return np.concatenate([rows, runs])
+    values = np.concatenate([_as_array(rows).astype(object), _as_array(runs).astype(object)])
+    return _column(values.tolist(), hint)  # a value off its hint: as pandas infers the column
 
 
 def steps_table(steps: StepLog | list[tuple[int, StepRecord]], t0: float) -> pd.DataFrame:

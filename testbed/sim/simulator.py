@@ -236,4 +236,4 @@ class Simulation:
 
 
 def sequence(request: Request) -> Sequence:
-    return Sequence(request.request_id, list(request.prompt_token_ids), request.output_len)
+    return Sequence(request.request_id, request.prompt_token_ids, request.output_len)  # Sequence copies the prompt
