@@ -25,6 +25,7 @@ from testbed.cluster.messages import (Abort, Failed, Heartbeat, KVArrived, KVAtt
 from testbed.control.book import RequestBook, Tracked
 from testbed.control.transfers import TransferLog
 from testbed.metrics.events import RequestLog
+from testbed.metrics.steps import StepLog
 from testbed.workload import Request, Workload
 
 LIVENESS_CHECK_S = 0.2

@@ -60,6 +60,13 @@ class DecodeRun:
                     prepare_s=0.0, forward_s=[end - start for start, end in zip(starts, ends)], sample_s=0.0,
                     postprocess_s=0.0, prefill_chunks=(), decode_context=list(range(context, context + n * done, n)))
 
+    def reports(self, done: int, num_blocks: int) -> tuple[list, list, list, list]:
+        """What the first `done` steps report (RequestBook.on_run): their starts, their ends (the
+        tokens' worker stamps), the tokens' receipts and the free blocks after each."""
+        ends = self.ends[:done]
+        return (self.starts[:done], ends, [end + report for end, report in zip(ends, self.reports)],
+                [num_blocks - used for used in self.quiet.used[:done]])
+
     def cut(self, t: float, draws: Draws) -> tuple[int, bool]:
         """Keep the steps begun before `t`: (how many quiet steps ended by `t`, whether one more
         is in flight: one not ended, or the finishing step). The draws of the dropped steps, and

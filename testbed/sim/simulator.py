@@ -13,7 +13,8 @@ The host around the engine (testbed/sim/host.py: the router -> worker hop, a wor
 between steps, the worker -> router report that stamps a token's receipt, and contention that
 stretches a step past its modelled time) is drawn from the distributions an in-situ profile
 measured (sim.profile=run:<dir>, what sim_validate uses), or fixed by sim.dispatch_latency_s,
-sim.step_gap_s and sim.report_latency_s; none by default.
+sim.step_gap_s and sim.report_latency_s; none by default. A worker's quiet decode steps go in
+one event (testbed/sim/decode_run.py), with the results of stepping one at a time.
 
 Simplifications, each erring towards the real system's slower path: layer-wise KV streaming
 (kv_transfer.granularity=layer) moves the KV after the prefill like granularity=request;
@@ -178,11 +179,10 @@ class Simulation:
             self.push(resume_at, RESUME, rank)
         self.dirty.add(rank)
 
-    # -- decode runs ---------------------------------------------------------------------------
+    # -- decode runs (a run's end, or a message to its worker, cuts it) ---------------------------
     def _run_end(self, payload: tuple) -> None:
-        rank, run = payload
-        if self.workers[rank].run is run:  # else a message cut it already
-            self._interrupt(rank)
+        if self.workers[payload[0]].run is payload[1]:  # else a message cut it already
+            self._interrupt(payload[0])
 
     def _free(self, payload: tuple) -> None:
         rank, run, step, free = payload
@@ -190,16 +190,12 @@ class Simulation:
             self.book.report_free(rank, free)
 
     def _interrupt(self, rank: int) -> None:
-        """A message reaches the worker (or its run ends): apply the run's steps that ended."""
         worker = self.workers[rank]
         if worker.run is None:
             return
         run, done, in_flight = worker.end_run(self.now, self.draws[rank + 1])
         self.steps.add_many(rank, done, **run.step_fields(done, worker.role))
-        received = [end + report for end, report in zip(run.ends[:done], run.reports)]
-        total = worker.block_manager.num_blocks
-        self.book.on_run(rank, run.quiet.seqs, run.starts[:done], run.ends[:done], received,
-                         [total - used for used in run.quiet.used[:done]], SAMPLED_TOKEN)
+        self.book.on_run(rank, run.quiet.seqs, *run.reports(done, worker.block_manager.num_blocks), SAMPLED_TOKEN)
         if in_flight and run.ends[done] == self.now:  # the run's finishing step ends now
             self._step_end(rank)
         elif in_flight:
@@ -229,7 +225,7 @@ class Simulation:
         self.transfers.sent(rid, rank, decode, entry.attempt, nbytes, entry.start, now, entry.wait_s)
         self.transfers.arrived(rid, rank, decode, entry.attempt, now)
         self.book.kv_sent(rid, rank, decode, entry.start, nbytes, moved=True)
-        self._interrupt(decode)
+        self._interrupt(decode)  # before the install: D's steps until now ran without it
         self.workers[decode].install(rid)
         self.book.kv_arrived(rid, decode, now)
         self.dirty.update((rank, decode))
