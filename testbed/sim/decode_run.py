@@ -60,7 +60,7 @@ class DecodeRun:
                     prepare_s=0.0, forward_s=[end - start for start, end in zip(starts, ends)], sample_s=0.0,
                     postprocess_s=0.0, prefill_chunks=(), decode_context=list(range(context, context + n * done, n)))
 
-    def reports(self, done: int, num_blocks: int) -> tuple[list, list, list, list]:
+    def report(self, done: int, num_blocks: int) -> tuple[list, list, list, list]:
         """What the first `done` steps report (RequestBook.on_run): their starts, their ends (the
         tokens' worker stamps), the tokens' receipts and the free blocks after each."""
         ends = self.ends[:done]

@@ -195,7 +195,7 @@ class Simulation:
             return
         run, done, in_flight = worker.end_run(self.now, self.draws[rank + 1])
         self.steps.add_many(rank, done, **run.step_fields(done, worker.role))
-        self.book.on_run(rank, run.quiet.seqs, *run.reports(done, worker.block_manager.num_blocks), SAMPLED_TOKEN)
+        self.book.on_run(rank, run.quiet.seqs, *run.report(done, worker.block_manager.num_blocks), SAMPLED_TOKEN)
         if in_flight and run.ends[done] == self.now:  # the run's finishing step ends now
             self._step_end(rank)
         elif in_flight:
