@@ -141,11 +141,13 @@ def test_sim_validate_simulates_on_a_calibration_run_of_its_own(tmp_path):
     out 66% low (the simulator 2-4x too fast); calibrated, it may not be half the real one."""
     out = tmp_path / "validate"
     result = run_study("sim_validate", out, "experiment.rates=[20]", "experiment.modes=[chunked]",
-                       "workload.num_requests=20", "hardware.emulate=null", "hardware.emulate_model=null")
+                       "workload.num_requests=20", "experiment.repeats=2", "hardware.emulate=null",
+                       "hardware.emulate_model=null")
     points = result["table"].set_index("point")
-    assert points.loc["calibrate_chunked", "executor"] == "calibration" and points.loc["calibrate_chunked", "seed"] != 0
-    summary = json.loads((out / "points" / "chunked_rate20_sim" / "summary.json").read_text())
-    assert summary["sim"]["profile"]["name"] == f"run:{out / 'points' / 'calibrate_chunked'}"
+    calibration = points[points["executor"] == "calibration"]
+    assert len(calibration) == 2 and set(calibration["seed"]) == {1000, 1001}  # repeated, seeds of their own
+    summary = json.loads((out / "points" / "chunked_rate20_sim_r0" / "summary.json").read_text())
+    assert summary["sim"]["profile"]["name"] == f"run:{out / 'points' / 'calibrate_chunked_r*'}"
     assert summary["sim"]["host_delays"]["sampled"] and summary["sim"]["host_delays"]["report_s"] > 0
     (row,) = result["aggregate"]["errors"]
     assert row["tpot_p50_error"] > -0.5, row

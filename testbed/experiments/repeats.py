@@ -19,7 +19,8 @@ from testbed.metrics.slo import tenant_slos
 from testbed.metrics.uncertainty import point_intervals, repeat_interval
 
 def with_repeats(points: list[Point], cfg: Config) -> list[Point]:
-    """Each point once per repeat, the seed advanced; the cell knob names the point it repeats."""
+    """Each point once per repeat, the seed advanced (from the point's own seed, if it sets one);
+    the cell knob names the point it repeats."""
     n = cfg.experiment.repeats
     out = []
     for point in points:
@@ -29,7 +30,7 @@ def with_repeats(points: list[Point], cfg: Config) -> list[Point]:
             continue
         for i in range(n):
             name = point.name if n == 1 else f"{point.name}_r{i}"
-            seed = cfg.seed + i
+            seed = point.overrides.get("seed", cfg.seed) + i
             knobs = {**point.knobs, "cell": point.name, "repeat": i, "seed": seed}
             out.append(Point(name, {**point.overrides, "seed": seed}, knobs))
     return out

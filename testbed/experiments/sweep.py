@@ -31,7 +31,7 @@ class Point:
     name: str
     overrides: dict  # dotted config keys -> values; "{points}" in a value is the sweep's points/ dir
     knobs: dict  # what the sweep table shows for this point (label, mode, rate, ...)
-    repeat: bool = True  # runs experiment.repeats times (False: once, e.g. a calibration run)
+    repeat: bool = True  # runs experiment.repeats times (False: once)
 
 
 def flatten(summary: dict, prefix: str = "") -> dict:

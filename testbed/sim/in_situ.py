@@ -16,11 +16,12 @@ transfers as they went, and the host-side delays the cost model cannot see:
 each kept as a distribution (testbed/sim/host.py), so the tails come through as well as the medians.
 
 Steps are fitted per role where the run has that role (P's and D's contention differ).
-sim_validate calibrates on a real run of its own (other seed), never on the runs it validates.
+sim_validate calibrates on real runs of its own (other seeds), never on the runs it validates.
 """
 
 from __future__ import annotations
 
+import glob
 from pathlib import Path
 from typing import Optional
 
@@ -37,6 +38,7 @@ from testbed.tracking.results import read_results
 PREFIX = "run:"
 ROLES = {"mixed": ("colocated", "chunked"), "prefill": ("prefill_only",), "decode": ("decode_only",)}
 MIN_STEPS = 10
+RUN_STRIDE = 1_000_000  # pooled runs' worker and request ids: run k's are offset by k x this
 
 
 def is_run_spec(spec: Optional[str]) -> bool:
@@ -44,17 +46,35 @@ def is_run_spec(spec: Optional[str]) -> bool:
 
 
 def load_in_situ(spec: str, role: str, key: str = "sim.profile") -> dict:
-    """The profile a role simulates on, fitted from the run `spec` names (run:<dir>)."""
-    directory = Path(spec[len(PREFIX):])
-    if not (directory / "summary.json").is_file():
-        raise ConfigError(f"{key}={spec!r}: {directory} is not a finished run's results directory")
-    results = read_results(directory)
+    """The profile a role simulates on, fitted from the run `spec` names (run:<dir>), or from the
+    runs a glob names (run:<dir>_r*: repeats, pooled)."""
+    results = read_runs(spec, key)
     steps = results["steps"]
     own = steps[steps["role"].isin(ROLES[role])]
     workers = results["summary"].get("workers") or {}
     device = next((w["device"] for w in workers.values()), "cpu").split(":")[0]
     return profile_from_results(results["config"], device, own if len(own) >= MIN_STEPS else steps, steps,
                                 results["kv_transfers"], results["requests"], f"{key}={spec}")
+
+
+def read_runs(spec: str, key: str) -> dict:
+    """The results of the run(s) `spec` names; several are pooled, each run's workers and requests
+    renumbered apart so that every worker's timeline stays whole."""
+    pattern = spec[len(PREFIX):]
+    directories = sorted(Path(p) for p in glob.glob(pattern)) if glob.has_magic(pattern) else [Path(pattern)]
+    unfinished = [str(d) for d in directories if not (d / "summary.json").is_file()]
+    if not directories or unfinished:
+        raise ConfigError(f"{key}={spec!r}: {', '.join(unfinished) or 'no directory'} matches no finished run's "
+                          f"results directory (run:<dir>, or run:<glob> for several runs)")
+    runs = [read_results(d) for d in directories]
+    if len(runs) == 1:
+        return runs[0]
+    apart = lambda frame, k, columns: frame.assign(**{c: frame[c] + k * RUN_STRIDE for c in columns})  # noqa: E731
+    return {"config": runs[0]["config"], "summary": runs[0]["summary"],
+            "steps": pd.concat([apart(r["steps"], k, ["worker"]) for k, r in enumerate(runs)], ignore_index=True),
+            "requests": pd.concat([apart(r["requests"], k, ["request_id", "prefill_worker", "decode_worker"])
+                                   for k, r in enumerate(runs)], ignore_index=True),
+            "kv_transfers": pd.concat([r["kv_transfers"] for r in runs], ignore_index=True)}
 
 
 def profile_from_results(config: dict, device: str, fit_on: pd.DataFrame, steps: pd.DataFrame,
