@@ -141,17 +141,35 @@ def test_sim_validate_simulates_on_a_calibration_run_of_its_own(tmp_path):
     out 66% low (the simulator 2-4x too fast); calibrated, it may not be half the real one."""
     out = tmp_path / "validate"
     result = run_study("sim_validate", out, "experiment.rates=[20]", "experiment.modes=[chunked]",
-                       "workload.num_requests=20", "experiment.repeats=2", "hardware.emulate=null",
-                       "hardware.emulate_model=null")
+                       "workload.num_requests=20", "hardware.emulate=null", "hardware.emulate_model=null")
     points = result["table"].set_index("point")
-    calibration = points[points["executor"] == "calibration"]
-    assert len(calibration) == 2 and set(calibration["seed"]) == {1000, 1001}  # repeated, seeds of their own
-    summary = json.loads((out / "points" / "chunked_rate20_sim_r0" / "summary.json").read_text())
-    assert summary["sim"]["profile"]["name"] == f"run:{out / 'points' / 'calibrate_chunked_r*'}"
+    assert points.loc["calibrate_chunked", "executor"] == "calibration" and points.loc["calibrate_chunked", "seed"] != 0
+    summary = json.loads((out / "points" / "chunked_rate20_sim" / "summary.json").read_text())
+    assert summary["sim"]["profile"]["name"] == f"run:{out / 'points' / 'calibrate_chunked'}"
     assert summary["sim"]["host_delays"]["sampled"] and summary["sim"]["host_delays"]["report_s"] > 0
     (row,) = result["aggregate"]["errors"]
     assert row["tpot_p50_error"] > -0.5, row
     assert set(result["aggregate"]["host_delays"]["chunked"]) >= {"dispatch_s", "step_gap_s", "report_s"}
+
+
+@pytest.mark.slow
+def test_sim_validate_with_repeats_fits_each_repeat_on_the_others(tmp_path):
+    """With repeats, a simulated repeat runs on a profile fitted on the real runs of the other
+    repeats (every rate, pooled), never on the real run it is compared with."""
+    out = tmp_path / "validate"
+    result = run_study("sim_validate", out, "experiment.rates=[10,20]", "experiment.modes=[chunked]",
+                       "workload.num_requests=12", "experiment.repeats=2", "hardware.emulate=null",
+                       "hardware.emulate_model=null")
+    points = result["table"]
+    assert "calibration" not in set(points["executor"])
+    assert list(points["executor"]) == ["real"] * 4 + ["sim"] * 4  # every real run before the first simulated one
+    for repeat, other in ((0, 1), (1, 0)):
+        summary = json.loads((out / "points" / f"chunked_rate10_sim_r{repeat}" / "summary.json").read_text())
+        spec = summary["sim"]["profile"]["name"]
+        assert spec == f"run:{out / 'points' / f'chunked_rate*_real_r[!{repeat}]'}"
+        matched = sorted(p.name for p in (out / "points").glob(spec.split("/")[-1]))
+        assert matched == [f"chunked_rate10_real_r{other}", f"chunked_rate20_real_r{other}"]
+    assert summary["sim"]["host_delays"]["sampled"]
 
 
 @pytest.mark.slow

@@ -19,8 +19,8 @@ from testbed.metrics.slo import tenant_slos
 from testbed.metrics.uncertainty import point_intervals, repeat_interval
 
 def with_repeats(points: list[Point], cfg: Config) -> list[Point]:
-    """Each point once per repeat, the seed advanced (from the point's own seed, if it sets one);
-    the cell knob names the point it repeats."""
+    """Each point once per repeat, the seed advanced; the cell knob names the point it repeats.
+    "{other_repeats}" in an override becomes a glob of every repeat suffix but this one's."""
     n = cfg.experiment.repeats
     out = []
     for point in points:
@@ -30,10 +30,14 @@ def with_repeats(points: list[Point], cfg: Config) -> list[Point]:
             continue
         for i in range(n):
             name = point.name if n == 1 else f"{point.name}_r{i}"
-            seed = point.overrides.get("seed", cfg.seed) + i
+            seed = cfg.seed + i
             knobs = {**point.knobs, "cell": point.name, "repeat": i, "seed": seed}
-            out.append(Point(name, {**point.overrides, "seed": seed}, knobs))
+            out.append(Point(name, {**_other_repeats(point.overrides, i), "seed": seed}, knobs))
     return out
+
+
+def _other_repeats(overrides: dict, repeat: int) -> dict:
+    return {k: v.replace("{other_repeats}", f"[!{repeat}]") if isinstance(v, str) else v for k, v in overrides.items()}
 
 
 KNOBS = ("label", "mode", "executor", "rate", "burstiness", "chunk", "prefill_len", "dispatch", "num_gpus")

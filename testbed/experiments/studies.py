@@ -150,34 +150,38 @@ def multiturn(cfg: Config) -> list[Point]:
 
 
 CALIBRATION_SEED = 1000  # a calibration run's seed offset: other requests than any validated repeat
-CALIBRATION_REQUESTS = 3  # x workload.num_requests over a layout's calibration repeats: enough for the tails
+CALIBRATION_REQUESTS = 3  # x workload.num_requests: enough steps for the fit's tails
+OTHER_REPEATS = "{other_repeats}"  # in a point's override: a glob of the repeat suffixes but its own
 
 
 def sim_validate(cfg: Config) -> list[Point]:
     """The same workload run for real and simulated, per mode and rate. The simulator runs on a
-    profile fitted in situ (testbed/sim/in_situ.py) from a mode's calibration runs, pooled: at
-    the middle rate, repeated as the cells are, with seeds of their own, so it is never fitted
-    on the runs it is compared with. With
-    hardware.emulate it runs on the very cost model that paces the real workers instead, so what
-    differs is the control plane alone; an explicit sim.profile is kept as given."""
-    points, calibrate = [], not emulated_sim(cfg) and cfg.sim.profile is None
-    rates, repeats = _rates(cfg), cfg.experiment.repeats
-    # the calibration repeats like the cells it serves: one run is one draw of a noisy machine
-    requests = -(-CALIBRATION_REQUESTS * cfg.workload.num_requests // repeats)
-    for label, overrides in layouts(cfg, list(cfg.experiment.modes)) if calibrate else []:
-        rate = rates[len(rates) // 2]
-        points.append(Point(f"calibrate_{label}", {**overrides, "workload.rate": rate, "executor": "real",
-                                                   "seed": cfg.seed + CALIBRATION_SEED, "workload.num_requests": requests},
-                            {"label": label, "mode": overrides["mode"], "rate": rate, "executor": "calibration"}))
-    for point in rate_sweep(cfg):
-        for executor in ("real", "sim"):
-            extra = {}
-            if executor == "sim":
-                runs = f"calibrate_{point.knobs['label']}" + ("_r*" if repeats > 1 else "")
-                extra = {"sim.profile": f"run:{{points}}/{runs}"} if calibrate else emulated_sim(cfg)
-            points.append(Point(f"{point.name}_{executor}", {**point.overrides, **extra, "executor": executor},
-                                {**point.knobs, "executor": executor}))
-    return points
+    profile fitted in situ (testbed/sim/in_situ.py), never on the run it is compared with: with
+    repeats, on the real runs of the other repeats at every rate, pooled (so the fit covers the
+    batch shapes of every rate, measured while the machine was in the state the compared runs
+    saw; all real points run first); with one repeat, on a calibration run of its own seed at
+    the middle rate. With hardware.emulate it runs on the very cost model that paces the real
+    workers instead, so what differs is the control plane alone; an explicit sim.profile is kept."""
+    calibrate = not emulated_sim(cfg) and cfg.sim.profile is None
+    cells = rate_sweep(cfg)
+    real = [Point(f"{p.name}_real", {**p.overrides, "executor": "real"}, {**p.knobs, "executor": "real"}) for p in cells]
+    calibration = []
+    if calibrate and not 1 < cfg.experiment.repeats <= 10:  # a repeat suffix of one digit: the glob holds
+        rate = _rates(cfg)[len(_rates(cfg)) // 2]
+        for label, overrides in layouts(cfg, list(cfg.experiment.modes)):
+            calibration.append(Point(f"calibrate_{label}", {**overrides, "workload.rate": rate, "executor": "real",
+                                     "seed": cfg.seed + CALIBRATION_SEED,
+                                     "workload.num_requests": CALIBRATION_REQUESTS * cfg.workload.num_requests},
+                                     {"label": label, "mode": overrides["mode"], "rate": rate,
+                                      "executor": "calibration"}, repeat=False))
+    sims = []
+    for point in cells:
+        label = point.knobs["label"]
+        profile = {"sim.profile": f"run:{{points}}/calibrate_{label}" if calibration else
+                   f"run:{{points}}/{label}_rate*_real_r{OTHER_REPEATS}"} if calibrate else emulated_sim(cfg)
+        sims.append(Point(f"{point.name}_sim", {**point.overrides, **profile, "executor": "sim"},
+                          {**point.knobs, "executor": "sim"}))
+    return calibration + real + sims
 
 
 def emulated_sim(cfg: Config) -> dict:
