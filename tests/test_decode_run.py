@@ -26,7 +26,8 @@ def _profile(sampled: bool) -> dict:
     if sampled:  # an in-situ profile's host section: every delay and contention drawn
         spread = lambda lo, hi: list(np.linspace(lo, hi, 101))  # noqa: E731
         profile["host"] = {"dispatch": spread(0, 3e-4), "step_gap": spread(0, 2e-4), "report": spread(1e-5, 5e-4),
-                           "step_scale": spread(0.8, 1.6), "step_scale_prefill": spread(0.9, 1.3)}
+                           "step_scale": spread(0.8, 1.6), "step_scale_prefill": spread(0.9, 1.3),
+                           "step_scale_rho": 0.8}  # contention in phases: a run must restore the phase it cut
     return profile
 
 

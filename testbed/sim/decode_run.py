@@ -32,6 +32,8 @@ class DecodeRun:
     reports: list[float] = field(default_factory=list)  # each step's report delay (harness)
     gaps: list[float] = field(default_factory=list)  # the worker's gap after each step
     taken: list[list[float]] = field(default_factory=list)  # each step's uniforms: scale, report, gap
+    phases: list[float] = field(default_factory=list)  # the contention phase after each step's draw
+    phase: float = 0.0  # the contention phase before the run
     scale_sampled: bool = False  # the first of a step's uniforms is its contention draw
     valid: int = 0  # steps that stand (all planned ones until a cut)
 
@@ -77,7 +79,8 @@ class DecodeRun:
         back = self.taken[done][int(self.scale_sampled):] if in_flight else []
         for taken in self.taken[begun:]:
             back.extend(taken)
-        draws.give_back(back)
+        phase = self.phases[done - (not in_flight)] if self.phases and (in_flight or done) else self.phase
+        draws.give_back(back, phase if self.phases else None)
         self.valid = done
         return done, in_flight
 
@@ -92,9 +95,11 @@ def plan(now: float, quiet: QuietRun, cost: StepCostModel, scale: Delay, host: H
                            host.step_gap.quantiles[0])
     n, context, t = len(quiet.seqs), quiet.context, now
     sample = draws.sample
+    run.phase = draws.z
     for i in range(steps):
         taken: list[float] = []
-        end = t + cost.step_time(0, 0.0, n, context + n * i) * sample(scale, taken)
+        end = t + cost.step_time(0, 0.0, n, context + n * i) * draws.contention(scale, taken)
+        run.phases.append(draws.z)
         report = sample(host.report, taken)
         gap = sample(host.step_gap, taken)
         run.starts.append(t)

@@ -15,7 +15,7 @@ from testbed.errors import KVLeakError
 from testbed.metrics.slo import tenant_slos
 from testbed.metrics.steps import steps_table
 from testbed.metrics.summary import summarize
-from testbed.sim.host import step_scale
+from testbed.sim.host import contention_rho, step_scale
 from testbed.sim.simulator import Simulation
 from testbed.tracking.results import collect_meta, write_results
 
@@ -55,6 +55,8 @@ def simulate(cfg: Config, profile: Optional[Mapping] = None, *, num_devices: Opt
                       "profiles": {role: r.label for role, r in sim.profiles.items()},
                       "host_delays": {**sim.host.as_dict(),
                                       **{f"step_scale_{role}": step_scale(r.measured).median
+                                         for role, r in sim.profiles.items()},
+                                      **{f"contention_rho_{role}": contention_rho(r.measured)
                                          for role, r in sim.profiles.items()}}}
     wall = time.perf_counter() - started
     return {"requests": requests, "steps": steps, "transfers": transfers, "summary": summary,

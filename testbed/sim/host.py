@@ -16,7 +16,9 @@ worker's draws do not depend on how other workers' events interleave with its ow
 
 from __future__ import annotations
 
+import math
 import random
+from statistics import NormalDist
 from dataclasses import dataclass, field
 from typing import Mapping, Optional, Sequence
 
@@ -80,6 +82,11 @@ class HostModel:
                 "sampled": not all(d.is_fixed for d in (self.dispatch, self.step_gap, self.report))}
 
 
+def contention_rho(measured: Optional[Mapping]) -> float:
+    """How strongly a role's contention persists from a step to the next (in-situ profiles)."""
+    return float(((measured or {}).get("host") or {}).get("step_scale_rho") or 0.0)
+
+
 def step_scale(measured: Optional[Mapping], prefill: bool = False) -> Delay:
     """A role's contention on decode steps (or on steps with prefill): what its in-situ profile
     measured, else none (x1)."""
@@ -90,20 +97,47 @@ def step_scale(measured: Optional[Mapping], prefill: bool = False) -> Delay:
 class Draws:
     """One worker's (or the router's) uniform draws for its delays. A decode run draws ahead for
     steps it may not run; cut short, it gives those back (`give_back`), next one out first, so
-    the stream goes on where stepping one at a time would have left it."""
+    the stream goes on where stepping one at a time would have left it.
 
-    def __init__(self, seed: int):
+    Contention comes in phases: a slow step is followed by slow steps (a real run's lag-1
+    correlation of step time over the model's is 0.7-0.8 on this machine). So a worker's
+    contention draws follow an AR(1) Gaussian copula of correlation `rho`: each keeps its
+    measured distribution, and a request's decode steps share the phase they fall in."""
+
+    def __init__(self, seed: int, rho: float = 0.0):
         self.rng = random.Random(seed)
         self.returned: list[float] = []  # a stack: the next draw on top
+        self.rho = rho
+        self.z = 0.0  # the contention phase: a standard normal state
 
     def sample(self, delay: Delay, taken: Optional[list] = None) -> float:
         """A value of `delay`; a sampled one's uniform is appended to `taken` when given."""
         if delay.is_fixed:
             return delay.quantiles[0]
+        return delay.sample(self._uniform(taken))
+
+    def contention(self, delay: Delay, taken: Optional[list] = None) -> float:
+        """A step's contention: a value of `delay` in the worker's current phase."""
+        if delay.is_fixed:
+            return delay.quantiles[0]
+        u = self._uniform(taken)
+        if self.rho:
+            innovation = _NORMAL.inv_cdf(min(max(u, 1e-12), 1 - 1e-12))
+            self.z = self.rho * self.z + math.sqrt(1 - self.rho * self.rho) * innovation
+            u = min(_NORMAL.cdf(self.z), 1 - 1e-12)
+        return delay.sample(u)
+
+    def _uniform(self, taken: Optional[list]) -> float:
         u = self.returned.pop() if self.returned else self.rng.random()
         if taken is not None:
             taken.append(u)
-        return delay.sample(u)
+        return u
 
-    def give_back(self, uniforms: Sequence[float]) -> None:
+    def give_back(self, uniforms: Sequence[float], z: Optional[float] = None) -> None:
+        """Uniforms drawn ahead and not used, and the contention phase to go on from."""
         self.returned.extend(reversed(uniforms))
+        if z is not None:
+            self.z = z
+
+
+_NORMAL = NormalDist()

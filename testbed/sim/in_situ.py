@@ -64,8 +64,8 @@ def read_runs(spec: str, key: str) -> dict:
     directories = sorted(Path(p) for p in glob.glob(pattern)) if glob.has_magic(pattern) else [Path(pattern)]
     unfinished = [str(d) for d in directories if not (d / "summary.json").is_file()]
     if not directories or unfinished:
-        raise ConfigError(f"{key}={spec!r}: {', '.join(unfinished) or 'no directory'} matches no finished run's "
-                          f"results directory (run:<dir>, or run:<glob> for several runs)")
+        raise ConfigError(f"{key}={spec!r}: {', '.join(unfinished) or 'the pattern'} is not a finished run's "
+                          f"results directory (run:<dir>, or run:<glob> matching several)")
     runs = [read_results(d) for d in directories]
     if len(runs) == 1:
         return runs[0]
@@ -114,8 +114,30 @@ def best_step_fit(steps: pd.DataFrame) -> tuple[dict, dict, bool, dict]:
         ratio[sample["prefill_tokens"] > 0].append(sample["seconds"] / max(fitted, 1e-9))
     everything = ratio[False] + ratio[True]
     scales = {"step_scale": quantiles(ratio[False] if len(ratio[False]) >= MIN_STEPS else everything),
-              "step_scale_prefill": quantiles(ratio[True] if len(ratio[True]) >= MIN_STEPS else everything)}
+              "step_scale_prefill": quantiles(ratio[True] if len(ratio[True]) >= MIN_STEPS else everything),
+              "step_scale_rho": phase_correlation(steps, model, causal)}
     return coefficients, {"step_relative_error": error}, causal, scales
+
+
+def phase_correlation(steps: pd.DataFrame, model: list[float], causal: bool) -> float:
+    """The lag-1 correlation of log(real / fitted step time) between a worker's consecutive
+    steps (each kind, decode or with prefill, centred on its own mean): how long contention
+    lasts. 0 when too few steps follow one another."""
+    ran = steps[steps["end_s"] > steps["start_s"]].sort_values(["worker", "start_s"])
+    if len(ran) < MIN_STEPS:
+        return 0.0
+    prefill_context = [attended_context([tuple(c) for c in chunks], causal) for chunks in ran["prefill_chunks"]]
+    fitted = [float(np.dot(model, step_features(p, c, n, x))) for p, c, n, x in
+              zip(ran["prefill_tokens"], prefill_context, ran["decode_seqs"], ran["decode_context"])]
+    log_ratio = np.log((ran["end_s"] - ran["start_s"]).to_numpy() / np.maximum(fitted, 1e-9))
+    kind = (ran["prefill_tokens"] > 0).to_numpy()
+    for k in (False, True):
+        log_ratio[kind == k] -= log_ratio[kind == k].mean() if (kind == k).any() else 0.0
+    same = ran["worker"].to_numpy()[1:] == ran["worker"].to_numpy()[:-1]
+    if same.sum() < MIN_STEPS or np.std(log_ratio) == 0:
+        return 0.0
+    rho = np.corrcoef(log_ratio[:-1][same], log_ratio[1:][same])[0, 1]
+    return float(np.clip(rho, 0.0, 0.99)) if np.isfinite(rho) else 0.0
 
 
 def transfer_fit(transfers: pd.DataFrame) -> dict:

@@ -34,7 +34,7 @@ from testbed.control.transfers import TransferLog
 from testbed.engine.sequence import Sequence, check_fits
 from testbed.metrics.events import RequestLog
 from testbed.metrics.steps import StepLog
-from testbed.sim.host import Draws, step_scale
+from testbed.sim.host import Draws, contention_rho, step_scale
 from testbed.sim.plan import plan_sim_workers
 from testbed.sim.profiles import ROLE_OF, resolve_roles, role_blocks, transfer_time
 from testbed.sim.worker import SAMPLED_TOKEN, SimWorker
@@ -64,7 +64,8 @@ class Simulation:
         # by rank: the contention of a decode step and of a step with prefill
         self.scales = [(step_scale(r.measured), step_scale(r.measured, prefill=True)) for r in self.roles]
         # the host's draws: the router's stream, then one per worker (by rank)
-        self.draws = [Draws(cfg.seed * 1_000_003 + i) for i in range(len(self.plans) + 1)]
+        self.draws = [Draws(cfg.seed * 1_000_003), *(Draws(cfg.seed * 1_000_003 + 1 + rank, contention_rho(r.measured))
+                                                     for rank, r in enumerate(self.roles))]
         self.runs = cfg.sim.decode_runs  # quiet decode steps in one event (testbed/sim/decode_run.py)
         self.paused: set[int] = set()  # workers in their gap between steps
         self.queue: list = []
@@ -121,7 +122,7 @@ class Simulation:
         duration = worker.start_step(self.now, cost)
         if duration is not None:
             scale = self.scales[rank][worker.shape[0] > 0]  # decode step, or one with prefill
-            self.push(self.now + duration * draws.sample(scale), STEP_END, rank)
+            self.push(self.now + duration * draws.contention(scale), STEP_END, rank)
 
     def _resume(self, rank: int) -> None:
         self.paused.discard(rank)
