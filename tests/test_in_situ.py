@@ -7,12 +7,13 @@ from __future__ import annotations
 import random
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from testbed.errors import ConfigError
 from testbed.sim.executor import simulate_point
-from testbed.sim.host import Delay, HostModel, step_scale
-from testbed.sim.in_situ import load_in_situ
+from testbed.sim.host import Delay, Draws, HostModel, step_scale
+from testbed.sim.in_situ import RUN_STRIDE, load_in_situ, phase_correlation, read_runs
 from tests.cluster_helpers import make_config, small_workload
 
 DELAYS = ["sim.dispatch_latency_s=0.003", "sim.step_gap_s=0.002", "sim.report_latency_s=0.001"]
@@ -58,3 +59,33 @@ def test_a_fit_on_a_run_recovers_its_delays_and_reproduces_it(tmp_path, mode):
 def test_a_run_spec_must_name_a_finished_run(tmp_path):
     with pytest.raises(ConfigError, match="not a finished run"):
         load_in_situ(f"run:{tmp_path}", "mixed")
+
+
+def test_runs_pooled_by_a_glob_keep_each_run_apart(tmp_path):
+    """run:<glob> fits on several runs: their workers and requests renumbered apart, so a
+    worker's gaps are never taken across two runs."""
+    for seed in (0, 1):
+        simulate_point(make_config(*small_workload(30, 30.0), "mode=chunked", "cluster.num_workers=2", *DELAYS,
+                                   "hardware=cpu", f"seed={seed}"), tmp_path / f"run_r{seed}")
+    pooled = read_runs(f"run:{tmp_path / 'run_r*'}", "sim.profile")
+    assert sorted(pooled["steps"]["worker"].unique()) == [0, 1, RUN_STRIDE, RUN_STRIDE + 1]
+    assert pooled["requests"]["request_id"].is_unique and len(pooled["requests"]) == 60
+    host = HostModel.from_dict(load_in_situ(f"run:{tmp_path / 'run_r*'}", "mixed")["host"], {})
+    assert host.step_gap.median == pytest.approx(0.002, abs=1e-9)  # no gap spans two runs
+
+
+def test_contention_in_phases_keeps_its_distribution_and_its_correlation():
+    """Draws.contention: the measured distribution, with the lag-1 correlation it was given; and
+    phase_correlation recovers that correlation from a worker's step times."""
+    delay = Delay(tuple(np.linspace(0.8, 1.6, 101)))
+    draws = Draws(3, rho=0.8)
+    values = np.array([draws.contention(delay) for _ in range(20000)])
+    assert np.median(values) == pytest.approx(delay.median, rel=0.03)
+    logs = np.log(values)
+    assert np.corrcoef(logs[:-1], logs[1:])[0, 1] == pytest.approx(0.8, abs=0.05)
+    n = 3000
+    starts = np.cumsum(np.full(n, 0.01))
+    steps = pd.DataFrame({"worker": 0, "start_s": starts, "end_s": starts + 0.002 * values[:n] / 1.2,
+                          "prefill_tokens": 0, "prefill_chunks": [()] * n, "decode_seqs": 1, "decode_context": 100})
+    model = [0.002 / 1.2, 0.0, 0.0, 0.0, 0.0]  # a constant step: the ratio is the drawn contention
+    assert phase_correlation(steps, model, True) == pytest.approx(0.8, abs=0.05)
