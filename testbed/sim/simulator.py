@@ -16,10 +16,9 @@ measured (sim.profile=run:<dir>, what sim_validate uses), or fixed by sim.dispat
 sim.step_gap_s and sim.report_latency_s; none by default. A worker's quiet decode steps go in
 one event (testbed/sim/decode_run.py), with the results of stepping one at a time.
 
-Simplifications, each erring towards the real system's slower path: layer-wise KV streaming
-(kv_transfer.granularity=layer) moves the KV after the prefill like granularity=request;
-workers never die and transfers never fail, so a transfer's lease never runs out; a KV send
-costs the prefill worker no compute time.
+Simplifications: layer-wise KV streaming moves the KV after the prefill like
+granularity=request (the slower path); workers never die and transfers never fail, so a lease
+never runs out; a KV send costs the prefill worker no compute time.
 """
 
 from __future__ import annotations
@@ -31,7 +30,7 @@ from testbed.config import Config
 from testbed.control.book import RequestBook, Tracked
 from testbed.control.ledger import Outgoing
 from testbed.control.transfers import TransferLog
-from testbed.engine.sequence import Sequence, check_fits
+from testbed.engine.sequence import check_fits
 from testbed.metrics.events import RequestLog
 from testbed.metrics.steps import StepLog
 from testbed.sim.host import Draws, contention_rho, step_scale
@@ -145,13 +144,13 @@ class Simulation:
         if tracked.decode_worker is not None:
             self._reserve(tracked)
         self._interrupt(tracked.worker)
-        self.workers[tracked.worker].serve(sequence(tracked.request), tracked.decode_worker)
+        self.workers[tracked.worker].serve(tracked.request, tracked.decode_worker)
         self.book.queued(tracked, self.now)
         self.dirty.add(tracked.worker)
 
     def _reserve(self, tracked: Tracked) -> None:
         self._interrupt(tracked.decode_worker)
-        self.workers[tracked.decode_worker].reserve(sequence(tracked.request), tracked.worker)
+        self.workers[tracked.decode_worker].reserve(tracked.request, tracked.worker)
         self.dirty.add(tracked.decode_worker)
 
     # -- steps -------------------------------------------------------------------------------------
@@ -212,17 +211,17 @@ class Simulation:
             return
         sender = self.workers[rank]
         entry.start = max(self.now, sender.link_free_at)
-        duration = transfer_time(self.roles[rank], self.roles[entry.decode_rank], self._kv_bytes(entry.seq))
+        duration = transfer_time(self.roles[rank], self.roles[entry.decode_rank], self.kv_bytes(entry))
         sender.link_free_at = entry.start + duration
         self.push(sender.link_free_at, KV_SENT, (rank, entry.seq.seq_id))
 
-    def _kv_bytes(self, seq: Sequence) -> int:
-        return seq.num_prompt_tokens * self.kv_bytes_per_token
+    def kv_bytes(self, entry: Outgoing) -> int:
+        return entry.seq.num_prompt_tokens * self.kv_bytes_per_token
 
     def _kv_sent(self, payload: tuple[int, int]) -> None:
         rank, rid = payload
         entry = self.workers[rank].sent(rid)
-        decode, now, nbytes = entry.decode_rank, self.now, self._kv_bytes(entry.seq)
+        decode, now, nbytes = entry.decode_rank, self.now, self.kv_bytes(entry)
         self.transfers.sent(rid, rank, decode, entry.attempt, nbytes, entry.start, now, entry.wait_s)
         self.transfers.arrived(rid, rank, decode, entry.attempt, now)
         self.book.kv_sent(rid, rank, decode, entry.start, nbytes, moved=True)
@@ -230,7 +229,3 @@ class Simulation:
         self.workers[decode].install(rid)
         self.book.kv_arrived(rid, decode, now)
         self.dirty.update((rank, decode))
-
-
-def sequence(request: Request) -> Sequence:
-    return Sequence(request.request_id, request.prompt_token_ids, request.output_len)  # Sequence copies the prompt

@@ -19,6 +19,7 @@ from testbed.engine.record import StepRecord, cost_shape
 from testbed.engine.scheduler import Batch, Scheduler, StepResult
 from testbed.engine.sequence import Sequence
 from testbed.perf.resolve import StepCostModel
+from testbed.workload import Request
 from testbed.sim.decode_run import MIN_STEPS, DecodeRun, plan
 from testbed.sim.host import Delay, Draws, HostModel
 
@@ -97,7 +98,8 @@ class SimWorker:
         return run, done, in_flight
 
     # -- P: KV out ------------------------------------------------------------------------------
-    def serve(self, seq: Sequence, decode_rank: Optional[int]) -> None:
+    def serve(self, request: Request, decode_rank: Optional[int]) -> None:
+        seq = sequence(request)
         self.scheduler.add(seq)
         if self.role == "prefill_only":
             self.sender.serve(seq, decode_rank)
@@ -116,8 +118,8 @@ class SimWorker:
         return entry
 
     # -- D: KV in -------------------------------------------------------------------------------
-    def reserve(self, seq: Sequence, prefill_rank: int) -> None:
-        self.receiver.request(seq, prefill_rank)
+    def reserve(self, request: Request, prefill_rank: int) -> None:
+        self.receiver.request(sequence(request), prefill_rank)
 
     def admit(self, now: float) -> list[Incoming]:
         """Reserve blocks for queued requests in order while there is room (back-pressure)."""
@@ -126,3 +128,7 @@ class SimWorker:
     def install(self, rid: int) -> Sequence:
         self.receiver.take(rid)
         return self.scheduler.install(rid, SAMPLED_TOKEN)  # the first token, sampled on P
+
+
+def sequence(request: Request) -> Sequence:
+    return Sequence(request.request_id, request.prompt_token_ids, request.output_len)  # Sequence copies the prompt
