@@ -54,14 +54,18 @@ class StepLog:
         if not count:
             return
         fields["worker"] = worker
-        for name, once in self.run_once.items():
-            value = fields[name] if name in fields else _DEFAULTS[name]
-            if isinstance(value, list) and name not in self.run_flat:
-                self.run_flat[name] = list(chain.from_iterable([v] * n for v, n in zip(once, self.run_counts)))
-            if name in self.run_flat:
-                self.run_flat[name].extend(value if isinstance(value, list) else [value] * count)
+        for name in _DEFAULTS.keys() - fields.keys():
+            fields[name] = _DEFAULTS[name]
+        flat, once = self.run_flat, self.run_once
+        for name, value in fields.items():
+            if isinstance(value, list):
+                if name not in flat:  # given once until now: spread what was given
+                    flat[name] = list(chain.from_iterable([v] * n for v, n in zip(once[name], self.run_counts)))
+                flat[name].extend(value)
+            elif name in flat:
+                flat[name].extend([value] * count)
             else:
-                once.append(value)
+                once[name].append(value)
         step = self._next.get(worker, 0)
         self.run_counts.append(count)
         self.run_steps.append(step)
