@@ -12,8 +12,8 @@ import pytest
 
 from testbed.errors import ConfigError
 from testbed.sim.executor import simulate_point
-from testbed.sim.host import Delay, Draws, HostModel, run_phase, step_scale
-from testbed.sim.in_situ import RUN_STRIDE, load_in_situ, phase_correlation, read_runs, run_phases
+from testbed.sim.host import Delay, Draws, HostModel, step_scale
+from testbed.sim.in_situ import RUN_STRIDE, load_in_situ, phase_correlation, read_runs
 from tests.cluster_helpers import make_config, small_workload
 
 DELAYS = ["sim.dispatch_latency_s=0.003", "sim.step_gap_s=0.002", "sim.report_latency_s=0.001"]
@@ -89,13 +89,3 @@ def test_contention_in_phases_keeps_its_distribution_and_its_correlation():
                           "prefill_tokens": 0, "prefill_chunks": [()] * n, "decode_seqs": 1, "decode_context": 100})
     model = [0.002 / 1.2, 0.0, 0.0, 0.0, 0.0]  # a constant step: the ratio is the drawn contention
     assert phase_correlation(steps, model, True) == pytest.approx(0.8, abs=0.05)
-
-
-def test_a_slow_run_among_pooled_ones_is_a_phase_not_contention():
-    """Pooled runs: each run's median real / fitted step time over all runs' median is its phase
-    (one drawn per simulation, shared by every role); contention is measured within a run."""
-    phases = run_phases([1.0, 1.0, 2.0, 2.0], [0, 0, 1, 1])
-    assert phases[0] == pytest.approx(2 ** -0.5) and phases[1] == pytest.approx(2 ** 0.5)
-    measured = {"host": {"step_scale": [1.0, 2.0], "run_phases": [0.8, 1.0, 1.25]}}
-    assert [run_phase(measured, u) for u in (0.0, 0.5, 0.99)] == [0.8, 1.0, 1.25]
-    assert run_phase(None, 0.7) == 1.0 and step_scale(measured, phase=1.25).quantiles == (1.25, 2.5)

@@ -87,19 +87,11 @@ def contention_rho(measured: Optional[Mapping]) -> float:
     return float(((measured or {}).get("host") or {}).get("step_scale_rho") or 0.0)
 
 
-def step_scale(measured: Optional[Mapping], prefill: bool = False, phase: float = 1.0) -> Delay:
+def step_scale(measured: Optional[Mapping], prefill: bool = False) -> Delay:
     """A role's contention on decode steps (or on steps with prefill): what its in-situ profile
-    measured, else none (x1); times the run's phase (`run_phase`)."""
+    measured, else none (x1)."""
     found = ((measured or {}).get("host") or {}).get("step_scale_prefill" if prefill else "step_scale")
-    return Delay(tuple(q * phase for q in found)) if found else Delay.fixed(1.0)
-
-
-def run_phase(measured: Optional[Mapping], u: float) -> float:
-    """The slowness of a whole run, at quantile u of the runs a pooled in-situ profile was fitted
-    on (1.0 without them): one draw per simulation, the same u for every role, so that P and D
-    share their run's phase as on a real machine."""
-    phases = ((measured or {}).get("host") or {}).get("run_phases") or [1.0]
-    return float(phases[min(int(u * len(phases)), len(phases) - 1)])
+    return Delay(tuple(found)) if found else Delay.fixed(1.0)
 
 
 class Draws:

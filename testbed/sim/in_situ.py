@@ -108,33 +108,21 @@ def best_step_fit(steps: pd.DataFrame) -> tuple[dict, dict, bool, dict]:
         fits.append((error["mean"], causal, coefficients, error, samples))
     _, causal, coefficients, error, samples = min(fits, key=lambda f: f[0])
     model = [coefficients[k] for k in STEP_TERMS]
-    runs = [int(w) // RUN_STRIDE for w, end, start in zip(steps["worker"], steps["end_s"], steps["start_s"])
-            if end > start]  # which of the pooled runs each sample comes from
-    raw = [sample["seconds"] / max(float(np.dot(model, step_features(*(sample[k] for k in STEP_INPUTS)))), 1e-9)
-           for sample in samples]
-    phases = run_phases(raw, runs)
     ratio = {False: [], True: []}  # by whether the step held prefill tokens: the fit errs apart on each
-    for sample, value, run in zip(samples, raw, runs):
-        ratio[sample["prefill_tokens"] > 0].append(value / phases[run])  # within its run's phase
+    for sample in samples:
+        fitted = float(np.dot(model, step_features(*(sample[k] for k in STEP_INPUTS))))
+        ratio[sample["prefill_tokens"] > 0].append(sample["seconds"] / max(fitted, 1e-9))
     everything = ratio[False] + ratio[True]
     scales = {"step_scale": quantiles(ratio[False] if len(ratio[False]) >= MIN_STEPS else everything),
               "step_scale_prefill": quantiles(ratio[True] if len(ratio[True]) >= MIN_STEPS else everything),
-              "step_scale_rho": phase_correlation(steps, model, causal),
-              "run_phases": sorted(phases.values())}
+              "step_scale_rho": phase_correlation(steps, model, causal)}
     return coefficients, {"step_relative_error": error}, causal, scales
-
-
-def run_phases(ratios: list[float], runs: list[int]) -> dict[int, float]:
-    """Each pooled run's median real / fitted step time over all runs' median: a whole run on a
-    shared machine can be slower than another (1.0 for a single run)."""
-    logs, runs = np.log(np.maximum(ratios, 1e-12)), np.asarray(runs)
-    overall = np.median(logs) if len(logs) else 0.0
-    return {int(k): float(np.exp(np.median(logs[runs == k]) - overall)) for k in np.unique(runs)}
 
 
 def phase_correlation(steps: pd.DataFrame, model: list[float], causal: bool) -> float:
     """The lag-1 correlation of log(real / fitted step time) between a worker's consecutive
-    steps: how long contention lasts. 0 when too few steps follow one another."""
+    steps (each kind, decode or with prefill, centred on its own mean): how long contention
+    lasts. 0 when too few steps follow one another."""
     ran = steps[steps["end_s"] > steps["start_s"]].sort_values(["worker", "start_s"])
     if len(ran) < MIN_STEPS:
         return 0.0
@@ -142,11 +130,9 @@ def phase_correlation(steps: pd.DataFrame, model: list[float], causal: bool) -> 
     fitted = [float(np.dot(model, step_features(p, c, n, x))) for p, c, n, x in
               zip(ran["prefill_tokens"], prefill_context, ran["decode_seqs"], ran["decode_context"])]
     log_ratio = np.log((ran["end_s"] - ran["start_s"]).to_numpy() / np.maximum(fitted, 1e-9))
-    # each kind (decode, or with prefill) in each pooled run about its own mean: a run's phase is
-    # modelled apart (run_phases)
-    group = (ran["worker"].to_numpy() // RUN_STRIDE) * 2 + (ran["prefill_tokens"] > 0).to_numpy()
-    for g in np.unique(group):
-        log_ratio[group == g] -= log_ratio[group == g].mean()
+    kind = (ran["prefill_tokens"] > 0).to_numpy()
+    for k in (False, True):
+        log_ratio[kind == k] -= log_ratio[kind == k].mean() if (kind == k).any() else 0.0
     same = ran["worker"].to_numpy()[1:] == ran["worker"].to_numpy()[:-1]
     if same.sum() < MIN_STEPS or np.std(log_ratio) == 0:
         return 0.0

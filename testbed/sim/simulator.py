@@ -24,7 +24,6 @@ never runs out; a KV send costs the prefill worker no compute time.
 from __future__ import annotations
 
 import heapq
-import random
 from typing import Mapping, Optional
 
 from testbed.config import Config
@@ -34,7 +33,7 @@ from testbed.control.transfers import TransferLog
 from testbed.engine.sequence import check_fits
 from testbed.metrics.events import RequestLog
 from testbed.metrics.steps import StepLog
-from testbed.sim.host import Draws, contention_rho, run_phase, step_scale
+from testbed.sim.host import Draws, contention_rho, step_scale
 from testbed.sim.plan import plan_sim_workers
 from testbed.sim.profiles import ROLE_OF, resolve_roles, role_blocks, transfer_time
 from testbed.sim.worker import SAMPLED_TOKEN, SimWorker
@@ -61,10 +60,8 @@ class Simulation:
         self.book = RequestBook(cfg.cluster, cfg.kv_transfer, cfg.mode == "disagg",
                                 {p.rank: p.role for p in self.plans}, self.log)
         self.host = cfg.sim.host_model(next((r.measured for r in self.roles if r.measured), None))
-        # by rank: the contention of a decode step and of a step with prefill, in this run's phase
-        u = random.Random(cfg.seed * 1_000_003 - 1).random()
-        self.scales = [(step_scale(r.measured, phase=run_phase(r.measured, u)),
-                        step_scale(r.measured, prefill=True, phase=run_phase(r.measured, u))) for r in self.roles]
+        # by rank: the contention of a decode step and of a step with prefill
+        self.scales = [(step_scale(r.measured), step_scale(r.measured, prefill=True)) for r in self.roles]
         # the host's draws: the router's stream, then one per worker (by rank)
         self.draws = [Draws(cfg.seed * 1_000_003), *(Draws(cfg.seed * 1_000_003 + 1 + rank, contention_rho(r.measured))
                                                      for rank, r in enumerate(self.roles))]
