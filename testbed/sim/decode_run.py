@@ -45,7 +45,8 @@ class DecodeRun:
         """(step, free blocks after it) where a step's report changes the free blocks the book
         has from this worker (`reported`): where a step takes a block, or the first step when
         blocks were reserved since the last report."""
-        changes, last = [], num_blocks - reported
+        changes: list[tuple[int, int]] = []
+        last = num_blocks - reported  # the used blocks the book knows of
         for i, used in enumerate(self.quiet.used):
             if used != last:
                 changes.append((i, num_blocks - used))
