@@ -141,7 +141,7 @@ class RequestBook:
         for rid, index, token in tokens:
             tracked = active.get(rid)
             if tracked is not None and index == len(tracked.output) and index and tracked.front is not Front.QUEUED \
-                    and not tracked.early and not tracked.finished_early:  # in order: the common case
+                    and not tracked.early and not tracked.finished_early:  # _in_order, inlined: the common case
                 tracked.output.append(token)
                 tracked.worker_times.append(worker_t)
                 tracked.received_times.append(received_t)
@@ -168,13 +168,12 @@ class RequestBook:
         if not starts:
             return
         found = [self.active.get(rid) for rid, _ in seqs]
-        if not all(t is not None and had == len(t.output) and had and t.front is not Front.QUEUED
-                   and not t.early and not t.finished_early for t, (_, had) in zip(found, seqs)):
+        if not all(tracked is not None and _in_order(tracked, had) for tracked, (_, had) in zip(found, seqs)):
             for i, start in enumerate(starts):  # out of order somewhere: the general path
                 self.on_step(worker, start, [(rid, 1, False) for rid, _ in seqs],
                              [(rid, had + i, token) for rid, had in seqs], [], [], ends[i], received[i], free_blocks[i])
             return
-        self.loads[worker].free_blocks = free_blocks[-1]
+        self.report_free(worker, free_blocks[-1])
         tokens = [token] * len(starts)
         for tracked in found:
             if not tracked.decode_started:
@@ -335,3 +334,10 @@ class RequestBook:
             self.loads[tracked.decode_worker].bound_sequences -= 1
             tracked.decode_worker = None
         tracked.back = new
+
+
+def _in_order(tracked: Tracked, index: int) -> bool:
+    """Token `index` (not the first) is the next one the client waits for, with nothing held
+    back: it goes straight to the client."""
+    return index == len(tracked.output) and index > 0 and tracked.front is not Front.QUEUED \
+        and not tracked.early and not tracked.finished_early

@@ -204,12 +204,14 @@ class Scheduler:
             return None
         steps = min(seq.max_tokens - len(seq.token_ids) + seq.num_prompt_tokens for seq in running) - 1
         free = self.block_manager.num_free_blocks
-        finishes = len(self._crossings(steps + 1)) <= free  # the step after them, which finishes one, fits too
-        while not finishes and steps > 0 and len(self._crossings(steps)) > free:
+        taken = [step for step, _, _ in self._crossings(steps + 1)]  # the step of each block taken
+        finishes = len(taken) <= free  # the step after them, which finishes one, fits too
+        while not finishes and steps > 0 and sum(step < steps for step in taken) > free:
             steps //= 2
         grown = [0] * steps
-        for step, _, _ in self._crossings(steps):
-            grown[step] += 1
+        for step in taken:
+            if step < steps:
+                grown[step] += 1
         return QuietRun(steps, finishes, tuple((seq.seq_id, seq.num_output_tokens) for seq in running),
                         sum(len(seq.token_ids) for seq in running),
                         list(accumulate(grown, initial=self.block_manager.num_used_blocks))[1:])

@@ -18,9 +18,11 @@ from testbed.experiments.sweep import Point
 from testbed.metrics.slo import tenant_slos
 from testbed.metrics.uncertainty import point_intervals, repeat_interval
 
+OTHER_REPEATS = "{other_repeats}"  # in an override: a glob of every repeat suffix but the point's own
+
 def with_repeats(points: list[Point], cfg: Config) -> list[Point]:
     """Each point once per repeat, the seed advanced; the cell knob names the point it repeats.
-    "{other_repeats}" in an override becomes a glob of every repeat suffix but this one's."""
+    OTHER_REPEATS in an override becomes a glob of every repeat suffix but this one's."""
     n = cfg.experiment.repeats
     out = []
     for point in points:
@@ -37,7 +39,7 @@ def with_repeats(points: list[Point], cfg: Config) -> list[Point]:
 
 
 def _other_repeats(overrides: dict, repeat: int) -> dict:
-    return {k: v.replace("{other_repeats}", f"[!{repeat}]") if isinstance(v, str) else v for k, v in overrides.items()}
+    return {k: v.replace(OTHER_REPEATS, f"[!{repeat}]") if isinstance(v, str) else v for k, v in overrides.items()}
 
 
 KNOBS = ("label", "mode", "executor", "rate", "burstiness", "chunk", "prefill_len", "dispatch", "num_gpus")

@@ -10,14 +10,16 @@ from __future__ import annotations
 from testbed.cluster.layout import cuda_count
 from testbed.config import Config
 from testbed.errors import ConfigError
+from testbed.experiments.repeats import OTHER_REPEATS
 from testbed.experiments.sweep import Point
 
 
 def num_devices(cfg: Config) -> int:
     if cfg.hardware.num_devices is not None:
         return cfg.hardware.num_devices
-    if cuda_count(cfg.hardware):
-        return cuda_count(cfg.hardware)
+    count = cuda_count(cfg.hardware)
+    if count:
+        return count
     return 2
 
 
@@ -151,7 +153,6 @@ def multiturn(cfg: Config) -> list[Point]:
 
 CALIBRATION_SEED = 1000  # a calibration run's seed offset: other requests than any validated repeat
 CALIBRATION_REQUESTS = 3  # x workload.num_requests: enough steps for the fit's tails
-OTHER_REPEATS = "{other_repeats}"  # in a point's override: a glob of the repeat suffixes but its own
 
 
 def sim_validate(cfg: Config) -> list[Point]:

@@ -69,12 +69,15 @@ def read_runs(spec: str, key: str) -> dict:
     runs = [read_results(d) for d in directories]
     if len(runs) == 1:
         return runs[0]
-    apart = lambda frame, k, columns: frame.assign(**{c: frame[c] + k * RUN_STRIDE for c in columns})  # noqa: E731
     return {"config": runs[0]["config"], "summary": runs[0]["summary"],
-            "steps": pd.concat([apart(r["steps"], k, ["worker"]) for k, r in enumerate(runs)], ignore_index=True),
-            "requests": pd.concat([apart(r["requests"], k, ["request_id", "prefill_worker", "decode_worker"])
+            "steps": pd.concat([_apart(r["steps"], k, ["worker"]) for k, r in enumerate(runs)], ignore_index=True),
+            "requests": pd.concat([_apart(r["requests"], k, ["request_id", "prefill_worker", "decode_worker"])
                                    for k, r in enumerate(runs)], ignore_index=True),
             "kv_transfers": pd.concat([r["kv_transfers"] for r in runs], ignore_index=True)}
+
+
+def _apart(frame: pd.DataFrame, run: int, columns: list[str]) -> pd.DataFrame:
+    return frame.assign(**{c: frame[c] + run * RUN_STRIDE for c in columns})
 
 
 def profile_from_results(config: dict, device: str, fit_on: pd.DataFrame, steps: pd.DataFrame,
@@ -108,32 +111,28 @@ def best_step_fit(steps: pd.DataFrame) -> tuple[dict, dict, bool, dict]:
         fits.append((error["mean"], causal, coefficients, error, samples))
     _, causal, coefficients, error, samples = min(fits, key=lambda f: f[0])
     model = [coefficients[k] for k in STEP_TERMS]
-    ratio = {False: [], True: []}  # by whether the step held prefill tokens: the fit errs apart on each
-    for sample in samples:
-        fitted = float(np.dot(model, step_features(*(sample[k] for k in STEP_INPUTS))))
-        ratio[sample["prefill_tokens"] > 0].append(sample["seconds"] / max(fitted, 1e-9))
-    everything = ratio[False] + ratio[True]
-    scales = {"step_scale": quantiles(ratio[False] if len(ratio[False]) >= MIN_STEPS else everything),
-              "step_scale_prefill": quantiles(ratio[True] if len(ratio[True]) >= MIN_STEPS else everything),
-              "step_scale_rho": phase_correlation(steps, model, causal)}
+    ratios = np.array([sample["seconds"] / max(float(np.dot(model, step_features(*(sample[k] for k in STEP_INPUTS)))),
+                                                1e-9) for sample in samples])
+    ran = steps[steps["end_s"] > steps["start_s"]]  # the samples' rows, in order
+    prefill = (ran["prefill_tokens"] > 0).to_numpy()  # the fit errs apart on decode steps and those with prefill
+    everything = list(ratios)
+    scales = {"step_scale": quantiles(ratios[~prefill] if (~prefill).sum() >= MIN_STEPS else everything),
+              "step_scale_prefill": quantiles(ratios[prefill] if prefill.sum() >= MIN_STEPS else everything),
+              "step_scale_rho": phase_correlation(ran["worker"].to_numpy(), ran["start_s"].to_numpy(), prefill, ratios)}
     return coefficients, {"step_relative_error": error}, causal, scales
 
 
-def phase_correlation(steps: pd.DataFrame, model: list[float], causal: bool) -> float:
+def phase_correlation(workers: np.ndarray, starts: np.ndarray, prefill: np.ndarray, ratios: np.ndarray) -> float:
     """The lag-1 correlation of log(real / fitted step time) between a worker's consecutive
     steps (each kind, decode or with prefill, centred on its own mean): how long contention
     lasts. 0 when too few steps follow one another."""
-    ran = steps[steps["end_s"] > steps["start_s"]].sort_values(["worker", "start_s"])
-    if len(ran) < MIN_STEPS:
-        return 0.0
-    prefill_context = [attended_context([tuple(c) for c in chunks], causal) for chunks in ran["prefill_chunks"]]
-    fitted = [float(np.dot(model, step_features(p, c, n, x))) for p, c, n, x in
-              zip(ran["prefill_tokens"], prefill_context, ran["decode_seqs"], ran["decode_context"])]
-    log_ratio = np.log((ran["end_s"] - ran["start_s"]).to_numpy() / np.maximum(fitted, 1e-9))
-    kind = (ran["prefill_tokens"] > 0).to_numpy()
-    for k in (False, True):
-        log_ratio[kind == k] -= log_ratio[kind == k].mean() if (kind == k).any() else 0.0
-    same = ran["worker"].to_numpy()[1:] == ran["worker"].to_numpy()[:-1]
+    order = np.lexsort((starts, workers))
+    workers, prefill = workers[order], prefill[order]
+    log_ratio = np.log(np.maximum(ratios[order], 1e-12))
+    for kind in (False, True):
+        if (prefill == kind).any():
+            log_ratio[prefill == kind] -= log_ratio[prefill == kind].mean()
+    same = workers[1:] == workers[:-1]
     if same.sum() < MIN_STEPS or np.std(log_ratio) == 0:
         return 0.0
     rho = np.corrcoef(log_ratio[:-1][same], log_ratio[1:][same])[0, 1]

@@ -211,17 +211,17 @@ class Simulation:
             return
         sender = self.workers[rank]
         entry.start = max(self.now, sender.link_free_at)
-        duration = transfer_time(self.roles[rank], self.roles[entry.decode_rank], self.kv_bytes(entry))
+        duration = transfer_time(self.roles[rank], self.roles[entry.decode_rank], self._kv_bytes(entry))
         sender.link_free_at = entry.start + duration
         self.push(sender.link_free_at, KV_SENT, (rank, entry.seq.seq_id))
 
-    def kv_bytes(self, entry: Outgoing) -> int:
+    def _kv_bytes(self, entry: Outgoing) -> int:
         return entry.seq.num_prompt_tokens * self.kv_bytes_per_token
 
     def _kv_sent(self, payload: tuple[int, int]) -> None:
         rank, rid = payload
         entry = self.workers[rank].sent(rid)
-        decode, now, nbytes = entry.decode_rank, self.now, self.kv_bytes(entry)
+        decode, now, nbytes = entry.decode_rank, self.now, self._kv_bytes(entry)
         self.transfers.sent(rid, rank, decode, entry.attempt, nbytes, entry.start, now, entry.wait_s)
         self.transfers.arrived(rid, rank, decode, entry.attempt, now)
         self.book.kv_sent(rid, rank, decode, entry.start, nbytes, moved=True)
