@@ -52,8 +52,7 @@ class Router:
 
     # -- the loop -------------------------------------------------------------------------------
     def run(self) -> None:
-        for request, reason in self.workload.rejected:
-            self.log.reject(request, self.t0 + request.arrival_s, reason, by="workload")
+        self.book.reject_workload(self.workload.rejected, self.t0)
         last_check = last_sample = 0.0
         while self.pending or self.book.active:
             now = time.perf_counter()

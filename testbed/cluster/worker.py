@@ -230,12 +230,10 @@ class Worker:
         return record._replace(end=end, modelled_s=pace.modelled_s, pace_overrun=pace.overrun)
 
     def _step_events(self, result: StepResult, record, t: float) -> StepEvents:
+        scheduled, tokens, finished, handoff = result.by_id()
         return StepEvents(
-            worker=self.spec.rank, t=t, record=record,
-            scheduled=[(seq.seq_id, n, was_prefill) for seq, n, was_prefill in result.scheduled],
-            tokens=[(seq.seq_id, seq.num_output_tokens - 1, token) for seq, token in result.tokens],
-            finished=[seq.seq_id for seq in result.finished], handoff=[seq.seq_id for seq in result.handoff],
-            free_blocks=self.engine.num_free_blocks, num_running=self.engine.num_running, sent=time.perf_counter())
+            worker=self.spec.rank, t=t, record=record, scheduled=scheduled, tokens=tokens, finished=finished,
+            handoff=handoff, free_blocks=self.engine.num_free_blocks, num_running=self.engine.num_running, sent=time.perf_counter())
 
     def _report(self, msg) -> None:
         self.events.put(msg)

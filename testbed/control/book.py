@@ -109,6 +109,11 @@ class RequestBook:
             self.bind_decode(tracked)
         return tracked
 
+    def reject_workload(self, rejected, t0: float = 0.0) -> None:
+        """The workload's own refusals ((request, reason) pairs), each at its arrival time."""
+        for request, reason in rejected:
+            self.log.reject(request, t0 + request.arrival_s, reason, by="workload")
+
     def queued(self, tracked: Tracked, t: float) -> None:
         """The request reached its worker's queue."""
         self.log.event(tracked.rid, Event.PREFILL_QUEUED, t, worker=tracked.worker)

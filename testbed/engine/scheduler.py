@@ -62,6 +62,13 @@ class StepResult:
     finished: list[Sequence] = field(default_factory=list)
     handoff: list[Sequence] = field(default_factory=list)
 
+    def by_id(self) -> tuple[list, list, list, list]:
+        """The step as the request book reads it: scheduled (rid, new tokens, was prefill), tokens
+        (rid, output index, token), finished rids, handed-off rids."""
+        return ([(seq.seq_id, n, was_prefill) for seq, n, was_prefill in self.scheduled],
+                [(seq.seq_id, seq.num_output_tokens - 1, token) for seq, token in self.tokens],
+                [seq.seq_id for seq in self.finished], [seq.seq_id for seq in self.handoff])
+
 
 class Scheduler:
     def __init__(self, policy, block_manager: BlockManager, config: SchedulerConfig):

@@ -53,7 +53,7 @@ def simulate(cfg: Config, profile: Optional[Mapping] = None, *, num_devices: Opt
     summary["sim"] = {"events": sim.num_events, "loop_s": loop_s, "unfinished": len(sim.book),
                       "profile": sim.roles[0].label,  # the first worker's (P's in disagg)
                       "profiles": {role: r.label for role, r in sim.profiles.items()},
-                      "host_delays": {**sim.host.as_dict(),
+                      "host_delays": {**sim.host.model.as_dict(),
                                       **{f"step_scale_{role}": step_scale(r.measured).median
                                          for role, r in sim.profiles.items()},
                                       **{f"contention_rho_{role}": contention_rho(r.measured)

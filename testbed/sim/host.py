@@ -141,3 +141,19 @@ class Draws:
 
 
 _NORMAL = NormalDist()
+
+
+@dataclass
+class HostSide:
+    """A simulation's host: the delays, and by rank each worker's contention and draws."""
+    model: HostModel
+    scales: list  # by rank: (a decode step's contention, a step with prefill's)
+    router: Draws
+    draws: list  # by rank
+
+    @classmethod
+    def of(cls, model: HostModel, measured: Sequence[Optional[Mapping]], seed: int) -> "HostSide":
+        """`measured`: each worker's in-situ profile (by rank), None where it has none."""
+        base = seed * 1_000_003
+        return cls(model, [(step_scale(m), step_scale(m, prefill=True)) for m in measured], Draws(base),
+                   [Draws(base + 1 + rank, contention_rho(m)) for rank, m in enumerate(measured)])

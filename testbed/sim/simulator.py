@@ -1,24 +1,17 @@
 """Discrete-event simulation of the serving cluster: simulate(cfg) -> the tables of a run.
 
-The router's control plane on a virtual clock: the same request book (testbed/control/book.py:
-admission, dispatch, binding, token order, endings) and the same hand-off ledger in each
-`SimWorker` (the real Scheduler and BlockManager, with the forward pass replaced by the step
-time of its role's cost model: testbed/sim/profiles.py, a measured profile or an analytical
-GPU; P and D may differ). Open-loop arrivals, closed-loop session turns. A KV transfer takes
+The router's control plane on a virtual clock: the same request book (testbed/control/book.py)
+and, in each `SimWorker`, the same hand-off ledger, Scheduler and BlockManager, with the forward
+pass replaced by its role's step time (testbed/sim/profiles.py: a measured profile or an
+analytical GPU). Open-loop arrivals, closed-loop session turns. A KV transfer takes
 `transfer_time(bytes)` of the slower link of its two ends, one at a time per prefill worker.
-Events at the same instant are all delivered before idle workers look for their next step, as
-a real worker drains its inbox before stepping.
+Events at one instant are all delivered before idle workers look for their next step, as a
+real worker drains its inbox before stepping. The host around the engine (dispatch hop, step
+gap, report delay, contention) is drawn as testbed/sim/host.py says; a worker's quiet decode
+steps go in one event (testbed/sim/decode_run.py), with the results of stepping one at a time.
 
-The host around the engine (testbed/sim/host.py: the router -> worker hop, a worker's gap
-between steps, the worker -> router report that stamps a token's receipt, and contention that
-stretches a step past its modelled time) is drawn from the distributions an in-situ profile
-measured (sim.profile=run:<dir>, what sim_validate uses), or fixed by sim.dispatch_latency_s,
-sim.step_gap_s and sim.report_latency_s; none by default. A worker's quiet decode steps go in
-one event (testbed/sim/decode_run.py), with the results of stepping one at a time.
-
-Simplifications: layer-wise KV streaming moves the KV after the prefill like
-granularity=request (the slower path); workers never die and transfers never fail, so a lease
-never runs out; a KV send costs the prefill worker no compute time.
+Simplifications: layer-wise streaming moves the KV after the prefill, like granularity=request;
+workers never die and transfers never fail; a KV send costs the prefill worker no compute.
 """
 
 from __future__ import annotations
@@ -33,7 +26,7 @@ from testbed.control.transfers import TransferLog
 from testbed.engine.sequence import check_fits
 from testbed.metrics.events import RequestLog
 from testbed.metrics.steps import StepLog
-from testbed.sim.host import Draws, contention_rho, step_scale
+from testbed.sim.host import HostSide
 from testbed.sim.plan import plan_sim_workers
 from testbed.sim.profiles import ROLE_OF, resolve_roles, role_blocks, transfer_time
 from testbed.sim.worker import SAMPLED_TOKEN, SimWorker
@@ -45,7 +38,7 @@ ARRIVE, DELIVER, STEP_END, KV_SENT, RESUME, RUN_END, FREE = range(7)
 class Simulation:
     def __init__(self, cfg: Config, profile: Optional[Mapping] = None, num_devices: Optional[int] = None):
         cfg.validate()
-        self.cfg, self.args, self.kv = cfg, cfg.model.args(), cfg.kv_transfer
+        self.args = cfg.model.args()
         available = num_devices if num_devices is not None else cfg.hardware.num_devices
         self.plans = plan_sim_workers(cfg.mode, cfg.cluster, available)
         self.profiles = resolve_roles(cfg, {ROLE_OF[p.role] for p in self.plans}, profile)
@@ -59,12 +52,8 @@ class Simulation:
         self.log = RequestLog(0.0)
         self.book = RequestBook(cfg.cluster, cfg.kv_transfer, cfg.mode == "disagg",
                                 {p.rank: p.role for p in self.plans}, self.log)
-        self.host = cfg.sim.host_model(next((r.measured for r in self.roles if r.measured), None))
-        # by rank: the contention of a decode step and of a step with prefill
-        self.scales = [(step_scale(r.measured), step_scale(r.measured, prefill=True)) for r in self.roles]
-        # the host's draws: the router's stream, then one per worker (by rank)
-        self.draws = [Draws(cfg.seed * 1_000_003), *(Draws(cfg.seed * 1_000_003 + 1 + rank, contention_rho(r.measured))
-                                                     for rank, r in enumerate(self.roles))]
+        measured = [r.measured for r in self.roles]
+        self.host = HostSide.of(cfg.sim.host_model(next(filter(None, measured), None)), measured, cfg.seed)
         self.runs = cfg.sim.decode_runs  # quiet decode steps in one event (testbed/sim/decode_run.py)
         self.paused: set[int] = set()  # workers in their gap between steps
         self.queue: list = []
@@ -81,8 +70,7 @@ class Simulation:
         heapq.heappush(self.queue, (t, self.counter, kind, payload))
 
     def run(self) -> None:
-        for request, reason in self.workload.rejected:
-            self.log.reject(request, request.arrival_s, reason, by="workload")
+        self.book.reject_workload(self.workload.rejected)
         for request in self.workload.requests:
             self.push(request.arrival_s, ARRIVE, request)
         # a local, not an attribute: bound methods held by the simulation would make it a cycle,
@@ -111,8 +99,8 @@ class Simulation:
                 self._start(rank, worker)
 
     def _start(self, rank: int, worker: SimWorker) -> None:
-        cost, draws = self.roles[rank].cost, self.draws[rank + 1]
-        run = worker.start_run(self.now, cost, self.scales[rank][0], self.host, draws) if self.runs else None
+        cost, draws, scales = self.roles[rank].cost, self.host.draws[rank], self.host.scales[rank]
+        run = worker.start_run(self.now, cost, scales[0], self.host.model, draws) if self.runs else None
         if run is not None:
             self.push(run.end, RUN_END, (rank, run))
             for i, free in run.free_changes(worker.block_manager.num_blocks, self.book.free_blocks(rank)):
@@ -120,7 +108,7 @@ class Simulation:
             return
         duration = worker.start_step(self.now, cost)
         if duration is not None:
-            scale = self.scales[rank][worker.shape[0] > 0]  # decode step, or one with prefill
+            scale = scales[worker.shape[0] > 0]  # decode step, or one with prefill
             self.push(self.now + duration * draws.contention(scale), STEP_END, rank)
 
     def _resume(self, rank: int) -> None:
@@ -133,7 +121,7 @@ class Simulation:
         if tracked is None:
             return
         check_fits(request.input_len, request.output_len, self.args.max_model_len)  # as Engine.add refuses it
-        delay = self.draws[0].sample(self.host.dispatch)
+        delay = self.host.router.sample(self.host.model.dispatch)
         if delay > 0:
             self.push(self.now + delay, DELIVER, tracked)
         else:
@@ -155,23 +143,20 @@ class Simulation:
 
     # -- steps -------------------------------------------------------------------------------------
     def _step_end(self, rank: int) -> None:
-        worker, now, draws = self.workers[rank], self.now, self.draws[rank + 1]
+        worker, now, draws = self.workers[rank], self.now, self.host.draws[rank]
         result, record = worker.finish_step(now)
         self.steps.add(rank, record)
         for seq in result.handoff:
             self._send_when_ready(rank, worker.handoff(seq, now))
-        news = self.book.on_step(
-            rank, record.start, [(seq.seq_id, n, was_prefill) for seq, n, was_prefill in result.scheduled],
-            [(seq.seq_id, seq.num_output_tokens - 1, token) for seq, token in result.tokens],
-            [seq.seq_id for seq in result.finished], [seq.seq_id for seq in result.handoff], now,
-            now + draws.sample(self.host.report), worker.block_manager.num_free_blocks)
+        news = self.book.on_step(rank, record.start, *result.by_id(), now, now + draws.sample(self.host.model.report),
+                                 worker.block_manager.num_free_blocks)
         for tracked in news.bound:
             self._reserve(tracked)
         for tracked in news.finished:
             follow_up = self.workload.next_turn(tracked.request, tracked.output, now)
             if follow_up is not None:
                 self.push(follow_up.arrival_s, ARRIVE, follow_up)
-        self._pause(rank, now + draws.sample(self.host.step_gap))
+        self._pause(rank, now + draws.sample(self.host.model.step_gap))
 
     def _pause(self, rank: int, resume_at: float) -> None:
         if resume_at > self.now:  # the worker reports, reads its inbox and polls its KV before its next step
@@ -193,7 +178,7 @@ class Simulation:
         worker = self.workers[rank]
         if worker.run is None:
             return
-        run, done, in_flight = worker.end_run(self.now, self.draws[rank + 1])
+        run, done, in_flight = worker.end_run(self.now, self.host.draws[rank])
         self.steps.add_many(rank, done, **run.step_fields(done, worker.role))
         self.book.on_run(rank, run.quiet.seqs, *run.report(done, worker.block_manager.num_blocks), SAMPLED_TOKEN)
         if in_flight and run.ends[done] == self.now:  # the run's finishing step ends now
@@ -209,11 +194,8 @@ class Simulation:
     def _send_when_ready(self, rank: int, entry: Optional[Outgoing]) -> None:
         if entry is None or not entry.sendable or entry.start is not None:
             return
-        sender = self.workers[rank]
-        entry.start = max(self.now, sender.link_free_at)
-        duration = transfer_time(self.roles[rank], self.roles[entry.decode_rank], self._kv_bytes(entry))
-        sender.link_free_at = entry.start + duration
-        self.push(sender.link_free_at, KV_SENT, (rank, entry.seq.seq_id))
+        seconds = transfer_time(self.roles[rank], self.roles[entry.decode_rank], self._kv_bytes(entry))
+        self.push(self.workers[rank].start_send(entry, self.now, seconds), KV_SENT, (rank, entry.seq.seq_id))
 
     def _kv_bytes(self, entry: Outgoing) -> int:
         return entry.seq.num_prompt_tokens * self.kv_bytes_per_token

@@ -111,6 +111,12 @@ class SimWorker:
         """D reserved blocks: the entry (attempt 1)."""
         return self.sender.ready(rid, decode_rank, 1, now)
 
+    def start_send(self, entry: Outgoing, now: float, seconds: float) -> float:
+        """Put `entry`'s KV on the link after the sends before it; when it will have arrived."""
+        entry.start = max(now, self.link_free_at)
+        self.link_free_at = entry.start + seconds
+        return self.link_free_at
+
     def sent(self, rid: int) -> Outgoing:
         """The KV has left: P's blocks are free again."""
         entry = self.sender.release(rid)
