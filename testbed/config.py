@@ -6,7 +6,7 @@ dataclasses (`OmegaConf.to_object` builds them), never a DictConfig.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Optional
 
@@ -85,6 +85,10 @@ class Config:
     executor: str = "real"  # real | sim (the calibrated simulator)
     sim: SimConfig = field(default_factory=SimConfig)
     output_dir: Optional[str] = None  # default: Hydra's run directory
+
+    def __post_init__(self) -> None:
+        if self.cluster.kv_aware and not self.engine.enable_prefix_caching:  # it routes to the caches
+            object.__setattr__(self, "engine", replace(self.engine, enable_prefix_caching=True))
 
     def validate(self) -> "Config":
         if self.executor not in ("real", "sim"):

@@ -37,6 +37,7 @@ def loads_balanced(b: RequestBook) -> None:
     """The invariant: every worker's load is exactly what the open requests put on it."""
     queued = {rank: 0 for rank in b.loads}
     bound = {rank: 0 for rank in b.loads}
+    held = {rank: 0 for rank in b.loads}  # prompt tokens bound to a decode worker
     for t in b.active.values():
         if t.front is Front.QUEUED:
             queued[t.worker] += t.request.input_len
@@ -44,8 +45,10 @@ def loads_balanced(b: RequestBook) -> None:
             bound[t.worker] += 1
         if t.back is not Back.NONE:
             bound[t.decode_worker] += 1
+            held[t.decode_worker] += t.request.input_len
     for rank, load in b.loads.items():
-        assert (load.queued_prompt_tokens, load.bound_sequences) == (queued[rank], bound[rank]), rank
+        assert (load.queued_prompt_tokens, load.bound_sequences, load.bound_tokens) == \
+            (queued[rank], bound[rank], held[rank]), rank
 
 
 def step(b: RequestBook, worker: int, tokens=(), finished=(), handoff=(), t: float = 1.0):

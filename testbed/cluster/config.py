@@ -7,7 +7,7 @@ from typing import List, Optional
 
 from testbed.errors import ConfigError
 
-DISPATCH = ("round_robin", "least_loaded", "session_affinity")
+DISPATCH = ("round_robin", "least_loaded", "session_affinity", "kv_aware")
 
 
 @dataclass(frozen=True)
@@ -22,12 +22,18 @@ class ClusterConfig:
     decode_devices: Optional[List[int]] = None
     dispatch: str = "round_robin"  # requests to mixed / prefill workers
     decode_dispatch: str = "least_loaded"  # KV to decode workers (late binding, or at arrival when early)
+    kv_aware_load_weight: float = 1.0  # kv_aware: cached prompt tokens worth one token of load
     max_prompt_len: Optional[int] = None  # admission control: longer prompts are rejected
     max_outstanding: Optional[int] = None  # admission control: requests in the system at once
     start_timeout_s: float = 300.0  # workers up and process group formed
     heartbeat_s: float = 2.0  # a silent live worker is declared dead after 5 heartbeats
     on_worker_failure: str = "fail"  # fail | redispatch: what becomes of a lost worker's requests
     stall_timeout_s: float = 120.0  # no report from any worker for this long: the rest fails
+
+    @property
+    def kv_aware(self) -> bool:
+        """Some dispatch follows the workers' prefix caches (which must then be on)."""
+        return "kv_aware" in (self.dispatch, self.decode_dispatch)
 
     def validate(self) -> "ClusterConfig":
         for key in ("num_workers", "num_prefill", "num_decode"):
@@ -36,6 +42,8 @@ class ClusterConfig:
         for key in ("dispatch", "decode_dispatch"):
             if getattr(self, key) not in DISPATCH:
                 raise ConfigError(f"cluster.{key}={getattr(self, key)!r} is not one of {', '.join(DISPATCH)}")
+        if self.kv_aware_load_weight < 0:
+            raise ConfigError(f"cluster.kv_aware_load_weight must be >= 0 (got {self.kv_aware_load_weight})")
         if self.stall_timeout_s <= 0 or self.heartbeat_s <= 0:
             raise ConfigError(f"cluster.stall_timeout_s and cluster.heartbeat_s must be > 0 "
                               f"(got {self.stall_timeout_s}, {self.heartbeat_s})")

@@ -12,7 +12,7 @@ told apart from the current one.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 from testbed.engine import StepRecord
@@ -118,6 +118,8 @@ class StepEvents:
     handoff: list[int]
     free_blocks: int
     num_running: int
+    cached: tuple = ((), ())
+    hits: list = field(default_factory=list)  # (rid, prompt tokens served by the prefix cache)  # prefix-cache block hashes (registered, evicted) since the last report
     sent: float = 0.0  # when the worker had built this report and was about to send it
 
 
@@ -189,6 +191,7 @@ class Audit:
     used_blocks: int
     loaned_buffers: int = 0  # KV staging buffers not back in their pool
     loaned_bytes: int = 0
+    cached_blocks: int = 0  # free blocks kept for their prefix (a cache, not a leak)
 
 
 @dataclass(frozen=True)

@@ -34,10 +34,11 @@ MEMORY_SAMPLE_S = 1.0
 
 class Router:
     def __init__(self, cluster: Cluster, workload: Workload, log: RequestLog, mode: str,
-                 cluster_config: ClusterConfig, kv: KVTransferConfig, t0: float, faults: FaultsConfig = FaultsConfig()):
+                 cluster_config: ClusterConfig, kv: KVTransferConfig, t0: float, faults: FaultsConfig = FaultsConfig(),
+                 block_size: int = 16):
         self.cluster, self.workload, self.log, self.t0, self.cfg = cluster, workload, log, t0, cluster_config
         roles = {p.rank: p.role for p in cluster.plans}
-        self.book = RequestBook(cluster_config, kv, mode == "disagg", roles, log)
+        self.book = RequestBook(cluster_config, kv, mode == "disagg", roles, log, block_size)
         self.pending = [(r.arrival_s, r.request_id, r) for r in workload.requests]
         heapq.heapify(self.pending)
         self.steps = StepLog()
@@ -143,6 +144,8 @@ class Router:
         read = getattr(self.cluster.events, "last_read", received)
         self.harness.append((ev.sent - ev.t, read - ev.sent, received - read))
         self.steps.add(ev.worker, ev.record)
+        self.book.cache_report(ev.worker, *ev.cached)
+        self.book.prefix_hits(ev.hits)
         news = self.book.on_step(ev.worker, ev.record.start, ev.scheduled, ev.tokens, ev.finished, ev.handoff, ev.t,
                                  received, ev.free_blocks)
         for tracked in news.bound:

@@ -61,6 +61,7 @@ class WorkerSpec:
     start_timeout_s: float = 300.0
     emulation: Optional[Emulation] = None  # pace steps and KV sends to an emulated device
     cpu_core: Optional[int] = None  # CPU workers: the core this worker is pinned to (None: not pinned)
+    report_cache: bool = False  # step reports carry prefix-cache changes (KV-aware dispatch)
 
 
 def worker_main(spec: WorkerSpec, inboxes, events) -> None:
@@ -97,9 +98,11 @@ def _setup(spec: WorkerSpec) -> Engine:
     backend = "nccl" if device.type == "cuda" else "gloo"
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{spec.port}", rank=spec.rank,
                             world_size=spec.world_size, timeout=timedelta(seconds=spec.start_timeout_s))
-    engine = Engine.build(spec.model.args(), spec.engine.for_role(spec.role), spec.scheduler, spec.role, device,
+    engine = Engine.build(spec.model.args(), spec.engine, spec.scheduler, spec.role, device,
                           dtype=spec.model.dtype, path=spec.model.path, seed=spec.model.seed)
     engine.warmup()
+    if spec.report_cache:  # after the warm-up: its prompts are nobody's prefix
+        engine.track_cache_changes()
     return engine
 
 
@@ -150,7 +153,7 @@ class Worker:
             time.sleep(IDLE_WAIT_S)
             self._poll_transfers()
         return Audit(self.spec.rank, self.engine.num_used_blocks, sum(len(side.buffers.loaned) for side in sides),
-                     sum(side.buffers.loaned_bytes for side in sides))
+                     sum(side.buffers.loaned_bytes for side in sides), self.engine.num_cached_blocks)
 
     def _can_step(self) -> bool:
         if self.sender is not None and self.sender.blocked(self.spec.max_pending):
@@ -233,7 +236,7 @@ class Worker:
         scheduled, tokens, finished, handoff = result.by_id()
         return StepEvents(
             worker=self.spec.rank, t=t, record=record, scheduled=scheduled, tokens=tokens, finished=finished,
-            handoff=handoff, free_blocks=self.engine.num_free_blocks, num_running=self.engine.num_running, sent=time.perf_counter())
+            handoff=handoff, cached=self.engine.cache_changes(), hits=result.hits, free_blocks=self.engine.num_free_blocks, num_running=self.engine.num_running, sent=time.perf_counter())
 
     def _report(self, msg) -> None:
         self.events.put(msg)

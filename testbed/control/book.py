@@ -27,6 +27,7 @@ from enum import Enum
 from typing import Optional
 
 from testbed.control.dispatch import Dispatcher, WorkerLoad, admission_refusal
+from testbed.control.kv_index import KVIndex
 from testbed.errors import StateError
 from testbed.metrics.events import Event, RequestLog
 from testbed.workload import Request
@@ -78,12 +79,16 @@ class StepNews:
 
 
 class RequestBook:
-    def __init__(self, cluster, kv, disagg: bool, roles: dict[int, str], log: RequestLog):
+    def __init__(self, cluster, kv, disagg: bool, roles: dict[int, str], log: RequestLog, block_size: int = 16):
         self.cfg, self.kv, self.disagg, self.log = cluster, kv, disagg, log
         self.loads = {rank: WorkerLoad() for rank in roles}
-        self.front = Dispatcher(cluster.dispatch, [r for r, role in roles.items() if role != "decode_only"], self.loads)
+        # where the prompt blocks are, from the workers' reports: only KV-aware dispatch asks
+        self.index = KVIndex(block_size, roles) if cluster.kv_aware else None
+        weight = cluster.kv_aware_load_weight
+        self.front = Dispatcher(cluster.dispatch, [r for r, role in roles.items() if role != "decode_only"], self.loads,
+                                index=self.index, load_weight=weight)
         self.back = Dispatcher(cluster.decode_dispatch, [r for r, role in roles.items() if role == "decode_only"],
-                               self.loads, for_decode=True)
+                               self.loads, for_decode=True, index=self.index, load_weight=weight)
         self.active: dict[int, Tracked] = {}
 
     def __len__(self) -> int:
@@ -192,6 +197,16 @@ class RequestBook:
         """A step's report of the worker's free KV blocks (decode dispatch breaks ties on them)."""
         self.loads[worker].free_blocks = free_blocks
 
+    def prefix_hits(self, hits) -> None:
+        """(rid, prompt tokens found cached) of the requests whose first prefill ran this step."""
+        for rid, tokens in hits:
+            self.log.prefix_hit(rid, tokens)
+
+    def cache_report(self, worker: int, stored: list[int], removed: list[int]) -> None:
+        """A step's changes to the worker's prefix cache (block hashes registered, evicted)."""
+        if self.index is not None:
+            self.index.update(worker, stored, removed)
+
     def free_blocks(self, worker: int) -> int:
         """The worker's free KV blocks as its last report had them."""
         return self.loads[worker].free_blocks
@@ -280,6 +295,8 @@ class RequestBook:
     def lose_worker(self, rank: int) -> list[int]:
         """Mark a worker dead; the open requests that needed it."""
         self.loads[rank].alive = False
+        if self.index is not None:
+            self.index.forget(rank)
         return [rid for rid, tracked in self.active.items() if self.depends_on(tracked, rank)]
 
     def depends_on(self, tracked: Tracked, rank: int) -> bool:
@@ -336,7 +353,9 @@ class RequestBook:
         if new not in BACK_EDGES[old]:
             raise StateError(f"request {tracked.rid}: back {old.name} -> {new.name} is not an edge")
         if new is Back.NONE:
-            self.loads[tracked.decode_worker].bound_sequences -= 1
+            load = self.loads[tracked.decode_worker]
+            load.bound_sequences -= 1
+            load.bound_tokens -= tracked.request.input_len
             tracked.decode_worker = None
         tracked.back = new
 

@@ -5,6 +5,11 @@
   sequences bound to it and then the most free KV blocks (decode workers).
 - session_affinity: a session's later turns go where its earlier turns ran (its KV, and its
   prefix-cache hits, are there); new sessions go to the least loaded worker.
+- kv_aware: the best `cached tokens - kv_aware_load_weight x load`, where cached tokens are the
+  prompt's leading tokens the worker's prefix cache holds (testbed/control/kv_index.py, kept
+  from the workers' step reports) and load is the worker's queued prompt tokens (mixed and
+  prefill workers) or the prompt tokens of the sequences bound to it (decode workers); ties go
+  to the least loaded. The idea of a KV router (Dynamo) and of a cache-aware router (SGLang).
 """
 
 from __future__ import annotations
@@ -12,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
+from testbed.control.kv_index import KVIndex
+from testbed.engine.prefix import prompt_hashes
 from testbed.workload import Request
 
 
@@ -19,6 +26,7 @@ from testbed.workload import Request
 class WorkerLoad:
     queued_prompt_tokens: int = 0
     bound_sequences: int = 0
+    bound_tokens: int = 0  # prompt tokens of the bound sequences (a decode worker's KV load)
     free_blocks: int = 0
     alive: bool = True
 
@@ -29,6 +37,8 @@ class Dispatcher:
     workers: list[int]
     loads: dict[int, WorkerLoad]
     for_decode: bool = False
+    index: Optional[KVIndex] = None  # kv_aware: where the prompt blocks are
+    load_weight: float = 1.0  # kv_aware: cached tokens worth one token of load
     _next: int = 0
     _affinity: dict[int, int] = field(default_factory=dict)
 
@@ -49,6 +59,8 @@ class Dispatcher:
                 worker = self._least_loaded(live)
                 self._affinity[request.session_id] = worker
             return worker
+        if self.policy == "kv_aware":
+            return self._kv_aware(live, request)
         return self._least_loaded(live)
 
     def bind(self, request: Request) -> Optional[int]:
@@ -59,7 +71,18 @@ class Dispatcher:
         worker = self.pick(request)
         if worker is not None:
             self.loads[worker].bound_sequences += 1
+            self.loads[worker].bound_tokens += request.input_len
         return worker
+
+    def _kv_aware(self, live: list[int], request: Request) -> int:
+        hashes = prompt_hashes(request.prompt_token_ids, self.index.block_size)
+        scored = []
+        for w in live:
+            load = self.loads[w]
+            tokens = load.bound_tokens if self.for_decode else load.queued_prompt_tokens
+            score = self.index.cached_tokens(w, hashes) - self.load_weight * tokens
+            scored.append((-score, tokens, load.bound_sequences, w))
+        return min(scored)[3]
 
     def _least_loaded(self, live: list[int]) -> int:
         loads = self.loads  # once per request over every worker: tuples, no key function

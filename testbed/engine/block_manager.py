@@ -4,7 +4,10 @@ Check/act pairs: `can_allocate` then `allocate`. A sequence's block table covers
 that has or will get KV this step. With prefix caching, a full block whose KV is computed is
 registered under a chain hash of its tokens; a later sequence whose prompt starts with the same
 tokens shares it (reference count + 1) instead of recomputing it. Freed blocks keep their hash
-until reused, so a finished turn's KV still serves the next turn of a session.
+until reused, so a finished turn's KV still serves the next turn of a session. KV written from
+outside (received from a prefill worker) goes into fresh blocks, never shared ones, and is
+registered once installed. A tracked manager keeps the hashes it registered and evicted since
+the last `drain_changes`, which a worker reports for KV-aware routing (testbed/control/kv_index.py).
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from itertools import islice
 
+from testbed.engine.prefix import ROOT, block_hash, cacheable_blocks
 from testbed.engine.sequence import Sequence
 
 
@@ -33,6 +37,23 @@ class BlockManager:
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.free_ids: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))  # LRU first
         self.hash_to_block: dict[int, int] = {}
+        self.changes: dict[int, bool] | None = None  # hash -> cached now; None: not tracked
+
+    def track_changes(self) -> None:
+        self.changes = {}
+
+    def drain_changes(self) -> tuple[list[int], list[int]]:
+        """(hashes registered, hashes evicted) since the last call; disjoint."""
+        changes = self.changes
+        if not changes:
+            return [], []
+        self.changes = {}
+        return [h for h, held in changes.items() if held], [h for h, held in changes.items() if not held]
+
+    @property
+    def num_cached_blocks(self) -> int:
+        """Free blocks that still hold a registered prefix (kept for later hits, not leaked)."""
+        return sum(1 for b in self.hash_to_block.values() if self.blocks[b].ref_count == 0)
 
     @property
     def num_blocks(self) -> int:
@@ -65,14 +86,26 @@ class BlockManager:
                 seq.block_table.append(block_id)
             seq.num_cached_tokens = seq.num_computed_tokens = len(seq.block_table) * self.block_size
         need = self.blocks_for(num_tokens) - len(seq.block_table)
-        if need <= 0:
-            return  # most decode steps: the last block has room
+        if need > 0:  # most decode steps: the last block has room
+            self._take_fresh(seq, need)
+
+    def can_allocate_fresh(self, num_tokens: int) -> bool:
+        return self.blocks_for(num_tokens) <= self.num_free_blocks
+
+    def allocate_fresh(self, seq: Sequence, num_tokens: int) -> None:
+        """Unshared blocks for KV written from outside: a write never touches a block that
+        another sequence reads. `commit` registers them once the KV is in."""
+        assert not seq.block_table
+        seq.block_hashes = []
+        self._take_fresh(seq, self.blocks_for(num_tokens))
+
+    def _take_fresh(self, seq: Sequence, need: int) -> None:
         fresh = list(islice(self.free_ids, need))
         free_ids, blocks = self.free_ids, self.blocks
         for block_id in fresh:  # LRU first; _forget_hash and _take, inlined: a long simulation's hottest loop
             block = blocks[block_id]
             if block.hash is not None:
-                self._forget_hash(block_id)
+                self._forget_hash(block_id)  # evicted: the least recently freed cached block
             del free_ids[block_id]
             block.ref_count = 1
         seq.block_table.extend(fresh)
@@ -95,11 +128,13 @@ class BlockManager:
         # only the blocks filled since the last commit: the step loop calls this for every item
         for i in range(len(seq.block_hashes), seq.num_computed_tokens // self.block_size):
             tokens = tuple(seq.token_ids[i * self.block_size:(i + 1) * self.block_size])
-            h = hash((seq.block_hashes[-1] if seq.block_hashes else None, tokens))
+            h = block_hash(seq.block_hashes[-1] if seq.block_hashes else ROOT, tokens)
             block = self.blocks[seq.block_table[i]]
             if block.hash is None and h not in self.hash_to_block:
                 block.hash, block.token_ids = h, tokens
                 self.hash_to_block[h] = block.block_id
+                if self.changes is not None:
+                    self.changes[h] = True
             seq.block_hashes.append(h)
 
     def _match_prefix(self, seq: Sequence) -> tuple[list[int], list[int]]:
@@ -108,10 +143,10 @@ class BlockManager:
         shared block is never written."""
         if not self.enable_prefix_caching:
             return [], []
-        hits, hashes, parent = [], [], None
-        for i in range((seq.num_tokens - 1) // self.block_size):
+        hits, hashes, parent = [], [], ROOT
+        for i in range(cacheable_blocks(seq.num_tokens, self.block_size)):
             tokens = tuple(seq.token_ids[i * self.block_size:(i + 1) * self.block_size])
-            h = hash((parent, tokens))
+            h = block_hash(parent, tokens)
             block_id = self.hash_to_block.get(h)
             if block_id is None or self.blocks[block_id].token_ids != tokens:
                 break
@@ -130,6 +165,8 @@ class BlockManager:
         block = self.blocks[block_id]
         if block.hash is not None:
             del self.hash_to_block[block.hash]
+            if self.changes is not None:
+                self.changes[block.hash] = False
             block.hash, block.token_ids = None, ()
 
     def check_invariants(self, live: list[Sequence]) -> None:

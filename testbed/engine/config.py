@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Optional
 
 from testbed.errors import ConfigError
@@ -53,7 +53,3 @@ class EngineConfig:
             raise ConfigError(f"engine.attention_backend={self.attention_backend!r} is not one of auto, flash, torch")
         return self
 
-    def for_role(self, role: str) -> "EngineConfig":
-        """The settings a worker of `role` runs with: a decode-only worker writes the KV it receives
-        into fresh blocks, never into shared ones, so prefix caching is off there."""
-        return replace(self, enable_prefix_caching=self.enable_prefix_caching and role != "decode_only")

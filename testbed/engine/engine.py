@@ -129,6 +129,18 @@ class Engine:
         return self.scheduler.abort(seq_id)
 
     # -- what the worker reports and the end-of-run audit reads ---------------------------------
+    def track_cache_changes(self) -> None:
+        """From now on, keep the prefix-cache blocks registered and evicted (for KV-aware routing)."""
+        self.block_manager.track_changes()
+
+    def cache_changes(self) -> tuple[list[int], list[int]]:
+        """(block hashes registered, evicted) since the last call."""
+        return self.block_manager.drain_changes()
+
+    @property
+    def num_cached_blocks(self) -> int:
+        return self.block_manager.num_cached_blocks
+
     @property
     def num_used_blocks(self) -> int:
         return self.block_manager.num_used_blocks

@@ -61,6 +61,7 @@ class StepResult:
     tokens: list[tuple[Sequence, int]] = field(default_factory=list)
     finished: list[Sequence] = field(default_factory=list)
     handoff: list[Sequence] = field(default_factory=list)
+    hits: list[tuple[int, int]] = field(default_factory=list)  # (rid, prompt tokens its first prefill found cached)
 
     def by_id(self) -> tuple[list, list, list, list]:
         """The step as the request book reads it: scheduled (rid, new tokens, was prefill), tokens
@@ -116,9 +117,9 @@ class Scheduler:
     def reserve(self, seq: Sequence) -> bool:
         """D: blocks for the prompt's KV and the first token's slot, when there is room under
         max_running and in the pool; False leaves everything as it was (back-pressure)."""
-        if self.num_busy >= self.config.max_running or not self.block_manager.can_allocate(seq, seq.num_tokens + 1):
+        if self.num_busy >= self.config.max_running or not self.block_manager.can_allocate_fresh(seq.num_tokens + 1):
             return False
-        self.block_manager.allocate(seq, seq.num_tokens + 1)
+        self.block_manager.allocate_fresh(seq, seq.num_tokens + 1)
         self.move(seq, SequenceStatus.RECEIVING)
         self.receiving[seq.seq_id] = seq
         return True
@@ -127,6 +128,7 @@ class Scheduler:
         """D: the prompt's KV is in the reserved blocks; decode from the first token P sampled."""
         seq = self.receiving.pop(seq_id)
         seq.num_computed_tokens = seq.num_prompt_tokens
+        self.block_manager.commit(seq)  # the received prompt's blocks serve later prompts too
         seq.append_token(first_token)
         self.move(seq, SequenceStatus.RUNNING)
         self.running.append(seq)
@@ -249,6 +251,8 @@ class Scheduler:
         result = StepResult()
         for (seq, n), token in zip(batch.items, sampled):
             result.scheduled.append((seq, n, seq.in_prefill))
+            if seq.num_cached_tokens and seq.num_computed_tokens == seq.num_cached_tokens and seq.in_prefill:
+                result.hits.append((seq.seq_id, seq.num_cached_tokens))  # its first chunk after the hit
             seq.num_computed_tokens += n
             self.block_manager.commit(seq)
             if token is None:

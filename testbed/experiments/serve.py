@@ -40,7 +40,7 @@ def worker_template(cfg: Config) -> WorkerSpec:
                       piece_bytes=kv.piece_kib << 10, drop_kv_probability=cfg.faults.drop_kv_probability,
                       delay_kv_s=cfg.faults.delay_kv_ms / 1000, seed=cfg.seed,
                       heartbeat_s=cfg.cluster.heartbeat_s, start_timeout_s=cfg.cluster.start_timeout_s,
-                      emulation=Emulation.from_hardware(cfg.hardware))
+                      emulation=Emulation.from_hardware(cfg.hardware), report_cache=cfg.cluster.kv_aware)
 
 
 def harness_breakdown(rows: list[tuple[float, float, float]]) -> dict:
@@ -53,6 +53,7 @@ def harness_breakdown(rows: list[tuple[float, float, float]]) -> dict:
 def audit_summary(audits: dict[int, Audit]) -> dict:
     """What each worker still held at the end (all zero unless something leaked)."""
     return {"kv_blocks_leaked": {f"worker{rank}": a.used_blocks for rank, a in sorted(audits.items())},
+            "kv_blocks_cached": {f"worker{rank}": a.cached_blocks for rank, a in sorted(audits.items())},
             "staging_buffers_leaked": {f"worker{rank}": {"count": a.loaned_buffers, "bytes": a.loaned_bytes}
                                        for rank, a in sorted(audits.items())}}
 
@@ -79,7 +80,8 @@ def serve(cfg: Config, out_dir: Path, on_started: Optional[Callable[[Cluster], N
         t0 = time.perf_counter()
         sampler = start_telemetry(t0, announce=progress)
         log = RequestLog(t0)
-        router = Router(cluster, workload, log, cfg.mode, cfg.cluster, cfg.kv_transfer, t0, cfg.faults)
+        router = Router(cluster, workload, log, cfg.mode, cfg.cluster, cfg.kv_transfer, t0, cfg.faults,
+                        block_size=cfg.engine.block_size)
         with tqdm(total=len(workload.requests), desc=f"{cfg.mode} requests", unit="req", leave=False,
                   disable=not progress) as bar:
             router.on_finish = lambda: bar.update(1)

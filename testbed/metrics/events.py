@@ -47,8 +47,9 @@ TIME_COLUMNS = ["arrived_s", "dispatched_s", "prefill_queued_s", "prefill_start_
                 "kv_transfer_start_s", "kv_transfer_end_s", "decode_queued_s", "decode_start_s", "finished_s"]
 REQUEST_COLUMNS = (["request_id", "arrival_s", "input_len", "output_len", "session_id", "turn", "tenant",
                     "prefill_worker", "decode_worker", "status", "reason", "refused_by"] + TIME_COLUMNS
-                   + ["kv_bytes", "num_prefill_chunks", "token_times", "token_worker_times", "output_token_ids"])
-INT_COLUMNS = ["request_id", "input_len", "output_len", "turn", "num_prefill_chunks"]
+                   + ["kv_bytes", "num_prefill_chunks", "prefix_hit_tokens", "token_times", "token_worker_times",
+                      "output_token_ids"])
+INT_COLUMNS = ["request_id", "input_len", "output_len", "turn", "num_prefill_chunks", "prefix_hit_tokens"]
 NULLABLE_INT_COLUMNS = ["session_id", "prefill_worker", "decode_worker"]
 # Columns other code (steps and transfers recorders) is expected to write; the results writer
 # uses them for empty tables.
@@ -75,6 +76,7 @@ class _Record:
     times: dict = field(default_factory=dict)
     kv_bytes: float = float("nan")
     num_prefill_chunks: int = 0
+    prefix_hit_tokens: int = 0  # prompt tokens its first prefill found in the worker's prefix cache
     token_times: list = field(default_factory=list)
     token_worker_times: list = field(default_factory=list)
     output_token_ids: list = field(default_factory=list)
@@ -153,6 +155,12 @@ class RequestLog:
         record.token_worker_times.extend(map(float, worker_times) if not t0 else [float(w) - t0 for w in worker_times])
         record.token_times.extend(map(float, client_times) if not t0 else [float(c) - t0 for c in client_times])
 
+    def prefix_hit(self, request_id: int, tokens: int) -> None:
+        """The prompt tokens a prefix cache served; the first prefill's count stands."""
+        record = self._get(request_id)
+        if not record.prefix_hit_tokens:
+            record.prefix_hit_tokens = int(tokens)
+
     def finish(self, request_id: int, t: float) -> None:
         self.event(request_id, Event.FINISHED, t)
 
@@ -195,7 +203,7 @@ _READERS = {
     "status": lambda r: r.status or "failed", "reason": lambda r: r.reason if r.status else "unfinished",
     "refused_by": lambda r: r.refused_by if r.status == "rejected" else "",
     "kv_bytes": attrgetter("kv_bytes"), "num_prefill_chunks": attrgetter("num_prefill_chunks"),
-    "token_times": lambda r: list(r.token_times),
+    "prefix_hit_tokens": attrgetter("prefix_hit_tokens"), "token_times": lambda r: list(r.token_times),
     "token_worker_times": lambda r: list(r.token_worker_times) or list(r.token_times),
     "output_token_ids": lambda r: list(r.output_token_ids),
 }
@@ -203,7 +211,7 @@ _READERS = {
 
 ROW_DEFAULTS = {"input_len": 0, "output_len": 0, "session_id": None, "turn": 0, "tenant": "default",
                 "prefill_worker": None, "decode_worker": None, "status": "ok", "reason": "", "refused_by": None,
-                "kv_bytes": float("nan"), "num_prefill_chunks": 0}
+                "kv_bytes": float("nan"), "num_prefill_chunks": 0, "prefix_hit_tokens": 0}
 LIST_COLUMNS = ["token_times", "token_worker_times", "output_token_ids"]
 
 

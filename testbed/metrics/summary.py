@@ -130,9 +130,26 @@ def summarize(requests: pd.DataFrame, steps: Optional[pd.DataFrame] = None,
         "stall_factor": metrics.stall_factor,
         "harness_delay": distribution(delays),
         "prefill_chunks": distribution(ok["num_prefill_chunks"]),
+        "prefix_cache": prefix_cache_summary(ok),
     }
     out.update(step_summary(steps))
     return json_safe(out)
+
+
+def prefix_cache_summary(ok: pd.DataFrame) -> dict[str, Any]:
+    """How much of the prompts a prefix cache served (hit rate: cached over prompt tokens), and
+    per turn of a session: hit rate, TTFT p50 and the KV bytes moved per request."""
+    hits = ok["prefix_hit_tokens"] if "prefix_hit_tokens" in ok else pd.Series(0, index=ok.index)
+    prompt = ok["input_len"].sum()
+    by_turn = {}
+    for turn, rows in ok.groupby("turn"):
+        turn_prompt = rows["input_len"].sum()
+        by_turn[str(turn)] = {"requests": int(len(rows)),
+                              "hit_rate": float(hits[rows.index].sum() / turn_prompt) if turn_prompt else None,
+                              "ttft_p50": float(rows["ttft"].median()),
+                              "kv_bytes_mean": float(rows["kv_bytes"].mean())}
+    return {"hit_tokens": int(hits.sum()), "hit_rate": float(hits.sum() / prompt) if prompt else None,
+            "by_turn": by_turn}
 
 
 def _curve(table, slo, scales, tenant_slos) -> dict[str, list]:

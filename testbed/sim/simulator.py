@@ -46,15 +46,17 @@ class Simulation:
         self.kv_bytes_per_token = self.args.kv_bytes_per_token * next(iter(self.profiles.values())).dtype_bytes
         blocks = role_blocks(cfg, self.profiles)
         self.workers = [SimWorker(p.rank, p.role, blocks[ROLE_OF[p.role]], cfg.engine, cfg.scheduler,
-                                  cfg.kv_transfer.max_pending) for p in self.plans]
+                                  cfg.kv_transfer.max_pending, cfg.cluster.kv_aware) for p in self.plans]
         self.workload = build_workload(cfg.workload, seed=cfg.seed, vocab_size=self.args.vocab_size,
                                        max_model_len=self.args.max_model_len)
         self.log = RequestLog(0.0)
         self.book = RequestBook(cfg.cluster, cfg.kv_transfer, cfg.mode == "disagg",
-                                {p.rank: p.role for p in self.plans}, self.log)
+                                {p.rank: p.role for p in self.plans}, self.log, cfg.engine.block_size)
         measured = [r.measured for r in self.roles]
         self.host = HostSide.of(cfg.sim.host_model(next(filter(None, measured), None)), measured, cfg.seed)
-        self.runs = cfg.sim.decode_runs  # quiet decode steps in one event (testbed/sim/decode_run.py)
+        # quiet decode steps in one event (testbed/sim/decode_run.py); not where the router follows
+        # the caches, whose changes each step reports
+        self.runs = cfg.sim.decode_runs and not cfg.cluster.kv_aware
         self.paused: set[int] = set()  # workers in their gap between steps
         self.queue: list = []
         self.counter = 0
@@ -146,6 +148,9 @@ class Simulation:
         worker, now, draws = self.workers[rank], self.now, self.host.draws[rank]
         result, record = worker.finish_step(now)
         self.steps.add(rank, record)
+        if self.book.index is not None:
+            self.book.cache_report(rank, *worker.block_manager.drain_changes())
+        self.book.prefix_hits(result.hits)
         for seq in result.handoff:
             self._send_when_ready(rank, worker.handoff(seq, now))
         news = self.book.on_step(rank, record.start, *result.by_id(), now, now + draws.sample(self.host.model.report),

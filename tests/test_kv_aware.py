@@ -1,0 +1,194 @@
+"""KV-aware routing: the engine's prefix-cache hashes, the router's index of them, the dispatch
+rule, and runs that use them (simulated, and real with identical greedy tokens)."""
+
+from __future__ import annotations
+
+import pytest
+
+from testbed.cluster.config import ClusterConfig, KVTransferConfig
+from testbed.control.book import RequestBook
+from testbed.control.dispatch import Dispatcher, WorkerLoad
+from testbed.control.kv_index import KVIndex
+from testbed.engine import BlockManager, Sequence
+from testbed.engine.prefix import cacheable_blocks, prompt_hashes
+from testbed.errors import ConfigError
+from testbed.metrics.events import RequestLog
+from testbed.workload import Request
+from tests.cluster_helpers import make_config
+
+BS = 4
+
+
+def request(rid: int, tokens, output_len: int = 3) -> Request:
+    return Request(request_id=rid, arrival_s=0.0, prompt_token_ids=tuple(tokens), output_len=output_len)
+
+
+def prefill(bm: BlockManager, rid: int, tokens) -> Sequence:
+    """A prompt run through a prefill: blocks allocated, KV computed, full blocks registered."""
+    seq = Sequence(rid, list(tokens), 4)
+    bm.allocate(seq, seq.num_tokens)
+    seq.num_computed_tokens = seq.num_tokens
+    bm.commit(seq)
+    return seq
+
+
+# -- the engine's hashes, as the router computes them ------------------------------------------------
+def test_the_router_names_blocks_as_the_engine_registers_them():
+    bm = BlockManager(16, BS, enable_prefix_caching=True)
+    bm.track_changes()
+    tokens = list(range(1, 15))  # 14 tokens: three full blocks, the last one partial
+    seq = prefill(bm, 0, tokens)
+    stored, removed = bm.drain_changes()
+    assert stored == prompt_hashes(tokens, BS) + [] and removed == []
+    assert cacheable_blocks(len(tokens), BS) == 3
+    assert bm.drain_changes() == ([], [])  # drained
+    bm.free(seq)
+    assert bm.num_used_blocks == 0 and bm.num_cached_blocks == 3  # kept for hits, not leaked
+
+
+def test_evictions_are_reported_and_changes_come_out_disjoint():
+    bm = BlockManager(4, BS, enable_prefix_caching=True)
+    bm.track_changes()
+    first = prefill(bm, 0, range(1, 10))  # two full blocks registered (and a third, partial)
+    bm.free(first)
+    hashes = prompt_hashes(list(range(1, 10)), BS)
+    second = Sequence(1, list(range(50, 63)), 4)  # 13 tokens, 4 blocks: the whole pool
+    bm.allocate(second, second.num_tokens)
+    stored, removed = bm.drain_changes()
+    assert set(hashes) <= set(removed) and not set(stored) & set(removed)
+    assert bm.num_cached_blocks == 0
+
+
+def test_an_untracked_manager_keeps_no_changes():
+    bm = BlockManager(8, BS, enable_prefix_caching=True)
+    prefill(bm, 0, range(1, 10))
+    assert bm.changes is None and bm.drain_changes() == ([], [])
+
+
+def test_received_kv_goes_into_fresh_blocks_and_is_registered_once_installed():
+    bm = BlockManager(16, BS, enable_prefix_caching=True)
+    cached = prefill(bm, 0, range(1, 10))
+    incoming = Sequence(1, list(range(1, 10)), 4)  # the same prompt, its KV received from P
+    bm.allocate_fresh(incoming, incoming.num_tokens + 1)
+    assert not set(incoming.block_table) & set(cached.block_table)  # never written into shared blocks
+    incoming.num_computed_tokens = incoming.num_tokens
+    bm.commit(incoming)  # duplicates of cached blocks are not registered twice
+    bm.check_invariants([cached, incoming])
+
+
+# -- the index and the dispatch rule ------------------------------------------------------------------
+def test_the_index_applies_evictions_then_registrations():
+    index = KVIndex(BS, [0, 1])
+    index.update(0, [11, 12, 13], [])
+    index.update(0, [14], [12])
+    assert index.cached_tokens(0, [11, 12, 13]) == BS  # the run stops at the first block not held
+    assert index.cached_tokens(0, [11]) == BS and index.cached_tokens(1, [11]) == 0
+    index.forget(0)
+    assert index.blocks(0) == 0
+
+
+def kv_aware(workers, for_decode=False, weight=1.0):
+    loads = {w: WorkerLoad() for w in workers}
+    index = KVIndex(BS, workers)
+    return Dispatcher("kv_aware", list(workers), loads, for_decode=for_decode, index=index, load_weight=weight)
+
+
+def test_kv_aware_picks_the_worker_holding_the_prefix_unless_its_load_outweighs_it():
+    d = kv_aware([0, 1])
+    prompt = list(range(1, 22))  # 5 cacheable blocks: 20 tokens
+    d.index.update(1, prompt_hashes(prompt, BS), [])
+    assert d.pick(request(0, prompt)) == 1
+    d.loads[1].queued_prompt_tokens = 19  # 20 cached - 19 queued > 0 - 0
+    assert d.pick(request(0, prompt)) == 1
+    d.loads[1].queued_prompt_tokens = 21
+    assert d.pick(request(0, prompt)) == 0
+    d.loads[1].queued_prompt_tokens = 0
+    assert d.pick(request(1, range(100, 121))) == 0  # nothing cached anywhere: the least loaded, then rank
+
+
+def test_kv_aware_decode_dispatch_weighs_the_prompt_tokens_bound_to_each_worker():
+    d = kv_aware([2, 3], for_decode=True, weight=0.5)
+    prompt = list(range(1, 22))
+    d.index.update(3, prompt_hashes(prompt, BS)[:2], [])  # 8 tokens cached on worker 3
+    assert d.bind(request(0, prompt)) == 3
+    assert (d.loads[3].bound_sequences, d.loads[3].bound_tokens) == (1, 21)
+    assert d.bind(request(1, prompt)) == 2  # 8 - 0.5 x 21 < 0
+
+
+def test_the_book_keeps_the_index_from_reports_and_forgets_a_lost_worker():
+    roles = {0: "prefill_only", 1: "prefill_only", 2: "decode_only"}
+    cluster = ClusterConfig(dispatch="kv_aware", decode_dispatch="kv_aware")
+    b = RequestBook(cluster, KVTransferConfig(), True, roles, RequestLog(0.0), block_size=BS)
+    prompt = list(range(1, 22))
+    b.cache_report(1, prompt_hashes(prompt, BS), [])
+    assert b.admit(request(0, prompt), 0.0).worker == 1
+    b.lose_worker(1)
+    assert b.index.blocks(1) == 0
+    plain = RequestBook(ClusterConfig(), KVTransferConfig(), True, roles, RequestLog(0.0))
+    assert plain.index is None
+    plain.cache_report(0, [1], [])  # no index kept: nothing to do
+
+
+def test_kv_aware_turns_prefix_caching_on_and_bad_settings_are_refused():
+    cfg = make_config("cluster.dispatch=kv_aware")
+    assert cfg.engine.enable_prefix_caching
+    assert not make_config().engine.enable_prefix_caching
+    with pytest.raises(ConfigError, match="kv_aware"):
+        ClusterConfig(dispatch="cache").validate()
+    with pytest.raises(ConfigError, match="kv_aware_load_weight"):
+        ClusterConfig(kv_aware_load_weight=-1).validate()
+
+
+# -- runs ---------------------------------------------------------------------------------------------
+SESSIONS = ["workload=multiturn", "workload.num_requests=16", "hardware=cpu", "engine.enable_prefix_caching=true"]
+
+
+def _sim(*overrides):
+    from tests.test_sim import PROFILE  # the shipped CPU profile
+    from testbed.sim.executor import simulate
+    return simulate(make_config(*SESSIONS, *overrides), PROFILE, num_devices=4)
+
+
+def test_simulated_kv_aware_routing_finds_more_of_each_prompt_cached_than_round_robin():
+    chunked = ["mode=chunked", "cluster.num_workers=4"]
+    blind = _sim(*chunked, "cluster.dispatch=round_robin")
+    aware = _sim(*chunked, "cluster.dispatch=kv_aware")
+    hits = {name: r["requests"].prefix_hit_tokens.sum() for name, r in (("blind", blind), ("aware", aware))}
+    assert hits["aware"] > hits["blind"] > 0
+    rates = [r["summary"]["prefix_cache"]["hit_rate"] for r in (blind, aware)]
+    assert rates[1] > rates[0] and aware["summary"]["prefix_cache"]["by_turn"]["0"]["requests"] == 16
+    for result in (blind, aware):
+        assert (result["requests"].status == "ok").all()
+        assert sum(result["summary"]["kv_blocks_leaked"].values()) == 0
+        assert sum(result["summary"]["kv_blocks_cached"].values()) > 0
+    later = aware["requests"][aware["requests"].turn > 0]
+    assert (later.prefix_hit_tokens > 0).mean() > 0.9  # a session's later turns find their history
+
+
+def test_simulated_disagg_with_kv_aware_decode_dispatch_leaks_nothing():
+    result = _sim("mode=disagg", "cluster.num_prefill=2", "cluster.num_decode=2", "cluster.dispatch=kv_aware",
+                  "cluster.decode_dispatch=kv_aware")
+    assert (result["requests"].status == "ok").all()
+    assert sum(result["summary"]["kv_blocks_leaked"].values()) == 0
+    assert result["summary"]["kv_blocks_cached"]["worker2"] + result["summary"]["kv_blocks_cached"]["worker3"] > 0
+
+
+@pytest.mark.slow
+def test_real_kv_aware_runs_give_the_tokens_of_a_run_without_any_cache(tmp_path):
+    from testbed.experiments.serve import serve
+    small = [*SESSIONS[:3], "workload.num_requests=4", "workload.turns=3", "model.max_model_len=512",
+             "engine.num_kv_blocks=256"]
+    reference = serve(make_config(*small, "mode=colocated", "cluster.num_workers=1"), tmp_path / "ref", progress=False)
+    expected = reference["requests"].set_index("request_id").output_token_ids
+    runs = {"chunked-2": ["mode=chunked", "cluster.num_workers=2", "cluster.dispatch=kv_aware"],
+            "disagg-1P2D": ["mode=disagg", "cluster.num_prefill=1", "cluster.num_decode=2", "hardware.num_devices=3",
+                            "cluster.dispatch=kv_aware", "cluster.decode_dispatch=kv_aware"]}
+    for name, overrides in runs.items():
+        result = serve(make_config(*small, *overrides), tmp_path / name, progress=False)
+        requests = result["requests"].set_index("request_id")
+        assert (requests.status == "ok").all(), name
+        assert len(requests) == len(expected) and requests.prefix_hit_tokens.sum() > 0, name
+        for rid, tokens in expected.items():
+            assert list(requests.loc[rid, "output_token_ids"]) == list(tokens), f"request {rid} in {name}"
+        assert all(v == 0 for v in result["summary"]["kv_blocks_leaked"].values()), name
+        assert sum(result["summary"]["kv_blocks_cached"].values()) > 0, name
