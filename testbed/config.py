@@ -13,7 +13,7 @@ from typing import Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from testbed.cluster.config import ClusterConfig, KVTransferConfig
+from testbed.cluster.config import ClusterConfig, KVTransferConfig, follows_caches
 from testbed.cluster.emulation import check_spec
 from testbed.cluster.faults import FaultsConfig
 from testbed.engine.config import EngineConfig, SchedulerConfig
@@ -86,8 +86,13 @@ class Config:
     sim: SimConfig = field(default_factory=SimConfig)
     output_dir: Optional[str] = None  # default: Hydra's run directory
 
+    @property
+    def follows_caches(self) -> bool:
+        """Routing asks where prompts are cached (testbed/cluster/config.py)."""
+        return follows_caches(self.cluster, self.kv_transfer, self.mode == "disagg")
+
     def __post_init__(self) -> None:
-        if self.cluster.kv_aware and not self.engine.enable_prefix_caching:  # it routes to the caches
+        if self.follows_caches and not self.engine.enable_prefix_caching:  # it routes to the caches
             object.__setattr__(self, "engine", replace(self.engine, enable_prefix_caching=True))
 
     def validate(self) -> "Config":

@@ -139,6 +139,47 @@ def test_kv_aware_turns_prefix_caching_on_and_bad_settings_are_refused():
         ClusterConfig(kv_aware_load_weight=-1).validate()
 
 
+# -- prefill on the decode worker: PPD and conditional disaggregation --------------------------------
+def test_when_a_decode_worker_prefills_a_request_itself():
+    ppd = KVTransferConfig(multiturn="ppd", ppd_max_append_tokens=64)
+    assert ppd.prefills_on_decode(turn=1, prompt_tokens=300, cached_tokens=240)  # a 60-token append
+    assert not ppd.prefills_on_decode(turn=1, prompt_tokens=400, cached_tokens=240)  # too long an append
+    assert not ppd.prefills_on_decode(turn=1, prompt_tokens=50, cached_tokens=0)  # D lost the session's KV
+    assert not ppd.prefills_on_decode(turn=0, prompt_tokens=300, cached_tokens=240)  # a first turn goes to P
+    conditional = KVTransferConfig(local_prefill_max_tokens=32)
+    assert conditional.prefills_on_decode(turn=0, prompt_tokens=32, cached_tokens=0)
+    assert conditional.prefills_on_decode(turn=0, prompt_tokens=300, cached_tokens=280)  # its uncached part
+    assert not conditional.prefills_on_decode(turn=0, prompt_tokens=33, cached_tokens=0)
+    assert not KVTransferConfig().follows_caches and ppd.follows_caches and conditional.follows_caches
+    with pytest.raises(ConfigError, match="resend, ppd"):
+        KVTransferConfig(multiturn="always").validate()
+    with pytest.raises(ConfigError, match="ppd_max_append_tokens"):
+        KVTransferConfig(ppd_max_append_tokens=-1).validate()
+
+
+def test_a_later_turn_goes_to_the_decode_worker_holding_its_session_and_ends_there():
+    from tests.test_control import loads_balanced
+    roles = {0: "prefill_only", 1: "decode_only", 2: "decode_only"}
+    kv = KVTransferConfig(multiturn="ppd", binding="early")
+    b = RequestBook(ClusterConfig(), kv, True, roles, RequestLog(0.0), block_size=BS)
+    history = list(range(1, 41))
+    b.cache_report(2, prompt_hashes(history, BS), [])
+    first = b.admit(request(0, history[:20]), 0.0)  # turn 0: through P, bound early
+    assert (first.worker, first.local, first.decode_worker is not None) == (0, False, True)
+    later = Request(request_id=1, arrival_s=0.0, prompt_token_ids=tuple(history + [7] * 8), output_len=2,
+                    session_id=0, turn=1)
+    tracked = b.admit(later, 0.0)
+    assert (tracked.worker, tracked.local, tracked.decode_worker) == (2, True, None)  # no transfer, no binding
+    loads_balanced(b)
+    b.on_step(2, 1.0, [(1, 48, True)], [(1, 0, 5)], [], [], 1.0, 1.0, 100)
+    news = b.on_step(2, 2.0, [(1, 1, False)], [(1, 1, 6)], [1], [], 2.0, 2.0, 100)
+    assert [t.rid for t in news.finished] == [1] and b.loads[2].bound_sequences == 0
+    loads_balanced(b)
+    table = b.log.table().set_index("request_id")
+    assert table.loc[1, "prefilled_on"] == "decode" and table.loc[0, "prefilled_on"] == "prefill"
+    assert list(table.loc[1, "output_token_ids"]) == [5, 6]
+
+
 # -- runs ---------------------------------------------------------------------------------------------
 SESSIONS = ["workload=multiturn", "workload.num_requests=16", "hardware=cpu", "engine.enable_prefix_caching=true"]
 
@@ -173,8 +214,25 @@ def test_simulated_disagg_with_kv_aware_decode_dispatch_leaks_nothing():
     assert result["summary"]["kv_blocks_cached"]["worker2"] + result["summary"]["kv_blocks_cached"]["worker3"] > 0
 
 
+def test_simulated_ppd_appends_later_turns_on_the_decode_worker_and_moves_no_kv_for_them():
+    disagg = ["mode=disagg", "cluster.num_prefill=1", "cluster.num_decode=2", "cluster.dispatch=kv_aware",
+              "cluster.decode_dispatch=kv_aware"]
+    resend = _sim(*disagg)
+    ppd = _sim(*disagg, "kv_transfer.multiturn=ppd")
+    assert set(resend["requests"].prefilled_on) == {"prefill"}
+    later = ppd["requests"].turn > 0
+    assert (ppd["requests"][later].prefilled_on == "decode").mean() > 0.9
+    assert ppd["requests"][ppd["requests"].prefilled_on == "decode"].kv_bytes.isna().all()
+    assert ppd["transfers"].kv_bytes.sum() < resend["transfers"].kv_bytes.sum() / 3
+    for result in (resend, ppd):
+        assert (result["requests"].status == "ok").all()
+        assert sum(result["summary"]["kv_blocks_leaked"].values()) == 0
+    assert ppd["summary"]["prefix_cache"]["by_turn"]["2"]["kv_bytes_mean"] == 0
+    assert "decode_only" in ppd["summary"]["decode_worker_itl"]
+
+
 @pytest.mark.slow
-def test_real_kv_aware_runs_give_the_tokens_of_a_run_without_any_cache(tmp_path):
+def test_real_cache_aware_runs_give_the_tokens_of_a_run_without_any_cache(tmp_path):
     from testbed.experiments.serve import serve
     small = [*SESSIONS[:3], "workload.num_requests=4", "workload.turns=3", "model.max_model_len=512",
              "engine.num_kv_blocks=256"]
@@ -182,7 +240,10 @@ def test_real_kv_aware_runs_give_the_tokens_of_a_run_without_any_cache(tmp_path)
     expected = reference["requests"].set_index("request_id").output_token_ids
     runs = {"chunked-2": ["mode=chunked", "cluster.num_workers=2", "cluster.dispatch=kv_aware"],
             "disagg-1P2D": ["mode=disagg", "cluster.num_prefill=1", "cluster.num_decode=2", "hardware.num_devices=3",
-                            "cluster.dispatch=kv_aware", "cluster.decode_dispatch=kv_aware"]}
+                            "cluster.dispatch=kv_aware", "cluster.decode_dispatch=kv_aware"],
+            "ppd-1P2D": ["mode=disagg", "cluster.num_prefill=1", "cluster.num_decode=2", "hardware.num_devices=3",
+                         "kv_transfer.multiturn=ppd", "kv_transfer.binding=early"],
+            "conditional-1P1D": ["mode=disagg", "kv_transfer.local_prefill_max_tokens=160"]}
     for name, overrides in runs.items():
         result = serve(make_config(*small, *overrides), tmp_path / name, progress=False)
         requests = result["requests"].set_index("request_id")
@@ -192,3 +253,5 @@ def test_real_kv_aware_runs_give_the_tokens_of_a_run_without_any_cache(tmp_path)
             assert list(requests.loc[rid, "output_token_ids"]) == list(tokens), f"request {rid} in {name}"
         assert all(v == 0 for v in result["summary"]["kv_blocks_leaked"].values()), name
         assert sum(result["summary"]["kv_blocks_cached"].values()) > 0, name
+        if name.startswith(("ppd", "conditional")):
+            assert (requests.prefilled_on == "decode").any() and (requests.prefilled_on == "prefill").any(), name

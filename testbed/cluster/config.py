@@ -87,19 +87,42 @@ class KVTransferConfig:
     retry_fallback: str = "recompute"  # on_failure=retry, every resend failed: recompute | fail
     max_pending: int = 8  # P's bounded queue of prefilled requests whose KV waits for D
     piece_kib: int = 8192  # a part larger than this travels as pieces, so packing overlaps the wire
+    # a session's later turns: resend (through P, the whole prompt's KV again) or ppd (straight to
+    # the decode worker whose cache holds the most of the prompt, which prefills only the rest)
+    multiturn: str = "resend"
+    ppd_max_append_tokens: int = 512  # ppd: a longer uncached part goes through P
+    local_prefill_max_tokens: int = 0  # prompts (or uncached parts) this short prefill on D; 0: off
+
+    @property
+    def follows_caches(self) -> bool:
+        """Some routing rule of the hand-off asks where prompts are cached."""
+        return self.multiturn != "resend" or self.local_prefill_max_tokens > 0
+
+    def prefills_on_decode(self, turn: int, prompt_tokens: int, cached_tokens: int) -> bool:
+        """Whether a decode worker whose cache holds `cached_tokens` of the prompt prefills the
+        request itself, with no transfer: a short uncached part (conditional disaggregation),
+        or a later turn's append onto the session's KV it still holds (PPD)."""
+        uncached = prompt_tokens - cached_tokens
+        if uncached <= self.local_prefill_max_tokens:
+            return True
+        return self.multiturn == "ppd" and turn > 0 and cached_tokens > 0 and uncached <= self.ppd_max_append_tokens
 
     def failure_policy(self) -> KVFailurePolicy:
         return KVFailurePolicy(self.on_failure, self.max_retries, self.retry_fallback)
 
     def validate(self) -> "KVTransferConfig":
         choices = {"granularity": ("request", "layer"), "binding": ("early", "late"),
-                   "on_failure": ("fail", "recompute", "retry"), "retry_fallback": ("recompute", "fail")}
+                   "on_failure": ("fail", "recompute", "retry"), "retry_fallback": ("recompute", "fail"),
+                   "multiturn": ("resend", "ppd")}
         for key, allowed in choices.items():
             if getattr(self, key) not in allowed:
                 raise ConfigError(f"kv_transfer.{key}={getattr(self, key)!r} is not one of {', '.join(allowed)}")
         if self.granularity == "layer" and self.binding != "early":
             raise ConfigError("kv_transfer.granularity=layer needs kv_transfer.binding=early "
                               "(D must have blocks before the prefill streams into them)")
+        for key in ("ppd_max_append_tokens", "local_prefill_max_tokens"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"kv_transfer.{key} must be >= 0 (got {getattr(self, key)})")
         if self.piece_kib < 1:
             raise ConfigError(f"kv_transfer.piece_kib must be >= 1 (got {self.piece_kib})")
         if self.max_retries < 0:
@@ -108,3 +131,9 @@ class KVTransferConfig:
             raise ConfigError(f"kv_transfer.timeout_s must be > 0 and kv_transfer.max_pending >= 1 "
                               f"(got {self.timeout_s}, {self.max_pending})")
         return self
+
+
+def follows_caches(cluster: ClusterConfig, kv: KVTransferConfig, disagg: bool) -> bool:
+    """Routing asks where prompts are cached (KV-aware dispatch, PPD, prefill on D): the workers
+    report their prefix-cache changes and the request book keeps an index of them."""
+    return cluster.kv_aware or (disagg and kv.follows_caches)

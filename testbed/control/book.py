@@ -27,10 +27,15 @@ from enum import Enum
 from typing import Optional
 
 from testbed.control.dispatch import Dispatcher, WorkerLoad, admission_refusal
+from testbed.cluster.config import follows_caches
 from testbed.control.kv_index import KVIndex
+from testbed.engine.prefix import prompt_hashes
 from testbed.errors import StateError
 from testbed.metrics.events import Event, RequestLog
 from testbed.workload import Request
+
+
+PREFILLED_ON = {"colocated": "mixed", "chunked": "mixed", "prefill_only": "prefill", "decode_only": "decode"}
 
 
 class Front(Enum):
@@ -58,6 +63,7 @@ class Tracked:
     front: Front = Front.QUEUED
     back: Back = Back.NONE
     decode_started: bool = False
+    local: bool = False  # prefilled on its decode worker (PPD, conditional disaggregation): no transfer
     finished_early: bool = False  # the last token was reported before all earlier ones arrived
     output: list = field(default_factory=list)  # tokens the client has, in order
     worker_times: list = field(default_factory=list)
@@ -82,8 +88,9 @@ class RequestBook:
     def __init__(self, cluster, kv, disagg: bool, roles: dict[int, str], log: RequestLog, block_size: int = 16):
         self.cfg, self.kv, self.disagg, self.log = cluster, kv, disagg, log
         self.loads = {rank: WorkerLoad() for rank in roles}
-        # where the prompt blocks are, from the workers' reports: only KV-aware dispatch asks
-        self.index = KVIndex(block_size, roles) if cluster.kv_aware else None
+        self.roles = roles
+        # where the prompt blocks are, from the workers' reports: only cache-following rules ask
+        self.index = KVIndex(block_size, roles) if follows_caches(cluster, kv, disagg) else None
         weight = cluster.kv_aware_load_weight
         self.front = Dispatcher(cluster.dispatch, [r for r, role in roles.items() if role != "decode_only"], self.loads,
                                 index=self.index, load_weight=weight)
@@ -103,16 +110,33 @@ class RequestBook:
         or refuse it: None."""
         self.log.register(request)
         reason = admission_refusal(self.cfg, request, len(self.active))
-        worker = None if reason else self.front.pick(request)
+        worker = None if reason else self._local_decode(request)
+        if worker is None and not reason:
+            worker = self.front.pick(request)
         if reason or worker is None:
             self.log.reject(request, t, reason or "no live worker to serve it")
             return None
-        tracked = self.active[request.request_id] = Tracked(request, worker)
+        local = self.disagg and self.roles[worker] == "decode_only"
+        tracked = self.active[request.request_id] = Tracked(request, worker, local=local)
         self._count_front(tracked)
         self.log.event(request.request_id, Event.DISPATCHED, t, worker=worker)
-        if self.disagg and self.kv.binding == "early":
+        self.log.prefilled_on(request.request_id, PREFILLED_ON[self.roles[worker]])
+        if self.disagg and self.kv.binding == "early" and not tracked.local:
             self.bind_decode(tracked)
         return tracked
+
+    def _local_decode(self, request: Request) -> Optional[int]:
+        """The decode worker that prefills the request itself (the one whose cache holds most of
+        the prompt, then the least loaded), when the hand-off rules say so; else None: P."""
+        live = self.back.live() if self.disagg and self.index is not None else []
+        if not live:
+            return None
+        hashes = prompt_hashes(request.prompt_token_ids, self.index.block_size)
+        cached, _, worker = max((self.index.cached_tokens(w, hashes), -self.loads[w].bound_sequences, -w)
+                                for w in live)
+        if self.kv.prefills_on_decode(request.turn, request.input_len, cached):
+            return -worker
+        return None
 
     def reject_workload(self, rejected, t0: float = 0.0) -> None:
         """The workload's own refusals ((request, reason) pairs), each at its arrival time."""
@@ -316,7 +340,10 @@ class RequestBook:
             return None
         old = [w for w in (tracked.worker, tracked.decode_worker) if w is not None and self.loads[w].alive]
         self._unbind(tracked)
-        tracked.worker, tracked.decode_started = worker, False
+        tracked.worker = worker
+        tracked.decode_started = False
+        tracked.local = False  # over again through a front worker
+        self.log.prefilled_on(rid, PREFILLED_ON[self.roles[worker]])
         self._front(tracked, Front.QUEUED)
         if self.disagg and self.kv.binding == "early":
             self.bind_decode(tracked)

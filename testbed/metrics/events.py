@@ -47,8 +47,8 @@ TIME_COLUMNS = ["arrived_s", "dispatched_s", "prefill_queued_s", "prefill_start_
                 "kv_transfer_start_s", "kv_transfer_end_s", "decode_queued_s", "decode_start_s", "finished_s"]
 REQUEST_COLUMNS = (["request_id", "arrival_s", "input_len", "output_len", "session_id", "turn", "tenant",
                     "prefill_worker", "decode_worker", "status", "reason", "refused_by"] + TIME_COLUMNS
-                   + ["kv_bytes", "num_prefill_chunks", "prefix_hit_tokens", "token_times", "token_worker_times",
-                      "output_token_ids"])
+                   + ["kv_bytes", "num_prefill_chunks", "prefix_hit_tokens", "prefilled_on", "token_times",
+                      "token_worker_times", "output_token_ids"])
 INT_COLUMNS = ["request_id", "input_len", "output_len", "turn", "num_prefill_chunks", "prefix_hit_tokens"]
 NULLABLE_INT_COLUMNS = ["session_id", "prefill_worker", "decode_worker"]
 # Columns other code (steps and transfers recorders) is expected to write; the results writer
@@ -77,6 +77,7 @@ class _Record:
     kv_bytes: float = float("nan")
     num_prefill_chunks: int = 0
     prefix_hit_tokens: int = 0  # prompt tokens its first prefill found in the worker's prefix cache
+    prefilled_on: str = ""  # the role of the worker that prefilled it: prefill, decode or mixed
     token_times: list = field(default_factory=list)
     token_worker_times: list = field(default_factory=list)
     output_token_ids: list = field(default_factory=list)
@@ -161,6 +162,10 @@ class RequestLog:
         if not record.prefix_hit_tokens:
             record.prefix_hit_tokens = int(tokens)
 
+    def prefilled_on(self, request_id: int, role: str) -> None:
+        """Where the prompt is prefilled: `prefill` (P), `decode` (D itself, no transfer), `mixed`."""
+        self._get(request_id).prefilled_on = role
+
     def finish(self, request_id: int, t: float) -> None:
         self.event(request_id, Event.FINISHED, t)
 
@@ -203,7 +208,8 @@ _READERS = {
     "status": lambda r: r.status or "failed", "reason": lambda r: r.reason if r.status else "unfinished",
     "refused_by": lambda r: r.refused_by if r.status == "rejected" else "",
     "kv_bytes": attrgetter("kv_bytes"), "num_prefill_chunks": attrgetter("num_prefill_chunks"),
-    "prefix_hit_tokens": attrgetter("prefix_hit_tokens"), "token_times": lambda r: list(r.token_times),
+    "prefix_hit_tokens": attrgetter("prefix_hit_tokens"), "prefilled_on": attrgetter("prefilled_on"),
+    "token_times": lambda r: list(r.token_times),
     "token_worker_times": lambda r: list(r.token_worker_times) or list(r.token_times),
     "output_token_ids": lambda r: list(r.output_token_ids),
 }
@@ -211,7 +217,8 @@ _READERS = {
 
 ROW_DEFAULTS = {"input_len": 0, "output_len": 0, "session_id": None, "turn": 0, "tenant": "default",
                 "prefill_worker": None, "decode_worker": None, "status": "ok", "reason": "", "refused_by": None,
-                "kv_bytes": float("nan"), "num_prefill_chunks": 0, "prefix_hit_tokens": 0}
+                "kv_bytes": float("nan"), "num_prefill_chunks": 0, "prefix_hit_tokens": 0,
+                "prefilled_on": ""}
 LIST_COLUMNS = ["token_times", "token_worker_times", "output_token_ids"]
 
 
@@ -240,6 +247,6 @@ def typed_table(columns: dict[str, list]) -> pd.DataFrame:
         df[c] = df[c].astype("float64")
     # a table built by hand: a rejected row without refused_by is the workload's filter
     df.loc[(df["status"] == "rejected") & df["refused_by"].isna(), "refused_by"] = "workload"
-    for c in ["tenant", "status", "reason", "refused_by"]:
+    for c in ["tenant", "status", "reason", "refused_by", "prefilled_on"]:
         df[c] = df[c].astype(object).where(df[c].notna(), "").astype(str)
     return add_derived(df)

@@ -87,7 +87,26 @@ def step_summary(steps: pd.DataFrame) -> dict[str, Any]:
     if "batched_tokens" in steps.columns:
         batched = by_role["batched_tokens"].mean()
         out["mean_batched_tokens_by_role"] = {str(k): float(v) for k, v in batched.items()}
+    out.update(decode_worker_itl(steps))
     return out
+
+
+def decode_worker_itl(steps: pd.DataFrame) -> dict[str, Any]:
+    """What a decode worker's running sequences wait per token: its decode steps' times, one
+    sample per sequence decoded, apart for steps that also prefilled (PPD's appends, local or
+    recomputed prefills: the interference PPD trades for its saved transfers) and steps that
+    only decoded. Empty without decode workers."""
+    needed = {"start_s", "end_s", "prefill_tokens", "decode_seqs"}
+    if not needed <= set(steps.columns):
+        return {}
+    on_d = steps[(steps["role"] == "decode_only") & (steps["decode_seqs"] > 0)]
+    if on_d.empty:
+        return {}
+    appends = on_d["prefill_tokens"] > 0
+    per_token = {name: np.repeat((rows["end_s"] - rows["start_s"]).to_numpy(), rows["decode_seqs"].to_numpy())
+                 for name, rows in (("with_appends", on_d[appends]), ("decode_only", on_d[~appends]))}
+    return {"decode_worker_itl": {name: distribution(x) for name, x in per_token.items()},
+            "decode_worker_steps_with_appends": int(appends.sum())}
 
 
 def summarize(requests: pd.DataFrame, steps: Optional[pd.DataFrame] = None,
@@ -147,7 +166,7 @@ def prefix_cache_summary(ok: pd.DataFrame) -> dict[str, Any]:
         by_turn[str(turn)] = {"requests": int(len(rows)),
                               "hit_rate": float(hits[rows.index].sum() / turn_prompt) if turn_prompt else None,
                               "ttft_p50": float(rows["ttft"].median()),
-                              "kv_bytes_mean": float(rows["kv_bytes"].mean())}
+                              "kv_bytes_mean": float(rows["kv_bytes"].fillna(0.0).mean())}  # none moved: 0
     return {"hit_tokens": int(hits.sum()), "hit_rate": float(hits.sum() / prompt) if prompt else None,
             "by_turn": by_turn}
 

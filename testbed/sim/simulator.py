@@ -46,7 +46,7 @@ class Simulation:
         self.kv_bytes_per_token = self.args.kv_bytes_per_token * next(iter(self.profiles.values())).dtype_bytes
         blocks = role_blocks(cfg, self.profiles)
         self.workers = [SimWorker(p.rank, p.role, blocks[ROLE_OF[p.role]], cfg.engine, cfg.scheduler,
-                                  cfg.kv_transfer.max_pending, cfg.cluster.kv_aware) for p in self.plans]
+                                  cfg.kv_transfer.max_pending, cfg.follows_caches) for p in self.plans]
         self.workload = build_workload(cfg.workload, seed=cfg.seed, vocab_size=self.args.vocab_size,
                                        max_model_len=self.args.max_model_len)
         self.log = RequestLog(0.0)
@@ -56,7 +56,7 @@ class Simulation:
         self.host = HostSide.of(cfg.sim.host_model(next(filter(None, measured), None)), measured, cfg.seed)
         # quiet decode steps in one event (testbed/sim/decode_run.py); not where the router follows
         # the caches, whose changes each step reports
-        self.runs = cfg.sim.decode_runs and not cfg.cluster.kv_aware
+        self.runs = cfg.sim.decode_runs and not cfg.follows_caches
         self.paused: set[int] = set()  # workers in their gap between steps
         self.queue: list = []
         self.counter = 0
