@@ -205,3 +205,10 @@ def by_knob(plotted: Mapping[str, Mapping], what: str, knob: str, x: str = "x", 
                 for label, line in plotted.items() if len(line[x])}
         verdict = leader(last, f"{what} at the largest {knob}", lower=better == "lower")
     return sentence(f"{what} by {knob}, 95% intervals; {'; '.join(parts)}", verdict)
+
+
+def by_group(values: Mapping[str, tuple], what: str) -> str:
+    """One value per group ({group: (value, low, high)}), each with its interval; n/a where none."""
+    parts = [f"{group} {num(v[0])}{bracket(v[1], v[2])}" if math.isfinite(v[0]) else f"{group} n/a"
+             for group, v in values.items()]
+    return sentence(f"{what}, 95% intervals; {', '.join(parts)}")

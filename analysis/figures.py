@@ -22,7 +22,7 @@ import pandas as pd
 from matplotlib.ticker import PercentFormatter
 
 from analysis import style
-from analysis.bars import MS, goodput_by_split, latency_summary, ttft_by_bucket  # noqa: F401  (re-exported)
+from analysis.bars import MS, goodput_by_split, grouped_bars, latency_summary, ttft_by_bucket  # noqa: F401
 from analysis.bounds import as_float, band, column_bounds, error_bars
 from analysis.interference import decode_step_times, itl_inflation  # noqa: F401  (re-exported)
 from analysis.system import gpu_telemetry, kv_bandwidth, request_timeline  # noqa: F401  (re-exported)
@@ -172,22 +172,52 @@ def ttft_by_turn(ax, turns: Mapping[str, Mapping], cells: pd.DataFrame) -> dict[
     """multiturn's aggregate ({cell: {"ttft_mean_by_turn", "..._low", "..._high"}}): mean TTFT
     per turn with its interval, one line per cell (colour: configuration, line style: dispatch
     policy). {cell: {"turn", "ttft", "low", "high"} (ms)}."""
+    return by_turn(ax, turns, cells, "ttft", "mean TTFT (ms)", MS)
+
+
+def kv_bytes_by_turn(ax, turns: Mapping[str, Mapping], cells: pd.DataFrame) -> dict[str, dict]:
+    """The same lines for the mean KV bytes moved per request of each turn (KiB; 0 where none
+    moved). {cell: {"turn", "kv_kib", "low", "high"}}."""
+    return by_turn(ax, turns, cells, "kv_bytes", "mean KV moved per request (KiB)", 1 / 1024, y="kv_kib")
+
+
+def by_turn(ax, turns: Mapping[str, Mapping], cells: pd.DataFrame, name: str, ylabel: str, scale: float,
+            y: str = "") -> dict[str, dict]:
+    """`{name}_mean_by_turn` of each cell of multiturn's aggregate with its interval, times `scale`."""
     knobs = cells.set_index("cell")
     dashes = {d: s for d, s in zip(sorted(set(cells.get("dispatch", []))), ["-", "--", ":", "-."])}
-    plotted = {}
+    key, plotted = f"{name}_mean_by_turn", {}
     for cell, body in turns.items():
-        turn = np.array(sorted(int(t) for t in body["ttft_mean_by_turn"]), dtype=float)
-        y, low, high = (np.array([as_float(body.get(key, {}).get(str(int(t)))) for t in turn]) * MS
-                        for key in ("ttft_mean_by_turn", "ttft_mean_by_turn_low", "ttft_mean_by_turn_high"))
+        if key not in body:
+            continue
+        turn = np.array(sorted(int(t) for t in body[key]), dtype=float)
+        values, low, high = (np.array([as_float(body.get(k, {}).get(str(int(t)))) for t in turn]) * scale
+                             for k in (key, f"{key}_low", f"{key}_high"))
         label, dispatch = knobs.loc[cell, "label"], knobs.loc[cell].get("dispatch", "")
-        ax.plot(turn, y, color=style.colour(label), marker=style.marker(label), linestyle=dashes.get(dispatch, "-"),
-                label=f"{label} {dispatch}".strip())
+        ax.plot(turn, values, color=style.colour(label), marker=style.marker(label),
+                linestyle=dashes.get(dispatch, "-"), label=f"{label} {dispatch}".strip())
         band(ax, turn, low, high, style.colour(label), cell)
-        plotted[cell] = {"turn": turn, "ttft": y, "low": low, "high": high}
-    ax.set(xlabel="turn", ylabel="mean TTFT (ms)")
+        plotted[cell] = {"turn": turn, y or name: values, "low": low, "high": high}
+    ax.set(xlabel="turn", ylabel=ylabel)
     ax.set_xticks(sorted({int(t) for line in plotted.values() for t in line["turn"]}))
     style.legend(ax)
     return plotted
+
+
+def decode_itl_with_appends(ax, itl: Mapping[str, Mapping], cells: pd.DataFrame) -> dict[str, dict]:
+    """multiturn's "decode_itl_p99" ({cell: {"with_appends" | "decode_only": [p99, low, high]}}, s):
+    the decode workers' p99 per-token step time with appends beside the decodes and without,
+    as bars per cell. {"with appends" | "decode only": {cell label: (ms, low, high)}}."""
+    knobs = cells.set_index("cell")
+    groups = [f"{knobs.loc[c, 'label']} {knobs.loc[c].get('dispatch', '')}".strip() for c in itl]
+    values = {kind.replace("_", " "): {g: tuple(as_float(v) * MS for v in body.get(kind) or (np.nan,) * 3)
+                                       for g, body in zip(groups, itl.values())}
+              for kind in ("with_appends", "decode_only")}
+    grouped_bars(ax, groups, values)
+    ax.set(ylabel="decode workers' p99 step time per token (ms)")
+    ax.tick_params(axis="x", labelrotation=30)
+    style.legend(ax)
+    return values
 
 
 def sim_vs_real(ax, cells: pd.DataFrame, metrics=("ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99")) -> dict:

@@ -120,6 +120,23 @@ def ttft_by_turn(sweep: Sweep) -> Made:
     return [("ttft_by_turn", fig, captions.by_knob(plotted, "mean TTFT (ms)", "turn", x="turn", y="ttft"), plotted)]
 
 
+def kv_bytes_by_turn(sweep: Sweep) -> Made:
+    fig, ax = style.figure()
+    plotted = figures.kv_bytes_by_turn(ax, sweep.aggregate["turns"], sweep.cells())
+    return [("kv_bytes_by_turn", fig, captions.by_knob(plotted, "mean KV moved per request (KiB)", "turn", x="turn",
+                                                        y="kv_kib"), plotted)]
+
+
+def decode_itl_with_appends(sweep: Sweep) -> Made:
+    itl = sweep.aggregate.get("decode_itl_p99") or {}
+    if not itl:
+        return []  # no disaggregated cell
+    fig, ax = style.figure()
+    plotted = figures.decode_itl_with_appends(ax, itl, sweep.cells())
+    text = " ".join(captions.by_group(v, f"{kind}: p99 step time per token (ms)") for kind, v in plotted.items())
+    return [("decode_itl_with_appends", fig, text, plotted)]
+
+
 def kv_bandwidth(sweep: Sweep) -> Made:
     fig, ax = style.figure()
     plotted = figures.kv_bandwidth(ax, sweep.table, sweep.aggregate.get("ceiling"))
@@ -154,7 +171,7 @@ FIGURES: dict[str, list[Callable[[Sweep], Made]]] = {
     "chunk_sweep": [chunk_tradeoff],
     "input_buckets": [ttft_by_bucket],
     "burstiness": [burstiness],
-    "multiturn": [ttft_by_turn],
+    "multiturn": [ttft_by_turn, kv_bytes_by_turn, decode_itl_with_appends],
     "kv_bandwidth": [kv_bandwidth],
     "plan": [plan_goodput],
     "sim_validate": [sim_vs_real],

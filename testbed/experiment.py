@@ -22,6 +22,8 @@ class ExperimentConfig:
     slo_scales: List[float] = field(default_factory=lambda: [0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0])
     prefill_lengths: List[int] = field(default_factory=lambda: [512, 2048, 8192, 32768])
     dispatch: List[str] = field(default_factory=lambda: ["session_affinity", "round_robin"])
+    # multiturn: how disaggregated layouts move a session's later turns (kv_transfer.multiturn)
+    handoffs: List[str] = field(default_factory=lambda: ["resend", "incremental", "ppd"])
     message_mib: int = 1024  # kv_bandwidth: the largest message
     measured_sweep: Optional[str] = None  # plan: a real ratio_sweep directory to compare with
     quick_profile: bool = False  # profile: fewer shapes and repeats
@@ -44,6 +46,9 @@ class ExperimentConfig:
         for key in ("rates", "chunk_sizes", "burstiness", "slo_scales", "prefill_lengths"):
             if any(v <= 0 for v in getattr(self, key)):
                 raise ConfigError(f"experiment.{key} must all be > 0 (got {list(getattr(self, key))})")
+        bad = [h for h in self.handoffs if h not in ("resend", "incremental", "ppd")]
+        if bad:
+            raise ConfigError(f"experiment.handoffs has {bad}; allowed: resend, incremental, ppd")
         if self.background_margin < 0:
             raise ConfigError(f"experiment.background_margin must be >= 0 (got {self.background_margin})")
         if self.repeats < 1:

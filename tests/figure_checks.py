@@ -187,15 +187,28 @@ def burstiness(plotted, saved: Saved) -> None:
     latency_lines(plotted["ttft"], saved, "ttft", x="burstiness")
 
 
-def ttft_by_turn(plotted, saved: Saved) -> None:
+def ttft_by_turn(plotted, saved: Saved, name: str = "ttft", y: str = "ttft", scale: float = MS) -> None:
     turns = saved.aggregate["turns"]
     assert set(plotted) == set(turns)
     for cell, body in turns.items():
         keys = [str(int(t)) for t in plotted[cell]["turn"]]
-        assert sorted(keys, key=int) == sorted(body["ttft_mean_by_turn"], key=int)
-        for key, saved_key in (("ttft", ""), ("low", "_low"), ("high", "_high")):
-            saved_values = [num(body[f"ttft_mean_by_turn{saved_key}"][k]) * MS for k in keys]
+        assert sorted(keys, key=int) == sorted(body[f"{name}_mean_by_turn"], key=int)
+        for key, saved_key in ((y, ""), ("low", "_low"), ("high", "_high")):
+            saved_values = [num(body[f"{name}_mean_by_turn{saved_key}"][k]) * scale for k in keys]
             expect(plotted[cell][key], saved_values, f"{cell} {key}")
+
+
+def kv_bytes_by_turn(plotted, saved: Saved) -> None:
+    ttft_by_turn(plotted, saved, "kv_bytes", "kv_kib", 1 / 1024)
+
+
+def decode_itl_with_appends(plotted, saved: Saved) -> None:
+    itl = saved.aggregate["decode_itl_p99"]
+    for kind in ("with_appends", "decode_only"):
+        bars = plotted[kind.replace("_", " ")]
+        assert len(bars) == len(itl)
+        for (value, low, high), body in zip(bars.values(), itl.values()):
+            expect([value, low, high], [num(v) * MS for v in body[kind]], kind)
 
 
 def kv_bandwidth(plotted, saved: Saved) -> None:
@@ -227,6 +240,8 @@ CHECKS = {
     "ttft_by_bucket": ttft_by_bucket,
     "burstiness": burstiness,
     "ttft_by_turn": ttft_by_turn,
+    "kv_bytes_by_turn": kv_bytes_by_turn,
+    "decode_itl_with_appends": decode_itl_with_appends,
     "kv_bandwidth": kv_bandwidth,
     "sim_vs_real": sim_vs_real,
 }

@@ -76,6 +76,25 @@ def test_received_kv_goes_into_fresh_blocks_and_is_registered_once_installed():
     bm.check_invariants([cached, incoming])
 
 
+def test_an_incremental_reservation_shares_the_cached_prefix_and_expects_only_the_rest():
+    from testbed.engine.config import SchedulerConfig
+    from testbed.engine.policies import make_policy
+    from testbed.engine.scheduler import Scheduler
+    bm = BlockManager(16, BS, enable_prefix_caching=True)
+    cached = prefill(bm, 0, range(1, 10))  # blocks [1..4], [5..8] registered
+    held = list(cached.block_table)
+    bm.free(cached)
+    d = Scheduler(make_policy("decode_only"), bm, SchedulerConfig())
+    session = Sequence(1, list(range(1, 10)) + [20, 21, 22, 23, 24], 4)  # the history, then 5 new tokens
+    assert d.reserve(session, share_prefix=True)
+    assert session.num_cached_tokens == 2 * BS and session.block_table[:2] == held[:2]
+    whole = Sequence(2, list(range(1, 10)), 4)
+    assert d.reserve(whole) and whole.num_cached_tokens == 0 and not set(whole.block_table) & set(session.block_table)
+    d.install(1, first_token=7)
+    bm.check_invariants([session, whole])
+    assert session.num_computed_tokens == session.num_prompt_tokens
+
+
 # -- the index and the dispatch rule ------------------------------------------------------------------
 def test_the_index_applies_evictions_then_registrations():
     index = KVIndex(BS, [0, 1])
@@ -151,7 +170,7 @@ def test_when_a_decode_worker_prefills_a_request_itself():
     assert conditional.prefills_on_decode(turn=0, prompt_tokens=300, cached_tokens=280)  # its uncached part
     assert not conditional.prefills_on_decode(turn=0, prompt_tokens=33, cached_tokens=0)
     assert not KVTransferConfig().follows_caches and ppd.follows_caches and conditional.follows_caches
-    with pytest.raises(ConfigError, match="resend, ppd"):
+    with pytest.raises(ConfigError, match="resend, incremental, ppd"):
         KVTransferConfig(multiturn="always").validate()
     with pytest.raises(ConfigError, match="ppd_max_append_tokens"):
         KVTransferConfig(ppd_max_append_tokens=-1).validate()
@@ -231,6 +250,18 @@ def test_simulated_ppd_appends_later_turns_on_the_decode_worker_and_moves_no_kv_
     assert "decode_only" in ppd["summary"]["decode_worker_itl"]
 
 
+def test_simulated_incremental_transfer_moves_only_what_the_decode_worker_lacks():
+    disagg = ["mode=disagg", "cluster.num_prefill=1", "cluster.num_decode=2", "cluster.dispatch=kv_aware",
+              "cluster.decode_dispatch=kv_aware"]
+    resend = _sim(*disagg)
+    incremental = _sim(*disagg, "kv_transfer.multiturn=incremental")
+    sent = {name: r["requests"].set_index("request_id").kv_bytes for name, r in
+            (("resend", resend), ("incremental", incremental))}
+    assert (sent["incremental"] <= sent["resend"]).all() and sent["incremental"].sum() < sent["resend"].sum() / 2
+    assert (incremental["requests"].status == "ok").all()
+    assert sum(incremental["summary"]["kv_blocks_leaked"].values()) == 0
+
+
 @pytest.mark.slow
 def test_real_cache_aware_runs_give_the_tokens_of_a_run_without_any_cache(tmp_path):
     from testbed.experiments.serve import serve
@@ -243,7 +274,12 @@ def test_real_cache_aware_runs_give_the_tokens_of_a_run_without_any_cache(tmp_pa
                             "cluster.dispatch=kv_aware", "cluster.decode_dispatch=kv_aware"],
             "ppd-1P2D": ["mode=disagg", "cluster.num_prefill=1", "cluster.num_decode=2", "hardware.num_devices=3",
                          "kv_transfer.multiturn=ppd", "kv_transfer.binding=early"],
-            "conditional-1P1D": ["mode=disagg", "kv_transfer.local_prefill_max_tokens=160"]}
+            "conditional-1P1D": ["mode=disagg", "kv_transfer.local_prefill_max_tokens=160"],
+            "incremental-1P2D": ["mode=disagg", "cluster.num_prefill=1", "cluster.num_decode=2",
+                                 "hardware.num_devices=3", "cluster.decode_dispatch=kv_aware",
+                                 "kv_transfer.multiturn=incremental"],
+            "incremental-1P1D-layer": ["mode=disagg", "kv_transfer.multiturn=incremental", "kv_transfer.granularity=layer",
+                                       "kv_transfer.binding=early", "kv_transfer.piece_kib=8"]}
     for name, overrides in runs.items():
         result = serve(make_config(*small, *overrides), tmp_path / name, progress=False)
         requests = result["requests"].set_index("request_id")
@@ -253,5 +289,10 @@ def test_real_cache_aware_runs_give_the_tokens_of_a_run_without_any_cache(tmp_pa
             assert list(requests.loc[rid, "output_token_ids"]) == list(tokens), f"request {rid} in {name}"
         assert all(v == 0 for v in result["summary"]["kv_blocks_leaked"].values()), name
         assert sum(result["summary"]["kv_blocks_cached"].values()) > 0, name
+        if name.startswith("incremental"):  # later turns find part of their history on D
+            later = result["transfers"].merge(requests.reset_index()[["request_id", "turn", "input_len"]])
+            later = later[later.turn > 0]
+            partial = later.kv_bytes < later.input_len * 2 * 2 * 2 * 16 * 4  # tiny, float32: bytes per token
+            assert partial.all() if name.endswith("1P1D-layer") else partial.any(), name  # one D holds every session
         if name.startswith(("ppd", "conditional")):
             assert (requests.prefilled_on == "decode").any() and (requests.prefilled_on == "prefill").any(), name

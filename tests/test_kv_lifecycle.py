@@ -78,13 +78,13 @@ def wire(monkeypatch):
     monkeypatch.setattr(receiver, "CompletionTracker", FakeTracker)
     monkeypatch.setattr(connector, "CompletionTracker", FakeTracker)
     monkeypatch.setattr(receiver, "receive_part", lambda shape, src, pool, *rest: wire.post(shape, pool))
-    monkeypatch.setattr(connector, "send_part", lambda runner, table, n, layer, dst, pool, *rest:
+    monkeypatch.setattr(connector, "send_part", lambda runner, table, n, layer, dst, pool, *rest, **kw:
                         wire.post(runner.kv_shape(n, layer), pool))
     monkeypatch.setattr(receiver, "unpack_arrived", _unpack_without_writing)
     return wire
 
 
-def _unpack_without_writing(runner, block_table, part, layer) -> bool:
+def _unpack_without_writing(runner, block_table, part, layer, start=0) -> bool:
     while part.unpacked < len(part.handles) and part.handles[part.unpacked].done():
         if part.handles[part.unpacked].error:
             return False

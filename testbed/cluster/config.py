@@ -87,8 +87,9 @@ class KVTransferConfig:
     retry_fallback: str = "recompute"  # on_failure=retry, every resend failed: recompute | fail
     max_pending: int = 8  # P's bounded queue of prefilled requests whose KV waits for D
     piece_kib: int = 8192  # a part larger than this travels as pieces, so packing overlaps the wire
-    # a session's later turns: resend (through P, the whole prompt's KV again) or ppd (straight to
-    # the decode worker whose cache holds the most of the prompt, which prefills only the rest)
+    # a session's later turns: resend (through P, the whole prompt's KV again), incremental (through
+    # P, which sends only the blocks D's cache lacks) or ppd (straight to the decode worker whose
+    # cache holds the most of the prompt, which prefills only the rest)
     multiturn: str = "resend"
     ppd_max_append_tokens: int = 512  # ppd: a longer uncached part goes through P
     local_prefill_max_tokens: int = 0  # prompts (or uncached parts) this short prefill on D; 0: off
@@ -113,7 +114,7 @@ class KVTransferConfig:
     def validate(self) -> "KVTransferConfig":
         choices = {"granularity": ("request", "layer"), "binding": ("early", "late"),
                    "on_failure": ("fail", "recompute", "retry"), "retry_fallback": ("recompute", "fail"),
-                   "multiturn": ("resend", "ppd")}
+                   "multiturn": ("resend", "incremental", "ppd")}
         for key, allowed in choices.items():
             if getattr(self, key) not in allowed:
                 raise ConfigError(f"kv_transfer.{key}={getattr(self, key)!r} is not one of {', '.join(allowed)}")

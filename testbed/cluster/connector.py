@@ -86,7 +86,7 @@ class KVSender:
 
     def ready(self, msg: Ready) -> None:
         # D may answer before this worker has read the request itself (two queues, no order)
-        entry = self.ledger.ready(msg.rid, msg.decode_rank, msg.attempt, self.clock())
+        entry = self.ledger.ready(msg.rid, msg.decode_rank, msg.attempt, self.clock(), msg.skip)
         if entry is None:
             return  # ended here, or already under way
         self.retired.add(entry.abandoned)
@@ -150,11 +150,11 @@ class KVSender:
         layer = part if self.granularity == "layer" else None
         runner = self.engine.runner
         self._begin(entry)
-        shape = runner.kv_shape(seq.num_prompt_tokens, layer)
+        shape = runner.kv_shape(seq.num_prompt_tokens - entry.skip, layer)
         self.inboxes[entry.decode_rank].put(KVPart(seq.seq_id, part, shape, str(runner.dtype).removeprefix("torch."),
                                                    self.rank, entry.attempt))
-        wire = send_part(runner, seq.block_table, seq.num_prompt_tokens, layer, entry.decode_rank, self.buffers,
-                         self.completions, self.piece_bytes)
+        wire = send_part(runner, seq.block_table, seq.num_prompt_tokens - entry.skip, layer, entry.decode_rank,
+                         self.buffers, self.completions, self.piece_bytes, start=entry.skip)
         entry.parts.append(wire)
         entry.sent_parts.add(part)
         entry.kv_bytes += wire.nbytes

@@ -60,12 +60,13 @@ class WirePart:
 
 
 def send_part(runner: ModelRunner, block_table: list[int], num_tokens: int, layer: Optional[int], dst: int,
-              pool: BufferPool, tracker: CompletionTracker, piece_bytes: int = PIECE_BYTES) -> WirePart:
+              pool: BufferPool, tracker: CompletionTracker, piece_bytes: int = PIECE_BYTES, start: int = 0) -> WirePart:
+    """The KV of `num_tokens` tokens from token `start` on (start > 0: D holds the ones before)."""
     buffer = pool.get(runner.kv_shape(num_tokens, layer))
     ranges = piece_ranges(tuple(buffer.shape), buffer.element_size(), piece_bytes)
     part = WirePart(buffer, ranges, _views(buffer, ranges))
     for (a, b), view in zip(ranges, part.views):
-        runner.read_tokens(block_table, b - a, layer, out=view, start=a)
+        runner.read_tokens(block_table, b - a, layer, out=view, start=start + a)
         part.handles.append(_post(dist.isend, view, dst, tracker))
     return part
 
@@ -109,12 +110,14 @@ class Retired:
         self.parts = waiting
 
 
-def unpack_arrived(runner: ModelRunner, block_table: list[int], part: WirePart, layer: Optional[int]) -> bool:
-    """Scatter every piece that has arrived (in order); True once the whole part is in the blocks."""
+def unpack_arrived(runner: ModelRunner, block_table: list[int], part: WirePart, layer: Optional[int],
+                   start: int = 0) -> bool:
+    """Scatter every piece that has arrived (in order) into the tokens from `start` on; True once
+    the whole part is in the blocks."""
     while part.unpacked < len(part.views) and part.handles[part.unpacked].done():
         if part.handles[part.unpacked].error:
             return False
         a, _ = part.ranges[part.unpacked]
-        runner.write_tokens(block_table, part.views[part.unpacked], layer, start=a)
+        runner.write_tokens(block_table, part.views[part.unpacked], layer, start=start + a)
         part.unpacked += 1
     return part.unpacked == len(part.views)

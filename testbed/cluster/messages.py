@@ -56,6 +56,7 @@ class Ready:
     rid: int
     decode_rank: int
     attempt: int = 1
+    skip: int = 0  # leading prompt tokens whose KV D holds already (incremental): P sends the rest
 
 
 @dataclass(frozen=True)

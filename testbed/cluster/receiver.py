@@ -47,13 +47,14 @@ class KVReceiver:
     """The D side: reserve blocks (or queue the reservation), receive, hand to decode."""
 
     def __init__(self, engine: Engine, rank: int, inboxes, events, timeout_s: float, policy: KVFailurePolicy,
-                 piece_bytes: int, clock: Callable[[], float] = time.perf_counter):
+                 piece_bytes: int, clock: Callable[[], float] = time.perf_counter, share_prefix: bool = False):
         self.engine, self.rank, self.inboxes, self.events = engine, rank, inboxes, events
         self.timeout_s, self.policy, self.piece_bytes, self.clock = timeout_s, policy, piece_bytes, clock
         self.completions = CompletionTracker(timeout_s)
         self.buffers = BufferPool(engine.runner.device, engine.runner.dtype)
         self.retired = Retired(self.buffers)  # parts of abandoned attempts and of unknown requests
         self.ledger: ReceiveLedger[WireIncoming] = ReceiveLedger(WireIncoming)
+        self.share_prefix = share_prefix  # incremental: reserve onto cached blocks, receive only the rest
 
     @property
     def incoming(self) -> dict[int, WireIncoming]:
@@ -68,10 +69,10 @@ class KVReceiver:
         self._admit()
 
     def _admit(self) -> None:
-        for entry in self.ledger.admit(self.engine.reserve, self.clock()):
+        for entry in self.ledger.admit(lambda seq: self.engine.reserve(seq, self.share_prefix), self.clock()):
             rid = entry.seq.seq_id
             self.events.put(Reserved(rid, self.rank, entry.reserved_t))
-            self.inboxes[entry.prefill_rank].put(Ready(rid, self.rank, 1))
+            self.inboxes[entry.prefill_rank].put(Ready(rid, self.rank, 1, entry.seq.num_cached_tokens))
 
     def on_begin(self, msg: KVBegin) -> None:
         self.ledger.begin(msg.rid, msg.attempt, msg.src, self.clock())
@@ -102,7 +103,7 @@ class KVReceiver:
                 self._attempt_failed(rid, entry, "error", f"KV transfer from worker {entry.prefill_rank} broke: "
                                                           f"{error}", now)
                 continue
-            unpacked = [unpack_arrived(self.engine.runner, entry.seq.block_table, wire, layer)
+            unpacked = [unpack_arrived(self.engine.runner, entry.seq.block_table, wire, layer, entry.seq.num_cached_tokens)
                         for layer, wire in entry.recvs]
             pieces = sum(wire.unpacked for wire in entry.parts)
             if pieces > entry.pieces:
@@ -130,7 +131,7 @@ class KVReceiver:
         if action == "retry":
             self.retired.add(entry.parts)
             self.ledger.retry(rid)
-            self.inboxes[entry.prefill_rank].put(Ready(rid, self.rank, entry.attempt))
+            self.inboxes[entry.prefill_rank].put(Ready(rid, self.rank, entry.attempt, entry.seq.num_cached_tokens))
             return
         self.ledger.take(rid)
         self.retired.add(entry.parts)

@@ -62,6 +62,7 @@ class WorkerSpec:
     emulation: Optional[Emulation] = None  # pace steps and KV sends to an emulated device
     cpu_core: Optional[int] = None  # CPU workers: the core this worker is pinned to (None: not pinned)
     report_cache: bool = False  # step reports carry prefix-cache changes (KV-aware dispatch)
+    incremental: bool = False  # D reserves onto its cached prefix and P sends only the rest
 
 
 def worker_main(spec: WorkerSpec, inboxes, events) -> None:
@@ -124,7 +125,7 @@ class Worker:
                 engine.after_layer = self.sender.stream_layer
         if spec.role == "decode_only":
             self.receiver = KVReceiver(engine, spec.rank, inboxes, events, spec.kv_timeout_s, spec.kv_failure,
-                                       spec.piece_bytes)
+                                       spec.piece_bytes, share_prefix=spec.incremental)
         self.pacer = self.link = None
         if spec.emulation is not None:
             real_kv_bytes = engine.args.kv_bytes_per_token * engine.runner.dtype.itemsize

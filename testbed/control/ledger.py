@@ -36,6 +36,7 @@ class Outgoing:
     attempt: int = 0  # the attempt D is ready for; 0 before D's first Ready
     ready_t: Optional[float] = None
     start: Optional[float] = None  # this attempt's first byte left
+    skip: int = 0  # leading prompt tokens D already holds (incremental transfer): not sent
 
     @property
     def held(self) -> bool:
@@ -112,15 +113,17 @@ class SendLedger(Generic[O]):
         self.num_held += 1
         return entry
 
-    def ready(self, rid: int, decode_rank: int, attempt: int, t: float) -> Optional[O]:
-        """D reserved blocks for `attempt`: the entry, or None when the request ended here or
-        that attempt is already under way (D may answer before P has read the request)."""
+    def ready(self, rid: int, decode_rank: int, attempt: int, t: float, skip: int = 0) -> Optional[O]:
+        """D reserved blocks for `attempt`, holding the first `skip` prompt tokens' KV already:
+        the entry, or None when the request ended here or that attempt is already under way (D
+        may answer before P has read the request)."""
         if rid in self.aborted:
             return None
         entry = self.out.setdefault(rid, self.entry_type(None))
         if attempt <= entry.attempt:
             return None
         entry.restart(attempt, decode_rank, t)
+        entry.skip = skip
         return entry
 
     def blocked(self, max_pending: int) -> bool:

@@ -107,10 +107,11 @@ class Engine:
         assert self.num_used_blocks == 0 and not self.has_work()
 
     # -- the KV connector's boundary: it never touches the scheduler's queues ----------------
-    def reserve(self, seq: Sequence) -> bool:
-        """D: reserve blocks for a request's KV (False: no room yet, ask again later)."""
+    def reserve(self, seq: Sequence, share_prefix: bool = False) -> bool:
+        """D: reserve blocks for a request's KV (False: no room yet, ask again later); with
+        `share_prefix`, onto the cached blocks of its prefix (incremental transfer)."""
         self.check_fits(seq.num_prompt_tokens, seq.max_tokens)
-        return self.scheduler.reserve(seq)
+        return self.scheduler.reserve(seq, share_prefix)
 
     def install(self, seq_id: int, first_token: int) -> Sequence:
         """D: the KV is in the reserved blocks; the sequence decodes from P's first token."""

@@ -114,12 +114,20 @@ class Scheduler:
         return seq
 
     # -- the KV connector's side ------------------------------------------------------------
-    def reserve(self, seq: Sequence) -> bool:
+    def reserve(self, seq: Sequence, share_prefix: bool = False) -> bool:
         """D: blocks for the prompt's KV and the first token's slot, when there is room under
-        max_running and in the pool; False leaves everything as it was (back-pressure)."""
-        if self.num_busy >= self.config.max_running or not self.block_manager.can_allocate_fresh(seq.num_tokens + 1):
+        max_running and in the pool; False leaves everything as it was (back-pressure). With
+        `share_prefix` the cached leading blocks are shared (seq.num_cached_tokens: KV that need
+        not come) and only the rest is fresh; else every block is fresh."""
+        if self.num_busy >= self.config.max_running:
             return False
-        self.block_manager.allocate_fresh(seq, seq.num_tokens + 1)
+        bm, n = self.block_manager, seq.num_tokens + 1
+        if not (bm.can_allocate(seq, n) if share_prefix else bm.can_allocate_fresh(n)):
+            return False
+        if share_prefix:
+            bm.allocate(seq, n)
+        else:
+            bm.allocate_fresh(seq, n)
         self.move(seq, SequenceStatus.RECEIVING)
         self.receiving[seq.seq_id] = seq
         return True

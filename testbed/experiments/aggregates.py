@@ -12,7 +12,7 @@ from testbed.config import Config
 from testbed.metrics.interference import background_gaps, decode_steps, injection_window
 from testbed.experiments.repeats import goodput_interval, per_repeat
 from testbed.metrics.slo import attainment_curve, capacity, filtered_out, goodput, meets_slo, tenant_slos
-from testbed.metrics.summary import measured
+from testbed.metrics.summary import decode_itl_samples, measured
 from testbed.metrics.uncertainty import bootstrap_interval, ratio_interval, verdict
 
 
@@ -144,23 +144,41 @@ def _point_tables(out_dir: Path, point: str, cfg: Config) -> tuple[pd.DataFrame,
 
 def cell_requests(table: pd.DataFrame, cfg: Config, out_dir: Path) -> dict[str, pd.DataFrame]:
     """{cell: the requests of its finished repeats, pooled}."""
-    rows = finished(table)
-    key = "cell" if "cell" in rows.columns else "point"
-    return {cell: pd.concat([point_requests(out_dir, p, cfg) for p in group["point"]], ignore_index=True)
-            for cell, group in rows.groupby(key, sort=False)}
+    return {cell: pd.concat([point_requests(out_dir, p, cfg) for p in points], ignore_index=True)
+            for cell, points in _cell_points(table).items()}
 
 
 def multiturn(table, cfg, out_dir) -> dict:
-    """Mean TTFT per turn of each cell (repeats pooled), with a 95% bootstrap interval."""
-    out = {}
+    """Per cell (repeats pooled), each with a 95% bootstrap interval: mean TTFT and mean KV bytes
+    moved per turn (none moved: 0), and the p99 of the decode workers' per-token step time in
+    steps with appends (prefill work beside the decodes) and in decode-only steps."""
+    out, itl = {}, {}
     for cell, requests in cell_requests(table, cfg, out_dir).items():
-        ok = requests[requests["status"] == "ok"]
-        by_turn = {str(t): (float(g.mean()), *bootstrap_interval(g.to_numpy(float), "mean", seed=cfg.seed))
-                   for t, g in ok.groupby("turn")["ttft"]}
-        out[cell] = {"ttft_mean_by_turn": {t: v[0] for t, v in by_turn.items()},
-                     "ttft_mean_by_turn_low": {t: v[1] for t, v in by_turn.items()},
-                     "ttft_mean_by_turn_high": {t: v[2] for t, v in by_turn.items()}}
-    return {"turns": out}
+        ok = requests[requests["status"] == "ok"].assign(kv_moved=lambda r: r["kv_bytes"].fillna(0.0))
+        out[cell] = {**_mean_by_turn(ok, "ttft", cfg.seed), **_mean_by_turn(ok, "kv_moved", cfg.seed, "kv_bytes")}
+    for cell, points in _cell_points(table).items():
+        frames = [_point_tables(out_dir, p, cfg)[1] for p in points]
+        frames = [f for f in frames if not f.empty]
+        samples = decode_itl_samples(pd.concat(frames, ignore_index=True)) if frames else None
+        if samples is not None:
+            itl[cell] = {name: [float(np.percentile(x, 99)) if len(x) else None,
+                                *bootstrap_interval(x, "p99", seed=cfg.seed)] for name, x in samples.items()}
+    return {"turns": out, "decode_itl_p99": itl}
+
+
+def _mean_by_turn(ok: pd.DataFrame, column: str, seed: int, name: str = "") -> dict:
+    by_turn = {str(t): (float(g.mean()), *bootstrap_interval(g.to_numpy(float), "mean", seed=seed))
+               for t, g in ok.groupby("turn")[column]}
+    key = f"{name or column}_mean_by_turn"
+    return {key: {t: v[0] for t, v in by_turn.items()}, f"{key}_low": {t: v[1] for t, v in by_turn.items()},
+            f"{key}_high": {t: v[2] for t, v in by_turn.items()}}
+
+
+def _cell_points(table: pd.DataFrame) -> dict[str, list[str]]:
+    """{cell: its finished repeats' points}."""
+    rows = finished(table)
+    key = "cell" if "cell" in rows.columns else "point"
+    return {cell: list(group["point"]) for cell, group in rows.groupby(key, sort=False)}
 
 
 def by_label(columns: list[str]) -> callable:

@@ -143,11 +143,23 @@ def decode_step_model(cfg: Config):
 
 
 def multiturn(cfg: Config) -> list[Point]:
+    """Every layout x dispatch policy; a disaggregated layout once per hand-off of later turns
+    (experiment.handoffs: resend, incremental, ppd), its decode workers chosen by the same policy
+    where that policy is kv_aware (so a session's KV is found again)."""
     points = []
     for label, overrides in layouts(cfg, list(cfg.experiment.modes)):
+        disagg = overrides["mode"] == "disagg"
         for policy in cfg.experiment.dispatch:
-            points.append(Point(f"{label}_{policy}", {**overrides, "cluster.dispatch": policy},
-                                {"label": label, "mode": overrides["mode"], "dispatch": policy}))
+            for handoff in cfg.experiment.handoffs if disagg else [None]:
+                knobs = {"label": f"{label} {handoff}" if disagg else label, "mode": overrides["mode"],
+                         "dispatch": policy}
+                point = {**overrides, "cluster.dispatch": policy}
+                if disagg:
+                    knobs["handoff"] = handoff
+                    point["kv_transfer.multiturn"] = handoff
+                    point["cluster.decode_dispatch"] = "kv_aware" if policy == "kv_aware" else "least_loaded"
+                name = f"{label}_{handoff}_{policy}" if disagg else f"{label}_{policy}"
+                points.append(Point(name, point, knobs))
     return points
 
 

@@ -91,22 +91,27 @@ def step_summary(steps: pd.DataFrame) -> dict[str, Any]:
     return out
 
 
-def decode_worker_itl(steps: pd.DataFrame) -> dict[str, Any]:
+def decode_itl_samples(steps: pd.DataFrame) -> Optional[dict[str, np.ndarray]]:
     """What a decode worker's running sequences wait per token: its decode steps' times, one
     sample per sequence decoded, apart for steps that also prefilled (PPD's appends, local or
     recomputed prefills: the interference PPD trades for its saved transfers) and steps that
-    only decoded. Empty without decode workers."""
-    needed = {"start_s", "end_s", "prefill_tokens", "decode_seqs"}
-    if not needed <= set(steps.columns):
-        return {}
+    only decoded. None without decode workers."""
+    if not {"role", "start_s", "end_s", "prefill_tokens", "decode_seqs"} <= set(steps.columns):
+        return None
     on_d = steps[(steps["role"] == "decode_only") & (steps["decode_seqs"] > 0)]
     if on_d.empty:
-        return {}
+        return None
     appends = on_d["prefill_tokens"] > 0
-    per_token = {name: np.repeat((rows["end_s"] - rows["start_s"]).to_numpy(), rows["decode_seqs"].to_numpy())
-                 for name, rows in (("with_appends", on_d[appends]), ("decode_only", on_d[~appends]))}
-    return {"decode_worker_itl": {name: distribution(x) for name, x in per_token.items()},
-            "decode_worker_steps_with_appends": int(appends.sum())}
+    return {name: np.repeat((rows["end_s"] - rows["start_s"]).to_numpy(float), rows["decode_seqs"].to_numpy(int))
+            for name, rows in (("with_appends", on_d[appends]), ("decode_only", on_d[~appends]))}
+
+
+def decode_worker_itl(steps: pd.DataFrame) -> dict[str, Any]:
+    samples = decode_itl_samples(steps)
+    if samples is None:
+        return {}
+    return {"decode_worker_itl": {name: distribution(x) for name, x in samples.items()},
+            "decode_worker_itl_samples_with_appends": int(len(samples["with_appends"]))}
 
 
 def summarize(requests: pd.DataFrame, steps: Optional[pd.DataFrame] = None,

@@ -46,7 +46,8 @@ class Simulation:
         self.kv_bytes_per_token = self.args.kv_bytes_per_token * next(iter(self.profiles.values())).dtype_bytes
         blocks = role_blocks(cfg, self.profiles)
         self.workers = [SimWorker(p.rank, p.role, blocks[ROLE_OF[p.role]], cfg.engine, cfg.scheduler,
-                                  cfg.kv_transfer.max_pending, cfg.follows_caches) for p in self.plans]
+                                  cfg.kv_transfer.max_pending, cfg.follows_caches,
+                                  cfg.kv_transfer.multiturn == "incremental") for p in self.plans]
         self.workload = build_workload(cfg.workload, seed=cfg.seed, vocab_size=self.args.vocab_size,
                                        max_model_len=self.args.max_model_len)
         self.log = RequestLog(0.0)
@@ -96,7 +97,8 @@ class Simulation:
             if worker.role == "decode_only":
                 for entry in worker.admit(self.now):
                     sender = self.workers[entry.prefill_rank]
-                    self._send_when_ready(sender.rank, sender.ready(entry.seq.seq_id, rank, self.now))
+                    self._send_when_ready(sender.rank, sender.ready(entry.seq.seq_id, rank, self.now,
+                                                                    entry.seq.num_cached_tokens))
             if rank not in self.paused and worker.can_step():
                 self._start(rank, worker)
 
@@ -203,7 +205,7 @@ class Simulation:
         self.push(self.workers[rank].start_send(entry, self.now, seconds), KV_SENT, (rank, entry.seq.seq_id))
 
     def _kv_bytes(self, entry: Outgoing) -> int:
-        return entry.seq.num_prompt_tokens * self.kv_bytes_per_token
+        return (entry.seq.num_prompt_tokens - entry.skip) * self.kv_bytes_per_token
 
     def _kv_sent(self, payload: tuple[int, int]) -> None:
         rank, rid = payload

@@ -28,9 +28,10 @@ SAMPLED_TOKEN = 0  # greedy content is irrelevant to timing
 
 class SimWorker:
     def __init__(self, rank: int, role: str, num_blocks: int, engine: EngineConfig, scheduler: SchedulerConfig,
-                 max_pending: int, report_cache: bool = False):
+                 max_pending: int, report_cache: bool = False, incremental: bool = False):
         scheduler.validate(role)
         self.rank, self.role, self.max_pending = rank, role, max_pending
+        self.incremental = incremental  # D reserves onto its cached prefix; P sends only the rest
         self.block_manager = BlockManager(num_blocks, engine.block_size, engine.enable_prefix_caching)
         if report_cache:  # step reports carry prefix-cache changes (KV-aware dispatch)
             self.block_manager.track_changes()
@@ -108,9 +109,9 @@ class SimWorker:
     def handoff(self, seq: Sequence, now: float) -> Outgoing:
         return self.sender.handoff(seq, now)
 
-    def ready(self, rid: int, decode_rank: int, now: float) -> Optional[Outgoing]:
-        """D reserved blocks: the entry (attempt 1)."""
-        return self.sender.ready(rid, decode_rank, 1, now)
+    def ready(self, rid: int, decode_rank: int, now: float, skip: int = 0) -> Optional[Outgoing]:
+        """D reserved blocks, holding the first `skip` prompt tokens already: the entry (attempt 1)."""
+        return self.sender.ready(rid, decode_rank, 1, now, skip)
 
     def start_send(self, entry: Outgoing, now: float, seconds: float) -> float:
         """Put `entry`'s KV on the link after the sends before it; when it will have arrived."""
@@ -130,7 +131,7 @@ class SimWorker:
 
     def admit(self, now: float) -> list[Incoming]:
         """Reserve blocks for queued requests in order while there is room (back-pressure)."""
-        return self.receiver.admit(self.scheduler.reserve, now)
+        return self.receiver.admit(lambda seq: self.scheduler.reserve(seq, self.incremental), now)
 
     def install(self, rid: int) -> Sequence:
         self.receiver.take(rid)
