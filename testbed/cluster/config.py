@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import List, Optional
 
 from testbed.errors import ConfigError
@@ -23,6 +23,10 @@ class ClusterConfig:
     dispatch: str = "round_robin"  # requests to mixed / prefill workers
     decode_dispatch: str = "least_loaded"  # KV to decode workers (late binding, or at arrival when early)
     kv_aware_load_weight: float = 1.0  # kv_aware: cached prompt tokens worth one token of load
+    # routing by input length: prompts of at least this many tokens go to long_prompt_workers
+    # (front ranks), shorter ones to the other front workers; None: off
+    long_prompt_min_tokens: Optional[int] = None
+    long_prompt_workers: List[int] = field(default_factory=list)
     max_prompt_len: Optional[int] = None  # admission control: longer prompts are rejected
     max_outstanding: Optional[int] = None  # admission control: requests in the system at once
     start_timeout_s: float = 300.0  # workers up and process group formed
@@ -42,6 +46,11 @@ class ClusterConfig:
         for key in ("dispatch", "decode_dispatch"):
             if getattr(self, key) not in DISPATCH:
                 raise ConfigError(f"cluster.{key}={getattr(self, key)!r} is not one of {', '.join(DISPATCH)}")
+        if (self.long_prompt_min_tokens is None) != (not self.long_prompt_workers):
+            raise ConfigError("cluster.long_prompt_min_tokens and cluster.long_prompt_workers go together "
+                              f"(got {self.long_prompt_min_tokens} and {list(self.long_prompt_workers)})")
+        if self.long_prompt_min_tokens is not None and self.long_prompt_min_tokens < 1:
+            raise ConfigError(f"cluster.long_prompt_min_tokens must be >= 1 (got {self.long_prompt_min_tokens})")
         if self.kv_aware_load_weight < 0:
             raise ConfigError(f"cluster.kv_aware_load_weight must be >= 0 (got {self.kv_aware_load_weight})")
         if self.stall_timeout_s <= 0 or self.heartbeat_s <= 0:

@@ -35,10 +35,10 @@ MEMORY_SAMPLE_S = 1.0
 class Router:
     def __init__(self, cluster: Cluster, workload: Workload, log: RequestLog, mode: str,
                  cluster_config: ClusterConfig, kv: KVTransferConfig, t0: float, faults: FaultsConfig = FaultsConfig(),
-                 block_size: int = 16):
+                 block_size: int = 16, tenants=()):
         self.cluster, self.workload, self.log, self.t0, self.cfg = cluster, workload, log, t0, cluster_config
         roles = {p.rank: p.role for p in cluster.plans}
-        self.book = RequestBook(cluster_config, kv, mode == "disagg", roles, log, block_size)
+        self.book = RequestBook(cluster_config, kv, mode == "disagg", roles, log, block_size, tenants)
         self.pending = [(r.arrival_s, r.request_id, r) for r in workload.requests]
         heapq.heapify(self.pending)
         self.steps = StepLog()

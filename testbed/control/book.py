@@ -29,6 +29,7 @@ from typing import Optional
 from testbed.control.dispatch import Dispatcher, WorkerLoad, admission_refusal
 from testbed.cluster.config import follows_caches
 from testbed.control.kv_index import KVIndex
+from testbed.control.limits import Routes, TenantLimits
 from testbed.engine.prefix import prompt_hashes
 from testbed.errors import StateError
 from testbed.metrics.events import Event, RequestLog
@@ -85,7 +86,8 @@ class StepNews:
 
 
 class RequestBook:
-    def __init__(self, cluster, kv, disagg: bool, roles: dict[int, str], log: RequestLog, block_size: int = 16):
+    def __init__(self, cluster, kv, disagg: bool, roles: dict[int, str], log: RequestLog, block_size: int = 16,
+                 tenants=()):
         self.cfg, self.kv, self.disagg, self.log = cluster, kv, disagg, log
         self.loads = {rank: WorkerLoad() for rank in roles}
         self.roles = roles
@@ -97,6 +99,8 @@ class RequestBook:
         self.back = Dispatcher(cluster.decode_dispatch, [r for r, role in roles.items() if role == "decode_only"],
                                self.loads, for_decode=True, index=self.index, load_weight=weight)
         self.active: dict[int, Tracked] = {}
+        self.limits = TenantLimits(tenants)
+        self.routes = Routes(cluster, tenants, self.front.workers)
 
     def __len__(self) -> int:
         return len(self.active)
@@ -109,10 +113,11 @@ class RequestBook:
         """Admit and dispatch a request (bound early to its decode worker when so configured),
         or refuse it: None."""
         self.log.register(request)
-        reason = admission_refusal(self.cfg, request, len(self.active))
+        reason = admission_refusal(self.cfg, request, len(self.active)) or \
+            self.limits.refusal(request.tenant, request.input_len, t)
         worker = None if reason else self._local_decode(request)
         if worker is None and not reason:
-            worker = self.front.pick(request)
+            worker = self.front.pick(request, self.routes.allowed(request.tenant, request.input_len))
         if reason or worker is None:
             self.log.reject(request, t, reason or "no live worker to serve it")
             return None
@@ -335,7 +340,8 @@ class RequestBook:
         """Start the request over on live workers: (it, the old workers still alive to abort it
         on), or None when no worker can take it. The client keeps the tokens it has."""
         tracked = self.active[rid]
-        worker = self.front.pick(tracked.request)
+        request = tracked.request
+        worker = self.front.pick(request, self.routes.allowed(request.tenant, request.input_len))
         if worker is None:
             return None
         old = [w for w in (tracked.worker, tracked.decode_worker) if w is not None and self.loads[w].alive]

@@ -45,8 +45,9 @@ class Dispatcher:
     def live(self) -> list[int]:
         return [w for w in self.workers if self.loads[w].alive]
 
-    def pick(self, request: Request) -> Optional[int]:
-        live = self.live()
+    def pick(self, request: Request, allowed: Optional[set[int]] = None) -> Optional[int]:
+        """The worker for the request among the live ones (and those in `allowed`, when given)."""
+        live = self.live() if allowed is None else [w for w in self.live() if w in allowed]
         if not live:
             return None
         if self.policy == "round_robin":
@@ -55,7 +56,7 @@ class Dispatcher:
             return worker
         if self.policy == "session_affinity" and request.session_id is not None:
             worker = self._affinity.get(request.session_id)
-            if worker is None or not self.loads[worker].alive:
+            if worker not in live:  # new, dead, or outside the allowed pool
                 worker = self._least_loaded(live)
                 self._affinity[request.session_id] = worker
             return worker

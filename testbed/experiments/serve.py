@@ -82,7 +82,7 @@ def serve(cfg: Config, out_dir: Path, on_started: Optional[Callable[[Cluster], N
         sampler = start_telemetry(t0, announce=progress)
         log = RequestLog(t0)
         router = Router(cluster, workload, log, cfg.mode, cfg.cluster, cfg.kv_transfer, t0, cfg.faults,
-                        block_size=cfg.engine.block_size)
+                        block_size=cfg.engine.block_size, tenants=cfg.workload.tenants)
         with tqdm(total=len(workload.requests), desc=f"{cfg.mode} requests", unit="req", leave=False,
                   disable=not progress) as bar:
             router.on_finish = lambda: bar.update(1)

@@ -52,7 +52,8 @@ class Simulation:
                                        max_model_len=self.args.max_model_len)
         self.log = RequestLog(0.0)
         self.book = RequestBook(cfg.cluster, cfg.kv_transfer, cfg.mode == "disagg",
-                                {p.rank: p.role for p in self.plans}, self.log, cfg.engine.block_size)
+                                {p.rank: p.role for p in self.plans}, self.log, cfg.engine.block_size,
+                                cfg.workload.tenants)
         measured = [r.measured for r in self.roles]
         self.host = HostSide.of(cfg.sim.host_model(next(filter(None, measured), None)), measured, cfg.seed)
         # quiet decode steps in one event (testbed/sim/decode_run.py); not where the router follows

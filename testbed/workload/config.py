@@ -74,8 +74,19 @@ def _default_output() -> LengthConfig:
 
 
 @dataclass
+class RateLimitConfig:
+    """A tenant's admission limit: token buckets on requests and on prompt tokens, each refilling
+    at its rate and holding `burst_s` seconds of it. None: no limit on that count."""
+
+    requests_per_s: Optional[float] = None
+    prompt_tokens_per_s: Optional[float] = None
+    burst_s: float = 1.0
+
+
+@dataclass
 class TenantConfig:
-    """One traffic class of a mixed workload: its share, its lengths and its own SLOs."""
+    """One traffic class of a mixed workload: its share, its lengths, its own SLOs, its admission
+    limit, and the front workers (ranks) that serve it (empty: any)."""
 
     name: str = "default"
     weight: float = 1.0
@@ -83,6 +94,8 @@ class TenantConfig:
     output_len: LengthConfig = field(default_factory=_default_output)
     ttft_s: Optional[float] = None
     tpot_s: Optional[float] = None
+    rate_limit: RateLimitConfig = field(default_factory=RateLimitConfig)
+    workers: List[int] = field(default_factory=list)
 
 
 @dataclass
@@ -172,6 +185,11 @@ class WorkloadConfig:
             for key in ("ttft_s", "tpot_s"):
                 if getattr(tenant, key) is not None:
                     _positive(f"workload.tenants[{i}].{key}", getattr(tenant, key))
+            limit = tenant.rate_limit
+            _positive(f"workload.tenants[{i}].rate_limit.burst_s", limit.burst_s)
+            for key in ("requests_per_s", "prompt_tokens_per_s"):
+                if getattr(limit, key) is not None:
+                    _positive(f"workload.tenants[{i}].rate_limit.{key}", getattr(limit, key))
 
 
 def _choice(key: str, value: str, allowed: tuple) -> None:
