@@ -8,7 +8,8 @@ import itertools
 import pytest
 
 from testbed.cluster.config import ClusterConfig, KVTransferConfig
-from testbed.control.book import BACK_EDGES, FRONT_EDGES, Back, Front, RequestBook
+from testbed.control.book import RequestBook
+from testbed.control.request import BACK_EDGES, FRONT_EDGES, Back, Front
 from testbed.control.ledger import ReceiveLedger, SendLedger
 from testbed.engine.block_manager import BlockManager
 from testbed.engine.config import SchedulerConfig

@@ -22,7 +22,8 @@ from testbed.cluster.launcher import Cluster
 from testbed.cluster.memory import RssSampler
 from testbed.cluster.messages import (Abort, Failed, Heartbeat, KVArrived, KVAttemptFailed, KVSent, Reserve, Reserved,
                                       Serve, StepEvents, WorkerError)
-from testbed.control.book import RequestBook, Tracked
+from testbed.control.book import RequestBook
+from testbed.control.request import Tracked
 from testbed.control.transfers import TransferLog
 from testbed.metrics.events import RequestLog
 from testbed.metrics.steps import StepLog

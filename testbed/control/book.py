@@ -5,84 +5,26 @@ drivers over it: they turn worker messages or simulated events into calls here, 
 times, and do the sending. The book admits or refuses, picks workers (Dispatcher), keeps each
 worker's load, binds decode workers, hands the client its tokens in order across P and D, and
 writes every lifecycle event to the RequestLog: one set of rules for real and simulated runs.
-
-Each tracked request has two sides, each a small state machine whose every change goes through
-`_front` / `_back`, which refuse an edge not drawn here and keep the loads in step:
-
-    front (the mixed or prefill worker):  QUEUED --first token--> PREFILLED --left--> LEFT
-                                          QUEUED ------------------ended-----------> LEFT
-                                          LEFT --re-dispatch--> QUEUED
-      QUEUED counts the prompt in the worker's queued tokens; QUEUED and PREFILLED count the
-      request as bound to the worker. It leaves when it finishes there (mixed) or its KV has
-      left (P).
-    back (the decode worker):             NONE --bind--> BOUND --KV in, or D recomputes--> HOLDS
-                                          BOUND, HOLDS --ended or re-dispatched--> NONE
-      BOUND and HOLDS count the request as bound to the decode worker.
+Each tracked request's two sides are small state machines (testbed/control/request.py);
+every change goes through `_front` / `_back`, which refuse an edge not drawn there and keep
+the loads in step.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from enum import Enum
 from typing import Optional
 
-from testbed.control.dispatch import Dispatcher, WorkerLoad, admission_refusal
 from testbed.cluster.config import follows_caches
+from testbed.control.dispatch import Dispatcher, WorkerLoad, admission_refusal
 from testbed.control.kv_index import KVIndex
 from testbed.control.limits import Routes, TenantLimits
+from testbed.control.request import BACK_EDGES, FRONT_EDGES, Back, Front, StepNews, Tracked
 from testbed.engine.prefix import prompt_hashes
 from testbed.errors import StateError
 from testbed.metrics.events import Event, RequestLog
 from testbed.workload import Request
 
-
 PREFILLED_ON = {"colocated": "mixed", "chunked": "mixed", "prefill_only": "prefill", "decode_only": "decode"}
-
-
-class Front(Enum):
-    QUEUED = "queued"
-    PREFILLED = "prefilled"
-    LEFT = "left"
-
-
-class Back(Enum):
-    NONE = "none"
-    BOUND = "bound"
-    HOLDS = "holds"
-
-
-FRONT_EDGES = {Front.QUEUED: {Front.PREFILLED, Front.LEFT}, Front.PREFILLED: {Front.LEFT},
-               Front.LEFT: {Front.QUEUED}}
-BACK_EDGES = {Back.NONE: {Back.BOUND}, Back.BOUND: {Back.HOLDS, Back.NONE}, Back.HOLDS: {Back.NONE}}
-
-
-@dataclass
-class Tracked:
-    request: Request
-    worker: int  # the mixed or prefill worker
-    decode_worker: Optional[int] = None
-    front: Front = Front.QUEUED
-    back: Back = Back.NONE
-    decode_started: bool = False
-    local: bool = False  # prefilled on its decode worker (PPD, conditional disaggregation): no transfer
-    finished_early: bool = False  # the last token was reported before all earlier ones arrived
-    output: list = field(default_factory=list)  # tokens the client has, in order
-    worker_times: list = field(default_factory=list)
-    received_times: list = field(default_factory=list)
-    early: dict = field(default_factory=dict)  # index -> (token, worker time, worker): ahead of their turn
-
-    @property
-    def rid(self) -> int:
-        return self.request.request_id
-
-
-@dataclass
-class StepNews:
-    """What a step report asks of the driver: decode workers to reserve for (late binding),
-    and the requests it closed (for their sessions' next turns)."""
-
-    bound: list[Tracked] = field(default_factory=list)
-    finished: list[Tracked] = field(default_factory=list)
 
 
 class RequestBook:

@@ -20,7 +20,8 @@ import heapq
 from typing import Mapping, Optional
 
 from testbed.config import Config
-from testbed.control.book import RequestBook, Tracked
+from testbed.control.book import RequestBook
+from testbed.control.request import Tracked
 from testbed.control.ledger import Outgoing
 from testbed.control.transfers import TransferLog
 from testbed.engine.sequence import check_fits
