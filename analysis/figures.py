@@ -214,8 +214,9 @@ def decode_itl_with_appends(ax, itl: Mapping[str, Mapping], cells: pd.DataFrame)
                                        for g, body in zip(groups, itl.values())}
               for kind in ("with_appends", "decode_only")}
     grouped_bars(ax, groups, values)
-    ax.set(ylabel="decode workers' p99 step time per token (ms)")
-    ax.tick_params(axis="x", labelrotation=30)
+    ax.set(ylabel="p99 step time per token on D (ms)")
+    for tick in ax.get_xticklabels():
+        tick.set(rotation=30, horizontalalignment="right")
     style.legend(ax)
     return values
 
