@@ -16,7 +16,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from testbed.cluster.config import ClusterConfig, KVTransferConfig, follows_caches
 from testbed.cluster.emulation import check_spec
 from testbed.cluster.faults import FaultsConfig
-from testbed.engine.config import EngineConfig, SchedulerConfig
+from testbed.engine.config import EngineConfig, KVStoreConfig, SchedulerConfig
 from testbed.experiment import ExperimentConfig
 from testbed.errors import ConfigError
 from testbed.metrics.config import MetricsConfig, SLOConfig
@@ -76,6 +76,7 @@ class Config:
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     kv_transfer: KVTransferConfig = field(default_factory=KVTransferConfig)
+    kv_store: KVStoreConfig = field(default_factory=KVStoreConfig)
     faults: FaultsConfig = field(default_factory=FaultsConfig)
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     slo: SLOConfig = field(default_factory=SLOConfig)
@@ -92,7 +93,8 @@ class Config:
         return follows_caches(self.cluster, self.kv_transfer, self.mode == "disagg")
 
     def __post_init__(self) -> None:
-        if self.follows_caches and not self.engine.enable_prefix_caching:  # it routes to the caches
+        wants_cache = self.follows_caches or self.kv_store.capacity_mib > 0  # routes to, or fills, the caches
+        if wants_cache and not self.engine.enable_prefix_caching:
             object.__setattr__(self, "engine", replace(self.engine, enable_prefix_caching=True))
 
     def validate(self) -> "Config":
@@ -106,6 +108,7 @@ class Config:
         self.hardware.validate()
         self.cluster.validate()
         self.kv_transfer.validate()
+        self.kv_store.validate()
         self.faults.validate()
         self.workload.validate()
         self.slo.validate()

@@ -278,6 +278,7 @@ def test_real_cache_aware_runs_give_the_tokens_of_a_run_without_any_cache(tmp_pa
             "incremental-1P2D": ["mode=disagg", "cluster.num_prefill=1", "cluster.num_decode=2",
                                  "hardware.num_devices=3", "cluster.decode_dispatch=kv_aware",
                                  "kv_transfer.multiturn=incremental"],
+            "store-chunked-2": ["mode=chunked", "cluster.num_workers=2", "kv_store.capacity_mib=16"],
             "incremental-1P1D-layer": ["mode=disagg", "kv_transfer.multiturn=incremental", "kv_transfer.granularity=layer",
                                        "kv_transfer.binding=early", "kv_transfer.piece_kib=8"]}
     for name, overrides in runs.items():
@@ -289,6 +290,8 @@ def test_real_cache_aware_runs_give_the_tokens_of_a_run_without_any_cache(tmp_pa
             assert list(requests.loc[rid, "output_token_ids"]) == list(tokens), f"request {rid} in {name}"
         assert all(v == 0 for v in result["summary"]["kv_blocks_leaked"].values()), name
         assert sum(result["summary"]["kv_blocks_cached"].values()) > 0, name
+        if name.startswith("store"):  # a worker fetches what the other one computed
+            assert sum(w["hits"] for w in result["summary"]["kv_store"].values()) > 0, name
         if name.startswith("incremental"):  # later turns find part of their history on D
             later = result["transfers"].merge(requests.reset_index()[["request_id", "turn", "input_len"]])
             later = later[later.turn > 0]

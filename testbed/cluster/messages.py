@@ -193,6 +193,7 @@ class Audit:
     loaned_buffers: int = 0  # KV staging buffers not back in their pool
     loaned_bytes: int = 0
     cached_blocks: int = 0  # free blocks kept for their prefix (a cache, not a leak)
+    store: dict = field(default_factory=dict)  # its traffic with the shared KV store (StoreStats)
 
 
 @dataclass(frozen=True)

@@ -63,6 +63,7 @@ class WorkerSpec:
     cpu_core: Optional[int] = None  # CPU workers: the core this worker is pinned to (None: not pinned)
     report_cache: bool = False  # step reports carry prefix-cache changes (KV-aware dispatch)
     incremental: bool = False  # D reserves onto its cached prefix and P sends only the rest
+    kv_store: Optional[object] = None  # the run's shared KV store (testbed/engine/host_store.py)
 
 
 def worker_main(spec: WorkerSpec, inboxes, events) -> None:
@@ -104,6 +105,8 @@ def _setup(spec: WorkerSpec) -> Engine:
     engine.warmup()
     if spec.report_cache:  # after the warm-up: its prompts are nobody's prefix
         engine.track_cache_changes()
+    if spec.kv_store is not None:
+        engine.attach_store(spec.kv_store)
     return engine
 
 
@@ -154,7 +157,8 @@ class Worker:
             time.sleep(IDLE_WAIT_S)
             self._poll_transfers()
         return Audit(self.spec.rank, self.engine.num_used_blocks, sum(len(side.buffers.loaned) for side in sides),
-                     sum(side.buffers.loaned_bytes for side in sides), self.engine.num_cached_blocks)
+                     sum(side.buffers.loaned_bytes for side in sides), self.engine.num_cached_blocks,
+                     self.engine.store_stats)
 
     def _can_step(self) -> bool:
         if self.sender is not None and self.sender.blocked(self.spec.max_pending):

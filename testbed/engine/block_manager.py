@@ -38,6 +38,7 @@ class BlockManager:
         self.free_ids: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))  # LRU first
         self.hash_to_block: dict[int, int] = {}
         self.changes: dict[int, bool] | None = None  # hash -> cached now; None: not tracked
+        self.store = None  # a shared KV store (testbed/engine/kv_store.py): puts and fetches by hash
 
     def track_changes(self) -> None:
         self.changes = {}
@@ -84,10 +85,31 @@ class BlockManager:
             for block_id in hits:
                 self._take(block_id)
                 seq.block_table.append(block_id)
+            if self.store is not None:
+                self._fetch_from_store(seq)
             seq.num_cached_tokens = seq.num_computed_tokens = len(seq.block_table) * self.block_size
         need = self.blocks_for(num_tokens) - len(seq.block_table)
         if need > 0:  # most decode steps: the last block has room
             self._take_fresh(seq, need)
+
+    def _fetch_from_store(self, seq: Sequence) -> None:
+        """Past the pool's hits, the prompt's next blocks that the store holds: each fetched into
+        a fresh block (the LRU free one, taken only once the fetch found it) and registered."""
+        parent = seq.block_hashes[-1] if seq.block_hashes else ROOT
+        for i in range(len(seq.block_table), cacheable_blocks(seq.num_tokens, self.block_size)):
+            tokens = tuple(seq.token_ids[i * self.block_size:(i + 1) * self.block_size])
+            h = block_hash(parent, tokens)
+            if not self.free_ids or not self.store.contains(h) or not self.store.fetch(h, next(iter(self.free_ids))):
+                return
+            self._take_fresh(seq, 1)
+            block = self.blocks[seq.block_table[-1]]
+            if h not in self.hash_to_block:
+                block.hash, block.token_ids = h, tokens
+                self.hash_to_block[h] = block.block_id
+                if self.changes is not None:
+                    self.changes[h] = True
+            seq.block_hashes.append(h)
+            parent = h
 
     def can_allocate_fresh(self, num_tokens: int) -> bool:
         return self.blocks_for(num_tokens) <= self.num_free_blocks
@@ -135,6 +157,8 @@ class BlockManager:
                 self.hash_to_block[h] = block.block_id
                 if self.changes is not None:
                     self.changes[h] = True
+                if self.store is not None:  # write-through: the block outlives this pool
+                    self.store.put(h, block.block_id)
             seq.block_hashes.append(h)
 
     def _match_prefix(self, seq: Sequence) -> tuple[list[int], list[int]]:

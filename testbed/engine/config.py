@@ -53,3 +53,15 @@ class EngineConfig:
             raise ConfigError(f"engine.attention_backend={self.attention_backend!r} is not one of auto, flash, torch")
         return self
 
+
+@dataclass(frozen=True)
+class KVStoreConfig:
+    """A KV store in host memory shared by the run's workers (testbed/engine/kv_store.py):
+    `capacity_mib` of blocks, LRU; 0 turns it off. It needs prefix caching, which it turns on."""
+
+    capacity_mib: float = 0.0
+
+    def validate(self) -> "KVStoreConfig":
+        if self.capacity_mib < 0:
+            raise ConfigError(f"kv_store.capacity_mib must be >= 0 (got {self.capacity_mib})")
+        return self

@@ -8,6 +8,7 @@ import torch
 
 from testbed.engine.block_manager import BlockManager
 from testbed.engine.config import EngineConfig, SchedulerConfig
+from testbed.engine.kv_store import StoreView
 from testbed.engine.model_runner import ModelRunner
 from testbed.engine.policies import make_policy
 from testbed.engine.record import StepRecord, cost_shape
@@ -130,6 +131,18 @@ class Engine:
         return self.scheduler.abort(seq_id)
 
     # -- what the worker reports and the end-of-run audit reads ---------------------------------
+    def attach_store(self, store) -> None:
+        """Share a KV store (testbed/engine/host_store.py): registered blocks are written to it,
+        prompts fetch the blocks it holds past the pool's own hits."""
+        runner = self.runner
+        self.block_manager.store = StoreView(store, runner.block_bytes, copy_in=lambda data, b: runner.block_kv(b).copy_(data),
+                                             copy_out=runner.block_kv)
+
+    @property
+    def store_stats(self) -> dict:
+        store = self.block_manager.store
+        return store.stats.as_dict() if store is not None else {}
+
     def track_cache_changes(self) -> None:
         """From now on, keep the prefix-cache blocks registered and evicted (for KV-aware routing)."""
         self.block_manager.track_changes()

@@ -134,6 +134,10 @@ class ModelRunner:
         offsets = torch.arange(self.block_size, device=self.device)
         return (blocks[:, None] * self.block_size + offsets).flatten()[:num_tokens]
 
+    def block_kv(self, block_id: int) -> torch.Tensor:
+        """One block's KV, (2, layers, block_size, Hkv, D): a view into the pool."""
+        return self.kv_cache[:, :, block_id]
+
     def kv_shape(self, num_tokens: int, layer: int | None = None) -> tuple[int, ...]:
         a = self.args
         per_layer = (num_tokens, a.num_kv_heads, a.head_dim)

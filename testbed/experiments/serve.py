@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 import numpy as np
-
+import torch
 from tqdm import tqdm
 
 from testbed.cluster.emulation import Emulation, emulation_meta
@@ -19,18 +19,30 @@ from testbed.cluster.pacing import pace_summary
 from testbed.cluster.router import Router
 from testbed.cluster.worker import WorkerSpec
 from testbed.config import Config
+from testbed.engine.host_store import create_store
 from testbed.errors import KVLeakError
 from testbed.metrics.events import RequestLog
 from testbed.metrics.latency import distribution
 from testbed.metrics.slo import tenant_slos
 from testbed.metrics.steps import steps_table
 from testbed.metrics.summary import summarize
+from testbed.model.loader import resolve_dtype
 from testbed.tracking.telemetry import start_telemetry
 from testbed.tracking.results import collect_meta, write_results
 from testbed.workload import build_workload
 
 
-def worker_template(cfg: Config) -> WorkerSpec:
+def kv_store(cfg: Config, plans) -> Optional[object]:
+    """The run's shared KV store (kv_store.capacity_mib), in the workers' KV dtype; None when off."""
+    if cfg.kv_store.capacity_mib <= 0:
+        return None
+    args = cfg.model.args()
+    dtype = resolve_dtype(cfg.model.dtype, torch.device(plans[0].device))
+    shape = (2, args.num_layers, cfg.engine.block_size, args.num_kv_heads, args.head_dim)
+    return create_store(cfg.kv_store.capacity_mib, shape, dtype)
+
+
+def worker_template(cfg: Config, store=None) -> WorkerSpec:
     kv, engine = cfg.kv_transfer, cfg.engine
     if cfg.faults.exhaust_kv_pool:  # the least pool that still holds one request of max_model_len
         engine = dataclasses.replace(engine, num_kv_blocks=-(-cfg.model.args().max_model_len // engine.block_size))
@@ -41,7 +53,7 @@ def worker_template(cfg: Config) -> WorkerSpec:
                       delay_kv_s=cfg.faults.delay_kv_ms / 1000, seed=cfg.seed,
                       heartbeat_s=cfg.cluster.heartbeat_s, start_timeout_s=cfg.cluster.start_timeout_s,
                       emulation=Emulation.from_hardware(cfg.hardware), report_cache=cfg.follows_caches,
-                      incremental=kv.multiturn == "incremental")
+                      incremental=kv.multiturn == "incremental", kv_store=store)
 
 
 def harness_breakdown(rows: list[tuple[float, float, float]]) -> dict:
@@ -55,6 +67,7 @@ def audit_summary(audits: dict[int, Audit]) -> dict:
     """What each worker still held at the end (all zero unless something leaked)."""
     return {"kv_blocks_leaked": {f"worker{rank}": a.used_blocks for rank, a in sorted(audits.items())},
             "kv_blocks_cached": {f"worker{rank}": a.cached_blocks for rank, a in sorted(audits.items())},
+            "kv_store": {f"worker{rank}": a.store for rank, a in sorted(audits.items()) if a.store},
             "staging_buffers_leaked": {f"worker{rank}": {"count": a.loaned_buffers, "bytes": a.loaned_bytes}
                                        for rank, a in sorted(audits.items())}}
 
@@ -75,7 +88,7 @@ def serve(cfg: Config, out_dir: Path, on_started: Optional[Callable[[Cluster], N
     emulated = emulation_meta(Emulation.from_hardware(cfg.hardware), cfg.model, cfg.mode == "disagg")
     workload = build_workload(cfg.workload, seed=cfg.seed, vocab_size=args.vocab_size,
                               max_model_len=args.max_model_len)
-    with Cluster(plans, worker_template(cfg), cfg.cluster.start_timeout_s) as cluster:
+    with Cluster(plans, worker_template(cfg, kv_store(cfg, plans)), cfg.cluster.start_timeout_s) as cluster:
         if on_started:
             on_started(cluster)
         t0 = time.perf_counter()

@@ -47,6 +47,8 @@ def simulate(cfg: Config, profile: Optional[Mapping] = None, *, num_devices: Opt
                         num_gpus=len(sim.plans), tenant_slos=tenant_slos(cfg.workload.tenants, cfg.slo))
     summary["kv_blocks_leaked"] = {f"worker{w.rank}": w.block_manager.num_used_blocks for w in sim.workers}
     summary["kv_blocks_cached"] = {f"worker{w.rank}": w.block_manager.num_cached_blocks for w in sim.workers}
+    summary["kv_store"] = {f"worker{w.rank}": w.block_manager.store.stats.as_dict() for w in sim.workers
+                           if w.block_manager.store is not None}
     summary["workers"] = {f"worker{p.rank}": {"role": p.role, "device": p.device, "alive_at_end": True}
                           for p in sim.plans}
     summary["workload_report"] = sim.workload.report

@@ -24,6 +24,7 @@ from testbed.control.book import RequestBook
 from testbed.control.request import Tracked
 from testbed.control.ledger import Outgoing
 from testbed.control.transfers import TransferLog
+from testbed.engine.kv_store import HashStore, StoreView, store_blocks
 from testbed.engine.sequence import check_fits
 from testbed.metrics.events import RequestLog
 from testbed.metrics.steps import StepLog
@@ -46,9 +47,11 @@ class Simulation:
         self.roles = [self.profiles[ROLE_OF[p.role]] for p in self.plans]  # by rank
         self.kv_bytes_per_token = self.args.kv_bytes_per_token * next(iter(self.profiles.values())).dtype_bytes
         blocks = role_blocks(cfg, self.profiles)
+        block_bytes = self.kv_bytes_per_token * cfg.engine.block_size
+        store = HashStore(store_blocks(cfg.kv_store.capacity_mib, block_bytes)) if cfg.kv_store.capacity_mib else None
         self.workers = [SimWorker(p.rank, p.role, blocks[ROLE_OF[p.role]], cfg.engine, cfg.scheduler,
-                                  cfg.kv_transfer.max_pending, cfg.follows_caches,
-                                  cfg.kv_transfer.multiturn == "incremental") for p in self.plans]
+                                  cfg.kv_transfer.max_pending, cfg.follows_caches, cfg.kv_transfer.multiturn == "incremental",
+                                  StoreView(store, block_bytes) if store else None) for p in self.plans]
         self.workload = build_workload(cfg.workload, seed=cfg.seed, vocab_size=self.args.vocab_size,
                                        max_model_len=self.args.max_model_len)
         self.log = RequestLog(0.0)
@@ -58,8 +61,8 @@ class Simulation:
         measured = [r.measured for r in self.roles]
         self.host = HostSide.of(cfg.sim.host_model(next(filter(None, measured), None)), measured, cfg.seed)
         # quiet decode steps in one event (testbed/sim/decode_run.py); not where the router follows
-        # the caches, whose changes each step reports
-        self.runs = cfg.sim.decode_runs and not cfg.follows_caches
+        # the caches, whose changes each step reports, nor with a store, which each step fills
+        self.runs = cfg.sim.decode_runs and not cfg.follows_caches and store is None
         self.paused: set[int] = set()  # workers in their gap between steps
         self.queue: list = []
         self.counter = 0

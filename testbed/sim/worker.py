@@ -28,13 +28,14 @@ SAMPLED_TOKEN = 0  # greedy content is irrelevant to timing
 
 class SimWorker:
     def __init__(self, rank: int, role: str, num_blocks: int, engine: EngineConfig, scheduler: SchedulerConfig,
-                 max_pending: int, report_cache: bool = False, incremental: bool = False):
+                 max_pending: int, report_cache: bool = False, incremental: bool = False, store=None):
         scheduler.validate(role)
         self.rank, self.role, self.max_pending = rank, role, max_pending
         self.incremental = incremental  # D reserves onto its cached prefix; P sends only the rest
         self.block_manager = BlockManager(num_blocks, engine.block_size, engine.enable_prefix_caching)
         if report_cache:  # step reports carry prefix-cache changes (KV-aware dispatch)
             self.block_manager.track_changes()
+        self.block_manager.store = store  # a StoreView on the run's shared store, or None
         self.scheduler = Scheduler(make_policy(role), self.block_manager, scheduler)
         self.batch: Optional[Batch] = None  # the step in flight
         self.shape: tuple = ()

@@ -1,0 +1,75 @@
+"""The shared KV store: LRU by hash, written through as blocks are registered, fetched past the
+pool's own hits; in shared memory across processes; in a simulated run."""
+
+from __future__ import annotations
+
+import torch
+import torch.multiprocessing as mp
+
+from testbed.engine import BlockManager, Sequence
+from testbed.engine.host_store import SharedKVStore, create_store
+from testbed.engine.kv_store import HashStore, StoreView, store_blocks
+from testbed.engine.prefix import prompt_hashes
+from tests.cluster_helpers import make_config
+
+BS = 4
+
+
+def prefill(bm: BlockManager, rid: int, tokens) -> Sequence:
+    seq = Sequence(rid, list(tokens), 4)
+    bm.allocate(seq, seq.num_tokens)
+    seq.num_computed_tokens = seq.num_tokens
+    bm.commit(seq)
+    return seq
+
+
+def test_the_hash_store_forgets_the_least_recently_used_block():
+    store = HashStore(2)
+    assert store.put(1) and store.put(2) and not store.put(1)
+    assert store.fetch(1)  # 1 is now the most recent
+    store.put(3)
+    assert store.contains(1) and not store.contains(2) and store.contains(3)
+    assert store_blocks(1, 1024) == 1024 and not HashStore(0).put(1)
+
+
+def test_a_pool_that_evicted_a_prefix_fetches_it_back_from_the_store():
+    shared = HashStore(64)
+    writer, reader = BlockManager(8, BS, True), BlockManager(4, BS, True)
+    writer.store, reader.store = StoreView(shared, 100), StoreView(shared, 100)
+    history = list(range(1, 14))  # three full blocks, then one token
+    prefill(writer, 0, history)
+    assert all(shared.contains(h) for h in prompt_hashes(history, BS))  # written through
+    turn = Sequence(1, history + [7, 8, 9], 4)  # another worker's pool, which never saw the history
+    assert reader.can_allocate(turn, turn.num_tokens)
+    reader.allocate(turn, turn.num_tokens)
+    assert turn.num_cached_tokens == 3 * BS  # fetched, not recomputed
+    assert reader.store.stats.as_dict() == {"lookups": 3, "hits": 3, "puts": 0, "bytes_fetched": 300,
+                                            "bytes_put": 0, "misses": 0}
+    reader.check_invariants([turn])
+
+
+def test_the_shared_store_keeps_the_kv_and_evicts_the_least_recently_used_slot():
+    store = SharedKVStore(2, (2, 3), torch.float32, mp.get_context("spawn").Lock())
+    a, b, c = (torch.full((2, 3), float(v)) for v in (1, 2, 3))
+    assert store.put(11, a) and store.put(12, b) and not store.put(11, b)
+    out = torch.zeros(2, 3)
+    assert store.fetch(11, out.copy_) and torch.equal(out, a)  # 11 is now the most recent
+    assert store.put(13, c)
+    assert store.contains(11) and not store.contains(12) and store.fetch(13, out.copy_) and torch.equal(out, c)
+    assert create_store(0.0001, (2, 2, 16, 2, 16), torch.float32) is None  # too small for one block
+    assert create_store(1, (2, 2, 16, 2, 16), torch.float32).num_slots == (1 << 20) // (2 * 2 * 16 * 2 * 16 * 4)
+
+
+def test_a_simulated_store_serves_what_a_small_pool_evicted():
+    from testbed.sim.executor import simulate
+    from tests.test_sim import PROFILE
+    base = ["workload=multiturn", "workload.num_requests=16", "hardware=cpu", "mode=chunked", "cluster.num_workers=2",
+            "model.max_model_len=1024", "engine.num_kv_blocks=64", "engine.enable_prefix_caching=true"]
+    off = simulate(make_config(*base), PROFILE, num_devices=2)
+    on = simulate(make_config(*base, "kv_store.capacity_mib=64"), PROFILE, num_devices=2)
+    assert on["summary"]["prefix_cache"]["hit_rate"] > off["summary"]["prefix_cache"]["hit_rate"]
+    assert sum(w["hits"] for w in on["summary"]["kv_store"].values()) > 0 and off["summary"]["kv_store"] == {}
+    for result in (on, off):
+        assert (result["requests"].status == "ok").all()
+        assert sum(result["summary"]["kv_blocks_leaked"].values()) == 0
+    assert make_config("kv_store.capacity_mib=8").engine.enable_prefix_caching
