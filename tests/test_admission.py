@@ -80,3 +80,25 @@ def test_a_simulated_run_refuses_a_limited_tenant_and_counts_the_refusals_as_mis
     assert refused.reason.str.contains("tenant summarize over its rate limit").all()
     assert result["summary"]["num_requests"]["refused"] == len(refused)
     assert result["summary"]["slo_attainment"] < 1 - len(refused) / len(requests) + 1e-9
+
+
+def test_a_slow_limit_still_admits_and_a_prompt_larger_than_the_bucket_goes_in_debt():
+    limits = TenantLimits([TenantConfig(name="slow", rate_limit=RateLimitConfig(requests_per_s=0.5)),
+                           TenantConfig(name="tokens", rate_limit=RateLimitConfig(prompt_tokens_per_s=100))])
+    assert limits.refusal("slow", 10, 0.0) is None  # the bucket holds one request, not half of one
+    assert "0.5 requests/s" in limits.refusal("slow", 10, 1.0)
+    assert limits.refusal("slow", 10, 2.0) is None  # two seconds a request
+    assert limits.refusal("tokens", 500, 0.0) is None  # a full bucket lets one oversized prompt in
+    assert "100 prompt tokens/s" in limits.refusal("tokens", 10, 1.0)  # ... and owes 400 tokens for it
+    assert limits.refusal("tokens", 10, 5.0) is None
+    limits.refund("tokens", 10)
+    assert limits.refusal("tokens", 100, 5.0) is None  # the refund made the bucket whole again
+
+
+def test_a_request_with_no_live_worker_is_not_charged_to_its_tenant():
+    roles = {0: "colocated"}
+    tenants = [TenantConfig(name="chat", rate_limit=RateLimitConfig(requests_per_s=1))]
+    b = RequestBook(ClusterConfig(), KVTransferConfig(), False, roles, RequestLog(0.0), tenants=tenants)
+    b.lose_worker(0)
+    assert b.admit(request(0), 0.0) is None
+    assert b.limits.refusal("chat", 10, 0.0) is None  # the refused request took nothing

@@ -44,6 +44,8 @@ def loads_balanced(b: RequestBook) -> None:
             queued[t.worker] += t.request.input_len
         if t.front is not Front.LEFT:
             bound[t.worker] += 1
+            if t.local:  # prefilled on a decode worker
+                held[t.worker] += t.request.input_len
         if t.back is not Back.NONE:
             bound[t.decode_worker] += 1
             held[t.decode_worker] += t.request.input_len

@@ -119,8 +119,8 @@ class StepEvents:
     handoff: list[int]
     free_blocks: int
     num_running: int
-    cached: tuple = ((), ())
-    hits: list = field(default_factory=list)  # (rid, prompt tokens served by the prefix cache)  # prefix-cache block hashes (registered, evicted) since the last report
+    cached: tuple = ((), ())  # prefix-cache block hashes (registered, evicted) since the last report
+    hits: list = field(default_factory=list)  # (rid, prompt tokens served by the prefix cache)
     sent: float = 0.0  # when the worker had built this report and was about to send it
 
 

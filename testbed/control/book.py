@@ -57,20 +57,27 @@ class RequestBook:
         self.log.register(request)
         reason = admission_refusal(self.cfg, request, len(self.active)) or \
             self.limits.refusal(request.tenant, request.input_len, t)
-        worker = None if reason else self._local_decode(request)
-        if worker is None and not reason:
-            worker = self.front.pick(request, self.routes.allowed(request.tenant, request.input_len))
-        if reason or worker is None:
+        worker = None if reason else self._route(request)
+        if worker is None:
+            if not reason:  # admitted by its tenant's limit, but nowhere to go: not charged
+                self.limits.refund(request.tenant, request.input_len)
             self.log.reject(request, t, reason or "no live worker to serve it")
             return None
-        local = self.disagg and self.roles[worker] == "decode_only"
-        tracked = self.active[request.request_id] = Tracked(request, worker, local=local)
+        tracked = Tracked(request, worker, local=self.disagg and self.roles[worker] == "decode_only")
+        self.active[request.request_id] = tracked
         self._count_front(tracked)
         self.log.event(request.request_id, Event.DISPATCHED, t, worker=worker)
         self.log.prefilled_on(request.request_id, PREFILLED_ON[self.roles[worker]])
         if self.disagg and self.kv.binding == "early" and not tracked.local:
             self.bind_decode(tracked)
         return tracked
+
+    def _route(self, request: Request) -> Optional[int]:
+        """Its decode worker when that one prefills it itself, else a front worker of its route."""
+        local = self._local_decode(request)
+        if local is not None:
+            return local
+        return self.front.pick(request, self.routes.allowed(request.tenant, request.input_len))
 
     def _local_decode(self, request: Request) -> Optional[int]:
         """The decode worker that prefills the request itself (the one whose cache holds most of
@@ -313,6 +320,8 @@ class RequestBook:
             load.queued_prompt_tokens -= tracked.request.input_len
         if new is Front.LEFT:
             load.bound_sequences -= 1
+            if tracked.local:  # prefilled on a decode worker: its prompt's KV stays there
+                load.bound_tokens -= tracked.request.input_len
         if new is Front.QUEUED:
             self._count_front(tracked)
         tracked.front = new
@@ -322,6 +331,8 @@ class RequestBook:
         load = self.loads[tracked.worker]
         load.queued_prompt_tokens += tracked.request.input_len
         load.bound_sequences += 1
+        if tracked.local:
+            load.bound_tokens += tracked.request.input_len
 
     def _back(self, tracked: Tracked, new: Back) -> None:
         old = tracked.back

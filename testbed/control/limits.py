@@ -29,13 +29,15 @@ class TokenBucket:
 
 class TenantLimits:
     """Per tenant (by name), its buckets; a request is admitted only when every bucket of its
-    tenant holds what it takes (a request, its prompt tokens), and then takes from each."""
+    tenant holds what it takes (a request, its prompt tokens; a prompt larger than the token
+    bucket when that bucket is full, leaving it in debt), and then takes from each."""
 
     def __init__(self, tenants: Sequence):
         self.buckets: dict[str, list[tuple[str, TokenBucket]]] = {}
         for tenant in tenants:
             limit = tenant.rate_limit
-            pairs = [(unit, TokenBucket(rate, rate * limit.burst_s))
+            # a bucket holds at least one request (else a slow limit would refuse every one)
+            pairs = [(unit, TokenBucket(rate, max(rate * limit.burst_s, 1.0)))
                      for unit, rate in (("requests", limit.requests_per_s), ("prompt tokens", limit.prompt_tokens_per_s))
                      if rate is not None]
             if pairs:
@@ -46,11 +48,16 @@ class TenantLimits:
         pairs = self.buckets.get(tenant, [])
         needs = [1.0 if unit == "requests" else float(prompt_tokens) for unit, _ in pairs]
         for (unit, bucket), need in zip(pairs, needs):
-            if bucket.refill(t) < need:
+            if bucket.refill(t) < min(need, bucket.capacity):
                 return f"tenant {tenant} over its rate limit of {bucket.rate:g} {unit}/s (burst {bucket.capacity:g})"
         for (_, bucket), need in zip(pairs, needs):
             bucket.level -= need
         return None
+
+    def refund(self, tenant: str, prompt_tokens: int) -> None:
+        """Give back what an admitted request took when it is refused after all (no worker)."""
+        for unit, bucket in self.buckets.get(tenant, []):
+            bucket.level = min(bucket.capacity, bucket.level + (1.0 if unit == "requests" else prompt_tokens))
 
 
 class Routes:

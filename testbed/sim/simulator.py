@@ -48,7 +48,8 @@ class Simulation:
         self.kv_bytes_per_token = self.args.kv_bytes_per_token * next(iter(self.profiles.values())).dtype_bytes
         blocks = role_blocks(cfg, self.profiles)
         block_bytes = self.kv_bytes_per_token * cfg.engine.block_size
-        store = HashStore(store_blocks(cfg.kv_store.capacity_mib, block_bytes)) if cfg.kv_store.capacity_mib else None
+        slots = store_blocks(cfg.kv_store.capacity_mib, block_bytes)  # 0 (off, or not one block): as the real run
+        store = HashStore(slots) if slots > 0 else None
         self.workers = [SimWorker(p.rank, p.role, blocks[ROLE_OF[p.role]], cfg.engine, cfg.scheduler,
                                   cfg.kv_transfer.max_pending, cfg.follows_caches, cfg.kv_transfer.multiturn == "incremental",
                                   StoreView(store, block_bytes) if store else None) for p in self.plans]
