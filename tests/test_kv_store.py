@@ -73,3 +73,5 @@ def test_a_simulated_store_serves_what_a_small_pool_evicted():
         assert (result["requests"].status == "ok").all()
         assert sum(result["summary"]["kv_blocks_leaked"].values()) == 0
     assert make_config("kv_store.capacity_mib=8").engine.enable_prefix_caching
+    slow = simulate(make_config(*base, "kv_store.capacity_mib=64", "kv_store.gbps=0.001"), PROFILE, num_devices=2)
+    assert slow["summary"]["ttft"]["mean"] > on["summary"]["ttft"]["mean"]  # the store's traffic takes time

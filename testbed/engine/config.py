@@ -60,8 +60,11 @@ class KVStoreConfig:
     `capacity_mib` of blocks, LRU; 0 turns it off. It needs prefix caching, which it turns on."""
 
     capacity_mib: float = 0.0
+    gbps: float = 25.0  # the simulator's link to the store (GB/s: PCIe 4.0 x16 as measured, about)
 
     def validate(self) -> "KVStoreConfig":
         if self.capacity_mib < 0:
             raise ConfigError(f"kv_store.capacity_mib must be >= 0 (got {self.capacity_mib})")
+        if self.gbps <= 0:
+            raise ConfigError(f"kv_store.gbps must be > 0 (got {self.gbps})")
         return self

@@ -52,7 +52,8 @@ class Simulation:
         store = HashStore(slots) if slots > 0 else None
         self.workers = [SimWorker(p.rank, p.role, blocks[ROLE_OF[p.role]], cfg.engine, cfg.scheduler,
                                   cfg.kv_transfer.max_pending, cfg.follows_caches, cfg.kv_transfer.multiturn == "incremental",
-                                  StoreView(store, block_bytes) if store else None) for p in self.plans]
+                                  StoreView(store, block_bytes) if store else None, cfg.kv_store.gbps)
+                        for p in self.plans]
         self.workload = build_workload(cfg.workload, seed=cfg.seed, vocab_size=self.args.vocab_size,
                                        max_model_len=self.args.max_model_len)
         self.log = RequestLog(0.0)

@@ -28,7 +28,8 @@ SAMPLED_TOKEN = 0  # greedy content is irrelevant to timing
 
 class SimWorker:
     def __init__(self, rank: int, role: str, num_blocks: int, engine: EngineConfig, scheduler: SchedulerConfig,
-                 max_pending: int, report_cache: bool = False, incremental: bool = False, store=None):
+                 max_pending: int, report_cache: bool = False, incremental: bool = False, store=None,
+                 store_gbps: float = 25.0):
         scheduler.validate(role)
         self.rank, self.role, self.max_pending = rank, role, max_pending
         self.incremental = incremental  # D reserves onto its cached prefix; P sends only the rest
@@ -36,6 +37,8 @@ class SimWorker:
         if report_cache:  # step reports carry prefix-cache changes (KV-aware dispatch)
             self.block_manager.track_changes()
         self.block_manager.store = store  # a StoreView on the run's shared store, or None
+        self.store_bytes_per_s = store_gbps * 1e9
+        self.store_charged = 0  # store bytes already counted in a step's time
         self.scheduler = Scheduler(make_policy(role), self.block_manager, scheduler)
         self.batch: Optional[Batch] = None  # the step in flight
         self.shape: tuple = ()
@@ -60,7 +63,19 @@ class SimWorker:
             return None
         self._begin(batch, now)
         prefill, decodes, _, chunks, context = self.shape
-        return cost.step_time(prefill, cost.prefill_context(chunks) if chunks else 0.0, decodes, context)
+        return cost.step_time(prefill, cost.prefill_context(chunks) if chunks else 0.0, decodes, context) + \
+            self._store_time()
+
+    def _store_time(self) -> float:
+        """Store traffic since the last step (the last one's write-through, this one's fetches)
+        over the store's link: a real worker copies those blocks synchronously."""
+        store = self.block_manager.store
+        if store is None:
+            return 0.0
+        moved = store.stats.bytes_fetched + store.stats.bytes_put
+        seconds = (moved - self.store_charged) / self.store_bytes_per_s
+        self.store_charged = moved
+        return seconds
 
     def _begin(self, batch: Batch, now: float) -> None:
         chunks, context = cost_shape(batch)
