@@ -186,6 +186,7 @@ def by_turn(ax, turns: Mapping[str, Mapping], cells: pd.DataFrame, name: str, yl
     """`{name}_mean_by_turn` of each cell of multiturn's aggregate with its interval, times `scale`."""
     knobs = cells.set_index("cell")
     dashes = {d: s for d, s in zip(sorted(set(cells.get("dispatch", []))), ["-", "--", ":", "-."])}
+    handoffs = {"resend": "o", "incremental": "s", "ppd": "^"}  # one split's hand-offs share its colour
     key, plotted = f"{name}_mean_by_turn", {}
     for cell, body in turns.items():
         if key not in body:
@@ -194,13 +195,14 @@ def by_turn(ax, turns: Mapping[str, Mapping], cells: pd.DataFrame, name: str, yl
         values, low, high = (np.array([as_float(body.get(k, {}).get(str(int(t)))) for t in turn]) * scale
                              for k in (key, f"{key}_low", f"{key}_high"))
         label, dispatch = knobs.loc[cell, "label"], knobs.loc[cell].get("dispatch", "")
-        ax.plot(turn, values, color=style.colour(label), marker=style.marker(label),
+        marker = handoffs.get(knobs.loc[cell].get("handoff"), style.marker(label))
+        ax.plot(turn, values, color=style.colour(label), marker=marker,
                 linestyle=dashes.get(dispatch, "-"), label=f"{label} {dispatch}".strip())
         band(ax, turn, low, high, style.colour(label), cell)
         plotted[cell] = {"turn": turn, y or name: values, "low": low, "high": high}
     ax.set(xlabel="turn", ylabel=ylabel)
     ax.set_xticks(sorted({int(t) for line in plotted.values() for t in line["turn"]}))
-    style.legend(ax)
+    style.legend(ax, beside=len(plotted) > 4)
     return plotted
 
 

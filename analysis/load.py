@@ -16,6 +16,7 @@ from typing import Iterable, Mapping, Optional
 import numpy as np
 import pandas as pd
 
+from testbed.experiments.repeats import KNOBS as CELL_KNOBS
 from testbed.metrics.config import MetricsConfig
 from testbed.metrics.latency import BUCKETS, pooled_itl, ttft_by_bucket
 from testbed.metrics.summary import measured
@@ -24,8 +25,7 @@ from testbed.tracking.results import read_results
 
 FINISHED = ("ok", "skipped")  # a resumed sweep marks points it did not rerun as "skipped"
 # The columns that say what a cell is (those a study's points vary), in reading order.
-KNOBS = ("cell", "label", "mode", "executor", "rate", "burstiness", "chunk", "prefill_len", "dispatch", "num_gpus",
-         "repeats")
+KNOBS = ("cell", *CELL_KNOBS, "repeats")
 
 
 def is_sweep(directory) -> bool:

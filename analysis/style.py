@@ -110,15 +110,18 @@ def order(labels) -> list[str]:
     return sorted(set(labels), key=key)
 
 
-def legend(ax, styles: dict[str, str] | None = None, above: bool = False) -> None:
+def legend(ax, styles: dict[str, str] | None = None, above: bool = False, beside: bool = False) -> None:
     """A legend of the labelled artists, if any. styles: one black entry per line style as well
-    (p50 solid, p99 dashed); above: in a row over the axes, clear of the bars."""
+    (p50 solid, p99 dashed); above: in a row over the axes, clear of the bars; beside: to the
+    right of the axes, clear of many lines."""
     handles, names = ax.get_legend_handles_labels()
     for name, linestyle in (styles or {}).items():
         handles.append(Line2D([], [], color="black", linestyle=linestyle))
         names.append(name)
     if handles and above:
         ax.legend(handles, names, ncols=len(handles), loc="lower center", bbox_to_anchor=(0.5, 1.0))
+    elif handles and beside:
+        ax.legend(handles, names, loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize="small")
     elif handles:
         ax.legend(handles, names)
 

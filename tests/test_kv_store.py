@@ -11,16 +11,7 @@ from testbed.engine.host_store import SharedKVStore, create_store
 from testbed.engine.kv_store import HashStore, StoreView, store_blocks
 from testbed.engine.prefix import prompt_hashes
 from tests.cluster_helpers import make_config
-
-BS = 4
-
-
-def prefill(bm: BlockManager, rid: int, tokens) -> Sequence:
-    seq = Sequence(rid, list(tokens), 4)
-    bm.allocate(seq, seq.num_tokens)
-    seq.num_computed_tokens = seq.num_tokens
-    bm.commit(seq)
-    return seq
+from tests.test_kv_aware import BS, prefill
 
 
 def test_the_hash_store_forgets_the_least_recently_used_block():

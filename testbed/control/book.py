@@ -19,12 +19,11 @@ from testbed.control.dispatch import Dispatcher, WorkerLoad, admission_refusal
 from testbed.control.kv_index import KVIndex
 from testbed.control.limits import Routes, TenantLimits
 from testbed.control.request import BACK_EDGES, FRONT_EDGES, Back, Front, StepNews, Tracked
+from testbed.engine.policies import ROLE_OF
 from testbed.engine.prefix import prompt_hashes
 from testbed.errors import StateError
 from testbed.metrics.events import Event, RequestLog
 from testbed.workload import Request
-
-PREFILLED_ON = {"colocated": "mixed", "chunked": "mixed", "prefill_only": "prefill", "decode_only": "decode"}
 
 
 class RequestBook:
@@ -67,7 +66,7 @@ class RequestBook:
         self.active[request.request_id] = tracked
         self._count_front(tracked)
         self.log.event(request.request_id, Event.DISPATCHED, t, worker=worker)
-        self.log.prefilled_on(request.request_id, PREFILLED_ON[self.roles[worker]])
+        self.log.prefilled_on(request.request_id, ROLE_OF[self.roles[worker]])
         if self.disagg and self.kv.binding == "early" and not tracked.local:
             self.bind_decode(tracked)
         return tracked
@@ -298,7 +297,7 @@ class RequestBook:
         tracked.worker = worker
         tracked.decode_started = False
         tracked.local = False  # over again through a front worker
-        self.log.prefilled_on(rid, PREFILLED_ON[self.roles[worker]])
+        self.log.prefilled_on(rid, ROLE_OF[self.roles[worker]])
         self._front(tracked, Front.QUEUED)
         if self.disagg and self.kv.binding == "early":
             self.bind_decode(tracked)

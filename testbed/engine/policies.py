@@ -74,6 +74,8 @@ class DecodeOnly:
 
 
 POLICIES = {p.name: p for p in (PrefillFirst, Chunked, PrefillOnly, DecodeOnly)}
+# the kind of worker each policy makes: a simulated device per kind, and where a prompt was prefilled
+ROLE_OF = {"colocated": "mixed", "chunked": "mixed", "prefill_only": "prefill", "decode_only": "decode"}
 
 
 def make_policy(name: str):

@@ -21,7 +21,6 @@ from testbed.sim.plan import gpu_pool_blocks, pool_blocks
 if TYPE_CHECKING:  # annotations only: the root config composes the experiment layer's
     from testbed.config import Config
 
-ROLE_OF = {"colocated": "mixed", "chunked": "mixed", "prefill_only": "prefill", "decode_only": "decode"}
 # a simulated GPU holds the weights in 16 bits unless the model's dtype says float32 (auto: bfloat16 on CUDA)
 GPU_DTYPE_BYTES = {"auto": 2, "bfloat16": 2, "float16": 2, "float32": 4}
 

@@ -25,12 +25,13 @@ from testbed.control.request import Tracked
 from testbed.control.ledger import Outgoing
 from testbed.control.transfers import TransferLog
 from testbed.engine.kv_store import HashStore, StoreView, store_blocks
+from testbed.engine.policies import ROLE_OF
 from testbed.engine.sequence import check_fits
 from testbed.metrics.events import RequestLog
 from testbed.metrics.steps import StepLog
 from testbed.sim.host import HostSide
 from testbed.sim.plan import plan_sim_workers
-from testbed.sim.profiles import ROLE_OF, resolve_roles, role_blocks, transfer_time
+from testbed.sim.profiles import resolve_roles, role_blocks, transfer_time
 from testbed.sim.worker import SAMPLED_TOKEN, SimWorker
 from testbed.workload import Request, build_workload
 
