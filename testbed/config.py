@@ -18,6 +18,7 @@ from testbed.cluster.emulation import check_spec
 from testbed.cluster.faults import FaultsConfig
 from testbed.engine.config import EngineConfig, KVStoreConfig, SchedulerConfig
 from testbed.experiment import ExperimentConfig
+from testbed.http.config import HttpConfig
 from testbed.errors import ConfigError
 from testbed.metrics.config import MetricsConfig, SLOConfig
 from testbed.model.config import PRESETS, ModelConfig
@@ -26,6 +27,7 @@ from testbed.tracking.config import TrackerConfig
 from testbed.workload.config import WorkloadConfig
 
 MODES = ("colocated", "chunked", "disagg")
+EXECUTORS = ("real", "sim", "http")
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 HARDWARE = ("auto", "cpu", "gpu")
 
@@ -83,8 +85,9 @@ class Config:
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     tracker: TrackerConfig = field(default_factory=TrackerConfig)
     experiment: ExperimentConfig = field(default_factory=ExperimentConfig)
-    executor: str = "real"  # real | sim (the calibrated simulator)
+    executor: str = "real"  # real | sim (the calibrated simulator) | http (an OpenAI-compatible server)
     sim: SimConfig = field(default_factory=SimConfig)
+    http: HttpConfig = field(default_factory=HttpConfig)
     output_dir: Optional[str] = None  # default: Hydra's run directory
 
     @property
@@ -98,8 +101,8 @@ class Config:
             object.__setattr__(self, "engine", replace(self.engine, enable_prefix_caching=True))
 
     def validate(self) -> "Config":
-        if self.executor not in ("real", "sim"):
-            raise ConfigError(f"executor={self.executor!r} is not one of real, sim")
+        if self.executor not in EXECUTORS:
+            raise ConfigError(f"executor={self.executor!r} is not one of {', '.join(EXECUTORS)}")
         if self.mode not in MODES:
             raise ConfigError(f"mode={self.mode!r} is not one of {', '.join(MODES)}")
         self.model.args()
@@ -116,6 +119,7 @@ class Config:
         self.tracker.validate()
         self.experiment.validate()
         self.sim.validate()
+        self.http.validate()
         return self
 
 

@@ -31,6 +31,10 @@ class ReportReader:
         self.ready: deque = deque()
         self.last_read = 0.0
 
+    def add(self, conn: Connection) -> None:
+        """One more source: a server's request handlers wake the router through it."""
+        self.conns.append(conn)
+
     def get(self, timeout: float | None = None):
         if not self.ready:
             for conn in wait(self.conns, timeout):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 from testbed.config import Config, with_overrides
@@ -10,7 +9,7 @@ from testbed.experiments import aggregates, studies
 from testbed.experiments.report import print_run, print_sweep
 from testbed.experiments.repeats import intervals, with_repeats
 from testbed.experiments.sweep import Sweep, track_figures, track_point
-from testbed.tracking.results import ensure_writable, write_parquet
+from testbed.tracking.results import ensure_writable, stored_config, write_parquet
 from testbed.tracking.wandb_tracker import make_tracker
 
 TABLE = ["ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99", "itl_p99", "slo_attainment", "throughput_requests_per_s"]
@@ -37,7 +36,8 @@ def effective(cfg: Config, explicit: set[str] = frozenset()) -> Config:
     sizing). What the command line set explicitly wins over the study's CPU defaults
     (`model=small` keeps the small model)."""
     on_gpu = studies.cuda_count(cfg.hardware) > 0
-    if on_gpu or simulates_gpu(cfg) or not cfg.experiment.cpu_overrides:
+    remote = cfg.executor == "http"  # the server's hardware, not this machine's, sets the size
+    if on_gpu or remote or simulates_gpu(cfg) or not cfg.experiment.cpu_overrides:
         return cfg
     related = lambda a, b: a == b or a.startswith(b + ".") or b.startswith(a + ".")  # noqa: E731
     explicit = set(explicit) - {"experiment"}  # `+experiment=NAME` picks the study, not its values
@@ -66,6 +66,10 @@ def run_point(cfg: Config, out_dir: Path) -> dict:
         from testbed.sim.executor import simulate_point
 
         return simulate_point(cfg, out_dir)
+    if cfg.executor == "http":
+        from testbed.http.executor import http_point
+
+        return http_point(cfg, out_dir)
     from testbed.experiments.serve import serve  # here: a simulated run never imports torch (seconds)
 
     return serve(cfg, out_dir)
@@ -76,6 +80,7 @@ def run(cfg: Config, out_dir: Path, explicit: set[str] = frozenset()) -> dict:
     cfg = effective(cfg, explicit)
     ensure_writable(out_dir)
     name = cfg.experiment.name
+    studies.check_executor(cfg)
     tracker = make_tracker(cfg.tracker)
     if name == "serve":
         result = run_point(cfg, out_dir)
@@ -105,4 +110,4 @@ def run(cfg: Config, out_dir: Path, explicit: set[str] = frozenset()) -> dict:
         if figures:
             track_figures(tracker, out_dir.name, cfg, out_dir, summary, figures)
     print_sweep(name, table, summary, out_dir, TABLE, figures, cells)
-    return {"table": table, "aggregate": summary, "figures": figures, "config": dataclasses.asdict(cfg)}
+    return {"table": table, "aggregate": summary, "figures": figures, "config": stored_config(cfg)}

@@ -28,7 +28,7 @@ from testbed.metrics.steps import steps_table
 from testbed.metrics.summary import summarize
 from testbed.model.loader import resolve_dtype
 from testbed.tracking.telemetry import start_telemetry
-from testbed.tracking.results import collect_meta, write_results
+from testbed.tracking.results import collect_meta, stored_config, write_results
 from testbed.workload import build_workload
 
 
@@ -85,7 +85,6 @@ def serve(cfg: Config, out_dir: Path, on_started: Optional[Callable[[Cluster], N
     """Run one point and write its results directory; returns the tables and the summary."""
     args = cfg.model.args()
     plans = plan_workers(cfg.mode, cfg.cluster, cfg.hardware)
-    emulated = emulation_meta(Emulation.from_hardware(cfg.hardware), cfg.model, cfg.mode == "disagg")
     workload = build_workload(cfg.workload, seed=cfg.seed, vocab_size=args.vocab_size,
                               max_model_len=args.max_model_len)
     with Cluster(plans, worker_template(cfg, kv_store(cfg, plans)), cfg.cluster.start_timeout_s) as cluster:
@@ -100,13 +99,26 @@ def serve(cfg: Config, out_dir: Path, on_started: Optional[Callable[[Cluster], N
                   disable=not progress) as bar:
             router.on_finish = lambda: bar.update(1)
             router.run()
-        router.memory.sample()
-        telemetry = sampler.stop()
-        leftovers: list = []
-        cluster.stop(leftovers)
-        for msg in leftovers:
-            router.handle(msg)
-    audits = cluster.audits
+        telemetry = stop_cluster(cluster, router, sampler)
+    return write_point(cfg, out_dir, cluster, router, log, telemetry, workload.report)
+
+
+def stop_cluster(cluster: Cluster, router: Router, sampler) -> Optional[object]:
+    """Stop the workers (each sends its KV audit) and take in their last reports; the telemetry."""
+    router.memory.sample()
+    telemetry = sampler.stop()
+    leftovers: list = []
+    cluster.stop(leftovers)
+    for msg in leftovers:
+        router.handle(msg)
+    return telemetry
+
+
+def write_point(cfg: Config, out_dir: Path, cluster: Cluster, router: Router, log: RequestLog, telemetry,
+                workload_report: dict, extra_meta: Optional[dict] = None) -> dict:
+    """The results directory of a finished cluster run, then the KV audit's verdict."""
+    plans, audits, t0 = cluster.plans, cluster.audits, log.t0
+    emulated = emulation_meta(Emulation.from_hardware(cfg.hardware), cfg.model, cfg.mode == "disagg")
     requests, steps = log.table(), steps_table(router.steps, t0)
     transfers = router.transfers.table()  # one row per attempt; the figures use the attempts that arrived
     summary = summarize(requests, steps, transfers[transfers.outcome == "ok"], slo=cfg.slo, metrics=cfg.metrics,
@@ -115,15 +127,14 @@ def serve(cfg: Config, out_dir: Path, on_started: Optional[Callable[[Cluster], N
     summary["kv_transfer_attempts"] = {str(k): int(v) for k, v in transfers.outcome.value_counts().items()}
     summary["workers"] = {f"worker{p.rank}": {"role": p.role, "device": p.device,
                                               "alive_at_end": p.rank in audits} for p in plans}
-    summary["workload_report"] = workload.report
+    summary["workload_report"] = workload_report
     summary["faults"] = router.faults
     summary["harness_breakdown"] = harness_breakdown(router.harness)
     summary["memory"] = router.memory.summary()
     summary["emulated"], summary["pacing"] = emulated, pace_summary(steps)
     meta = {"workers": summary["workers"], "emulated": emulated,
-            "cores_per_worker": cluster.cores.cores_per_worker if cluster.cores else None}
+            "cores_per_worker": cluster.cores.cores_per_worker if cluster.cores else None, **(extra_meta or {})}
     write_results(out_dir, requests=requests, steps=steps, transfers=transfers, telemetry=telemetry,
-                  config=dataclasses.asdict(cfg), meta=collect_meta(cfg.seed, meta),
-                  summary=summary)
+                  config=stored_config(cfg), meta=collect_meta(cfg.seed, meta), summary=summary)
     check_audit(audits, out_dir)
     return {"requests": requests, "steps": steps, "transfers": transfers, "telemetry": telemetry, "summary": summary}

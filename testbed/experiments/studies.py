@@ -23,8 +23,21 @@ def num_devices(cfg: Config) -> int:
     return 2
 
 
+# What executor=http can run: studies whose points differ in traffic and SLOs. The others vary the
+# testbed's own engine (splits, chunk sizes, hand-offs) or measure this machine.
+OVER_HTTP = ("serve", "ratio_sweep", "rate_sweep", "mode_compare", "slo_scale", "input_buckets", "burstiness")
+
+
+def check_executor(cfg: Config) -> None:
+    if cfg.executor == "http" and cfg.experiment.name not in OVER_HTTP:
+        raise ConfigError(f"executor=http runs {', '.join(OVER_HTTP)}; experiment={cfg.experiment.name} varies or "
+                          f"measures the testbed's own engine")
+
+
 def layouts(cfg: Config, modes: list[str], all_splits: bool = False) -> list[tuple[str, dict]]:
-    """(label, overrides) per serving configuration on N devices."""
+    """(label, overrides) per serving configuration on N devices; over HTTP, the one server."""
+    if cfg.executor == "http":
+        return [(cfg.http.label, {"mode": cfg.mode})]
     n = num_devices(cfg)
     out = []
     for mode in modes:
@@ -55,6 +68,8 @@ def _grid(cfg: Config, configs: list[tuple[str, dict]], axis: str, values: list,
 
 # -- point builders -----------------------------------------------------------------------------
 def ratio_sweep(cfg: Config) -> list[Point]:
+    if cfg.executor == "http":
+        return rate_sweep(cfg)
     configs = layouts(cfg, ["colocated", "chunked"]) + layouts(cfg, ["disagg"], all_splits=True)
     return _grid(cfg, configs, "rate", _rates(cfg), "workload.rate")
 

@@ -10,7 +10,6 @@ point; a rerun into the same directory skips points whose summary.json exists.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import traceback
@@ -23,7 +22,7 @@ from tqdm import tqdm
 
 from testbed.config import Config, with_overrides
 from testbed.errors import TestbedError
-from testbed.tracking.results import write_json, write_parquet
+from testbed.tracking.results import stored_config, write_json, write_parquet
 
 
 @dataclass(frozen=True)
@@ -113,7 +112,7 @@ class Sweep:
 def track_point(tracker, name: str, group: str, cfg: Config, directory: Path, result: dict) -> None:
     """One tracker run per point, grouped by the sweep, job type = mode: the resolved config, the
     summary, the per-request table (sampled by the tracker) and GPU telemetry when recorded."""
-    tracker.start(name, group, cfg.mode, dataclasses.asdict(cfg), directory)
+    tracker.start(name, group, cfg.mode, stored_config(cfg), directory)
     try:
         tracker.log_summary(result["summary"])
         tracker.log_table("requests", result["requests"])
@@ -125,7 +124,7 @@ def track_point(tracker, name: str, group: str, cfg: Config, directory: Path, re
 
 def track_figures(tracker, group: str, cfg: Config, out_dir: Path, aggregate: dict, figures: list[Path]) -> None:
     """The study's figures and aggregate as one more run of the sweep's group (job type "figures")."""
-    tracker.start(f"{cfg.experiment.name}-figures", group, "figures", dataclasses.asdict(cfg), out_dir)
+    tracker.start(f"{cfg.experiment.name}-figures", group, "figures", stored_config(cfg), out_dir)
     try:
         tracker.log_summary({"aggregate": aggregate})
         tracker.log_figures([p for p in figures if p.suffix == ".png"])
@@ -134,5 +133,7 @@ def track_figures(tracker, group: str, cfg: Config, out_dir: Path, aggregate: di
 
 
 def _num_gpus(cfg: Config) -> int:
+    if cfg.executor == "http":
+        return cfg.http.num_gpus
     c = cfg.cluster
     return c.num_prefill + c.num_decode if cfg.mode == "disagg" else c.num_workers

@@ -89,6 +89,7 @@ class RequestLog:
     def __init__(self, t0: float):
         self.t0 = float(t0)
         self._records: dict[int, _Record] = {}
+        self.prompts: dict[int, tuple] = {}  # what each request was sent (the run's exports replay it)
 
     def _get(self, request_id: int) -> _Record:
         if request_id not in self._records:
@@ -104,6 +105,9 @@ class RequestLog:
         record.session_id = getattr(request, "session_id", None)
         record.turn = int(getattr(request, "turn", 0))
         record.tenant = str(getattr(request, "tenant", "default"))
+        prompt = getattr(request, "prompt_token_ids", None)
+        if prompt is not None:
+            self.prompts[record.request_id] = prompt
 
     def event(self, request_id: int, event: Event, t: float, *, worker: Optional[int] = None,
               prefill_worker: Optional[int] = None, decode_worker: Optional[int] = None,

@@ -3,7 +3,6 @@ run (`simulate`), written as the same results directory (`simulate_point`)."""
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 import time
 from contextlib import contextmanager
@@ -17,7 +16,7 @@ from testbed.metrics.steps import steps_table
 from testbed.metrics.summary import summarize
 from testbed.sim.host import contention_rho, step_scale
 from testbed.sim.simulator import Simulation
-from testbed.tracking.results import collect_meta, write_results
+from testbed.tracking.results import collect_meta, stored_config, write_results
 
 
 @contextmanager
@@ -79,7 +78,7 @@ def _write_point(cfg: Config, out_dir: Path, result: dict) -> dict:
     summary["sim"]["events_per_s"] = result["events_per_s"]
     sim = summary["sim"]
     write_results(out_dir, requests=result["requests"], steps=result["steps"], transfers=result["transfers"],
-                  telemetry=None, config=dataclasses.asdict(cfg),
+                  telemetry=None, config=stored_config(cfg),
                   meta=collect_meta(cfg.seed, {"executor": "sim", "profile": sim["profile"], "profiles": sim["profiles"]}),
                   summary=summary)
     leaked = {k: v for k, v in summary["kv_blocks_leaked"].items() if v}

@@ -8,6 +8,7 @@ never sees half a file.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 import json
 import os
@@ -60,6 +61,14 @@ def write_results(out_dir, *, requests: pd.DataFrame, steps: Optional[pd.DataFra
         write_parquet(out / "telemetry.parquet", telemetry)
     write_json(out / "summary.json", summary or {})
     return out
+
+
+def stored_config(cfg: Any) -> dict:
+    """The config a results directory keeps: everything but secrets (an API key shows as ***)."""
+    config = dataclasses.asdict(cfg)
+    if (config.get("http") or {}).get("api_key"):
+        config["http"]["api_key"] = "***"
+    return config
 
 
 def read_results(out_dir) -> dict[str, Any]:

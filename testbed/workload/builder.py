@@ -33,7 +33,7 @@ class Workload:
     and `next_turn` for closed-loop sessions."""
 
     def __init__(self, requests: list[Request], rejected: list[tuple[Request, str]], report: dict,
-                 planner: TurnPlanner):
+                 planner: Optional[TurnPlanner]):
         self.requests = requests
         self.rejected = rejected
         self.report = report
@@ -49,6 +49,11 @@ class Workload:
 
     def __len__(self) -> int:
         return len(self.requests)
+
+
+def empty_workload() -> Workload:
+    """No requests of its own: a server's requests come from its clients."""
+    return Workload([], [], {"sessions_ended_overlength": 0}, planner=None)
 
 
 def build_workload(cfg: WorkloadConfig, *, seed: int, vocab_size: int, max_model_len: int) -> Workload:

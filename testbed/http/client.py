@@ -1,0 +1,175 @@
+"""`executor=http`: the workload replayed against an OpenAI-compatible `/v1/completions`.
+
+Open loop as for the built-in engine: each request is sent at its arrival time whatever the
+server's state (up to http.max_concurrency in flight; a later one waits, and its wait counts in
+its TTFT); a session's next turn is sent a think time after its previous turn's last chunk
+(closed loop). Token times are the receipt times of the stream's chunks, so TTFT, TPOT and ITL
+mean what they mean for a built-in run. Every failure (an HTTP error, a stream that stops or
+goes silent, a timeout) is recorded on its request, and every request ends within
+http.timeout_s of being sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import time
+from collections import Counter
+from dataclasses import replace
+from typing import Optional
+
+import aiohttp
+
+from testbed.config import Config
+from testbed.http.protocol import read_event
+from testbed.metrics.events import Event, RequestLog
+from testbed.workload import Request, Workload
+
+
+class Replay:
+    def __init__(self, cfg: Config, workload: Workload, log: RequestLog, model: str, prompts=None, on_finish=None):
+        self.cfg, self.http, self.workload, self.log, self.model = cfg, cfg.http, workload, log, model
+        self.prompts = prompts  # TextPrompts for http.prompt=text, else None (ids are sent)
+        self.url = self.http.url.rstrip("/") + self.http.endpoint
+        self.pending = [(r.arrival_s, r.request_id, r) for r in workload.requests]
+        heapq.heapify(self.pending)
+        self.tasks: set[asyncio.Task] = set()
+        self.errors: Counter = Counter()
+        self.on_finish = on_finish or (lambda: None)
+
+    async def run(self, session: aiohttp.ClientSession) -> None:
+        self.session, self.wake = session, asyncio.Event()
+        self.slots = asyncio.Semaphore(self.http.max_concurrency)
+        for request, reason in self.workload.rejected:
+            self.log.reject(request, self.log.t0, reason, by="workload")
+        while self.pending or self.tasks:
+            delay = self._release()
+            self.wake.clear()
+            try:
+                await asyncio.wait_for(self.wake.wait(), delay)
+            except asyncio.TimeoutError:
+                pass
+
+    def _release(self) -> Optional[float]:
+        """Send what has arrived; seconds to the next arrival (None: wait for a finish)."""
+        now = time.perf_counter() - self.log.t0
+        while self.pending and self.pending[0][0] <= now:
+            request = self._as_sent(heapq.heappop(self.pending)[2])
+            task = asyncio.create_task(self._one(request))
+            self.tasks.add(task)
+            task.add_done_callback(self._done)
+        return self.pending[0][0] - now if self.pending else None
+
+    def _done(self, task: asyncio.Task) -> None:
+        self.tasks.discard(task)
+        self.wake.set()
+
+    def _as_sent(self, request: Request) -> tuple[Request, object]:
+        """The request as the server will read it, and the prompt field that carries it."""
+        if self.prompts is None:
+            return request, list(request.prompt_token_ids)
+        text, ids = self.prompts.text(request.prompt_token_ids)
+        return replace(request, prompt_token_ids=ids), text
+
+    def payload(self, request: Request, prompt) -> dict:
+        body = {"model": self.model, "prompt": prompt, "max_tokens": request.output_len, "stream": True,
+                "stream_options": {"include_usage": True}, "temperature": 0.0}
+        if self.http.ignore_eos:
+            body["ignore_eos"] = True
+        if self.http.min_tokens:
+            body["min_tokens"] = request.output_len
+        if self.http.token_ids:
+            body["return_token_ids"] = True
+        return body
+
+    async def _one(self, sent: tuple[Request, object]) -> None:
+        request, prompt = sent
+        self.log.register(request)
+        async with self.slots:
+            rid = request.request_id
+            self.log.event(rid, Event.DISPATCHED, time.perf_counter())
+            try:
+                ids, times, why = await asyncio.wait_for(self._stream(request, prompt), self.http.timeout_s)
+            except asyncio.TimeoutError:
+                ids, times, why = [], [], f"no end within http.timeout_s={self.http.timeout_s:g} s"
+            except aiohttp.ClientError as error:
+                ids, times, why = [], [], f"{type(error).__name__}: {error}"
+        self._end(request, ids, times, why)
+
+    async def _stream(self, request: Request, prompt) -> tuple[list[int], list[float], str]:
+        """(token ids, one receipt time per token, why it failed or "")."""
+        ids: list[int] = []
+        times: list[float] = []
+        headers = {"Authorization": f"Bearer {self.http.api_key}"} if self.http.api_key else {}
+        try:
+            async with self.session.post(self.url, json=self.payload(request, prompt), headers=headers) as response:
+                if response.status != 200:
+                    return ids, times, f"http {response.status}: {_reason(await response.text())}"
+                async for line in response.content:
+                    t = time.perf_counter()
+                    delta = read_event(line)
+                    if delta is None:
+                        continue
+                    if delta.error or delta.done:
+                        return ids, times, delta.error
+                    ids += delta.token_ids or []
+                    times += [t] * delta.count
+        except aiohttp.ServerTimeoutError:
+            return ids, times, f"no chunk for http.stall_timeout_s={self.http.stall_timeout_s:g} s"
+        return ids, times, "the stream ended without [DONE]"
+
+    def _end(self, request: Request, ids: list[int], times: list[float], why: str) -> None:
+        rid = request.request_id
+        self.log.token_series(rid, ids, times, times)
+        end = times[-1] if times else time.perf_counter()
+        if why:
+            self.errors[why.split(":")[0]] += 1
+            self.log.fail(rid, end, why)
+        else:
+            short = f"stopped after {len(times)} of {request.output_len} tokens" if len(times) < request.output_len else ""
+            self.log.event(rid, Event.FINISHED, end, reason=short)
+            follow_up = self.workload.next_turn(request, ids or [0] * len(times), end - self.log.t0)
+            if follow_up is not None:
+                heapq.heappush(self.pending, (follow_up.arrival_s, follow_up.request_id, follow_up))
+        self.on_finish()
+
+
+def _reason(body: str) -> str:
+    """The first line of an error body (an OpenAI error object's message when it is one)."""
+    import json
+
+    try:
+        error = json.loads(body).get("error", body)
+        body = error.get("message", str(error)) if isinstance(error, dict) else str(error)
+    except (ValueError, AttributeError):
+        pass
+    return (body.strip().splitlines() or [""])[0][:200]
+
+
+def session_for(cfg: Config) -> aiohttp.ClientSession:
+    http = cfg.http
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=http.connect_timeout_s, sock_read=http.stall_timeout_s)
+    return aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=http.max_concurrency))
+
+
+async def served_model(cfg: Config, session: aiohttp.ClientSession) -> tuple[str, dict]:
+    """(the model to ask for, what GET /v1/models answered); a server that cannot be reached is a
+    one-line error before any request is sent."""
+    from testbed.errors import ConfigError
+
+    url = cfg.http.url.rstrip("/") + "/v1/models"
+    headers = {"Authorization": f"Bearer {cfg.http.api_key}"} if cfg.http.api_key else {}
+    try:
+        async with session.get(url, headers=headers) as response:
+            listing = await response.json(content_type=None) if response.status == 200 else {}
+    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as error:
+        if cfg.http.model:
+            return cfg.http.model, {}
+        raise ConfigError(f"http.url={cfg.http.url}: GET /v1/models failed ({type(error).__name__}: {error}); "
+                          f"start the server or set http.model") from None
+    models = [m.get("id") for m in listing.get("data", []) if isinstance(m, dict)]
+    if cfg.http.model:
+        return cfg.http.model, listing
+    if not models:
+        raise ConfigError(f"http.url={cfg.http.url}: /v1/models lists no model; set http.model")
+    return models[0], listing

@@ -1,0 +1,70 @@
+"""The `http` config group: the client side of `executor=http` and the server of `python -m testbed.serve_http`.
+
+Not frozen, like the other Hydra groups merged from YAML (see testbed/workload/config.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from testbed.errors import ConfigError
+
+PROMPTS = ("ids", "text")
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+SECRET = "***"  # what a stored config shows in place of an API key
+
+
+@dataclass
+class HttpConfig:
+    # -- executor=http: the endpoint the workload is replayed against -------------------------
+    url: Optional[str] = None  # base URL, e.g. http://127.0.0.1:8000 (the path below is appended)
+    endpoint: str = "/v1/completions"
+    model: Optional[str] = None  # the `model` field sent; None: the first id of GET /v1/models
+    prompt: str = "ids"  # ids: prompts as token ids; text: text of the workload's lengths
+    tokenizer: Optional[str] = None  # a tokenizer directory for prompt=text (default: model.path)
+    max_concurrency: int = 256  # requests in flight at once; later arrivals wait (their TTFT grows)
+    timeout_s: float = 600.0  # one request, from sending to its last chunk
+    stall_timeout_s: float = 60.0  # the longest silence between two chunks of a stream
+    connect_timeout_s: float = 10.0
+    ignore_eos: bool = True  # vLLM/SGLang extensions that make the output length the workload's
+    min_tokens: bool = True
+    token_ids: bool = True  # ask for the generated ids (`return_token_ids`, vLLM); else count chunks
+    label: str = "http"  # the configuration's name in a study's tables and figures
+    num_gpus: int = 1  # GPUs behind the endpoint: the per-GPU figures divide by it
+    # -- both sides ------------------------------------------------------------------------------
+    api_key: Optional[str] = None  # client: sent as a bearer token; server: required when set
+    # -- python -m testbed.serve_http ------------------------------------------------------------
+    host: str = "127.0.0.1"  # any other interface needs api_key
+    port: int = 8000  # 0: a free port, printed at start
+    max_streams: int = 64  # concurrent requests the server takes; more get 429
+    served_model: str = "testbed"  # the id /v1/models lists
+
+    def validate(self) -> "HttpConfig":
+        if self.prompt not in PROMPTS:
+            raise ConfigError(f"http.prompt must be one of {', '.join(PROMPTS)} (got {self.prompt!r})")
+        if self.url is not None and not self.url.startswith(("http://", "https://")):
+            raise ConfigError(f"http.url must start with http:// or https:// (got {self.url!r})")
+        if not self.endpoint.startswith("/"):
+            raise ConfigError(f"http.endpoint must be a path starting with / (got {self.endpoint!r})")
+        for key in ("max_concurrency", "max_streams", "num_gpus"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"http.{key} must be >= 1 (got {getattr(self, key)})")
+        for key in ("timeout_s", "stall_timeout_s", "connect_timeout_s"):
+            if getattr(self, key) <= 0:
+                raise ConfigError(f"http.{key} must be > 0 (got {getattr(self, key)})")
+        if not 0 <= self.port < 65536:
+            raise ConfigError(f"http.port must be in 0..65535 (got {self.port})")
+        if not self.label:
+            raise ConfigError("http.label must be a non-empty name")
+        return self
+
+    def check_server(self) -> None:
+        """A server reachable from other hosts must not be open to them."""
+        if self.host not in LOOPBACK and not self.api_key:
+            raise ConfigError(f"http.host={self.host} listens beyond this machine: set http.api_key (clients send it "
+                              f"as `Authorization: Bearer KEY`), or keep http.host=127.0.0.1")
+
+    def check_client(self) -> None:
+        if not self.url:
+            raise ConfigError("executor=http needs http.url, the server's base URL (e.g. http.url=http://127.0.0.1:8000)")

@@ -1,0 +1,64 @@
+"""`executor=http`: one point replayed against a server, written as the same results directory
+as a built-in run (requests.parquet, summary.json; steps and transfers stay empty: the server's
+insides are not visible from here)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+from tqdm import tqdm
+
+from testbed.config import Config
+from testbed.http.client import Replay, served_model, session_for
+from testbed.http.prompts import TextPrompts, need_tokenizer
+from testbed.metrics.events import RequestLog
+from testbed.metrics.slo import tenant_slos
+from testbed.metrics.summary import summarize
+from testbed.tracking.results import collect_meta, stored_config, write_results
+from testbed.workload import build_workload
+
+
+def http_point(cfg: Config, out_dir: Path, progress: bool = True) -> dict:
+    cfg.http.check_client()
+    prompts = TextPrompts(need_tokenizer(cfg.http.tokenizer or cfg.model.path)) if cfg.http.prompt == "text" else None
+    log, replay, listing = asyncio.run(_replay(cfg, prompts, progress))
+    requests = log.table()
+    summary = summarize(requests, slo=cfg.slo, metrics=cfg.metrics, num_gpus=cfg.http.num_gpus,
+                        tenant_slos=tenant_slos(cfg.workload.tenants, cfg.slo))
+    summary["executor"] = "http"
+    summary["workload_report"] = replay.workload.report
+    summary["http"] = {"url": cfg.http.url, "model": replay.model, "prompt": cfg.http.prompt,
+                       "errors": dict(replay.errors)}
+    meta = {"executor": "http", "url": cfg.http.url, "model": replay.model, "models": listing}
+    write_results(out_dir, requests=requests, config=stored_config(cfg), meta=collect_meta(cfg.seed, meta),
+                  summary=summary)
+    return {"requests": requests, "summary": summary, "prompts": log.prompts}
+
+
+async def _replay(cfg: Config, prompts, progress: bool):
+    async with session_for(cfg) as session:
+        model, listing = await served_model(cfg, session)
+        workload = build_workload(cfg.workload, seed=cfg.seed, vocab_size=_vocab(cfg, prompts),
+                                  max_model_len=_max_model_len(cfg, listing))
+        log = RequestLog(time.perf_counter())
+        replay = Replay(cfg, workload, log, model, prompts)
+        with tqdm(total=len(workload.requests), desc=f"{cfg.http.label} requests", unit="req", leave=False,
+                  disable=not progress) as bar:
+            replay.on_finish = lambda: bar.update(1)
+            await replay.run(session)
+    return log, replay, listing
+
+
+def _vocab(cfg: Config, prompts) -> int:
+    return prompts.vocab_size if prompts is not None else cfg.model.args().vocab_size
+
+
+def _max_model_len(cfg: Config, listing: dict) -> int:
+    """The served model's limit when /v1/models says it (vLLM and this testbed do), else the
+    configured model's: prompts are clipped to what the server accepts."""
+    for model in listing.get("data", []):
+        if isinstance(model, dict) and isinstance(model.get("max_model_len"), int):
+            return model["max_model_len"]
+    return cfg.model.args().max_model_len

@@ -1,0 +1,65 @@
+"""python -m testbed.serve_http [http.port=8000] [any override of python -m testbed]
+
+The testbed's engine (one worker, or a whole cluster in any mode) behind an OpenAI-compatible
+`/v1/completions`, for `executor=http` and for other benchmark clients. Ctrl-C or SIGTERM stops
+it; the run's results directory (as seen from the server) is written on the way out.
+"""
+
+import signal
+import sys
+import threading
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from testbed.config import check_overrides, register_configs, to_config
+from testbed.errors import ConfigError, TestbedError
+
+register_configs()
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+def main(cfg: DictConfig) -> None:
+    from testbed.http.server import HttpServer  # after Hydra: keeps `--help` fast
+
+    out_dir = Path(cfg.output_dir or HydraConfig.get().runtime.output_dir)
+    try:
+        config = to_config(cfg)
+        if config.experiment.name != "serve":
+            raise ConfigError(f"experiment={config.experiment.name}: the server runs one serving configuration; "
+                              f"drop +experiment (studies replay against it with executor=http)")
+        tokenizer = load_tokenizer(config.http.tokenizer or config.model.path)
+        with HttpServer(config, out_dir, **tokenizer) as server:
+            print(f"serving mode={config.mode} model={config.model.name} on {server.url}/v1/completions "
+                  f"(Ctrl-C stops; results go to {out_dir})", flush=True)
+            threading.Event().wait()
+    except TestbedError as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(error.exit_code)
+    except KeyboardInterrupt:
+        print(f"stopped; the requests served are in {out_dir}", file=sys.stderr)
+
+
+def load_tokenizer(path) -> dict:
+    """Text in and out when the model directory has a tokenizer; token ids alone otherwise."""
+    from testbed.http.prompts import find_tokenizer
+
+    tokenizer = find_tokenizer(path)
+    if tokenizer is None:
+        return {}
+    return {"text": tokenizer.decode, "encode": lambda text: tokenizer.encode(text, add_special_tokens=False)}
+
+
+def _terminate(signum, frame):
+    raise KeyboardInterrupt  # SIGTERM stops like Ctrl-C: open requests failed, workers stopped, results written
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, _terminate)
+    problem = check_overrides(sys.argv[1:])
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        sys.exit(2)
+    main()

@@ -1,0 +1,197 @@
+"""executor=http and the OpenAI-compatible server: the protocol's checks, the server's answers to
+bad input and to clients that go away (with the KV audit), the executor against the server and
+against servers that fail, stall or break their streams."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+from aiohttp import web
+
+from testbed.errors import ConfigError
+from testbed.http.executor import http_point
+from testbed.http.protocol import BadRequest, parse_completion, read_event
+from testbed.http.server import HttpServer
+from tests.cluster_helpers import make_config, small_workload
+
+LIMITS = {"vocab_size": 100, "max_model_len": 64, "model": "testbed"}
+
+
+def parse(body) -> object:
+    return parse_completion(json.dumps(body).encode() if not isinstance(body, bytes) else body, **LIMITS)
+
+
+# -- the protocol --------------------------------------------------------------------------------
+def test_a_well_formed_request_is_read_with_defaults():
+    spec = parse({"model": "testbed", "prompt": [1, 2, 3], "stream": True, "stream_options": {"include_usage": True},
+                  "temperature": 0.0, "ignore_eos": True, "min_tokens": 4, "max_tokens": 4})
+    assert (spec.prompt_token_ids, spec.max_tokens, spec.stream, spec.include_usage) == ((1, 2, 3), 4, True, True)
+    assert parse({"prompt": [[5, 6]]}).max_tokens == 16  # a batch of one; OpenAI's default length
+
+
+@pytest.mark.parametrize("body, says", [
+    (b"{not json", "not valid JSON"),
+    ([1, 2], "JSON object"),
+    ({"prompt": [1], "colour": "red"}, "unknown field(s) colour"),
+    ({"prompt": [1] * 64}, "the prompt has 64 tokens"),
+    ({"prompt": [1] * 10, "max_tokens": 55}, "max_tokens=55 is out of range; allowed: 1..54"),
+    ({"prompt": [1], "max_tokens": 0}, "max_tokens=0"),
+    ({"prompt": [1], "max_tokens": True}, "max_tokens=true"),
+    ({"prompt": [1], "temperature": 0.7}, "temperature=0.7 is not supported"),
+    ({"prompt": [1], "n": 2}, "n=2"),
+    ({"prompt": [[1], [2]]}, "batches of several prompts"),
+    ({"prompt": "hello"}, "no tokenizer"),
+    ({"prompt": [1, 100]}, "[0, 100)"),
+    ({"prompt": [1], "stream": "yes"}, "stream must be true or false"),
+    ({"prompt": [1], "min_tokens": 40, "max_tokens": 8}, "min_tokens=40"),
+])
+def test_a_bad_request_is_one_line_naming_the_field(body, says):
+    with pytest.raises(BadRequest) as refused:
+        parse(body)
+    assert says in str(refused.value) and "\n" not in str(refused.value) and refused.value.status == 400
+
+
+def test_another_model_is_not_found():
+    with pytest.raises(BadRequest) as refused:
+        parse({"prompt": [1], "model": "llama"})
+    assert refused.value.status == 404
+
+
+def test_stream_lines_read_as_tokens_usage_errors_and_the_end():
+    line = b'data: {"choices":[{"text":" 5 6","token_ids":[5,6]}]}'
+    assert (read_event(line).count, read_event(line).token_ids) == (2, [5, 6])
+    assert read_event(b'data: {"choices":[{"text":"hi"}]}').count == 1  # no ids: one token per chunk with text
+    assert read_event(b'data: {"choices":[],"usage":{"completion_tokens":7}}').usage_tokens == 7
+    assert read_event(b'data: {"error":{"message":"boom"}}').error == "boom"
+    assert read_event(b"data: [DONE]").done
+    assert read_event(b"") is None and read_event(b": keep-alive") is None
+
+
+def test_an_open_interface_needs_an_api_key_and_the_client_needs_a_url(tmp_path):
+    with pytest.raises(ConfigError, match="http.api_key"):
+        HttpServer(make_config("http.host=0.0.0.0"))
+    with pytest.raises(ConfigError, match="http.url"):
+        http_point(make_config("executor=http"), tmp_path)
+    with pytest.raises(ConfigError, match="http.prompt"):
+        make_config("http.prompt=words")
+
+
+# -- the server ----------------------------------------------------------------------------------
+def post(url: str, body, key: str | None = None) -> tuple[int, dict]:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    request = urllib.request.Request(url + "/v1/completions", data=data, headers={"Content-Type": "application/json"})
+    if key:
+        request.add_header("Authorization", f"Bearer {key}")
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def health(url: str) -> dict:
+    with urllib.request.urlopen(url + "/health", timeout=60) as response:
+        return json.loads(response.read())
+
+
+def open_stream(url: str, prompt: list[int], max_tokens: int) -> socket.socket:
+    """A raw streaming request whose socket the test can drop mid-stream."""
+    host, port = url.removeprefix("http://").split(":")
+    body = json.dumps({"prompt": prompt, "max_tokens": max_tokens, "stream": True}).encode()
+    sock = socket.create_connection((host, int(port)), timeout=120)
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    return sock
+
+
+def read_until(sock: socket.socket, marker: bytes, count: int = 1) -> bytes:
+    data = b""
+    while data.count(marker) < count:
+        part = sock.recv(65536)
+        if not part:
+            break
+        data += part
+    return data
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    out = tmp_path_factory.mktemp("server")
+    cfg = make_config(*small_workload(), "http.port=0", "http.max_streams=2", "cluster.num_workers=1")
+    with HttpServer(cfg, out) as running:
+        yield running
+
+
+def test_the_server_answers_bad_input_with_4xx_and_keeps_serving(server):
+    status, body = post(server.url, b"{oops")
+    assert status == 400 and "not valid JSON" in body["error"]["message"]
+    status, body = post(server.url, {"prompt": [1], "logprobs": 3})
+    assert status == 400 and "logprobs" in body["error"]["message"]
+    status, body = post(server.url, {"prompt": [1] * 300})
+    assert status == 400 and "max_model_len 256" in body["error"]["message"]
+    status, body = post(server.url, {"prompt": [1, 2, 3], "max_tokens": 1000})
+    assert status == 400 and "max_tokens=1000" in body["error"]["message"]
+    status, body = post(server.url, {"prompt": [1, 2, 3], "max_tokens": 5, "return_token_ids": True})
+    assert status == 200 and len(body["choices"][0]["token_ids"]) == 5 and body["usage"]["completion_tokens"] == 5
+    assert health(server.url)["status"] == "ok"
+
+
+def test_too_many_streams_get_429_and_dropped_clients_leave_no_kv(tmp_path):
+    cfg = make_config(*small_workload(), "http.port=0", "http.max_streams=2", "cluster.num_workers=1")
+    with HttpServer(cfg, tmp_path) as running:
+        first, second = (open_stream(running.url, [7] * 30, 200) for _ in range(2))
+        try:
+            read_until(first, b"data:", 2)  # both are streaming: the server holds two open requests
+            read_until(second, b"data:", 2)
+            status, body = post(running.url, {"prompt": [1, 2], "max_tokens": 2})
+            assert status == 429 and "http.max_streams=2" in body["error"]["message"]
+        finally:
+            first.close()
+            second.close()
+        deadline = time.monotonic() + 120  # polled: the aborts reach the workers on a loaded machine too
+        while health(running.url)["active_requests"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert health(running.url)["active_requests"] == 0
+        status, _ = post(running.url, {"prompt": [1, 2], "max_tokens": 2})
+        assert status == 200
+    summary, requests = running.result["summary"], running.result["requests"]
+    assert all(v == 0 for v in summary["kv_blocks_leaked"].values())  # the workers' own audit at exit
+    dropped = requests[requests.reason == "client disconnected"]
+    assert len(dropped) == 2 and (dropped.token_times.map(len) < 200).all()
+    assert (requests.status == "ok").sum() == 1
+
+
+def test_an_api_key_is_required_when_set(tmp_path):
+    cfg = make_config(*small_workload(), "http.port=0", "http.api_key=sesame", "cluster.num_workers=1")
+    with HttpServer(cfg) as running:
+        status, body = post(running.url, {"prompt": [1, 2], "max_tokens": 2})
+        assert status == 401 and "API key" in body["error"]["message"]
+        assert post(running.url, {"prompt": [1, 2], "max_tokens": 2}, key="sesame")[0] == 200
+
+
+# -- the executor against the project's server ----------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.parametrize("serving", [["mode=disagg", "cluster.num_prefill=1", "cluster.num_decode=1"],
+                                     ["mode=chunked", "cluster.num_workers=1"]], ids=["1P1D", "chunked"])
+def test_executor_http_gives_the_in_process_runs_tokens(serving, tmp_path):
+    from testbed.experiments.serve import serve
+
+    workload = [*small_workload(8, 10.0), "workload.turns=2", "workload.think_time_s=0.05"]
+    reference = serve(make_config(*workload, "mode=colocated", "cluster.num_workers=1"), tmp_path / "ref",
+                      progress=False)
+    cfg = make_config(*workload, *serving, "http.port=0")
+    with HttpServer(cfg, tmp_path / "server") as running:
+        client = make_config(*workload, "executor=http", f"http.url={running.url}")
+        result = http_point(client, tmp_path / "client", progress=False)
+    ours, theirs = result["requests"], reference["requests"]
+    assert (ours.status == "ok").all() and len(ours) == len(theirs) > 8  # later turns came back
+    assert ours.output_token_ids.map(list).tolist() == theirs.output_token_ids.map(list).tolist()
+    assert (ours.input_len.values == theirs.input_len.values).all()
+    assert all(v == 0 for v in running.result["summary"]["kv_blocks_leaked"].values())
