@@ -195,3 +195,136 @@ def test_executor_http_gives_the_in_process_runs_tokens(serving, tmp_path):
     assert ours.output_token_ids.map(list).tolist() == theirs.output_token_ids.map(list).tolist()
     assert (ours.input_len.values == theirs.input_len.values).all()
     assert all(v == 0 for v in running.result["summary"]["kv_blocks_leaked"].values())
+
+
+# -- the executor against servers that fail ------------------------------------------------------
+class Misbehaving:
+    """/v1/completions answers request k by BEHAVIOURS[k % 5]: a good stream, an HTTP error, a
+    stream that goes silent, one that breaks off without [DONE], one that reports an error."""
+
+    BEHAVIOURS = ("good", "error", "stall", "cut", "error_chunk")
+
+    def __init__(self):
+        self.count = 0
+
+    async def models(self, request):
+        return web.json_response({"data": [{"id": "m", "max_model_len": 256}]})
+
+    async def completions(self, request):
+        body = await request.json()
+        behaviour = self.BEHAVIOURS[self.count % len(self.BEHAVIOURS)]
+        self.count += 1
+        if behaviour == "error":
+            return web.json_response({"error": {"message": "the engine fell over"}}, status=500)
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        n = body["max_tokens"] if behaviour == "good" else 2
+        for i in range(n):
+            await response.write(b'data: {"choices":[{"text":" x","token_ids":[%d]}]}\n\n' % i)
+        if behaviour == "stall":
+            await asyncio.Event().wait()  # silent until the client gives up
+        if behaviour == "error_chunk":
+            await response.write(b'data: {"error":{"message":"out of KV blocks"}}\n\n')
+        if behaviour != "cut":
+            await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+
+@pytest.fixture
+def misbehaving():
+    handlers, loop = Misbehaving(), asyncio.new_event_loop()
+    app = web.Application()
+    app.router.add_get("/v1/models", handlers.models)
+    app.router.add_post("/v1/completions", handlers.completions)
+    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=1.0)
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+
+    async def start():
+        await runner.setup()
+        await web.SockSite(runner, sock).start()
+
+    asyncio.run_coroutine_threadsafe(start(), loop).result(timeout=60)
+    yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(timeout=60)
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join()
+
+
+def test_failures_are_recorded_per_request_and_the_run_ends(misbehaving, tmp_path):
+    cfg = make_config(*small_workload(10, 50.0), "executor=http", f"http.url={misbehaving}",
+                      "http.stall_timeout_s=0.5", "http.max_concurrency=4")
+    result = http_point(cfg, tmp_path, progress=False)
+    table = result["requests"].sort_values("request_id")
+    reasons = dict(zip(table.request_id, table.reason))
+    # which request met which behaviour depends on the order of sending: the reasons are a multiset
+    kinds = sorted(r.split(":")[0].split(" ")[0] for r in reasons.values() if r)
+    assert kinds == sorted(["http"] * 2 + ["no"] * 2 + ["the"] * 2 + ["out"] * 2)
+    assert (table.status == "ok").sum() == 2 and (table.status == "failed").sum() == 8
+    assert result["summary"]["http"]["errors"]["http 500"] == 2
+    assert result["summary"]["num_requests"]["failed"] == 8
+    stalled = table[table.reason.str.startswith("no chunk")]
+    assert stalled.token_times.map(len).tolist() == [2, 2]  # tokens that came before the silence are kept
+    assert (tmp_path / "summary.json").is_file() and (tmp_path / "requests.parquet").is_file()
+
+
+def test_an_unreachable_server_is_one_line_before_any_request(tmp_path):
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    with pytest.raises(ConfigError, match="GET /v1/models failed"):
+        http_point(make_config(*small_workload(2), "executor=http", f"http.url={url}"), tmp_path)
+    sock.close()
+
+
+# -- the command line ------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_serve_http_serves_a_study_and_stops_cleanly_on_sigterm(tmp_path):
+    """`python -m testbed.serve_http` in its own process group: a rate_sweep replays against it
+    (its figures drawn from the same tables as a built-in run), then SIGTERM stops it with the
+    server's results written and no worker left behind."""
+    import signal
+    import subprocess
+    import sys
+
+    from tests.paths import ROOT
+    from tests.study_runs import run_study
+
+    server = subprocess.Popen([sys.executable, "-m", "testbed.serve_http", f"hydra.run.dir={tmp_path / 'server'}",
+                               "http.port=0", "hardware=cpu", "cluster.num_workers=1", "model.max_model_len=512"],
+                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              start_new_session=True)
+    try:
+        line = server.stdout.readline()
+        assert " on http://" in line, line + server.stderr.read()
+        url = line.split(" on ")[1].split("/v1/")[0]
+        result = run_study("rate_sweep", tmp_path / "sweep", "executor=http", f"http.url={url}",
+                           "experiment.figures=true", "workload.input_len.max=200", "http.label=served")
+        table = result["table"]
+        assert table.label.tolist() == ["served", "served"] and (table.status == "ok").all()
+        assert (table.num_requests_ok == 6).all() and result["figures"]
+    finally:
+        server.send_signal(signal.SIGTERM)
+        code = server.wait(timeout=300)
+    assert code == 0, server.stderr.read()
+    summary = json.loads((tmp_path / "server" / "summary.json").read_text())
+    assert summary["num_requests"]["ok"] == 12 and not any(summary["kv_blocks_leaked"].values())
+    assert live_in_group(server.pid) == []  # the session held the server and its workers: none is left
+
+
+def live_in_group(pgid: int) -> list[int]:
+    """Processes of a process group that still run (zombies, reaped by nobody here, do not)."""
+    from pathlib import Path
+
+    live = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # gone while listing
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            live.append(int(stat.parent.name))
+    return live
