@@ -328,3 +328,26 @@ def live_in_group(pgid: int) -> list[int]:
         if int(fields[2]) == pgid and fields[0] != "Z":
             live.append(int(stat.parent.name))
     return live
+
+
+@pytest.mark.slow
+def test_text_prompts_reach_the_server_at_the_lengths_recorded(tmp_path):
+    """http.prompt=text: the client decodes each prompt with the tokenizer, and what the server
+    reads back (by the same tokenizer) is the length the client's table records."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    words = Tokenizer(models.WordLevel({f"w{i}": i for i in range(100)} | {"[UNK]": 100}, unk_token="[UNK]"))
+    words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=words, unk_token="[UNK]").save_pretrained(tmp_path / "tok")
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "tok")
+    cfg = make_config(*small_workload(6), "http.port=0", "cluster.num_workers=1")
+    with HttpServer(cfg, tmp_path / "server", text=tokenizer.decode,
+                    encode=lambda text: tokenizer.encode(text, add_special_tokens=False)) as running:
+        client = make_config(*small_workload(6), "executor=http", f"http.url={running.url}", "http.prompt=text",
+                             f"http.tokenizer={tmp_path / 'tok'}")
+        ours = http_point(client, tmp_path / "client", progress=False)["requests"]
+    served = running.result["requests"]
+    assert (ours.status == "ok").all() and len(ours) == 6
+    assert sorted(ours.input_len) == sorted(served.input_len)
+    assert sorted(ours.output_token_ids.map(list).tolist()) == sorted(served.output_token_ids.map(list).tolist())

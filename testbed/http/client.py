@@ -100,7 +100,7 @@ class Replay:
         """(token ids, one receipt time per token, why it failed or "")."""
         ids: list[int] = []
         times: list[float] = []
-        headers = {"Authorization": f"Bearer {self.http.api_key}"} if self.http.api_key else {}
+        headers = bearer(self.http.client_key())
         try:
             async with self.session.post(self.url, json=self.payload(request, prompt), headers=headers) as response:
                 if response.status != 200:
@@ -146,6 +146,10 @@ def _reason(body: str) -> str:
     return (body.strip().splitlines() or [""])[0][:200]
 
 
+def bearer(key: Optional[str]) -> dict:
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
 def session_for(cfg: Config) -> aiohttp.ClientSession:
     http = cfg.http
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=http.connect_timeout_s, sock_read=http.stall_timeout_s)
@@ -158,7 +162,7 @@ async def served_model(cfg: Config, session: aiohttp.ClientSession) -> tuple[str
     from testbed.errors import ConfigError
 
     url = cfg.http.url.rstrip("/") + "/v1/models"
-    headers = {"Authorization": f"Bearer {cfg.http.api_key}"} if cfg.http.api_key else {}
+    headers = bearer(cfg.http.client_key())
     try:
         async with session.get(url, headers=headers) as response:
             listing = await response.json(content_type=None) if response.status == 200 else {}

@@ -5,6 +5,7 @@ Not frozen, like the other Hydra groups merged from YAML (see testbed/workload/c
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Optional
 
@@ -12,7 +13,9 @@ from testbed.errors import ConfigError
 
 PROMPTS = ("ids", "text")
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
-SECRET = "***"  # what a stored config shows in place of an API key
+# Where a key can come from instead of the command line (which Hydra stores in .hydra/): the
+# client takes the variable OpenAI clients and vLLM's benchmark read, the server its own.
+CLIENT_KEY_ENV, SERVER_KEY_ENV = "OPENAI_API_KEY", "TESTBED_API_KEY"
 
 
 @dataclass
@@ -59,11 +62,17 @@ class HttpConfig:
             raise ConfigError("http.label must be a non-empty name")
         return self
 
+    def client_key(self) -> Optional[str]:
+        return self.api_key or os.environ.get(CLIENT_KEY_ENV) or None
+
+    def server_key(self) -> Optional[str]:
+        return self.api_key or os.environ.get(SERVER_KEY_ENV) or None
+
     def check_server(self) -> None:
         """A server reachable from other hosts must not be open to them."""
-        if self.host not in LOOPBACK and not self.api_key:
-            raise ConfigError(f"http.host={self.host} listens beyond this machine: set http.api_key (clients send it "
-                              f"as `Authorization: Bearer KEY`), or keep http.host=127.0.0.1")
+        if self.host not in LOOPBACK and not self.server_key():
+            raise ConfigError(f"http.host={self.host} listens beyond this machine: set http.api_key or {SERVER_KEY_ENV} (clients "
+                              f"send it as `Authorization: Bearer KEY`), or keep http.host=127.0.0.1")
 
     def check_client(self) -> None:
         if not self.url:

@@ -1,0 +1,78 @@
+"""What the HTTP path adds: python -m testbed.bench.http [--mode chunked] [--requests 60] [--rate 8] [--repeats 3]
+
+The same workload (same seeds) served in-process and replayed over HTTP against the same
+configuration behind `python -m testbed.serve_http`'s server, repeat by repeat. Prints TTFT and
+TPOT p50/p99 for both with 95% intervals, their ratio (HTTP / in-process) with its interval,
+"not separated" when the ratio's interval holds 1, and whether every request got the same tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from testbed.config import Config, with_overrides
+from testbed.metrics.uncertainty import bootstrap_interval, ratio_interval
+
+LAYOUTS = {"colocated": {"mode": "colocated", "cluster.num_workers": 1},
+           "chunked": {"mode": "chunked", "cluster.num_workers": 1},
+           "disagg": {"mode": "disagg", "cluster.num_prefill": 1, "cluster.num_decode": 1}}
+
+
+def config(mode: str, requests: int, rate: float, seed: int) -> Config:
+    return with_overrides(Config(), {**LAYOUTS[mode], "hardware.name": "cpu", "seed": seed, "http.port": 0,
+                                     "workload.num_requests": requests, "workload.rate": rate})
+
+
+def one_repeat(cfg: Config, root: Path) -> tuple:
+    """(in-process requests, HTTP requests) of one seed."""
+    from testbed.experiments.serve import serve
+    from testbed.http.executor import http_point
+    from testbed.http.server import HttpServer
+
+    local = serve(cfg, root / "local", progress=False)["requests"]
+    with HttpServer(cfg) as server:
+        client = with_overrides(cfg, {"executor": "http", "http.url": server.url})
+        remote = http_point(client, root / "http", progress=False)["requests"]
+    return local, remote
+
+
+def row(metric: str, stat: str, local: np.ndarray, remote: np.ndarray) -> str:
+    a, b = (bootstrap_interval(x, stat) for x in (local, remote))
+    ratio, low, high = ratio_interval(remote, local, stat)
+    verdict = "not separated" if low <= 1 <= high else ("HTTP slower" if low > 1 else "HTTP faster")
+    f = lambda x: f"{1000 * float(np.percentile(x, int(stat[1:]))):8.2f}"  # noqa: E731
+    return (f"{metric + ' ' + stat:10} {f(local)} [{1000 * a[0]:.2f}, {1000 * a[1]:.2f}]  {f(remote)} "
+            f"[{1000 * b[0]:.2f}, {1000 * b[1]:.2f}]  {ratio:5.2f} [{low:.2f}, {high:.2f}]  {verdict}")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mode", choices=sorted(LAYOUTS), default="chunked")
+    parser.add_argument("--requests", type=int, default=60)
+    parser.add_argument("--rate", type=float, default=8.0)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args(argv)
+    pairs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for seed in range(args.repeats):
+            print(f"repeat {seed + 1}/{args.repeats}: in-process, then over HTTP", flush=True)
+            pairs.append(one_repeat(config(args.mode, args.requests, args.rate, seed), Path(tmp) / str(seed)))
+    same = sum(sum(a == b for a, b in zip(l.output_token_ids.map(list), r.output_token_ids.map(list))) for l, r in pairs)
+    total = sum(len(l) for l, _ in pairs)
+    print(f"\nmode={args.mode}, {args.repeats} x {args.requests} requests at {args.rate:g} req/s; times in ms")
+    print(f"{'':10} {'in-process':>8} [95% interval]  {'HTTP':>8} [95% interval]  ratio [95% interval]")
+    for metric in ("ttft", "tpot"):
+        local = np.concatenate([l.loc[l.status == "ok", metric].to_numpy(float) for l, _ in pairs])
+        remote = np.concatenate([r.loc[r.status == "ok", metric].to_numpy(float) for _, r in pairs])
+        for stat in ("p50", "p99"):
+            print(row(metric, stat, local, remote))
+    print(f"same tokens: {same} of {total} requests")
+    return 0 if same == total else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
