@@ -21,6 +21,7 @@ from testbed.cluster.worker import WorkerSpec
 from testbed.config import Config
 from testbed.engine.host_store import create_store
 from testbed.errors import KVLeakError
+from testbed.interop.points import export_run
 from testbed.metrics.events import RequestLog
 from testbed.metrics.latency import distribution
 from testbed.metrics.slo import tenant_slos
@@ -136,5 +137,6 @@ def write_point(cfg: Config, out_dir: Path, cluster: Cluster, router: Router, lo
             "cores_per_worker": cluster.cores.cores_per_worker if cluster.cores else None, **(extra_meta or {})}
     write_results(out_dir, requests=requests, steps=steps, transfers=transfers, telemetry=telemetry,
                   config=stored_config(cfg), meta=collect_meta(cfg.seed, meta), summary=summary)
+    export_run(out_dir / "exports", requests, stored_config(cfg), log.prompts)
     check_audit(audits, out_dir)
     return {"requests": requests, "steps": steps, "transfers": transfers, "telemetry": telemetry, "summary": summary}

@@ -13,6 +13,7 @@ from tqdm import tqdm
 from testbed.config import Config
 from testbed.http.client import Replay, served_model, session_for
 from testbed.http.prompts import TextPrompts, need_tokenizer
+from testbed.interop.points import export_run
 from testbed.metrics.events import RequestLog
 from testbed.metrics.slo import tenant_slos
 from testbed.metrics.summary import summarize
@@ -34,6 +35,7 @@ def http_point(cfg: Config, out_dir: Path, progress: bool = True) -> dict:
     meta = {"executor": "http", "url": cfg.http.url, "model": replay.model, "models": listing}
     write_results(out_dir, requests=requests, config=stored_config(cfg), meta=collect_meta(cfg.seed, meta),
                   summary=summary)
+    export_run(out_dir / "exports", requests, stored_config(cfg), log.prompts)
     return {"requests": requests, "summary": summary, "prompts": log.prompts}
 
 

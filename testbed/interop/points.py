@@ -8,8 +8,9 @@ import shutil
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Mapping, Optional
 
+import numpy as np
 import pandas as pd
 
 from testbed.interop.mooncake import BLOCK_SIZE, trace_arrivals, write_mooncake_jsonl
@@ -20,10 +21,10 @@ from testbed.metrics.config import MetricsConfig, SLOConfig
 from testbed.metrics.slo import filtered_out
 from testbed.metrics.summary import summarize
 from testbed.tracking.results import read_results, write_json, write_results
+from testbed.workload.traces import read_mooncake_jsonl
 
 FORMATS = ("vllm", "sglang", "testbed")
 READERS = {"vllm": read_vllm_result, "sglang": read_sglang_result}
-PROMPTS = Path("exports") / "prompts.jsonl"  # {"request_id", "prompt_token_ids"} per line, written by runs
 
 
 def detect_format(path) -> str:
@@ -44,17 +45,22 @@ def detect_format(path) -> str:
 
 def import_run(path, out_dir, *, fmt: Optional[str] = None, slo: SLOConfig, metrics: Optional[MetricsConfig] = None,
                num_gpus: int = 1, label: Optional[str] = None, run: int = -1, trace=None,
-               slowdown: float = 1.0) -> dict:
+               slowdown: float = 1.0, tenants: Optional[dict] = None) -> dict:
     """Write `path` (a vLLM or SGLang result file, or a testbed results directory) into out_dir
-    as a results directory; summary.json is recomputed under `slo` and `metrics`, so it compares
-    with the runs it is drawn beside. `trace`: the Mooncake file the run replayed, for arrivals.
+    as a results directory; summary.json is recomputed under `slo`, `metrics` (and a testbed
+    run's `tenants` SLOs), so it compares with the runs it is drawn beside. `trace`: the
+    Mooncake file the run replayed (its arrivals, times `slowdown`); `run`: which run of a file
+    holding several (default: the last).
     Returns {"dir", "summary", "requests", "rate", "meta"}."""
-    fmt = fmt or detect_format(path)
-    if fmt not in FORMATS:
+    if fmt not in (None, *FORMATS):
         raise InteropError(f"format={fmt!r} is not one of {', '.join(FORMATS)}")
+    found = _told(path)
+    if fmt and found and fmt != found:
+        raise InteropError(f"{path} is a {found} result, not {fmt}")
+    fmt = fmt or detect_format(path)
     metrics = metrics or MetricsConfig()
     if fmt == "testbed":
-        return _copy_run(Path(path), Path(out_dir), slo, metrics, num_gpus)
+        return _copy_run(Path(path), Path(out_dir), slo, metrics, num_gpus, tenants)
     arrivals = None
     if trace is not None:
         arrivals = trace_arrivals(trace, _request_count(path, run), slowdown)
@@ -72,6 +78,14 @@ def import_run(path, out_dir, *, fmt: Optional[str] = None, slo: SLOConfig, metr
     return {"dir": Path(out_dir), "summary": summary, "requests": requests, "rate": rate, "meta": meta}
 
 
+def _told(path) -> Optional[str]:
+    """The format when the file says it plainly, else None (the caller's word stands)."""
+    try:
+        return detect_format(path)
+    except InteropError:
+        return None
+
+
 def _request_count(path, run: int) -> int:
     ttfts = pick_run(path, run).get("ttfts")
     return len(ttfts) if isinstance(ttfts, list) else 0
@@ -84,37 +98,28 @@ def _rate(value) -> float:
         return float("nan")
 
 
-def _copy_run(source: Path, out: Path, slo: SLOConfig, metrics: MetricsConfig, num_gpus: int) -> dict:
-    """A testbed run copied whole, its summary recomputed under the given SLOs."""
+def _copy_run(source: Path, out: Path, slo: SLOConfig, metrics: MetricsConfig, num_gpus: int,
+              tenants: Optional[dict]) -> dict:
+    """A testbed run copied whole, its summary's figures recomputed under the given SLOs (its
+    other entries, such as the workers and audits, kept)."""
     if source.resolve() != out.resolve():
         shutil.copytree(source, out, dirs_exist_ok=True)
     run = read_results(out)
-    summary = summarize(run["requests"], run["steps"], run["kv_transfers"], slo=slo, metrics=metrics,
-                        num_gpus=num_gpus)
+    transfers = run["kv_transfers"]
+    if "outcome" in transfers.columns:  # one row per attempt: the figures count those that arrived
+        transfers = transfers[transfers["outcome"] == "ok"]
+    summary = {**run["summary"], **summarize(run["requests"], run["steps"], transfers, slo=slo, metrics=metrics,
+                                             num_gpus=num_gpus, tenant_slos=tenants)}
     write_json(out / "summary.json", summary)
     rate = _rate(((run["config"] or {}).get("workload") or {}).get("rate"))
     return {"dir": out, "summary": summary, "requests": run["requests"], "rate": rate, "meta": run["meta"]}
 
 
 # -- export ------------------------------------------------------------------------------------------
-def read_prompts(point_dir) -> Optional[dict[int, list[int]]]:
-    """{request_id: prompt token ids} from the point's exports/prompts.jsonl; None without it."""
-    path = Path(point_dir) / PROMPTS
-    if not path.is_file():
-        return None
-    prompts = {}
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
-        if line.strip():
-            try:
-                row = json.loads(line)
-                prompts[int(row["request_id"])] = [int(t) for t in row["prompt_token_ids"]]
-            except (json.JSONDecodeError, KeyError, TypeError, ValueError):
-                raise InteropError(f"{path} line {number}: expected {{\"request_id\": int, "
-                                   f"\"prompt_token_ids\": [int, ...]}}") from None
-    return prompts
+TRACE = Path("exports") / "trace.mooncake.jsonl"  # written with every run (runs keep no prompts: too large)
 
 
-def offered_rows(requests: pd.DataFrame, prompts: Optional[dict] = None) -> pd.DataFrame:
+def offered_rows(requests: pd.DataFrame, prompts: Optional[Mapping] = None) -> pd.DataFrame:
     """The requests the point's workload offered, in arrival order, with their prompts (None
     where unknown): all but those its overlength filter refused before serving (admission
     refusals stay: they are load the other engine must face as well)."""
@@ -124,49 +129,95 @@ def offered_rows(requests: pd.DataFrame, prompts: Optional[dict] = None) -> pd.D
         prompt_token_ids=pd.Series(ids, dtype=object))
 
 
-def export_point(point_dir, out_dir=None, decode: Optional[Callable] = None,
-                 block_size: int = BLOCK_SIZE) -> dict:
-    """Into out_dir (default POINT_DIR/exports): trace.mooncake.jsonl, vllm_result.json (the point
-    in vLLM's result keys) and, with prompts and a tokenizer's decode, vllm_custom.jsonl.
-    Returns {"files": [...], "notes": [...], "commands": [...]}."""
-    point_dir = Path(point_dir)
-    run = read_results(point_dir)
-    out = Path(out_dir) if out_dir else point_dir / "exports"
-    prompts = read_prompts(point_dir)
-    rows = offered_rows(run["requests"], prompts)
-    config = run["config"] or {}
+def prompts_from_trace(path: Path, rows: pd.DataFrame, vocab_size: int) -> dict[int, list[int]]:
+    """Prompts that share exactly what the run's prompts shared: one fixed random block of tokens
+    per hash id of the run's own trace (rows and trace lines are both in arrival order), cut to
+    each request's length. The tokens are random, as the workload's were; the sharing is real."""
+    trace = read_mooncake_jsonl(path)
+    if len(trace.hash_ids) != len(rows):
+        raise InteropError(f"{path} has {len(trace.hash_ids)} requests, the point's table {len(rows)}: "
+                           f"not this point's trace")
+    block = lambda i: np.random.default_rng([TAG, i]).integers(0, vocab_size, BLOCK_SIZE).tolist()  # noqa: E731
+    return {int(rid): sum((block(i) for i in ids), [])[:int(n)]
+            for rid, ids, n in zip(rows["request_id"], trace.hash_ids, rows["input_len"])}
+
+
+TAG = 0x6D6F6F6E  # the random stream of prompts_from_trace, apart from the workload's own
+
+
+DETAILED_MAX_TOKENS = 2_000_000  # beyond, vllm_result.json's per-token lists would be hundreds of MB
+
+
+def export_run(out: Path, requests: pd.DataFrame, config: Mapping, prompts: Optional[Mapping] = None,
+               decode: Optional[Callable] = None, block_size: int = BLOCK_SIZE) -> dict:
+    """Into `out`: trace.mooncake.jsonl (hash ids shared where `prompts` share prefixes),
+    vllm_result.json (the point in vLLM's result keys, with the per-request lists of
+    --save-detailed up to DETAILED_MAX_TOKENS output tokens) and, with prompts and a tokenizer's
+    decode, vllm_custom.jsonl. Returns {"files": [...], "notes": [...], "commands": [...]}."""
+    rows = offered_rows(requests, prompts)
     slo = config.get("slo") or {}
     files, notes = [write_mooncake_jsonl(rows, out / "trace.mooncake.jsonl", block_size)], []
     if prompts is None:
-        notes.append(f"no {PROMPTS}: hash ids come from lengths only, one set per request, no prefix shared")
+        notes.append("no prompts: hash ids come from lengths only, one set per request, no prefix shared")
     elif decode is None:
-        notes.append("no --tokenizer: vllm_custom.jsonl needs text prompts, not written")
+        notes.append("no tokenizer: vllm_custom.jsonl needs text prompts, not written (export --tokenizer DIR)")
     else:
         files.append(write_vllm_custom_jsonl(rows, out / "vllm_custom.jsonl", decode))
     model = (config.get("model") or {}).get("path") or (config.get("model") or {}).get("name") or "?"
-    rate = float((config.get("workload") or {}).get("rate") or float("inf"))
-    result = bench_result(run["requests"], slo_ttft_s=float(slo.get("ttft_s", 1.0)),
-                          slo_tpot_s=float(slo.get("tpot_s", 0.1)), model_id=str(model), request_rate=rate,
-                          decode=decode)
+    workload = config.get("workload") or {}
+    rate, burstiness = float(workload.get("rate") or float("inf")), _burstiness(workload)
+    detailed = int(requests["num_tokens"].sum()) <= DETAILED_MAX_TOKENS
+    if not detailed:
+        notes.append(f"over {DETAILED_MAX_TOKENS:,} output tokens: vllm_result.json without per-request lists")
+    result = bench_result(requests, slo_ttft_s=float(slo.get("ttft_s", 1.0)), slo_tpot_s=float(slo.get("tpot_s", 0.1)),
+                          model_id=str(model), request_rate=rate, burstiness=burstiness, decode=decode,
+                          detailed=detailed)
     write_json(out / "vllm_result.json", result)
     files.append(out / "vllm_result.json")
-    return {"files": files, "notes": notes, "commands": replay_commands(out, len(rows), rate, slo, model)}
+    if workload.get("arrival", "poisson") not in ("poisson", "gamma", "constant"):
+        notes.append(f"workload.arrival={workload.get('arrival')}: vLLM's custom dataset replays it as a "
+                     f"steady rate; SGLang's Mooncake replay keeps the arrival times")
+    return {"files": files, "notes": notes,
+            "commands": replay_commands(out, len(rows), rate, burstiness, slo, model)}
 
 
-def replay_commands(out: Path, count: int, rate: float, slo: dict, model: str) -> list[str]:
-    """The commands that replay the exports (flags as in vLLM and SGLang's benchmark scripts)."""
+def export_point(point_dir, out_dir=None, decode: Optional[Callable] = None, vocab_size: Optional[int] = None,
+                 block_size: int = BLOCK_SIZE) -> dict:
+    """export_run for a saved point: its prompts stand in from the trace the run wrote
+    (exports/trace.mooncake.jsonl), so the text prompts share what the run's prompts shared."""
+    point_dir = Path(point_dir)
+    run = read_results(point_dir)
+    prompts = None
+    if decode is not None and (point_dir / TRACE).is_file():
+        prompts = prompts_from_trace(point_dir / TRACE, offered_rows(run["requests"]), vocab_size or 32000)
+    out = Path(out_dir) if out_dir else point_dir / "exports"
+    return export_run(out, run["requests"], run["config"] or {}, prompts, decode, block_size)
+
+
+def _burstiness(workload: dict) -> float:
+    """vLLM's --burstiness for the point's arrival process (its gamma shape; inf: evenly spaced)."""
+    arrival = workload.get("arrival", "poisson")
+    return float(workload.get("burstiness", 1.0)) if arrival == "gamma" else \
+        float("inf") if arrival == "constant" else 1.0
+
+
+def replay_commands(out: Path, count: int, rate: float, burstiness: float, slo: dict, model: str) -> list[str]:
+    """The commands that replay the exports (flags as in vLLM's and SGLang's benchmark scripts).
+    vLLM draws its own arrivals at the rate (the same process, not the same times); SGLang's
+    Mooncake replay sends at the trace's timestamps."""
     goodput = f"ttft:{1000 * float(slo.get('ttft_s', 1.0)):g} tpot:{1000 * float(slo.get('tpot_s', 0.1)):g}"
     return [f"vllm bench serve --model {model} --dataset-name custom --dataset-path {out / 'vllm_custom.jsonl'} "
             f"--custom-output-len -1 --skip-chat-template --disable-shuffle --num-prompts {count} "
-            f"--request-rate {rate:g} --ignore-eos --temperature 0 --save-result --save-detailed "
-            f"--percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,90,95,99 --goodput {goodput}",
+            f"--request-rate {rate:g} --burstiness {burstiness:g} --ignore-eos --temperature 0 --save-result "
+            f"--save-detailed --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,90,95,99 "
+            f"--goodput {goodput}",
             f"python -m sglang.bench_serving --backend sglang --dataset-name mooncake --dataset-path "
             f"{out / 'trace.mooncake.jsonl'} --num-prompts {count} --mooncake-num-rounds 1 "
             f"--mooncake-slowdown-factor 1 --output-file sglang.jsonl --output-details"]
 
 
-def load_decode(tokenizer_dir) -> Callable:
-    """A Hugging Face tokenizer's decode (transformers imported only here)."""
+def load_decode(tokenizer_dir) -> tuple[Callable, int]:
+    """A Hugging Face tokenizer's decode and its vocabulary size (transformers imported only here)."""
     try:
         from transformers import AutoTokenizer
     except ImportError:
@@ -175,4 +226,4 @@ def load_decode(tokenizer_dir) -> Callable:
         tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
     except (OSError, ValueError) as e:
         raise InteropError(f"--tokenizer {tokenizer_dir}: cannot load a tokenizer ({str(e).splitlines()[0]})") from None
-    return lambda ids: tokenizer.decode(ids)
+    return (lambda ids: tokenizer.decode(ids)), len(tokenizer)

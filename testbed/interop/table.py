@@ -110,7 +110,8 @@ def client_table(*, arrivals: Sequence[float], sent: Sequence[float], ttfts: Seq
 def _row(i: int, arrival: float, sent: float, ttft, gaps: list, input_len: int, output_len: int,
          error: str) -> dict:
     has_tokens = ttft is not None and (ttft > 0 or len(gaps) > 0)
-    times = list(sent + float(ttft) + np.concatenate([[0.0], np.cumsum(gaps, dtype=np.float64)])) if has_tokens else []
+    offsets = np.concatenate([[0.0], np.cumsum(gaps, dtype=np.float64)])
+    times = [float(t) for t in sent + float(ttft) + offsets] if has_tokens else []
     status, reason, refused = _status(error, has_tokens)
     if status == "ok" and output_len > len(times):
         times += [times[-1]] * (output_len - len(times))

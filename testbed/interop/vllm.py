@@ -73,9 +73,10 @@ def bench_result(requests: pd.DataFrame, *, slo_ttft_s: float, slo_tpot_s: float
 
 def _statistics(name: str, seconds) -> dict:
     """mean/median/std and percentiles in ms; 0 when empty, as vLLM's `np.mean(x or 0)`."""
-    x = np.asarray(seconds, dtype=np.float64)
-    x = x[~np.isnan(x)] if x.size else np.zeros(1)
-    x = x if x.size else np.zeros(1)
+    x = np.asarray(seconds, dtype=np.float64).ravel()
+    x = x[~np.isnan(x)]
+    if not x.size:
+        x = np.zeros(1)
     out = {f"mean_{name}_ms": float(x.mean()) * 1000, f"median_{name}_ms": float(np.median(x)) * 1000,
            f"std_{name}_ms": float(x.std()) * 1000}
     out.update({f"p{p}_{name}_ms": float(np.percentile(x, p)) * 1000 for p in PERCENTILES})

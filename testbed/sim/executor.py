@@ -11,6 +11,7 @@ from typing import Mapping, Optional
 
 from testbed.config import Config
 from testbed.errors import KVLeakError
+from testbed.interop.points import export_run
 from testbed.metrics.slo import tenant_slos
 from testbed.metrics.steps import steps_table
 from testbed.metrics.summary import summarize
@@ -62,7 +63,8 @@ def simulate(cfg: Config, profile: Optional[Mapping] = None, *, num_devices: Opt
                                          for role, r in sim.profiles.items()}}}
     wall = time.perf_counter() - started
     return {"requests": requests, "steps": steps, "transfers": transfers, "summary": summary,
-            "events_per_s": sim.num_events / loop_s if loop_s > 0 else float("inf"), "wall_s": wall}
+            "events_per_s": sim.num_events / loop_s if loop_s > 0 else float("inf"), "wall_s": wall,
+            "prompts": sim.log.prompts}
 
 
 def simulate_point(cfg: Config, out_dir: Path) -> dict:
@@ -81,6 +83,7 @@ def _write_point(cfg: Config, out_dir: Path, result: dict) -> dict:
                   telemetry=None, config=stored_config(cfg),
                   meta=collect_meta(cfg.seed, {"executor": "sim", "profile": sim["profile"], "profiles": sim["profiles"]}),
                   summary=summary)
+    export_run(out_dir / "exports", result["requests"], stored_config(cfg), result["prompts"])
     leaked = {k: v for k, v in summary["kv_blocks_leaked"].items() if v}
     if leaked:
         raise KVLeakError(f"KV audit failed in the simulation: {leaked}; results kept in {out_dir}")
