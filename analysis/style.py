@@ -59,7 +59,8 @@ SPLIT_MARKERS = ["^", "v", "D", "P", "X", "*", "h"]  # by the number of prefill 
 PERCENTILE_STYLES = {"p50": "-", "p90": "-.", "p99": "--"}
 PHASE_COLOURS = {"queue": "#BBBBBB", "prefill": "#E69F00", "transfer_wait": "#F2C6DE", "transfer": "#CC79A7",
                  "decode_queue": "#F0E442", "decode": "#0072B2"}
-FALLBACK = ["#D55E00", "#0072B2", "#CC79A7", "#F0E442", "#999999", "#000000"]
+# Other labels (an imported engine, a dispatch policy, a tenant): colours no mode or split takes.
+FALLBACK = ["#D55E00", "#000000", "#0072B2", "#999999", "#F0E442"]
 SPLIT = re.compile(r"^(\d+)P(\d+)D$")
 
 
@@ -119,7 +120,8 @@ def legend(ax, styles: dict[str, str] | None = None, above: bool = False, beside
         handles.append(Line2D([], [], color="black", linestyle=linestyle))
         names.append(name)
     if handles and above:
-        ax.legend(handles, names, ncols=len(handles), loc="lower center", bbox_to_anchor=(0.5, 1.0))
+        # at most four to a row: five or more in one row squeeze the axes to a sliver
+        ax.legend(handles, names, ncols=min(len(handles), 4), loc="lower center", bbox_to_anchor=(0.5, 1.0))
     elif handles and beside:
         ax.legend(handles, names, loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize="small")
     elif handles:
