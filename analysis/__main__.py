@@ -1,5 +1,6 @@
 """python -m analysis RESULTS_DIR [RESULTS_DIR ...]: regenerate the figures of a study's sweep
-directory (sweep.json) or of one run (summary.json) from the saved results."""
+directory (sweep.json), of one run (summary.json), or of a Hydra multirun directory (its jobs
+merged into <multirun>/merged, analysis/multirun.py) from the saved results."""
 
 from __future__ import annotations
 
@@ -8,10 +9,15 @@ import sys
 from pathlib import Path
 
 from analysis.load import is_run, is_sweep, load_sweep
+from analysis.multirun import is_multirun, merge
 from analysis.studies import run_figures, study_figures
+from testbed.errors import TestbedError
 
 
 def figures_for(directory: Path, strict: bool) -> list[Path]:
+    if is_multirun(directory):
+        study, merged = merge(directory)
+        return study_figures(study, merged, strict=strict)
     if is_sweep(directory):
         return study_figures(load_sweep(directory).experiment, directory, strict=strict)
     if is_run(directory):
@@ -24,9 +30,13 @@ def main(argv=None) -> int:
     parser.add_argument("results_dir", nargs="+", type=Path)
     parser.add_argument("--strict", action="store_true", help="stop at the first figure that fails")
     args = parser.parse_args(argv)
-    for directory in args.results_dir:
-        for path in figures_for(directory, args.strict):
-            print(f"figure: {path}")
+    try:
+        for directory in args.results_dir:
+            for path in figures_for(directory, args.strict):
+                print(f"figure: {path}")
+    except TestbedError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return error.exit_code
     return 0
 
 

@@ -1,4 +1,4 @@
-"""python -m testbed [+experiment=NAME] [key=value ...]"""
+"""python -m testbed [+experiment=NAME] [key=value ...], or the `testbed` command"""
 
 import signal
 import sys
@@ -35,10 +35,14 @@ def _terminate(signum, frame):
     raise KeyboardInterrupt  # SIGTERM cleans up like Ctrl-C: workers stopped, finished points kept
 
 
-if __name__ == "__main__":
+def cli() -> None:
     signal.signal(signal.SIGTERM, _terminate)
     problem = check_overrides(sys.argv[1:])
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         sys.exit(2)
     main()
+
+
+if __name__ == "__main__":
+    cli()

@@ -435,3 +435,26 @@ def test_cli_regenerates_a_run_and_a_sweep(study_results, capsys, tmp_path):
         f"{s}.{e}" for s in ("latency_cdf", "timeline") for e in ("pdf", "png"))
     with pytest.raises(SystemExit):
         cli([str(tmp_path)])
+
+
+@pytest.mark.slow
+def test_a_multirun_directory_merges_its_jobs_into_one_study(tmp_path):
+    """`python -m testbed -m mode=chunked,disagg workload.rate=4,8`: four runs that
+    `python -m analysis` draws as one rate sweep, a line per mode."""
+    import subprocess
+    import sys
+
+    import pandas as pd
+
+    from analysis.__main__ import main
+    from tests.paths import ROOT
+
+    done = subprocess.run([sys.executable, "-m", "testbed", "-m", "executor=sim", "mode=chunked,disagg",
+                           "workload.rate=4,8", "workload.num_requests=10", f"hydra.sweep.dir={tmp_path}"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert main([str(tmp_path)]) == 0
+    table = pd.read_parquet(tmp_path / "merged" / "sweep.parquet")
+    assert sorted(zip(table.label, table.rate)) == [("chunked", 4.0), ("chunked", 8.0), ("disagg", 4.0), ("disagg", 8.0)]
+    assert (tmp_path / "merged" / "figures" / "attainment_vs_rate.png").is_file()
+    assert main([str(tmp_path / "0")]) == 0  # one job alone is still a run

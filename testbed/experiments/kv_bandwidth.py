@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pandas as pd
@@ -9,6 +10,8 @@ import pandas as pd
 from testbed.bench.kv_transfer import measure, report_lines
 from testbed.config import Config
 from testbed.tracking.results import collect_meta, write_json, write_parquet
+
+log = logging.getLogger("testbed")
 
 
 def run_kv_bandwidth(cfg: Config, out_dir: Path) -> dict:
@@ -24,5 +27,5 @@ def run_kv_bandwidth(cfg: Config, out_dir: Path) -> dict:
         from analysis.studies import study_figures
 
         figures = study_figures("kv_bandwidth", out_dir)
-    print("\n".join(report_lines(results) + [f"results: {out_dir}"] + [f"figure: {f}" for f in figures]))
+    log.info("\n".join(report_lines(results) + [f"results: {out_dir}"] + [f"figure: {f}" for f in figures]))
     return {"table": table, "aggregate": results, "figures": figures}

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import torch
 
 from testbed.config import Config
 from testbed.sim.profile import profile_engine
+
+log = logging.getLogger("testbed")
 
 
 def run_profile(cfg: Config, out_dir: Path) -> dict:
@@ -19,7 +22,7 @@ def run_profile(cfg: Config, out_dir: Path) -> dict:
     path = out_dir / "profile.json"
     path.write_text(json.dumps(profile, indent=1) + "\n")
     fit = profile["fit"]["step_relative_error"]
-    print(f"profiled {cfg.model.name} on {device}: {len(profile['samples']['step'])} step samples, "
+    log.info(f"profiled {cfg.model.name} on {device}: {len(profile['samples']['step'])} step samples, "
           f"fit error mean {fit['mean']:.1%} max {fit['max']:.1%}")
-    print(f"wrote {path}\nsimulate with: python -m testbed executor=sim sim.profile={path} ...")
+    log.info(f"wrote {path}\nsimulate with: python -m testbed executor=sim sim.profile={path} ...")
     return {"profile": profile, "path": path}

@@ -1,10 +1,14 @@
-"""Console tables at the end of a run (the results directory holds the full record)."""
+"""Console tables at the end of a run (the results directory holds the full record), through
+logging: under Hydra the job's log file keeps them beside the console."""
 
 from __future__ import annotations
 
+import logging
 import math
 
 import pandas as pd
+
+log = logging.getLogger("testbed")
 
 
 def _ms(x) -> str:
@@ -34,7 +38,7 @@ def summary_lines(summary: dict) -> list[str]:
 
 
 def print_run(requests: pd.DataFrame, summary: dict, out_dir) -> None:
-    print("\n".join(request_lines(requests) + [""] + summary_lines(summary) + [f"results: {out_dir}"]))
+    log.info("\n".join(request_lines(requests) + [""] + summary_lines(summary) + [f"results: {out_dir}"]))
 
 
 def _with_interval(value, low, high, scale: float = 1.0) -> str:
@@ -80,7 +84,7 @@ def print_sweep(name: str, table: pd.DataFrame, aggregate: dict, out_dir, column
         lines.append(aggregate["best"]["line"])
     lines += plan_lines(aggregate) + validation_lines(aggregate)
     lines += [f"figure: {f}" for f in figures] + [f"results: {out_dir}"]
-    print("\n".join(lines))
+    log.info("\n".join(lines))
 
 
 def plan_lines(aggregate: dict) -> list[str]:
