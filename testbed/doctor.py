@@ -94,9 +94,9 @@ def wandb_items() -> Iterator[Item]:
     version, reason = wandb_version()
     yield "wandb", version if version else f"not importable ({reason}); use tracker=none"
     env_mode = os.environ.get("WANDB_MODE")
-    # WandbTracker passes tracker.mode to wandb.init explicitly, so the environment cannot change it.
-    note = f"; WANDB_MODE={env_mode} in the environment is ignored" if env_mode else ""
-    yield "wandb mode", f"offline (testbed default; set tracker.mode=online|disabled){note}"
+    # tracker.mode, when set, wins over WANDB_MODE; unset, WANDB_MODE decides, else offline.
+    source = f"WANDB_MODE={env_mode} in the environment" if env_mode else "testbed default"
+    yield "wandb mode", f"{env_mode or 'offline'} ({source}; tracker.mode=offline|online|disabled overrides it)"
 
 
 def report() -> list[Item]:

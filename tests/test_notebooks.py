@@ -87,3 +87,14 @@ def test_notebooks_execute_and_plot_the_saved_summaries(study_results, repeated_
         except AssertionError as error:
             errors[key] = f"plotted data against the saved results: {error}"
     assert not errors, errors
+
+
+def test_every_committed_notebook_shows_its_figures():
+    """Committed rendered (python -m analysis.render): a reader sees the figures on the repository
+    page without running anything."""
+    for notebook in sorted(NOTEBOOKS.glob("*.ipynb")):
+        nb = json.loads(notebook.read_text())
+        images = [o for c in nb["cells"] if c["cell_type"] == "code" for o in c.get("outputs", [])
+                  if "image/png" in o.get("data", {})]
+        assert images, f"{notebook.name} has no rendered figure: run python -m analysis.render {notebook.stem}"
+        assert nb["metadata"]["rendered_from"].startswith(f"python -m analysis.render {notebook.stem}")

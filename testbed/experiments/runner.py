@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from pathlib import Path
+from typing import Optional
 
 from testbed.config import Config, with_overrides
 from testbed.experiments import aggregates, studies
@@ -75,13 +77,32 @@ def run_point(cfg: Config, out_dir: Path) -> dict:
     return serve(cfg, out_dir)
 
 
+def run_group(experiment: str, now: Optional[datetime] = None, job: Optional[int] = None) -> str:
+    """`<experiment>-<YYYY-MM-DD>-<HH-MM-SS>`, with `-job<N>` for job N of a Hydra multirun (its
+    short jobs may start within one second). Made once per runner.run(): its points share it."""
+    stamp = (now or datetime.now()).strftime("%Y-%m-%d-%H-%M-%S")
+    job = hydra_job_num() if job is None else job
+    return f"{experiment}-{stamp}" + (f"-job{job}" if job is not None else "")
+
+
+def hydra_job_num() -> Optional[int]:
+    """This Hydra multirun job's number; None outside a multirun (or outside Hydra)."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized():
+        return None
+    hydra_cfg = HydraConfig.get()
+    return int(hydra_cfg.job.num) if hydra_cfg.mode == RunMode.MULTIRUN else None
+
+
 def run(cfg: Config, out_dir: Path, explicit: set[str] = frozenset()) -> dict:
     """`explicit`: the config keys the command line set (they win over a study's CPU defaults)."""
     cfg = effective(cfg, explicit)
     ensure_writable(out_dir)
     name = cfg.experiment.name
     studies.check_executor(cfg)
-    tracker = make_tracker(cfg.tracker)
+    tracker = make_tracker(cfg.tracker, group=run_group(name))  # one group per run(): its points and sweep run
     if name == "serve":
         result = run_point(cfg, out_dir)
         track_point(tracker, out_dir.name, out_dir.name, cfg, out_dir, result)
@@ -107,7 +128,6 @@ def run(cfg: Config, out_dir: Path, explicit: set[str] = frozenset()) -> dict:
         from analysis.studies import study_figures
 
         figures = study_figures(name, out_dir)
-        if figures:
-            track_figures(tracker, out_dir.name, cfg, out_dir, summary, figures)
+    track_figures(tracker, out_dir.name, cfg, out_dir, summary, figures, table)
     print_sweep(name, table, summary, out_dir, TABLE, figures, cells)
     return {"table": table, "aggregate": summary, "figures": figures, "config": stored_config(cfg)}

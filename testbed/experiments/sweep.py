@@ -111,23 +111,40 @@ class Sweep:
 
 def track_point(tracker, name: str, group: str, cfg: Config, directory: Path, result: dict) -> None:
     """One tracker run per point, grouped by the sweep, job type = mode: the resolved config, the
-    summary, the per-request table (sampled by the tracker) and GPU telemetry when recorded."""
+    summary, the per-request table (sampled by the tracker), GPU telemetry as time series when
+    recorded, and the results directory as an artifact (with the profiles a simulated point ran on)."""
+    from testbed.tracking.tracked import profile_files
+
     tracker.start(name, group, cfg.mode, stored_config(cfg), directory)
     try:
         tracker.log_summary(result["summary"])
         tracker.log_table("requests", result["requests"])
         if result.get("telemetry") is not None:
-            tracker.log_table("telemetry", result["telemetry"])
+            tracker.log_series("telemetry", result["telemetry"], time="t_s", by="gpu")
+        labels = result["summary"].get("sim", {}).get("profiles", {})  # an analytical GPU's name has no file
+        tracker.log_artifact(f"{tracker.group or group}-{name}", "results", directory,
+                             metadata={"point": name, "mode": cfg.mode, "executor": cfg.executor, "profiles": labels},
+                             profiles=profile_files(cfg, labels) if cfg.executor == "sim" else None)
     finally:
         tracker.finish()
 
 
-def track_figures(tracker, group: str, cfg: Config, out_dir: Path, aggregate: dict, figures: list[Path]) -> None:
-    """The study's figures and aggregate as one more run of the sweep's group (job type "figures")."""
-    tracker.start(f"{cfg.experiment.name}-figures", group, "figures", stored_config(cfg), out_dir)
+def track_figures(tracker, group: str, cfg: Config, out_dir: Path, aggregate: dict, figures: list[Path],
+                  table: pd.DataFrame | None = None) -> None:
+    """The sweep's own run in its group (job type "sweep"): the aggregate, the sweep table, one
+    history row per point charted against the request rate, the figures, and the sweep's files
+    (its points have their own artifacts) as an artifact."""
+    from testbed.tracking.tracked import rate_history
+
+    tracker.start(f"{cfg.experiment.name}-sweep", group, "sweep", stored_config(cfg), out_dir)
     try:
         tracker.log_summary({"aggregate": aggregate})
+        if table is not None:
+            tracker.log_table("sweep", table)
+            tracker.log_history(rate_history(table), x="rate")
         tracker.log_figures([p for p in figures if p.suffix == ".png"])
+        tracker.log_artifact(f"{tracker.group or group}-sweep", "sweep", out_dir, exclude=("wandb", "points"),
+                             metadata={"experiment": cfg.experiment.name})
     finally:
         tracker.finish()
 

@@ -14,7 +14,6 @@ per id), so prefix sharing is kept but prompt lengths are its own, not `input_le
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Optional, Sequence
 

@@ -3,7 +3,6 @@ runs (or another testbed run) as results directories by the results contract (DE
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
 from dataclasses import asdict

@@ -6,40 +6,56 @@ neither conf/tracker/*.yaml nor command-line overrides onto it (see testbed/work
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import List, Optional
+import os
+from dataclasses import dataclass, field, replace
+from typing import List, Mapping, Optional
 
 from testbed.errors import ConfigError
 
 TRACKER_NAMES = ("none", "wandb")
 # No "online" default anywhere: a run on a machine without network must never wait on W&B.
 TRACKER_MODES = ("offline", "online", "disabled")
+DEFAULT_MODE, DEFAULT_PROJECT = "offline", "testbed"
 
 
 @dataclass
 class TrackerConfig:
     """Where run summaries, tables and figures go besides the results directory.
 
-    name: none (results directory only) or wandb. mode (wandb only): offline writes runs under
-    the results directory for a later `wandb sync`; online needs network and a login; disabled
-    calls W&B but writes nothing. max_table_rows caps each logged table (W&B charts slow down
+    name: none (results directory only) or wandb. mode (wandb only): offline writes runs for a
+    later `wandb sync`; online needs network and a login; disabled calls W&B but writes nothing.
+    mode, project and dir left unset (null) come from WANDB_MODE, WANDB_PROJECT and WANDB_DIR,
+    else offline, "testbed" and the results directory; a value set here wins over the
+    environment. max_table_rows caps each logged table and time series (W&B charts slow down
     beyond ~10k points per key).
     """
 
     name: str = "none"
-    mode: str = "offline"
-    project: str = "testbed"
+    mode: Optional[str] = None
+    project: Optional[str] = None
     entity: Optional[str] = None
+    dir: Optional[str] = None
     max_table_rows: int = 10000
     tags: List[str] = field(default_factory=list)
 
     def validate(self) -> "TrackerConfig":
         if self.name not in TRACKER_NAMES:
             raise ConfigError(f"tracker.name must be one of {', '.join(TRACKER_NAMES)} (got {self.name!r})")
-        if self.mode not in TRACKER_MODES:
+        if self.mode is not None and self.mode not in TRACKER_MODES:
             raise ConfigError(f"tracker.mode must be one of {', '.join(TRACKER_MODES)} (got {self.mode!r})")
-        if not self.project:
+        if self.project is not None and not self.project:
             raise ConfigError("tracker.project must be a non-empty string")
         if self.max_table_rows < 1:
             raise ConfigError(f"tracker.max_table_rows must be >= 1 (got {self.max_table_rows})")
         return self
+
+    def resolved(self, env: Optional[Mapping[str, str]] = None) -> "TrackerConfig":
+        """A copy with mode, project and dir filled in: this config's, else the environment's,
+        else the defaults (dir None: the results directory). Done once, when a tracker is made."""
+        env = os.environ if env is None else env
+        mode = self.mode or env.get("WANDB_MODE") or DEFAULT_MODE
+        if mode not in TRACKER_MODES:  # only the environment can get here: validate() checked ours
+            raise ConfigError(f"WANDB_MODE={mode!r} in the environment is not one of {', '.join(TRACKER_MODES)}; "
+                              f"unset it or set tracker.mode")
+        project = self.project or env.get("WANDB_PROJECT") or DEFAULT_PROJECT
+        return replace(self, mode=mode, project=project, dir=self.dir or env.get("WANDB_DIR") or None).validate()

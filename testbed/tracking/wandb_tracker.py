@@ -2,25 +2,27 @@
 
 This is the only module that imports wandb, and only inside WandbTracker's methods, so the rest
 of the testbed runs (and imports fast) without it. The results directory stays the source of
-truth; a tracker gets a copy of the summary, a sample of the tables and the figures.
+truth; a tracker gets a copy of the summary, a sample of the tables, the figures, and the
+result files as artifacts.
 
-W&B mode is chosen here, once, before wandb.init: the config's mode is passed explicitly, so a
-stray WANDB_MODE in the environment changes nothing, and a failed online init is an error,
-never a silent retry in offline mode (that retry can hang as well: wandb#9865, #8003).
+W&B mode is chosen here, once, when the tracker is made: tracker.mode when set (then a stray
+WANDB_MODE in the environment changes nothing), else WANDB_MODE, else offline; likewise project
+(WANDB_PROJECT) and dir (WANDB_DIR, else the results directory). The mode is passed to wandb.init
+explicitly, and a failed online init is an error, never a silent retry in offline mode (that
+retry can hang as well: wandb#9865, #8003).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional, Protocol
+from typing import Mapping, Optional, Protocol
 
-import numpy as np
 import pandas as pd
 
 from testbed.errors import TestbedError
 from testbed.tracking.config import TrackerConfig
+from testbed.tracking.tracked import _by_file, artifact_name, files_under, flatten_summary, series_rows, table_sample
 
-TABLE_SAMPLE_SEED = 0  # the same rows every time a table is logged
 
 
 class TrackerError(TestbedError, RuntimeError):
@@ -28,7 +30,10 @@ class TrackerError(TestbedError, RuntimeError):
 
 
 class Tracker(Protocol):
-    """One run per experiment point: start, log, finish; then start the next point."""
+    """One run per experiment point: start, log, finish; then start the next point. `group`, when
+    set, names every run's group (the caller's `group` is the fallback)."""
+
+    group: Optional[str]
 
     def start(self, run_name: str, group: Optional[str], job_type: Optional[str], config: dict,
               out_dir: Path) -> None: ...
@@ -37,13 +42,23 @@ class Tracker(Protocol):
 
     def log_table(self, name: str, df: pd.DataFrame) -> None: ...
 
+    def log_history(self, rows: list[dict], x: str) -> None: ...
+
+    def log_series(self, name: str, df: pd.DataFrame, time: str, by: str) -> None: ...
+
     def log_figures(self, paths: list[Path]) -> None: ...
+
+    def log_artifact(self, name: str, kind: str, root: Path, exclude: tuple[str, ...] = ("wandb",),
+                     metadata: Optional[dict] = None, profiles: Optional[Mapping[str, Path]] = None) -> None: ...
 
     def finish(self) -> None: ...
 
 
 class NullTracker:
     """Tracks nothing: the results directory already holds everything."""
+
+    def __init__(self, group: Optional[str] = None):
+        self.group = group
 
     def start(self, run_name: str, group: Optional[str], job_type: Optional[str], config: dict,
               out_dir: Path) -> None:
@@ -55,60 +70,48 @@ class NullTracker:
     def log_table(self, name: str, df: pd.DataFrame) -> None:
         pass
 
+    def log_history(self, rows: list[dict], x: str) -> None:
+        pass
+
+    def log_series(self, name: str, df: pd.DataFrame, time: str, by: str) -> None:
+        pass
+
     def log_figures(self, paths: list[Path]) -> None:
+        pass
+
+    def log_artifact(self, name: str, kind: str, root: Path, exclude: tuple[str, ...] = ("wandb",),
+                     metadata: Optional[dict] = None, profiles: Optional[Mapping[str, Path]] = None) -> None:
         pass
 
     def finish(self) -> None:
         pass
 
 
-def flatten_summary(summary: dict, prefix: str = "") -> dict[str, Any]:
-    """{"ttft": {"p99": 1.0}, "n": 3, "x": None} -> {"ttft/p99": 1.0, "n": 3}; None values dropped."""
-    flat: dict[str, Any] = {}
-    for key, value in summary.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            flat.update(flatten_summary(value, prefix=f"{name}/"))
-        elif value is not None:
-            flat[name] = value
-    return flat
-
-
-def table_sample(df: pd.DataFrame, max_rows: int) -> pd.DataFrame:
-    """At most max_rows rows (a seeded sample, in the original order), without list-valued
-    columns: W&B tables cannot chart lists, and the parquet files keep them anyway."""
-    if len(df) > max_rows:
-        df = df.sample(n=max_rows, random_state=TABLE_SAMPLE_SEED).sort_index()
-    keep = [c for c in df.columns if not _holds_sequences(df[c])]
-    table = df[keep].reset_index(drop=True).astype(object)
-    return table.where(table.notna(), None)  # pandas' NA (nullable ints) is not JSON: W&B wants None
-
-
-def _holds_sequences(column: pd.Series) -> bool:
-    if column.dtype != object:
-        return False
-    return any(isinstance(v, (list, tuple, np.ndarray)) for v in column.dropna())
-
-
 class WandbTracker:
-    """Weights & Biases, one W&B run per start()/finish() pair, written under out_dir/wandb."""
+    """Weights & Biases, one W&B run per start()/finish() pair, written under out_dir/wandb (or
+    under tracker.dir / WANDB_DIR when set)."""
 
-    def __init__(self, cfg: TrackerConfig):
-        self._cfg = cfg.validate()
+    def __init__(self, cfg: TrackerConfig, group: Optional[str] = None):
+        self._cfg = cfg.validate().resolved()
+        self.group = group
         self._run = None
 
     def start(self, run_name: str, group: Optional[str], job_type: Optional[str], config: dict,
               out_dir: Path) -> None:
-        import wandb
+        try:
+            import wandb
+        except ImportError:  # an extra, not a requirement
+            raise TrackerError("tracker=wandb needs the wandb package: pip install \"testbed[wandb]\" "
+                               "(or tracker=none)") from None
 
         # A point that crashed before finish() must not log into the next point's run.
         self.finish()
-        out_dir = Path(out_dir)
-        out_dir.mkdir(parents=True, exist_ok=True)
+        root = Path(self._cfg.dir or out_dir)
+        root.mkdir(parents=True, exist_ok=True)  # else wandb falls back to a temporary directory
         try:
             self._run = wandb.init(
-                project=self._cfg.project, entity=self._cfg.entity, name=run_name, group=group,
-                job_type=job_type, config=config, tags=list(self._cfg.tags), dir=str(out_dir),
+                project=self._cfg.project, entity=self._cfg.entity, name=run_name, group=self.group or group,
+                job_type=job_type, config=config, tags=list(self._cfg.tags), dir=str(root),
                 mode=self._cfg.mode,
                 reinit="create_new",  # several runs per process (sweeps, Hydra multirun)
                 # Leave sys.stdout/stderr alone: the testbed prints its own one-line errors.
@@ -128,6 +131,25 @@ class WandbTracker:
         sample = table_sample(df, self._cfg.max_table_rows)
         self._active().log({name: wandb.Table(dataframe=sample)})
 
+    def log_history(self, rows: list[dict], x: str) -> None:
+        """One history row each, every other key charted against `x` (its step metric)."""
+        run = self._active()
+        run.define_metric(x)
+        for key in sorted({k for row in rows for k in row} - {x}):
+            run.define_metric(key, step_metric=x)
+        for row in rows:
+            run.log(row)
+
+    def log_series(self, name: str, df: pd.DataFrame, time: str, by: str) -> None:
+        """A time series (GPU telemetry) as history rows charted against `<name>/<time>`, one key
+        per `by` value and column: W&B draws lines, where a table would only list the samples."""
+        run = self._active()
+        step = f"{name}/{time}"
+        run.define_metric(step)
+        run.define_metric(f"{name}/*", step_metric=step)
+        for row in series_rows(name, df, time, by, self._cfg.max_table_rows):
+            run.log(row)
+
     def log_figures(self, paths: list[Path]) -> None:
         import wandb
 
@@ -138,6 +160,37 @@ class WandbTracker:
             images[f"figures/{path.stem}"] = wandb.Image(str(path))
         if images:
             self._active().log(images)
+
+    def log_artifact(self, name: str, kind: str, root: Path, exclude: tuple[str, ...] = ("wandb",),
+                     metadata: Optional[dict] = None, profiles: Optional[Mapping[str, Path]] = None) -> None:
+        """The files under root as an output artifact. `profiles` ({role: file}, the profiles a
+        simulated point ran on): online, each declared as an input artifact (type "profile");
+        offline W&B cannot record an input (use_artifact raises), so they go inside this one,
+        under profiles/<roles>/. Either way the metadata names them."""
+        import wandb
+
+        run, profiles = self._active(), dict(profiles or {})
+        artifact = wandb.Artifact(artifact_name(name), type=kind, metadata={
+            **(metadata or {}), "profile_files": {role: str(path) for role, path in profiles.items()}})
+        for path in files_under(Path(root), exclude):
+            # immutable: a finished point's files never change, so W&B reads them in place when it
+            # uploads (possibly at a much later `wandb sync`) instead of copying each into its cache
+            artifact.add_file(str(path), name=path.relative_to(root).as_posix(), policy="immutable")
+        for path, roles in _by_file(profiles).items():
+            if self._cfg.mode == "online":
+                run.use_artifact(self._profile_artifact(path))
+            else:
+                artifact.add_file(str(path), name=f"profiles/{'+'.join(roles)}/{path.name}", policy="immutable")
+        run.log_artifact(artifact)
+
+    @staticmethod
+    def _profile_artifact(path: Path):
+        import wandb
+
+        # Named by the file: the same profile used again is the same version (W&B dedups by digest).
+        artifact = wandb.Artifact(artifact_name(f"profile-{path.name}"), type="profile", metadata={"path": str(path)})
+        artifact.add_file(str(path), policy="immutable")
+        return artifact
 
     def finish(self) -> None:
         if self._run is not None:
@@ -159,9 +212,9 @@ def wandb_version() -> tuple[Optional[str], str]:
     return wandb.__version__, ""
 
 
-def make_tracker(cfg: TrackerConfig) -> Tracker:
-    """The tracker the config names (validated first)."""
+def make_tracker(cfg: TrackerConfig, group: Optional[str] = None) -> Tracker:
+    """The tracker the config names (validated first); `group` names every run's group."""
     cfg.validate()
     if cfg.name == "wandb":
-        return WandbTracker(cfg)
-    return NullTracker()
+        return WandbTracker(cfg, group)
+    return NullTracker(group)
