@@ -14,7 +14,7 @@ from testbed.errors import TestbedError
 register_configs()
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+@hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> None:
     from testbed.experiments.runner import run  # after Hydra: keeps `--help` fast
 

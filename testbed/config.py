@@ -28,7 +28,7 @@ from testbed.workload.config import WorkloadConfig
 
 MODES = ("colocated", "chunked", "disagg")
 EXECUTORS = ("real", "sim", "http")
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+CONF_DIR = Path(__file__).resolve().parent / "conf"  # inside the package: a plain install has it
 HARDWARE = ("auto", "cpu", "gpu")
 
 

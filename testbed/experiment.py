@@ -36,6 +36,9 @@ class ExperimentConfig:
     # interference: the background's output length is sized to outlast the injections, this many
     # times the cost model's estimate (a model's estimate: err long); 0 keeps the configured length
     background_margin: float = 2.0
+    # a resumed sweep's finished point that ran another configuration: refuse (name what changed)
+    # or rerun it
+    on_changed: str = "refuse"
 
     def validate(self) -> "ExperimentConfig":
         if self.name not in STUDIES:
@@ -51,6 +54,8 @@ class ExperimentConfig:
             raise ConfigError(f"experiment.handoffs has {bad}; allowed: resend, incremental, ppd")
         if self.background_margin < 0:
             raise ConfigError(f"experiment.background_margin must be >= 0 (got {self.background_margin})")
+        if self.on_changed not in ("refuse", "rerun"):
+            raise ConfigError(f"experiment.on_changed must be refuse or rerun (got {self.on_changed!r})")
         if self.repeats < 1:
             raise ConfigError(f"experiment.repeats must be >= 1 (got {self.repeats})")
         return self

@@ -20,7 +20,7 @@ from testbed.errors import ConfigError, TestbedError
 register_configs()
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+@hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> None:
     from testbed.http.server import HttpServer  # after Hydra: keeps `--help` fast
 

@@ -1,5 +1,5 @@
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-CONF = ROOT / "conf"
+CONF = ROOT / "testbed" / "conf"
 TRACES = ROOT.parent / "shared" / "traces"

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime
 from pathlib import Path
 from typing import Optional
+
+from omegaconf import OmegaConf
 
 from testbed.config import Config, with_overrides
 from testbed.experiments import aggregates, studies
@@ -14,6 +17,7 @@ from testbed.experiments.sweep import Sweep, track_figures, track_point
 from testbed.tracking.results import ensure_writable, stored_config, write_parquet
 from testbed.tracking.wandb_tracker import make_tracker
 
+log = logging.getLogger("testbed")
 TABLE = ["ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99", "itl_p99", "slo_attainment", "throughput_requests_per_s"]
 
 # name -> (points, aggregate)
@@ -33,18 +37,27 @@ STUDIES = {
 }
 
 
-def effective(cfg: Config, explicit: set[str] = frozenset()) -> Config:
-    """The study's CPU-sized variant when no GPU will be used (a simulated GPU keeps the GPU
-    sizing). What the command line set explicitly wins over the study's CPU defaults
-    (`model=small` keeps the small model)."""
+def cpu_sizing(cfg: Config, explicit: set[str] = frozenset()) -> dict:
+    """The study's CPU sizing (experiment.cpu_overrides) as it applies: empty when a GPU will be
+    used (a simulated GPU and a remote server keep the GPU sizing). What the command line set
+    explicitly wins over the study's CPU defaults (`model=small` keeps the small model)."""
     on_gpu = studies.cuda_count(cfg.hardware) > 0
     remote = cfg.executor == "http"  # the server's hardware, not this machine's, sets the size
     if on_gpu or remote or simulates_gpu(cfg) or not cfg.experiment.cpu_overrides:
-        return cfg
+        return {}
     related = lambda a, b: a == b or a.startswith(b + ".") or b.startswith(a + ".")  # noqa: E731
     explicit = set(explicit) - {"experiment"}  # `+experiment=NAME` picks the study, not its values
-    chosen = {k: v for k, v in cfg.experiment.cpu_overrides.items() if not any(related(k, e) for e in explicit)}
-    return with_overrides(cfg, chosen)
+    return {k: v for k, v in cfg.experiment.cpu_overrides.items() if not any(related(k, e) for e in explicit)}
+
+
+def record_sizing(sizing: dict, out_dir: Path) -> None:
+    """Say which CPU sizing applied, and keep it beside Hydra's record of the command line."""
+    if not sizing:
+        return
+    log.info("CPU sizing (experiment.cpu_overrides; set a key on the command line to change it): "
+             + " ".join(f"{k}={v}" for k, v in sizing.items()))
+    (out_dir / ".hydra").mkdir(parents=True, exist_ok=True)
+    (out_dir / ".hydra" / "sizing.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(sizing)))
 
 
 def simulates_gpu(cfg: Config) -> bool:
@@ -98,8 +111,10 @@ def hydra_job_num() -> Optional[int]:
 
 def run(cfg: Config, out_dir: Path, explicit: set[str] = frozenset()) -> dict:
     """`explicit`: the config keys the command line set (they win over a study's CPU defaults)."""
-    cfg = effective(cfg, explicit)
+    sizing = cpu_sizing(cfg, explicit)
+    cfg = with_overrides(cfg, sizing) if sizing else cfg
     ensure_writable(out_dir)
+    record_sizing(sizing, out_dir)
     name = cfg.experiment.name
     studies.check_executor(cfg)
     tracker = make_tracker(cfg.tracker, group=run_group(name))  # one group per run(): its points and sweep run
@@ -118,6 +133,7 @@ def run(cfg: Config, out_dir: Path, explicit: set[str] = frozenset()) -> dict:
         return run_profile(cfg, out_dir)
     build, aggregate = STUDIES[name]
     sweep = Sweep(cfg, with_repeats(build(cfg), cfg), out_dir, run_point, tracker)
+    sweep.sizing = sizing
     table = sweep.run()  # a Ctrl-C leaves the table of every finished point behind
     cells = cell_table(table, cfg, out_dir)
     write_parquet(out_dir / "intervals.parquet", cells)

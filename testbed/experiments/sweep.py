@@ -11,6 +11,7 @@ point; a rerun into the same directory skips points whose summary.json exists.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import traceback
 from dataclasses import dataclass
@@ -21,8 +22,11 @@ import pandas as pd
 from tqdm import tqdm
 
 from testbed.config import Config, with_overrides
+from testbed.experiments.resume import changed_points, refusal
 from testbed.errors import TestbedError
 from testbed.tracking.results import stored_config, write_json, write_parquet
+
+log = logging.getLogger("testbed")
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,7 @@ class Sweep:
     def __init__(self, cfg: Config, points: list[Point], out_dir: Path, run_point: Callable, tracker):
         self.cfg, self.points, self.out_dir, self.run_point, self.tracker = cfg, points, out_dir, run_point, tracker
         self.rows: list[dict] = []
+        self.sizing: dict = {}  # the study's CPU sizing as applied (runner.cpu_sizing)
         names = [p.name for p in points]
         assert len(set(names)) == len(names), f"duplicate point names in {names}"
 
@@ -69,6 +74,7 @@ class Sweep:
 
     def run(self) -> pd.DataFrame:
         configs = self.configs()
+        self.resume(configs)
         with tqdm(total=len(self.points), desc=self.cfg.experiment.name, unit="point") as bar:
             for point, cfg in zip(self.points, configs):
                 bar.set_postfix_str(point.name)
@@ -76,6 +82,16 @@ class Sweep:
                 self.write()
                 bar.update(1)
         return self.table()
+
+    def resume(self, configs: list[Config]) -> None:
+        """Finished points that ran another configuration: refused before anything runs, or
+        (experiment.on_changed=rerun) made unfinished so they run again."""
+        found = changed_points(self.points, configs, self.point_dir)
+        if found and self.cfg.experiment.on_changed != "rerun":
+            raise refusal(found)
+        for name in found:
+            (self.out_dir / "points" / name / "summary.json").unlink()
+            log.info(f"resume: {name} ran with another configuration; running it again")
 
     def _run_one(self, point: Point, cfg: Config) -> dict:
         directory = self.point_dir(point)
@@ -103,7 +119,8 @@ class Sweep:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         table = self.table()
         write_parquet(self.out_dir / "sweep.parquet", table)
-        body = {"experiment": self.cfg.experiment.name, "points": table.to_dict(orient="records")}
+        body = {"experiment": self.cfg.experiment.name, "sizing": self.sizing,
+                "points": table.to_dict(orient="records")}
         if aggregate is not None:
             body["aggregate"] = aggregate
         write_json(self.out_dir / "sweep.json", body)

@@ -18,7 +18,7 @@ from hydra import compose, initialize_config_dir
 from testbed.config import register_configs, to_config
 from testbed.sim.executor import simulate
 
-CONF = Path(__file__).resolve().parents[2] / "conf"
+CONF = Path(__file__).resolve().parents[1] / "conf"
 TINY_CPU = Path(__file__).resolve().parent / "profiles" / "tiny_cpu.json"
 
 
