@@ -1,6 +1,7 @@
 """The command line: the default job end to end, and bad input as one line with exit code 2."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -99,3 +100,26 @@ def test_overlength_prompts_are_rejected_with_a_reason(tmp_path):
     requests = pd.read_parquet(tmp_path / "requests.parquet")
     rejected = requests[requests.status == "rejected"]
     assert len(rejected) > 0 and rejected.reason.str.startswith("overlength").all()
+
+
+@pytest.mark.slow
+def test_a_plain_install_carries_its_configs_and_the_testbed_command(tmp_path):
+    """The wheel (what a non-editable install unpacks) holds every Hydra config, the license and
+    the `testbed` console command; run from it, the default job composes and serves."""
+    import zipfile
+
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
+                    str(tmp_path / "wheel"), str(ROOT)], check=True, capture_output=True, timeout=600)
+    wheel = next((tmp_path / "wheel").glob("testbed-*.whl"))
+    names = zipfile.ZipFile(wheel).namelist()
+    shipped = {n.split("testbed/conf/", 1)[1] for n in names if n.startswith("testbed/conf/") and n.endswith(".yaml")}
+    assert shipped == {str(p.relative_to(ROOT / "testbed" / "conf")) for p in (ROOT / "testbed" / "conf").rglob("*.yaml")}
+    assert any(n.endswith("licenses/LICENSE") for n in names)
+    entry = next(n for n in names if n.endswith("entry_points.txt"))
+    assert "testbed = testbed.__main__:cli" in zipfile.ZipFile(wheel).read(entry).decode()
+    zipfile.ZipFile(wheel).extractall(tmp_path / "site")
+    out = subprocess.run([sys.executable, "-m", "testbed", "workload.num_requests=2", f"hydra.run.dir={tmp_path / 'run'}"],
+                         cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(tmp_path / "site")},
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "run" / "summary.json").is_file()
