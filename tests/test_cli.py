@@ -108,7 +108,7 @@ def test_a_plain_install_carries_its_configs_and_the_testbed_command(tmp_path):
     the `testbed` console command; run from it, the default job composes and serves."""
     import zipfile
 
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w",
                     str(tmp_path / "wheel"), str(ROOT)], check=True, capture_output=True, timeout=600)
     wheel = next((tmp_path / "wheel").glob("testbed-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
