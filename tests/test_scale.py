@@ -61,6 +61,10 @@ def _steps_by_rows(steps, t0):
     frame = frame.rename(columns={"start": "start_s", "end": "end_s"})
     frame["start_s"] -= t0
     frame["end_s"] -= t0
+    used, total = pd.to_numeric(frame["kv_blocks_used"]), frame["kv_blocks_total"].astype(float)
+    frame["kv_occupancy"] = (used / total).where(total > 0)  # the derived columns, row by row
+    covered = frame["prefix_hit_tokens"] + frame["prefill_tokens"]
+    frame["prefix_hit_rate"] = (frame["prefix_hit_tokens"] / covered).where(covered > 0)
     return frame
 
 

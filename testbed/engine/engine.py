@@ -11,7 +11,7 @@ from testbed.engine.config import EngineConfig, SchedulerConfig
 from testbed.engine.kv_store import StoreView
 from testbed.engine.model_runner import ModelRunner
 from testbed.engine.policies import make_policy
-from testbed.engine.record import StepRecord, cost_shape
+from testbed.engine.record import StepRecord, cost_shape, hit_tokens
 from testbed.engine.scheduler import Scheduler, StepResult
 from testbed.engine.sequence import Sequence, check_fits
 from testbed.model.config import ModelArgs
@@ -68,7 +68,7 @@ class Engine:
         t4 = time.perf_counter()
         result = self.scheduler.postprocess(batch, self.runner.scatter(batch, order, tokens))
         t5 = time.perf_counter()
-        return result, self._record(shape, (t0, t1, t2, t3, t4, t5))
+        return result, self._record(shape, (t0, t1, t2, t3, t4, t5), hit_tokens(result.hits))
 
     def _layer_hook(self, batch):
         """after_layer bound to the sequences whose prefill this step completes, or None."""
@@ -77,13 +77,14 @@ class Engine:
         finishing = [seq for seq, n in batch.items if seq.in_prefill and seq.num_computed_tokens + n == seq.num_tokens]
         return (lambda layer: self.after_layer(layer, finishing)) if finishing else None
 
-    def _record(self, shape: tuple, times: tuple[float, ...]) -> StepRecord:
+    def _record(self, shape: tuple, times: tuple[float, ...], hits: int) -> StepRecord:
         t0, t1, t2, t3, t4, t5 = times
         return StepRecord(
             start=t0, end=t5, role=self.role, prefill_tokens=shape[0], decode_seqs=shape[1], batched_tokens=shape[2],
             kv_blocks_used=self.block_manager.num_used_blocks, num_waiting=len(self.scheduler.waiting),
             num_running=len(self.scheduler.running), schedule_s=t1 - t0, prepare_s=t2 - t1, forward_s=t3 - t2,
-            sample_s=t4 - t3, postprocess_s=t5 - t4, prefill_chunks=shape[3], decode_context=shape[4])
+            sample_s=t4 - t3, postprocess_s=t5 - t4, prefill_chunks=shape[3], decode_context=shape[4],
+            kv_blocks_total=self.block_manager.num_blocks, prefix_hit_tokens=hits)
 
     def run_until_done(self) -> list[StepRecord]:
         records = []

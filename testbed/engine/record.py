@@ -31,6 +31,16 @@ class StepRecord(NamedTuple):
     # and whether the real step took longer than it
     modelled_s: float = float("nan")
     pace_overrun: bool = False
+    # the KV pool's size in blocks (occupancy: kv_blocks_used / kv_blocks_total; 0: not known)
+    kv_blocks_total: int = 0
+    # prompt tokens the step's prefills found in the prefix cache (StepResult.hits: counted on a
+    # request's first chunk after the hit), beside the prefill_tokens the step computed
+    prefix_hit_tokens: int = 0
+
+
+def hit_tokens(hits) -> int:
+    """The prompt tokens a step's StepResult.hits, (rid, cached tokens) pairs, found cached."""
+    return sum(tokens for _, tokens in hits)
 
 
 def cost_shape(batch) -> tuple[tuple[tuple[int, int], ...], int]:

@@ -26,6 +26,7 @@ from testbed.metrics.events import RequestLog
 from testbed.metrics.latency import distribution
 from testbed.metrics.slo import tenant_slos
 from testbed.metrics.steps import steps_table
+from testbed.metrics.telemetry import gpu_roles
 from testbed.metrics.summary import summarize
 from testbed.model.loader import resolve_dtype
 from testbed.tracking.telemetry import start_telemetry
@@ -123,7 +124,8 @@ def write_point(cfg: Config, out_dir: Path, cluster: Cluster, router: Router, lo
     requests, steps = log.table(), steps_table(router.steps, t0)
     transfers = router.transfers.table()  # one row per attempt; the figures use the attempts that arrived
     summary = summarize(requests, steps, transfers[transfers.outcome == "ok"], slo=cfg.slo, metrics=cfg.metrics,
-                        num_gpus=len(plans), tenant_slos=tenant_slos(cfg.workload.tenants, cfg.slo))
+                        num_gpus=len(plans), tenant_slos=tenant_slos(cfg.workload.tenants, cfg.slo),
+                        telemetry=telemetry, gpu_roles=gpu_roles((p.device, p.role) for p in plans))
     summary.update(audit_summary(audits))
     summary["kv_transfer_attempts"] = {str(k): int(v) for k, v in transfers.outcome.value_counts().items()}
     summary["workers"] = {f"worker{p.rank}": {"role": p.role, "device": p.device,

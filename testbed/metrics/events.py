@@ -54,7 +54,8 @@ NULLABLE_INT_COLUMNS = ["session_id", "prefill_worker", "decode_worker"]
 # Columns other code (steps and transfers recorders) is expected to write; the results writer
 # uses them for empty tables.
 STEP_COLUMNS = ["worker", "role", "step", "start_s", "end_s", "prefill_tokens", "decode_seqs",
-                "batched_tokens", "kv_blocks_used", "num_waiting", "num_running"]
+                "batched_tokens", "kv_blocks_used", "kv_blocks_total", "kv_occupancy", "prefix_hit_tokens",
+                "prefix_hit_rate", "num_waiting", "num_running"]
 REFUSERS = ("workload", "admission")
 TRANSFER_COLUMNS = ["request_id", "prefill_worker", "decode_worker", "kv_bytes", "start_s", "end_s"]
 

@@ -8,6 +8,7 @@ E2E = t_n - a, ITL = every gap t_{i+1} - t_i (pooled across requests).
 from __future__ import annotations
 
 from itertools import chain
+from typing import NamedTuple, Optional
 
 import numpy as np
 import pandas as pd
@@ -15,6 +16,8 @@ import pandas as pd
 PERCENTILES = (50, 90, 95, 99)
 # TTFT buckets by input length in tokens: [low, high).
 BUCKETS = {"0-1K": (0, 1024), "1K-4K": (1024, 4096), "4K-16K": (4096, 16384), "16K+": (16384, np.inf)}
+# TPOT / ITL buckets by output length in tokens: [low, high).
+OUTPUT_BUCKETS = {"0-128": (0, 128), "128-512": (128, 512), "512-2K": (512, 2048), "2K+": (2048, np.inf)}
 
 
 def distribution(values) -> dict[str, float]:
@@ -52,6 +55,29 @@ def _sequence(cell):
     return as_times(cell)  # an array (from parquet), None/NaN or a lone number
 
 
+class Tokens(NamedTuple):
+    """A table's token times flattened once (token_arrays of token_times and token_worker_times):
+    the figures that read them share one pass over the cells."""
+
+    client: np.ndarray
+    client_sizes: np.ndarray
+    worker: np.ndarray
+    worker_sizes: np.ndarray
+
+
+def tokens_of(table: pd.DataFrame) -> Tokens:
+    return Tokens(*token_arrays(table["token_times"]), *token_arrays(table["token_worker_times"]))
+
+
+def later_tokens(sizes: np.ndarray) -> np.ndarray:
+    """Places in the concatenation of token_arrays of every token but a cell's first: the later
+    token of each gap inside one request (a gap is flat[i] - flat[i - 1])."""
+    starts = np.cumsum(sizes) - sizes
+    later = np.ones(int(sizes.sum()), dtype=bool)
+    later[starts[sizes > 0]] = False
+    return np.flatnonzero(later)
+
+
 def first_last(flat: np.ndarray, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per cell of token_arrays: its first and last time (NaN when empty)."""
     ends = np.cumsum(sizes)
@@ -85,9 +111,10 @@ def add_derived(df: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
-def pooled_itl(table: pd.DataFrame) -> np.ndarray:
-    """Every inter-token gap of every request, pooled (a batch of tokens in one message has gaps of 0)."""
-    flat, sizes = token_arrays(table["token_times"])
+def pooled_itl(table: pd.DataFrame, tokens: Optional[Tokens] = None) -> np.ndarray:
+    """Every inter-token gap of every request, pooled (a batch of tokens in one message has gaps of 0).
+    `tokens`: the table's tokens_of, when already at hand."""
+    flat, sizes = token_arrays(table["token_times"]) if tokens is None else tokens[:2]
     if flat.size < 2:
         return np.zeros(0)
     within = np.ones(flat.size - 1, dtype=bool)  # the gaps of the concatenation inside one request
@@ -96,10 +123,9 @@ def pooled_itl(table: pd.DataFrame) -> np.ndarray:
     return np.diff(flat)[within]
 
 
-def harness_delays(table: pd.DataFrame) -> np.ndarray:
+def harness_delays(table: pd.DataFrame, tokens: Optional[Tokens] = None) -> np.ndarray:
     """Per token: arrival at the router minus the worker's stamp (queueing in the harness itself)."""
-    client, client_sizes = token_arrays(table["token_times"])
-    worker, worker_sizes = token_arrays(table["token_worker_times"])
+    client, client_sizes, worker, worker_sizes = tokens_of(table) if tokens is None else tokens
     paired = (client_sizes > 0) & (client_sizes == worker_sizes)  # a request without both stamps is left out
     return client[np.repeat(paired, client_sizes)] - worker[np.repeat(paired, worker_sizes)]
 
@@ -111,6 +137,45 @@ def ttft_by_bucket(table: pd.DataFrame) -> dict[str, dict]:
         rows = table[(table["input_len"] >= low) & (table["input_len"] < high)]
         out[name] = {"count": int(len(rows)), **distribution(rows["ttft"])}
     return out
+
+
+def ttft_by_tenant(table: pd.DataFrame) -> dict[str, dict]:
+    """TTFT distribution and request count per tenant (by name)."""
+    return {str(name): {"count": int(len(rows)), **distribution(rows["ttft"])}
+            for name, rows in table.groupby("tenant", sort=True)}
+
+
+def output_buckets(output_len) -> np.ndarray:
+    """Each request's OUTPUT_BUCKETS index by its output length (-1: none)."""
+    return bucket_index(output_len, OUTPUT_BUCKETS)
+
+
+def bucket_index(values, buckets: dict) -> np.ndarray:
+    """Each value's index among `buckets` ({name: [low, high)}); -1 for NaN or outside them all."""
+    x = np.asarray(values, dtype=np.float64)
+    index = np.full(x.shape, -1, dtype=np.int64)
+    for i, (low, high) in enumerate(buckets.values()):
+        index[(x >= low) & (x < high)] = i
+    return index
+
+
+def bucketed(values, index: np.ndarray, buckets: dict) -> dict[str, dict]:
+    """Per bucket: the count and distribution of the values whose index (bucket_index) is its."""
+    x = np.asarray(values, dtype=np.float64)
+    return {name: {"count": int(np.count_nonzero(index == i)), **distribution(x[index == i])}
+            for i, name in enumerate(buckets)}
+
+
+def by_output_bucket(table: pd.DataFrame, tokens: Optional[Tokens] = None) -> dict[str, dict]:
+    """TPOT (one per request) and ITL (every gap, pooled) per output-length bucket (OUTPUT_BUCKETS,
+    by the requests' output_len); `count` is requests for TPOT and gaps for ITL."""
+    flat, sizes = token_arrays(table["token_times"]) if tokens is None else tokens[:2]
+    index = output_buckets(table["output_len"])
+    later = later_tokens(sizes)
+    gaps = flat[later] - flat[later - 1]
+    gap_index = np.repeat(index, sizes)[later]
+    return {"tpot_by_output_bucket": bucketed(table["tpot"], index, OUTPUT_BUCKETS),
+            "itl_by_output_bucket": bucketed(gaps, gap_index, OUTPUT_BUCKETS)}
 
 
 def interference_ratio(itl_with_prefill, itl_baseline) -> float:

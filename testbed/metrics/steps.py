@@ -132,8 +132,30 @@ def steps_table(steps: StepLog | list[tuple[int, StepRecord]], t0: float) -> pd.
     frame = frame.rename(columns={"start": "start_s", "end": "end_s"})
     frame["start_s"] -= t0
     frame["end_s"] -= t0
+    frame = with_step_rates(frame)
     extra = [c for c in frame.columns if c not in STEP_COLUMNS]
     return frame[STEP_COLUMNS + extra]
+
+
+def with_step_rates(frame: pd.DataFrame) -> pd.DataFrame:
+    """The frame with two derived columns: kv_occupancy = kv_blocks_used / kv_blocks_total (the
+    pool's share in use after the step; NaN when the pool size is unknown) and prefix_hit_rate =
+    prefix_hit_tokens / (prefix_hit_tokens + prefill_tokens) (of the prompt tokens the step's
+    prefills covered, the share the prefix cache served; NaN for a step without prefill)."""
+    used, total = numbers(frame["kv_blocks_used"]), numbers(frame["kv_blocks_total"])
+    hits, prefill = numbers(frame["prefix_hit_tokens"]), numbers(frame["prefill_tokens"])
+    with np.errstate(invalid="ignore", divide="ignore"):
+        frame["kv_occupancy"] = np.where(total > 0, used / total, np.nan)
+        frame["prefix_hit_rate"] = np.where(hits + prefill > 0, hits / (hits + prefill), np.nan)
+    return frame
+
+
+def numbers(column: pd.Series) -> np.ndarray:
+    """A column as floats (NaN for a missing or non-numeric value); numeric columns without a copy
+    through pandas' parsing (a simulation's columns have millions of rows)."""
+    if pd.api.types.is_numeric_dtype(column.dtype) and not pd.api.types.is_bool_dtype(column.dtype):
+        return column.to_numpy(np.float64, na_value=np.nan)
+    return pd.to_numeric(column, errors="coerce").to_numpy(np.float64, na_value=np.nan)
 
 
 def _column(values: list, hint) -> np.ndarray | pd.Series:

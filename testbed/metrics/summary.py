@@ -8,10 +8,14 @@ from typing import Any, Mapping, Optional, Sequence
 import numpy as np
 import pandas as pd
 
+from testbed.metrics.concurrency import by_concurrency, by_key
 from testbed.metrics.config import MetricsConfig, SLOConfig
-from testbed.metrics.latency import (decode_stalls, distribution, first_last, harness_delays, pooled_itl,
-                                     token_arrays, ttft_by_bucket)
+from testbed.metrics.latency import (Tokens, by_output_bucket, decode_stalls, distribution, first_last,
+                                     harness_delays, pooled_itl, token_arrays, tokens_of, ttft_by_bucket,
+                                     ttft_by_tenant)
+from testbed.metrics.steps import numbers
 from testbed.metrics.slo import attainment_by_tenant, attainment_curve, filtered_out, slo_attainment
+from testbed.metrics.telemetry import telemetry_summary
 
 DEFAULT_SLO_SCALES = (0.5, 1.0, 1.5, 2.0, 3.0, 5.0)
 
@@ -37,13 +41,13 @@ def measured(table: pd.DataFrame, metrics: MetricsConfig) -> pd.DataFrame:
     return marked[~marked["warmup"]]
 
 
-def throughput(table: pd.DataFrame) -> dict[str, float]:
+def throughput(table: pd.DataFrame, ok_tokens: Optional[Tokens] = None) -> dict[str, float]:
     """Completed requests, input and output tokens per second of the ok requests, over the span
     from the first arrival (of the requests given, rejected ones aside) to the last token of a
-    finished request."""
+    finished request. `ok_tokens`: tokens_of the ok requests, when already at hand."""
     served = table[~filtered_out(table)]
     ok = table[table["status"] == "ok"]
-    flat, sizes = token_arrays(ok["token_times"])
+    flat, sizes = token_arrays(ok["token_times"]) if ok_tokens is None else ok_tokens[:2]
     if not sizes.any() or served.empty:
         nan = float("nan")
         return {"duration_s": nan, "requests_per_s": nan, "input_tokens_per_s": nan,
@@ -88,7 +92,35 @@ def step_summary(steps: pd.DataFrame) -> dict[str, Any]:
         batched = by_role["batched_tokens"].mean()
         out["mean_batched_tokens_by_role"] = {str(k): float(v) for k, v in batched.items()}
     out.update(decode_worker_itl(steps))
+    out.update(pool_and_cache_by_worker(steps))
     return out
+
+
+def pool_and_cache_by_worker(steps: pd.DataFrame) -> dict[str, Any]:
+    """Per worker, over its steps (each step one sample, as steps.parquet has them): mean, p50 and
+    p99 of the KV pool occupancy and of the per-step prefix-cache hit rate (steps without prefill
+    have none), and the worker's overall hit rate (hit tokens over the prompt tokens its
+    prefills covered)."""
+    if not {"worker", "kv_occupancy", "prefix_hit_rate", "prefix_hit_tokens"} <= set(steps.columns):
+        return {}
+    rows = by_key(steps["worker"].to_numpy(np.int64))
+    occupancy, rate = numbers(steps["kv_occupancy"]), numbers(steps["prefix_hit_rate"])
+    hits, prefill = numbers(steps["prefix_hit_tokens"]), numbers(steps["prefill_tokens"])
+    return {"kv_occupancy_by_worker": {f"worker{w}": _tails(occupancy[r]) for w, r in rows.items()},
+            "prefix_hit_rate_by_worker": {f"worker{w}": {**_tails(rate[r]), "overall": _share(hits[r], prefill[r])}
+                                          for w, r in rows.items()}}
+
+
+def _tails(values: np.ndarray) -> dict[str, float]:
+    """mean, p50 and p99 (a sweep row has these per worker: 64 workers make hundreds of columns)."""
+    d = distribution(values)
+    return {"mean": d["mean"], "p50": d["p50"], "p99": d["p99"]}
+
+
+def _share(hits: np.ndarray, prefill: np.ndarray) -> float:
+    """Hit tokens over the prompt tokens the prefills covered (hits and computed); NaN for none."""
+    covered = hits.sum() + prefill.sum()
+    return float(hits.sum() / covered) if covered > 0 else float("nan")
 
 
 def decode_itl_samples(steps: pd.DataFrame) -> Optional[dict[str, np.ndarray]]:
@@ -98,12 +130,14 @@ def decode_itl_samples(steps: pd.DataFrame) -> Optional[dict[str, np.ndarray]]:
     only decoded. None without decode workers."""
     if not {"role", "start_s", "end_s", "prefill_tokens", "decode_seqs"} <= set(steps.columns):
         return None
-    on_d = steps[(steps["role"] == "decode_only") & (steps["decode_seqs"] > 0)]
-    if on_d.empty:
+    decodes = steps["decode_seqs"].to_numpy(int)
+    on_d = (steps["role"] == "decode_only").to_numpy(bool) & (decodes > 0)  # arrays: millions of rows
+    if not on_d.any():
         return None
-    appends = on_d["prefill_tokens"] > 0
-    return {name: np.repeat((rows["end_s"] - rows["start_s"]).to_numpy(float), rows["decode_seqs"].to_numpy(int))
-            for name, rows in (("with_appends", on_d[appends]), ("decode_only", on_d[~appends]))}
+    seconds = (steps["end_s"].to_numpy(float) - steps["start_s"].to_numpy(float))
+    appends = steps["prefill_tokens"].to_numpy(float) > 0
+    return {name: np.repeat(seconds[on_d & rows], decodes[on_d & rows])
+            for name, rows in (("with_appends", appends), ("decode_only", ~appends))}
 
 
 def decode_worker_itl(steps: pd.DataFrame) -> dict[str, Any]:
@@ -118,16 +152,22 @@ def summarize(requests: pd.DataFrame, steps: Optional[pd.DataFrame] = None,
               transfers: Optional[pd.DataFrame] = None, *, slo: SLOConfig,
               metrics: Optional[MetricsConfig] = None, num_gpus: int = 1,
               tenant_slos: Optional[Mapping[str, SLOConfig]] = None,
-              slo_scales: Sequence[float] = DEFAULT_SLO_SCALES) -> dict[str, Any]:
+              slo_scales: Sequence[float] = DEFAULT_SLO_SCALES, telemetry: Optional[pd.DataFrame] = None,
+              gpu_roles: Optional[Mapping[int, str]] = None, telemetry_reason: str = "") -> dict[str, Any]:
     """summary.json: JSON-ready (plain floats and ints, NaN as None). Warm-up requests (see
-    mark_warmup) are counted in "warmup_excluded" and left out of every other figure."""
+    mark_warmup) are counted in "warmup_excluded" and left out of every other figure but the
+    telemetry's (energy over the whole run, per output token of every request). `telemetry`:
+    the NVML samples, over the GPUs of `gpu_roles` ({GPU index: worker role})."""
     metrics = metrics or MetricsConfig()  # not a default argument: a shared mutable instance
     marked = mark_warmup(requests, metrics)
     table = marked[~marked["warmup"]]
     ok = table[table["status"] == "ok"]
-    itl = pooled_itl(ok)
-    delays = harness_delays(ok)
-    tput = throughput(table)
+    tokens = tokens_of(ok)  # one pass over the token cells for every figure below
+    itl = pooled_itl(ok, tokens)
+    delays = harness_delays(ok, tokens)
+    tput = throughput(table, tokens)
+    power = telemetry_summary(telemetry, gpu_roles or {}, float(marked["num_tokens"].sum()), telemetry_reason)
+    nvlink = {key: power.pop(key) for key in ("nvlink_tx_bytes", "nvlink_rx_bytes")}  # beside the KV bytes
     out = {
         "num_requests": {"ok": int(len(ok)), "failed": int((table["status"] == "failed").sum()),
                          "rejected": int(filtered_out(table).sum()),
@@ -141,6 +181,9 @@ def summarize(requests: pd.DataFrame, steps: Optional[pd.DataFrame] = None,
         "e2e": distribution(ok["e2e"]),
         "normalized_latency": distribution(ok["normalized_latency"]),
         "ttft_by_bucket": ttft_by_bucket(ok),
+        "ttft_by_tenant": ttft_by_tenant(ok),
+        **by_output_bucket(ok, tokens),
+        **by_concurrency(ok, steps, tokens),
         "throughput": {**tput, "requests_per_s_per_gpu": tput["requests_per_s"] / num_gpus,
                        "output_tokens_per_s_per_gpu": tput["output_tokens_per_s"] / num_gpus},
         "slo": {"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s},
@@ -149,7 +192,8 @@ def summarize(requests: pd.DataFrame, steps: Optional[pd.DataFrame] = None,
         "slo_attainment_curve": _curve(table, slo, slo_scales, tenant_slos),
         "queue": {"prefill_queue_s": distribution(ok["prefill_queue_s"]),
                   "decode_queue_s": distribution(ok["decode_queue_s"])},
-        "kv_transfer": kv_transfer_summary(ok, transfers),
+        "kv_transfer": {**kv_transfer_summary(ok, transfers), **nvlink},
+        "telemetry": power,
         "decode_stalls": decode_stalls(itl, metrics.stall_factor),
         "stall_factor": metrics.stall_factor,
         "harness_delay": distribution(delays),

@@ -53,15 +53,16 @@ class DecodeRun:
                 last = used
         return changes
 
-    def step_fields(self, done: int, role: str) -> dict:
+    def step_fields(self, done: int, role: str, num_blocks: int) -> dict:
         """steps.parquet's fields of the first `done` steps (StepLog.add_many), as the
-        worker's ordinary steps record them."""
+        worker's ordinary steps record them (`num_blocks`: the pool's size; no prefix hits)."""
         n, context = len(self.quiet.seqs), self.quiet.context
         starts, ends = self.starts[:done], self.ends[:done]
         return dict(start=starts, end=ends, role=role, prefill_tokens=0, decode_seqs=n, batched_tokens=n,
                     kv_blocks_used=self.quiet.used[:done], num_waiting=0, num_running=n, schedule_s=0.0,
                     prepare_s=0.0, forward_s=[end - start for start, end in zip(starts, ends)], sample_s=0.0,
-                    postprocess_s=0.0, prefill_chunks=(), decode_context=list(range(context, context + n * done, n)))
+                    postprocess_s=0.0, prefill_chunks=(), decode_context=list(range(context, context + n * done, n)),
+                    kv_blocks_total=num_blocks, prefix_hit_tokens=0)
 
     def report(self, done: int, num_blocks: int) -> tuple[list, list, list, list]:
         """What the first `done` steps report (RequestBook.on_run): their starts, their ends (the

@@ -194,7 +194,7 @@ class Simulation:
         if worker.run is None:
             return
         run, done, in_flight = worker.end_run(self.now, self.host.draws[rank])
-        self.steps.add_many(rank, done, **run.step_fields(done, worker.role))
+        self.steps.add_many(rank, done, **run.step_fields(done, worker.role, worker.block_manager.num_blocks))
         self.book.on_run(rank, run.quiet.seqs, *run.report(done, worker.block_manager.num_blocks), SAMPLED_TOKEN)
         if in_flight and run.ends[done] == self.now:  # the run's finishing step ends now
             self._step_end(rank)

@@ -15,7 +15,7 @@ from testbed.control.ledger import Incoming, Outgoing, ReceiveLedger, SendLedger
 from testbed.engine.block_manager import BlockManager
 from testbed.engine.config import EngineConfig, SchedulerConfig
 from testbed.engine.policies import make_policy
-from testbed.engine.record import StepRecord, cost_shape
+from testbed.engine.record import StepRecord, cost_shape, hit_tokens
 from testbed.engine.scheduler import Batch, Scheduler, StepResult
 from testbed.engine.sequence import Sequence
 from testbed.perf.resolve import StepCostModel
@@ -92,7 +92,8 @@ class SimWorker:
         prefill, decodes, batched, chunks, context = self.shape
         record = StepRecord(self.step_start, now, self.role, prefill, decodes, batched,
                             self.block_manager.num_used_blocks, len(self.scheduler.waiting),
-                            len(self.scheduler.running), 0.0, 0.0, now - self.step_start, 0.0, 0.0, chunks, context)
+                            len(self.scheduler.running), 0.0, 0.0, now - self.step_start, 0.0, 0.0, chunks, context,
+                            kv_blocks_total=self.block_manager.num_blocks, prefix_hit_tokens=hit_tokens(result.hits))
         return result, record
 
     # -- decode runs (testbed/sim/decode_run.py) --------------------------------------------

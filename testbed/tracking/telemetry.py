@@ -1,5 +1,12 @@
-"""NVML telemetry: a background sampler of per-GPU utilization, memory, power, SM clock and
-NVLink throughput, and a one-shot inventory of GPUs and their interconnect.
+"""NVML telemetry: a background sampler of per-GPU utilization, memory, power, energy, SM clock
+and NVLink throughput, and a one-shot inventory of GPUs and their interconnect.
+
+Per sample: NVML's utilization rates (util_pct: time a kernel ran; mem_util_pct: time device
+memory was read or written), on Hopper and newer GPM's SM and DRAM-bandwidth utilization over
+the interval since the previous sample (NaN where GPM is absent), the cumulative energy counter
+(nvmlDeviceGetTotalEnergyConsumption, mJ since the driver loaded) and the cumulative NVLink data
+counters (NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX / RX, KiB) as read, so a point's energy and
+NVLink bytes are counter differences (testbed/metrics/telemetry.py), plus their rates.
 
 Optional by design: without nvidia-ml-py or a driver, start_telemetry returns a NullSampler
 (stop() -> None) and gpu_inventory returns the reason. Only this module imports pynvml.
@@ -18,8 +25,9 @@ from typing import Any, Optional, Union
 
 import pandas as pd
 
-COLUMNS = ["t_s", "gpu", "uuid", "util_pct", "mem_used_bytes", "power_w", "sm_clock_mhz",
-           "nvlink_tx_bytes_s", "nvlink_rx_bytes_s"]
+COLUMNS = ["t_s", "gpu", "uuid", "util_pct", "mem_util_pct", "sm_util_pct", "dram_bw_util_pct", "mem_used_bytes",
+           "power_w", "energy_mj", "sm_clock_mhz", "nvlink_tx_bytes_s", "nvlink_rx_bytes_s", "nvlink_tx_kib",
+           "nvlink_rx_kib"]
 NVLINK_ALL_LINKS = 0xFFFFFFFF  # scopeId UINT_MAX: NVML sums the counter over all links (nvml.h)
 NVLINK_MAX_LINKS = 18  # NVML_NVLINK_MAX_LINKS; per-link fallback for drivers without the aggregate
 TOPOLOGY_NAMES = {0: "internal", 10: "single", 20: "multiple", 30: "hostbridge", 40: "node", 50: "system"}
@@ -31,6 +39,7 @@ class GpuHandle:
     uuid: str
     handle: Any
     nvlink_scopes: tuple[int, ...] = ()  # field scopes to read; empty: no NVLink counters
+    gpm: Optional["Gpm"] = None  # GPM sampling (Hopper+), None where unsupported
 
 
 class NullSampler:
@@ -64,6 +73,9 @@ class NvmlSampler:
         if not self._stopping.is_set():
             self._stopping.set()
             self._thread.join()
+            for gpu in self._gpus:
+                if gpu.gpm is not None:
+                    gpu.gpm.close()
             self._nvml.nvmlShutdown()
         return pd.DataFrame(self._rows, columns=COLUMNS)
 
@@ -86,14 +98,72 @@ class NvmlSampler:
         util = _query(nvml, nvml.nvmlDeviceGetUtilizationRates, h)
         mem = _query(nvml, nvml.nvmlDeviceGetMemoryInfo, h)
         power_mw = _query(nvml, nvml.nvmlDeviceGetPowerUsage, h)
+        sm_util, dram_util = gpu.gpm.read() if gpu.gpm is not None else (math.nan, math.nan)
         return {
             "t_s": now - self._t0, "gpu": gpu.index, "uuid": gpu.uuid,
-            "util_pct": _number(util.gpu if util is not None else None),
+            "util_pct": _number(getattr(util, "gpu", None)), "mem_util_pct": _number(getattr(util, "memory", None)),
+            "sm_util_pct": sm_util, "dram_bw_util_pct": dram_util,
             "mem_used_bytes": _number(mem.used if mem is not None else None),
             "power_w": _number(power_mw / 1000.0 if power_mw is not None else None),
+            "energy_mj": _number(_call(nvml, "nvmlDeviceGetTotalEnergyConsumption", h)),
             "sm_clock_mhz": _number(_query(nvml, nvml.nvmlDeviceGetClockInfo, h, nvml.NVML_CLOCK_SM)),
             "nvlink_tx_bytes_s": tx_rate, "nvlink_rx_bytes_s": rx_rate,
+            "nvlink_tx_kib": _number(tx), "nvlink_rx_kib": _number(rx),
         }
+
+
+class Gpm:
+    """GPM (GPU Performance Monitoring, Hopper and newer): SM and DRAM-bandwidth utilization over
+    the interval between two samples. `read` takes a sample and returns the figures since the
+    previous one (NaN for the first, or when a metric fails)."""
+
+    METRICS = ("NVML_GPM_METRIC_SM_UTIL", "NVML_GPM_METRIC_DRAM_BW_UTIL")
+
+    def __init__(self, nvml, handle):
+        self._nvml, self._handle = nvml, handle
+        self._previous = None
+
+    @classmethod
+    def open(cls, nvml, handle) -> Optional["Gpm"]:
+        """A Gpm when this binding and this GPU support it, else None."""
+        needed = ("nvmlGpmQueryDeviceSupport", "nvmlGpmSampleAlloc", "nvmlGpmSampleGet", "nvmlGpmMetricsGet",
+                  "c_nvmlGpmMetricsGet_t", *cls.METRICS)
+        if not all(hasattr(nvml, name) for name in needed):
+            return None
+        support = _query(nvml, nvml.nvmlGpmQueryDeviceSupport, handle)
+        return cls(nvml, handle) if support is not None and support.isSupportedDevice else None
+
+    def read(self) -> tuple[float, float]:
+        nvml = self._nvml
+        sample = _query(nvml, nvml.nvmlGpmSampleAlloc)
+        if sample is None or _query(nvml, nvml.nvmlGpmSampleGet, self._handle, sample) is None:
+            if sample is not None:
+                _query(nvml, nvml.nvmlGpmSampleFree, sample)
+            return math.nan, math.nan
+        previous, self._previous = self._previous, sample
+        if previous is None:
+            return math.nan, math.nan
+        figures = self._metrics(previous, sample)
+        _query(nvml, nvml.nvmlGpmSampleFree, previous)
+        return figures
+
+    def _metrics(self, first, second) -> tuple[float, float]:
+        nvml = self._nvml
+        request = nvml.c_nvmlGpmMetricsGet_t()
+        request.version = nvml.NVML_GPM_METRICS_GET_VERSION
+        request.numMetrics = len(self.METRICS)
+        request.sample1, request.sample2 = first, second
+        for i, name in enumerate(self.METRICS):
+            request.metrics[i].metricId = getattr(nvml, name)
+        if _query(nvml, nvml.nvmlGpmMetricsGet, request) is None:
+            return math.nan, math.nan
+        metrics = [request.metrics[i] for i in range(len(self.METRICS))]
+        return tuple(float(m.value) if m.nvmlReturn == nvml.NVML_SUCCESS else math.nan for m in metrics)
+
+    def close(self) -> None:
+        if self._previous is not None:
+            _query(self._nvml, self._nvml.nvmlGpmSampleFree, self._previous)
+            self._previous = None
 
 
 Sampler = Union[NvmlSampler, NullSampler]
@@ -109,6 +179,7 @@ def start_telemetry(t0: float, interval_s: float = 0.1, announce: bool = True) -
         return NullSampler(reason)
     for gpu in gpus:
         gpu.nvlink_scopes = probe_nvlink_scopes(nvml, gpu.handle)
+        gpu.gpm = Gpm.open(nvml, gpu.handle)
     if announce:
         print(f"telemetry: on ({len(gpus)} GPU(s) via NVML, every {interval_s:g} s)", file=sys.stderr)
     return NvmlSampler(nvml, gpus, t0, interval_s)
@@ -256,6 +327,13 @@ def _query(nvml, fn, *args) -> Any:
         return fn(*args)
     except nvml.NVMLError:
         return None
+
+
+def _call(nvml, name: str, *args) -> Any:
+    """nvml.<name>(*args), or None when this binding lacks it (an older nvidia-ml-py) or the GPU
+    or driver does not support it."""
+    fn = getattr(nvml, name, None)
+    return None if fn is None else _query(nvml, fn, *args)
 
 
 def _number(value: Any) -> float:
