@@ -43,13 +43,13 @@ def jobs(directory: Path) -> list[tuple[int, Path, dict]]:
 
 
 def job_labels(found: list[tuple[int, Path, dict]], leave_out: tuple[str, ...] = ()) -> dict[int, str]:
-    """Each job's name: the overrides whose values differ between jobs (job<n> if none do); the
+    """Each job's name: the overrides whose values differ between jobs ("" when none do); the
     value alone when one key varies, so `mode=chunked,disagg` draws as the modes themselves."""
     keys = sorted({k for _, _, o in found for k in o})
     varying = [k for k in keys if k not in leave_out and len({o.get(k) for _, _, o in found}) > 1]
     if len(varying) == 1:
         return {n: str(o.get(varying[0])) for n, _, o in found}
-    return {n: ",".join(f"{k.split('.')[-1]}={o.get(k)}" for k in varying) or f"job{n}" for n, _, o in found}
+    return {n: ",".join(f"{k.split('.')[-1]}={o.get(k)}" for k in varying) for n, _, o in found}
 
 
 def merge(directory) -> tuple[str, Path]:
@@ -85,7 +85,7 @@ def _studies(found, out: Path) -> tuple[str, pd.DataFrame]:
             _link(out, f"job{number}-{point}", job / "points" / str(point))
         table["point"] = [f"job{number}-{p}" for p in table["point"]]
         table["cell"] = [f"job{number}-{c}" for c in table.get("cell", table["point"])]
-        table["label"] = [f"{label} [{labels[number]}]" for label in table["label"]]
+        table["label"] = [f"{label} [{labels[number] or f'job{number}'}]" for label in table["label"]]
         tables.append(table)
     if len(names) > 1:
         raise TestbedError(f"{out.parent}: its jobs are different studies ({', '.join(sorted(names))}); merge one study")
@@ -100,7 +100,9 @@ def _runs(found, out: Path) -> tuple[str, pd.DataFrame]:
         summary = json.loads((job / "summary.json").read_text())
         point = f"job{number}"
         _link(out, point, job)
-        rows.append({"point": point, "label": labels[number], "mode": config.get("mode", ""),
+        # nothing but the rate varies: one line, named by its mode
+        label = labels[number] or config.get("mode", "run")
+        rows.append({"point": point, "label": label, "mode": config.get("mode", ""),
                      "rate": float((config.get("workload") or {}).get("rate", float("nan"))),
                      "num_gpus": summary.get("num_gpus", 1), "error": "", "cell": point, "repeat": 0,
                      "seed": config.get("seed", 0), "status": "ok", **flatten(summary)})

@@ -458,3 +458,16 @@ def test_a_multirun_directory_merges_its_jobs_into_one_study(tmp_path):
     assert sorted(zip(table.label, table.rate)) == [("chunked", 4.0), ("chunked", 8.0), ("disagg", 4.0), ("disagg", 8.0)]
     assert (tmp_path / "merged" / "figures" / "attainment_vs_rate.png").is_file()
     assert main([str(tmp_path / "0")]) == 0  # one job alone is still a run
+
+
+def test_multirun_jobs_are_named_by_what_varies():
+    from pathlib import Path
+
+    from analysis.multirun import RATE_KEY, job_labels
+
+    jobs = [(0, Path("0"), {"mode": "chunked", RATE_KEY: "4"}), (1, Path("1"), {"mode": "disagg", RATE_KEY: "4"})]
+    assert job_labels(jobs) == {0: "chunked", 1: "disagg"}
+    only_rates = [(0, Path("0"), {RATE_KEY: "4"}), (1, Path("1"), {RATE_KEY: "8"})]
+    assert job_labels(only_rates, leave_out=(RATE_KEY,)) == {0: "", 1: ""}  # one line, named by its mode
+    two = [(0, Path("0"), {"mode": "chunked", "seed": "1"}), (1, Path("1"), {"mode": "disagg", "seed": "2"})]
+    assert job_labels(two) == {0: "mode=chunked,seed=1", 1: "mode=disagg,seed=2"}

@@ -599,10 +599,12 @@ def test_doctor_prints_one_line_per_item():
     assert "online (WANDB_MODE=online in the environment; tracker.mode=" in done.stdout
 
 
-def test_a_missing_wandb_is_one_line_naming_the_extra(monkeypatch, tmp_path):
+def test_a_missing_wandb_is_one_line_naming_the_extra(monkeypatch):
+    from importlib.util import find_spec
+
     import sys
 
-    monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb raises ImportError
-    tracker = make_tracker(TrackerConfig(name="wandb", mode="offline"))
-    with pytest.raises(TrackerError, match=r"testbed\[wandb\]"):
-        tracker.start("p", "g", "serve", {}, tmp_path)
+    monkeypatch.setitem(sys.modules, "wandb", None)
+    monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: None if name == "wandb" else find_spec(name, *a))
+    with pytest.raises(TrackerError, match=r"testbed\[wandb\]"):  # when the tracker is made, before any point
+        make_tracker(TrackerConfig(name="wandb", mode="offline"))

@@ -25,7 +25,7 @@ from omegaconf import OmegaConf
 from testbed.config import Config, to_config
 from testbed.experiments.aggregates import finished
 from testbed.experiments.runner import STUDIES, cell_table
-from testbed.experiments.sweep import Sweep, flatten
+from testbed.experiments.sweep import EXTERNAL, Sweep, flatten
 from testbed.interop.points import import_run
 from testbed.interop.table import InteropError
 from testbed.metrics.slo import tenant_slos
@@ -35,7 +35,6 @@ from testbed.tracking.results import write_parquet
 # prefill length, hand-off) or engine steps an outside run does not have.
 SUPPORTED = ("rate_sweep", "ratio_sweep", "mode_compare", "slo_scale", "input_buckets")
 RATE_STUDIES = ("rate_sweep", "ratio_sweep")
-EXTERNAL = "external"  # the `mode` of an added point in the sweep table
 
 
 def add_point(sweep_dir, run, *, label: str, knobs: Optional[dict] = None, fmt: Optional[str] = None,
@@ -120,9 +119,15 @@ def rewrite(sweep_dir: Path, name: str, table: pd.DataFrame, cfg: Config) -> dic
     write_parquet(sweep_dir / "intervals.parquet", cell_table(table, cfg, sweep_dir))
     aggregate = STUDIES[name][1](table, cfg, sweep_dir)
     writer = Sweep(cfg, [], sweep_dir, None, None)
+    writer.name, writer.sizing = name, _saved_sizing(sweep_dir)
     writer.rows = table.to_dict(orient="records")
     writer.write(aggregate)
     return aggregate
+
+
+def _saved_sizing(sweep_dir: Path) -> dict:
+    path = sweep_dir / "sweep.json"
+    return json.loads(path.read_text()).get("sizing") or {} if path.is_file() else {}
 
 
 def _check_label(table: pd.DataFrame, label: str) -> None:

@@ -35,9 +35,11 @@ def normalised(config: dict) -> dict[str, Any]:
 
 
 def changes(stored: dict, current: dict) -> list[str]:
-    """`key: stored -> current` for every key that differs, ignored keys left out."""
+    """`key: stored -> current` for every stored key that differs, ignored keys left out. Keys the
+    stored config lacks are new settings at their defaults: a sweep run before they existed
+    resumes."""
     a, b = normalised(stored), normalised(current)
-    keys = sorted(k for k in set(a) | set(b) if not k.startswith(IGNORED))
+    keys = sorted(k for k in a if not k.startswith(IGNORED))
     return [f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in keys if a.get(k) != b.get(k)]
 
 

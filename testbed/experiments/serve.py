@@ -2,84 +2,20 @@
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from pathlib import Path
 from typing import Callable, Optional
 
-import numpy as np
-import torch
 from tqdm import tqdm
 
-from testbed.cluster.emulation import Emulation, emulation_meta
 from testbed.cluster.launcher import Cluster
 from testbed.cluster.layout import plan_workers
-from testbed.cluster.messages import Audit
-from testbed.cluster.pacing import pace_summary
+from testbed.cluster.point import kv_store, stop_cluster, worker_template, write_point
 from testbed.cluster.router import Router
-from testbed.cluster.worker import WorkerSpec
 from testbed.config import Config
-from testbed.engine.host_store import create_store
-from testbed.errors import KVLeakError
-from testbed.interop.points import export_run
 from testbed.metrics.events import RequestLog
-from testbed.metrics.latency import distribution
-from testbed.metrics.slo import tenant_slos
-from testbed.metrics.steps import steps_table
-from testbed.metrics.telemetry import gpu_roles
-from testbed.metrics.summary import summarize
-from testbed.model.loader import resolve_dtype
 from testbed.tracking.telemetry import start_telemetry
-from testbed.tracking.results import collect_meta, stored_config, write_results
 from testbed.workload import build_workload
-
-
-def kv_store(cfg: Config, plans) -> Optional[object]:
-    """The run's shared KV store (kv_store.capacity_mib), in the workers' KV dtype; None when off."""
-    if cfg.kv_store.capacity_mib <= 0:
-        return None
-    args = cfg.model.args()
-    dtype = resolve_dtype(cfg.model.dtype, torch.device(plans[0].device))
-    shape = (2, args.num_layers, cfg.engine.block_size, args.num_kv_heads, args.head_dim)
-    return create_store(cfg.kv_store.capacity_mib, shape, dtype)
-
-
-def worker_template(cfg: Config, store=None) -> WorkerSpec:
-    kv, engine = cfg.kv_transfer, cfg.engine
-    if cfg.faults.exhaust_kv_pool:  # the least pool that still holds one request of max_model_len
-        engine = dataclasses.replace(engine, num_kv_blocks=-(-cfg.model.args().max_model_len // engine.block_size))
-    return WorkerSpec(rank=0, world_size=1, role="", device="cpu", port=0, model=cfg.model, engine=engine,
-                      scheduler=cfg.scheduler, granularity=kv.granularity, kv_timeout_s=kv.timeout_s,
-                      kv_failure=kv.failure_policy(), max_pending=kv.max_pending,
-                      piece_bytes=kv.piece_kib << 10, drop_kv_probability=cfg.faults.drop_kv_probability,
-                      delay_kv_s=cfg.faults.delay_kv_ms / 1000, seed=cfg.seed,
-                      heartbeat_s=cfg.cluster.heartbeat_s, start_timeout_s=cfg.cluster.start_timeout_s,
-                      emulation=Emulation.from_hardware(cfg.hardware), report_cache=cfg.follows_caches,
-                      incremental=kv.multiturn == "incremental", kv_store=store)
-
-
-def harness_breakdown(rows: list[tuple[float, float, float]]) -> dict:
-    """Where a step report's harness delay goes: building the report on the worker, the pipe
-    (pickling, the router's wake-up, unpickling), and waiting behind earlier reports in the router."""
-    parts = np.array(rows, dtype=float).reshape(-1, 3)
-    return {name: distribution(parts[:, i]) for i, name in enumerate(("build_s", "pipe_s", "router_queue_s"))}
-
-
-def audit_summary(audits: dict[int, Audit]) -> dict:
-    """What each worker still held at the end (all zero unless something leaked)."""
-    return {"kv_blocks_leaked": {f"worker{rank}": a.used_blocks for rank, a in sorted(audits.items())},
-            "kv_blocks_cached": {f"worker{rank}": a.cached_blocks for rank, a in sorted(audits.items())},
-            "kv_store": {f"worker{rank}": a.store for rank, a in sorted(audits.items()) if a.store},
-            "staging_buffers_leaked": {f"worker{rank}": {"count": a.loaned_buffers, "bytes": a.loaned_bytes}
-                                       for rank, a in sorted(audits.items())}}
-
-
-def check_audit(audits: dict[int, Audit], out_dir: Path) -> None:
-    leaked = {rank: {"blocks": a.used_blocks, "staging_buffers": a.loaned_buffers}
-              for rank, a in audits.items() if a.used_blocks or a.loaned_buffers}
-    if leaked:
-        raise KVLeakError(f"KV audit failed: still allocated at the end of the run {leaked}; "
-                          f"results kept in {out_dir}")
 
 
 def serve(cfg: Config, out_dir: Path, on_started: Optional[Callable[[Cluster], None]] = None,
@@ -103,42 +39,3 @@ def serve(cfg: Config, out_dir: Path, on_started: Optional[Callable[[Cluster], N
             router.run()
         telemetry = stop_cluster(cluster, router, sampler)
     return write_point(cfg, out_dir, cluster, router, log, telemetry, workload.report)
-
-
-def stop_cluster(cluster: Cluster, router: Router, sampler) -> Optional[object]:
-    """Stop the workers (each sends its KV audit) and take in their last reports; the telemetry."""
-    router.memory.sample()
-    telemetry = sampler.stop()
-    leftovers: list = []
-    cluster.stop(leftovers)
-    for msg in leftovers:
-        router.handle(msg)
-    return telemetry
-
-
-def write_point(cfg: Config, out_dir: Path, cluster: Cluster, router: Router, log: RequestLog, telemetry,
-                workload_report: dict, extra_meta: Optional[dict] = None) -> dict:
-    """The results directory of a finished cluster run, then the KV audit's verdict."""
-    plans, audits, t0 = cluster.plans, cluster.audits, log.t0
-    emulated = emulation_meta(Emulation.from_hardware(cfg.hardware), cfg.model, cfg.mode == "disagg")
-    requests, steps = log.table(), steps_table(router.steps, t0)
-    transfers = router.transfers.table()  # one row per attempt; the figures use the attempts that arrived
-    summary = summarize(requests, steps, transfers[transfers.outcome == "ok"], slo=cfg.slo, metrics=cfg.metrics,
-                        num_gpus=len(plans), tenant_slos=tenant_slos(cfg.workload.tenants, cfg.slo),
-                        telemetry=telemetry, gpu_roles=gpu_roles((p.device, p.role) for p in plans))
-    summary.update(audit_summary(audits))
-    summary["kv_transfer_attempts"] = {str(k): int(v) for k, v in transfers.outcome.value_counts().items()}
-    summary["workers"] = {f"worker{p.rank}": {"role": p.role, "device": p.device,
-                                              "alive_at_end": p.rank in audits} for p in plans}
-    summary["workload_report"] = workload_report
-    summary["faults"] = router.faults
-    summary["harness_breakdown"] = harness_breakdown(router.harness)
-    summary["memory"] = router.memory.summary()
-    summary["emulated"], summary["pacing"] = emulated, pace_summary(steps)
-    meta = {"workers": summary["workers"], "emulated": emulated,
-            "cores_per_worker": cluster.cores.cores_per_worker if cluster.cores else None, **(extra_meta or {})}
-    write_results(out_dir, requests=requests, steps=steps, transfers=transfers, telemetry=telemetry,
-                  config=stored_config(cfg), meta=collect_meta(cfg.seed, meta), summary=summary)
-    export_run(out_dir / "exports", requests, stored_config(cfg), log.prompts)
-    check_audit(audits, out_dir)
-    return {"requests": requests, "steps": steps, "transfers": transfers, "telemetry": telemetry, "summary": summary}

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import shutil
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,7 @@ from testbed.errors import TestbedError
 from testbed.tracking.results import stored_config, write_json, write_parquet
 
 log = logging.getLogger("testbed")
+EXTERNAL = "external"  # the mode of a point drawn in from another engine or run (experiments/merge.py)
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,7 @@ class Sweep:
         self.cfg, self.points, self.out_dir, self.run_point, self.tracker = cfg, points, out_dir, run_point, tracker
         self.rows: list[dict] = []
         self.sizing: dict = {}  # the study's CPU sizing as applied (runner.cpu_sizing)
+        self.name = cfg.experiment.name  # the study (a merged sweep's points may say "serve")
         names = [p.name for p in points]
         assert len(set(names)) == len(names), f"duplicate point names in {names}"
 
@@ -75,6 +78,7 @@ class Sweep:
     def run(self) -> pd.DataFrame:
         configs = self.configs()
         self.resume(configs)
+        self.rows = self.added_rows()
         with tqdm(total=len(self.points), desc=self.cfg.experiment.name, unit="point") as bar:
             for point, cfg in zip(self.points, configs):
                 bar.set_postfix_str(point.name)
@@ -83,14 +87,25 @@ class Sweep:
                 bar.update(1)
         return self.table()
 
+    def added_rows(self) -> list[dict]:
+        """Points drawn into the saved sweep from elsewhere (python -m testbed.interop add): a
+        resumed sweep keeps them."""
+        saved = self.out_dir / "sweep.parquet"
+        if not saved.is_file():
+            return []
+        table = pd.read_parquet(saved)
+        if "mode" not in table.columns:
+            return []
+        return table[table["mode"] == EXTERNAL].to_dict(orient="records")
+
     def resume(self, configs: list[Config]) -> None:
         """Finished points that ran another configuration: refused before anything runs, or
         (experiment.on_changed=rerun) made unfinished so they run again."""
         found = changed_points(self.points, configs, self.point_dir)
         if found and self.cfg.experiment.on_changed != "rerun":
             raise refusal(found)
-        for name in found:
-            (self.out_dir / "points" / name / "summary.json").unlink()
+        for name in found:  # cleared whole: no file of the old run may sit beside the new one's
+            shutil.rmtree(self.out_dir / "points" / name)
             log.info(f"resume: {name} ran with another configuration; running it again")
 
     def _run_one(self, point: Point, cfg: Config) -> dict:
@@ -119,7 +134,7 @@ class Sweep:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         table = self.table()
         write_parquet(self.out_dir / "sweep.parquet", table)
-        body = {"experiment": self.cfg.experiment.name, "sizing": self.sizing,
+        body = {"experiment": self.name, "sizing": self.sizing,
                 "points": table.to_dict(orient="records")}
         if aggregate is not None:
             body["aggregate"] = aggregate

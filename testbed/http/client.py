@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import heapq
+import json
 import time
 from collections import Counter
 from dataclasses import replace
@@ -27,9 +28,11 @@ from testbed.workload import Request, Workload
 
 
 class Replay:
-    def __init__(self, cfg: Config, workload: Workload, log: RequestLog, model: str, prompts=None, on_finish=None):
-        self.cfg, self.http, self.workload, self.log, self.model = cfg, cfg.http, workload, log, model
+    def __init__(self, cfg: Config, workload: Workload, model: str, prompts=None, on_finish=None):
+        self.cfg, self.http, self.workload, self.model = cfg, cfg.http, workload, model
         self.prompts = prompts  # TextPrompts for http.prompt=text, else None (ids are sent)
+        # text made before the clock starts: tokenizing on the loop would delay the chunks' stamps
+        self.ready = {r.request_id: self._as_sent(r) for r in workload.requests} if prompts is not None else {}
         self.url = self.http.url.rstrip("/") + self.http.endpoint
         self.pending = [(r.arrival_s, r.request_id, r) for r in workload.requests]
         heapq.heapify(self.pending)
@@ -37,8 +40,9 @@ class Replay:
         self.errors: Counter = Counter()
         self.on_finish = on_finish or (lambda: None)
 
-    async def run(self, session: aiohttp.ClientSession) -> None:
-        self.session, self.wake = session, asyncio.Event()
+    async def run(self, session: aiohttp.ClientSession, log: RequestLog) -> None:
+        """Replay everything; `log` holds the run's clock (its t0) and every request's events."""
+        self.session, self.log, self.wake = session, log, asyncio.Event()
         self.slots = asyncio.Semaphore(self.http.max_concurrency)
         for request, reason in self.workload.rejected:
             self.log.reject(request, self.log.t0, reason, by="workload")
@@ -54,7 +58,8 @@ class Replay:
         """Send what has arrived; seconds to the next arrival (None: wait for a finish)."""
         now = time.perf_counter() - self.log.t0
         while self.pending and self.pending[0][0] <= now:
-            request = self._as_sent(heapq.heappop(self.pending)[2])
+            request = heapq.heappop(self.pending)[2]
+            request = self.ready.pop(request.request_id, None) or self._as_sent(request)
             task = asyncio.create_task(self._one(request))
             self.tasks.add(task)
             task.add_done_callback(self._done)
@@ -92,7 +97,7 @@ class Replay:
                 ids, times, why = await asyncio.wait_for(self._stream(request, prompt), self.http.timeout_s)
             except asyncio.TimeoutError:
                 ids, times, why = [], [], f"no end within http.timeout_s={self.http.timeout_s:g} s"
-            except aiohttp.ClientError as error:
+            except Exception as error:  # whatever breaks one request is that request's failure
                 ids, times, why = [], [], f"{type(error).__name__}: {error}"
         self._end(request, ids, times, why)
 
@@ -105,13 +110,15 @@ class Replay:
             async with self.session.post(self.url, json=self.payload(request, prompt), headers=headers) as response:
                 if response.status != 200:
                     return ids, times, f"http {response.status}: {_reason(await response.text())}"
+                used = None  # the usage chunk's completion_tokens, when the server sends one
                 async for line in response.content:
                     t = time.perf_counter()
                     delta = read_event(line)
                     if delta is None:
                         continue
+                    used = delta.usage_tokens if delta.usage_tokens is not None else used
                     if delta.error or delta.done:
-                        return ids, times, delta.error
+                        return ids, _counted(times, ids, used), delta.error
                     ids += delta.token_ids or []
                     times += [t] * delta.count
         except aiohttp.ServerTimeoutError:
@@ -134,10 +141,16 @@ class Replay:
         self.on_finish()
 
 
+def _counted(times: list[float], ids: list[int], used) -> list[float]:
+    """Without ids, a chunk with text counted one token; a larger usage count (chunks that carried
+    several) puts the rest at the last chunk's time, as vLLM's benchmark takes its count from usage."""
+    if ids or not used or used <= len(times) or not times:
+        return times
+    return times + [times[-1]] * (int(used) - len(times))
+
+
 def _reason(body: str) -> str:
     """The first line of an error body (an OpenAI error object's message when it is one)."""
-    import json
-
     try:
         error = json.loads(body).get("error", body)
         body = error.get("message", str(error)) if isinstance(error, dict) else str(error)
@@ -165,12 +178,17 @@ async def served_model(cfg: Config, session: aiohttp.ClientSession) -> tuple[str
     headers = bearer(cfg.http.client_key())
     try:
         async with session.get(url, headers=headers) as response:
-            listing = await response.json(content_type=None) if response.status == 200 else {}
+            status, body = response.status, await response.text()
+        listing = json.loads(body) if status == 200 else {}
     except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as error:
         if cfg.http.model:
             return cfg.http.model, {}
         raise ConfigError(f"http.url={cfg.http.url}: GET /v1/models failed ({type(error).__name__}: {error}); "
                           f"start the server or set http.model") from None
+    if status in (401, 403) or (status != 200 and not cfg.http.model):
+        hint = " (check http.api_key or OPENAI_API_KEY)" if status in (401, 403) else "; or set http.model"
+        raise ConfigError(f"http.url={cfg.http.url}: GET /v1/models answered {status}: {_reason(body)}{hint}")
+    listing = listing if isinstance(listing, dict) else {}
     models = [m.get("id") for m in listing.get("data", []) if isinstance(m, dict)]
     if cfg.http.model:
         return cfg.http.model, listing

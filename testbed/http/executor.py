@@ -33,9 +33,10 @@ def http_point(cfg: Config, out_dir: Path, progress: bool = True) -> dict:
     summary["http"] = {"url": cfg.http.url, "model": replay.model, "prompt": cfg.http.prompt,
                        "errors": dict(replay.errors)}
     meta = {"executor": "http", "url": cfg.http.url, "model": replay.model, "models": listing}
+    # before summary.json, which marks the point finished: a failed export reruns it
+    export_run(out_dir / "exports", requests, stored_config(cfg), log.prompts)
     write_results(out_dir, requests=requests, config=stored_config(cfg), meta=collect_meta(cfg.seed, meta),
                   summary=summary)
-    export_run(out_dir / "exports", requests, stored_config(cfg), log.prompts)
     return {"requests": requests, "summary": summary, "prompts": log.prompts}
 
 
@@ -44,12 +45,12 @@ async def _replay(cfg: Config, prompts, progress: bool):
         model, listing = await served_model(cfg, session)
         workload = build_workload(cfg.workload, seed=cfg.seed, vocab_size=_vocab(cfg, prompts),
                                   max_model_len=_max_model_len(cfg, listing))
+        replay = Replay(cfg, workload, model, prompts)
         log = RequestLog(time.perf_counter())
-        replay = Replay(cfg, workload, log, model, prompts)
         with tqdm(total=len(workload.requests), desc=f"{cfg.http.label} requests", unit="req", leave=False,
                   disable=not progress) as bar:
             replay.on_finish = lambda: bar.update(1)
-            await replay.run(session)
+            await replay.run(session, log)
     return log, replay, listing
 
 

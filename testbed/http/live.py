@@ -11,12 +11,13 @@ stays in the request book, as for a replayed workload.
 from __future__ import annotations
 
 import queue
+import threading
 import time
 from multiprocessing import Pipe
 from typing import Optional, Protocol
 
 from testbed.cluster.launcher import Cluster
-from testbed.cluster.router import LIVENESS_CHECK_S, Router
+from testbed.cluster.router import LIVENESS_CHECK_S, MEMORY_SAMPLE_S, Router
 from testbed.config import Config
 from testbed.control.request import Tracked
 from testbed.metrics.events import RequestLog
@@ -46,10 +47,16 @@ class LiveRouter(Router):
         self.streams: dict[int, tuple[Sink, int]] = {}  # rid -> (its sink, tokens handed over)
         self.stopping = False
         self.error: Optional[BaseException] = None
+        self._closed = False  # the router thread has ended: a submission would wait forever
+        self._gate = threading.Lock()  # orders a submission against that ending
 
     # -- called from the HTTP thread ------------------------------------------------------------
     def submit(self, request: Request, sink: Sink) -> None:
-        self._post(("submit", request, sink))
+        with self._gate:
+            if not self._closed:
+                self._post(("submit", request, sink))
+                return
+        sink.end("failed", f"server stopped: {self.error or 'shutting down'}")
 
     def cancel(self, rid: int, reason: str) -> None:
         self._post(("cancel", rid, reason))
@@ -65,19 +72,37 @@ class LiveRouter(Router):
     def serve_forever(self) -> None:
         """Until stop(): admit, pump reports, hand tokens over; a crash ends every open stream."""
         try:
-            last_check = 0.0
+            last_check = last_sample = 0.0
             while not self.stopping:
                 self._pump(LIVENESS_CHECK_S)
                 now = time.perf_counter()
+                self._inject(now - self.t0)
                 if now - last_check > LIVENESS_CHECK_S:
                     self._check_workers(now)
                     self._check_progress(now)
                     last_check = now
+                if now - last_sample > MEMORY_SAMPLE_S:
+                    self.memory.sample()
+                    last_sample = now
         except BaseException as error:  # a worker crashed: no stream may wait forever
             self.error = error
         finally:
-            for rid in list(self.streams):
-                self._end(rid, "failed", f"server stopped: {self.error or 'shutting down'}")
+            self._close()
+
+    def _close(self) -> None:
+        """End every stream, open or still queued; later submissions end at once (submit)."""
+        with self._gate:
+            self._closed = True
+        reason = f"server stopped: {self.error or 'shutting down'}"
+        while True:
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            if item[0] == "submit":
+                item[2].end("failed", reason)
+        for rid in list(self.streams):
+            self._end(rid, "failed", reason)
 
     def handle(self, msg) -> None:
         if isinstance(msg, Wake):
@@ -102,6 +127,9 @@ class LiveRouter(Router):
                     self._fail(rid, time.perf_counter(), "server stopping")
 
     def _submit(self, request: Request, sink: Sink) -> None:
+        if self.stopping:  # behind the stop in the queue: never admitted, so nothing to abort
+            sink.end("failed", "server stopping")
+            return
         self.streams[request.request_id] = (sink, 0)
         self._admit(request)
         if self.book.get(request.request_id) is None and request.request_id in self.streams:

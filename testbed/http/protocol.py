@@ -175,7 +175,9 @@ def read_event(line: bytes) -> Optional[Delta]:
     try:
         data = json.loads(payload)
     except ValueError:
-        return Delta(error=f"a stream chunk is not JSON: {payload[:80]!r}")
+        data = None
+    if not isinstance(data, dict):
+        return Delta(error=f"a stream chunk is not a JSON object: {payload[:80]!r}")
     if "error" in data:
         error = data["error"]
         return Delta(error=str(error.get("message", error) if isinstance(error, dict) else error))

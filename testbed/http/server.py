@@ -17,7 +17,7 @@ import socket
 import sys
 import threading
 import time
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -26,7 +26,8 @@ from aiohttp import web
 from testbed.cluster.launcher import Cluster
 from testbed.cluster.layout import plan_workers
 from testbed.config import Config
-from testbed.experiments.serve import kv_store, stop_cluster, worker_template, write_point
+from testbed.errors import ConfigError
+from testbed.cluster.point import kv_store, stop_cluster, worker_template, write_point
 from testbed.http.live import LiveRouter
 from testbed.http.protocol import (DONE, BadRequest, Completion, chunk, error_body, error_chunk, parse_completion,
                                    usage, usage_chunk)
@@ -178,38 +179,48 @@ class HttpServer:
     def __enter__(self) -> "HttpServer":
         cfg = self.cfg
         self._stack = ExitStack()
+        sock = self._stack.enter_context(bind(cfg.http.host, cfg.http.port))  # before the workers load
         plans = plan_workers(cfg.mode, cfg.cluster, cfg.hardware)
         self.cluster = self._stack.enter_context(
             Cluster(plans, worker_template(cfg, kv_store(cfg, plans)), cfg.cluster.start_timeout_s))
         try:
-            self._start()
+            self._start(sock)
         except BaseException:
             self._stack.close()
             raise
         return self
 
-    def _start(self) -> None:
-        # The router's and the web server's threads hand every token to each other: at the default
-        # 5 ms switch interval a hand-off can wait a whole interval for the GIL (+20% TPOT measured).
-        self._switch = sys.getswitchinterval()
-        sys.setswitchinterval(SWITCH_INTERVAL_S)
+    def _start(self, sock: socket.socket) -> None:
         t0 = time.perf_counter()
         self.log, self.sampler = RequestLog(t0), start_telemetry(t0, announce=False)
+        self._stack.callback(self.sampler.stop)  # a start that fails further on leaves no thread
         self.router = LiveRouter(self.cluster, self.log, self.cfg, t0)
         self.handlers = Completions(self.cfg, self.router, t0, self.text, self.encode)
         self._router_thread = threading.Thread(target=self.router.serve_forever, name="testbed-router", daemon=True)
         self._router_thread.start()
-        sock = socket.socket(socket.AF_INET6 if ":" in self.cfg.http.host else socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((self.cfg.http.host, self.cfg.http.port))
+        self._stack.callback(self._router_thread.join)
+        self._stack.callback(self.router.stop)
         host, port = sock.getsockname()[:2]
         self.url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
         self.loop = asyncio.new_event_loop()
         self._web_thread = threading.Thread(target=self.loop.run_forever, name="testbed-http", daemon=True)
         self._web_thread.start()
+        self._stack.callback(self._close_loop)
         self._runner = web.AppRunner(self.handlers.app(), handler_cancellation=True, access_log=None,
                                     shutdown_timeout=5.0)
         asyncio.run_coroutine_threadsafe(self._open(sock), self.loop).result(timeout=START_TIMEOUT_S)
+        # The router's and the web server's threads hand every token to each other: at the default
+        # 5 ms switch interval a hand-off can wait a whole interval for the GIL (+20% TPOT measured).
+        self._stack.callback(sys.setswitchinterval, sys.getswitchinterval())
+        sys.setswitchinterval(SWITCH_INTERVAL_S)
+
+    def _close_loop(self) -> None:
+        if self.loop.is_closed():
+            return
+        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self.loop).result()
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._web_thread.join()
+        self.loop.close()
 
     async def _open(self, sock: socket.socket) -> None:
         await self._runner.setup()
@@ -226,12 +237,8 @@ class HttpServer:
         and write the results directory; returns what serve() returns, or None without out_dir."""
         self.router.stop()
         self._router_thread.join()
-        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self.loop).result()
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._web_thread.join()
-        self.loop.close()
+        self._close_loop()
         telemetry = stop_cluster(self.cluster, self.router, self.sampler)
-        sys.setswitchinterval(self._switch)
         if self.router.error is not None and not isinstance(self.router.error, Exception):
             raise self.router.error
         if self.out_dir is None:
@@ -239,3 +246,20 @@ class HttpServer:
         return write_point(self.cfg, self.out_dir, self.cluster, self.router, self.log, telemetry,
                            {"server": self.url, "requests_served": self.handlers.next_rid},
                            extra_meta={"executor": "real", "served_over_http": self.url})
+
+
+@contextmanager
+def bind(host: str, port: int):
+    """The listening socket, or a one-line error naming the port (closed on the way out)."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError as error:
+        sock.close()
+        raise ConfigError(f"http.host={host} http.port={port} cannot be bound ({error.strerror or error}); "
+                          f"choose another port, or http.port=0 for a free one") from None
+    try:
+        yield sock
+    finally:
+        sock.close()

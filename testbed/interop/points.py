@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 import time
+from itertools import chain
 from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, Mapping, Optional
@@ -137,7 +138,7 @@ def prompts_from_trace(path: Path, rows: pd.DataFrame, vocab_size: int) -> dict[
         raise InteropError(f"{path} has {len(trace.hash_ids)} requests, the point's table {len(rows)}: "
                            f"not this point's trace")
     block = lambda i: np.random.default_rng([TAG, i]).integers(0, vocab_size, BLOCK_SIZE).tolist()  # noqa: E731
-    return {int(rid): sum((block(i) for i in ids), [])[:int(n)]
+    return {int(rid): list(chain.from_iterable(block(i) for i in ids))[:int(n)]
             for rid, ids, n in zip(rows["request_id"], trace.hash_ids, rows["input_len"])}
 
 

@@ -79,11 +79,12 @@ def _write_point(cfg: Config, out_dir: Path, result: dict) -> dict:
     summary = result["summary"]
     summary["sim"]["events_per_s"] = result["events_per_s"]
     sim = summary["sim"]
+    # before summary.json, which marks the point finished: a failed export reruns it
+    export_run(out_dir / "exports", result["requests"], stored_config(cfg), result["prompts"])
     write_results(out_dir, requests=result["requests"], steps=result["steps"], transfers=result["transfers"],
                   telemetry=None, config=stored_config(cfg),
                   meta=collect_meta(cfg.seed, {"executor": "sim", "profile": sim["profile"], "profiles": sim["profiles"]}),
                   summary=summary)
-    export_run(out_dir / "exports", result["requests"], stored_config(cfg), result["prompts"])
     leaked = {k: v for k, v in summary["kv_blocks_leaked"].items() if v}
     if leaked:
         raise KVLeakError(f"KV audit failed in the simulation: {leaked}; results kept in {out_dir}")

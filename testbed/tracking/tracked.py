@@ -92,17 +92,18 @@ def point_goodput(table: pd.DataFrame) -> pd.Series:
 
 
 def files_under(root: Path, exclude: tuple[str, ...]) -> Iterator[Path]:
-    """Every file under root except logs (Hydra's is still being written) and what lies under its
-    top-level entries named in exclude (W&B's own run folders; a sweep's points/, each point
-    having its own artifact)."""
+    """Every file under root except logs (Hydra's is still being written), Hydra's own record
+    (.hydra/ holds the command line as typed, secrets included: config.yaml has them masked) and
+    what lies under its top-level entries named in exclude (W&B's own run folders; a sweep's
+    points/, each point having its own artifact)."""
     for top in sorted(Path(root).iterdir()):
-        if top.name in exclude:
+        if top.name in exclude or top.name == ".hydra":
             continue
         files = [top] if top.is_file() else sorted(p for p in top.rglob("*") if p.is_file())
         yield from (p for p in files if p.suffix != ".log")
 
 
-def _by_file(profiles: Mapping[str, Path]) -> dict[Path, list[str]]:
+def roles_by_file(profiles: Mapping[str, Path]) -> dict[Path, list[str]]:
     """{file: the roles that ran on it}: P and D on one profile log it once."""
     out: dict[Path, list[str]] = {}
     for role, path in sorted(profiles.items()):

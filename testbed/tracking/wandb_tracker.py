@@ -14,6 +14,9 @@ retry can hang as well: wandb#9865, #8003).
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+
 from pathlib import Path
 from typing import Mapping, Optional, Protocol
 
@@ -21,7 +24,7 @@ import pandas as pd
 
 from testbed.errors import TestbedError
 from testbed.tracking.config import TrackerConfig
-from testbed.tracking.tracked import _by_file, artifact_name, files_under, flatten_summary, series_rows, table_sample
+from testbed.tracking.tracked import roles_by_file, artifact_name, files_under, flatten_summary, series_rows, table_sample
 
 
 
@@ -95,14 +98,13 @@ class WandbTracker:
         self._cfg = cfg.validate().resolved()
         self.group = group
         self._run = None
+        if not wandb_installed():  # an extra: say so before a point runs, not after
+            raise TrackerError("tracker=wandb needs the wandb package: pip install \"testbed[wandb]\" "
+                               "(or tracker=none)")
 
     def start(self, run_name: str, group: Optional[str], job_type: Optional[str], config: dict,
               out_dir: Path) -> None:
-        try:
-            import wandb
-        except ImportError:  # an extra, not a requirement
-            raise TrackerError("tracker=wandb needs the wandb package: pip install \"testbed[wandb]\" "
-                               "(or tracker=none)") from None
+        import wandb
 
         # A point that crashed before finish() must not log into the next point's run.
         self.finish()
@@ -176,7 +178,7 @@ class WandbTracker:
             # immutable: a finished point's files never change, so W&B reads them in place when it
             # uploads (possibly at a much later `wandb sync`) instead of copying each into its cache
             artifact.add_file(str(path), name=path.relative_to(root).as_posix(), policy="immutable")
-        for path, roles in _by_file(profiles).items():
+        for path, roles in roles_by_file(profiles).items():
             if self._cfg.mode == "online":
                 run.use_artifact(self._profile_artifact(path))
             else:
@@ -201,6 +203,16 @@ class WandbTracker:
         if self._run is None:
             raise TrackerError("tracker: log called outside start()/finish()")
         return self._run
+
+
+def wandb_installed() -> bool:
+    """Whether `import wandb` would find it, without importing it (seconds)."""
+    if sys.modules.get("wandb") is not None:
+        return True
+    try:
+        return importlib.util.find_spec("wandb") is not None
+    except (ImportError, ValueError):  # a module without a spec stands in for it
+        return False
 
 
 def wandb_version() -> tuple[Optional[str], str]:
