@@ -17,6 +17,8 @@ the Llama-3-8B shape: the direction of each anchor's result, not its numbers.
 
 from __future__ import annotations
 
+import statistics
+
 import numpy as np
 import pytest
 from hydra import compose, initialize_config_dir
@@ -144,6 +146,8 @@ def test_connector_approaches_the_raw_link_as_messages_grow(tmp_path):
     result = run_study("kv_bandwidth", tmp_path, "experiment.message_mib=4")
     rows = sorted(result["aggregate"]["rows"], key=lambda r: r["bytes"])
     ratios = [r["ratio"] for r in rows]
-    # the claim is the trend, measured in one run; an absolute floor is the benchmark's to print
-    # (python -m testbed.bench.kv_transfer), a loaded machine moves it
-    assert ratios[-1] > ratios[0] and ratios[-1] > min(ratios[:-1]), ratios
+    # the claim is the trend, measured in one run: the larger half of the sizes sits above the
+    # smaller half. An absolute floor is the benchmark's to print (python -m testbed.bench.kv_transfer),
+    # and on a loaded machine a single size can move, so halves are compared by their medians
+    half = len(ratios) // 2
+    assert statistics.median(ratios[half:]) > statistics.median(ratios[:half]), ratios
