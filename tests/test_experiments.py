@@ -120,6 +120,14 @@ def sweep_has_emulation(sweep_dir) -> bool:
     return all(json.loads((p / "meta.json").read_text()).get("emulated") for p in real)
 
 
+def decode_overrun(sweep_dir) -> float:
+    """The share of the real runs' decode steps that overran their modelled (paced) time."""
+    steps = pd.concat([pd.read_parquet(p / "steps.parquet") for p in (sweep_dir / "points").iterdir()
+                       if p.name.endswith("_real")])
+    decode = steps[steps["prefill_tokens"] == 0]
+    return float(decode["pace_overrun"].mean()) if len(decode) else 0.0
+
+
 @pytest.mark.slow
 def test_sim_validate_reports_relative_errors(study_results):
     aggregate = json.loads((study_results["sim_validate"] / "sweep.json").read_text())["aggregate"]
@@ -127,11 +135,16 @@ def test_sim_validate_reports_relative_errors(study_results):
     assert row["label"] == "chunked" and all(k in row for k in ("ttft_p50_error", "tpot_p99_error"))
     assert (study_results["sim_validate"] / "validation.parquet").is_file()
     # emulated: the simulation runs on the cost model that paces the real workers, so what is left
-    # is the control plane's error. Decode steps fit their modelled time even on a loaded machine
-    # (unpaced, the median TPOT was off by 66%); prefills of the tiny model on a shared CPU can
-    # overrun an H100's modelled time, which moves TTFT and the TPOT tail, so only the median is held,
-    # with room for six requests on a machine busy with other work (35% was seen there).
-    assert abs(row["tpot_p50_error"]) < 0.5, row
+    # is the control plane's error, as long as the real steps kept their modelled pace. Prefills of
+    # the tiny model on a shared CPU can overrun an H100's modelled time, which moves TTFT and the
+    # TPOT tail, so only the median is held (35% was seen on a busy machine). Where the machine was
+    # too loaded for the decode steps to keep pace, the real run is the slower: the simulation,
+    # on the modelled times, may only come out faster, never slower.
+    overrun = decode_overrun(study_results["sim_validate"])
+    if overrun < 0.1:
+        assert abs(row["tpot_p50_error"]) < 0.5, (row, overrun)
+    else:
+        assert row["tpot_p50_error"] < 0.5, (row, overrun)
     assert sweep_has_emulation(study_results["sim_validate"])
 
 
