@@ -123,7 +123,7 @@ def sweep_has_emulation(sweep_dir) -> bool:
 def decode_overrun(sweep_dir) -> float:
     """The share of the real runs' decode steps that overran their modelled (paced) time."""
     steps = pd.concat([pd.read_parquet(p / "steps.parquet") for p in (sweep_dir / "points").iterdir()
-                       if p.name.endswith("_real")])
+                       if "_real" in p.name])
     decode = steps[steps["prefill_tokens"] == 0]
     return float(decode["pace_overrun"].mean()) if len(decode) else 0.0
 
