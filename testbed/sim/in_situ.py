@@ -198,7 +198,7 @@ def dispatch_delays(steps: pd.DataFrame, requests: pd.DataFrame) -> np.ndarray:
 
 
 def quantiles(values) -> list[float]:
-    """The distribution as NUM_QUANTILES evenly spaced quantiles; [] when nothing was measured."""
+    """The distribution as quantiles at host.LEVELS; [] when nothing was measured."""
     values = np.asarray(values, dtype=float)
     values = np.clip(values[np.isfinite(values)], 0.0, None)
     return list(Delay.of(values).quantiles) if len(values) else []
