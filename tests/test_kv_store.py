@@ -3,6 +3,7 @@ pool's own hits; in shared memory across processes; in a simulated run."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.multiprocessing as mp
 
@@ -66,3 +67,34 @@ def test_a_simulated_store_serves_what_a_small_pool_evicted():
     assert make_config("kv_store.capacity_mib=8").engine.enable_prefix_caching
     slow = simulate(make_config(*base, "kv_store.capacity_mib=64", "kv_store.gbps=0.001"), PROFILE, num_devices=2)
     assert slow["summary"]["ttft"]["mean"] > on["summary"]["ttft"]["mean"]  # the store's traffic takes time
+
+
+@pytest.mark.slow
+def test_a_session_outlives_its_dead_worker_through_the_store(tmp_path):
+    """Worker 1 dies between two turns: its sessions' next turns go to worker 0, which never saw
+    their history, and fetch the KV worker 1 computed from the store instead of recomputing it."""
+    from testbed.experiments.serve import serve
+    sessions = ["workload=multiturn", "workload.num_requests=4", "workload.turns=2", "workload.rate=20",
+                "workload.think_time_s=3.0", "workload.think_time_dist=fixed", "hardware=cpu",
+                "model.max_model_len=512", "engine.num_kv_blocks=256"]
+    # the kill lands in the think time: every turn 0 is done well before 1.5 s, every turn 1 arrives after 3 s
+    killed = ["mode=chunked", "cluster.num_workers=2", "cluster.dispatch=round_robin", "faults.kill_worker=1",
+              "faults.kill_at_s=1.5"]
+    reference = serve(make_config(*sessions, "mode=colocated", "cluster.num_workers=1"), tmp_path / "ref",
+                      progress=False)["requests"].set_index("request_id")
+    runs = {name: serve(make_config(*sessions, *killed, *extra), tmp_path / name, progress=False)
+            for name, extra in (("store", ["kv_store.capacity_mib=16"]), ("no_store", ["engine.enable_prefix_caching=true"]))}
+    hits = {}
+    for name, result in runs.items():
+        requests = result["requests"].set_index("request_id")
+        assert (requests.status == "ok").all(), (name, requests.reason.unique())
+        for rid, tokens in reference.output_token_ids.items():
+            assert list(requests.loc[rid, "output_token_ids"]) == list(tokens), f"request {rid} in {name}"
+        assert result["summary"]["kv_blocks_leaked"] == {"worker0": 0}, name
+        orphans = requests[(requests.turn == 1) & requests.session_id.isin(
+            requests[(requests.turn == 0) & (requests.prefill_worker == 1)].session_id)]
+        assert len(orphans) and (orphans.prefill_worker == 0).all(), name
+        hits[name] = orphans.prefix_hit_tokens
+    # without the store worker 0 finds only the shared system prompt; with it, the whole history it fetched
+    assert (hits["store"] > hits["no_store"]).all(), hits
+    assert runs["store"]["summary"]["kv_store"]["worker0"]["hits"] > 0
