@@ -87,3 +87,17 @@ def test_contention_in_phases_keeps_its_distribution_and_its_correlation():
     starts = np.cumsum(np.full(n, 0.01))[order]
     assert phase_correlation(np.zeros(n, int), starts, np.zeros(n, bool), values[:n][order]) == \
         pytest.approx(0.8, abs=0.05)
+
+
+def test_one_stall_in_thousands_keeps_its_weight_when_sampled():
+    """A gap of 0.26 s among 4,000 of 0.3 ms: drawn as often as measured (not spread over the top
+    percent of draws), so the simulated mean gap stays the measured one; profiles written with
+    101 evenly spaced quantiles still sample as they did."""
+    measured = np.r_[np.full(3999, 0.0003), 0.263]
+    delay = Delay.of(measured)
+    rng = np.random.default_rng(0)
+    draws = np.array([delay.sample(u) for u in rng.random(100_000)])
+    assert abs(draws.mean() - measured.mean()) < 0.2 * measured.mean()
+    assert (draws > 0.01).mean() < 0.001 and delay.quantiles[-1] == 0.263
+    even = Delay(tuple(np.linspace(0.0, 1.0, 101)))  # a stored profile's layout before LEVELS
+    assert even.sample(0.5) == pytest.approx(0.5) and even.sample(0.995) == pytest.approx(0.995)
