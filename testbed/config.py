@@ -44,14 +44,30 @@ class HardwareConfig:
     emulate_prefill: Optional[str] = None
     emulate_decode: Optional[str] = None
     emulate_model: Optional[str] = None  # the preset whose shape the pacing models (default: the run's)
+    # nodes the devices spread over (num_devices / num_nodes each); a KV transfer between nodes
+    # crosses the inter-node network (default 200 Gb/s InfiniBand) instead of the intra-node link
+    num_nodes: int = 1
+    internode_gbps: float = 25.0  # GB/s (bytes, not bits): 200 Gb/s
+    internode_latency_s: float = 10e-6
 
     def validate(self) -> "HardwareConfig":
         if self.name not in HARDWARE:
             raise ConfigError(f"hardware={self.name!r} is not one of {', '.join(HARDWARE)}")
         if self.num_devices is not None and self.num_devices < 1:
             raise ConfigError(f"hardware.num_devices must be >= 1 (got {self.num_devices})")
+        self._validate_nodes()
         self._validate_emulation()
         return self
+
+    def _validate_nodes(self) -> None:
+        if self.num_nodes < 1:
+            raise ConfigError(f"hardware.num_nodes must be >= 1 (got {self.num_nodes})")
+        if self.num_devices is not None and self.num_devices % self.num_nodes:
+            raise ConfigError(f"hardware.num_devices={self.num_devices} does not divide over "
+                              f"hardware.num_nodes={self.num_nodes}")
+        if self.internode_gbps <= 0 or self.internode_latency_s < 0:
+            raise ConfigError(f"hardware.internode_gbps must be > 0 and hardware.internode_latency_s >= 0 "
+                              f"(got {self.internode_gbps}, {self.internode_latency_s})")
 
     def _validate_emulation(self) -> None:
         for key in ("emulate", "emulate_prefill", "emulate_decode"):

@@ -265,9 +265,11 @@ def plan(table, cfg, out_dir) -> dict:
     """The analytical split, the simulated best configuration and, given a real sweep, the measured one."""
     from testbed.experiments.studies import num_devices
     from testbed.sim.planner import analytical_split
+    from testbed.sim.slo_plan import slo_split
 
     simulated = goodput_by_label(table, cfg, out_dir)
     out = {"analytical": analytical_split(cfg, None, num_devices(cfg)),  # each role's device from cfg.sim
+           "slo_plan": slo_split(cfg, num_devices(cfg), rate=max(cfg.experiment.rates)),
            "simulated": {"goodput": simulated, "best": best_of(simulated)}}
     if cfg.experiment.measured_sweep:
         measured = json.loads((Path(cfg.experiment.measured_sweep) / "sweep.json").read_text())["aggregate"]
