@@ -111,3 +111,14 @@ def test_best_split_agrees_with_the_simulated_search(tmp_path):
     simulated = {k: v["goodput_per_gpu"] for k, v in aggregate["simulated"]["goodput"].items() if "P" in k}
     best = max(simulated, key=simulated.get)
     assert abs(split_p(aggregate["slo_plan"]["best"]) - split_p(best)) <= 1, (aggregate["slo_plan"]["best"], simulated)
+
+
+def test_report_names_the_slo_aware_split():
+    from testbed.experiments.report import slo_plan_lines
+
+    plan = {"num_nodes": 2, "devices_per_node": 8, "transfer_s": 0.042, "best": "7P9D",
+            "splits": {"7P9D": {"max_rate": 54.4, "rate_per_device": 3.4}}}
+    (line,) = slo_plan_lines(plan)
+    assert "2 nodes x 8" in line and "7P9D" in line and "54.4 req/s" in line
+    assert "no split" in slo_plan_lines({**plan, "best": None})[0]
+    assert slo_plan_lines(None) == []

@@ -95,6 +95,7 @@ def plan_lines(aggregate: dict) -> list[str]:
     lines = [f"P:D plan for {a['num_devices']} devices",
              f"  analytical (p95 lengths): {a['p95']['split']}   (mean lengths: {a['mean']['split']}; "
              f"prefill share {a['p95']['prefill_share']:.2f})",
+             *slo_plan_lines(aggregate.get("slo_plan")),
              f"  simulated: {sim['best'].get('line', '')}"]
     if measured:
         best = measured.get("best", {})
@@ -104,6 +105,18 @@ def plan_lines(aggregate: dict) -> list[str]:
         m = measured.get("goodput", {}).get(label, {}).get("goodput_per_gpu")
         lines.append(f"  {label:>14} {g['goodput_per_gpu']:>14.2f} {'-' if m is None else f'{m:.2f}':>13}")
     return lines
+
+
+def slo_plan_lines(plan: dict | None) -> list[str]:
+    if not plan:  # a sweep saved before the SLO-aware planner
+        return []
+    where = (f"{plan['num_nodes']} nodes x {plan['devices_per_node']}, P and D on different nodes"
+             if plan["num_nodes"] > 1 else "one node")
+    if plan["best"] is None:
+        return [f"  SLO-aware ({where}): no split meets both SLOs"]
+    best = plan["splits"][plan["best"]]
+    return [f"  SLO-aware ({where}, KV hand-off {plan['transfer_s'] * 1e3:.1f} ms): {plan['best']}, "
+            f"{best['max_rate']:.1f} req/s within both SLOs ({best['rate_per_device']:.2f} per device)"]
 
 
 def validation_lines(aggregate: dict) -> list[str]:
