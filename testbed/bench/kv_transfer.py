@@ -89,21 +89,7 @@ def run_rank(rank: int, port: int, max_mib: int, repeats: int, use_cuda: bool, o
     for size in sizes(max_mib):
         tokens = max(size // per_token, 1)
         raw = torch.ones(tokens * per_token // 4, device=device)
-        header = torch.zeros(8, dtype=torch.int64, device=device)
-
-        def connector_send():  # the connector's own functions; the header stands for its queue message
-            dist.send(header, dst=1)
-            part = send_part(runner, table, tokens, None, 1, pool, tracker)
-            while not part.settled():
-                time.sleep(0)
-            pool.put(part.buffer)
-
-        def connector_recv():
-            dist.recv(header, src=0)
-            part = receive_part(runner.kv_shape(tokens), 0, pool, tracker)
-            while not unpack_arrived(runner, table, part, None):
-                time.sleep(0)
-            pool.put(part.buffer)
+        connector_send, connector_recv = connector_pair(runner, table, tokens, pool, tracker, device)
 
         # messages up to 16 MiB cost at most milliseconds, where one scheduler hiccup is the whole
         # figure: more draws, raw and connector alternating so that a slow spell hits both
@@ -122,22 +108,40 @@ def run_rank(rank: int, port: int, max_mib: int, repeats: int, use_cuda: bool, o
     dist.destroy_process_group()
 
 
+def connector_pair(runner, table, tokens: int, pool, tracker, device):
+    """P's and D's side of one transfer on the connector's own functions; the header stands for
+    its queue message."""
+    header = torch.zeros(8, dtype=torch.int64, device=device)
+
+    def send():
+        dist.send(header, dst=1)
+        part = send_part(runner, table, tokens, None, 1, pool, tracker)
+        while not part.settled():
+            time.sleep(0)
+        pool.put(part.buffer)
+
+    def recv():
+        dist.recv(header, src=0)
+        part = receive_part(runner.kv_shape(tokens), 0, pool, tracker)
+        while not unpack_arrived(runner, table, part, None):
+            time.sleep(0)
+        pool.put(part.buffer)
+
+    return send, recv
+
+
 def warm_up(rank: int, device, runner, table, pool, tracker, per_token: int) -> None:
     """One untimed raw send and connector transfer, so that neither path's first-use costs
     (connection set-up, buffer allocation) land in the smallest message's figure."""
     tokens = 2
     raw = torch.ones(tokens * per_token // 4, device=device)
+    send, recv = connector_pair(runner, table, tokens, pool, tracker, device)
     if rank == 0:
         dist.send(raw, dst=1)
-        part = send_part(runner, table, tokens, None, 1, pool, tracker)
-        while not part.settled():
-            time.sleep(0)
+        send()
     else:
         dist.recv(raw, src=0)
-        part = receive_part(runner.kv_shape(tokens), 0, pool, tracker)
-        while not unpack_arrived(runner, table, part, None):
-            time.sleep(0)
-    pool.put(part.buffer)
+        recv()
     sync(device)
 
 

@@ -90,15 +90,25 @@ def estimate(demand: Demand, decode: RoleProfile, context: float, p: int, d: int
 
 def max_rate(demand: Demand, decode: RoleProfile, context: float, p: int, d: int, ttft_s: float, tpot_s: float) -> float:
     """Bisect for the largest rate within both SLOs (feasibility only falls with rate)."""
-    ok = lambda r: (lambda e: e["ttft_s"] <= ttft_s and e["tpot_s"] <= tpot_s)(  # noqa: E731
-        estimate(demand, decode, context, p, d, r))
+    def ok(r: float) -> bool:
+        return within(estimate(demand, decode, context, p, d, r), ttft_s, tpot_s)
+
     if not ok(1e-9):
         return 0.0
-    low, high = 0.0, p / demand.mean_service_s  # prefill saturates at the upper end
+    low = 0.0
+    high = p / demand.mean_service_s  # prefill saturates at the upper end
     for _ in range(60):
         mid = (low + high) / 2
-        low, high = (mid, high) if ok(mid) else (low, mid)
+        if ok(mid):
+            low = mid
+        else:
+            high = mid
     return low
+
+
+def within(e: dict, ttft_s: float, tpot_s: float) -> bool:
+    """An estimate meets both SLOs."""
+    return e["ttft_s"] <= ttft_s and e["tpot_s"] <= tpot_s
 
 
 def placement(p: int, num_devices: int, num_nodes: int) -> dict:
@@ -148,7 +158,7 @@ def slo_split(cfg: Config, num_devices: int, rate: Optional[float] = None, profi
                **placement(p, num_devices, cfg.hardware.num_nodes)}
         if rate is not None:
             e = estimate(demand, roles["decode"], context, p, d, rate)
-            row.update(e, rate=rate, feasible=bool(e["ttft_s"] <= cfg.slo.ttft_s and e["tpot_s"] <= cfg.slo.tpot_s))
+            row.update(e, rate=rate, feasible=within(e, cfg.slo.ttft_s, cfg.slo.tpot_s))
         out[f"{p}P{d}D"] = row
     best = max(out, key=lambda k: out[k]["max_rate"])
     return {"num_devices": num_devices, "num_nodes": cfg.hardware.num_nodes,
