@@ -1,5 +1,6 @@
 """python -m testbed [+experiment=NAME] [key=value ...], or the `testbed` command"""
 
+import os
 import signal
 import sys
 from pathlib import Path
@@ -16,12 +17,12 @@ register_configs()
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> None:
-    from testbed.experiments.runner import run  # after Hydra: keeps `--help` fast
+    from testbed.experiments.runner import run_job  # after Hydra: keeps `--help` fast
 
     hydra_cfg = HydraConfig.get()
     out_dir = Path(cfg.output_dir or hydra_cfg.runtime.output_dir)
     try:
-        run(to_config(cfg), out_dir, override_keys(hydra_cfg.overrides.task))
+        run_job(to_config(cfg), out_dir, override_keys(hydra_cfg.overrides.task))
     except TestbedError as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(error.exit_code)
@@ -35,8 +36,18 @@ def _terminate(signum, frame):
     raise KeyboardInterrupt  # SIGTERM cleans up like Ctrl-C: workers stopped, finished points kept
 
 
+def quiet_rank_args(argv: list[str], env=os.environ) -> list[str]:
+    """Under torchrun, ranks other than 0 write nothing (rank 0 writes the results): no Hydra run
+    directory, no `.hydra/` record, no job log file."""
+    if env.get("RANK", "0") == "0" or "LOCAL_WORLD_SIZE" not in env:
+        return argv
+    ours = ["hydra.run.dir=.", "hydra.output_subdir=null", f"hydra.job_logging.handlers.file.filename={os.devnull}"]
+    return [a for a in argv if not a.startswith(("hydra.run.dir=", "hydra.output_subdir="))] + ours
+
+
 def cli() -> None:
     signal.signal(signal.SIGTERM, _terminate)
+    sys.argv[1:] = quiet_rank_args(sys.argv[1:])
     problem = check_overrides(sys.argv[1:])
     if problem:
         print(f"error: {problem}", file=sys.stderr)

@@ -11,6 +11,12 @@ class ConfigError(TestbedError, ValueError):
     """A configuration value is out of range or inconsistent."""
 
 
+class RankLost(TestbedError):
+    """Under torchrun: a rank died, never joined, or lost its connection; the run cannot go on."""
+
+    exit_code = 1
+
+
 class KVLeakError(RuntimeError):
     """A worker ended the run with KV blocks or KV staging buffers still allocated."""
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import Any, List, Optional
 
 from testbed.errors import ConfigError
 
@@ -18,8 +18,9 @@ class ClusterConfig:
     num_workers: int = 1
     num_prefill: int = 1
     num_decode: int = 1
-    prefill_devices: Optional[List[int]] = None
-    decode_devices: Optional[List[int]] = None
+    # a device index (this node), or "node:device" under torchrun across hosts ("1:0": node 1's first GPU)
+    prefill_devices: Optional[List[Any]] = None
+    decode_devices: Optional[List[Any]] = None
     dispatch: str = "round_robin"  # requests to mixed / prefill workers
     decode_dispatch: str = "least_loaded"  # KV to decode workers (late binding, or at arrival when early)
     kv_aware_load_weight: float = 1.0  # kv_aware: cached prompt tokens worth one token of load
@@ -33,6 +34,9 @@ class ClusterConfig:
     heartbeat_s: float = 2.0  # a silent live worker is declared dead after 5 heartbeats
     on_worker_failure: str = "fail"  # fail | redispatch: what becomes of a lost worker's requests
     stall_timeout_s: float = 120.0  # no report from any worker for this long: the rest fails
+    # under torchrun: the address this host's control sockets listen on (None: the interface that
+    # reaches the rendezvous host; every-interface addresses are refused)
+    bind: Optional[str] = None
 
     @property
     def kv_aware(self) -> bool:
@@ -58,10 +62,26 @@ class ClusterConfig:
                               f"(got {self.stall_timeout_s}, {self.heartbeat_s})")
         if self.on_worker_failure not in ("fail", "redispatch"):
             raise ConfigError(f"cluster.on_worker_failure={self.on_worker_failure!r} is not one of fail, redispatch")
+        for key in ("prefill_devices", "decode_devices"):
+            for entry in getattr(self, key) or ():
+                device_ref(entry, f"cluster.{key}")
         for key in ("max_prompt_len", "max_outstanding"):
             if getattr(self, key) is not None and getattr(self, key) < 1:
                 raise ConfigError(f"cluster.{key} must be >= 1 when set (got {getattr(self, key)})")
         return self
+
+
+def device_ref(entry, key: str = "cluster.prefill_devices") -> tuple[int, int]:
+    """(node, device) of a device entry: 3 is (0, 3); "1:0" is (1, 0)."""
+    text = str(entry).strip()
+    node, _, device = text.rpartition(":")
+    try:
+        ref = (int(node) if node else 0, int(device))
+    except ValueError:
+        ref = (-1, -1)
+    if min(ref) < 0 or isinstance(entry, bool):
+        raise ConfigError(f"{key} entry {entry!r} is not a device index (3) or node:device (1:0)")
+    return ref
 
 
 @dataclass(frozen=True)

@@ -104,6 +104,31 @@ class Cluster:
     def alive(self, rank: int) -> bool:
         return self.processes[rank].exitcode is None
 
+    def lose(self, rank: int, why: str) -> None:
+        """A worker found dead or silent: make sure it is gone; its requests are the router's to settle."""
+        self.processes[rank].kill()
+
+    def kill(self, rank: int) -> None:
+        """Fault injection: the worker's process dies now."""
+        self.processes[rank].kill()
+
+    def local_pids(self) -> dict[str, int]:
+        """The workers whose memory this host can sample."""
+        return {f"worker{rank}": s.pid for rank, s in self.started.items()}
+
+    def topology(self) -> dict:
+        """meta.json's hosts, ranks and P -> D links, from what each worker said when it started."""
+        ranks = {str(r): {"host": s.host, "node": s.node, "device": s.device, "role": s.role, "pid": s.pid}
+                 for r, s in sorted(self.started.items())}
+        hosts: dict[str, list[int]] = {}
+        for r, s in sorted(self.started.items()):
+            hosts.setdefault(s.host, []).append(r)
+        links = [{"prefill": p, "decode": d, "crosses_nodes": self.started[p].node != self.started[d].node,
+                  "backend": "nccl" if self.started[p].device.startswith("cuda") else "gloo"}
+                 for p, sp in sorted(self.started.items()) if sp.role == "prefill_only"
+                 for d, sd in sorted(self.started.items()) if sd.role == "decode_only"]
+        return {"hosts": hosts, "ranks": ranks, "links": links}
+
     def stop(self, leftover_events: list) -> dict[int, int]:
         """Ask every live worker for its KV audit and to exit; returns {rank: allocated blocks}."""
         for rank, inbox in enumerate(self.inboxes):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from testbed.cluster.config import ClusterConfig
+from testbed.cluster.config import ClusterConfig, device_ref
 from testbed.errors import ConfigError
 
 ROLES_OF_MODE = {"colocated": "colocated", "chunked": "chunked"}
@@ -19,6 +19,7 @@ class WorkerPlan:
     rank: int
     role: str
     device: str
+    node: int = 0  # under torchrun: the node (torchrun's GROUP_RANK) the rank runs on
 
 
 def cuda_count(hardware) -> int:
@@ -44,13 +45,48 @@ def visible_devices(hardware) -> tuple[str, int | None]:
     return "cuda", hardware.num_devices or count
 
 
-def worker_roles(mode: str, cluster: ClusterConfig) -> list[tuple[str, int]]:
-    """(scheduler policy, device index) per worker, in rank order: P workers before D workers."""
+def node_roles(mode: str, cluster: ClusterConfig, per_node: int | None = None) -> list[tuple[str, int, int]]:
+    """(scheduler policy, node, device index) per worker, in rank order: P workers before D workers.
+    Devices not named go in order: on this box, or node by node (`per_node` devices each)."""
+    def place(i: int) -> tuple[int, int]:
+        return divmod(i, per_node) if per_node else (0, i)
+
     if mode in ROLES_OF_MODE:
-        return [(ROLES_OF_MODE[mode], i) for i in range(cluster.num_workers)]
-    prefill = cluster.prefill_devices or list(range(cluster.num_prefill))
-    decode = cluster.decode_devices or list(range(len(prefill), len(prefill) + cluster.num_decode))
-    return [("prefill_only", d) for d in prefill] + [("decode_only", d) for d in decode]
+        return [(ROLES_OF_MODE[mode], *place(i)) for i in range(cluster.num_workers)]
+    prefill = ([device_ref(d) for d in cluster.prefill_devices] if cluster.prefill_devices
+               else [place(i) for i in range(cluster.num_prefill)])
+    decode = ([device_ref(d, "cluster.decode_devices") for d in cluster.decode_devices] if cluster.decode_devices
+              else [place(i) for i in range(len(prefill), len(prefill) + cluster.num_decode)])
+    return [("prefill_only", *ref) for ref in prefill] + [("decode_only", *ref) for ref in decode]
+
+
+def worker_roles(mode: str, cluster: ClusterConfig) -> list[tuple[str, int]]:
+    """(scheduler policy, device index) per worker on one box; a node other than 0 needs torchrun."""
+    roles = node_roles(mode, cluster)
+    beyond = sorted({node for _, node, _ in roles if node})
+    if beyond:
+        raise ConfigError(f"the devices name node {beyond[0]}, but this run is on one box: start it under "
+                          "torchrun --nnodes=N ... -m testbed (README, Across hosts)")
+    return [(role, device) for role, _, device in roles]
+
+
+def plan_ranks(mode: str, cluster: ClusterConfig, hardware, world) -> list[WorkerPlan]:
+    """Under torchrun: one worker per rank, rank = node * nproc_per_node + device (torchrun's order);
+    the config must place a worker on every rank and on no rank twice."""
+    kind, _ = visible_devices(hardware)
+    per_node = world.local_world_size
+    by_rank: dict[int, WorkerPlan] = {}
+    for role, node, device in node_roles(mode, cluster, per_node):
+        rank = node * per_node + device
+        if device >= per_node or node >= world.num_nodes or rank in by_rank:
+            problem = "twice" if rank in by_rank else f"outside {world.num_nodes} nodes x {per_node} ranks"
+            raise ConfigError(f"{role} worker on node {node} device {device} is {problem}: torchrun started "
+                              f"--nnodes={world.num_nodes} --nproc-per-node={per_node}")
+        by_rank[rank] = WorkerPlan(rank, role, f"cuda:{device}" if kind == "cuda" else "cpu", node)
+    if len(by_rank) != world.world_size:
+        raise ConfigError(f"mode={mode} with {_describe(mode, cluster)} places {len(by_rank)} workers, but torchrun "
+                          f"started {world.world_size} ranks: one worker per rank")
+    return [by_rank[rank] for rank in sorted(by_rank)]
 
 
 def plan_workers(mode: str, cluster: ClusterConfig, hardware) -> list[WorkerPlan]:

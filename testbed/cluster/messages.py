@@ -106,6 +106,8 @@ class Started:
     device: str
     num_blocks: int
     pid: int
+    host: str = ""
+    node: int = 0
 
 
 @dataclass(frozen=True)

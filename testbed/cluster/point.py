@@ -112,7 +112,8 @@ def write_point(cfg: Config, out_dir: Path, cluster: Cluster, router: Router, lo
     summary["memory"] = router.memory.summary()
     summary["emulated"], summary["pacing"] = emulated, pace_summary(steps)
     meta = {"workers": summary["workers"], "emulated": emulated,
-            "cores_per_worker": cluster.cores.cores_per_worker if cluster.cores else None, **(extra_meta or {})}
+            "cores_per_worker": cluster.cores.cores_per_worker if cluster.cores else None, **cluster.topology(),
+            **(extra_meta or {})}
     # before summary.json, which marks the point finished: a failed export reruns it
     export_run(out_dir / "exports", requests, stored_config(cfg), log.prompts)
     write_results(out_dir, requests=requests, steps=steps, transfers=transfers, telemetry=telemetry,

@@ -43,12 +43,13 @@ class Router:
         self.pending = [(r.arrival_s, r.request_id, r) for r in workload.requests]
         heapq.heapify(self.pending)
         self.steps = StepLog()
-        self.transfers = TransferLog(t0)  # one row per KV transfer attempt
+        # one row per KV transfer attempt, marked where it crossed nodes
+        self.transfers = TransferLog(t0, {rank: s.node for rank, s in cluster.started.items()})
         self.last_seen = {rank: time.perf_counter() for rank in roles}
         self.last_progress = time.perf_counter()
         self.on_finish: Callable[[], None] = lambda: None
         self.cluster_faults, self.timed_faults = faults, faults.timed()
-        self.memory = RssSampler({f"worker{rank}": s.pid for rank, s in cluster.started.items()})
+        self.memory = RssSampler(cluster.local_pids())
         self.faults: list[dict] = []  # every injected fault and every re-dispatch, for the results
         self.harness: list[tuple[float, float, float]] = []  # per step report: build, pipe, router queue
 
@@ -74,7 +75,7 @@ class Router:
         while self.timed_faults and self.timed_faults[0][0] <= now_s:
             _, kind, worker = self.timed_faults.pop(0)
             if kind == "kill_worker":
-                self.cluster.processes[worker].kill()
+                self.cluster.kill(worker)
             else:
                 self.cluster.inboxes[worker].put(Stall(self.cluster_faults.stall_ms / 1000))
             self.faults.append({"kind": kind, "worker": worker, "request_id": None, "t_s": now_s})
@@ -187,10 +188,10 @@ class Router:
             if not load.alive:
                 continue
             dead = not self.cluster.alive(rank)
-            if not dead and now - self.last_seen[rank] > silent_limit:
-                self.cluster.processes[rank].kill()  # silent too long: treat as lost
-                dead = True
-            if dead:
+            silent = now - self.last_seen[rank] > silent_limit
+            if dead or silent:  # silent too long: treated as lost (under torchrun the run fails here)
+                self.cluster.lose(rank, "its process is gone" if dead else
+                                  f"silent for {silent_limit:.0f} s (5 x cluster.heartbeat_s)")
                 role = self.cluster.plans[rank].role
                 for rid in self.book.lose_worker(rank):
                     self._lost(rid, f"worker {rank} ({role}) died", now)

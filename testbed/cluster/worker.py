@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import queue
 import signal
+import socket
 import sys
 import time
 import traceback
@@ -36,7 +37,12 @@ from testbed.model.config import ModelConfig
 
 GIL_SWITCH_S = 0.0002
 CPU_WORKER_NICE = 19
+WATCH_S = 0.2  # how often a worker under torchrun checks that the router is still there
 IDLE_WAIT_S = 0.002  # inbox wait when there is nothing to step; short so KV polling stays prompt
+
+
+class RouterLost(RuntimeError):
+    """Under torchrun: the connection to rank 0's router dropped."""
 
 
 @dataclass(frozen=True)
@@ -64,19 +70,28 @@ class WorkerSpec:
     report_cache: bool = False  # step reports carry prefix-cache changes (KV-aware dispatch)
     incremental: bool = False  # D reserves onto its cached prefix and P sends only the rest
     kv_store: Optional[object] = None  # the run's shared KV store (testbed/engine/host_store.py)
+    # under torchrun: (store host, store port, key prefix of this point) of the rendezvous store the
+    # process group forms through; None: the single-box launcher's tcp://127.0.0.1:port
+    rendezvous: Optional[tuple] = None
+    host: str = ""  # where the worker runs (meta.json's hosts and links)
+    node: int = 0
 
 
-def worker_main(spec: WorkerSpec, inboxes, events) -> None:
-    """Process entry point. Ctrl-C reaches the whole process group: the driver alone handles it."""
+def worker_main(spec: WorkerSpec, inboxes, events, lost_router=lambda: False) -> None:
+    """Process entry point. Ctrl-C reaches the whole process group: the driver alone handles it.
+    `lost_router()` turns true when the router's host is gone (under torchrun): the worker stops."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # a queue's feeder thread (KV headers, Ready) must not wait out the default 5 ms GIL interval
     # behind a step
     sys.setswitchinterval(GIL_SWITCH_S)
     try:
         engine = _setup(spec)
-        events.put(Started(spec.rank, spec.role, spec.device, engine.runner.num_blocks, os.getpid()))
+        events.put(Started(spec.rank, spec.role, spec.device, engine.runner.num_blocks, os.getpid(),
+                           spec.host or socket.gethostname(), spec.node))
         with torch.inference_mode():  # one mode for every tensor the worker touches, KV buffers included
-            Worker(spec, engine, inboxes, events).loop()
+            Worker(spec, engine, inboxes, events, lost_router).loop()
+    except RouterLost:
+        raise  # nobody left to report to: the rank's own process says it
     except TestbedError as error:  # bad input found where the engine is built: still one line
         events.put(WorkerError(spec.rank, str(error), bad_input=True))
     except Exception:  # noqa: BLE001 - the driver reports it and shuts the run down
@@ -97,9 +112,7 @@ def _setup(spec: WorkerSpec) -> Engine:
         # core the moment a report arrives, instead of waiting out a worker's time slice (2 cores,
         # 2 workers: nice 5 left a p99 harness delay of 2.4-2.7 ms, nice 19 0.5 ms, TPOT unchanged)
         os.nice(CPU_WORKER_NICE)
-    backend = "nccl" if device.type == "cuda" else "gloo"
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{spec.port}", rank=spec.rank,
-                            world_size=spec.world_size, timeout=timedelta(seconds=spec.start_timeout_s))
+    _init_group(spec, "nccl" if device.type == "cuda" else "gloo")
     engine = Engine.build(spec.model.args(), spec.engine, spec.scheduler, spec.role, device,
                           dtype=spec.model.dtype, path=spec.model.path, seed=spec.model.seed)
     engine.warmup()
@@ -110,6 +123,18 @@ def _setup(spec: WorkerSpec) -> Engine:
     return engine
 
 
+def _init_group(spec: WorkerSpec, backend: str) -> None:
+    timeout = timedelta(seconds=spec.start_timeout_s)
+    if spec.rendezvous is None:
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{spec.port}", rank=spec.rank,
+                                world_size=spec.world_size, timeout=timeout)
+        return
+    host, port, prefix = spec.rendezvous
+    store = dist.TCPStore(host, port, None, is_master=False, timeout=timeout, wait_for_workers=False)
+    dist.init_process_group(backend, store=dist.PrefixStore(f"{prefix}/group", store), rank=spec.rank,
+                            world_size=spec.world_size, timeout=timeout)
+
+
 def _pin(core: Optional[int]) -> None:
     """Keep a CPU worker on its own core, so workers do not migrate onto each other (Linux only)."""
     if core is not None and hasattr(os, "sched_setaffinity"):
@@ -117,8 +142,10 @@ def _pin(core: Optional[int]) -> None:
 
 
 class Worker:
-    def __init__(self, spec: WorkerSpec, engine: Engine, inboxes, events):
+    def __init__(self, spec: WorkerSpec, engine: Engine, inboxes, events, lost_router=lambda: False):
         self.spec, self.engine, self.inbox, self.events = spec, engine, inboxes[spec.rank], events
+        self.lost_router = lost_router
+        self.last_watch = time.perf_counter()
         self.sender = self.receiver = None
         if spec.role == "prefill_only":
             faults = KVFaults(spec.drop_kv_probability, spec.delay_kv_s, seed=spec.seed * 1000 + spec.rank)
@@ -146,7 +173,15 @@ class Worker:
                 self._step()
             elif time.perf_counter() - self.last_report > self.spec.heartbeat_s:
                 self._report(Heartbeat(self.spec.rank, time.perf_counter()))
+            self._watch_router()
         self.events.put(self._audit())
+
+    def _watch_router(self) -> None:
+        now = time.perf_counter()
+        if now - self.last_watch > WATCH_S:
+            self.last_watch = now
+            if self.lost_router():
+                raise RouterLost(f"rank {self.spec.rank} stops: the router (rank 0) is gone")
 
     def _audit(self) -> Audit:
         """What this worker still holds at the end. Pieces still on the wire settle first (each

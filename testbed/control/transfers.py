@@ -21,19 +21,23 @@ import pandas as pd
 from testbed.metrics.events import TRANSFER_COLUMNS
 
 OUTCOMES = ("ok", "dropped", "timed_out", "error", "aborted")
-COLUMNS = TRANSFER_COLUMNS + ["attempt", "outcome", "send_end_s", "wait_s"]
+COLUMNS = TRANSFER_COLUMNS + ["attempt", "outcome", "send_end_s", "wait_s", "crossed_nodes"]
 
 
 class TransferLog:
-    """Attempt rows keyed by (request, P, D, attempt of that binding), times since the run's t0."""
+    """Attempt rows keyed by (request, P, D, attempt of that binding), times since the run's t0.
+    `nodes`: each worker's node (torchrun across hosts), so a row says whether it crossed nodes."""
 
-    def __init__(self, t0: float):
+    def __init__(self, t0: float, nodes: dict[int, int] | None = None):
         self.t0 = t0
+        self.nodes = nodes or {}
         self.rows: dict[tuple, dict] = {}
 
     def _row(self, rid: int, prefill: int, decode: int, attempt: int) -> dict:
+        crossed = self.nodes.get(prefill, 0) != self.nodes.get(decode, 0)
         return self.rows.setdefault((rid, prefill, decode, attempt),
-                                    {"request_id": rid, "prefill_worker": prefill, "decode_worker": decode})
+                                    {"request_id": rid, "prefill_worker": prefill, "decode_worker": decode,
+                                     "crossed_nodes": crossed})
 
     def sent(self, rid: int, prefill: int, decode: int, attempt: int, kv_bytes: int, start: float, end: float,
              wait_s: float, dropped: bool = False, error: bool = False) -> None:

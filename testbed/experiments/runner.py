@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 from typing import Optional
 
 from omegaconf import OmegaConf
 
 from testbed.config import Config, with_overrides
+from testbed.errors import ConfigError
 from testbed.experiments import aggregates, studies
 from testbed.experiments.report import print_run, print_sweep
 from testbed.experiments.repeats import intervals, with_repeats
@@ -76,7 +78,7 @@ def cell_table(table, cfg: Config, out_dir: Path):
     return intervals(done, cfg, out_dir, lambda point: aggregates.point_requests(out_dir, point, cfg))
 
 
-def run_point(cfg: Config, out_dir: Path) -> dict:
+def run_point(cfg: Config, out_dir: Path, session=None) -> dict:
     if cfg.executor == "sim":
         from testbed.sim.executor import simulate_point
 
@@ -87,7 +89,7 @@ def run_point(cfg: Config, out_dir: Path) -> dict:
         return http_point(cfg, out_dir)
     from testbed.experiments.serve import serve  # here: a simulated run never imports torch (seconds)
 
-    return serve(cfg, out_dir)
+    return serve(cfg, out_dir, session=session)
 
 
 def run_group(experiment: str, now: Optional[datetime] = None, job: Optional[int] = None) -> str:
@@ -109,8 +111,29 @@ def hydra_job_num() -> Optional[int]:
     return int(hydra_cfg.job.num) if hydra_cfg.mode == RunMode.MULTIRUN else None
 
 
-def run(cfg: Config, out_dir: Path, explicit: set[str] = frozenset()) -> dict:
-    """`explicit`: the config keys the command line set (they win over a study's CPU defaults)."""
+def run_job(cfg: Config, out_dir: Path, explicit: set[str] = frozenset()) -> dict:
+    """The command line's job. Under torchrun, rank 0 runs it with every rank's worker and the
+    other ranks serve until rank 0 is done (testbed/cluster/torchrun.py)."""
+    from testbed.net.rendezvous import torchrun_world
+
+    world = torchrun_world()
+    if world is None:
+        return run(cfg, out_dir, explicit)
+    from testbed.cluster.torchrun import Session, serve_rank
+
+    if cfg.executor != "real" or cfg.experiment.name in ("kv_bandwidth", "profile"):
+        raise ConfigError(f"under torchrun the job serves real workers (executor=real); "
+                          f"experiment={cfg.experiment.name} executor={cfg.executor} runs on one box")
+    if world.rank != 0:
+        serve_rank(world, cfg.cluster)
+        return {}
+    with Session(world, cfg.cluster) as session:
+        return run(cfg, out_dir, explicit, session)
+
+
+def run(cfg: Config, out_dir: Path, explicit: set[str] = frozenset(), session=None) -> dict:
+    """`explicit`: the config keys the command line set (they win over a study's CPU defaults).
+    `session`: under torchrun, rank 0's session; every point's workers are its ranks."""
     sizing = cpu_sizing(cfg, explicit)
     cfg = with_overrides(cfg, sizing) if sizing else cfg
     ensure_writable(out_dir)
@@ -119,7 +142,7 @@ def run(cfg: Config, out_dir: Path, explicit: set[str] = frozenset()) -> dict:
     studies.check_executor(cfg)
     tracker = make_tracker(cfg.tracker, group=run_group(name))  # one group per run(): its points and sweep run
     if name == "serve":
-        result = run_point(cfg, out_dir)
+        result = run_point(cfg, out_dir, session)
         track_point(tracker, out_dir.name, out_dir.name, cfg, out_dir, result)
         print_run(result["requests"], result["summary"], out_dir)
         return result
@@ -132,7 +155,7 @@ def run(cfg: Config, out_dir: Path, explicit: set[str] = frozenset()) -> dict:
 
         return run_profile(cfg, out_dir)
     build, aggregate = STUDIES[name]
-    sweep = Sweep(cfg, with_repeats(build(cfg), cfg), out_dir, run_point, tracker)
+    sweep = Sweep(cfg, with_repeats(build(cfg), cfg), out_dir, partial(run_point, session=session), tracker)
     sweep.sizing = sizing
     table = sweep.run()  # a Ctrl-C leaves the table of every finished point behind
     cells = cell_table(table, cfg, out_dir)

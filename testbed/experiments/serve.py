@@ -9,23 +9,24 @@ from typing import Callable, Optional
 from tqdm import tqdm
 
 from testbed.cluster.launcher import Cluster
-from testbed.cluster.layout import plan_workers
+from testbed.cluster.layout import plan_ranks, plan_workers
 from testbed.cluster.point import kv_store, stop_cluster, worker_template, write_point
 from testbed.cluster.router import Router
 from testbed.config import Config
+from testbed.errors import ConfigError
 from testbed.metrics.events import RequestLog
 from testbed.tracking.telemetry import start_telemetry
 from testbed.workload import build_workload
 
 
 def serve(cfg: Config, out_dir: Path, on_started: Optional[Callable[[Cluster], None]] = None,
-          progress: bool = True) -> dict:
-    """Run one point and write its results directory; returns the tables and the summary."""
+          progress: bool = True, session=None) -> dict:
+    """Run one point and write its results directory; returns the tables and the summary.
+    `session`: rank 0's torchrun session (testbed/cluster/torchrun.py): the workers are its ranks."""
     args = cfg.model.args()
-    plans = plan_workers(cfg.mode, cfg.cluster, cfg.hardware)
     workload = build_workload(cfg.workload, seed=cfg.seed, vocab_size=args.vocab_size,
                               max_model_len=args.max_model_len)
-    with Cluster(plans, worker_template(cfg, kv_store(cfg, plans)), cfg.cluster.start_timeout_s) as cluster:
+    with start_cluster(cfg, session) as cluster:
         if on_started:
             on_started(cluster)
         t0 = time.perf_counter()
@@ -39,3 +40,14 @@ def serve(cfg: Config, out_dir: Path, on_started: Optional[Callable[[Cluster], N
             router.run()
         telemetry = stop_cluster(cluster, router, sampler)
     return write_point(cfg, out_dir, cluster, router, log, telemetry, workload.report)
+
+
+def start_cluster(cfg: Config, session=None) -> Cluster:
+    """This box's worker processes, or under torchrun one worker per rank across the hosts."""
+    if session is None:
+        plans = plan_workers(cfg.mode, cfg.cluster, cfg.hardware)
+        return Cluster(plans, worker_template(cfg, kv_store(cfg, plans)), cfg.cluster.start_timeout_s)
+    if cfg.kv_store.capacity_mib > 0 or cfg.faults.kill_worker is not None:
+        raise ConfigError("under torchrun kv_store.capacity_mib must be 0 and faults.kill_worker unset: "
+                          "the shared KV store and injected kills work on one box")
+    return session.cluster(cfg, plan_ranks(cfg.mode, cfg.cluster, cfg.hardware, session.world), worker_template(cfg))

@@ -1,0 +1,160 @@
+"""Control messages between hosts over ZeroMQ: one bound PULL socket per receiver, one PUSH
+socket per (sender, receiver) pair, every frame in the versioned JSON of `testbed.net.wire`.
+
+Why ZeroMQ (measured in `python -m testbed.bench.control`, README "Across hosts"): its I/O thread
+frames, queues and reconnects without the sender waiting on the receiver, which a worker in the
+middle of a step needs; and its own heartbeats (ZMTP PING/PONG, answered by that thread even while
+Python is busy) notice a dead or unreachable peer. A frame that does not decode is dropped, counted
+and logged; a connection that does not speak ZMTP (a port scanner, a stray `nc`) never gets past
+ZeroMQ's handshake, and the socket monitor logs it.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import time
+from collections import deque
+
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+from testbed.net import wire
+
+log = logging.getLogger("testbed.control")
+LINGER_MS = 2000  # a closing socket still delivers its last frames (the KV audit), but never hangs a stop
+MAX_LOGGED = 20  # refused frames logged one by one; beyond that only counted
+REFUSED_EVENTS = {zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "not a ZeroMQ peer",
+                  zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "handshake failed",
+                  zmq.EVENT_HANDSHAKE_FAILED_AUTH: "authentication failed"}
+
+
+def _options(sock: zmq.Socket, heartbeat_s: float) -> zmq.Socket:
+    sock.setsockopt(zmq.LINGER, LINGER_MS)
+    sock.setsockopt(zmq.HEARTBEAT_IVL, int(heartbeat_s * 1000))
+    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, int(5 * heartbeat_s * 1000))
+    sock.setsockopt(zmq.HEARTBEAT_TTL, int(5 * heartbeat_s * 1000))
+    return sock
+
+
+class Inbox:
+    """A bound PULL socket: `get(timeout)` / `get_nowait()` like a queue. `last_read` is when the
+    message `get` returned came off the socket (the harness-delay breakdown); `refused` counts the
+    frames and connections turned away."""
+
+    def __init__(self, ctx: zmq.Context, host: str, token: str, heartbeat_s: float, name: str):
+        self.token, self.name = token, name
+        self.sock = _options(ctx.socket(zmq.PULL), heartbeat_s)
+        port = self.sock.bind_to_random_port(f"tcp://{host}")
+        self.address = f"tcp://{host}:{port}"
+        self.monitor = self.sock.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_HANDSHAKE_SUCCEEDED
+                                                    | zmq.EVENT_DISCONNECTED | sum(REFUSED_EVENTS))
+        self.handshaking: set[int] = set()  # accepted connections (by fd) not yet past the handshake
+        self.poller = zmq.Poller()
+        self.poller.register(self.sock, zmq.POLLIN)
+        self.poller.register(self.monitor, zmq.POLLIN)
+        self.ready: deque = deque()
+        self.refused = 0
+        self.last_read = 0.0
+
+    def get(self, timeout: float | None = None):
+        if not self.ready:
+            self._read(timeout)
+        if not self.ready:
+            raise queue.Empty
+        msg, self.last_read = self.ready.popleft()
+        return msg
+
+    def get_nowait(self):
+        return self.get(timeout=0)
+
+    def _read(self, timeout: float | None) -> None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self.ready:
+            left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+            events = dict(self.poller.poll(None if left is None else int(left * 1000)))
+            if self.monitor in events:
+                self._log_refused_connections()
+            if self.sock in events:
+                self._take_frames()
+            if deadline is not None and time.monotonic() >= deadline:
+                return
+
+    def _take_frames(self) -> None:
+        while True:
+            try:
+                frame = self.sock.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                self.ready.append((wire.decode(frame, self.token), time.perf_counter()))
+            except wire.BadMessage as why:
+                self._refuse(f"a {len(frame)}-byte frame: {why}")
+
+    def _log_refused_connections(self) -> None:
+        """A connection that fails ZeroMQ's handshake, or closes before finishing it, is refused."""
+        while self.monitor.poll(0):
+            event = recv_monitor_message(self.monitor)
+            kind, fd = event["event"], event["value"]
+            if kind == zmq.EVENT_ACCEPTED:
+                self.handshaking.add(fd)
+            elif kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self.handshaking.discard(fd)
+            elif kind in REFUSED_EVENTS or fd in self.handshaking:
+                self.handshaking.discard(fd)
+                self._refuse(f"a connection: {REFUSED_EVENTS.get(kind, 'closed before the ZeroMQ handshake')}")
+
+    def _refuse(self, what: str) -> None:
+        self.refused += 1
+        if self.refused <= MAX_LOGGED:
+            log.warning(f"control {self.name} ({self.address}) dropped {what} (refused so far: {self.refused})")
+
+    def close(self) -> None:
+        self.sock.disable_monitor()
+        self.monitor.close(linger=0)
+        self.sock.close()
+
+
+class Outbox:
+    """A PUSH socket connected to one receiver's Inbox: `put(msg)` hands the frame to ZeroMQ's I/O
+    thread at once. `lost()` is true once the connection to a receiver that was reached has dropped
+    (the process died, or its host stopped answering heartbeats)."""
+
+    def __init__(self, ctx: zmq.Context, address: str, token: str, heartbeat_s: float):
+        self.token, self.address = token, address
+        self.sock = _options(ctx.socket(zmq.PUSH), heartbeat_s)
+        self.monitor = self.sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+        self.sock.connect(address)
+        self.connected = self.disconnected = False
+
+    def put(self, msg) -> None:
+        self.sock.send(wire.encode(msg, self.token))
+
+    def lost(self) -> bool:
+        while self.monitor.poll(0):
+            event = recv_monitor_message(self.monitor)["event"]
+            self.connected = self.connected or event == zmq.EVENT_CONNECTED
+            self.disconnected = self.disconnected or (self.connected and event == zmq.EVENT_DISCONNECTED)
+        return self.disconnected
+
+    def close(self) -> None:
+        self.sock.disable_monitor()
+        self.monitor.close(linger=0)
+        self.sock.close()
+
+
+class Mesh:
+    """One process's control endpoints for one serving point: its own Inbox and an Outbox to each
+    peer it sends to, indexed like the single-box launcher's queue list (`mesh[rank].put(msg)`,
+    `mesh[own rank].get()`), so the worker and the KV connector do not know which they hold."""
+
+    def __init__(self, inbox: Inbox, outboxes: dict[int, Outbox], own: int):
+        self.inbox, self.outboxes, self.own = inbox, outboxes, own
+
+    def __getitem__(self, rank: int):
+        return self.inbox if rank == self.own else self.outboxes[rank]
+
+    def close(self) -> None:
+        for box in self.outboxes.values():
+            box.close()
+        self.inbox.close()
