@@ -173,3 +173,23 @@ def test_torchrun_environment_and_bind_address():
     assert bind_address(None, w) == "127.0.0.1"
     with pytest.raises(ConfigError, match="every interface"):
         bind_address("0.0.0.0", w)
+
+
+def test_a_rank_that_never_joins_fails_the_run_naming_it():
+    from testbed.cluster.torchrun import Session
+    from testbed.errors import RankLost
+    from testbed.ports import free_port
+
+    lonely = World(0, 2, 0, 1, 0, "127.0.0.1", free_port(), agent_store=False)  # rank 1 never starts
+    with pytest.raises(RankLost, match=r"rank 1 did not join within 2 s \(cluster.start_timeout_s\)"):
+        with Session(lonely, ClusterConfig(start_timeout_s=2.0)):
+            pass
+
+
+def test_control_bench_compares_the_transports():
+    from testbed.bench.control import main
+
+    results = main(["--messages", "20"])
+    assert set(results) == {"pipe + pickle (one box)", "zeromq + json (torchrun)", "tcpstore set/get",
+                            "gloo send/recv"}
+    assert all(r["p99_us"] >= r["p50_us"] > 0 for r in results.values())

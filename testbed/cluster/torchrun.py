@@ -114,10 +114,14 @@ class Session:
         publish(self.store, "driver", self.driver.address)
         self.hosts = {0: socket.gethostname()}
         self.agents: dict[int, Outbox] = {}
-        for rank in range(1, self.world.world_size):
-            address = _lookup_rank(self.store, f"agent/{rank}", rank, self.timeout_s)
-            self.hosts[rank] = lookup(self.store, f"host/{rank}")
-            self.agents[rank] = Outbox(self.ctx, address, self.token, self.heartbeat_s)
+        try:
+            for rank in range(1, self.world.world_size):
+                address = _lookup_rank(self.store, f"agent/{rank}", rank, self.timeout_s)
+                self.hosts[rank] = lookup(self.store, f"host/{rank}")
+                self.agents[rank] = Outbox(self.ctx, address, self.token, self.heartbeat_s)
+        except BaseException:
+            self._close()
+            raise
         log.info(f"torchrun: {self.world.world_size} ranks on {self.world.num_nodes} nodes; control on "
                  f"{self.bind} (hosts: {', '.join(f'{r}={h}' for r, h in sorted(self.hosts.items()))})")
         return self
@@ -130,6 +134,9 @@ class Session:
         why = "" if kind is None else f"{kind.__name__}: {error}"[:500]
         for agent in self.agents.values():
             agent.put(Shutdown(why))
+        self._close()
+
+    def _close(self) -> None:
         for agent in self.agents.values():
             agent.close()
         self.driver.close()

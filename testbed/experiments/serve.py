@@ -44,6 +44,11 @@ def serve(cfg: Config, out_dir: Path, on_started: Optional[Callable[[Cluster], N
 
 def start_cluster(cfg: Config, session=None) -> Cluster:
     """This box's worker processes, or under torchrun one worker per rank across the hosts."""
+    spans = session.world.num_nodes if session else 1
+    if cfg.hardware.num_nodes not in (1, spans):
+        raise ConfigError(f"hardware.num_nodes={cfg.hardware.num_nodes} but this real run spans {spans} node(s): "
+                          "start it under torchrun --nnodes=N (README, Across hosts), or leave num_nodes to "
+                          "the planner and simulator (executor=sim, +experiment=plan)")
     if session is None:
         plans = plan_workers(cfg.mode, cfg.cluster, cfg.hardware)
         return Cluster(plans, worker_template(cfg, kv_store(cfg, plans)), cfg.cluster.start_timeout_s)

@@ -47,9 +47,7 @@ class Inbox:
         self.sock = _options(ctx.socket(zmq.PULL), heartbeat_s)
         port = self.sock.bind_to_random_port(f"tcp://{host}")
         self.address = f"tcp://{host}:{port}"
-        self.monitor = self.sock.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_HANDSHAKE_SUCCEEDED
-                                                    | zmq.EVENT_DISCONNECTED | sum(REFUSED_EVENTS))
-        self.handshaking: set[int] = set()  # accepted connections (by fd) not yet past the handshake
+        self.monitor = self.sock.get_monitor_socket(sum(REFUSED_EVENTS))
         self.poller = zmq.Poller()
         self.poller.register(self.sock, zmq.POLLIN)
         self.poller.register(self.monitor, zmq.POLLIN)
@@ -92,17 +90,9 @@ class Inbox:
                 self._refuse(f"a {len(frame)}-byte frame: {why}")
 
     def _log_refused_connections(self) -> None:
-        """A connection that fails ZeroMQ's handshake, or closes before finishing it, is refused."""
+        """A connection that fails ZeroMQ's handshake (it sent something else) is refused."""
         while self.monitor.poll(0):
-            event = recv_monitor_message(self.monitor)
-            kind, fd = event["event"], event["value"]
-            if kind == zmq.EVENT_ACCEPTED:
-                self.handshaking.add(fd)
-            elif kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-                self.handshaking.discard(fd)
-            elif kind in REFUSED_EVENTS or fd in self.handshaking:
-                self.handshaking.discard(fd)
-                self._refuse(f"a connection: {REFUSED_EVENTS.get(kind, 'closed before the ZeroMQ handshake')}")
+            self._refuse(f"a connection: {REFUSED_EVENTS[recv_monitor_message(self.monitor)['event']]}")
 
     def _refuse(self, what: str) -> None:
         self.refused += 1

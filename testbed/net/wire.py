@@ -6,7 +6,7 @@ Only the message types registered here decode, and only into their own fields: a
 not JSON, names another version or type, lacks the run's token, or carries fields the type does
 not have is refused with `BadMessage` (the receiver drops and counts it). Nothing from the network
 is ever unpickled or executed. Tuples travel as JSON arrays and come back as tuples where the
-field is declared a tuple; StepRecord (a NamedTuple) travels as an object of its fields.
+field is declared a tuple; StepRecord (a NamedTuple) travels as the array of its fields.
 """
 
 from __future__ import annotations
@@ -47,18 +47,13 @@ MESSAGE_TYPES = {cls.__name__: cls for cls in (
     messages.KVAck, messages.KVPart, messages.KVDone, messages.Started, messages.StepEvents, messages.Reserved,
     messages.KVSent, messages.KVArrived, messages.KVAttemptFailed, messages.Failed, messages.Heartbeat,
     messages.Audit, messages.WorkerError, FaultInjected, Stall, Launch, Shutdown)}
-# each field's declared type, resolved once (the annotations are strings)
-FIELD_TYPES = {name: typing.get_type_hints(cls) for name, cls in MESSAGE_TYPES.items()}
-RECORD_TYPES = typing.get_type_hints(StepRecord)
-
-
 def encode(msg, token: str) -> bytes:
     name = type(msg).__name__
     if MESSAGE_TYPES.get(name) is not type(msg):
         raise TypeError(f"{name} is not a control message")
-    body = {f.name: _plain(getattr(msg, f.name)) for f in dataclasses.fields(msg)}
-    return json.dumps({"v": VERSION, "token": token, "type": name, "body": body},
-                      separators=(",", ":"), allow_nan=True).encode()
+    body = {f: getattr(msg, f) for f in FIELDS[name]}
+    return json.dumps({"v": VERSION, "token": token, "type": name, "body": body}, separators=(",", ":"),
+                      default=_scalar).encode()
 
 
 def decode(frame: bytes, token: str):
@@ -71,48 +66,56 @@ def decode(frame: bytes, token: str):
         raise BadMessage(f"not a version-{VERSION} envelope")
     if not hmac.compare_digest(str(envelope.get("token", "")).encode(), token.encode()):
         raise BadMessage("wrong or missing run token")
-    cls = MESSAGE_TYPES.get(envelope.get("type"))
-    body = envelope.get("body")
-    if cls is None or not isinstance(body, dict):
-        raise BadMessage(f"unknown message type {str(envelope.get('type'))[:40]!r}")
-    hints = FIELD_TYPES[cls.__name__]
-    if not body.keys() <= hints.keys():
-        raise BadMessage(f"{cls.__name__} has no fields {sorted(body.keys() - hints.keys())[:5]}")
+    name, body = envelope.get("type"), envelope.get("body")
+    if name not in MESSAGE_TYPES or not isinstance(body, dict):
+        raise BadMessage(f"unknown message type {str(name)[:40]!r}")
+    convert = FIELDS[name]
+    if not body.keys() <= convert.keys():
+        raise BadMessage(f"{name} has no fields {sorted(body.keys() - convert.keys())[:5]}")
     try:
-        return cls(**{k: _typed(v, hints[k]) for k, v in body.items()})
+        return MESSAGE_TYPES[name](**{k: convert[k](v) for k, v in body.items()})
     except (TypeError, ValueError) as error:
-        raise BadMessage(f"{cls.__name__}: {error}") from None
+        raise BadMessage(f"{name}: {error}") from None
 
 
-def _plain(value):
-    """JSON-ready: NamedTuples as objects of their fields, tuples as arrays, numpy scalars as numbers."""
-    if isinstance(value, StepRecord):
-        return {k: _plain(v) for k, v in value._asdict().items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
+def _scalar(value):
+    """numpy scalars (a token id, a block count) as plain numbers; anything else is a bug."""
+    if hasattr(value, "item"):
         return value.item()
-    return value
-
-
-def _typed(value, hint):
-    """Back from JSON to the field's declared shape: StepRecord, and tuples where tuples are declared."""
-    origin = typing.get_origin(hint)
-    if hint is StepRecord:
-        if not isinstance(value, dict):
-            raise TypeError("StepRecord must be an object")
-        return StepRecord(**{k: _typed(v, RECORD_TYPES[k]) for k, v in value.items() if k in RECORD_TYPES})
-    if origin is typing.Union:  # Optional[X]
-        inner = [a for a in typing.get_args(hint) if a is not type(None)]
-        return None if value is None else _typed(value, inner[0]) if len(inner) == 1 else value
-    if (hint is tuple or origin is tuple) and isinstance(value, list):
-        return tuple(_deep_tuple(v) for v in value)
-    if (hint is list or origin is list) and isinstance(value, list):
-        return [_deep_tuple(v) for v in value]
-    return value
+    raise TypeError(f"{type(value).__name__} does not travel in a control message")
 
 
 def _deep_tuple(value):
     return tuple(_deep_tuple(v) for v in value) if isinstance(value, list) else value
+
+
+def _record(value) -> StepRecord:
+    """StepRecord travels as the array of its fields (a NamedTuple is a tuple to JSON)."""
+    if not isinstance(value, list) or len(value) > len(StepRecord._fields):
+        raise TypeError("StepRecord must be an array of its fields")
+    return StepRecord(*[_deep_tuple(v) if type(v) is list else v for v in value])
+
+
+def _converter(hint):
+    """JSON value -> the field's declared shape: StepRecord, tuples where tuples are declared."""
+    origin = typing.get_origin(hint)
+    if hint is StepRecord:
+        return _record
+    if origin is typing.Union:  # Optional[X]
+        inner = [a for a in typing.get_args(hint) if a is not type(None)]
+        convert = _converter(inner[0]) if len(inner) == 1 else _same
+        return lambda v: None if v is None else convert(v)
+    if hint is tuple or origin is tuple:
+        return lambda v: _deep_tuple(v) if isinstance(v, list) else v
+    if hint is list or origin is list:
+        return lambda v: [tuple(x) if type(x) is list else x for x in v] if isinstance(v, list) else v
+    return _same
+
+
+def _same(value):
+    return value
+
+
+# each message type's fields and how each comes back from JSON, resolved once (annotations are strings)
+FIELDS = {name: {f: _converter(h) for f, h in typing.get_type_hints(cls).items()}
+          for name, cls in MESSAGE_TYPES.items()}

@@ -1,0 +1,198 @@
+"""Per-message latency of the control transports a run across hosts could use, on this machine.
+
+    python -m testbed.bench.control [--messages 2000]
+
+A router-like process sends a worker's step report (a StepEvents with a batch of tokens) to an echo
+process and waits for it to come back; one-way latency is half the round trip. Every transport
+does the same work per hop: serialise, move, parse (pickle on the pipe, testbed.net's JSON on the
+others). Side by side:
+the single-box launcher's pipe (pickle), ZeroMQ with the versioned JSON frames of testbed.net
+(what runs under torchrun), torch.distributed's TCPStore (set / blocking get), and gloo send/recv of
+the frame's bytes on a CPU group. Each echo runs in its own process, as the workers do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import time
+from datetime import timedelta
+
+import numpy as np
+
+from testbed.cluster.messages import StepEvents
+from testbed.engine.record import StepRecord
+from testbed.ports import free_port
+
+TOKEN = "b" * 32
+WARMUP = 50
+
+
+def report(batch: int = 16) -> StepEvents:
+    record = StepRecord(1.0, 1.01, "decode_only", 0, batch, batch, 40, 0, batch, 1e-4, 2e-4, 8e-3, 1e-4, 3e-4, (),
+                        batch * 300, modelled_s=0.01)
+    return StepEvents(worker=1, t=1.01, record=record, scheduled=[(i, 1, False) for i in range(batch)],
+                      tokens=[(i, 40, 1000 + i) for i in range(batch)], finished=[], handoff=[], free_blocks=200,
+                      num_running=batch, sent=1.011)
+
+
+# -- echoes (child processes) ------------------------------------------------------------------
+def echo_pipe(conn, count: int) -> None:
+    for _ in range(count):
+        conn.send(conn.recv())
+
+
+def echo_zmq(back: str, count: int) -> None:
+    import zmq
+
+    from testbed.net.transport import Inbox, Outbox
+
+    ctx = zmq.Context()
+    inbox, out = Inbox(ctx, "127.0.0.1", TOKEN, 2.0, "echo"), Outbox(ctx, back, TOKEN, 2.0)
+    # the echo's own address rides in a step report (the only payload the bench sends)
+    out.put(StepEvents(0, 0.0, report().record, [], [], [], [], 0, 0, sent=0.0, cached=((), ()),
+                       hits=[("addr", inbox.address)]))
+    for _ in range(count):
+        out.put(inbox.get())
+    out.close()
+    inbox.close()
+    ctx.term()
+
+
+def echo_store(port: int, count: int) -> None:
+    import torch.distributed as dist
+
+    from testbed.net import wire
+
+    store = dist.TCPStore("127.0.0.1", port, None, is_master=False, timeout=timedelta(seconds=60))
+    for i in range(count):
+        store.set(f"pong/{i}", wire.encode(wire.decode(store.get(f"ping/{i}"), TOKEN), TOKEN))
+
+
+def echo_gloo(port: int, count: int) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from testbed.net import wire
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=1, world_size=2)
+    size = torch.zeros(1, dtype=torch.int64)
+    for _ in range(count):
+        dist.recv(size, 0)
+        frame = torch.empty(int(size), dtype=torch.uint8)
+        dist.recv(frame, 0)
+        msg = wire.decode(frame.numpy().tobytes(), TOKEN)
+        back = torch.frombuffer(bytearray(wire.encode(msg, TOKEN)), dtype=torch.uint8)
+        dist.send(torch.tensor([back.numel()], dtype=torch.int64), 0)
+        dist.send(back, 0)
+    dist.destroy_process_group()
+
+
+# -- senders ----------------------------------------------------------------------------------
+def time_pipe(count: int) -> list[float]:
+    ctx = mp.get_context("spawn")
+    ours, theirs = ctx.Pipe()
+    child = ctx.Process(target=echo_pipe, args=(theirs, count + WARMUP))
+    child.start()
+    msg, times = report(), []
+    for _ in range(count + WARMUP):
+        start = time.perf_counter()
+        ours.send(msg)
+        ours.recv()
+        times.append(time.perf_counter() - start)
+    child.join()
+    return times[WARMUP:]
+
+
+def time_zmq(count: int) -> list[float]:
+    import zmq
+
+    from testbed.net.transport import Inbox, Outbox
+
+    zctx = zmq.Context()
+    inbox = Inbox(zctx, "127.0.0.1", TOKEN, 2.0, "bench")
+    child = mp.get_context("spawn").Process(target=echo_zmq, args=(inbox.address, count + WARMUP))
+    child.start()
+    hello = inbox.get(timeout=120)
+    out = Outbox(zctx, hello.hits[0][1], TOKEN, 2.0)
+    msg, times = report(), []
+    for _ in range(count + WARMUP):
+        start = time.perf_counter()
+        out.put(msg)
+        inbox.get()
+        times.append(time.perf_counter() - start)
+    child.join()
+    out.close()
+    inbox.close()
+    zctx.term()
+    return times[WARMUP:]
+
+
+def time_store(count: int) -> list[float]:
+    import torch.distributed as dist
+
+    from testbed.net import wire
+
+    port = free_port()
+    store = dist.TCPStore("127.0.0.1", port, None, is_master=True, timeout=timedelta(seconds=60))
+    child = mp.get_context("spawn").Process(target=echo_store, args=(port, count + WARMUP))
+    child.start()
+    msg, times = report(), []
+    for i in range(count + WARMUP):
+        start = time.perf_counter()
+        store.set(f"ping/{i}", wire.encode(msg, TOKEN))
+        wire.decode(store.get(f"pong/{i}"), TOKEN)
+        times.append(time.perf_counter() - start)
+    child.join()
+    return times[WARMUP:]
+
+
+def time_gloo(count: int) -> list[float]:
+    import torch
+    import torch.distributed as dist
+
+    from testbed.net import wire
+
+    port = free_port()
+    child = mp.get_context("spawn").Process(target=echo_gloo, args=(port, count + WARMUP))
+    child.start()
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=2)
+    times = []
+    for _ in range(count + WARMUP):
+        start = time.perf_counter()
+        frame = torch.frombuffer(bytearray(wire.encode(report(), TOKEN)), dtype=torch.uint8)
+        size = torch.tensor([frame.numel()], dtype=torch.int64)
+        dist.send(size, 1)
+        dist.send(frame, 1)
+        dist.recv(size, 1)
+        back = torch.empty(int(size), dtype=torch.uint8)
+        dist.recv(back, 1)
+        wire.decode(back.numpy().tobytes(), TOKEN)
+        times.append(time.perf_counter() - start)
+    dist.destroy_process_group()
+    child.join()
+    return times[WARMUP:]
+
+
+TRANSPORTS = {"pipe + pickle (one box)": time_pipe, "zeromq + json (torchrun)": time_zmq,
+              "tcpstore set/get": time_store, "gloo send/recv": time_gloo}
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--messages", type=int, default=2000)
+    args = parser.parse_args(argv)
+    from testbed.net import wire
+
+    print(f"one step report: {len(wire.encode(report(), TOKEN))} bytes of JSON; {args.messages} round trips each")
+    print(f"{'transport':28s} {'one-way p50 us':>15s} {'p99 us':>9s}")
+    results = {}
+    for name, timer in TRANSPORTS.items():
+        one_way = np.array(timer(args.messages)) / 2 * 1e6
+        results[name] = {"p50_us": float(np.percentile(one_way, 50)), "p99_us": float(np.percentile(one_way, 99))}
+        print(f"{name:28s} {results[name]['p50_us']:15.0f} {results[name]['p99_us']:9.0f}")
+    return results
+
+
+if __name__ == "__main__":
+    main()
