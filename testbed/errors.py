@@ -11,10 +11,14 @@ class ConfigError(TestbedError, ValueError):
     """A configuration value is out of range or inconsistent."""
 
 
-class RankLost(TestbedError):
-    """Under torchrun: a rank died, never joined, or lost its connection; the run cannot go on."""
+class PeerLost(TestbedError):
+    """Under torchrun: a process this one sends control messages to is gone or unreachable."""
 
     exit_code = 1
+
+
+class RankLost(PeerLost):
+    """Under torchrun: a rank died, never joined, or lost its connection; the run cannot go on."""
 
 
 class KVLeakError(RuntimeError):

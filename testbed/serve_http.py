@@ -16,6 +16,7 @@ from omegaconf import DictConfig
 
 from testbed.config import check_overrides, register_configs, to_config
 from testbed.errors import ConfigError, TestbedError
+from testbed.net.rendezvous import torchrun_world
 
 register_configs()
 
@@ -30,6 +31,9 @@ def main(cfg: DictConfig) -> None:
         if config.experiment.name != "serve":
             raise ConfigError(f"experiment={config.experiment.name}: the server runs one serving configuration; "
                               f"drop +experiment (studies replay against it with executor=http)")
+        if torchrun_world() is not None:
+            raise ConfigError("the HTTP server runs its workers on one box; across hosts run "
+                              "torchrun ... -m testbed (README, Across hosts)")
         tokenizer = load_tokenizer(config.http.tokenizer or config.model.path)
         with HttpServer(config, out_dir, **tokenizer) as server:
             print(f"serving mode={config.mode} model={config.model.name} on {server.url}/v1/completions "

@@ -157,7 +157,8 @@ def test_a_layout_that_does_not_fill_the_ranks_is_one_line(cluster, message):
 
 def test_one_box_refuses_other_nodes_and_bad_device_names():
     with pytest.raises(ConfigError, match="torchrun"):
-        plan_workers("disagg", ClusterConfig(prefill_devices=["0:0"], decode_devices=["1:0"]), HardwareConfig(name="cpu"))
+        plan_workers("disagg", ClusterConfig(prefill_devices=["0:0"], decode_devices=["1:0"]),
+                     HardwareConfig(name="cpu"))
     with pytest.raises(ConfigError, match="node:device"):
         ClusterConfig(prefill_devices=["gpu0"]).validate()
 
@@ -165,12 +166,15 @@ def test_one_box_refuses_other_nodes_and_bad_device_names():
 def test_torchrun_environment_and_bind_address():
     assert torchrun_world({}) is None
     env = {"TORCHELASTIC_RUN_ID": "x", "RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
-           "GROUP_RANK": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "TORCHELASTIC_USE_AGENT_STORE": "True"}
+           "GROUP_RANK": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500",
+           "TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_RESTART_COUNT": "2"}
     w = torchrun_world(env)
-    assert (w.rank, w.node, w.num_nodes, w.agent_store, w.node_of(2)) == (3, 1, 2, True, 1)
+    assert (w.rank, w.node, w.num_nodes, w.agent_store, w.node_of(2), w.scope) == (3, 1, 2, True, 1, "x-2")
     with pytest.raises(ConfigError, match="MASTER_PORT"):
         torchrun_world({k: v for k, v in env.items() if k != "MASTER_PORT"})
-    assert bind_address(None, w) == "127.0.0.1"
+    assert bind_address(None, dataclasses.replace(w, world_size=2, local_world_size=2)) == "127.0.0.1"
+    with pytest.raises(ConfigError, match="other nodes cannot reach"):
+        bind_address(None, w)  # two nodes: a loopback address would strand the other node
     with pytest.raises(ConfigError, match="every interface"):
         bind_address("0.0.0.0", w)
 
@@ -193,3 +197,19 @@ def test_control_bench_compares_the_transports():
     assert set(results) == {"pipe + pickle (one box)", "zeromq + json (torchrun)", "tcpstore set/get",
                             "gloo send/recv"}
     assert all(r["p99_us"] >= r["p50_us"] > 0 for r in results.values())
+
+
+def test_worker_times_from_another_host_come_back_on_rank_0s_clock():
+    from testbed.cluster.messages import KVSent
+    from testbed.net import clocks
+
+    # the worker's clock runs 1000 s ahead; the quickest of three pings decides (100 us round trip)
+    offset = clocks.estimate([(10.0, 1010.004, 10.010), (20.0, 1020.00005, 20.0001), (30.0, 1030.1, 30.3)])
+    assert offset.rtt_s == pytest.approx(1e-4) and offset.seconds == pytest.approx(1000.0, abs=1e-4)
+    ev = clocks.rebase(step_events(), offset.seconds)
+    assert (ev.t, ev.sent, ev.record.start, ev.record.end) == pytest.approx(
+        (2.5 - offset.seconds, 2.6 - offset.seconds, 1.0 - offset.seconds, 2.0 - offset.seconds))
+    assert ev.record.forward_s == step_events().record.forward_s  # durations are not times
+    sent = KVSent(7, 0, 1, 4096, 1005.0, 1005.5, 0.01)
+    assert clocks.sender(sent) == 0 and clocks.rebase(sent, 1000.0).start == pytest.approx(5.0)
+    assert clocks.rebase(Stop(), 1000.0) == Stop() and clocks.rebase(sent, 0.0) is sent

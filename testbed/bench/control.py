@@ -26,6 +26,7 @@ from testbed.ports import free_port
 
 TOKEN = "b" * 32
 WARMUP = 50
+TIMEOUT_S = 120  # an echo that died fails the benchmark instead of hanging it
 
 
 def report(batch: int = 16) -> StepEvents:
@@ -64,7 +65,7 @@ def echo_store(port: int, count: int) -> None:
 
     from testbed.net import wire
 
-    store = dist.TCPStore("127.0.0.1", port, None, is_master=False, timeout=timedelta(seconds=60))
+    store = dist.TCPStore("127.0.0.1", port, None, is_master=False, timeout=timedelta(seconds=TIMEOUT_S))
     for i in range(count):
         store.set(f"pong/{i}", wire.encode(wire.decode(store.get(f"ping/{i}"), TOKEN), TOKEN))
 
@@ -75,7 +76,8 @@ def echo_gloo(port: int, count: int) -> None:
 
     from testbed.net import wire
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=1, world_size=2)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=1, world_size=2,
+                            timeout=timedelta(seconds=TIMEOUT_S))
     size = torch.zeros(1, dtype=torch.int64)
     for _ in range(count):
         dist.recv(size, 0)
@@ -92,15 +94,17 @@ def echo_gloo(port: int, count: int) -> None:
 def time_pipe(count: int) -> list[float]:
     ctx = mp.get_context("spawn")
     ours, theirs = ctx.Pipe()
-    child = ctx.Process(target=echo_pipe, args=(theirs, count + WARMUP))
+    child = ctx.Process(target=echo_pipe, args=(theirs, count + WARMUP), daemon=True)
     child.start()
     msg, times = report(), []
     for _ in range(count + WARMUP):
         start = time.perf_counter()
         ours.send(msg)
+        if not ours.poll(TIMEOUT_S):
+            raise RuntimeError("the pipe echo stopped answering")
         ours.recv()
         times.append(time.perf_counter() - start)
-    child.join()
+    child.join(TIMEOUT_S)
     return times[WARMUP:]
 
 
@@ -111,17 +115,17 @@ def time_zmq(count: int) -> list[float]:
 
     zctx = zmq.Context()
     inbox = Inbox(zctx, "127.0.0.1", TOKEN, 2.0, "bench")
-    child = mp.get_context("spawn").Process(target=echo_zmq, args=(inbox.address, count + WARMUP))
+    child = mp.get_context("spawn").Process(target=echo_zmq, args=(inbox.address, count + WARMUP), daemon=True)
     child.start()
-    hello = inbox.get(timeout=120)
+    hello = inbox.get(timeout=TIMEOUT_S)
     out = Outbox(zctx, hello.hits[0][1], TOKEN, 2.0)
     msg, times = report(), []
     for _ in range(count + WARMUP):
         start = time.perf_counter()
         out.put(msg)
-        inbox.get()
+        inbox.get(timeout=TIMEOUT_S)
         times.append(time.perf_counter() - start)
-    child.join()
+    child.join(TIMEOUT_S)
     out.close()
     inbox.close()
     zctx.term()
@@ -134,8 +138,8 @@ def time_store(count: int) -> list[float]:
     from testbed.net import wire
 
     port = free_port()
-    store = dist.TCPStore("127.0.0.1", port, None, is_master=True, timeout=timedelta(seconds=60))
-    child = mp.get_context("spawn").Process(target=echo_store, args=(port, count + WARMUP))
+    store = dist.TCPStore("127.0.0.1", port, None, is_master=True, timeout=timedelta(seconds=TIMEOUT_S))
+    child = mp.get_context("spawn").Process(target=echo_store, args=(port, count + WARMUP), daemon=True)
     child.start()
     msg, times = report(), []
     for i in range(count + WARMUP):
@@ -143,7 +147,7 @@ def time_store(count: int) -> list[float]:
         store.set(f"ping/{i}", wire.encode(msg, TOKEN))
         wire.decode(store.get(f"pong/{i}"), TOKEN)
         times.append(time.perf_counter() - start)
-    child.join()
+    child.join(TIMEOUT_S)
     return times[WARMUP:]
 
 
@@ -154,9 +158,10 @@ def time_gloo(count: int) -> list[float]:
     from testbed.net import wire
 
     port = free_port()
-    child = mp.get_context("spawn").Process(target=echo_gloo, args=(port, count + WARMUP))
+    child = mp.get_context("spawn").Process(target=echo_gloo, args=(port, count + WARMUP), daemon=True)
     child.start()
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=2)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=2,
+                            timeout=timedelta(seconds=TIMEOUT_S))
     times = []
     for _ in range(count + WARMUP):
         start = time.perf_counter()
@@ -170,7 +175,7 @@ def time_gloo(count: int) -> list[float]:
         wire.decode(back.numpy().tobytes(), TOKEN)
         times.append(time.perf_counter() - start)
     dist.destroy_process_group()
-    child.join()
+    child.join(TIMEOUT_S)
     return times[WARMUP:]
 
 

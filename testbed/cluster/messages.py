@@ -1,8 +1,8 @@
 """Control-plane messages (small, picklable). KV tensors never travel here: only their headers.
 
-router -> worker:  Serve, Reserve, Abort, Stop
+router -> worker:  Serve, Reserve, Abort, Stop, Ping (clock offsets across hosts)
 D -> P (direct):   Ready, KVAck     P -> D (direct): KVBegin, KVPart, KVDone
-worker -> router:  Started, StepEvents, Reserved, KVSent, KVArrived, KVAttemptFailed, Failed, Heartbeat,
+worker -> router:  Started, StepEvents, Reserved, KVSent, KVArrived, KVAttemptFailed, Failed, Heartbeat, Pong,
                    Audit, WorkerError
 
 A request's KV may take several attempts (kv_transfer.on_failure=retry): every P -> D message and
@@ -178,6 +178,20 @@ class Failed:
     # kv_lost: a transfer timed out; kv_broken: its wire broke (the peer is gone, so the router
     # treats it as that worker's loss); kv_recompute: D recomputes it
     kind: str = "error"
+
+
+@dataclass(frozen=True)
+class Ping:
+    """router -> worker (under torchrun): answer with the time on your clock."""
+
+    t: float  # rank 0's clock when sent
+
+
+@dataclass(frozen=True)
+class Pong:
+    worker: int
+    sent: float  # the Ping's t, echoed
+    t: float  # the worker's clock when it read the Ping
 
 
 @dataclass(frozen=True)

@@ -101,7 +101,7 @@ def write_point(cfg: Config, out_dir: Path, cluster: Cluster, router: Router, lo
     transfers = router.transfers.table()  # one row per attempt; the figures use the attempts that arrived
     summary = summarize(requests, steps, transfers[transfers.outcome == "ok"], slo=cfg.slo, metrics=cfg.metrics,
                         num_gpus=len(plans), tenant_slos=tenant_slos(cfg.workload.tenants, cfg.slo),
-                        telemetry=telemetry, gpu_roles=gpu_roles((p.device, p.role) for p in plans))
+                        telemetry=telemetry, gpu_roles=gpu_roles((p.device, p.role) for p in plans if p.node == 0))
     summary.update(audit_summary(audits))
     summary["kv_transfer_attempts"] = {str(k): int(v) for k, v in transfers.outcome.value_counts().items()}
     summary["workers"] = {f"worker{p.rank}": {"role": p.role, "device": p.device,

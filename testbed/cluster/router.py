@@ -20,8 +20,8 @@ from testbed.cluster.config import ClusterConfig, KVTransferConfig
 from testbed.cluster.faults import FaultInjected, FaultsConfig, Stall
 from testbed.cluster.launcher import Cluster
 from testbed.cluster.memory import RssSampler
-from testbed.cluster.messages import (Abort, Failed, Heartbeat, KVArrived, KVAttemptFailed, KVSent, Reserve, Reserved,
-                                      Serve, StepEvents, WorkerError)
+from testbed.cluster.messages import (Abort, Failed, Heartbeat, KVArrived, KVAttemptFailed, KVSent, Pong, Reserve,
+                                      Reserved, Serve, StepEvents, WorkerError)
 from testbed.control.book import RequestBook
 from testbed.control.request import Tracked
 from testbed.control.transfers import TransferLog
@@ -138,7 +138,7 @@ class Router:
             self.faults.append({"kind": msg.kind, "worker": msg.worker, "request_id": msg.rid, "t_s": msg.t - self.t0})
         elif isinstance(msg, WorkerError):
             raise RuntimeError(f"worker {msg.worker} crashed:\n{msg.error}")
-        elif not isinstance(msg, (Heartbeat, Reserved)):
+        elif not isinstance(msg, (Heartbeat, Reserved, Pong)):
             raise AssertionError(f"unexpected message {msg!r}")
 
     def _on_step(self, ev: StepEvents) -> None:

@@ -27,12 +27,12 @@ from testbed.cluster.config import KVFailurePolicy
 from testbed.cluster.connector import KVSender
 from testbed.cluster.emulation import Emulation, role_pacers
 from testbed.cluster.faults import KVFaults, Stall
-from testbed.cluster.messages import (Abort, Audit, Heartbeat, KVAck, KVBegin, KVDone, KVPart, Ready, Reserve, Serve,
-                                      Started, StepEvents, Stop, WorkerError)
+from testbed.cluster.messages import (Abort, Audit, Heartbeat, KVAck, KVBegin, KVDone, KVPart, Ping, Pong, Ready,
+                                      Reserve, Serve, Started, StepEvents, Stop, WorkerError)
 from testbed.cluster.pacing import hold
 from testbed.cluster.receiver import KVReceiver
 from testbed.engine import Engine, EngineConfig, SchedulerConfig, Sequence, StepResult
-from testbed.errors import TestbedError
+from testbed.errors import PeerLost, TestbedError
 from testbed.model.config import ModelConfig
 
 GIL_SWITCH_S = 0.0002
@@ -41,7 +41,7 @@ WATCH_S = 0.2  # how often a worker under torchrun checks that the router is sti
 IDLE_WAIT_S = 0.002  # inbox wait when there is nothing to step; short so KV polling stays prompt
 
 
-class RouterLost(RuntimeError):
+class RouterLost(PeerLost):
     """Under torchrun: the connection to rank 0's router dropped."""
 
 
@@ -92,6 +92,8 @@ def worker_main(spec: WorkerSpec, inboxes, events, lost_router=lambda: False) ->
             Worker(spec, engine, inboxes, events, lost_router).loop()
     except RouterLost:
         raise  # nobody left to report to: the rank's own process says it
+    except PeerLost as lost:  # another worker stopped taking messages: the router fails the run
+        events.put(WorkerError(spec.rank, str(lost)))
     except TestbedError as error:  # bad input found where the engine is built: still one line
         events.put(WorkerError(spec.rank, str(error), bad_input=True))
     except Exception:  # noqa: BLE001 - the driver reports it and shuts the run down
@@ -233,6 +235,8 @@ class Worker:
             self._abort(msg)
         elif isinstance(msg, Stop):
             self.stopping = True
+        elif isinstance(msg, Ping):
+            self.events.put(Pong(self.spec.rank, msg.t, time.perf_counter()))
         elif isinstance(msg, Stall):
             time.sleep(msg.seconds)  # injected: unresponsive, as a hung kernel or a paused process
 

@@ -124,6 +124,9 @@ def run_job(cfg: Config, out_dir: Path, explicit: set[str] = frozenset()) -> dic
     if cfg.executor != "real" or cfg.experiment.name in ("kv_bandwidth", "profile"):
         raise ConfigError(f"under torchrun the job serves real workers (executor=real); "
                           f"experiment={cfg.experiment.name} executor={cfg.executor} runs on one box")
+    if hydra_job_num() is not None:
+        raise ConfigError("under torchrun one job per launch: Hydra's multirun (-m) would start its jobs on "
+                          "every rank at once; sweep with a study (+experiment=...) or one torchrun per job")
     if world.rank != 0:
         serve_rank(world, cfg.cluster)
         return {}

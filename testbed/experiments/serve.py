@@ -52,7 +52,7 @@ def start_cluster(cfg: Config, session=None) -> Cluster:
     if session is None:
         plans = plan_workers(cfg.mode, cfg.cluster, cfg.hardware)
         return Cluster(plans, worker_template(cfg, kv_store(cfg, plans)), cfg.cluster.start_timeout_s)
-    if cfg.kv_store.capacity_mib > 0 or cfg.faults.kill_worker is not None:
-        raise ConfigError("under torchrun kv_store.capacity_mib must be 0 and faults.kill_worker unset: "
-                          "the shared KV store and injected kills work on one box")
+    if cfg.kv_store.capacity_mib > 0 or cfg.faults.timed():
+        raise ConfigError("under torchrun kv_store.capacity_mib must be 0 and faults.kill_worker / "
+                          "faults.stall_worker unset: the shared KV store and injected worker faults work on one box")
     return session.cluster(cfg, plan_ranks(cfg.mode, cfg.cluster, cfg.hardware, session.world), worker_template(cfg))

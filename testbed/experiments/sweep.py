@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from testbed.config import Config, with_overrides
 from testbed.experiments.resume import changed_points, refusal
-from testbed.errors import TestbedError
+from testbed.errors import PeerLost, TestbedError
 from testbed.tracking.results import stored_config, write_json, write_parquet
 
 log = logging.getLogger("testbed")
@@ -118,6 +118,10 @@ class Sweep:
             result = self.run_point(cfg, directory)
         except KeyboardInterrupt:
             self.rows.append({**row, "status": "interrupted"})
+            self.write()
+            raise
+        except PeerLost as error:  # under torchrun a lost rank ends the sweep: no later point can form
+            self.rows.append({**row, "status": "failed", "error": str(error)[:300]})
             self.write()
             raise
         except (TestbedError, RuntimeError, OSError) as error:

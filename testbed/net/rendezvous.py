@@ -12,12 +12,15 @@ import ipaddress
 import os
 import secrets
 import socket
+import time
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Callable
 
 from testbed.errors import ConfigError
 
-TOKEN_KEY = "testbed/token"
+POLL_S = 0.05  # how often a lookup looks at the store, and at whether its publisher is still there
+
 
 
 @dataclass(frozen=True)
@@ -30,6 +33,7 @@ class World:
     master_addr: str
     master_port: int
     agent_store: bool  # torchrun's agent hosts the store (every rank is its client)
+    scope: str = "none-0"  # torchrun's run id and restart count: one job's keys never meet another's
 
     @property
     def num_nodes(self) -> int:
@@ -47,7 +51,8 @@ def torchrun_world(env=os.environ) -> World | None:
     try:
         return World(int(env["RANK"]), int(env["WORLD_SIZE"]), int(env["LOCAL_RANK"]), int(env["LOCAL_WORLD_SIZE"]),
                      int(env.get("GROUP_RANK", 0)), env["MASTER_ADDR"], int(env["MASTER_PORT"]),
-                     env.get("TORCHELASTIC_USE_AGENT_STORE") == "True")
+                     env.get("TORCHELASTIC_USE_AGENT_STORE") == "True",
+                     f"{env.get('TORCHELASTIC_RUN_ID', 'none')}-{env.get('TORCHELASTIC_RESTART_COUNT', '0')}")
     except KeyError as missing:
         raise ConfigError(f"started by torchrun but {missing} is not set; start with torchrun --nnodes=N "
                           "--nproc-per-node=G --rdzv-backend=c10d --rdzv-endpoint=HOST:PORT -m testbed") from None
@@ -55,16 +60,23 @@ def torchrun_world(env=os.environ) -> World | None:
 
 def bind_address(requested: str | None, world: World) -> str:
     """cluster.bind, else the interface that reaches the rendezvous host (never every interface by default)."""
-    if requested:
-        if requested in ("0.0.0.0", "::", "*"):
-            raise ConfigError(f"cluster.bind={requested} would listen on every interface; name one "
-                              "address of this host (the one the other nodes reach it by)")
-        return requested
-    host = world.master_addr
+    if requested in ("0.0.0.0", "::", "*"):
+        raise ConfigError(f"cluster.bind={requested} would listen on every interface; name one "
+                          "address of this host (the one the other nodes reach it by)")
+    address = requested or _route_to(world.master_addr, world.master_port)
+    if world.num_nodes > 1 and _is_loopback(address):
+        raise ConfigError(f"the control sockets would listen on {address}, which other nodes cannot reach "
+                          f"(MASTER_ADDR={world.master_addr}); set cluster.bind to this host's address on the "
+                          "cluster network")
+    return address
+
+
+def _route_to(host: str, port: int) -> str:
+    """This host's address on the route to `host` (no packet is sent)."""
     if host == "localhost" or _is_loopback(host):
         return "127.0.0.1"
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:  # no packet sent: routing only
-        probe.connect((host, world.master_port))
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect((host, port))
         return probe.getsockname()[0]
 
 
@@ -86,17 +98,27 @@ def connect_store(world: World, timeout_s: float):
 
 def run_token(store, world: World) -> str:
     """Rank 0 makes the run's token; the others wait for it (up to the store's timeout)."""
+    key = f"{world.scope}/token"
     if world.rank == 0:
         token = secrets.token_hex(16)
-        store.set(TOKEN_KEY, token)
+        publish(store, key, token)
         return token
-    return store.get(TOKEN_KEY).decode()
+    return lookup(store, key, float(store.timeout.total_seconds()))
 
 
 def publish(store, key: str, value: str) -> None:
     store.set(f"testbed/{key}", value)
 
 
-def lookup(store, key: str) -> str:
-    """Blocks until someone publishes `key` (or the store's timeout passes)."""
-    return store.get(f"testbed/{key}").decode()
+def lookup(store, key: str, timeout_s: float, alive: Callable[[], bool] = lambda: True) -> str:
+    """The value someone publishes under `key`; LookupError when `alive()` turns false (the one who
+    should publish it is gone) or `timeout_s` passes first."""
+    full = f"testbed/{key}"
+    deadline = time.monotonic() + timeout_s
+    while not store.check([full]):  # polled: the store's own blocking wait logs every timed-out slice
+        if not alive():
+            raise LookupError(f"{key}: its publisher is gone")
+        if time.monotonic() > deadline:
+            raise LookupError(f"{key}: not published within {timeout_s:.0f} s")
+        time.sleep(POLL_S)
+    return store.get(full).decode()

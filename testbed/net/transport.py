@@ -19,11 +19,13 @@ from collections import deque
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
+from testbed.errors import PeerLost
 from testbed.net import wire
 
 log = logging.getLogger("testbed.control")
 LINGER_MS = 2000  # a closing socket still delivers its last frames (the KV audit), but never hangs a stop
 MAX_LOGGED = 20  # refused frames logged one by one; beyond that only counted
+MAX_FRAME = 64 << 20  # a larger frame (from anyone) is refused before it is buffered or parsed
 REFUSED_EVENTS = {zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "not a ZeroMQ peer",
                   zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "handshake failed",
                   zmq.EVENT_HANDSHAKE_FAILED_AUTH: "authentication failed"}
@@ -31,6 +33,9 @@ REFUSED_EVENTS = {zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "not a ZeroMQ peer",
 
 def _options(sock: zmq.Socket, heartbeat_s: float) -> zmq.Socket:
     sock.setsockopt(zmq.LINGER, LINGER_MS)
+    # a full queue towards a peer that stopped reading fails a send after the heartbeats would have
+    # declared it dead, instead of blocking the sender forever
+    sock.setsockopt(zmq.SNDTIMEO, int(5 * heartbeat_s * 1000))
     sock.setsockopt(zmq.HEARTBEAT_IVL, int(heartbeat_s * 1000))
     sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, int(5 * heartbeat_s * 1000))
     sock.setsockopt(zmq.HEARTBEAT_TTL, int(5 * heartbeat_s * 1000))
@@ -45,6 +50,7 @@ class Inbox:
     def __init__(self, ctx: zmq.Context, host: str, token: str, heartbeat_s: float, name: str):
         self.token, self.name = token, name
         self.sock = _options(ctx.socket(zmq.PULL), heartbeat_s)
+        self.sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME)
         port = self.sock.bind_to_random_port(f"tcp://{host}")
         self.address = f"tcp://{host}:{port}"
         self.monitor = self.sock.get_monitor_socket(sum(REFUSED_EVENTS))
@@ -110,15 +116,19 @@ class Outbox:
     thread at once. `lost()` is true once the connection to a receiver that was reached has dropped
     (the process died, or its host stopped answering heartbeats)."""
 
-    def __init__(self, ctx: zmq.Context, address: str, token: str, heartbeat_s: float):
-        self.token, self.address = token, address
+    def __init__(self, ctx: zmq.Context, address: str, token: str, heartbeat_s: float, peer: str = "a peer"):
+        self.token, self.address, self.peer, self.timeout_s = token, address, peer, 5 * heartbeat_s
         self.sock = _options(ctx.socket(zmq.PUSH), heartbeat_s)
         self.monitor = self.sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
         self.sock.connect(address)
         self.connected = self.disconnected = False
 
     def put(self, msg) -> None:
-        self.sock.send(wire.encode(msg, self.token))
+        try:
+            self.sock.send(wire.encode(msg, self.token))
+        except zmq.Again:
+            raise PeerLost(f"{self.peer} ({self.address}) took no message for {self.timeout_s:.0f} s "
+                           "(5 x cluster.heartbeat_s)") from None
 
     def lost(self) -> bool:
         while self.monitor.poll(0):

@@ -46,6 +46,7 @@ MESSAGE_TYPES = {cls.__name__: cls for cls in (
     messages.Serve, messages.Reserve, messages.Abort, messages.Stop, messages.Ready, messages.KVBegin,
     messages.KVAck, messages.KVPart, messages.KVDone, messages.Started, messages.StepEvents, messages.Reserved,
     messages.KVSent, messages.KVArrived, messages.KVAttemptFailed, messages.Failed, messages.Heartbeat,
+    messages.Ping, messages.Pong,
     messages.Audit, messages.WorkerError, FaultInjected, Stall, Launch, Shutdown)}
 def encode(msg, token: str) -> bytes:
     name = type(msg).__name__
