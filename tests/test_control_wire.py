@@ -172,9 +172,9 @@ def test_torchrun_environment_and_bind_address():
     assert (w.rank, w.node, w.num_nodes, w.agent_store, w.node_of(2), w.scope) == (3, 1, 2, True, 1, "x-2")
     with pytest.raises(ConfigError, match="MASTER_PORT"):
         torchrun_world({k: v for k, v in env.items() if k != "MASTER_PORT"})
-    assert bind_address(None, dataclasses.replace(w, world_size=2, local_world_size=2)) == "127.0.0.1"
-    with pytest.raises(ConfigError, match="other nodes cannot reach"):
-        bind_address(None, w)  # two nodes: a loopback address would strand the other node
+    assert bind_address(None, w) == "127.0.0.1"  # two "nodes" that meet on this host's loopback
+    with pytest.raises(ConfigError, match="other nodes cannot reach"):  # a hostname that maps to 127.0.1.1 here
+        bind_address("127.0.1.1", dataclasses.replace(w, master_addr="gpu-a"))
     with pytest.raises(ConfigError, match="every interface"):
         bind_address("0.0.0.0", w)
 

@@ -64,7 +64,8 @@ def bind_address(requested: str | None, world: World) -> str:
         raise ConfigError(f"cluster.bind={requested} would listen on every interface; name one "
                           "address of this host (the one the other nodes reach it by)")
     address = requested or _route_to(world.master_addr, world.master_port)
-    if world.num_nodes > 1 and _is_loopback(address):
+    local_run = world.master_addr == "localhost" or _is_loopback(world.master_addr)  # every "node" on this host
+    if world.num_nodes > 1 and _is_loopback(address) and not local_run:
         raise ConfigError(f"the control sockets would listen on {address}, which other nodes cannot reach "
                           f"(MASTER_ADDR={world.master_addr}); set cluster.bind to this host's address on the "
                           "cluster network")
