@@ -22,23 +22,18 @@ class ReportWriter:
         self.conn.send(msg)
 
 
-class ReportReader:
-    """The router's end: messages from every worker, `get(timeout)` like a queue. `last_read` is
-    when the message `get` returned came off its pipe (for the harness-delay breakdown)."""
+class Reports:
+    """`get(timeout)` like a queue over messages a subclass's `_fill(timeout)` reads into `ready`
+    as (message, when it came off the wire); `last_read` is that time for the message `get`
+    returned (for the harness-delay breakdown)."""
 
-    def __init__(self, conns: list[Connection]):
-        self.conns = list(conns)
+    def __init__(self):
         self.ready: deque = deque()
         self.last_read = 0.0
 
-    def add(self, conn: Connection) -> None:
-        """One more source: a server's request handlers wake the router through it."""
-        self.conns.append(conn)
-
     def get(self, timeout: float | None = None):
         if not self.ready:
-            for conn in wait(self.conns, timeout):
-                self._read(conn)
+            self._fill(timeout)
         if not self.ready:
             raise queue.Empty
         msg, self.last_read = self.ready.popleft()
@@ -46,6 +41,25 @@ class ReportReader:
 
     def get_nowait(self):
         return self.get(timeout=0)
+
+    def _fill(self, timeout: float | None) -> None:
+        raise NotImplementedError
+
+
+class ReportReader(Reports):
+    """The router's end: messages from every worker's pipe."""
+
+    def __init__(self, conns: list[Connection]):
+        super().__init__()
+        self.conns = list(conns)
+
+    def add(self, conn: Connection) -> None:
+        """One more source: a server's request handlers wake the router through it."""
+        self.conns.append(conn)
+
+    def _fill(self, timeout: float | None) -> None:
+        for conn in wait(self.conns, timeout):
+            self._read(conn)
 
     def _read(self, conn: Connection) -> None:
         try:

@@ -90,16 +90,23 @@ class Cluster:
             try:
                 msg = self.events.get(timeout=0.5)
             except queue.Empty:
-                dead = [p.name for p in self.processes if p.exitcode is not None]
-                if dead or time.monotonic() > deadline:
-                    raise RuntimeError(f"workers failed to start: {dead or 'timed out'}") from None
+                self._check_starting(deadline)
                 continue
             if isinstance(msg, WorkerError) and msg.bad_input:
                 raise ConfigError(msg.error)
             if isinstance(msg, WorkerError):
-                raise RuntimeError(f"worker {msg.worker} failed to start:\n{msg.error}")
+                raise RuntimeError(f"{self.where(msg.worker)} failed to start:\n{msg.error}")
             if isinstance(msg, Started):
                 self.started[msg.worker] = msg
+
+    def where(self, rank: int) -> str:
+        return f"worker {rank}"
+
+    def _check_starting(self, deadline: float) -> None:
+        """Nothing arrived for a while: a worker that exited, or the deadline, fails the start."""
+        dead = [p.name for p in self.processes if p.exitcode is not None]
+        if dead or time.monotonic() > deadline:
+            raise RuntimeError(f"workers failed to start: {dead or 'timed out'}")
 
     def alive(self, rank: int) -> bool:
         return self.processes[rank].exitcode is None
@@ -135,18 +142,23 @@ class Cluster:
             if self.alive(rank):
                 inbox.put(Stop())
         deadline = time.monotonic() + STOP_TIMEOUT_S
-        expected = {r for r in range(len(self.plans)) if self.alive(r)}
+        expected = set(range(len(self.plans)))
+        gone: dict[int, float] = {}
         while not expected <= set(self.audits) and time.monotonic() < deadline:
             try:
                 msg = self.events.get(timeout=0.2)
             except queue.Empty:
-                expected = {r for r in expected if self.alive(r) or r in self.audits}
+                expected = {r for r in expected if r in self.audits or self._may_still_report(r, gone)}
                 continue
             if isinstance(msg, Audit):
                 self.audits[msg.worker] = msg
             else:
                 leftover_events.append(msg)
         return {rank: audit.used_blocks for rank, audit in self.audits.items()}
+
+    def _may_still_report(self, rank: int, gone: dict[int, float]) -> bool:
+        """While stopping: a worker whose audit may still come (a pipe keeps what its writer sent)."""
+        return self.alive(rank)
 
     def __exit__(self, *exc) -> None:
         for proc in self.processes:

@@ -25,9 +25,9 @@ from dataclasses import dataclass, replace
 import torch.multiprocessing as mp
 import zmq
 
-from testbed.cluster.launcher import STOP_TIMEOUT_S, Cluster
+from testbed.cluster.launcher import Cluster
 from testbed.cluster.layout import WorkerPlan
-from testbed.cluster.messages import Audit, Ping, Pong, Started, Stop, WorkerError
+from testbed.cluster.messages import Audit, Ping, Pong, Started, Stop
 from testbed.cluster.worker import RouterLost, WorkerSpec, worker_main
 from testbed.errors import ConfigError, RankLost
 from testbed.net import clocks
@@ -163,6 +163,7 @@ class TorchrunCluster(Cluster):
         self.measured: dict[int, clocks.Offset] = {}
         self.child = None
         self.outboxes: dict[int, Outbox] = {}
+        self.gone: dict[int, float] = {}  # ranks found gone while starting, and when
 
     def __enter__(self) -> "TorchrunCluster":
         s = self.session
@@ -193,28 +194,18 @@ class TorchrunCluster(Cluster):
                                                      name=f"testbed-worker0-{spec.role}")
         self.child.start()
 
-    def _wait_started(self) -> None:
-        deadline = time.monotonic() + self.start_timeout_s
-        gone: dict[int, float] = {}  # a rank found gone: its last frames (its error) get GRACE_S to arrive
-        while len(self.started) < len(self.plans):
-            try:
-                msg = self.events.get(timeout=POLL_S)
-            except queue.Empty:
-                now = time.monotonic()
-                for rank in range(len(self.plans)):
-                    if not self.alive(rank) and now - gone.setdefault(rank, now) > GRACE_S:
-                        self.lose(rank, "stopped before it started")
-                if time.monotonic() > deadline:
-                    missing = sorted(set(range(len(self.plans))) - set(self.started))
-                    self.lose(missing[0], f"did not start within {self.start_timeout_s:.0f} s "
-                                          "(cluster.start_timeout_s)")
-                continue
-            if isinstance(msg, WorkerError) and msg.bad_input:
-                raise ConfigError(msg.error)
-            if isinstance(msg, WorkerError):
-                raise RuntimeError(f"worker {msg.worker} on {self.host(msg.worker)} failed to start:\n{msg.error}")
-            if isinstance(msg, Started):
-                self.started[msg.worker] = msg
+    def _check_starting(self, deadline: float) -> None:
+        """A rank found gone fails the start once GRACE_S has passed (its error may be on the way)."""
+        now = time.monotonic()
+        for rank in range(len(self.plans)):
+            if not self.alive(rank) and now - self.gone.setdefault(rank, now) > GRACE_S:
+                self.lose(rank, "stopped before it started")
+        if now > deadline:
+            missing = sorted(set(range(len(self.plans))) - set(self.started))
+            self.lose(missing[0], f"did not start within {self.start_timeout_s:.0f} s (cluster.start_timeout_s)")
+
+    def where(self, rank: int) -> str:
+        return f"worker {rank} on {self.host(rank)}"
 
     def _measure_clocks(self) -> None:
         """Each rank's clock offset (min-RTT pings); applied where the rank's host is not rank 0's."""
@@ -264,34 +255,14 @@ class TorchrunCluster(Cluster):
                                            clock_rebased=bool(self.offsets[rank].seconds))
         return out
 
-    def stop(self, leftover_events: list) -> dict[int, int]:
-        """Stop every worker and take in its audit. A worker's process leaves once its audit is
-        sent, so a rank is given up only when its host process is gone (rank 0: its child has
-        exited and GRACE_S has passed without the audit)."""
-        for rank in range(len(self.plans)):
-            if self.alive(rank):
-                self.inboxes[rank].put(Stop())
-        deadline = time.monotonic() + STOP_TIMEOUT_S
-        waiting = set(range(len(self.plans)))
-        exited_at: dict[int, float] = {}
-        while waiting - set(self.audits) and time.monotonic() < deadline:
-            try:
-                msg = self.events.get(timeout=0.2)
-            except queue.Empty:
-                waiting = {r for r in waiting if r in self.audits or self._may_still_report(r, exited_at)}
-                continue
-            if isinstance(msg, Audit):
-                self.audits[msg.worker] = msg
-            else:
-                leftover_events.append(msg)
-        return {rank: audit.used_blocks for rank, audit in self.audits.items()}
-
-    def _may_still_report(self, rank: int, exited_at: dict[int, float]) -> bool:
+    def _may_still_report(self, rank: int, gone: dict[int, float]) -> bool:
+        """A worker's process leaves once its audit is sent, so a rank is given up only when its host
+        process is gone (rank 0: its child exited GRACE_S ago and the audit never came)."""
         if rank:
             return not self.session.agents[rank].lost()
         if self.child.exitcode is None:
             return True
-        return time.monotonic() - exited_at.setdefault(rank, time.monotonic()) < GRACE_S
+        return time.monotonic() - gone.setdefault(rank, time.monotonic()) < GRACE_S
 
     def __exit__(self, *exc) -> None:
         if exc[0] is not None:  # the others go back to waiting, and see the Shutdown that follows

@@ -12,13 +12,12 @@ ZeroMQ's handshake, and the socket monitor logs it.
 from __future__ import annotations
 
 import logging
-import queue
 import time
-from collections import deque
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
+from testbed.cluster.channel import Reports
 from testbed.errors import PeerLost
 from testbed.net import wire
 
@@ -42,12 +41,12 @@ def _options(sock: zmq.Socket, heartbeat_s: float) -> zmq.Socket:
     return sock
 
 
-class Inbox:
-    """A bound PULL socket: `get(timeout)` / `get_nowait()` like a queue. `last_read` is when the
-    message `get` returned came off the socket (the harness-delay breakdown); `refused` counts the
-    frames and connections turned away."""
+class Inbox(Reports):
+    """A bound PULL socket: `get(timeout)` / `get_nowait()` like a queue (testbed/cluster/channel.py);
+    `refused` counts the frames and connections turned away."""
 
     def __init__(self, ctx: zmq.Context, host: str, token: str, heartbeat_s: float, name: str):
+        super().__init__()
         self.token, self.name = token, name
         self.sock = _options(ctx.socket(zmq.PULL), heartbeat_s)
         self.sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME)
@@ -57,22 +56,9 @@ class Inbox:
         self.poller = zmq.Poller()
         self.poller.register(self.sock, zmq.POLLIN)
         self.poller.register(self.monitor, zmq.POLLIN)
-        self.ready: deque = deque()
         self.refused = 0
-        self.last_read = 0.0
 
-    def get(self, timeout: float | None = None):
-        if not self.ready:
-            self._read(timeout)
-        if not self.ready:
-            raise queue.Empty
-        msg, self.last_read = self.ready.popleft()
-        return msg
-
-    def get_nowait(self):
-        return self.get(timeout=0)
-
-    def _read(self, timeout: float | None) -> None:
+    def _fill(self, timeout: float | None) -> None:
         deadline = None if timeout is None else time.monotonic() + timeout
         while not self.ready:
             left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
