@@ -204,3 +204,11 @@ def test_bad_presets_and_shapes_are_one_line_errors():
         ModelConfig(name="tiny", num_heads=5).args()
     with pytest.raises(ConfigError, match="num_kv_heads=3 must divide"):
         ModelConfig(name="tiny", num_kv_heads=3).args()
+
+
+def test_vs_transformers_benchmark_runs_both_engines_on_one_checkpoint():
+    pytest.importorskip("transformers")
+    from testbed.bench.engine import vs_transformers
+
+    result = vs_transformers("tiny", batch=2, prompt_len=8, new_tokens=4, repeats=1)
+    assert result["same_tokens"] == 2 and result["ratio"] > 0

@@ -97,3 +97,13 @@ def test_prefix_cache_hits_share_blocks_and_keep_logits_exact():
     first, second = Sequence(0, shared + [1, 2, 3], 4), Sequence(1, shared + [4, 5], 4)
     drive(model, runner, sched, {0: [first], 3: [second]})
     assert second.num_cached_tokens == 16  # four full blocks of the shared 17 tokens
+
+
+@pytest.mark.parametrize("name", list(ARGS))
+def test_equal_fresh_prompts_batched_beside_decodes_keep_logits_exact(name):
+    # three 25-token prompts go through one causal SDPA, beside a 12-token prompt and a decode
+    model, runner, sched = make(ARGS[name], "colocated", max_batched_tokens=512, max_running=8)
+    arrivals = {0: [Sequence(0, prompt(30, 1), 10)],
+                3: [Sequence(1, prompt(25, 2), 6), Sequence(2, prompt(25, 3), 6), Sequence(3, prompt(25, 4), 6),
+                    Sequence(4, prompt(12, 5), 6)]}
+    assert drive(model, runner, sched, arrivals) == 10 + 4 * 6

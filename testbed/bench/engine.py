@@ -2,6 +2,10 @@
 
 Prints prefill tokens/s and decode tokens/s at batch 1, 8 and 32, and the share of a step spent
 outside the model forward (scheduling, tensor preparation, sampling, postprocessing).
+
+`--vs-transformers`: LLM.generate against transformers' generate on one checkpoint that
+transformers itself writes (float32, one thread, batch 32, 128 prompt + 64 new tokens, greedy),
+for each shape of --models; output tokens/s of both, the ratio, and whether the tokens agree.
 """
 
 from __future__ import annotations
@@ -45,6 +49,51 @@ def measure(engine: Engine, batch: int, prompt_len: int, decode_steps: int) -> d
             "outside_forward": statistics.median(outside)}
 
 
+def vs_transformers(shape: str, batch: int = 32, prompt_len: int = 128, new_tokens: int = 64, repeats: int = 3) -> dict:
+    """Both engines on a checkpoint `save_pretrained` wrote with this preset's shape; the best of
+    `repeats` alternating runs each."""
+    import tempfile
+    import time
+
+    import transformers
+
+    from testbed.llm import LLM
+
+    a = PRESETS[shape]
+    config = transformers.LlamaConfig(vocab_size=a.vocab_size, hidden_size=a.hidden_size,
+                                      intermediate_size=a.intermediate_size, num_hidden_layers=a.num_layers,
+                                      num_attention_heads=a.num_heads, num_key_value_heads=a.num_kv_heads,
+                                      max_position_embeddings=4096, bos_token_id=None, eos_token_id=None,
+                                      pad_token_id=None)
+    torch.manual_seed(0)
+    reference = transformers.LlamaForCausalLM(config).float().eval()
+    reference.generation_config.eos_token_id = None  # greedy to the full length, as the engine runs
+    prompts = torch.randint(0, a.vocab_size, (batch, prompt_len), generator=torch.Generator().manual_seed(1))
+    with tempfile.TemporaryDirectory() as directory, torch.inference_mode():
+        reference.save_pretrained(directory)
+        llm = LLM(directory, max_running=batch, max_batched_tokens=batch * prompt_len, chunk_size=batch * prompt_len,
+                  num_kv_blocks=batch * (-(-(prompt_len + new_tokens) // 16)) + 16)
+
+        def ours():
+            return llm.generate(prompts.tolist(), new_tokens)
+
+        def theirs():
+            return reference.generate(prompts, max_new_tokens=new_tokens, do_sample=False, pad_token_id=0,
+                                      attention_mask=torch.ones_like(prompts))[:, prompt_len:].tolist()
+
+        times: dict = {ours: [], theirs: []}
+        for _ in range(repeats):  # alternating, so neither side alone pays first-use costs or a slow spell
+            for run in (ours, theirs):
+                start = time.perf_counter()
+                tokens = run()
+                times[run].append(time.perf_counter() - start)
+                times[run, "tokens"] = tokens
+    ours_s, theirs_s = min(times[ours]), min(times[theirs])
+    same = sum(x == y for x, y in zip(times[ours, "tokens"], times[theirs, "tokens"]))
+    return {"testbed_tok_s": batch * new_tokens / ours_s, "transformers_tok_s": batch * new_tokens / theirs_s,
+            "ratio": theirs_s / ours_s, "same_tokens": same, "batch": batch}
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["tiny", "small"])
@@ -52,9 +101,18 @@ def main(argv=None) -> None:
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--decode-steps", type=int, default=32)
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: leave as is)")
+    parser.add_argument("--vs-transformers", action="store_true",
+                        help="LLM.generate vs transformers' generate (one thread; transformers from the dev extra)")
     a = parser.parse_args(argv)
-    if a.threads:
-        torch.set_num_threads(a.threads)
+    if a.threads or a.vs_transformers:
+        torch.set_num_threads(a.threads or 1)
+    if a.vs_transformers:
+        print(f"{'shape':>6} {'testbed tok/s':>14} {'transformers tok/s':>19} {'ratio':>6} {'same tokens':>12}")
+        for model in a.models:
+            r = vs_transformers(model)
+            print(f"{model:>6} {r['testbed_tok_s']:>14.0f} {r['transformers_tok_s']:>19.0f} {r['ratio']:>6.2f} "
+                  f"{r['same_tokens']:>8}/{r['batch']}")
+        return
     print(f"{'model':>6} {'batch':>5} {'prefill tok/s':>14} {'decode tok/s':>13} {'decode step ms':>15} "
           f"{'outside forward':>16}")
     for model in a.models:

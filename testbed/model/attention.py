@@ -46,44 +46,69 @@ def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: t
 
 
 class TorchAttention:
-    """SDPA over blocks gathered by the block table. Works on every device and dtype."""
+    """SDPA on every device and dtype, with no per-sequence loop where it can be avoided:
+    - decodes: one batched SDPA, the query heads of each KV head taken as its queries (no KV
+      expansion for GQA), over each sequence's blocks copied out whole (index_select of blocks);
+    - fresh prefills (nothing cached before the chunk) of equal length: one causal SDPA over the
+      chunk's own K and V, straight from the projections;
+    - the rest (chunks after a cached prefix): one SDPA per chunk over its gathered blocks."""
 
     name = "torch"
 
-    def __call__(self, q, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
-        # q: (T, H, D) -> out (T, H, D)
+    def __call__(self, q, k_cache, v_cache, meta: AttentionMetadata, k=None, v=None) -> torch.Tensor:
+        # q: (T, H, D) -> out (T, H, D); k, v: this step's new (T, Hkv, D), when the caller has them
         out = torch.empty_like(q)
         n = meta.num_single
         if n:
-            out[:n] = self._single(q[:n], k_cache, v_cache, meta)
-        start = n
+            out[:n] = self._decode(q[:n], k_cache, v_cache, meta)
+        starts = [n + sum(meta.q_lens[n:i]) for i in range(n, len(meta.q_lens) + 1)]
+        fresh: dict[int, list[int]] = {}  # q_len -> items with nothing cached before the chunk
         for i in range(n, len(meta.q_lens)):
-            end = start + meta.q_lens[i]
-            out[start:end] = self._chunk(q[start:end], k_cache, v_cache, meta, i)
-            start = end
+            if k is not None and meta.kv_lens[i] == meta.q_lens[i]:
+                fresh.setdefault(meta.q_lens[i], []).append(i)
+            else:
+                rows = slice(starts[i - n], starts[i - n + 1])
+                out[rows] = self._chunk(q[rows], k_cache, v_cache, meta, i)
+        for q_len, items in fresh.items():
+            rows = torch.cat([torch.arange(starts[i - n], starts[i - n] + q_len) for i in items]).to(q.device)
+            out[rows] = self._fresh(q[rows], k[rows], v[rows], len(items), q_len)
         return out
 
     @staticmethod
-    def _gather(cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
-        # (..., nblocks) -> (..., nblocks * block_size, Hkv, D)
-        g = cache[block_ids]
-        return g.reshape(*block_ids.shape[:-1], -1, *cache.shape[2:])
+    def _blocks(cache: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
+        # (num_blocks, bs, Hkv, D) and (B, nblocks) -> (B, nblocks * bs, Hkv, D): whole blocks copied
+        rows = torch.index_select(cache.flatten(1), 0, tables.flatten().long())
+        return rows.view(*tables.shape, *cache.shape[1:]).flatten(1, 2)
 
-    def _single(self, q, k_cache, v_cache, meta):
-        n = meta.num_single
+    def _decode(self, q, k_cache, v_cache, meta):
+        n, heads, dim = q.shape
+        kv_heads = k_cache.shape[2]
         tables = meta.block_tables[:n, : -(-max(meta.kv_lens[:n]) // k_cache.shape[1])]
-        k = self._gather(k_cache, tables).transpose(1, 2)  # (n, Hkv, S, D)
-        v = self._gather(v_cache, tables).transpose(1, 2)
+        k = self._blocks(k_cache, tables).transpose(1, 2)  # (n, Hkv, S, D)
+        v = self._blocks(v_cache, tables).transpose(1, 2)
         positions = torch.arange(k.shape[2], device=q.device)
-        mask = (positions[None, :] < meta.kv_lens_t[:n, None])[:, None, None, :]  # (n, 1, 1, S)
-        o = F.scaled_dot_product_attention(q[:, :, None, :], k, v, attn_mask=mask, enable_gqa=True)
-        return o[:, :, 0, :]
+        mask = None
+        if min(meta.kv_lens[:n]) < k.shape[2]:
+            mask = (positions[None, :] < meta.kv_lens_t[:n, None])[:, None, None, :]  # (n, 1, 1, S)
+        # GQA without expanding K and V: the g = H / Hkv query heads of a KV head are its g queries
+        o = F.scaled_dot_product_attention(q.view(n, kv_heads, heads // kv_heads, dim), k, v, attn_mask=mask)
+        return o.reshape(n, heads, dim)
+
+    @staticmethod
+    def _fresh(q, k, v, batch: int, q_len: int):
+        # (batch * L, H, D) of equal-length chunks with no cached prefix: plain causal attention
+        def heads_first(x):
+            return x.view(batch, q_len, *x.shape[1:]).transpose(1, 2)
+
+        o = F.scaled_dot_product_attention(heads_first(q), heads_first(k), heads_first(v), is_causal=True,
+                                           enable_gqa=True)
+        return o.transpose(1, 2).reshape(batch * q_len, *q.shape[1:])
 
     def _chunk(self, q, k_cache, v_cache, meta, i):
         q_len, kv_len = meta.q_lens[i], meta.kv_lens[i]
-        nblocks = -(-kv_len // k_cache.shape[1])
-        k = self._gather(k_cache, meta.block_tables[i, :nblocks])[:kv_len].transpose(0, 1)  # (Hkv, S, D)
-        v = self._gather(v_cache, meta.block_tables[i, :nblocks])[:kv_len].transpose(0, 1)
+        table = meta.block_tables[i : i + 1, : -(-kv_len // k_cache.shape[1])]
+        k = self._blocks(k_cache, table)[0, :kv_len].transpose(0, 1)  # (Hkv, S, D)
+        v = self._blocks(v_cache, table)[0, :kv_len].transpose(0, 1)
         # lower-right causal: query j sees keys up to kv_len - q_len + j (SDPA's is_causal is top-left)
         rows = torch.arange(q_len, device=q.device)[:, None] + (kv_len - q_len)
         mask = torch.arange(kv_len, device=q.device)[None, :] <= rows
@@ -96,7 +121,7 @@ class FlashAttention:
 
     name = "flash"
 
-    def __call__(self, q, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
+    def __call__(self, q, k_cache, v_cache, meta: AttentionMetadata, k=None, v=None) -> torch.Tensor:
         out = torch.empty_like(q)
         n = meta.num_single
         if n:

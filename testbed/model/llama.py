@@ -86,7 +86,7 @@ class Attention(nn.Module):
         else:
             k_cache, v_cache = kv_cache  # each (num_blocks, block_size, Hkv, D)
             write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
-            o = backend(q, k_cache, v_cache, meta)
+            o = backend(q, k_cache, v_cache, meta, k=k, v=v)
         return self.o_proj(o.reshape(T, -1))
 
 
