@@ -29,6 +29,8 @@ def test_default_job_writes_the_results_contract(tmp_path):
     assert (requests.ttft > 0).all() and (requests.output_token_ids.map(len) == requests.output_len).all()
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["kv_blocks_leaked"] == {"worker0": 0}
+    meta = json.loads((tmp_path / "meta.json").read_text())  # the backend that ran, and the stack's versions
+    assert meta["ranks"]["0"]["attention_backend"] == "torch" and {"nccl", "flash_attn", "cuda"} <= set(meta)
     assert "ttft ms" in out.stdout and "throughput" in out.stdout
 
 

@@ -75,6 +75,7 @@ class Cluster:
         port = free_port()
         for plan, (_, writer) in zip(self.plans, pipes):
             spec = replace(self.template, rank=plan.rank, world_size=len(self.plans), role=plan.role,
+                           roles=tuple(p.role for p in self.plans),
                            device=plan.device, port=port, cpu_core=self.cores.pins[plan.rank] if self.cores else None)
             proc = ctx.Process(target=worker_main, args=(spec, self.inboxes, ReportWriter(writer)), daemon=True,
                                name=f"testbed-worker{plan.rank}-{plan.role}")
@@ -125,7 +126,8 @@ class Cluster:
 
     def topology(self) -> dict:
         """meta.json's hosts, ranks and P -> D links, from what each worker said when it started."""
-        ranks = {str(r): {"host": s.host, "node": s.node, "device": s.device, "role": s.role, "pid": s.pid}
+        ranks = {str(r): {"host": s.host, "node": s.node, "device": s.device, "role": s.role, "pid": s.pid,
+                          "attention_backend": s.attention_backend}
                  for r, s in sorted(self.started.items())}
         hosts: dict[str, list[int]] = {}
         for r, s in sorted(self.started.items()):

@@ -108,6 +108,7 @@ class Started:
     pid: int
     host: str = ""
     node: int = 0
+    attention_backend: str = ""  # the backend the engine actually runs (engine.attention_backend=auto picks)
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,7 @@
 
     rank 0:   Session (store, token, an agent link per rank) -> per point: TorchrunCluster
               (Launch to every rank, its own worker as a child process, router over ZeroMQ)
-    rank r>0: serve_rank: wait for Launch -> run the worker in this process -> wait again,
-              until Shutdown (or rank 0 is gone)
+    rank r>0: serve_rank (testbed/cluster/rank.py): run each launched point's worker in-process
 
 Every point's workers find each other's control addresses in the rendezvous store under
 `testbed/<run>/point<N>/` and form their torch.distributed group through it (NCCL across GPUs,
@@ -16,11 +15,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import queue
-import signal
 import socket
-import sys
 import time
-from dataclasses import dataclass, replace
 
 import torch.multiprocessing as mp
 import zmq
@@ -28,71 +24,16 @@ import zmq
 from testbed.cluster.launcher import Cluster
 from testbed.cluster.layout import WorkerPlan
 from testbed.cluster.messages import Audit, Ping, Pong, Started, Stop
-from testbed.cluster.worker import RouterLost, WorkerSpec, worker_main
+from testbed.cluster.rank import GRACE_S, ControlPlan, child_worker_main, rank_spec
+from testbed.cluster.worker import WorkerSpec
 from testbed.errors import ConfigError, RankLost
 from testbed.net import clocks
 from testbed.net.rendezvous import World, bind_address, connect_store, lookup, publish, run_token
-from testbed.net.transport import LINGER_MS, Inbox, Mesh, Outbox
+from testbed.net.transport import LINGER_MS, Inbox, Outbox
 from testbed.net.wire import Launch, Shutdown
 
 log = logging.getLogger(__name__)
-POLL_S = 0.5
 PINGS = 8  # per rank: the quickest round trip sets its clock offset
-GRACE_S = 2.0  # an exited worker's last frames (its audit) may still be on the way
-
-
-@dataclass(frozen=True)
-class ControlPlan:
-    """What a worker process needs to join one point's control mesh (picklable: a spawned child)."""
-
-    token: str
-    bind: str
-    heartbeat_s: float
-    store: tuple  # (host, port) of the rendezvous store
-    prefix: str  # this point's keys in the store
-    timeout_s: float
-
-
-def net_worker_main(spec: WorkerSpec, plan: ControlPlan) -> None:
-    """A worker whose inbox, peers and router are ZeroMQ endpoints found through the store."""
-    store = connect_client(plan.store, plan.timeout_s)
-    ctx = zmq.Context()
-    try:
-        inbox = Inbox(ctx, plan.bind, plan.token, plan.heartbeat_s, f"worker{spec.rank}")
-        publish(store, f"{plan.prefix}/inbox/{spec.rank}", inbox.address)
-        events = Outbox(ctx, lookup(store, f"{plan.prefix}/events", plan.timeout_s), plan.token, plan.heartbeat_s,
-                        "the router")
-        peers = {r: Outbox(ctx, lookup(store, f"{plan.prefix}/inbox/{r}", plan.timeout_s), plan.token,
-                           plan.heartbeat_s, f"worker {r}") for r in range(spec.world_size) if r != spec.rank}
-        worker_main(spec, Mesh(inbox, peers, spec.rank), events, events.lost)
-    except LookupError as missing:
-        raise RouterLost(f"rank {spec.rank} stops: {missing}") from None
-    finally:
-        ctx.destroy(linger=LINGER_MS)  # every socket: the last frames (the audit) still leave
-
-
-def child_worker_main(spec: WorkerSpec, plan: ControlPlan) -> None:
-    """Rank 0's own worker, a child of the router's process: a lost router is one line, not a traceback."""
-    try:
-        net_worker_main(spec, plan)
-    except RouterLost as lost:
-        print(f"error: {lost}", file=sys.stderr)
-        sys.exit(1)
-
-
-def connect_client(address: tuple, timeout_s: float):
-    from datetime import timedelta
-
-    import torch.distributed as dist
-
-    return dist.TCPStore(address[0], address[1], None, is_master=False, timeout=timedelta(seconds=timeout_s),
-                         wait_for_workers=False)
-
-
-def rank_spec(template: WorkerSpec, plan: WorkerPlan, world: World, point: int) -> WorkerSpec:
-    return replace(template, rank=plan.rank, world_size=world.world_size, role=plan.role, device=plan.device,
-                   rendezvous=(world.master_addr, world.master_port, f"{world.scope}/point{point}"),
-                   host=socket.gethostname(), node=plan.node, cpu_core=None)
 
 
 class Session:
@@ -189,7 +130,7 @@ class TorchrunCluster(Cluster):
         s = self.session
         plan = ControlPlan(s.token, s.bind, s.heartbeat_s, (s.world.master_addr, s.world.master_port),
                            self.prefix, s.timeout_s)
-        spec = rank_spec(self.template, self.plans[0], s.world, self.point)
+        spec = rank_spec(self.template, self.plans, 0, s.world, self.point)
         self.child = mp.get_context("spawn").Process(target=child_worker_main, args=(spec, plan), daemon=True,
                                                      name=f"testbed-worker0-{spec.role}")
         self.child.start()
@@ -314,67 +255,3 @@ class RebasedEvents:
                 return msg
             self.kept.append(msg)
         return None
-
-
-def serve_rank(world: World, cluster_cfg) -> None:
-    """A rank other than 0: serve every point rank 0 launches, until it says the run is over."""
-    store = connect_store(world, cluster_cfg.start_timeout_s)
-    token = run_token(store, world)
-    bind, beat = bind_address(cluster_cfg.bind, world), cluster_cfg.heartbeat_s
-    ctx = zmq.Context()
-    try:
-        agent = Inbox(ctx, bind, token, beat, f"rank{world.rank}")
-        publish(store, f"{world.scope}/agent/{world.rank}", agent.address)
-        publish(store, f"{world.scope}/host/{world.rank}", socket.gethostname())
-        driver = Outbox(ctx, lookup(store, f"{world.scope}/driver", cluster_cfg.start_timeout_s), token, beat,
-                        "rank 0")
-        log.info(f"torchrun rank {world.rank} (node {world.node}, host {socket.gethostname()}): "
-                 f"control on {agent.address}")
-        while not _serve_next(world, cluster_cfg, token, bind, agent, driver, store):
-            pass
-    except LookupError:
-        raise RankLost(f"rank {world.rank} stops: rank 0 did not start within {cluster_cfg.start_timeout_s:.0f} s "
-                       "(cluster.start_timeout_s)") from None
-    finally:
-        ctx.destroy(linger=LINGER_MS)
-
-
-def _serve_next(world: World, cluster_cfg, token: str, bind: str, agent: Inbox, driver: Outbox, store) -> bool:
-    """Wait for rank 0's next word and do it; True once the run is over."""
-    try:
-        msg = agent.get(timeout=POLL_S)
-    except queue.Empty:
-        if not driver.lost():
-            return False
-        try:  # rank 0 closes its end right after its Shutdown: read what it sent last
-            msg = agent.get(timeout=GRACE_S)
-        except queue.Empty:
-            raise RankLost(f"rank {world.rank} stops: rank 0 (the router, {world.master_addr}) is gone") from None
-    if isinstance(msg, Shutdown):
-        if msg.error:
-            raise RankLost(f"rank {world.rank} stops: rank 0 ended the run ({msg.error})")
-        return True
-    if isinstance(msg, Launch):
-        _serve_point(world, cluster_cfg, token, bind, msg)
-    return False
-
-
-def _serve_point(world: World, cluster_cfg, token: str, bind: str, launch: Launch) -> None:
-    from omegaconf import OmegaConf
-
-    from testbed.cluster.layout import plan_ranks
-    from testbed.cluster.point import worker_template
-    from testbed.config import to_config
-
-    cfg = to_config(OmegaConf.create(launch.config))
-    plan = plan_ranks(cfg.mode, cfg.cluster, cfg.hardware, world)[world.rank]
-    control = ControlPlan(token, bind, cluster_cfg.heartbeat_s, (world.master_addr, world.master_port),
-                          f"{world.scope}/point{launch.point}", cluster_cfg.start_timeout_s)
-    on_interrupt = signal.getsignal(signal.SIGINT)
-    try:
-        net_worker_main(rank_spec(worker_template(cfg), plan, world, launch.point), control)
-    except RouterLost as lost:
-        raise RankLost(str(lost)) from None
-    finally:
-        signal.signal(signal.SIGINT, on_interrupt)  # the worker ignores Ctrl-C while it serves
-

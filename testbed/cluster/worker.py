@@ -75,6 +75,7 @@ class WorkerSpec:
     rendezvous: Optional[tuple] = None
     host: str = ""  # where the worker runs (meta.json's hosts and links)
     node: int = 0
+    roles: tuple = ()  # every rank's role: P and D warm their links up before the run's clock starts
 
 
 def worker_main(spec: WorkerSpec, inboxes, events, lost_router=lambda: False) -> None:
@@ -87,7 +88,7 @@ def worker_main(spec: WorkerSpec, inboxes, events, lost_router=lambda: False) ->
     try:
         engine = _setup(spec)
         events.put(Started(spec.rank, spec.role, spec.device, engine.runner.num_blocks, os.getpid(),
-                           spec.host or socket.gethostname(), spec.node))
+                           spec.host or socket.gethostname(), spec.node, engine.runner.backend.name))
         with torch.inference_mode():  # one mode for every tensor the worker touches, KV buffers included
             Worker(spec, engine, inboxes, events, lost_router).loop()
     except RouterLost:
@@ -115,6 +116,7 @@ def _setup(spec: WorkerSpec) -> Engine:
         # 2 workers: nice 5 left a p99 harness delay of 2.4-2.7 ms, nice 19 0.5 ms, TPOT unchanged)
         os.nice(CPU_WORKER_NICE)
     _init_group(spec, "nccl" if device.type == "cuda" else "gloo")
+    warm_links(spec.rank, spec.roles, device)
     engine = Engine.build(spec.model.args(), spec.engine, spec.scheduler, spec.role, device,
                           dtype=spec.model.dtype, path=spec.model.path, seed=spec.model.seed)
     engine.warmup()
@@ -135,6 +137,18 @@ def _init_group(spec: WorkerSpec, backend: str) -> None:
     store = dist.TCPStore(host, port, None, is_master=False, timeout=timeout, wait_for_workers=False)
     dist.init_process_group(backend, store=dist.PrefixStore(f"{prefix}/group", store), rank=spec.rank,
                             world_size=spec.world_size, timeout=timeout)
+
+
+def warm_links(rank: int, roles: tuple, device: torch.device) -> None:
+    """One small message over every P -> D pair, so the run's first KV transfer does not pay the
+    link's set-up (NCCL builds a communicator per pair on first use; gloo connects lazily)."""
+    pairs = [(p, d) for p, rp in enumerate(roles) if rp == "prefill_only"
+             for d, rd in enumerate(roles) if rd == "decode_only"]
+    probe = torch.zeros(1, device=device)
+    pending = [dist.isend(probe, dst=d) if rank == p else dist.irecv(torch.zeros(1, device=device), src=p)
+               for p, d in pairs if rank in (p, d)]
+    for work in pending:  # all posted first: no pair waits on another
+        work.wait()
 
 
 def _pin(core: Optional[int]) -> None:

@@ -119,7 +119,8 @@ def run_job(cfg: Config, out_dir: Path, explicit: set[str] = frozenset()) -> dic
     world = torchrun_world()
     if world is None:
         return run(cfg, out_dir, explicit)
-    from testbed.cluster.torchrun import Session, serve_rank
+    from testbed.cluster.rank import serve_rank
+    from testbed.cluster.torchrun import Session
 
     if cfg.executor != "real" or cfg.experiment.name in ("kv_bandwidth", "profile"):
         raise ConfigError(f"under torchrun the job serves real workers (executor=real); "

@@ -178,10 +178,20 @@ def _torch_meta() -> dict[str, Any]:
         import torch
     except Exception:  # torch absent or broken: the metadata says so instead of failing the run
         return {"torch": None, "cuda_devices": []}
-    devices = []
+    devices, nccl = [], None
     if torch.cuda.is_available():
         devices = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-    return {"torch": torch.__version__, "cuda": torch.version.cuda, "cuda_devices": devices}
+        nccl = ".".join(map(str, torch.cuda.nccl.version()))
+    return {"torch": torch.__version__, "cuda": torch.version.cuda, "cuda_devices": devices, "nccl": nccl,
+            "flash_attn": _installed("flash-attn")}
+
+
+def _installed(distribution: str) -> Optional[str]:
+    """A package's installed version without importing it (None when absent)."""
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def _hardware_meta() -> dict[str, Any]:
