@@ -37,8 +37,12 @@ def torch_items() -> Iterator[Item]:
         yield from cuda_items(torch)
     if not (dist.is_available() and dist.is_nccl_available()):
         yield "nccl", "not available"
+    elif cuda:
+        from testbed.tracking.results import nccl_version
+
+        yield "nccl", f"available, version {nccl_version(torch)}"
     else:
-        yield "nccl", f"available, version {nccl_version(torch)}" if cuda else "available (no CUDA to use it)"
+        yield "nccl", "available (no CUDA to use it)"
     yield "gloo", "available" if dist.is_available() and dist.is_gloo_available() else "not available"
 
 
@@ -52,11 +56,6 @@ def cuda_items(torch) -> Iterator[Item]:
         for j in range(i + 1, count):
             both = torch.cuda.can_device_access_peer(i, j) and torch.cuda.can_device_access_peer(j, i)
             yield f"p2p cuda:{i}<->cuda:{j}", "yes" if both else "no"
-
-
-def nccl_version(torch) -> str:
-    version = torch.cuda.nccl.version()  # a tuple (2, 21, 5); one integer on old torch
-    return ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
 
 
 def flash_attn_items() -> Iterator[Item]:

@@ -181,9 +181,17 @@ def _torch_meta() -> dict[str, Any]:
     devices, nccl = [], None
     if torch.cuda.is_available():
         devices = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-        nccl = ".".join(map(str, torch.cuda.nccl.version()))
+        nccl = nccl_version(torch)
     return {"torch": torch.__version__, "cuda": torch.version.cuda, "cuda_devices": devices, "nccl": nccl,
             "flash_attn": _installed("flash-attn")}
+
+
+def nccl_version(torch) -> Optional[str]:
+    """NCCL's version where this torch build has NCCL (None on a CPU build)."""
+    if not torch.distributed.is_available() or not torch.distributed.is_nccl_available():
+        return None
+    version = torch.cuda.nccl.version()  # a tuple (2, 21, 5); one integer on old torch
+    return ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
 
 
 def _installed(distribution: str) -> Optional[str]:
