@@ -7,6 +7,7 @@ out the interpreter's GIL switch interval (milliseconds of harness delay on a to
 from __future__ import annotations
 
 import queue
+from abc import ABC, abstractmethod
 import time
 from collections import deque
 from multiprocessing.connection import Connection, wait
@@ -22,7 +23,7 @@ class ReportWriter:
         self.conn.send(msg)
 
 
-class Reports:
+class Reports(ABC):
     """`get(timeout)` like a queue over messages a subclass's `_fill(timeout)` reads into `ready`
     as (message, when it came off the wire); `last_read` is that time for the message `get`
     returned (for the harness-delay breakdown)."""
@@ -42,8 +43,9 @@ class Reports:
     def get_nowait(self):
         return self.get(timeout=0)
 
+    @abstractmethod
     def _fill(self, timeout: float | None) -> None:
-        raise NotImplementedError
+        """Read what has arrived (waiting up to `timeout`) into `ready`."""
 
 
 class ReportReader(Reports):

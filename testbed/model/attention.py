@@ -8,6 +8,7 @@ with one new token (decodes, or prefill chunks of one token) come first, then lo
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import accumulate
 
 import torch
 import torch.nn.functional as F
@@ -61,7 +62,7 @@ class TorchAttention:
         n = meta.num_single
         if n:
             out[:n] = self._decode(q[:n], k_cache, v_cache, meta)
-        starts = [n + sum(meta.q_lens[n:i]) for i in range(n, len(meta.q_lens) + 1)]
+        starts = list(accumulate(meta.q_lens[n:], initial=n))  # first row of each chunk
         fresh: dict[int, list[int]] = {}  # q_len -> items with nothing cached before the chunk
         for i in range(n, len(meta.q_lens)):
             if k is not None and meta.kv_lens[i] == meta.q_lens[i]:
