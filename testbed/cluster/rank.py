@@ -20,7 +20,7 @@ import zmq
 from testbed.cluster.layout import WorkerPlan
 from testbed.cluster.worker import RouterLost, WorkerSpec, worker_main
 from testbed.errors import RankLost
-from testbed.net.rendezvous import World, bind_address, connect_store, lookup, publish, run_token
+from testbed.net.rendezvous import World, bind_address, connect_store, lookup, publish, run_token, store_client
 from testbed.net.transport import LINGER_MS, Inbox, Mesh, Outbox
 from testbed.net.wire import Launch, Shutdown
 
@@ -43,7 +43,7 @@ class ControlPlan:
 
 def net_worker_main(spec: WorkerSpec, plan: ControlPlan) -> None:
     """A worker whose inbox, peers and router are ZeroMQ endpoints found through the store."""
-    store = connect_client(plan.store, plan.timeout_s)
+    store = store_client(*plan.store, plan.timeout_s)
     ctx = zmq.Context()
     try:
         inbox = Inbox(ctx, plan.bind, plan.token, plan.heartbeat_s, f"worker{spec.rank}")
@@ -66,15 +66,6 @@ def child_worker_main(spec: WorkerSpec, plan: ControlPlan) -> None:
     except RouterLost as lost:
         print(f"error: {lost}", file=sys.stderr)
         sys.exit(1)
-
-
-def connect_client(address: tuple, timeout_s: float):
-    from datetime import timedelta
-
-    import torch.distributed as dist
-
-    return dist.TCPStore(address[0], address[1], None, is_master=False, timeout=timedelta(seconds=timeout_s),
-                         wait_for_workers=False)
 
 
 def rank_spec(template: WorkerSpec, plans: list[WorkerPlan], rank: int, world: World, point: int) -> WorkerSpec:

@@ -34,6 +34,7 @@ from testbed.cluster.receiver import KVReceiver
 from testbed.engine import Engine, EngineConfig, SchedulerConfig, Sequence, StepResult
 from testbed.errors import PeerLost, TestbedError
 from testbed.model.config import ModelConfig
+from testbed.net.rendezvous import store_client
 
 GIL_SWITCH_S = 0.0002
 CPU_WORKER_NICE = 19
@@ -134,7 +135,7 @@ def _init_group(spec: WorkerSpec, backend: str) -> None:
                                 world_size=spec.world_size, timeout=timeout)
         return
     host, port, prefix = spec.rendezvous
-    store = dist.TCPStore(host, port, None, is_master=False, timeout=timeout, wait_for_workers=False)
+    store = store_client(host, port, spec.start_timeout_s)
     dist.init_process_group(backend, store=dist.PrefixStore(f"{prefix}/group", store), rank=spec.rank,
                             world_size=spec.world_size, timeout=timeout)
 

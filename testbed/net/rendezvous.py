@@ -92,9 +92,18 @@ def connect_store(world: World, timeout_s: float):
     """A client (or, for rank 0 when torchrun's agent does not host it, the server) of the store."""
     import torch.distributed as dist
 
-    is_server = world.rank == 0 and not world.agent_store
-    return dist.TCPStore(world.master_addr, world.master_port, world.world_size if is_server else None,
-                         is_master=is_server, timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
+    if world.rank == 0 and not world.agent_store:
+        return dist.TCPStore(world.master_addr, world.master_port, world.world_size, is_master=True,
+                             timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
+    return store_client(world.master_addr, world.master_port, timeout_s)
+
+
+def store_client(host: str, port: int, timeout_s: float):
+    """A client of the rendezvous store (every worker process, whoever hosts the store)."""
+    import torch.distributed as dist
+
+    return dist.TCPStore(host, port, None, is_master=False, timeout=timedelta(seconds=timeout_s),
+                         wait_for_workers=False)
 
 
 def run_token(store, world: World) -> str:
