@@ -24,6 +24,11 @@ for p, d in [(1, 1), (1, 2), (2, 1)]:
             "mode=disagg", f"cluster.num_prefill={p}", f"cluster.num_decode={d}",
             f"kv_transfer.granularity={granularity}", f"kv_transfer.binding={binding}",
             "kv_transfer.piece_kib=8"]  # 8 KiB pieces: most transfers travel as several pieces
+# ipc: P writes into D's shared-memory pool (one box): whole requests, streamed layers, two of each side
+for p, d, granularity, binding in [(1, 1, "request", "late"), (2, 1, "layer", "early"), (1, 2, "request", "early")]:
+    MODES[f"disagg-{p}P{d}D-ipc-{granularity}-{binding}"] = [
+        "mode=disagg", f"cluster.num_prefill={p}", f"cluster.num_decode={d}", "kv_transfer.backend=ipc",
+        f"kv_transfer.granularity={granularity}", f"kv_transfer.binding={binding}"]
 
 
 @pytest.fixture(scope="module")

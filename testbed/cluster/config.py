@@ -122,6 +122,9 @@ class KVTransferConfig:
     multiturn: str = "resend"
     ppd_max_append_tokens: int = 512  # ppd: a longer uncached part goes through P
     local_prefill_max_tokens: int = 0  # prompts (or uncached parts) this short prefill on D; 0: off
+    # how the KV moves: auto (torch.distributed: NCCL between GPUs, gloo on CPU) or ipc (P writes
+    # into D's blocks through D's mapped pool: one box; P and D may share one GPU)
+    backend: str = "auto"
 
     @property
     def follows_caches(self) -> bool:
@@ -143,7 +146,7 @@ class KVTransferConfig:
     def validate(self) -> "KVTransferConfig":
         choices = {"granularity": ("request", "layer"), "binding": ("early", "late"),
                    "on_failure": ("fail", "recompute", "retry"), "retry_fallback": ("recompute", "fail"),
-                   "multiturn": ("resend", "incremental", "ppd")}
+                   "multiturn": ("resend", "incremental", "ppd"), "backend": ("auto", "ipc")}
         for key, allowed in choices.items():
             if getattr(self, key) not in allowed:
                 raise ConfigError(f"kv_transfer.{key}={getattr(self, key)!r} is not one of {', '.join(allowed)}")

@@ -20,6 +20,10 @@ order P posts its sends: that is what NCCL, which has no tags, needs. One contig
 per request (granularity=request) or per layer (granularity=layer, streamed during the prefill
 when D is already bound and ready). A staging buffer returns to its pool once its pieces have
 settled, on every path: sent, failed, aborted, superseded by a resend.
+
+With kv_transfer.backend=ipc (testbed/cluster/kv_ipc.py) there are no parts: Ready carries D's
+blocks and P copies its blocks straight into them, then sends KVDone (num_parts 0). The copy is
+synchronous between KVBegin and KVDone, so D's lease needs only to outlast one copy.
 """
 
 from __future__ import annotations
@@ -31,8 +35,9 @@ from typing import Callable, Optional
 from testbed.cluster.completion import BufferPool, CompletionTracker
 from testbed.cluster.config import KVFailurePolicy
 from testbed.cluster.faults import FaultInjected, KVFaults
+from testbed.cluster.kv_ipc import PeerPools, synchronize, write_blocks
 from testbed.cluster.kv_wire import Retired, WirePart, send_part
-from testbed.cluster.messages import KVAck, KVBegin, KVDone, KVPart, KVSent, Ready
+from testbed.cluster.messages import KVAck, KVBegin, KVDone, KVFence, KVPart, KVPoolAttached, KVPoolExport, KVSent, Ready
 from testbed.control.ledger import Outgoing, SendLedger
 from testbed.engine import Engine, Sequence
 
@@ -49,6 +54,7 @@ class WireOutgoing(Outgoing):
     dropped: bool = False  # fault injection: this attempt's data is lost on the way
     done_sent: bool = False
     reported: bool = False  # KVSent for this attempt
+    dst_blocks: tuple = ()  # ipc: D's blocks for this attempt
 
     def restart(self, attempt: int, decode_rank: int, now: float) -> None:
         super().restart(attempt, decode_rank, now)
@@ -63,8 +69,10 @@ class KVSender:
 
     def __init__(self, engine: Engine, rank: int, inboxes, events, granularity: str, timeout_s: float,
                  piece_bytes: int, faults: KVFaults, policy: KVFailurePolicy = KVFailurePolicy(),
-                 clock: Callable[[], float] = time.perf_counter):
+                 clock: Callable[[], float] = time.perf_counter, direct: bool = False):
         self.engine, self.rank, self.inboxes, self.events = engine, rank, inboxes, events
+        self.direct = direct  # kv_transfer.backend=ipc: write into D's mapped pool
+        self.pools = PeerPools()
         self.granularity, self.piece_bytes = granularity, piece_bytes
         self.faults, self.policy, self.clock = faults, policy, clock
         self.ledger: SendLedger[WireOutgoing] = SendLedger(WireOutgoing)
@@ -77,6 +85,11 @@ class KVSender:
     def num_parts(self) -> int:
         return self.engine.args.num_layers if self.granularity == "layer" else 1
 
+    def attach(self, msg: KVPoolExport) -> None:
+        """ipc: map a decode worker's pool, and say so (it removes its shared-memory file then)."""
+        self.pools.attach(msg.src, msg.handle)
+        self.inboxes[msg.src].put(KVPoolAttached(self.rank))
+
     def serve(self, seq: Sequence, decode_rank: Optional[int]) -> None:
         """The request reached this worker (again, after a re-dispatch); D known when bound early."""
         self.ledger.serve(seq, decode_rank)
@@ -88,7 +101,10 @@ class KVSender:
         # D may answer before this worker has read the request itself (two queues, no order)
         entry = self.ledger.ready(msg.rid, msg.decode_rank, msg.attempt, self.clock(), msg.skip)
         if entry is None:
+            if self.direct and msg.rid in self.ledger.aborted:  # D may free what it kept back for us
+                self.inboxes[msg.decode_rank].put(KVFence(msg.rid))
             return  # ended here, or already under way
+        entry.dst_blocks = msg.blocks
         self.retired.add(entry.abandoned)
         entry.abandoned = []
         if self.faults.drop():
@@ -136,8 +152,10 @@ class KVSender:
         if self.link is not None and not self.link.arrived(entry.seq.seq_id, entry.start, entry.kv_bytes,
                                                            self.clock()):
             return  # emulated link: D may not install the KV (nor P free it) before its modelled time
-        self.inboxes[entry.decode_rank].put(KVDone(entry.seq.seq_id, entry.seq.token_ids[-1], self.num_parts,
-                                                   entry.attempt, self.rank))
+        if self.direct:
+            synchronize(self.engine.runner.device)  # every byte in D's blocks before D hears of it
+        self.inboxes[entry.decode_rank].put(KVDone(entry.seq.seq_id, entry.seq.token_ids[-1],
+                                                   0 if self.direct else self.num_parts, entry.attempt, self.rank))
         entry.done_sent = True
 
     def _begin(self, entry: WireOutgoing) -> None:
@@ -150,6 +168,10 @@ class KVSender:
         layer = part if self.granularity == "layer" else None
         runner = self.engine.runner
         self._begin(entry)
+        if self.direct:
+            self._write_part(entry, layer)
+            entry.sent_parts.add(part)
+            return
         shape = runner.kv_shape(seq.num_prompt_tokens - entry.skip, layer)
         self.inboxes[entry.decode_rank].put(KVPart(seq.seq_id, part, shape, str(runner.dtype).removeprefix("torch."),
                                                    self.rank, entry.attempt))
@@ -158,6 +180,15 @@ class KVSender:
         entry.parts.append(wire)
         entry.sent_parts.add(part)
         entry.kv_bytes += wire.nbytes
+
+    def _write_part(self, entry: WireOutgoing, layer: Optional[int]) -> None:
+        """ipc: P's blocks of the tokens D lacks, copied whole into the blocks D reserved (the
+        prefix D holds is whole blocks, so the two tables line up block for block)."""
+        bs, seq = self.engine.runner.block_size, entry.seq
+        assert entry.skip % bs == 0, f"a cached prefix of {entry.skip} tokens is not whole {bs}-token blocks"
+        own = seq.block_table[entry.skip // bs : -(-seq.num_prompt_tokens // bs)]
+        entry.kv_bytes += write_blocks(self.engine.runner.kv_cache, self.pools[entry.decode_rank], own,
+                                       list(entry.dst_blocks[: len(own)]), layer)
 
     def poll(self) -> None:
         self.retired.poll()
@@ -188,6 +219,8 @@ class KVSender:
         entry = self.ledger.abort(rid)
         if entry is None:
             return False
+        if self.direct and entry.ready_t is not None:  # P writes no more into D's blocks for it
+            self.inboxes[entry.decode_rank].put(KVFence(rid))
         self.retired.add(entry.parts + entry.abandoned)
         if entry.seq is not None:
             self.engine.abort(rid)

@@ -100,6 +100,19 @@ def plan_workers(mode: str, cluster: ClusterConfig, hardware) -> list[WorkerPlan
     return [WorkerPlan(rank, role, f"cuda:{d}" if kind == "cuda" else "cpu") for rank, (role, d) in enumerate(roles)]
 
 
+def check_kv_backend(plans: list[WorkerPlan], backend: str, across_hosts: bool = False) -> None:
+    """ipc maps D's pool into P's process: one box. NCCL cannot pair two ranks on one GPU, so a P
+    and a D that share a GPU need ipc."""
+    if backend == "ipc" and across_hosts:
+        raise ConfigError("kv_transfer.backend=ipc maps the decode worker's KV pool into the prefill worker: "
+                          "one box only; under torchrun use kv_transfer.backend=auto (NCCL)")
+    shared = sorted({p.device for p in plans if p.role == "prefill_only" and p.device.startswith("cuda")}
+                    & {p.device for p in plans if p.role == "decode_only"})
+    if backend != "ipc" and shared:
+        raise ConfigError(f"prefill and decode workers share {shared[0]}: NCCL cannot pair two ranks on one GPU; "
+                          "set kv_transfer.backend=ipc (or put them on different devices)")
+
+
 def _describe(mode: str, cluster: ClusterConfig) -> str:
     if mode in ROLES_OF_MODE:
         return f"cluster.num_workers={cluster.num_workers}"

@@ -57,6 +57,7 @@ class Ready:
     decode_rank: int
     attempt: int = 1
     skip: int = 0  # leading prompt tokens whose KV D holds already (incremental): P sends the rest
+    blocks: tuple = ()  # kv_transfer.backend=ipc: D's blocks from token `skip` on, which P writes into
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,29 @@ class KVAck:
     rid: int
     attempt: int
     installed: bool
+
+
+@dataclass(frozen=True)
+class KVPoolExport:
+    """kv_transfer.backend=ipc, D -> every P at start: how to map D's KV pool (testbed/cluster/kv_ipc.py)."""
+
+    src: int
+    handle: object  # kv_ipc.PoolHandle
+
+
+@dataclass(frozen=True)
+class KVPoolAttached:
+    """P -> D: P has mapped D's pool (once every P has, D removes the shared-memory file)."""
+
+    src: int
+
+
+@dataclass(frozen=True)
+class KVFence:
+    """ipc, P -> D: P will not write into the blocks D reserved for `rid` (it ended here, or the
+    Ready came after it did): D may free blocks it kept back for that reason."""
+
+    rid: int
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,10 @@ piece that arrives renews it. A reservation made at arrival (kv_transfer.binding
 timed while the prefill waits in P's queue. An attempt whose lease runs out, or whose wire
 breaks, ends as the failure policy says: `retry` asks P to send again (a Ready with the next
 attempt number, into the same blocks), `recompute` prefills here, `fail` fails the request.
+
+With kv_transfer.backend=ipc P writes into the reserved blocks itself (Ready names them), so a
+request ended here after its Ready left keeps its blocks until P says it will not write (KVFence)
+or has written (KVDone): a freed block handed to another request must never take a late write.
 """
 
 from __future__ import annotations
@@ -20,8 +24,8 @@ from typing import Callable
 from testbed.cluster.completion import BufferPool, CompletionTracker
 from testbed.cluster.config import KVFailurePolicy
 from testbed.cluster.kv_wire import Retired, receive_part, unpack_arrived
-from testbed.cluster.messages import (Failed, KVAck, KVArrived, KVAttemptFailed, KVBegin, KVDone, KVPart, Ready,
-                                      Reserve, Reserved)
+from testbed.cluster.messages import (Failed, KVAck, KVArrived, KVAttemptFailed, KVBegin, KVDone, KVFence, KVPart,
+                                      Ready, Reserve, Reserved)
 from testbed.control.ledger import Incoming, ReceiveLedger
 from testbed.engine import Engine, Sequence
 
@@ -47,7 +51,8 @@ class KVReceiver:
     """The D side: reserve blocks (or queue the reservation), receive, hand to decode."""
 
     def __init__(self, engine: Engine, rank: int, inboxes, events, timeout_s: float, policy: KVFailurePolicy,
-                 piece_bytes: int, clock: Callable[[], float] = time.perf_counter, share_prefix: bool = False):
+                 piece_bytes: int, clock: Callable[[], float] = time.perf_counter, share_prefix: bool = False,
+                 direct: bool = False):
         self.engine, self.rank, self.inboxes, self.events = engine, rank, inboxes, events
         self.timeout_s, self.policy, self.piece_bytes, self.clock = timeout_s, policy, piece_bytes, clock
         self.completions = CompletionTracker(timeout_s)
@@ -55,6 +60,8 @@ class KVReceiver:
         self.retired = Retired(self.buffers)  # parts of abandoned attempts and of unknown requests
         self.ledger: ReceiveLedger[WireIncoming] = ReceiveLedger(WireIncoming)
         self.share_prefix = share_prefix  # incremental: reserve onto cached blocks, receive only the rest
+        self.direct = direct  # kv_transfer.backend=ipc: P writes into the blocks Ready names
+        self.kept: set[int] = set()  # ended requests whose blocks P may still write (ipc)
 
     @property
     def incoming(self) -> dict[int, WireIncoming]:
@@ -72,7 +79,12 @@ class KVReceiver:
         for entry in self.ledger.admit(lambda seq: self.engine.reserve(seq, self.share_prefix), self.clock()):
             rid = entry.seq.seq_id
             self.events.put(Reserved(rid, self.rank, entry.reserved_t))
-            self.inboxes[entry.prefill_rank].put(Ready(rid, self.rank, 1, entry.seq.num_cached_tokens))
+            self.inboxes[entry.prefill_rank].put(self._ready(entry.seq, 1))
+
+    def _ready(self, seq: Sequence, attempt: int) -> Ready:
+        skip = seq.num_cached_tokens
+        blocks = tuple(seq.block_table[skip // self.engine.runner.block_size:]) if self.direct else ()
+        return Ready(seq.seq_id, self.rank, attempt, skip, blocks)
 
     def on_begin(self, msg: KVBegin) -> None:
         self.ledger.begin(msg.rid, msg.attempt, msg.src, self.clock())
@@ -92,6 +104,21 @@ class KVReceiver:
         entry = self.ledger.current(msg.rid, msg.attempt, msg.src)
         if entry is not None:
             entry.first_token, entry.num_parts = msg.first_token, msg.num_parts
+        elif msg.rid in self.kept:  # P's write into the blocks of an ended request is over
+            self._free_kept(msg.rid)
+
+    def on_fence(self, msg: KVFence) -> None:
+        if msg.rid in self.kept:
+            self._free_kept(msg.rid)
+
+    def _free_kept(self, rid: int) -> None:
+        self.kept.discard(rid)
+        self.engine.abort(rid)
+
+    def close(self) -> None:
+        """End of the run: no P writes any more; blocks kept back go back to the pool."""
+        for rid in list(self.kept):
+            self._free_kept(rid)
 
     def poll(self) -> None:
         self._admit()
@@ -131,7 +158,7 @@ class KVReceiver:
         if action == "retry":
             self.retired.add(entry.parts)
             self.ledger.retry(rid)
-            self.inboxes[entry.prefill_rank].put(Ready(rid, self.rank, entry.attempt, entry.seq.num_cached_tokens))
+            self.inboxes[entry.prefill_rank].put(self._ready(entry.seq, entry.attempt))
             return
         self.ledger.take(rid)
         self.retired.add(entry.parts)
@@ -144,11 +171,18 @@ class KVReceiver:
             self.engine.abort(rid)
             self.events.put(Failed(rid, self.rank, reason, now, "kv_broken" if outcome == "error" else "kv_lost"))
 
-    def abort(self, rid: int) -> None:
+    def abort(self, rid: int) -> bool:
+        """The router ended the request; True when this side had it (its blocks are then freed
+        here, or kept until P's fence under ipc)."""
         entry = self.ledger.abort(rid)
-        if entry is not None:
-            self.retired.add(entry.parts)
+        if entry is None:
+            return False
+        self.retired.add(entry.parts)
+        if self.direct:
+            self.kept.add(rid)
+        else:
             self.engine.abort(rid)
+        return True
 
     @property
     def in_flight(self) -> bool:

@@ -27,8 +27,10 @@ from testbed.cluster.config import KVFailurePolicy
 from testbed.cluster.connector import KVSender
 from testbed.cluster.emulation import Emulation, role_pacers
 from testbed.cluster.faults import KVFaults, Stall
-from testbed.cluster.messages import (Abort, Audit, Heartbeat, KVAck, KVBegin, KVDone, KVPart, Ping, Pong, Ready,
-                                      Reserve, Serve, Started, StepEvents, Stop, WorkerError)
+from testbed.cluster.kv_ipc import PoolHandle, export_pool, release, shared_pool
+from testbed.cluster.messages import (Abort, Audit, Heartbeat, KVAck, KVBegin, KVDone, KVFence, KVPart, KVPoolAttached,
+                                      KVPoolExport, Ping, Pong, Ready, Reserve, Serve, Started, StepEvents, Stop,
+                                      WorkerError)
 from testbed.cluster.pacing import hold
 from testbed.cluster.receiver import KVReceiver
 from testbed.engine import Engine, EngineConfig, SchedulerConfig, Sequence, StepResult
@@ -77,6 +79,11 @@ class WorkerSpec:
     host: str = ""  # where the worker runs (meta.json's hosts and links)
     node: int = 0
     roles: tuple = ()  # every rank's role: P and D warm their links up before the run's clock starts
+    kv_backend: str = "auto"  # auto: KV over the process group; ipc: P writes into D's mapped pool
+
+    @property
+    def direct(self) -> bool:
+        return self.kv_backend == "ipc"
 
 
 def worker_main(spec: WorkerSpec, inboxes, events, lost_router=lambda: False) -> None:
@@ -86,12 +93,14 @@ def worker_main(spec: WorkerSpec, inboxes, events, lost_router=lambda: False) ->
     # a queue's feeder thread (KV headers, Ready) must not wait out the default 5 ms GIL interval
     # behind a step
     sys.setswitchinterval(GIL_SWITCH_S)
+    pool = None
     try:
         engine = _setup(spec)
+        pool = _export_pool(spec, engine)
         events.put(Started(spec.rank, spec.role, spec.device, engine.runner.num_blocks, os.getpid(),
                            spec.host or socket.gethostname(), spec.node, engine.runner.backend.name))
         with torch.inference_mode():  # one mode for every tensor the worker touches, KV buffers included
-            Worker(spec, engine, inboxes, events, lost_router).loop()
+            Worker(spec, engine, inboxes, events, lost_router, pool).loop()
     except RouterLost:
         raise  # nobody left to report to: the rank's own process says it
     except PeerLost as lost:  # another worker stopped taking messages: the router fails the run
@@ -101,8 +110,22 @@ def worker_main(spec: WorkerSpec, inboxes, events, lost_router=lambda: False) ->
     except Exception:  # noqa: BLE001 - the driver reports it and shuts the run down
         events.put(WorkerError(spec.rank, traceback.format_exc()))
     finally:
+        release(pool)
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _export_pool(spec: WorkerSpec, engine: Engine) -> Optional[PoolHandle]:
+    """ipc, on a decode worker: the pool P writes into, exported once (on CPU moved into shared
+    memory first; the KV in it is the warm-up's, which no request reads)."""
+    if not (spec.direct and spec.role == "decode_only"):
+        return None
+    runner = engine.runner
+    if runner.device.type == "cuda":
+        return export_pool(runner.kv_cache)
+    pool, handle = shared_pool(tuple(runner.kv_cache.shape), runner.dtype)
+    runner.adopt_pool(pool)
+    return handle
 
 
 def _setup(spec: WorkerSpec) -> Engine:
@@ -116,8 +139,10 @@ def _setup(spec: WorkerSpec) -> Engine:
         # core the moment a report arrives, instead of waiting out a worker's time slice (2 cores,
         # 2 workers: nice 5 left a p99 harness delay of 2.4-2.7 ms, nice 19 0.5 ms, TPOT unchanged)
         os.nice(CPU_WORKER_NICE)
-    _init_group(spec, "nccl" if device.type == "cuda" else "gloo")
-    warm_links(spec.rank, spec.roles, device)
+    # ipc moves no KV over the group, and NCCL cannot pair two ranks on one GPU (P and D may share one)
+    _init_group(spec, "nccl" if device.type == "cuda" and not spec.direct else "gloo")
+    if not spec.direct:
+        warm_links(spec.rank, spec.roles, device)
     engine = Engine.build(spec.model.args(), spec.engine, spec.scheduler, spec.role, device,
                           dtype=spec.model.dtype, path=spec.model.path, seed=spec.model.seed)
     engine.warmup()
@@ -159,20 +184,25 @@ def _pin(core: Optional[int]) -> None:
 
 
 class Worker:
-    def __init__(self, spec: WorkerSpec, engine: Engine, inboxes, events, lost_router=lambda: False):
+    def __init__(self, spec: WorkerSpec, engine: Engine, inboxes, events, lost_router=lambda: False,
+                 pool: Optional[PoolHandle] = None):
         self.spec, self.engine, self.inbox, self.events = spec, engine, inboxes[spec.rank], events
+        self.pool = pool  # ipc, D: this worker's exported pool, until every P has mapped it
+        self.unattached = {r for r, role in enumerate(spec.roles) if role == "prefill_only"} if pool else set()
         self.lost_router = lost_router
         self.last_watch = time.perf_counter()
         self.sender = self.receiver = None
         if spec.role == "prefill_only":
             faults = KVFaults(spec.drop_kv_probability, spec.delay_kv_s, seed=spec.seed * 1000 + spec.rank)
             self.sender = KVSender(engine, spec.rank, inboxes, events, spec.granularity, spec.kv_timeout_s,
-                                   spec.piece_bytes, faults, spec.kv_failure)
+                                   spec.piece_bytes, faults, spec.kv_failure, direct=spec.direct)
             if spec.granularity == "layer":
                 engine.after_layer = self.sender.stream_layer
         if spec.role == "decode_only":
             self.receiver = KVReceiver(engine, spec.rank, inboxes, events, spec.kv_timeout_s, spec.kv_failure,
-                                       spec.piece_bytes, share_prefix=spec.incremental)
+                                       spec.piece_bytes, share_prefix=spec.incremental, direct=spec.direct)
+            for rank in self.unattached:
+                inboxes[rank].put(KVPoolExport(spec.rank, pool))
         self.pacer = self.link = None
         if spec.emulation is not None:
             real_kv_bytes = engine.args.kv_bytes_per_token * engine.runner.dtype.itemsize
@@ -191,6 +221,8 @@ class Worker:
             elif time.perf_counter() - self.last_report > self.spec.heartbeat_s:
                 self._report(Heartbeat(self.spec.rank, time.perf_counter()))
             self._watch_router()
+        if self.receiver is not None:
+            self.receiver.close()
         self.events.put(self._audit())
 
     def _watch_router(self) -> None:
@@ -246,6 +278,14 @@ class Worker:
             self.receiver.on_done(msg)
         elif isinstance(msg, KVAck):
             self.sender.ack(msg)
+        elif isinstance(msg, KVPoolExport):
+            self.sender.attach(msg)
+        elif isinstance(msg, KVPoolAttached):
+            self.unattached.discard(msg.src)
+            if not self.unattached:  # every P has it mapped: the file's name is no longer needed
+                release(self.pool)
+        elif isinstance(msg, KVFence):
+            self.receiver.on_fence(msg)
         elif isinstance(msg, Abort):
             self._abort(msg)
         elif isinstance(msg, Stop):
@@ -260,8 +300,8 @@ class Worker:
         then the engine's queues."""
         if self.sender is not None and self.sender.abort(msg.rid):
             return
-        if self.receiver is not None:
-            self.receiver.abort(msg.rid)
+        if self.receiver is not None and self.receiver.abort(msg.rid):
+            return
         self.engine.abort(msg.rid)
 
     def _poll_transfers(self) -> None:

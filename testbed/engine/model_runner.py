@@ -36,6 +36,14 @@ class ModelRunner:
                                     self.args.num_kv_heads, self.args.head_dim, dtype=self.dtype, device=device)
         self.kv_caches = [(self.kv_cache[0, i], self.kv_cache[1, i]) for i in range(self.args.num_layers)]
 
+    def adopt_pool(self, pool: torch.Tensor) -> None:
+        """Move the KV pool into `pool` (same shape and dtype: e.g. shared memory another process
+        maps); before serving, since earlier views of the old pool are not updated."""
+        assert pool.shape == self.kv_cache.shape and pool.dtype == self.dtype, "the new pool differs in shape"
+        pool.copy_(self.kv_cache)
+        self.kv_cache = pool
+        self.kv_caches = [(pool[0, i], pool[1, i]) for i in range(self.args.num_layers)]
+
     @property
     def block_bytes(self) -> int:
         return self.args.kv_bytes_per_token * self.block_size * self.dtype.itemsize

@@ -9,7 +9,7 @@ from typing import Callable, Optional
 from tqdm import tqdm
 
 from testbed.cluster.launcher import Cluster
-from testbed.cluster.layout import plan_ranks, plan_workers
+from testbed.cluster.layout import check_kv_backend, plan_ranks, plan_workers
 from testbed.cluster.point import kv_store, stop_cluster, worker_template, write_point
 from testbed.cluster.router import Router
 from testbed.config import Config
@@ -51,8 +51,11 @@ def start_cluster(cfg: Config, session=None) -> Cluster:
                           "the planner and simulator (executor=sim, +experiment=plan)")
     if session is None:
         plans = plan_workers(cfg.mode, cfg.cluster, cfg.hardware)
+        check_kv_backend(plans, cfg.kv_transfer.backend)
         return Cluster(plans, worker_template(cfg, kv_store(cfg, plans)), cfg.cluster.start_timeout_s)
     if cfg.kv_store.capacity_mib > 0 or cfg.faults.timed():
         raise ConfigError("under torchrun kv_store.capacity_mib must be 0 and faults.kill_worker / "
                           "faults.stall_worker unset: the shared KV store and injected worker faults work on one box")
-    return session.cluster(cfg, plan_ranks(cfg.mode, cfg.cluster, cfg.hardware, session.world), worker_template(cfg))
+    plans = plan_ranks(cfg.mode, cfg.cluster, cfg.hardware, session.world)
+    check_kv_backend(plans, cfg.kv_transfer.backend, across_hosts=True)
+    return session.cluster(cfg, plans, worker_template(cfg))
