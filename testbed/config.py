@@ -115,6 +115,19 @@ class Config:
         wants_cache = self.follows_caches or self.kv_store.capacity_mib > 0  # routes to, or fills, the caches
         if wants_cache and not self.engine.enable_prefix_caching:
             object.__setattr__(self, "engine", replace(self.engine, enable_prefix_caching=True))
+        if self.engine.block_size is None:  # one block size for the workers, the simulator and the planner
+            object.__setattr__(self, "engine", replace(self.engine, block_size=self._default_block_size()))
+
+    def _default_block_size(self) -> int:
+        """flash-attn's page size where real workers will run it, else 16. flash-attn is looked
+        for before CUDA, so a CPU or simulated run never imports torch to decide."""
+        from importlib.util import find_spec
+
+        from testbed.cluster.layout import cuda_count
+        from testbed.model.kv_layout import default_block_size
+
+        flash = self.executor == "real" and find_spec("flash_attn") is not None and cuda_count(self.hardware) > 0
+        return default_block_size("cuda" if flash else "cpu", flash_importable=flash)
 
     def validate(self) -> "Config":
         if self.executor not in EXECUTORS:

@@ -13,7 +13,7 @@ from testbed import LLM
 from testbed.cluster import connector, receiver
 from testbed.cluster.config import KVFailurePolicy
 from testbed.cluster.faults import KVFaults
-from testbed.cluster.kv_ipc import attach_pool, block_runs, release, shared_pool, write_blocks
+from testbed.cluster.kv_ipc import BlockCopier, attach_pool, block_runs, release, shared_pool
 from testbed.cluster.layout import WorkerPlan, check_kv_backend
 from testbed.cluster.messages import (KVArrived, KVBegin, KVDone, KVFence, KVPoolAttached, KVPoolExport, Ready,
                                       Reserve)
@@ -38,7 +38,7 @@ def test_write_blocks_copies_whole_blocks_into_a_mapped_pool(layer):
     try:
         mapped = attach_pool(handle)  # what P sees: the same memory
         src_blocks, dst_blocks = [7, 8, 2, 3], [0, 1, 5, 11]
-        copied = write_blocks(src, mapped, src_blocks, dst_blocks, layer)
+        copied = BlockCopier(src, mapped).write(src_blocks, dst_blocks, layer)
         layers = [0, 1] if layer is None else [layer]
         assert copied == len(src_blocks) * len(layers) * 2 * 4 * 2 * 8 * 4
         for s, d in zip(src_blocks, dst_blocks):

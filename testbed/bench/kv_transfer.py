@@ -7,6 +7,7 @@ message size (4 KiB up to --max-mib) it times, in the same run:
              header, isend -> irecv, scatter into D's blocks
 and prints both bandwidths and their ratio. On GPUs it also times a device-to-device copy_,
 the link's ceiling. Times are on one clock (perf_counter is CLOCK_MONOTONIC for every process).
+Then the ipc transport against a plain copy of the same bytes (testbed/bench/ipc_copy.py).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from testbed.bench.ipc_copy import ipc_lines, measure_ipc
 from testbed.cluster.completion import BufferPool, CompletionTracker
 from testbed.cluster.kv_wire import receive_part, send_part, unpack_arrived
 from testbed.engine import EngineConfig
@@ -58,7 +60,8 @@ def sync(device):
 def timed_pair(rank: int, device, send, recv) -> float:
     """Seconds from P's start to D's completion."""
     dist.barrier()
-    start = torch.tensor([time.perf_counter()], dtype=torch.float64)
+    # on P's device: an NCCL group moves CUDA tensors only
+    start = torch.tensor([time.perf_counter()], dtype=torch.float64, device=device)
     if rank == 0:
         send()
         sync(device)
@@ -160,8 +163,9 @@ def copy_ceiling(max_mib: int, repeats: int) -> float:
     return src.numel() * 4 / statistics.median(times)
 
 
-def measure(max_mib: int, repeats: int) -> dict:
-    """{"backend", "rows": [{bytes, raw_s, connector_s, raw_gbps, connector_gbps, ratio}], "ceiling"?}"""
+def measure(max_mib: int, repeats: int, ipc: bool = True) -> dict:
+    """{"backend", "rows": [{bytes, raw_s, connector_s, raw_gbps, connector_gbps, ratio}], "ceiling"?,
+    "ipc"?: testbed.bench.ipc_copy.measure_ipc's figures}"""
     use_cuda = torch.cuda.is_available() and torch.cuda.device_count() >= 2
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
@@ -173,6 +177,8 @@ def measure(max_mib: int, repeats: int) -> dict:
     for row in results["rows"]:
         raw, conn = row["bytes"] / row["raw_s"] / 1e9, row["bytes"] / row["connector_s"] / 1e9
         row.update(raw_gbps=raw, connector_gbps=conn, ratio=conn / raw)
+    if ipc:
+        results["ipc"] = measure_ipc(max_mib, repeats)
     return results
 
 
@@ -183,6 +189,8 @@ def report_lines(results: dict) -> list[str]:
                      f"{row['ratio']:>6.2f}")
     if "ceiling" in results:
         lines.append(f"device-to-device copy_ ceiling: {results['ceiling'] / 1e9:.1f} GB/s")
+    if "ipc" in results:
+        lines += ipc_lines(results["ipc"], _human)
     return lines
 
 
@@ -191,8 +199,9 @@ def main(argv=None) -> None:
     parser.add_argument("--max-mib", type=int, default=1024)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", help="also write the figures to this file")
+    parser.add_argument("--no-ipc", action="store_true", help="skip the ipc transport's figures")
     a = parser.parse_args(argv)
-    results = measure(a.max_mib, a.repeats)
+    results = measure(a.max_mib, a.repeats, ipc=not a.no_ipc)
     print("\n".join(report_lines(results)))
     if a.json:
         with open(a.json, "w") as f:

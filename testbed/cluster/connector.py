@@ -35,7 +35,7 @@ from typing import Callable, Optional
 from testbed.cluster.completion import BufferPool, CompletionTracker
 from testbed.cluster.config import KVFailurePolicy
 from testbed.cluster.faults import FaultInjected, KVFaults
-from testbed.cluster.kv_ipc import PeerPools, synchronize, write_blocks
+from testbed.cluster.kv_ipc import PeerPools, synchronize
 from testbed.cluster.kv_wire import Retired, WirePart, send_part
 from testbed.cluster.messages import KVAck, KVBegin, KVDone, KVFence, KVPart, KVPoolAttached, KVPoolExport, KVSent, Ready
 from testbed.control.ledger import Outgoing, SendLedger
@@ -87,7 +87,7 @@ class KVSender:
 
     def attach(self, msg: KVPoolExport) -> None:
         """ipc: map a decode worker's pool, and say so (it removes its shared-memory file then)."""
-        self.pools.attach(msg.src, msg.handle)
+        self.pools.attach(msg.src, msg.handle, self.engine.runner.kv_cache)
         self.inboxes[msg.src].put(KVPoolAttached(self.rank))
 
     def serve(self, seq: Sequence, decode_rank: Optional[int]) -> None:
@@ -187,8 +187,7 @@ class KVSender:
         bs, seq = self.engine.runner.block_size, entry.seq
         assert entry.skip % bs == 0, f"a cached prefix of {entry.skip} tokens is not whole {bs}-token blocks"
         own = seq.block_table[entry.skip // bs : -(-seq.num_prompt_tokens // bs)]
-        entry.kv_bytes += write_blocks(self.engine.runner.kv_cache, self.pools[entry.decode_rank], own,
-                                       list(entry.dst_blocks[: len(own)]), layer)
+        entry.kv_bytes += self.pools[entry.decode_rank].write(own, list(entry.dst_blocks[: len(own)]), layer)
 
     def poll(self) -> None:
         self.retired.poll()

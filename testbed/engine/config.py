@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 from testbed.errors import ConfigError
+from testbed.model.kv_layout import default_block_size
+
+ATTENTION_BACKENDS = ("auto", "flash", "triton", "torch")
 
 
 @dataclass(frozen=True)
@@ -33,15 +36,29 @@ class SchedulerConfig:
 
 @dataclass(frozen=True)
 class EngineConfig:
-    block_size: int = 16
+    # tokens per KV block; None: 256 where flash-attn runs (its page size), else 16
+    block_size: Optional[int] = None
     kv_cache_mib: float = 64.0  # KV pool size on CPU
     gpu_memory_utilization: float = 0.85  # share of free GPU memory given to the KV pool
     num_kv_blocks: Optional[int] = None  # an explicit pool size overrides both budgets
-    attention_backend: str = "auto"  # auto | flash | torch
+    attention_backend: str = "auto"  # auto | flash | triton | torch
     enable_prefix_caching: bool = False
+    # decode replayed from CUDA graphs captured per batch-size bucket; None: on where CUDA is
+    cuda_graphs: Optional[bool] = None
+
+    def for_device(self, device_type: str) -> "EngineConfig":
+        """The block size and graph setting this device gets when they are unset."""
+        from testbed.model.attention import FLASH_ATTN_AVAILABLE
+
+        block = self.block_size if self.block_size is not None else default_block_size(device_type,
+                                                                                        FLASH_ATTN_AVAILABLE)
+        graphs = self.cuda_graphs if self.cuda_graphs is not None else device_type == "cuda"
+        if graphs and device_type != "cuda":
+            raise ConfigError(f"engine.cuda_graphs=true needs a CUDA device (this engine runs on {device_type})")
+        return replace(self, block_size=block, cuda_graphs=graphs)
 
     def validate(self) -> "EngineConfig":
-        if self.block_size < 1:
+        if self.block_size is not None and self.block_size < 1:
             raise ConfigError(f"engine.block_size must be >= 1 (got {self.block_size})")
         if self.kv_cache_mib <= 0:
             raise ConfigError(f"engine.kv_cache_mib must be > 0 (got {self.kv_cache_mib})")
@@ -49,8 +66,9 @@ class EngineConfig:
             raise ConfigError(f"engine.gpu_memory_utilization must be in (0, 1] (got {self.gpu_memory_utilization})")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ConfigError(f"engine.num_kv_blocks must be >= 1 (got {self.num_kv_blocks})")
-        if self.attention_backend not in ("auto", "flash", "torch"):
-            raise ConfigError(f"engine.attention_backend={self.attention_backend!r} is not one of auto, flash, torch")
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise ConfigError(f"engine.attention_backend={self.attention_backend!r} is not one of "
+                              f"{', '.join(ATTENTION_BACKENDS)}")
         return self
 
 

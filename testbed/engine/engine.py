@@ -24,9 +24,11 @@ class Engine:
                  policy: str, device: torch.device, fit_max_model_len: bool = False):
         engine_config.validate()
         scheduler_config.validate(policy)
-        self.runner = ModelRunner(model, engine_config, device, fit_max_model_len)
+        self.runner = ModelRunner(model, engine_config, device, fit_max_model_len)  # resolves what is unset
+        if self.runner.config.cuda_graphs:
+            self.runner.enable_graphs(scheduler_config.max_running)
         self.args: ModelArgs = self.runner.args  # max_model_len as the pool allows
-        self.block_manager = BlockManager(self.runner.num_blocks, engine_config.block_size,
+        self.block_manager = BlockManager(self.runner.num_blocks, self.runner.block_size,
                                           engine_config.enable_prefix_caching)
         self.scheduler = Scheduler(make_policy(policy), self.block_manager, scheduler_config)
         self.role = policy

@@ -8,6 +8,7 @@ import logging
 import torch
 
 from testbed.engine.config import EngineConfig
+from testbed.engine.cuda_graphs import DecodeGraphs
 from testbed.engine.kv_pool import checked_pool, needs_free_bytes, pool_blocks
 from testbed.engine.scheduler import Batch
 from testbed.model.attention import AttentionMetadata, select_backend
@@ -24,6 +25,7 @@ class ModelRunner:
 
     def __init__(self, model: Transformer, config: EngineConfig, device: torch.device,
                  fit_max_model_len: bool = False):
+        config = config.for_device(device.type)
         self.model, self.config, self.device = model, config, device
         self.args: ModelArgs = model.args
         self.dtype = next(model.parameters()).dtype
@@ -31,15 +33,25 @@ class ModelRunner:
         self.backend = select_backend(config.attention_backend, device, self.dtype, config.block_size)
         self.num_blocks = self._pool_blocks()
         self.args = self._fit_max_model_len() if fit_max_model_len else self._check_max_model_len()
-        # (2, layers, blocks, block_size, Hkv, D): K and V of every layer, one allocation
-        self.kv_cache = torch.zeros(2, self.args.num_layers, self.num_blocks, self.block_size,
+        # (2, layers, blocks + 1, block_size, Hkv, D): K and V of every layer, one allocation; the last
+        # block is scratch no sequence owns (the padded rows of a graph-replayed decode write there)
+        self.kv_cache = torch.zeros(2, self.args.num_layers, self.num_blocks + 1, self.block_size,
                                     self.args.num_kv_heads, self.args.head_dim, dtype=self.dtype, device=device)
         self.kv_caches = [(self.kv_cache[0, i], self.kv_cache[1, i]) for i in range(self.args.num_layers)]
+        self.graphs: DecodeGraphs | None = None
+
+    def enable_graphs(self, max_batch: int, capture: bool = True) -> None:
+        """Decode-only steps of up to `max_batch` sequences replay CUDA graphs (engine.cuda_graphs);
+        without capture the same padded static path runs eagerly (CPU tests)."""
+        max_blocks = -(-self.args.max_model_len // self.block_size)
+        self.graphs = DecodeGraphs(self.model, self.kv_caches, self.backend, max_batch, max_blocks, self.num_blocks,
+                                   self.block_size, self.device, capture)
 
     def adopt_pool(self, pool: torch.Tensor) -> None:
         """Move the KV pool into `pool` (same shape and dtype: e.g. shared memory another process
         maps); before serving, since earlier views of the old pool are not updated."""
         assert pool.shape == self.kv_cache.shape and pool.dtype == self.dtype, "the new pool differs in shape"
+        assert self.graphs is None, "captured graphs hold the old pool"
         pool.copy_(self.kv_cache)
         self.kv_cache = pool
         self.kv_caches = [(pool[0, i], pool[1, i]) for i in range(self.args.num_layers)]
@@ -109,7 +121,10 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward(self, ids, pos, meta, sample_rows, after_layer=None) -> torch.Tensor:
-        hidden = self.model(ids, pos, self.kv_caches, meta, self.backend, after_layer)
+        if self.graphs is not None and after_layer is None and self.graphs.fits(meta):
+            hidden = self.graphs.run(ids, pos, meta)
+        else:
+            hidden = self.model(ids, pos, self.kv_caches, meta, self.backend, after_layer)
         return self.model.logits(hidden[sample_rows])  # (num sampled, vocab), float32
 
     def run(self, batch: Batch) -> tuple[list[int | None], torch.Tensor]:

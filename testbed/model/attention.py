@@ -1,4 +1,6 @@
-"""Paged attention backends: flash-attn when it imports and runs on this device, else torch SDPA.
+"""Paged attention backends: flash-attn where it imports and runs (CUDA, fp16/bf16, 256-token
+blocks), else a Triton paged decode kernel beside SDPA's fused prefill (CUDA with Triton), else
+torch SDPA everywhere.
 
 The KV pool of one layer is a pair of tensors (num_blocks, block_size, num_kv_heads, head_dim),
 the layout flash-attn's paged API expects. A batch packs every sequence's new tokens; sequences
@@ -14,6 +16,8 @@ import torch
 import torch.nn.functional as F
 
 from testbed.errors import ConfigError
+from testbed.model import paged_decode
+from testbed.model.kv_layout import FLASH_BLOCK_MULTIPLE
 
 try:  # a binary mismatch raises more than ImportError
     from flash_attn import flash_attn_varlen_func, flash_attn_with_kvcache
@@ -22,7 +26,6 @@ try:  # a binary mismatch raises more than ImportError
 except Exception:  # noqa: BLE001
     FLASH_ATTN_AVAILABLE = False
 
-FLASH_BLOCK_MULTIPLE = 256  # upstream flash-attn's paged KV needs page sizes divisible by 256
 
 
 @dataclass
@@ -37,6 +40,8 @@ class AttentionMetadata:
     kv_lens_t: torch.Tensor  # (B,) int32
     cu_q: torch.Tensor  # (B + 1,) int32 prefix sums of q_lens
     cu_kv: torch.Tensor  # (B + 1,) int32 prefix sums of kv_lens
+    # decode shapes fixed by the tensors alone (no host lengths): what a captured CUDA graph replays
+    static: bool = False
 
 
 def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -61,19 +66,26 @@ class TorchAttention:
         out = torch.empty_like(q)
         n = meta.num_single
         if n:
-            out[:n] = self._decode(q[:n], k_cache, v_cache, meta)
+            out[:n] = self.decode(q[:n], k_cache, v_cache, meta)
         starts = list(accumulate(meta.q_lens[n:], initial=n))  # first row of each chunk
         fresh: dict[int, list[int]] = {}  # q_len -> items with nothing cached before the chunk
+        cached: list[int] = []  # items whose chunk follows KV already in the pool
         for i in range(n, len(meta.q_lens)):
             if k is not None and meta.kv_lens[i] == meta.q_lens[i]:
                 fresh.setdefault(meta.q_lens[i], []).append(i)
             else:
-                rows = slice(starts[i - n], starts[i - n + 1])
-                out[rows] = self._chunk(q[rows], k_cache, v_cache, meta, i)
+                cached.append(i)
         for q_len, items in fresh.items():
-            rows = torch.cat([torch.arange(starts[i - n], starts[i - n] + q_len) for i in items]).to(q.device)
+            rows = self._rows([starts[i - n] for i in items], [q_len] * len(items), q.device)
             out[rows] = self._fresh(q[rows], k[rows], v[rows], len(items), q_len)
+        if cached:
+            rows = self._rows([starts[i - n] for i in cached], [meta.q_lens[i] for i in cached], q.device)
+            out[rows] = self._chunks(q[rows], k_cache, v_cache, meta, cached)
         return out
+
+    @staticmethod
+    def _rows(starts: list[int], lens: list[int], device) -> torch.Tensor:
+        return torch.cat([torch.arange(a, a + n) for a, n in zip(starts, lens)]).to(device)
 
     @staticmethod
     def _blocks(cache: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
@@ -81,15 +93,17 @@ class TorchAttention:
         rows = torch.index_select(cache.flatten(1), 0, tables.flatten().long())
         return rows.view(*tables.shape, *cache.shape[1:]).flatten(1, 2)
 
-    def _decode(self, q, k_cache, v_cache, meta):
+    def decode(self, q, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
         n, heads, dim = q.shape
         kv_heads = k_cache.shape[2]
-        tables = meta.block_tables[:n, : -(-max(meta.kv_lens[:n]) // k_cache.shape[1])]
+        # static: every block of the table (a captured graph's shapes cannot follow the lengths)
+        width = meta.block_tables.shape[1] if meta.static else -(-max(meta.kv_lens[:n]) // k_cache.shape[1])
+        tables = meta.block_tables[:n, :width]
         k = self._blocks(k_cache, tables).transpose(1, 2)  # (n, Hkv, S, D)
         v = self._blocks(v_cache, tables).transpose(1, 2)
         positions = torch.arange(k.shape[2], device=q.device)
         mask = None
-        if min(meta.kv_lens[:n]) < k.shape[2]:
+        if meta.static or min(meta.kv_lens[:n]) < k.shape[2]:
             mask = (positions[None, :] < meta.kv_lens_t[:n, None])[:, None, None, :]  # (n, 1, 1, S)
         # GQA without expanding K and V: the g = H / Hkv query heads of a KV head are its g queries
         o = F.scaled_dot_product_attention(q.view(n, kv_heads, heads // kv_heads, dim), k, v, attn_mask=mask)
@@ -105,16 +119,27 @@ class TorchAttention:
                                            enable_gqa=True)
         return o.transpose(1, 2).reshape(batch * q_len, *q.shape[1:])
 
-    def _chunk(self, q, k_cache, v_cache, meta, i):
-        q_len, kv_len = meta.q_lens[i], meta.kv_lens[i]
-        table = meta.block_tables[i : i + 1, : -(-kv_len // k_cache.shape[1])]
-        k = self._blocks(k_cache, table)[0, :kv_len].transpose(0, 1)  # (Hkv, S, D)
-        v = self._blocks(v_cache, table)[0, :kv_len].transpose(0, 1)
-        # lower-right causal: query j sees keys up to kv_len - q_len + j (SDPA's is_causal is top-left)
-        rows = torch.arange(q_len, device=q.device)[:, None] + (kv_len - q_len)
-        mask = torch.arange(kv_len, device=q.device)[None, :] <= rows
-        o = F.scaled_dot_product_attention(q.transpose(0, 1), k, v, attn_mask=mask, enable_gqa=True)
-        return o.transpose(0, 1)
+    def _chunks(self, q, k_cache, v_cache, meta, items: list[int]):
+        """Chunks that follow cached KV, one SDPA for all: queries padded to the longest chunk,
+        keys to the longest context, a lower-right causal mask per sequence (SDPA's is_causal is
+        top-left). Padded query rows see their sequence's keys, so no row is all masked (NaN)."""
+        q_lens, kv_lens = [meta.q_lens[i] for i in items], [meta.kv_lens[i] for i in items]
+        width = -(-max(kv_lens) // k_cache.shape[1])
+        tables = meta.block_tables[items, :width]
+        k = self._blocks(k_cache, tables).transpose(1, 2)  # (B, Hkv, S, D)
+        v = self._blocks(v_cache, tables).transpose(1, 2)
+        batch, lq = len(items), max(q_lens)
+        device = q.device
+        pad = torch.tensor([[j < n for j in range(lq)] for n in q_lens], device=device)  # (B, Lq) real rows
+        padded = q.new_zeros(batch, lq, *q.shape[1:])
+        padded[pad] = q
+        qlen_t = torch.tensor(q_lens, device=device)[:, None, None]
+        kvlen_t = torch.tensor(kv_lens, device=device)[:, None, None]
+        rows = torch.arange(lq, device=device)[None, :, None] + (kvlen_t - qlen_t)  # (B, Lq, 1) last key seen
+        keys = torch.arange(k.shape[2], device=device)[None, None, :]
+        mask = (keys <= rows) & (keys < kvlen_t)  # (B, Lq, S)
+        o = F.scaled_dot_product_attention(padded.transpose(1, 2), k, v, attn_mask=mask[:, None], enable_gqa=True)
+        return o.transpose(1, 2)[pad]
 
 
 class FlashAttention:
@@ -138,15 +163,36 @@ class FlashAttention:
         return out
 
 
+class TritonAttention(TorchAttention):
+    """Decodes through the Triton paged kernel (testbed/model/paged_decode.py: K and V read in place
+    through the block table, graph-safe); prefills and chunks as TorchAttention (SDPA's fused kernels)."""
+
+    name = "triton"
+
+    def decode(self, q, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
+        n = q.shape[0]
+        return paged_decode.paged_decode(q, k_cache, v_cache, meta.block_tables[:n], meta.kv_lens_t[:n])
+
+
 def select_backend(requested: str, device: torch.device, dtype: torch.dtype, block_size: int):
-    """`auto` takes flash-attn where it can run (CUDA, half precision, 256-multiple pages)."""
+    """`auto`: flash-attn where it can run (CUDA, half precision, 256-multiple pages), else the
+    Triton decode kernel on CUDA, else torch SDPA."""
     flash_ok = FLASH_ATTN_AVAILABLE and device.type == "cuda" and dtype in (torch.float16, torch.bfloat16)
     if requested == "auto":
-        requested = "flash" if flash_ok and block_size % FLASH_BLOCK_MULTIPLE == 0 else "torch"
+        if flash_ok and block_size % FLASH_BLOCK_MULTIPLE == 0:
+            requested = "flash"
+        else:
+            requested = "triton" if device.type == "cuda" and paged_decode.usable(device) else "torch"
     if requested == "torch":
         return TorchAttention()
+    if requested == "triton":
+        if not paged_decode.usable(device):
+            raise ConfigError(f"engine.attention_backend=triton needs triton on a CUDA device (importable: "
+                              f"{paged_decode.AVAILABLE}, device {device.type}); engine.attention_backend=torch "
+                              "works everywhere")
+        return TritonAttention()
     if requested != "flash":
-        raise ConfigError(f"engine.attention_backend={requested!r} is not one of auto, flash, torch")
+        raise ConfigError(f"engine.attention_backend={requested!r} is not one of auto, flash, triton, torch")
     if not flash_ok or block_size % FLASH_BLOCK_MULTIPLE:
         raise ConfigError(
             f"engine.attention_backend=flash needs flash-attn (importable: {FLASH_ATTN_AVAILABLE}), a CUDA "

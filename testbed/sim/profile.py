@@ -118,6 +118,7 @@ def profile_engine(model: ModelConfig, engine: EngineConfig, device: str = "cpu"
                    measure_kv: bool = True) -> dict:
     """Measure step and KV-transfer times on `device`; the profile dict (JSON-ready)."""
     device = torch.device(device)
+    engine = engine.for_device(device.type)  # the block size this device's workers get
     if device.type == "cpu":
         torch.set_num_threads(1)  # as a CPU worker process runs
     args = model.args()
@@ -159,7 +160,7 @@ def main(argv=None) -> None:
     parser.add_argument("--max-model-len", type=int, default=None)
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--device", default="cuda:0" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--block-size", type=int, default=EngineConfig.block_size)
+    parser.add_argument("--block-size", type=int, default=None, help="default: the device's (16, or 256 for flash-attn)")
     parser.add_argument("--attention-backend", default="auto")
     parser.add_argument("--quick", action="store_true", help="fewer shapes and repeats; KV from pack + unpack only")
     parser.add_argument("--out", required=True)

@@ -1,0 +1,159 @@
+"""Attention backends and decode graphs on CPU: the torch backend's batched chunks against a plain
+per-sequence reference; the flash backend's calls against flash-attn's documented semantics (a
+reference of them stands in for the library, which needs CUDA); which backend and block size each
+device gets; CUDA-graph bookkeeping (buckets, padding, scratch block) with tokens unchanged."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from testbed import LLM
+from testbed.engine.config import EngineConfig
+from testbed.engine.cuda_graphs import buckets
+from testbed.errors import ConfigError
+from testbed.model import attention
+from testbed.model.attention import AttentionMetadata, FlashAttention, TorchAttention, select_backend, write_kv
+from testbed.model.kv_layout import default_block_size
+
+BS, HKV, GROUP, DIM = 4, 2, 3, 8
+
+
+def reference(q, k_cache, v_cache, tables, q_lens, kv_lens):
+    """Per sequence: its keys gathered token by token, softmax with a lower-right causal mask."""
+    out, row = [], 0
+    for table, q_len, kv_len in zip(tables, q_lens, kv_lens):
+        slots = [table[t // BS] * BS + t % BS for t in range(kv_len)]
+        k = k_cache.flatten(0, 1)[slots].repeat_interleave(GROUP, 1)  # (S, H, D)
+        v = v_cache.flatten(0, 1)[slots].repeat_interleave(GROUP, 1)
+        qs = q[row : row + q_len]
+        scores = torch.einsum("qhd,shd->hqs", qs, k) / math.sqrt(DIM)
+        seen = torch.arange(kv_len)[None, :] <= torch.arange(q_len)[:, None] + kv_len - q_len
+        scores = scores.masked_fill(~seen, float("-inf"))
+        out.append(torch.einsum("hqs,shd->qhd", scores.softmax(-1), v))
+        row += q_len
+    return torch.cat(out)
+
+
+def batch(q_lens, kv_lens, seed=0):
+    """A pool with scattered blocks, this step's new K/V written, and its metadata."""
+    gen = torch.Generator().manual_seed(seed)
+    num_blocks = sum(-(-n // BS) for n in kv_lens) + 3
+    k_cache, v_cache = (torch.randn(num_blocks, BS, HKV, DIM, generator=gen) for _ in range(2))
+    ids = torch.randperm(num_blocks, generator=gen).tolist()
+    tables, used = [], 0
+    for n in kv_lens:
+        tables.append(ids[used : used + -(-n // BS)])
+        used += len(tables[-1])
+    t = sum(q_lens)
+    q = torch.randn(t, HKV * GROUP, DIM, generator=gen)
+    k, v = torch.randn(t, HKV, DIM, generator=gen), torch.randn(t, HKV, DIM, generator=gen)
+    slots = [tab[p // BS] * BS + p % BS for tab, ql, kl in zip(tables, q_lens, kv_lens) for p in range(kl - ql, kl)]
+    width = max(len(x) for x in tables)
+    meta = AttentionMetadata(
+        q_lens=list(q_lens), kv_lens=list(kv_lens), num_single=sum(1 for x in q_lens if x == 1),
+        slot_mapping=torch.tensor(slots), block_tables=torch.tensor([x + [0] * (width - len(x)) for x in tables],
+                                                                    dtype=torch.int32),
+        kv_lens_t=torch.tensor(kv_lens, dtype=torch.int32),
+        cu_q=torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32),
+        cu_kv=torch.tensor([0, *torch.tensor(kv_lens).cumsum(0).tolist()], dtype=torch.int32))
+    write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
+    return q, k, v, k_cache, v_cache, meta, tables
+
+
+# decodes first, then: fresh chunks of two lengths, chunks after cached KV of different lengths
+CASES = {"decodes": ([1, 1, 1], [5, 1, 9]),
+         "fresh": ([1, 6, 6, 3], [7, 6, 6, 3]),
+         "after-cache": ([1, 5, 2, 7], [4, 13, 2, 9]),
+         "mixed": ([1, 1, 4, 4, 3, 1], [2, 8, 4, 11, 3, 6])}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_torch_backend_matches_a_per_sequence_reference(case):
+    q_lens, kv_lens = CASES[case]
+    order = sorted(range(len(q_lens)), key=lambda i: q_lens[i] != 1)  # the runner's order: decodes first
+    q_lens, kv_lens = [q_lens[i] for i in order], [kv_lens[i] for i in order]
+    q, k, v, k_cache, v_cache, meta, tables = batch(q_lens, kv_lens)
+    got = TorchAttention()(q, k_cache, v_cache, meta, k=k, v=v)
+    torch.testing.assert_close(got, reference(q, k_cache, v_cache, tables, q_lens, kv_lens))
+
+
+def test_static_decode_metadata_reads_the_whole_table_and_matches():
+    q, k, v, k_cache, v_cache, meta, tables = batch([1, 1, 1], [5, 1, 9])
+    meta.static = True
+    got = TorchAttention()(q, k_cache, v_cache, meta)
+    torch.testing.assert_close(got, reference(q, k_cache, v_cache, tables, [1, 1, 1], [5, 1, 9]))
+
+
+# flash-attn's documented semantics, as its paged calls are made: causal is aligned bottom-right
+def fake_with_kvcache(q, k_cache, v_cache, cache_seqlens, block_table, causal):
+    assert q.dim() == 4 and q.shape[1] == 1 and causal
+    tables = [row[: -(-int(n) // BS)].tolist() for row, n in zip(block_table, cache_seqlens)]
+    lens = cache_seqlens.tolist()
+    return reference(q[:, 0], k_cache, v_cache, tables, [1] * len(lens), lens)[:, None]
+
+
+def fake_varlen(q, k_cache, v_cache, cu_q, cu_kv, max_q, max_kv, causal, block_table):
+    q_lens, kv_lens = cu_q.diff().tolist(), cu_kv.diff().tolist()
+    assert causal and max_q == max(q_lens) and max_kv == max(kv_lens) and len(block_table) == len(q_lens)
+    tables = [row[: -(-n // BS)].tolist() for row, n in zip(block_table, kv_lens)]
+    return reference(q, k_cache, v_cache, tables, q_lens, kv_lens)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_flash_backend_calls_match_the_torch_backend(case, monkeypatch):
+    monkeypatch.setattr(attention, "flash_attn_with_kvcache", fake_with_kvcache, raising=False)
+    monkeypatch.setattr(attention, "flash_attn_varlen_func", fake_varlen, raising=False)
+    q_lens, kv_lens = CASES[case]
+    order = sorted(range(len(q_lens)), key=lambda i: q_lens[i] != 1)
+    q_lens, kv_lens = [q_lens[i] for i in order], [kv_lens[i] for i in order]
+    q, k, v, k_cache, v_cache, meta, _ = batch(q_lens, kv_lens)
+    torch.testing.assert_close(FlashAttention()(q, k_cache, v_cache, meta, k=k, v=v),
+                               TorchAttention()(q, k_cache, v_cache, meta, k=k, v=v))
+
+
+def test_backend_and_block_size_per_device(monkeypatch):
+    cpu = torch.device("cpu")
+    assert select_backend("auto", cpu, torch.float32, 16).name == "torch"
+    assert default_block_size("cpu", flash_importable=True) == 16
+    assert default_block_size("cuda", flash_importable=True) == 256
+    assert default_block_size("cuda", flash_importable=False) == 16
+    with pytest.raises(ConfigError, match="attention_backend=flash needs flash-attn"):
+        select_backend("flash", cpu, torch.float32, 256)
+    monkeypatch.setattr(attention.paged_decode, "usable", lambda device: False)
+    with pytest.raises(ConfigError, match="attention_backend=triton needs triton"):
+        select_backend("triton", cpu, torch.float32, 16)
+    assert EngineConfig().for_device("cpu").block_size == 16
+    assert EngineConfig().for_device("cpu").cuda_graphs is False
+    with pytest.raises(ConfigError, match="engine.cuda_graphs=true needs a CUDA device"):
+        EngineConfig(cuda_graphs=True).for_device("cpu")
+
+
+def test_buckets_cover_every_batch_size():
+    assert buckets(64) == [1, 2, 4, 8, 16, 32, 48, 64]
+    assert buckets(5) == [1, 2, 4, 5]
+    assert buckets(20)[-1] >= 20
+    for max_batch in (1, 3, 8, 9, 100):
+        assert all(any(b >= n for b in buckets(max_batch)) for n in range(1, max_batch + 1))
+
+
+def test_graph_bookkeeping_keeps_greedy_tokens(monkeypatch):
+    """Decode batches of 1..7 sequences padded to buckets 1, 2, 4, 8, padding writing the scratch
+    block: the tokens equal the eager engine's, and every real block is freed at the end."""
+    prompts = [[(7 * i + j) % 500 + 1 for j in range(5 + 3 * i)] for i in range(7)]
+    lengths = [3 + 2 * i for i in range(7)]  # sequences finish one by one: every batch size runs
+    options = dict(num_kv_blocks=64, max_model_len=128, max_running=8)
+    eager = LLM("tiny", **options).generate(prompts, lengths)
+    llm = LLM("tiny", **options)
+    llm.engine.runner.enable_graphs(max_batch=8, capture=False)
+    runs = []
+    graphs = llm.engine.runner.graphs
+    real_run = graphs.run
+    monkeypatch.setattr(graphs, "run", lambda ids, pos, meta: runs.append(len(meta.q_lens)) or real_run(ids, pos, meta))
+    assert llm.generate(prompts, lengths) == eager
+    assert set(runs) == set(range(1, 8)), "every decode batch size went through the padded static path"
+    assert llm.engine.num_used_blocks == 0
+    scratch = llm.engine.runner.kv_cache[:, :, llm.engine.runner.num_blocks]
+    assert scratch.abs().sum() > 0, "padded rows wrote into the scratch block"
