@@ -74,3 +74,37 @@ def test_disagg_over_nccl_produces_the_colocated_tokens(tmp_path):
     assert (disagg["requests"].status == "ok").all()
     assert list(disagg["requests"].output_token_ids.map(list)) == list(colocated.output_token_ids.map(list))
     assert all(v == 0 for v in disagg["summary"]["kv_blocks_leaked"].values())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("block_size", [16, 256])
+def test_triton_backend_matches_dense(block_size):
+    pytest.importorskip("triton")
+    _paged_vs_dense("cuda:0", torch.bfloat16, "triton", block_size, 3e-2)
+
+
+@pytest.mark.gpu
+def test_cuda_graphs_keep_greedy_tokens():
+    prompts = [[(5 * i + j) % 500 + 1 for j in range(9 + 4 * i)] for i in range(11)]
+    lengths = [4 + 3 * i for i in range(11)]  # finishing one by one: buckets 1..16 all replay
+    options = dict(device="cuda:0", dtype="float32", max_model_len=256, num_kv_blocks=128, max_running=16)
+    eager = LLM("tiny", cuda_graphs=False, **options).generate(prompts, lengths)
+    llm = LLM("tiny", cuda_graphs=True, **options)
+    assert llm.engine.runner.graphs is not None and llm.engine.runner.graphs.graphs
+    assert llm.generate(prompts, lengths) == eager
+    assert llm.engine.num_used_blocks == 0
+
+
+@pytest.mark.gpu
+def test_disagg_on_one_gpu_over_ipc_produces_the_colocated_tokens(tmp_path):
+    from testbed.experiments.serve import serve
+    from tests.cluster_helpers import make_config
+
+    common = ["workload.num_requests=8", "workload.rate=20", "model.max_model_len=512", "engine.num_kv_blocks=128",
+              "hardware=gpu", "model.dtype=float32"]
+    colocated = serve(make_config(*common, "mode=colocated"), tmp_path / "colocated", progress=False)["requests"]
+    disagg = serve(make_config(*common, "mode=disagg", "kv_transfer.backend=ipc", "cluster.prefill_devices=[0]",
+                               "cluster.decode_devices=[0]"), tmp_path / "disagg", progress=False)
+    assert (disagg["requests"].status == "ok").all()
+    assert list(disagg["requests"].output_token_ids.map(list)) == list(colocated.output_token_ids.map(list))
+    assert all(v == 0 for v in disagg["summary"]["kv_blocks_leaked"].values())

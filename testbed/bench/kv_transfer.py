@@ -200,9 +200,14 @@ def main(argv=None) -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", help="also write the figures to this file")
     parser.add_argument("--no-ipc", action="store_true", help="skip the ipc transport's figures")
+    parser.add_argument("--only-ipc", action="store_true", help="only the ipc transport's figures")
     a = parser.parse_args(argv)
-    results = measure(a.max_mib, a.repeats, ipc=not a.no_ipc)
-    print("\n".join(report_lines(results)))
+    if a.only_ipc:
+        results = {"ipc": measure_ipc(a.max_mib, a.repeats)}
+        print("\n".join(ipc_lines(results["ipc"], _human)))
+    else:
+        results = measure(a.max_mib, a.repeats, ipc=not a.no_ipc)
+        print("\n".join(report_lines(results)))
     if a.json:
         with open(a.json, "w") as f:
             json.dump(results, f, indent=1)

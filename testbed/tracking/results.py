@@ -183,7 +183,7 @@ def _torch_meta() -> dict[str, Any]:
         devices = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
         nccl = nccl_version(torch)
     return {"torch": torch.__version__, "cuda": torch.version.cuda, "cuda_devices": devices, "nccl": nccl,
-            "flash_attn": _installed("flash-attn")}
+            "flash_attn": _installed("flash-attn"), "triton": _installed("triton")}
 
 
 def nccl_version(torch) -> Optional[str]:

@@ -1,0 +1,36 @@
+"""The GPU benchmark's method on CPU (tiny shape): ceilings measured, every row present, ratios
+finite and below 1 (nothing beats its own device's ceiling)."""
+
+import math
+
+import pytest
+
+from testbed.bench.gpu import lines, prefill_flops, run
+
+pytestmark = pytest.mark.slow
+
+
+def test_engine_against_ceilings_on_cpu():
+    result = run("tiny", "cpu", context=32, batches=[1, 3], prefill_lens=[64], repeats=1, steps=2)
+    assert result["hbm_gbps"] > 0 and result["matmul_tflops"] > 0
+    kinds = [(r["what"], r["batch"]) for r in result["rows"]]
+    assert kinds == [("decode", 1), ("decode", 3), ("prefill", 1)]
+    assert all(0 < r["ratio"] < 1 and math.isfinite(r["seconds"]) for r in result["rows"])
+    assert len(lines(result)) == 2 + len(result["rows"])
+
+
+def test_prefill_flops_count_weights_and_causal_attention():
+    class Args:
+        vocab_size, hidden_size, num_layers, num_heads, head_dim = 10, 4, 2, 2, 2
+
+    class Engine:
+        args = Args()
+
+        class runner:  # noqa: N801
+            class model:  # noqa: N801
+                @staticmethod
+                def parameters():
+                    import torch
+                    return [torch.zeros(10, 4), torch.zeros(100)]  # embedding 40 + 100 others
+
+    assert prefill_flops(Engine(), 8) == 2 * 100 * 8 + 2 * 2 * 2 * 2 * 2 * 64 / 2
