@@ -63,12 +63,22 @@ def flash_attn_items() -> Iterator[Item]:
         import flash_attn
     except Exception as e:  # a binary/ABI mismatch raises more than ImportError
         reason = str(e).splitlines()[0] if str(e) else ""
-        yield "flash-attn", f"not importable ({type(e).__name__}: {reason}); torch SDPA is used"
-        return
+        yield "flash-attn", f"not importable ({type(e).__name__}: {reason})"
+    else:
+        yield "flash-attn", getattr(flash_attn, "__version__", "?")
+    yield "attention on CUDA", cuda_attention()
+
+
+def cuda_attention() -> str:
+    """What engine.attention_backend=auto takes on a CUDA device of this install."""
+    from testbed.model import paged_decode
     from testbed.model.attention import FLASH_ATTN_AVAILABLE
 
-    backend = "flash-attn" if FLASH_ATTN_AVAILABLE else "torch SDPA (flash_attn's kernels did not import)"
-    yield "flash-attn", f"{getattr(flash_attn, '__version__', '?')}; attention backend on CUDA: {backend}"
+    if FLASH_ATTN_AVAILABLE:
+        return "flash (flash-attn paged kernels, 256-token blocks)"
+    if paged_decode.AVAILABLE:
+        return "triton (the Triton paged decode kernel, SDPA prefill; 16-token blocks)"
+    return "torch (SDPA; neither flash-attn nor triton imports)"
 
 
 def nvml_items() -> Iterator[Item]:
