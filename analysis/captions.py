@@ -178,8 +178,12 @@ def latency_summary(plotted: Mapping[str, Mapping[str, Mapping]]) -> str:
 
 def kv_bandwidth(plotted: Mapping[str, np.ndarray], backend: str) -> str:
     size, raw, conn = plotted["bytes"][-1], plotted["raw_gbps"][-1], plotted["connector_gbps"][-1]
-    return (f"KV transfer over {backend}: at {size / 2**20:.3g} MiB the connector reaches {conn:.3g} GB/s, "
+    text = (f"KV transfer over {backend}: at {size / 2**20:.3g} MiB the connector reaches {conn:.3g} GB/s, "
             f"{conn / raw:.0%} of a raw send ({raw:.3g} GB/s).")
+    if "ipc_gbps" in plotted:
+        at, ipc, copy = plotted["ipc_bytes"][-1], plotted["ipc_gbps"][-1], plotted["copy_gbps"][-1]
+        text += f" ipc at {at / 2**20:.3g} MiB: {ipc:.3g} GB/s, {ipc / copy:.0%} of a copy of the same bytes."
+    return text
 
 
 def timeline(segments: pd.DataFrame, means: Mapping[str, float], point: str) -> str:

@@ -139,7 +139,7 @@ def decode_itl_with_appends(sweep: Sweep) -> Made:
 
 def kv_bandwidth(sweep: Sweep) -> Made:
     fig, ax = style.figure()
-    plotted = figures.kv_bandwidth(ax, sweep.table, sweep.aggregate.get("ceiling"))
+    plotted = figures.kv_bandwidth(ax, sweep.table, sweep.aggregate.get("ceiling"), sweep.aggregate.get("ipc"))
     return [("kv_bandwidth", fig, captions.kv_bandwidth(plotted, sweep.aggregate.get("backend", "?")), plotted)]
 
 

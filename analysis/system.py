@@ -82,16 +82,26 @@ def gpu_telemetry(ax, telemetry: pd.DataFrame, metric: str = "util_pct") -> dict
     return plotted
 
 
-def kv_bandwidth(ax, rows: pd.DataFrame, ceiling_bytes_s: float | None = None) -> dict[str, np.ndarray]:
+def kv_bandwidth(ax, rows: pd.DataFrame, ceiling_bytes_s: float | None = None,
+                 ipc: dict | None = None) -> dict[str, np.ndarray]:
     """kv_bandwidth's table (bytes, raw_gbps, connector_gbps, ratio): the connector's bandwidth
     and a raw contiguous send (its ceiling on this link) against message size, plus the
-    device-to-device copy ceiling on GPUs. {"bytes", "raw_gbps", "connector_gbps"}."""
+    device-to-device copy ceiling on GPUs, and the ipc transport beside a copy of the same bytes
+    when measured. {"bytes", "raw_gbps", "connector_gbps"[, "ipc_bytes", "ipc_gbps", "copy_gbps"]}."""
     rows = rows.sort_values("bytes")
     size = rows["bytes"].to_numpy(dtype=float)
     raw, connector = rows["raw_gbps"].to_numpy(dtype=float), rows["connector_gbps"].to_numpy(dtype=float)
     ax.plot(size, raw, color="black", marker="o", linestyle="--", label="raw send (ceiling)")
     ax.plot(size, connector, **style.line_style("disagg") | {"label": "KV connector"})
     plotted = {"bytes": size, "raw_gbps": raw, "connector_gbps": connector}
+    if ipc and ipc.get("rows"):
+        table = pd.DataFrame(ipc["rows"]).sort_values("bytes")
+        plotted |= {"ipc_bytes": table["bytes"].to_numpy(dtype=float), "ipc_gbps": table["ipc_gbps"].to_numpy(dtype=float),
+                    "copy_gbps": table["copy_gbps"].to_numpy(dtype=float)}
+        ax.plot(plotted["ipc_bytes"], plotted["copy_gbps"], color="grey", marker="s", linestyle="--",
+                label=f"{ipc.get('copy', 'copy')}")
+        ax.plot(plotted["ipc_bytes"], plotted["ipc_gbps"], color="tab:green", marker="^", label="ipc (into D's blocks)")
+        size = np.union1d(size, plotted["ipc_bytes"])
     if ceiling_bytes_s:
         ax.axhline(ceiling_bytes_s / 1e9, color="grey", linestyle=":", label="device copy_ ceiling")
         plotted["ceiling_gbps"] = np.array([ceiling_bytes_s / 1e9])

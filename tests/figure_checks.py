@@ -214,6 +214,10 @@ def decode_itl_with_appends(plotted, saved: Saved) -> None:
 def kv_bandwidth(plotted, saved: Saved) -> None:
     for key in ("bytes", "raw_gbps", "connector_gbps"):
         expect(plotted[key], saved.table[key], key)
+    ipc = sorted(saved.aggregate.get("ipc", {}).get("rows", []), key=lambda r: r["bytes"])
+    assert ("ipc_gbps" in plotted) == bool(ipc), "the ipc rows are plotted exactly when measured"
+    for key in ("ipc_gbps", "copy_gbps") if ipc else ():
+        expect(plotted[key], [r[key] for r in ipc], key)
 
 
 def sim_vs_real(plotted, saved: Saved) -> None:
