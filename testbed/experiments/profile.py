@@ -6,17 +6,17 @@ import json
 import logging
 from pathlib import Path
 
-import torch
-
+from testbed.cluster.layout import cuda_count
 from testbed.config import Config
+from testbed.experiments.studies import model_overrides
 from testbed.sim.profile import profile_engine
 
 log = logging.getLogger("testbed")
 
 
 def run_profile(cfg: Config, out_dir: Path) -> dict:
-    use_cuda = torch.cuda.is_available() and cfg.hardware.name != "cpu"
-    device = "cuda:0" if use_cuda else "cpu"
+    # the rule the study's sizing went by (runner.cpu_sizing): a GPU box measures its first GPU
+    device = "cuda:0" if cuda_count(cfg.hardware) else "cpu"
     profile = profile_engine(cfg.model, cfg.engine, device, quick=cfg.experiment.quick_profile)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "profile.json"
@@ -24,5 +24,6 @@ def run_profile(cfg: Config, out_dir: Path) -> dict:
     fit = profile["fit"]["step_relative_error"]
     log.info(f"profiled {cfg.model.name} on {device}: {len(profile['samples']['step'])} step samples, "
           f"fit error mean {fit['mean']:.1%} max {fit['max']:.1%}")
-    log.info(f"wrote {path}\nsimulate with: python -m testbed executor=sim sim.profile={path} ...")
+    log.info(f"wrote {path}\nsimulate with: python -m testbed executor=sim sim.profile={path} ...\n"
+             f"plan on it: python -m testbed +experiment=plan {model_overrides(cfg)} sim.profile={path}")
     return {"profile": profile, "path": path}

@@ -63,11 +63,14 @@ def record_sizing(sizing: dict, out_dir: Path) -> None:
 
 
 def simulates_gpu(cfg: Config) -> bool:
-    """executor=sim on a GPU of the analytical table: the study keeps its GPU sizing."""
-    from testbed.perf import is_gpu
+    """A simulated study (executor=sim, or plan, whose points all are) on a GPU of the analytical
+    table or a profile measured on a GPU: the study keeps its GPU sizing, the model included,
+    which a GPU's measured profile describes."""
+    from testbed.perf.resolve import is_gpu, profile_device
 
-    specs = [cfg.sim.profile, cfg.sim.prefill_profile, cfg.sim.decode_profile]
-    return cfg.executor == "sim" and any(spec is not None and is_gpu(spec) for spec in specs)
+    specs = [s for s in (cfg.sim.profile, cfg.sim.prefill_profile, cfg.sim.decode_profile) if s is not None]
+    simulated = cfg.executor == "sim" or cfg.experiment.name == "plan"
+    return simulated and any(is_gpu(spec) or profile_device(spec) == "cuda" for spec in specs)
 
 
 def cell_table(table, cfg: Config, out_dir: Path):

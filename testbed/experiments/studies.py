@@ -29,9 +29,75 @@ OVER_HTTP = ("serve", "ratio_sweep", "rate_sweep", "mode_compare", "slo_scale", 
 
 
 def check_executor(cfg: Config) -> None:
+    """What runs the study can run it here: over HTTP only the traffic studies; simulated on a GPU
+    box only on a GPU's profile (check_profiles)."""
     if cfg.executor == "http" and cfg.experiment.name not in OVER_HTTP:
         raise ConfigError(f"executor=http runs {', '.join(OVER_HTTP)}; experiment={cfg.experiment.name} varies or "
                           f"measures the testbed's own engine")
+    check_profiles(cfg)
+
+
+# -- the simulator's device on a GPU box ----------------------------------------------------------
+ROLES = ("mixed", "prefill", "decode")
+
+
+def check_profiles(cfg: Config) -> None:
+    """On a GPU box a simulated study stands for this GPU, so each role runs on a GPU's profile:
+    one measured here (sim.profile=<profile.json>, as a CPU box runs on its shipped CPU profile)
+    or a GPU of the analytical table. Unset, the simulator would load the shipped CPU profile;
+    rather than swap in the roofline unasked, the study stops and says how to measure this GPU.
+    sim_validate's simulated points fit theirs in situ on this GPU's real points when unset."""
+    if not simulates(cfg) or not cuda_count(cfg.hardware):
+        return
+    from testbed.perf.resolve import profile_device
+
+    for role in ROLES:
+        spec = cfg.sim.spec(role)
+        if spec is None and cfg.experiment.name == "sim_validate":
+            continue
+        if spec is None or profile_device(spec) == "cpu":
+            raise ConfigError(missing_profile(cfg, cfg.sim.key(role), spec))
+
+
+def simulates(cfg: Config) -> bool:
+    """The study's points run in the simulator: executor=sim, plan, or sim_validate's half."""
+    return cfg.executor == "sim" or cfg.experiment.name in ("plan", "sim_validate")
+
+
+def missing_profile(cfg: Config, key: str, spec: str | None) -> str:
+    """One line: which profile is missing and the commands that make or replace it."""
+    from testbed.perf import GPUS
+
+    what = f"{key}={spec} was measured on a CPU" if spec else f"{key} is unset (a shipped CPU profile by default)"
+    analytical = gpu_here() or " | ".join(sorted(GPUS))
+    return (f"{what}, but experiment={cfg.experiment.name} on this GPU box simulates this GPU: measure it with "
+            f"`{profile_command(cfg)}` and pass {key}=<its profile.json>, or take the roofline: {key}={analytical}")
+
+
+def profile_command(cfg: Config) -> str:
+    """The profile study for the configured model: its shape (and context) is what the profile must match."""
+    return f"python -m testbed +experiment=profile {model_overrides(cfg)}"
+
+
+def model_overrides(cfg: Config) -> str:
+    """The command-line settings that give another run this run's model (`model=NAME model.KEY=...`)."""
+    from dataclasses import fields
+
+    from testbed.model.config import ModelArgs
+
+    model = cfg.model
+    out = ["model=hf", f"model.path={model.path}"] if model.path else [f"model={model.name}"]
+    keys = [f.name for f in fields(ModelArgs) if f.name != "rope_scaling"]
+    return " ".join(out + [f"model.{k}={getattr(model, k)}" for k in keys if getattr(model, k) is not None])
+
+
+def gpu_here() -> str | None:
+    """The analytical table's name for CUDA device 0 (None without CUDA or for a GPU it lacks)."""
+    import torch
+
+    from testbed.perf.resolve import table_gpu
+
+    return table_gpu(torch.cuda.get_device_name(0)) if torch.cuda.is_available() else None
 
 
 def layouts(cfg: Config, modes: list[str], all_splits: bool = False) -> list[tuple[str, dict]]:

@@ -11,7 +11,7 @@ the GPU's name. Both models answer `step_time`, `prefill_context` and `transfer_
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterable, Mapping, Protocol, Union
+from typing import Iterable, Mapping, Optional, Protocol, Union
 
 from testbed.errors import ConfigError
 from testbed.model.config import ModelArgs
@@ -34,6 +34,21 @@ class StepCostModel(Protocol):
 
 def is_gpu(spec: str) -> bool:
     return spec in GPUS
+
+
+def table_gpu(device_name: str) -> Optional[str]:
+    """The analytical table's name for a CUDA device (torch.cuda.get_device_name): the entry whose
+    device name, less the form factor in brackets, is the device's; None for a device it lacks."""
+    return next((key for key, spec in GPUS.items() if spec.name.split(" (")[0] == device_name), None)
+
+
+def profile_device(spec: str) -> Optional[str]:
+    """Where a measured profile file was taken, "cuda" or "cpu"; None for any other spec (a GPU of
+    the table, an in-situ run:<dir>, a path that names no file yet)."""
+    path = Path(spec)
+    if is_gpu(spec) or path.suffix != ".json" or not path.is_file():
+        return None
+    return str(load_profile(path).get("device", "cpu")).split(":")[0]
 
 
 def cost_model(spec: str, model_args: ModelArgs, dtype_bytes: int = 2,
