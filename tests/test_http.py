@@ -301,8 +301,9 @@ def test_serve_http_serves_a_study_and_stops_cleanly_on_sigterm(tmp_path):
         line = server.stdout.readline()
         assert " on http://" in line, line + server.stderr.read()
         url = line.split(" on ")[1].split("/v1/")[0]
-        result = run_study("rate_sweep", tmp_path / "sweep", "executor=http", f"http.url={url}",
-                           "experiment.figures=true", "workload.input_len.max=200", "http.label=served")
+        result = run_study("rate_sweep", tmp_path / "sweep", "executor=http", f"http.url={url}", "model=tiny",
+                           "experiment.figures=true", "workload.input_len.min=20", "workload.input_len.max=200",
+                           "workload.output_len.min=4", "workload.output_len.max=32", "http.label=served")
         table = result["table"]
         assert table.label.tolist() == ["served", "served"] and (table.status == "ok").all()
         assert (table.num_requests_ok == 6).all() and result["figures"]
