@@ -108,7 +108,9 @@ class BlockCopier:
     def write(self, src_blocks: list[int], dst_blocks: list[int], layer: Optional[int] = None) -> int:
         """Returns the bytes copied; the caller synchronises before saying the copy is done."""
         dst, src = [], []
-        for s, d, n in block_runs(src_blocks, dst_blocks):
+        # in P's block order: reads stream through P's pool (a few percent over a random order)
+        pairs = sorted(zip(src_blocks, dst_blocks))
+        for s, d, n in block_runs([p for p, _ in pairs], [q for _, q in pairs]):
             if n == 1 and layer is None:
                 dst.append(self.dst_blocks[d])
                 src.append(self.src_blocks[s])
