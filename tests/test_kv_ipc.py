@@ -19,7 +19,7 @@ from testbed.cluster.messages import (KVArrived, KVBegin, KVDone, KVFence, KVPoo
                                       Reserve)
 from testbed.engine import Sequence
 from testbed.errors import ConfigError
-from tests.test_kv_lifecycle import Box, Clock, FakeTracker
+from tests.test_kv_lifecycle import Box, Clock, FakeTracker, prefill
 
 P, D = 0, 1
 PROMPT = tuple(range(3, 60))  # 57 tokens: a partial last block
@@ -72,12 +72,7 @@ def pair(monkeypatch):
 
 
 def _prefill(engine, rid: int = 7) -> Sequence:
-    seq = Sequence(rid, list(PROMPT), 4)
-    engine.add(seq)
-    with torch.inference_mode():
-        result, _ = engine.step()
-    assert result.handoff == [seq]
-    return seq
+    return prefill(engine, rid, PROMPT)
 
 
 def test_p_writes_the_prompt_kv_into_the_blocks_d_reserved(pair):

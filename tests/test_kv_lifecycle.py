@@ -121,8 +121,8 @@ def begin_and_send(rx, attempt: int = 1, rid: int = 7) -> None:
     send(rx, attempt, rid)
 
 
-def prefill(engine, rid: int = 7) -> Sequence:
-    seq = Sequence(rid, list(PROMPT), 4)
+def prefill(engine, rid: int = 7, prompt: tuple = PROMPT) -> Sequence:
+    seq = Sequence(rid, list(prompt), 4)
     engine.add(seq)
     with torch.inference_mode():
         result, _ = engine.step()
