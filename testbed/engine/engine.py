@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 
 import torch
@@ -19,13 +20,20 @@ from testbed.model.llama import Transformer
 from testbed.model.loader import build_model, resolve_dtype
 
 
+log = logging.getLogger(__name__)
+
+
 class Engine:
     def __init__(self, model: Transformer, engine_config: EngineConfig, scheduler_config: SchedulerConfig,
                  policy: str, device: torch.device, fit_max_model_len: bool = False):
         engine_config.validate()
         scheduler_config.validate(policy)
         self.runner = ModelRunner(model, engine_config, device, fit_max_model_len)  # resolves what is unset
-        if self.runner.config.cuda_graphs:
+        if self.runner.config.cuda_graphs and self.runner.backend.name == "torch":
+            # a static SDPA decode reads every sequence's whole table width: at long contexts and
+            # large batches that copy outgrows the memory, so graphs need flash or Triton
+            log.warning("engine.cuda_graphs: off with the torch attention backend (flash-attn or triton replays)")
+        elif self.runner.config.cuda_graphs:
             self.runner.enable_graphs(scheduler_config.max_running)
         self.args: ModelArgs = self.runner.args  # max_model_len as the pool allows
         self.block_manager = BlockManager(self.runner.num_blocks, self.runner.block_size,
