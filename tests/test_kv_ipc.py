@@ -59,16 +59,18 @@ def pair(monkeypatch):
     options = dict(num_kv_blocks=64, max_model_len=256)
     p, d = LLM("tiny", policy="prefill_only", **options).engine, LLM("tiny", policy="decode_only", **options).engine
     pool, handle = shared_pool(tuple(d.runner.kv_cache.shape), d.runner.dtype)
-    d.runner.adopt_pool(pool)
-    inboxes, events = [Box(), Box()], Box()
-    clock = Clock()
-    sender = connector.KVSender(p, P, inboxes, events, "request", 1.0, 1 << 20, KVFaults(0.0, 0.0, 0),
-                                KVFailurePolicy(), clock, direct=True)
-    rx = receiver.KVReceiver(d, D, inboxes, events, 1.0, KVFailurePolicy(), 1 << 20, clock, direct=True)
-    sender.attach(KVPoolExport(D, handle))
-    assert inboxes[D].take(KVPoolAttached) == [KVPoolAttached(P)]
-    yield p, d, sender, rx, inboxes, events
-    release(handle)
+    try:  # the shared-memory file goes whatever fails below
+        d.runner.adopt_pool(pool)
+        inboxes, events = [Box(), Box()], Box()
+        clock = Clock()
+        sender = connector.KVSender(p, P, inboxes, events, "request", 1.0, 1 << 20, KVFaults(0.0, 0.0, 0),
+                                    KVFailurePolicy(), clock, direct=True)
+        rx = receiver.KVReceiver(d, D, inboxes, events, 1.0, KVFailurePolicy(), 1 << 20, clock, direct=True)
+        sender.attach(KVPoolExport(D, handle))
+        assert inboxes[D].take(KVPoolAttached) == [KVPoolAttached(P)]
+        yield p, d, sender, rx, inboxes, events
+    finally:
+        release(handle)
 
 
 def _prefill(engine, rid: int = 7) -> Sequence:
