@@ -126,8 +126,9 @@ class Config:
         from testbed.cluster.layout import cuda_count
         from testbed.model.kv_layout import default_block_size
 
-        flash = self.executor == "real" and find_spec("flash_attn") is not None and cuda_count(self.hardware) > 0
-        return default_block_size("cuda" if flash else "cpu", flash_importable=flash)
+        flash = find_spec("flash_attn") is not None
+        cuda = flash and self.executor == "real" and cuda_count(self.hardware) > 0  # torch only where flash-attn is
+        return default_block_size("cuda" if cuda else "cpu", flash_importable=flash)
 
     def validate(self) -> "Config":
         if self.executor not in EXECUTORS:

@@ -29,8 +29,9 @@ def block_bytes(dtype: torch.dtype) -> int:
     return 2 * LAYERS * BLOCK * KV_HEADS * HEAD_DIM * dtype.itemsize
 
 
-def ipc_sizes(max_mib: int) -> list[int]:
-    out, size = [], 1 << 20
+def sizes(max_mib: int, smallest: int) -> list[int]:
+    """Message sizes from `smallest` bytes up to max_mib MiB, by factors of 4."""
+    out, size = [], smallest
     while size <= max_mib << 20:
         out.append(size)
         size *= 4
@@ -79,7 +80,7 @@ def prefill_side(device: torch.device, dst_device: torch.device, max_mib: int, r
     src = torch.randn(pool_shape(blocks), device=device).to(dtype)
     copier = BlockCopier(src, dst)  # as P keeps one per decode worker
     rows = []
-    for size in ipc_sizes(max_mib):
+    for size in sizes(max_mib, smallest=1 << 20):
         n = size // block_bytes(dtype)
         src_blocks, dst_blocks = torch.randperm(blocks)[:n].tolist(), torch.randperm(blocks)[:n].tolist()
         # filled: an untouched buffer reads the zero page, which would flatter the copy

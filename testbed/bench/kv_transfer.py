@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from testbed.bench.ipc_copy import ipc_lines, measure_ipc
+from testbed.bench.ipc_copy import ipc_lines, measure_ipc, sizes
 from testbed.cluster.completion import BufferPool, CompletionTracker
 from testbed.cluster.kv_wire import receive_part, send_part, unpack_arrived
 from testbed.engine import EngineConfig
@@ -35,14 +35,6 @@ from testbed.ports import free_port
 SHAPE = ModelArgs(vocab_size=16, hidden_size=128, intermediate_size=16, num_layers=2, num_heads=2, num_kv_heads=2,
                   max_model_len=16)
 BLOCK = 16
-
-
-def sizes(max_mib: int) -> list[int]:
-    out, size = [], 4 << 10
-    while size <= max_mib << 20:
-        out.append(size)
-        size *= 4
-    return out
 
 
 def make_runner(device: torch.device, tokens: int) -> ModelRunner:
@@ -89,7 +81,7 @@ def run_rank(rank: int, port: int, max_mib: int, repeats: int, use_cuda: bool, o
     tracker = CompletionTracker(timeout_s=600)
     rows = []
     warm_up(rank, device, runner, table, pool, tracker, per_token)
-    for size in sizes(max_mib):
+    for size in sizes(max_mib, smallest=4 << 10):
         tokens = max(size // per_token, 1)
         raw = torch.ones(tokens * per_token // 4, device=device)
         connector_send, connector_recv = connector_pair(runner, table, tokens, pool, tracker, device)

@@ -6,9 +6,7 @@ from dataclasses import dataclass, replace
 from typing import Optional
 
 from testbed.errors import ConfigError
-from testbed.model.kv_layout import default_block_size
-
-ATTENTION_BACKENDS = ("auto", "flash", "triton", "torch")
+from testbed.model.kv_layout import ATTENTION_BACKENDS, default_block_size
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from testbed.errors import ConfigError
 from testbed.model import paged_decode
-from testbed.model.kv_layout import FLASH_BLOCK_MULTIPLE
+from testbed.model.kv_layout import ATTENTION_BACKENDS, FLASH_BLOCK_MULTIPLE
 
 try:  # a binary mismatch raises more than ImportError
     from flash_attn import flash_attn_varlen_func, flash_attn_with_kvcache
@@ -130,10 +130,10 @@ class TorchAttention:
         v = self._blocks(v_cache, tables).transpose(1, 2)
         batch, lq = len(items), max(q_lens)
         device = q.device
-        pad = torch.tensor([[j < n for j in range(lq)] for n in q_lens], device=device)  # (B, Lq) real rows
+        qlen_t = torch.tensor(q_lens, device=device)[:, None, None]
+        pad = torch.arange(lq, device=device)[None, :] < qlen_t[:, :, 0]  # (B, Lq) real rows
         padded = q.new_zeros(batch, lq, *q.shape[1:])
         padded[pad] = q
-        qlen_t = torch.tensor(q_lens, device=device)[:, None, None]
         kvlen_t = torch.tensor(kv_lens, device=device)[:, None, None]
         rows = torch.arange(lq, device=device)[None, :, None] + (kvlen_t - qlen_t)  # (B, Lq, 1) last key seen
         keys = torch.arange(k.shape[2], device=device)[None, None, :]
@@ -192,7 +192,7 @@ def select_backend(requested: str, device: torch.device, dtype: torch.dtype, blo
                               "works everywhere")
         return TritonAttention()
     if requested != "flash":
-        raise ConfigError(f"engine.attention_backend={requested!r} is not one of auto, flash, triton, torch")
+        raise ConfigError(f"engine.attention_backend={requested!r} is not one of {', '.join(ATTENTION_BACKENDS)}")
     if not flash_ok or block_size % FLASH_BLOCK_MULTIPLE:
         raise ConfigError(
             f"engine.attention_backend=flash needs flash-attn (importable: {FLASH_ATTN_AVAILABLE}), a CUDA "

@@ -1,4 +1,7 @@
-"""KV block sizes the attention kernels take (no torch: configs and the simulator read it too)."""
+"""Attention backends and the KV block sizes their kernels take (no torch: configs and the
+simulator read it too)."""
+
+ATTENTION_BACKENDS = ("auto", "flash", "triton", "torch")
 
 FLASH_BLOCK_MULTIPLE = 256  # upstream flash-attn's paged KV needs page sizes divisible by 256
 BLOCK_SIZE = 16  # everywhere else: vLLM's default, fine-grained for prefix caching
