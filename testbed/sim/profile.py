@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from testbed.engine import Engine, EngineConfig, SchedulerConfig, Sequence
+from testbed.errors import ConfigError
 from testbed.model.config import ModelConfig
 from testbed.model.loader import build_model, resolve_dtype
 from testbed.sim.cost_model import attended_context, fit_profile
@@ -99,19 +100,41 @@ def sample_row(shape: Shape, seconds: float, causal: bool) -> dict:
             "chunks": [list(c) for c in shape.chunks]}
 
 
+# the share of the memory left after the weights that staged KV may take: the rest is for a 16K-token
+# prefill's activations and the allocator's slack (Llama-3-8B on an 80 GB GPU: about 300K tokens)
+KV_SHARE = 0.6
+
+
+def kv_token_budget(args, dtype: torch.dtype, block_size: int, free: int | None, quick: bool) -> int:
+    """Tokens of KV staged at once: 64K (16K quick), 8x that on CUDA, at most what fits in
+    KV_SHARE of the free memory (free: bytes after the model loaded; None on CPU)."""
+    want = 1 << 14 if quick else 1 << 16
+    if free is None:
+        return want
+    per_token = 2 * args.num_layers * args.num_kv_heads * args.head_dim * dtype.itemsize
+    fits = int(free * KV_SHARE) // per_token - args.max_model_len - 256 * block_size  # build_engine's extra blocks
+    if fits < args.max_model_len:
+        raise ConfigError(f"profile at model.max_model_len={args.max_model_len}: "
+                          f"{free / 2**30:.1f} GiB free after the weights holds KV for {max(fits, 0)} tokens; "
+                          "lower model.max_model_len or free the device")
+    return min(8 * want, fits)
+
+
 def build_engine(model: ModelConfig, engine: EngineConfig, device: torch.device,
-                 token_budget: int) -> tuple[Engine, int | None]:
-    """The profiling engine and, on CUDA, the free memory after the model loaded (what the KV
-    pool of a serving worker would be carved from)."""
+                 quick: bool) -> tuple[Engine, int | None, int]:
+    """The profiling engine, on CUDA the free memory after the model loaded (what the KV pool of a
+    serving worker would be carved from), and the KV budget in tokens (`kv_token_budget`)."""
     args = model.args()
-    net = build_model(args, device, resolve_dtype(model.dtype, device), path=model.path, seed=model.seed)
+    dtype = resolve_dtype(model.dtype, device)
+    net = build_model(args, device, dtype, path=model.path, seed=model.seed)
     free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else None
+    token_budget = kv_token_budget(args, dtype, engine.block_size, free, quick)
     blocks = -(-token_budget // engine.block_size) + 256  # room for every staged shape
     pool = dataclasses.replace(engine, num_kv_blocks=max(blocks, -(-args.max_model_len // engine.block_size)),
                                enable_prefix_caching=False)
     budget = token_budget + args.max_model_len
     scheduler = SchedulerConfig(max_batched_tokens=budget, chunk_size=budget, max_running=1024)
-    return Engine(net, pool, scheduler, "chunked", device), free
+    return Engine(net, pool, scheduler, "chunked", device), free, token_budget
 
 
 def profile_engine(model: ModelConfig, engine: EngineConfig, device: str = "cpu", *, quick: bool = False,
@@ -122,8 +145,7 @@ def profile_engine(model: ModelConfig, engine: EngineConfig, device: str = "cpu"
     if device.type == "cpu":
         torch.set_num_threads(1)  # as a CPU worker process runs
     args = model.args()
-    token_budget = (1 << 14 if quick else 1 << 16) * (8 if device.type == "cuda" else 1)
-    runner_engine, free = build_engine(model, engine, device, token_budget)
+    runner_engine, free, token_budget = build_engine(model, engine, device, quick)
     repeats = 3 if quick else 7
     backend = runner_engine.runner.backend.name
     causal = backend == "flash"  # the torch backend computes a chunk's whole masked matrix
