@@ -1,5 +1,6 @@
 """All modes produce the same greedy tokens, request by request; KV moves P -> D without leaks."""
 
+import json
 import threading
 
 import pandas as pd
@@ -55,6 +56,8 @@ def test_same_greedy_tokens_in_every_mode(name, tmp_path, reference_tokens):
         assert len(transfers) == sum(1 for out in reference_tokens.values() if len(out) > 1)
         assert set(requests.decode_worker.dropna().astype(int)) <= set(range(cfg.cluster.num_prefill,
                                                                              cfg.cluster.num_prefill + cfg.cluster.num_decode))
+        links = json.loads((tmp_path / "meta.json").read_text())["links"]
+        assert {link["backend"] for link in links} == {"ipc" if cfg.kv_transfer.backend == "ipc" else "gloo"}
 
 
 @pytest.mark.parametrize("mode", ["colocated", "chunked", "disagg"])

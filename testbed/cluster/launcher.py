@@ -133,10 +133,16 @@ class Cluster:
         for r, s in sorted(self.started.items()):
             hosts.setdefault(s.host, []).append(r)
         links = [{"prefill": p, "decode": d, "crosses_nodes": self.started[p].node != self.started[d].node,
-                  "backend": "nccl" if self.started[p].device.startswith("cuda") else "gloo"}
+                  "backend": self._link_backend(p)}
                  for p, sp in sorted(self.started.items()) if sp.role == "prefill_only"
                  for d, sd in sorted(self.started.items()) if sd.role == "decode_only"]
         return {"hosts": hosts, "ranks": ranks, "links": links}
+
+    def _link_backend(self, prefill_rank: int) -> str:
+        """How KV moves on a P -> D link: ipc (P writes into D's mapped pool), else the process group's."""
+        if self.template.kv_backend == "ipc":
+            return "ipc"
+        return "nccl" if self.started[prefill_rank].device.startswith("cuda") else "gloo"
 
     def stop(self, leftover_events: list) -> dict[int, int]:
         """Ask every live worker for its KV audit and to exit; returns {rank: allocated blocks}."""
