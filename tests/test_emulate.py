@@ -142,6 +142,23 @@ def test_a_measured_profile_paces_its_own_shape_only():
         emulation_meta(Emulation.from_hardware(big.hardware), big.model, disagg=True)
 
 
+def test_an_ipc_link_is_paced_by_the_ipc_times(tmp_path):
+    tiny = make_config(f"hardware.emulate={TINY_PROFILE}")
+    emulation, real_kv = Emulation.from_hardware(tiny.hardware), PRESETS["tiny"].kv_bytes_per_token * 4
+    _, wire = role_pacers(emulation, "prefill_only", tiny.model, real_kv)
+    _, ipc = role_pacers(emulation, "prefill_only", tiny.model, real_kv, "ipc")
+    cost = CostModel.from_profile(json.loads(TINY_PROFILE.read_text()))
+    assert ipc.modelled_s(1 << 20) == pytest.approx(cost.transfer_time(1 << 20, "ipc"))
+    assert wire.modelled_s(1 << 20) == pytest.approx(cost.transfer_time(1 << 20))
+    old = json.loads(TINY_PROFILE.read_text())
+    del old["samples"]["transfer_ipc"]
+    old["cost_model"] = {k: v for k, v in old["cost_model"].items() if not k.startswith("ipc_")}
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    before = make_config(f"hardware.emulate={tmp_path / 'old.json'}")
+    with pytest.raises(ConfigError, match="kv_transfer.backend=ipc: the emulated prefill_only device"):
+        role_pacers(Emulation.from_hardware(before.hardware), "prefill_only", before.model, real_kv, "ipc")
+
+
 def test_a_gpu_name_paces_the_emulated_shape_and_its_kv_bytes():
     cfg = make_config("hardware.emulate=h100_sxm", "hardware.emulate_model=llama3_8b")
     emulation = Emulation.from_hardware(cfg.hardware)

@@ -83,6 +83,9 @@ def test_quick_profile_of_a_short_model():
     profile = profile_engine(ModelConfig(name="tiny", max_model_len=128), EngineConfig(), "cpu", quick=True)
     json.dumps(profile, allow_nan=False)
     assert profile["transfer_source"] == "pack" and len(profile["samples"]["step"]) >= 6
+    ipc = profile["samples"]["transfer_ipc"]
+    assert profile["transfer_ipc_source"] == "ipc-shm" and [r["bytes"] for r in ipc] == sorted(r["bytes"] for r in ipc)
+    assert all(r["seconds"] > 0 for r in ipc) and ipc[-1]["bytes"] >= 128 * KV_BYTES_PER_TOKEN
     assert CostModel.from_profile(profile).step_time(64, 32, 4, 400) > 0
 
 
@@ -118,6 +121,23 @@ def test_transfers_move_prompt_kv(name):
     assert set(transfers.decode_worker) <= set(range(int(name[7]), 2 * int(name[7])))
     done = requests.loc[transfers.request_id]
     assert (done.decode_start_s.to_numpy() >= transfers.end_s.to_numpy()).all()
+
+
+@pytest.mark.parametrize("backend", ["auto", "ipc"])
+def test_transfers_take_the_time_of_their_transport(backend):
+    transfers = run("mode=disagg", f"kv_transfer.backend={backend}")["transfers"]
+    expected = [COST.transfer_time(n, backend) for n in transfers.kv_bytes]
+    assert np.allclose(transfers.end_s - transfers.start_s, expected, rtol=1e-9, atol=1e-12)
+    assert COST.transfer_time(1 << 20, "ipc") < COST.transfer_time(1 << 20)  # one copy, no wire, on this CPU
+
+
+def test_ipc_on_a_profile_made_before_the_ipc_transport_is_refused_in_one_line():
+    old = {**PROFILE, "samples": {k: v for k, v in PROFILE["samples"].items() if k != "transfer_ipc"}}
+    old["cost_model"] = {k: v for k, v in PROFILE["cost_model"].items() if not k.startswith("ipc_")}
+    assert CostModel.from_profile(old).transports == ("auto",)
+    simulate(make_config(*small_workload(4, 40.0), "mode=disagg"), old)  # the wire still simulates
+    with pytest.raises(ConfigError, match=r"kv_transfer.backend=ipc: the prefill profile \(given\) has no ipc transfer samples"):
+        simulate(make_config(*small_workload(4, 40.0), "mode=disagg", "kv_transfer.backend=ipc"), old)
 
 
 def test_queueing_grows_past_capacity():

@@ -75,13 +75,17 @@ def resolve(spec: str, args: ModelArgs, dtype: str, key: str = "hardware.emulate
     return Paced(model, dict(label), int(dtype_bytes))
 
 
-def role_pacers(emulation: Emulation, role: str, model: ModelConfig,
-                real_kv_bytes_per_token: int) -> tuple[StepPacer, LinkPacer]:
-    """The step pacer of a worker of `role`, and the link pacer its KV sends follow."""
+def role_pacers(emulation: Emulation, role: str, model: ModelConfig, real_kv_bytes_per_token: int,
+                kv_backend: str = "auto") -> tuple[StepPacer, LinkPacer]:
+    """The step pacer of a worker of `role`, and the link pacer its KV sends (over kv_backend) follow."""
     args = modelled_args(emulation, model)
     paced = resolve(emulation.spec_for(role), args, model.dtype)
+    if kv_backend not in paced.model.transports:
+        raise ConfigError(f"kv_transfer.backend={kv_backend}: the emulated {role} device ({emulation.spec_for(role)}) "
+                          "has no times for it; profile again (python -m testbed +experiment=profile) or use "
+                          "kv_transfer.backend=auto")
     scale = args.kv_bytes_per_token * paced.dtype_bytes / real_kv_bytes_per_token
-    return StepPacer(paced.model), LinkPacer(paced.model, scale)
+    return StepPacer(paced.model), LinkPacer(paced.model, scale, kv_backend)
 
 
 def emulation_meta(emulation: Optional[Emulation], model: ModelConfig, disagg: bool) -> Optional[dict]:

@@ -52,14 +52,14 @@ class LinkPacer:
     """A prefill worker's link: one transfer at a time, each `transfer_time(bytes)` long (the
     simulator's link). `bytes_scale` turns the real KV bytes into the modelled shape's bytes."""
 
-    def __init__(self, model, bytes_scale: float = 1.0):
-        self.model, self.bytes_scale = model, bytes_scale
+    def __init__(self, model, bytes_scale: float = 1.0, backend: str = "auto"):
+        self.model, self.bytes_scale, self.backend = model, bytes_scale, backend
         self.free_at = -math.inf
         self.begin: dict[tuple[int, float], float] = {}  # (request, start) -> when it has the link
         self.due: dict[tuple[int, float], float] = {}  # (request, start) -> when the KV may arrive
 
     def modelled_s(self, nbytes: int) -> float:
-        return self.model.transfer_time(nbytes * self.bytes_scale)
+        return self.model.transfer_time(nbytes * self.bytes_scale, self.backend)
 
     def arrived(self, rid: int, start: float, nbytes: int, now: float) -> bool:
         """May this transfer (all of its bytes posted, the first at `start`) complete at `now`?

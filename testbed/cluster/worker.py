@@ -206,7 +206,7 @@ class Worker:
         self.pacer = self.link = None
         if spec.emulation is not None:
             real_kv_bytes = engine.args.kv_bytes_per_token * engine.runner.dtype.itemsize
-            self.pacer, self.link = role_pacers(spec.emulation, spec.role, spec.model, real_kv_bytes)
+            self.pacer, self.link = role_pacers(spec.emulation, spec.role, spec.model, real_kv_bytes, spec.kv_backend)
             if self.sender is not None:
                 self.sender.link = self.link
         self.stopping = False

@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
+from typing import Iterable, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -81,6 +81,9 @@ def relative_fit(features: np.ndarray, seconds: np.ndarray) -> tuple[np.ndarray,
     return coef, {"mean": float(rel.mean()), "max": float(rel.max()), "samples": int(len(seconds))}
 
 
+IPC_TERMS = ("ipc_latency_s", "ipc_bytes_per_s")
+
+
 def fit_step(samples: Sequence[Mapping]) -> tuple[dict, dict]:
     """Coefficients (STEP_TERMS) and the relative error on the samples, from rows holding
     STEP_INPUTS and `seconds`."""
@@ -107,13 +110,22 @@ class CostModel:
     transfer_latency_s: float
     transfer_bytes_per_s: float
     causal_attention: bool = True  # how prefill_context counts a chunk's own keys (see above)
+    # kv_transfer.backend=ipc (P copies into D's mapped pool); None: profiled before that transport
+    ipc_latency_s: Optional[float] = None
+    ipc_bytes_per_s: Optional[float] = None
 
     @classmethod
     def from_profile(cls, profile: Mapping) -> "CostModel":
         """The profile's fitted coefficients (`cost_model`), or a fit of its raw samples."""
         fitted = profile.get("cost_model") or fit_profile(profile)[0]
         numbers = {k: float(fitted[k]) for k in (*STEP_TERMS, "transfer_latency_s", "transfer_bytes_per_s")}
-        return cls(**numbers, causal_attention=bool(fitted.get("causal_attention", True)))
+        ipc = {k: float(fitted[k]) for k in IPC_TERMS if fitted.get(k) is not None}
+        return cls(**numbers, **ipc, causal_attention=bool(fitted.get("causal_attention", True)))
+
+    @property
+    def transports(self) -> tuple[str, ...]:
+        """The kv_transfer.backend values this model has times for."""
+        return ("auto", "ipc") if self.ipc_bytes_per_s is not None else ("auto",)
 
     def prefill_context(self, chunks: Iterable[tuple[int, int]]) -> float:
         return attended_context(chunks, self.causal_attention)
@@ -123,7 +135,12 @@ class CostModel:
                 + self.per_attended_pair_s * prefill_tokens * prefill_context
                 + self.per_decode_seq_s * decode_seqs + self.per_decode_context_token_s * decode_context)
 
-    def transfer_time(self, nbytes: int) -> float:
+    def transfer_time(self, nbytes: int, backend: str = "auto") -> float:
+        if backend == "ipc":
+            if self.ipc_bytes_per_s is None:
+                raise ConfigError("kv_transfer.backend=ipc: this profile has no ipc transfer samples; "
+                                  "profile again (python -m testbed +experiment=profile) or use kv_transfer.backend=auto")
+            return self.ipc_latency_s + nbytes / self.ipc_bytes_per_s
         return self.transfer_latency_s + nbytes / self.transfer_bytes_per_s
 
     def as_dict(self) -> dict:
@@ -136,7 +153,11 @@ def fit_profile(profile: Mapping) -> tuple[dict, dict]:
     transfer, transfer_error = fit_transfer(profile["samples"]["transfer"])
     coefficients = {**step, "transfer_latency_s": transfer["latency_s"], "transfer_bytes_per_s": transfer["bytes_per_s"],
                     "causal_attention": bool(profile.get("causal_attention", True))}
-    return coefficients, {"step_relative_error": step_error, "transfer_relative_error": transfer_error}
+    errors = {"step_relative_error": step_error, "transfer_relative_error": transfer_error}
+    if profile["samples"].get("transfer_ipc"):
+        ipc, errors["ipc_relative_error"] = fit_transfer(profile["samples"]["transfer_ipc"])
+        coefficients.update(ipc_latency_s=ipc["latency_s"], ipc_bytes_per_s=ipc["bytes_per_s"])
+    return coefficients, errors
 
 
 def load_profile(path: Path, key: str = "sim.profile") -> dict:

@@ -25,11 +25,13 @@ PROFILE_FIELDS = ("model_name", "device", "device_name", "dtype")
 class StepCostModel(Protocol):
     """What the simulator and a paced worker ask of a cost model (CostModel, RooflineModel)."""
 
+    transports: tuple  # the kv_transfer.backend values transfer_time knows
+
     def prefill_context(self, chunks: Iterable[tuple[int, int]]) -> float: ...
 
     def step_time(self, prefill_tokens: int, prefill_context: float, decode_seqs: int, decode_context: int) -> float: ...
 
-    def transfer_time(self, nbytes: int) -> float: ...
+    def transfer_time(self, nbytes: int, backend: str = "auto") -> float: ...  # backend: kv_transfer.backend
 
 
 def is_gpu(spec: str) -> bool:

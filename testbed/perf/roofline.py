@@ -20,7 +20,7 @@ tensor-core figures; `dtype_bytes` scales the memory traffic only.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Iterable
+from typing import ClassVar, Iterable
 
 from testbed.model.config import ModelArgs
 from testbed.perf.attention import attended_context
@@ -35,6 +35,7 @@ class RooflineModel:
     model_args: ModelArgs
     dtype_bytes: int = 2
     causal_attention: bool = True  # flash-attn on a GPU skips a chunk's masked half
+    transports: ClassVar[tuple] = ("auto", "ipc")  # kv_transfer.backend values it times (both: the NVLink formula)
 
     # -- the CostModel interface -------------------------------------------------------------------
     def prefill_context(self, chunks: Iterable[tuple[int, int]]) -> float:
@@ -43,8 +44,9 @@ class RooflineModel:
     def step_time(self, prefill_tokens: int, prefill_context: float, decode_seqs: int, decode_context: int) -> float:
         return sum(self.breakdown(prefill_tokens, prefill_context, decode_seqs, decode_context).values())
 
-    def transfer_time(self, nbytes: int) -> float:
-        """A KV send over NVLink (one direction)."""
+    def transfer_time(self, nbytes: int, backend: str = "auto") -> float:
+        """A KV send over NVLink (one direction). ipc (P's copy into D's pool over peer access)
+        crosses the same link: a roofline does not tell the two apart."""
         return self.gpu.link_latency_s + nbytes / (self.gpu.nvlink_bytes_per_s * self.gpu.nvlink_share)
 
     def as_dict(self) -> dict:

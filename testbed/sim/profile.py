@@ -28,7 +28,7 @@ from testbed.errors import ConfigError
 from testbed.model.config import ModelConfig
 from testbed.model.loader import build_model, resolve_dtype
 from testbed.sim.cost_model import attended_context, fit_profile
-from testbed.sim.transfer_profile import measure_transfer
+from testbed.sim.transfer_profile import measure_ipc, measure_transfer
 
 PROFILE_VERSION = 1
 
@@ -155,6 +155,7 @@ def profile_engine(model: ModelConfig, engine: EngineConfig, device: str = "cpu"
                  for s in shapes(args.max_model_len, token_budget, quick)]
     dtype = runner_engine.runner.dtype
     transfer, transfer_source = measure_transfer(runner_engine.runner, quick=quick or not measure_kv)
+    transfer_ipc, ipc_source = measure_ipc(runner_engine.runner, repeats=3)
     profile = {
         "version": PROFILE_VERSION, "model_name": model.name, "model": dataclasses.asdict(args),
         "device": str(device), "device_name": _device_name(device), "dtype": str(dtype).removeprefix("torch."),
@@ -162,7 +163,8 @@ def profile_engine(model: ModelConfig, engine: EngineConfig, device: str = "cpu"
         "block_size": engine.block_size, "attention_backend": backend,
         "causal_attention": causal,
         "kv_free_bytes": free, "transfer_source": transfer_source, "quick": quick,
-        "samples": {"step": steps, "transfer": transfer},
+        "transfer_ipc_source": ipc_source,
+        "samples": {"step": steps, "transfer": transfer, "transfer_ipc": transfer_ipc},
         "profile_s": time.perf_counter() - started,
     }
     profile["cost_model"], profile["fit"] = fit_profile(profile)
@@ -196,7 +198,8 @@ def main(argv=None) -> None:
     print(f"{len(profile['samples']['step'])} step samples, {len(profile['samples']['transfer'])} transfer samples "
           f"({profile['transfer_source']}) in {profile['profile_s']:.1f} s")
     print(f"step fit relative error: mean {fit['step_relative_error']['mean']:.1%}, "
-          f"max {fit['step_relative_error']['max']:.1%}; transfer: mean {fit['transfer_relative_error']['mean']:.1%}")
+          f"max {fit['step_relative_error']['max']:.1%}; transfer: mean {fit['transfer_relative_error']['mean']:.1%}; "
+          f"ipc ({profile['transfer_ipc_source']}): mean {fit['ipc_relative_error']['mean']:.1%}")
     for key, value in profile["cost_model"].items():
         print(f"  {key:>28} {value}" if isinstance(value, bool) else f"  {key:>28} {value:.4g}")
     print(f"wrote {a.out}")

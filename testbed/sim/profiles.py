@@ -43,6 +43,8 @@ def resolve_roles(cfg: Config, roles: set[str], profile: Optional[Mapping] = Non
     """A RoleProfile per role in `roles`; `profile`, when given, is a loaded measured profile
     standing for sim.profile (P's and D's own settings still apply)."""
     out = {role: resolve_role(cfg, role, profile) for role in sorted(roles)}
+    if {"prefill", "decode"} <= roles:
+        check_transport(cfg, out)
     sizes = {role: r.dtype_bytes for role, r in out.items()}
     if len(set(sizes.values())) > 1:
         got = ", ".join(f"{cfg.sim.key(role)}: {n} bytes" for role, n in sizes.items())
@@ -90,6 +92,16 @@ def gpu_dtype_bytes(dtype: str) -> int:
     return GPU_DTYPE_BYTES[dtype]
 
 
-def transfer_time(sender: RoleProfile, receiver: RoleProfile, nbytes: int) -> float:
-    """A KV transfer runs at the slower link of its two ends."""
-    return max(sender.cost.transfer_time(nbytes), receiver.cost.transfer_time(nbytes))
+def transfer_time(sender: RoleProfile, receiver: RoleProfile, nbytes: int, backend: str = "auto") -> float:
+    """A KV transfer runs at the slower link of its two ends (backend: kv_transfer.backend)."""
+    return max(sender.cost.transfer_time(nbytes, backend), receiver.cost.transfer_time(nbytes, backend))
+
+
+def check_transport(cfg: Config, roles: dict[str, RoleProfile]) -> None:
+    """P -> D transfers over kv_transfer.backend need times for it on both ends."""
+    backend = cfg.kv_transfer.backend
+    for role in ("prefill", "decode"):
+        if backend not in roles[role].cost.transports:
+            raise ConfigError(f"kv_transfer.backend=ipc: the {role} profile ({roles[role].label.get('name')}) has no "
+                              "ipc transfer samples; profile again (python -m testbed +experiment=profile) "
+                              "or simulate kv_transfer.backend=auto")

@@ -46,6 +46,7 @@ class Simulation:
         self.plans = plan_sim_workers(cfg.mode, cfg.cluster, available)
         self.profiles = resolve_roles(cfg, {ROLE_OF[p.role] for p in self.plans}, profile)
         self.roles = [self.profiles[ROLE_OF[p.role]] for p in self.plans]  # by rank
+        self.kv_backend = cfg.kv_transfer.backend
         self.kv_bytes_per_token = self.args.kv_bytes_per_token * next(iter(self.profiles.values())).dtype_bytes
         blocks = role_blocks(cfg, self.profiles)
         block_bytes = self.kv_bytes_per_token * cfg.engine.block_size
@@ -209,7 +210,7 @@ class Simulation:
     def _send_when_ready(self, rank: int, entry: Optional[Outgoing]) -> None:
         if entry is None or not entry.sendable or entry.start is not None:
             return
-        seconds = transfer_time(self.roles[rank], self.roles[entry.decode_rank], self._kv_bytes(entry))
+        seconds = transfer_time(self.roles[rank], self.roles[entry.decode_rank], self._kv_bytes(entry), self.kv_backend)
         self.push(self.workers[rank].start_send(entry, self.now, seconds), KV_SENT, (rank, entry.seq.seq_id))
 
     def _kv_bytes(self, entry: Outgoing) -> int:

@@ -123,7 +123,7 @@ def hand_off_s(cfg: Config, roles: dict[str, RoleProfile], nbytes: int) -> float
     hw = cfg.hardware
     if hw.num_nodes > 1:
         return hw.internode_latency_s + nbytes / (hw.internode_gbps * 1e9)
-    return transfer_time(roles["prefill"], roles["decode"], nbytes)
+    return transfer_time(roles["prefill"], roles["decode"], nbytes, cfg.kv_transfer.backend)
 
 
 def demand_of(cfg: Config, roles: dict[str, RoleProfile]) -> Demand:

@@ -6,6 +6,9 @@
 - `pack` (quick mode, or a single GPU, where there is no peer): the same gather and scatter on
   this device with a device copy standing for the wire. It leaves the link out, so it is a lower
   bound on the transfer time; the profile says which source it used.
+- `ipc` (always, beside the above, for kv_transfer.backend=ipc): whole blocks copied from the pool
+  into a pool of the kind D exports (shared memory on CPU, CUDA memory on GPUs): the ipc
+  transport's one copy (`measure_ipc`).
 """
 
 from __future__ import annotations
@@ -68,6 +71,44 @@ def measure_pack(runner: ModelRunner, repeats: int) -> list[dict]:
             times.append(time.perf_counter() - start)
         rows.append({"bytes": tokens * per_token, "seconds": statistics.median(times[1:])})
     return rows
+
+
+def measure_ipc(runner: ModelRunner, repeats: int, max_tokens: int = 1 << 15) -> tuple[list[dict], str]:
+    """(samples, source) of kv_transfer.backend=ipc: P's blocks of a request copied into the blocks D
+    reserved in its mapped pool, both scattered as in a busy pool, until the copy has landed. D's pool
+    is a shared-memory file on CPU; on CUDA a pool on the next GPU (peer copy) when there is one,
+    else on this GPU (P and D sharing it)."""
+    from testbed.cluster.kv_ipc import BlockCopier, release, shared_pool, synchronize
+
+    own, bs = runner.kv_cache, runner.block_size
+    tokens_list = sorted({16, 128, 1024, 8192, min(runner.args.max_model_len, max_tokens, runner.num_blocks * bs)})
+    tokens_list = [t for t in tokens_list if t <= runner.num_blocks * bs]
+    shape = (*own.shape[:2], -(-tokens_list[-1] // bs) * 2, *own.shape[3:])  # room to scatter into
+    if runner.device.type == "cpu":
+        peer, handle = shared_pool(shape, own.dtype)
+        release(handle)  # the mapping stays valid; nothing is left in /dev/shm
+        source = "ipc-shm"
+    else:
+        index = runner.device.index or 0
+        other = (index + 1) % torch.cuda.device_count()
+        peer = torch.empty(shape, dtype=own.dtype, device=torch.device("cuda", other))
+        source = "ipc-peer" if other != index else "ipc-same-gpu"
+    copier = BlockCopier(own, peer)
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+    for tokens in tokens_list:
+        blocks = -(-tokens // bs)
+        src = torch.randperm(runner.num_blocks, generator=gen)[:blocks].tolist()
+        dst = torch.randperm(shape[2], generator=gen)[:blocks].tolist()
+        times, nbytes = [], 0
+        for _ in range(repeats + 1):  # the first touches both sides
+            synchronize(peer.device)
+            start = time.perf_counter()
+            nbytes = copier.write(src, dst)
+            synchronize(peer.device)
+            times.append(time.perf_counter() - start)
+        rows.append({"bytes": nbytes, "seconds": statistics.median(times[1:])})
+    return rows, source
 
 
 def _sync(device: torch.device) -> None:
