@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from testbed.errors import ConfigError
+from testbed.perf import CostModel
 from testbed.sim.executor import simulate_point
 from testbed.sim.host import Delay, Draws, HostModel, step_scale
 from testbed.sim.in_situ import RUN_STRIDE, load_in_situ, phase_correlation, read_runs
@@ -53,6 +54,21 @@ def test_a_fit_on_a_run_recovers_its_delays_and_reproduces_it(tmp_path, mode):
                                        f"sim.profile=run:{tmp_path / 'run'}"), tmp_path / "again")
     for metric in ("ttft", "tpot"):
         assert again["summary"][metric]["p50"] == pytest.approx(original["summary"][metric]["p50"], rel=0.1)
+
+
+def test_a_run_over_ipc_gives_ipc_times_only(tmp_path):
+    """A run's transfers are times of the transport it used: an ipc run's profile simulates ipc
+    (its own transfer times back) and refuses the wire in one line."""
+    mode = ["mode=disagg", "kv_transfer.backend=ipc", "hardware=cpu"]
+    original = simulate_point(make_config(*small_workload(40, 30.0), *mode, *DELAYS), tmp_path / "run")
+    profile = load_in_situ(f"run:{tmp_path / 'run'}", "prefill")
+    cost = CostModel.from_profile(profile)
+    assert cost.transports == ("ipc",)
+    moved = original["transfers"]
+    assert np.allclose([cost.transfer_time(n, "ipc") for n in moved.kv_bytes], moved.end_s - moved.start_s, rtol=1e-3)
+    with pytest.raises(ConfigError, match="transfer times for ipc only"):
+        simulate_point(make_config(*small_workload(10, 30.0), "mode=disagg", "hardware=cpu",
+                                   f"sim.profile=run:{tmp_path / 'run'}"), tmp_path / "wire")
 
 
 def test_a_run_spec_must_name_a_finished_run(tmp_path):

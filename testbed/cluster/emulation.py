@@ -18,6 +18,7 @@ from testbed.cluster.pacing import LinkPacer, StepPacer
 from testbed.errors import ConfigError
 from testbed.model.config import PRESETS, ModelArgs, ModelConfig
 from testbed.perf import GPUS, StepCostModel, cost_model, is_gpu
+from testbed.perf.measured import missing_transport
 
 # bytes per KV element of the modelled device: `auto` is what a CUDA run picks (bfloat16)
 DTYPE_BYTES = {"auto": 2, "float32": 4, "bfloat16": 2, "float16": 2}
@@ -81,9 +82,7 @@ def role_pacers(emulation: Emulation, role: str, model: ModelConfig, real_kv_byt
     args = modelled_args(emulation, model)
     paced = resolve(emulation.spec_for(role), args, model.dtype)
     if kv_backend not in paced.model.transports:
-        raise ConfigError(f"kv_transfer.backend={kv_backend}: the emulated {role} device ({emulation.spec_for(role)}) "
-                          "has no times for it; profile again (python -m testbed +experiment=profile) or use "
-                          "kv_transfer.backend=auto")
+        raise ConfigError(missing_transport(kv_backend, f"the emulated {role} device ({emulation.spec_for(role)})"))
     scale = args.kv_bytes_per_token * paced.dtype_bytes / real_kv_bytes_per_token
     return StepPacer(paced.model), LinkPacer(paced.model, scale, kv_backend)
 

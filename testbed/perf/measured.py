@@ -81,7 +81,17 @@ def relative_fit(features: np.ndarray, seconds: np.ndarray) -> tuple[np.ndarray,
     return coef, {"mean": float(rel.mean()), "max": float(rel.max()), "samples": int(len(seconds))}
 
 
-IPC_TERMS = ("ipc_latency_s", "ipc_bytes_per_s")
+# kv_transfer.backend -> its (latency, bytes per second) coefficients
+TRANSFER_TERMS = {"auto": ("transfer_latency_s", "transfer_bytes_per_s"), "ipc": ("ipc_latency_s", "ipc_bytes_per_s")}
+
+
+def missing_transport(backend: str, what: str) -> str:
+    """The one-line error for a cost model without times for kv_transfer.backend."""
+    if backend == "ipc":
+        return (f"kv_transfer.backend=ipc: {what} has no ipc transfer samples; profile again "
+                "(python -m testbed +experiment=profile) or use kv_transfer.backend=auto")
+    return (f"kv_transfer.backend={backend}: {what} has transfer times for ipc only (fitted on a run over ipc); "
+            "use kv_transfer.backend=ipc, or a profile or run of this transport")
 
 
 def fit_step(samples: Sequence[Mapping]) -> tuple[dict, dict]:
@@ -107,10 +117,12 @@ class CostModel:
     per_attended_pair_s: float
     per_decode_seq_s: float
     per_decode_context_token_s: float
-    transfer_latency_s: float
-    transfer_bytes_per_s: float
+    # KV transfer over the process group (kv_transfer.backend=auto) and over ipc (P copies into D's
+    # mapped pool); None where the profile has no samples of that transport (made before ipc
+    # existed, or fitted in situ from a run that used the other one)
+    transfer_latency_s: Optional[float] = None
+    transfer_bytes_per_s: Optional[float] = None
     causal_attention: bool = True  # how prefill_context counts a chunk's own keys (see above)
-    # kv_transfer.backend=ipc (P copies into D's mapped pool); None: profiled before that transport
     ipc_latency_s: Optional[float] = None
     ipc_bytes_per_s: Optional[float] = None
 
@@ -118,14 +130,14 @@ class CostModel:
     def from_profile(cls, profile: Mapping) -> "CostModel":
         """The profile's fitted coefficients (`cost_model`), or a fit of its raw samples."""
         fitted = profile.get("cost_model") or fit_profile(profile)[0]
-        numbers = {k: float(fitted[k]) for k in (*STEP_TERMS, "transfer_latency_s", "transfer_bytes_per_s")}
-        ipc = {k: float(fitted[k]) for k in IPC_TERMS if fitted.get(k) is not None}
-        return cls(**numbers, **ipc, causal_attention=bool(fitted.get("causal_attention", True)))
+        numbers = {k: float(fitted[k]) for k in STEP_TERMS}
+        links = {k: float(fitted[k]) for terms in TRANSFER_TERMS.values() for k in terms if fitted.get(k) is not None}
+        return cls(**numbers, **links, causal_attention=bool(fitted.get("causal_attention", True)))
 
     @property
     def transports(self) -> tuple[str, ...]:
         """The kv_transfer.backend values this model has times for."""
-        return ("auto", "ipc") if self.ipc_bytes_per_s is not None else ("auto",)
+        return tuple(backend for backend, (_, rate) in TRANSFER_TERMS.items() if getattr(self, rate) is not None)
 
     def prefill_context(self, chunks: Iterable[tuple[int, int]]) -> float:
         return attended_context(chunks, self.causal_attention)
@@ -136,12 +148,10 @@ class CostModel:
                 + self.per_decode_seq_s * decode_seqs + self.per_decode_context_token_s * decode_context)
 
     def transfer_time(self, nbytes: int, backend: str = "auto") -> float:
-        if backend == "ipc":
-            if self.ipc_bytes_per_s is None:
-                raise ConfigError("kv_transfer.backend=ipc: this profile has no ipc transfer samples; "
-                                  "profile again (python -m testbed +experiment=profile) or use kv_transfer.backend=auto")
-            return self.ipc_latency_s + nbytes / self.ipc_bytes_per_s
-        return self.transfer_latency_s + nbytes / self.transfer_bytes_per_s
+        if backend not in self.transports:
+            raise ConfigError(missing_transport(backend, "this profile"))
+        latency, rate = TRANSFER_TERMS[backend]
+        return getattr(self, latency) + nbytes / getattr(self, rate)
 
     def as_dict(self) -> dict:
         return asdict(self)

@@ -32,7 +32,8 @@ from testbed.errors import ConfigError
 from testbed.model.config import ModelConfig
 from testbed.perf.attention import attended_context
 from testbed.sim.host import Delay
-from testbed.perf.measured import SHAPE_KEYS, STEP_INPUTS, STEP_TERMS, fit_step, fit_transfer, step_features
+from testbed.perf.measured import (SHAPE_KEYS, STEP_INPUTS, STEP_TERMS, TRANSFER_TERMS, fit_step, fit_transfer,
+                                   step_features)
 from testbed.tracking.results import read_results
 
 PREFIX = "run:"
@@ -86,7 +87,7 @@ def profile_from_results(config: dict, device: str, fit_on: pd.DataFrame, steps:
         raise ConfigError(f"{name}: the run has {len(fit_on)} steps; at least {MIN_STEPS} are needed to fit a profile")
     model = ModelConfig(**config["model"]).args()
     cost, fit, causal, scales = best_step_fit(fit_on)
-    transfer = transfer_fit(transfers)
+    transfer = transfer_fit(transfers, config.get("kv_transfer", {}).get("backend", "auto"))
     return {
         "version": 1, "model_name": config["model"]["name"], "source": name,
         "model": {k: getattr(model, k) for k in SHAPE_KEYS},
@@ -139,14 +140,16 @@ def phase_correlation(workers: np.ndarray, starts: np.ndarray, prefill: np.ndarr
     return float(np.clip(rho, 0.0, 0.99)) if np.isfinite(rho) else 0.0
 
 
-def transfer_fit(transfers: pd.DataFrame) -> dict:
+def transfer_fit(transfers: pd.DataFrame, backend: str) -> dict:
+    """The run's transfers as the coefficients of the transport it used (kv_transfer.backend)."""
+    latency, rate = TRANSFER_TERMS[backend]
     moved = transfers[(transfers.get("outcome", "ok") == "ok") & (transfers["end_s"] > transfers["start_s"])] \
         if len(transfers) else transfers
     if len(moved) < 2:
-        return {"transfer_latency_s": 0.0, "transfer_bytes_per_s": float("inf")}
+        return {latency: 0.0, rate: float("inf")}
     samples = [{"bytes": row.kv_bytes, "seconds": row.end_s - row.start_s} for row in moved.itertuples()]
     fitted, _ = fit_transfer(samples)
-    return {"transfer_latency_s": fitted["latency_s"], "transfer_bytes_per_s": fitted["bytes_per_s"]}
+    return {latency: fitted["latency_s"], rate: fitted["bytes_per_s"]}
 
 
 def dtype_bytes(dtype: str, device: str) -> int:

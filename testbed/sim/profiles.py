@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Mapping, Optional
 from testbed.engine.config import EngineConfig
 from testbed.errors import ConfigError
 from testbed.model.config import ModelArgs
+from testbed.perf.measured import missing_transport
 from testbed.perf.resolve import StepCostModel, analytical, is_gpu, measured
 from testbed.sim.plan import gpu_pool_blocks, pool_blocks
 
@@ -102,6 +103,4 @@ def check_transport(cfg: Config, roles: dict[str, RoleProfile]) -> None:
     backend = cfg.kv_transfer.backend
     for role in ("prefill", "decode"):
         if backend not in roles[role].cost.transports:
-            raise ConfigError(f"kv_transfer.backend=ipc: the {role} profile ({roles[role].label.get('name')}) has no "
-                              "ipc transfer samples; profile again (python -m testbed +experiment=profile) "
-                              "or simulate kv_transfer.backend=auto")
+            raise ConfigError(missing_transport(backend, f"the {role} profile ({roles[role].label.get('name')})"))
