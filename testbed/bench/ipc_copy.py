@@ -3,6 +3,7 @@
 Two processes: D makes its KV pool shareable (shared memory on CPU, a CUDA IPC handle on GPUs)
 and P maps it, as kv_transfer.backend=ipc does. In P, for each message size, alternating draws of
   ipc   P's blocks copied into D's blocks (both scattered, as in a busy pool), then synchronised
+        (one Triton launch when P and D share a GPU, torch copies otherwise: kv_ipc.BlockCopier)
   copy  one contiguous buffer of the same bytes copied into D's pool: a memcpy on CPU, a
         device-to-device copy_ on GPUs (peer over NVLink when D has its own GPU)
 The KV geometry is a real model's (8 KV heads x head dim 128, 16-token blocks), two layers.

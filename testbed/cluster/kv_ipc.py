@@ -7,7 +7,7 @@ D reserved, through D's KV pool mapped into P's address space.
     D: KVDone -> install (no unpack)
 
 One copy, no staging buffer on either side: runs of consecutive block ids on both sides become
-one strided copy each. On CPU the pool lives in a shared-memory file (removed once every P has
+one strided copy each, or, with P and D on one GPU, one Triton launch copies them all. On CPU the pool lives in a shared-memory file (removed once every P has
 mapped it, so a killed run leaves nothing behind); on CUDA it is exported with a CUDA IPC handle
 (P and D on one GPU, or on two with peer access: NVLink). KVDone leaves only after the copy's
 stream is synchronised, so D never reads a block P is still writing.
@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
+
+from testbed.cluster import block_copy
 
 SHM_DIR = "/dev/shm"
 
@@ -97,16 +99,23 @@ def block_runs(src: list[int], dst: list[int]) -> list[tuple[int, int, int]]:
 
 class BlockCopier:
     """Copies whole blocks of one pool into another (pools: (2, layers, blocks, block_size, Hkv, D)),
-    one layer or all. Each block's view is made once: at 16-token blocks a view made per copy
-    costs a fifth of the copy itself."""
+    one layer or all. Both pools on one GPU: one Triton launch per write (testbed/cluster/block_copy.py).
+    Otherwise torch copies, one per run of consecutive blocks; each block's view is made once (at
+    16-token blocks a view made per copy costs a fifth of the copy itself)."""
 
-    def __init__(self, src_pool: torch.Tensor, dst_pool: torch.Tensor):
+    def __init__(self, src_pool: torch.Tensor, dst_pool: torch.Tensor, kernel: Optional[bool] = None):
         self.src, self.dst = src_pool, dst_pool
         self.src_blocks, self.dst_blocks = src_pool.unbind(2), dst_pool.unbind(2)
         self.block_bytes = src_pool[:, :, 0].numel() * src_pool.element_size()
+        one_gpu = src_pool.device == dst_pool.device and src_pool.device.type == "cuda"
+        self.kernel = (one_gpu and block_copy.usable(src_pool.device)) if kernel is None else kernel
 
     def write(self, src_blocks: list[int], dst_blocks: list[int], layer: Optional[int] = None) -> int:
         """Returns the bytes copied; the caller synchronises before saying the copy is done."""
+        layers = 1 if layer is None else self.src.shape[1]
+        if self.kernel:
+            block_copy.copy_blocks(self.src, self.dst, src_blocks, dst_blocks, layer)
+            return self.block_bytes * len(src_blocks) // layers
         dst, src = [], []
         # in P's block order: reads stream through P's pool (a few percent over a random order)
         pairs = sorted(zip(src_blocks, dst_blocks))
@@ -121,7 +130,6 @@ class BlockCopier:
                 dst.append(self.dst[:, layer, d : d + n])
                 src.append(self.src[:, layer, s : s + n])
         torch._foreach_copy_(dst, src)  # one call: the per-copy cost stays in C++
-        layers = 1 if layer is None else self.src.shape[1]
         return self.block_bytes * len(src_blocks) // layers
 
 

@@ -1,0 +1,72 @@
+"""Whole KV blocks copied from one pool into another in one Triton launch (the ipc transport on CUDA
+when P and D share a GPU).
+
+A pool is (2, layers, blocks, block_size, Hkv, D): block b of slab (kv, layer) is one contiguous
+chunk of block_size x Hkv x D elements. Copied block by block with torch, a request is one kernel
+launch per run of consecutive blocks, and on one GPU the host issuing those launches is slower than
+HBM copying the bytes. Here one launch copies every (block pair, slab, tile) of a write. Peer copies
+(D on another GPU) stay with torch: there NVLink, not the launches, bounds the copy, and a kernel
+writing into another GPU's memory needs peer access this module does not set up.
+"""
+
+from __future__ import annotations  # kernel annotations stay strings: the module imports without triton
+
+import os
+from typing import Optional
+
+import torch
+
+try:  # a binary mismatch raises more than ImportError
+    import triton
+    import triton.language as tl
+    from triton.runtime import JITFunction
+
+    AVAILABLE = int(triton.__version__.split(".")[0]) >= 3
+except Exception:  # noqa: BLE001
+    triton = tl = JITFunction = None
+    AVAILABLE = False
+
+TILE = 4096  # elements per program: 8 KiB of bf16, a quarter of a Llama-3-8B block's chunk
+_jit = triton.jit if AVAILABLE else (lambda fn: fn)
+
+
+def usable(device) -> bool:
+    """True on CUDA when triton imports; on CPU only under triton's interpreter (as for
+    testbed/model/paged_decode.py: TRITON_INTERPRET=1 before triton is first imported)."""
+    device = torch.device(device)
+    if not AVAILABLE or device.type not in ("cuda", "cpu"):
+        return False
+    return device.type == "cuda" or (os.environ.get("TRITON_INTERPRET") == "1"
+                                     and not isinstance(_copy_kernel, JITFunction))
+
+
+@_jit
+def _copy_kernel(src_ptr, dst_ptr, src_ids_ptr, dst_ids_ptr, first_slab, slab_step, src_slab_stride,
+                 dst_slab_stride, CHUNK: tl.constexpr, TILES: tl.constexpr, TILE: tl.constexpr):
+    pair_tile, slab = tl.program_id(0), tl.program_id(1)
+    pair, tile = pair_tile // TILES, pair_tile % TILES
+    s = tl.load(src_ids_ptr + pair).to(tl.int64)  # int64: a large pool's offsets pass 2**31
+    d = tl.load(dst_ids_ptr + pair).to(tl.int64)
+    slab_id = (first_slab + slab * slab_step).to(tl.int64)
+    offs = tile * TILE + tl.arange(0, TILE)
+    mask = offs < CHUNK
+    x = tl.load(src_ptr + slab_id * src_slab_stride + s * CHUNK + offs, mask=mask)
+    tl.store(dst_ptr + slab_id * dst_slab_stride + d * CHUNK + offs, x, mask=mask)
+
+
+def copy_blocks(src_pool: torch.Tensor, dst_pool: torch.Tensor, src_ids: list[int], dst_ids: list[int],
+                layer: Optional[int] = None) -> None:
+    """dst_pool's blocks dst_ids[i] := src_pool's blocks src_ids[i], every layer or one, in one launch
+    on the pools' device (both contiguous, on the same device, of one dtype and block shape)."""
+    assert src_pool.device == dst_pool.device and src_pool.dtype == dst_pool.dtype, "one device, one dtype"
+    assert src_pool.is_contiguous() and dst_pool.is_contiguous() and src_pool.shape[3:] == dst_pool.shape[3:]
+    if not src_ids:
+        return
+    layers = src_pool.shape[1]
+    chunk = src_pool[0, 0, 0].numel()
+    tiles = triton.cdiv(chunk, TILE)
+    ids = torch.tensor([src_ids, dst_ids], dtype=torch.int64).to(src_pool.device, non_blocking=True)
+    first, step, slabs = (0, 1, 2 * layers) if layer is None else (layer, layers, 2)
+    _copy_kernel[(len(src_ids) * tiles, slabs)](
+        src_pool, dst_pool, ids[0], ids[1], first, step, src_pool.shape[2] * chunk, dst_pool.shape[2] * chunk,
+        CHUNK=chunk, TILES=tiles, TILE=TILE)
