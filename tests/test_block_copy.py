@@ -42,6 +42,7 @@ def expected(src, dst, src_ids, dst_ids, layer=None):
 def run_cases(path=None):
     """(kernel output, torch-path output, expected) per case, in a process where triton is interpreted."""
     results = {"usable": block_copy.usable("cpu")}
+    block_copy.warm_up(case(SHAPES["multi-tile"])[0])  # both modes, on scratch: must not raise
     for name, shape in SHAPES.items():
         for layer in (None, 1):
             src, dst, src_ids, dst_ids = case(shape)
@@ -86,6 +87,7 @@ def test_torch_copies_on_cpu_and_between_devices():
 def test_one_gpu_pools_take_the_kernel_and_match_torch(layer):
     shape = (32, 300, 400, 16, 8, 128)  # Llama-3-8B's KV geometry
     src, dst, src_ids, dst_ids = case(shape, torch.bfloat16, "cuda")
+    block_copy.warm_up(src)
     copier = BlockCopier(src, dst.clone())
     assert copier.kernel
     copier.write(src_ids, dst_ids, layer)

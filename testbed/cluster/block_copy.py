@@ -27,7 +27,10 @@ except Exception:  # noqa: BLE001
     AVAILABLE = False
 
 TILE = 4096  # elements per program: 8 KiB of bf16, a quarter of a Llama-3-8B block's chunk
-_jit = triton.jit if AVAILABLE else (lambda fn: fn)
+# the integers vary by pool and layer: not specialised on, so one compile serves every write of a
+# dtype and block shape, and `warm_up` can make it before the first timed copy
+_INTS = ["first_slab", "slab_step", "src_slab_stride", "dst_slab_stride"]
+_jit = triton.jit(do_not_specialize=_INTS) if AVAILABLE else (lambda fn: fn)
 
 
 def usable(device) -> bool:
@@ -70,3 +73,12 @@ def copy_blocks(src_pool: torch.Tensor, dst_pool: torch.Tensor, src_ids: list[in
     _copy_kernel[(len(src_ids) * tiles, slabs)](
         src_pool, dst_pool, ids[0], ids[1], first, step, src_pool.shape[2] * chunk, dst_pool.shape[2] * chunk,
         CHUNK=chunk, TILES=tiles, TILE=TILE)
+
+
+def warm_up(pool: torch.Tensor) -> None:
+    """Compile the kernel for this pool's dtype and block shape (both modes), on two blocks of scratch."""
+    scratch = torch.zeros(2, 1, 2, *pool.shape[3:], dtype=pool.dtype, device=pool.device)
+    for layer in (None, 0):
+        copy_blocks(scratch, scratch, [0], [1], layer)
+    if pool.device.type == "cuda":
+        torch.cuda.synchronize(pool.device)

@@ -146,7 +146,10 @@ class PeerPools:
         self.copiers: dict[int, BlockCopier] = {}
 
     def attach(self, rank: int, handle: PoolHandle, own_pool: torch.Tensor) -> None:
-        self.copiers[rank] = BlockCopier(own_pool, attach_pool(handle))
+        copier = BlockCopier(own_pool, attach_pool(handle))
+        if copier.kernel:
+            block_copy.warm_up(own_pool)  # compiled now, not inside the first transfer's timed window
+        self.copiers[rank] = copier
 
     def __getitem__(self, rank: int) -> BlockCopier:
         return self.copiers[rank]
