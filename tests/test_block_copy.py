@@ -20,12 +20,12 @@ SHAPES = {"small-chunk": (2, 9, 13, 16, 2, 24), "multi-tile": (3, 7, 5, 16, 4, 1
 
 def case(shape, dtype=torch.float32, device="cpu", seed=0):
     layers, nsrc, ndst, bs, heads, dim = shape
-    gen = torch.Generator().manual_seed(seed)
-    src = torch.randn(2, layers, nsrc, bs, heads, dim, generator=gen).to(device=device, dtype=dtype)
-    dst = torch.randn(2, layers, ndst, bs, heads, dim, generator=gen).to(device=device, dtype=dtype)
+    gen = torch.Generator(device=device).manual_seed(seed)  # drawn where they live: no host-side draw of GiBs
+    src = torch.randn(2, layers, nsrc, bs, heads, dim, generator=gen, device=device).to(dtype)
+    dst = torch.randn(2, layers, ndst, bs, heads, dim, generator=gen, device=device).to(dtype)
     n = min(nsrc, ndst) - 1
-    src_ids = torch.randperm(nsrc, generator=gen)[:n].tolist()
-    dst_ids = torch.randperm(ndst, generator=gen)[:n].tolist()
+    src_ids = torch.randperm(nsrc, generator=gen, device=device)[:n].tolist()
+    dst_ids = torch.randperm(ndst, generator=gen, device=device)[:n].tolist()
     return src, dst, src_ids, dst_ids
 
 
@@ -76,9 +76,29 @@ def test_one_launch_copies_exactly_the_blocks_asked(outputs, name, layer):
     assert torch.equal(kernel, want) and torch.equal(plain, want)
 
 
-def test_torch_copies_on_cpu_and_between_devices():
+def test_cpu_pools_take_torch_copies():
     src, dst, _, _ = case(SHAPES["small-chunk"])
-    assert not BlockCopier(src, dst).kernel  # CPU pools: torch's copies (the interpreter is for tests)
+    assert not BlockCopier(src, dst).kernel  # the interpreter is for tests
+
+
+@pytest.mark.parametrize("src_ids, dst_ids, layer, message", [
+    ([0, 9], [1, 2], None, r"source blocks 0..9 outside 0..8"),
+    ([0, 1], [1, 13], None, r"destination blocks 1..13 outside 0..12"),
+    ([0, -1], [1, 2], None, r"source blocks -1..0 outside"),
+    ([0], [1, 2], None, r"1 source and 2 destination blocks"),
+    ([0], [1], 2, r"layer 2 of 2"),
+])
+def test_a_wrong_block_or_layer_is_refused_before_any_write(src_ids, dst_ids, layer, message):
+    src, dst, _, _ = case(SHAPES["small-chunk"])
+    with pytest.raises(ValueError, match=message):
+        block_copy.copy_blocks(src, dst, src_ids, dst_ids, layer)
+
+
+def test_pools_of_another_layout_are_refused():
+    src, _, _, _ = case(SHAPES["small-chunk"])
+    other = torch.zeros(2, 3, 13, 16, 2, 24)  # three layers against two
+    with pytest.raises(ValueError, match="one layout"):
+        block_copy.copy_blocks(src, other, [0], [1])
 
 
 @pytest.mark.gpu

@@ -155,8 +155,18 @@ def test_an_ipc_link_is_paced_by_the_ipc_times(tmp_path):
     old["cost_model"] = {k: v for k, v in old["cost_model"].items() if not k.startswith("ipc_")}
     (tmp_path / "old.json").write_text(json.dumps(old))
     before = make_config(f"hardware.emulate={tmp_path / 'old.json'}")
-    with pytest.raises(ConfigError, match="kv_transfer.backend=ipc: the emulated prefill_only device"):
-        role_pacers(Emulation.from_hardware(before.hardware), "prefill_only", before.model, real_kv, "ipc")
+    old_device = Emulation.from_hardware(before.hardware)
+    with pytest.raises(ConfigError, match="kv_transfer.backend=ipc: the emulated prefill device"):
+        role_pacers(old_device, "prefill_only", before.model, real_kv, "ipc")
+    role_pacers(old_device, "decode_only", before.model, real_kv, "ipc")  # D sends no KV
+    role_pacers(old_device, "chunked", before.model, real_kv, "ipc")
+    # refused before any worker starts, in one line
+    cfg = make_config(f"hardware.emulate={tmp_path / 'old.json'}", "mode=disagg", "kv_transfer.backend=ipc")
+    with pytest.raises(ConfigError, match="no ipc transfer samples") as refused:
+        serve(cfg, tmp_path / "run", progress=False)
+    assert "\n" not in str(refused.value) and not (tmp_path / "run" / "requests.parquet").exists()
+    serve(make_config(f"hardware.emulate={tmp_path / 'old.json'}", "mode=colocated", "kv_transfer.backend=ipc",
+                      *small_workload(n=2)), tmp_path / "colocated", progress=False)  # no KV moves: runs
 
 
 def test_a_gpu_name_paces_the_emulated_shape_and_its_kv_bytes():

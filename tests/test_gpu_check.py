@@ -45,7 +45,8 @@ def test_a_failed_step_makes_the_exit_status_non_zero(tmp_path):
     assert [r.split("\t")[1] for r in rows] == ["3"] * len(rows) and len(rows) >= len(STEPS)
 
 
-def test_an_unknown_argument_is_refused_in_one_line(tmp_path):
-    done = gpu_check(tmp_path, "--fast")
+@pytest.mark.parametrize("args", [["--fast"], ["--smoke", "--fast"]])
+def test_an_unknown_argument_is_refused_in_one_line(tmp_path, args):
+    done = gpu_check(tmp_path, *args)
     assert done.returncode == 2
-    assert done.stderr.strip() == "gpu_check: unknown argument '--fast' (allowed: none, or --smoke)"
+    assert done.stderr.strip() == f"gpu_check: unknown arguments '{' '.join(args)}' (allowed: none, or --smoke)"

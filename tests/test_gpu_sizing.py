@@ -172,3 +172,13 @@ def test_profile_on_a_gpu_too_full_for_its_context_stops_in_one_line():
 
     with pytest.raises(ConfigError, match="lower model.max_model_len"):
         kv_token_budget(PRESETS["llama3_8b"], torch.bfloat16, 16, 2 << 30, quick=False)
+
+
+def test_the_profiler_s_command_line_reports_bad_input_in_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "testbed.sim.profile", "--model", "nope", "--out",
+                           str(tmp_path / "p.json")], capture_output=True, text=True)
+    assert done.returncode == 2 and not (tmp_path / "p.json").exists()
+    assert done.stderr.strip().splitlines() == [done.stderr.strip()] and "is not a preset" in done.stderr

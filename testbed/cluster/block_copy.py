@@ -11,6 +11,7 @@ writing into another GPU's memory needs peer access this module does not set up.
 
 from __future__ import annotations  # kernel annotations stay strings: the module imports without triton
 
+import contextlib
 import os
 from typing import Optional
 
@@ -28,8 +29,10 @@ except Exception:  # noqa: BLE001
 
 TILE = 4096  # elements per program: 8 KiB of bf16, a quarter of a Llama-3-8B block's chunk
 # the integers vary by pool and layer: not specialised on, so one compile serves every write of a
-# dtype and block shape, and `warm_up` can make it before the first timed copy
-_INTS = ["first_slab", "slab_step", "src_slab_stride", "dst_slab_stride"]
+# dtype and block shape, and `warm_up` can make it before the first timed copy. Offsets are
+# (slab x blocks + block) x CHUNK, CHUNK a compile-time constant: the compiler sees them aligned
+# and vectorises the loads and stores.
+_INTS = ["first_slab", "slab_step", "src_blocks", "dst_blocks"]
 _jit = triton.jit(do_not_specialize=_INTS) if AVAILABLE else (lambda fn: fn)
 
 
@@ -44,35 +47,54 @@ def usable(device) -> bool:
 
 
 @_jit
-def _copy_kernel(src_ptr, dst_ptr, src_ids_ptr, dst_ids_ptr, first_slab, slab_step, src_slab_stride,
-                 dst_slab_stride, CHUNK: tl.constexpr, TILES: tl.constexpr, TILE: tl.constexpr):
+def _copy_kernel(src_ptr, dst_ptr, ids_ptr, num_pairs, first_slab, slab_step, src_blocks, dst_blocks,
+                 CHUNK: tl.constexpr, TILES: tl.constexpr, TILE: tl.constexpr):
     pair_tile, slab = tl.program_id(0), tl.program_id(1)
     pair, tile = pair_tile // TILES, pair_tile % TILES
-    s = tl.load(src_ids_ptr + pair).to(tl.int64)  # int64: a large pool's offsets pass 2**31
-    d = tl.load(dst_ids_ptr + pair).to(tl.int64)
+    s = tl.load(ids_ptr + pair).to(tl.int64)  # int64: a large pool's offsets pass 2**31
+    d = tl.load(ids_ptr + num_pairs + pair).to(tl.int64)
     slab_id = (first_slab + slab * slab_step).to(tl.int64)
     offs = tile * TILE + tl.arange(0, TILE)
     mask = offs < CHUNK
-    x = tl.load(src_ptr + slab_id * src_slab_stride + s * CHUNK + offs, mask=mask)
-    tl.store(dst_ptr + slab_id * dst_slab_stride + d * CHUNK + offs, x, mask=mask)
+    x = tl.load(src_ptr + (slab_id * src_blocks + s) * CHUNK + offs, mask=mask)
+    tl.store(dst_ptr + (slab_id * dst_blocks + d) * CHUNK + offs, x, mask=mask)
 
 
 def copy_blocks(src_pool: torch.Tensor, dst_pool: torch.Tensor, src_ids: list[int], dst_ids: list[int],
                 layer: Optional[int] = None) -> None:
     """dst_pool's blocks dst_ids[i] := src_pool's blocks src_ids[i], every layer or one, in one launch
     on the pools' device (both contiguous, on the same device, of one dtype and block shape)."""
-    assert src_pool.device == dst_pool.device and src_pool.dtype == dst_pool.dtype, "one device, one dtype"
-    assert src_pool.is_contiguous() and dst_pool.is_contiguous() and src_pool.shape[3:] == dst_pool.shape[3:]
+    _check(src_pool, dst_pool, src_ids, dst_ids, layer)
     if not src_ids:
         return
-    layers = src_pool.shape[1]
+    layers, n = src_pool.shape[1], len(src_ids)
     chunk = src_pool[0, 0, 0].numel()
     tiles = triton.cdiv(chunk, TILE)
-    ids = torch.tensor([src_ids, dst_ids], dtype=torch.int64).to(src_pool.device, non_blocking=True)
+    # one host-to-device copy; a row read by index, not a second tensor whose alignment varies with n
+    # (triton compiles per pointer alignment)
+    ids = torch.tensor(src_ids + dst_ids, dtype=torch.int64).to(src_pool.device, non_blocking=True)
     first, step, slabs = (0, 1, 2 * layers) if layer is None else (layer, layers, 2)
-    _copy_kernel[(len(src_ids) * tiles, slabs)](
-        src_pool, dst_pool, ids[0], ids[1], first, step, src_pool.shape[2] * chunk, dst_pool.shape[2] * chunk,
-        CHUNK=chunk, TILES=tiles, TILE=TILE)
+    on_device = torch.cuda.device(src_pool.device) if src_pool.is_cuda else contextlib.nullcontext()
+    with on_device:  # triton launches on the current device
+        _copy_kernel[(n * tiles, slabs)](src_pool, dst_pool, ids, n, first, step, src_pool.shape[2],
+                                         dst_pool.shape[2], CHUNK=chunk, TILES=tiles, TILE=TILE)
+
+
+def _check(src_pool, dst_pool, src_ids: list[int], dst_ids: list[int], layer: Optional[int]) -> None:
+    """A wrong id would write past D's pool through the mapping, silently: refuse it first."""
+    if src_pool.device != dst_pool.device or src_pool.dtype != dst_pool.dtype:
+        raise ValueError(f"block copy needs one device and dtype, got {src_pool.device}/{src_pool.dtype} "
+                         f"and {dst_pool.device}/{dst_pool.dtype}")
+    if not (src_pool.is_contiguous() and dst_pool.is_contiguous()) or src_pool.shape[:2] != dst_pool.shape[:2] \
+            or src_pool.shape[3:] != dst_pool.shape[3:]:
+        raise ValueError(f"block copy needs contiguous pools of one layout, got {tuple(src_pool.shape)} and "
+                         f"{tuple(dst_pool.shape)}")
+    if len(src_ids) != len(dst_ids) or (layer is not None and not 0 <= layer < src_pool.shape[1]):
+        raise ValueError(f"block copy: {len(src_ids)} source and {len(dst_ids)} destination blocks, layer {layer} "
+                         f"of {src_pool.shape[1]}")
+    for ids, pool, side in ((src_ids, src_pool, "source"), (dst_ids, dst_pool, "destination")):
+        if ids and not (0 <= min(ids) and max(ids) < pool.shape[2]):
+            raise ValueError(f"block copy: {side} blocks {min(ids)}..{max(ids)} outside 0..{pool.shape[2] - 1}")
 
 
 def warm_up(pool: torch.Tensor) -> None:

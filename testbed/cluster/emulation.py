@@ -81,10 +81,22 @@ def role_pacers(emulation: Emulation, role: str, model: ModelConfig, real_kv_byt
     """The step pacer of a worker of `role`, and the link pacer its KV sends (over kv_backend) follow."""
     args = modelled_args(emulation, model)
     paced = resolve(emulation.spec_for(role), args, model.dtype)
-    if kv_backend not in paced.model.transports:
-        raise ConfigError(missing_transport(kv_backend, f"the emulated {role} device ({emulation.spec_for(role)})"))
+    if role == "prefill_only":  # P's link paces the KV it sends
+        _check_transport(paced, kv_backend, emulation.spec_for(role))
     scale = args.kv_bytes_per_token * paced.dtype_bytes / real_kv_bytes_per_token
     return StepPacer(paced.model), LinkPacer(paced.model, scale, kv_backend)
+
+
+def check_link(emulation: Optional[Emulation], model: ModelConfig, kv_backend: str) -> None:
+    """Before any worker loads its model: an emulated P has times for the transport its KV takes."""
+    if emulation is not None:
+        spec = emulation.spec_for("prefill_only")
+        _check_transport(resolve(spec, modelled_args(emulation, model), model.dtype), kv_backend, spec)
+
+
+def _check_transport(paced: Paced, kv_backend: str, spec: str) -> None:
+    if kv_backend not in paced.model.transports:
+        raise ConfigError(missing_transport(kv_backend, f"the emulated prefill device ({spec})"))
 
 
 def emulation_meta(emulation: Optional[Emulation], model: ModelConfig, disagg: bool) -> Optional[dict]:

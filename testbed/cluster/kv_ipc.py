@@ -7,14 +7,16 @@ D reserved, through D's KV pool mapped into P's address space.
     D: KVDone -> install (no unpack)
 
 One copy, no staging buffer on either side: runs of consecutive block ids on both sides become
-one strided copy each, or, with P and D on one GPU, one Triton launch copies them all. On CPU the pool lives in a shared-memory file (removed once every P has
-mapped it, so a killed run leaves nothing behind); on CUDA it is exported with a CUDA IPC handle
-(P and D on one GPU, or on two with peer access: NVLink). KVDone leaves only after the copy's
+one strided copy each, or, with P and D on one GPU, one Triton launch copies them all. On CPU the
+pool lives in a shared-memory file (removed once every P has mapped it, so a killed run leaves
+nothing behind); on CUDA it is exported with a CUDA IPC handle (P and D on one GPU, or on two with
+peer access: NVLink). KVDone leaves only after the copy's
 stream is synchronised, so D never reads a block P is still writing.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import pickle
 import tempfile
@@ -105,10 +107,17 @@ class BlockCopier:
 
     def __init__(self, src_pool: torch.Tensor, dst_pool: torch.Tensor, kernel: Optional[bool] = None):
         self.src, self.dst = src_pool, dst_pool
-        self.src_blocks, self.dst_blocks = src_pool.unbind(2), dst_pool.unbind(2)
         self.block_bytes = src_pool[:, :, 0].numel() * src_pool.element_size()
         one_gpu = src_pool.device == dst_pool.device and src_pool.device.type == "cuda"
         self.kernel = (one_gpu and block_copy.usable(src_pool.device)) if kernel is None else kernel
+
+    @functools.cached_property
+    def src_blocks(self) -> tuple[torch.Tensor, ...]:  # made on the torch path's first use only
+        return self.src.unbind(2)
+
+    @functools.cached_property
+    def dst_blocks(self) -> tuple[torch.Tensor, ...]:
+        return self.dst.unbind(2)
 
     def write(self, src_blocks: list[int], dst_blocks: list[int], layer: Optional[int] = None) -> int:
         """Returns the bytes copied; the caller synchronises before saying the copy is done."""

@@ -8,6 +8,7 @@ from typing import Callable, Optional
 
 from tqdm import tqdm
 
+from testbed.cluster.emulation import Emulation, check_link
 from testbed.cluster.launcher import Cluster
 from testbed.cluster.layout import check_kv_backend, plan_ranks, plan_workers
 from testbed.cluster.point import kv_store, stop_cluster, worker_template, write_point
@@ -42,6 +43,11 @@ def serve(cfg: Config, out_dir: Path, on_started: Optional[Callable[[Cluster], N
     return write_point(cfg, out_dir, cluster, router, log, telemetry, workload.report)
 
 
+def check_emulated_link(cfg: Config) -> None:
+    if cfg.mode == "disagg":
+        check_link(Emulation.from_hardware(cfg.hardware), cfg.model, cfg.kv_transfer.backend)
+
+
 def start_cluster(cfg: Config, session=None) -> Cluster:
     """This box's worker processes, or under torchrun one worker per rank across the hosts."""
     spans = session.world.num_nodes if session else 1
@@ -52,10 +58,12 @@ def start_cluster(cfg: Config, session=None) -> Cluster:
     if session is None:
         plans = plan_workers(cfg.mode, cfg.cluster, cfg.hardware)
         check_kv_backend(plans, cfg.kv_transfer.backend)
+        check_emulated_link(cfg)
         return Cluster(plans, worker_template(cfg, kv_store(cfg, plans)), cfg.cluster.start_timeout_s)
     if cfg.kv_store.capacity_mib > 0 or cfg.faults.timed():
         raise ConfigError("under torchrun kv_store.capacity_mib must be 0 and faults.kill_worker / "
                           "faults.stall_worker unset: the shared KV store and injected worker faults work on one box")
     plans = plan_ranks(cfg.mode, cfg.cluster, cfg.hardware, session.world)
     check_kv_backend(plans, cfg.kv_transfer.backend, across_hosts=True)
+    check_emulated_link(cfg)
     return session.cluster(cfg, plans, worker_template(cfg))

@@ -18,13 +18,14 @@ import dataclasses
 import json
 import platform
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import torch
 
 from testbed.engine import Engine, EngineConfig, SchedulerConfig, Sequence
-from testbed.errors import ConfigError
+from testbed.errors import ConfigError, TestbedError
 from testbed.model.config import ModelConfig
 from testbed.model.loader import build_model, resolve_dtype
 from testbed.sim.cost_model import attended_context, fit_profile
@@ -112,11 +113,12 @@ def kv_token_budget(args, dtype: torch.dtype, block_size: int, free: int | None,
     if free is None:
         return want
     per_token = 2 * args.num_layers * args.num_kv_heads * args.head_dim * dtype.itemsize
-    fits = int(free * KV_SHARE) // per_token - args.max_model_len - 256 * block_size  # build_engine's extra blocks
+    holds = int(free * KV_SHARE) // per_token
+    fits = holds - args.max_model_len - 256 * block_size  # build_engine's extra blocks
     if fits < args.max_model_len:
-        raise ConfigError(f"profile at model.max_model_len={args.max_model_len}: "
-                          f"{free / 2**30:.1f} GiB free after the weights holds KV for {max(fits, 0)} tokens; "
-                          "lower model.max_model_len or free the device")
+        raise ConfigError(f"profile at model.max_model_len={args.max_model_len}: {KV_SHARE:.0%} of the "
+                          f"{free / 2**30:.1f} GiB free after the weights holds KV for {holds} tokens, and profiling "
+                          f"needs {2 * args.max_model_len + 256 * block_size}; lower model.max_model_len or free the device")
     return min(8 * want, fits)
 
 
@@ -191,7 +193,11 @@ def main(argv=None) -> None:
     a = parser.parse_args(argv)
     model = ModelConfig(name=a.model, path=a.model_path, dtype=a.dtype, max_model_len=a.max_model_len)
     engine = EngineConfig(block_size=a.block_size, attention_backend=a.attention_backend)
-    profile = profile_engine(model, engine, a.device, quick=a.quick)
+    try:
+        profile = profile_engine(model, engine, a.device, quick=a.quick)
+    except TestbedError as error:  # bad input: one line, as python -m testbed says it
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(error.exit_code)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(profile, indent=1) + "\n")
     fit = profile["fit"]

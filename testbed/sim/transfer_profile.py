@@ -83,7 +83,8 @@ def measure_ipc(runner: ModelRunner, repeats: int, max_tokens: int = 1 << 15) ->
     own, bs = runner.kv_cache, runner.block_size
     tokens_list = sorted({16, 128, 1024, 8192, min(runner.args.max_model_len, max_tokens, runner.num_blocks * bs)})
     tokens_list = [t for t in tokens_list if t <= runner.num_blocks * bs]
-    shape = (*own.shape[:2], -(-tokens_list[-1] // bs) * 2, *own.shape[3:])  # room to scatter into
+    largest = -(-tokens_list[-1] // bs)
+    shape = (*own.shape[:2], largest + largest // 4 + 1, *own.shape[3:])  # a quarter more: room to scatter into
     if runner.device.type == "cpu":
         peer, handle = shared_pool(shape, own.dtype)
         release(handle)  # the mapping stays valid; nothing is left in /dev/shm
