@@ -32,7 +32,7 @@ TILE = 4096  # elements per program: 8 KiB of bf16, a quarter of a Llama-3-8B bl
 # dtype and block shape, and `warm_up` can make it before the first timed copy. Offsets are
 # (slab x blocks + block) x CHUNK, CHUNK a compile-time constant: the compiler sees them aligned
 # and vectorises the loads and stores.
-_INTS = ["first_slab", "slab_step", "src_blocks", "dst_blocks"]
+_INTS = ["num_pairs", "first_slab", "slab_step", "src_blocks", "dst_blocks"]
 _jit = triton.jit(do_not_specialize=_INTS) if AVAILABLE else (lambda fn: fn)
 
 
