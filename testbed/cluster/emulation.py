@@ -18,7 +18,7 @@ from testbed.cluster.pacing import LinkPacer, StepPacer
 from testbed.errors import ConfigError
 from testbed.model.config import PRESETS, ModelArgs, ModelConfig
 from testbed.perf import GPUS, StepCostModel, cost_model, is_gpu
-from testbed.perf.measured import missing_transport
+from testbed.perf.measured import require_transport
 
 # bytes per KV element of the modelled device: `auto` is what a CUDA run picks (bfloat16)
 DTYPE_BYTES = {"auto": 2, "float32": 4, "bfloat16": 2, "float16": 2}
@@ -82,7 +82,7 @@ def role_pacers(emulation: Emulation, role: str, model: ModelConfig, real_kv_byt
     args = modelled_args(emulation, model)
     paced = resolve(emulation.spec_for(role), args, model.dtype)
     if role == "prefill_only":  # P's link paces the KV it sends
-        _check_transport(paced, kv_backend, emulation.spec_for(role))
+        require_transport(paced.model, kv_backend, f"the emulated prefill device ({emulation.spec_for(role)})")
     scale = args.kv_bytes_per_token * paced.dtype_bytes / real_kv_bytes_per_token
     return StepPacer(paced.model), LinkPacer(paced.model, scale, kv_backend)
 
@@ -91,12 +91,8 @@ def check_link(emulation: Optional[Emulation], model: ModelConfig, kv_backend: s
     """Before any worker loads its model: an emulated P has times for the transport its KV takes."""
     if emulation is not None:
         spec = emulation.spec_for("prefill_only")
-        _check_transport(resolve(spec, modelled_args(emulation, model), model.dtype), kv_backend, spec)
-
-
-def _check_transport(paced: Paced, kv_backend: str, spec: str) -> None:
-    if kv_backend not in paced.model.transports:
-        raise ConfigError(missing_transport(kv_backend, f"the emulated prefill device ({spec})"))
+        paced = resolve(spec, modelled_args(emulation, model), model.dtype)
+        require_transport(paced.model, kv_backend, f"the emulated prefill device ({spec})")
 
 
 def emulation_meta(emulation: Optional[Emulation], model: ModelConfig, disagg: bool) -> Optional[dict]:

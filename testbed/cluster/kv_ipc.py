@@ -10,8 +10,8 @@ One copy, no staging buffer on either side: runs of consecutive block ids on bot
 one strided copy each, or, with P and D on one GPU, one Triton launch copies them all. On CPU the
 pool lives in a shared-memory file (removed once every P has mapped it, so a killed run leaves
 nothing behind); on CUDA it is exported with a CUDA IPC handle (P and D on one GPU, or on two with
-peer access: NVLink). KVDone leaves only after the copy's
-stream is synchronised, so D never reads a block P is still writing.
+peer access: NVLink). KVDone leaves only after the copy's stream is synchronised, so D never reads
+a block P is still writing.
 """
 
 from __future__ import annotations

@@ -85,13 +85,16 @@ def relative_fit(features: np.ndarray, seconds: np.ndarray) -> tuple[np.ndarray,
 TRANSFER_TERMS = {"auto": ("transfer_latency_s", "transfer_bytes_per_s"), "ipc": ("ipc_latency_s", "ipc_bytes_per_s")}
 
 
-def missing_transport(backend: str, what: str) -> str:
-    """The one-line error for a cost model without times for kv_transfer.backend."""
+def require_transport(model, backend: str, what: str) -> None:
+    """A cost model (`what`, for the message) must time KV transfers over kv_transfer.backend: the one
+    check the simulator, the planner and emulated links all make."""
+    if backend in model.transports:
+        return
     if backend == "ipc":
-        return (f"kv_transfer.backend=ipc: {what} has no ipc transfer samples; profile again "
-                "(python -m testbed +experiment=profile) or use kv_transfer.backend=auto")
-    return (f"kv_transfer.backend={backend}: {what} has transfer times for ipc only (fitted on a run over ipc); "
-            "use kv_transfer.backend=ipc, or a profile or run of this transport")
+        raise ConfigError(f"kv_transfer.backend=ipc: {what} has no ipc transfer samples; profile again "
+                          "(python -m testbed +experiment=profile) or use kv_transfer.backend=auto")
+    raise ConfigError(f"kv_transfer.backend={backend}: {what} has transfer times for ipc only (fitted on a run over "
+                      "ipc); use kv_transfer.backend=ipc, or a profile or run of this transport")
 
 
 def fit_step(samples: Sequence[Mapping]) -> tuple[dict, dict]:
@@ -148,8 +151,7 @@ class CostModel:
                 + self.per_decode_seq_s * decode_seqs + self.per_decode_context_token_s * decode_context)
 
     def transfer_time(self, nbytes: int, backend: str = "auto") -> float:
-        if backend not in self.transports:
-            raise ConfigError(missing_transport(backend, "this profile"))
+        require_transport(self, backend, "this profile")
         latency, rate = TRANSFER_TERMS[backend]
         return getattr(self, latency) + nbytes / getattr(self, rate)
 

@@ -112,13 +112,13 @@ def kv_token_budget(args, dtype: torch.dtype, block_size: int, free: int | None,
     want = 1 << 14 if quick else 1 << 16
     if free is None:
         return want
-    per_token = 2 * args.num_layers * args.num_kv_heads * args.head_dim * dtype.itemsize
-    holds = int(free * KV_SHARE) // per_token
+    holds = int(free * KV_SHARE) // (args.kv_bytes_per_token * dtype.itemsize)
     fits = holds - args.max_model_len - 256 * block_size  # build_engine's extra blocks
     if fits < args.max_model_len:
         raise ConfigError(f"profile at model.max_model_len={args.max_model_len}: {KV_SHARE:.0%} of the "
                           f"{free / 2**30:.1f} GiB free after the weights holds KV for {holds} tokens, and profiling "
-                          f"needs {2 * args.max_model_len + 256 * block_size}; lower model.max_model_len or free the device")
+                          f"needs {2 * args.max_model_len + 256 * block_size}; lower model.max_model_len or free the "
+                          "device")
     return min(8 * want, fits)
 
 

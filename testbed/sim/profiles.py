@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Mapping, Optional
 from testbed.engine.config import EngineConfig
 from testbed.errors import ConfigError
 from testbed.model.config import ModelArgs
-from testbed.perf.measured import missing_transport
+from testbed.perf.measured import require_transport
 from testbed.perf.resolve import StepCostModel, analytical, is_gpu, measured
 from testbed.sim.plan import gpu_pool_blocks, pool_blocks
 
@@ -100,7 +100,6 @@ def transfer_time(sender: RoleProfile, receiver: RoleProfile, nbytes: int, backe
 
 def check_transport(cfg: Config, roles: dict[str, RoleProfile]) -> None:
     """P -> D transfers over kv_transfer.backend need times for it on both ends."""
-    backend = cfg.kv_transfer.backend
     for role in ("prefill", "decode"):
-        if backend not in roles[role].cost.transports:
-            raise ConfigError(missing_transport(backend, f"the {role} profile ({roles[role].label.get('name')})"))
+        name = roles[role].label.get("name")
+        require_transport(roles[role].cost, cfg.kv_transfer.backend, f"the {role} profile ({name})")
