@@ -37,11 +37,17 @@ def reference(q, k_cache, v_cache, tables, q_lens, kv_lens):
     return torch.cat(out)
 
 
-def batch(q_lens, kv_lens, seed=0):
-    """A pool with scattered blocks, this step's new K/V written, and its metadata."""
+def batch(q_lens, kv_lens, seed=0, block_major=False):
+    """A pool with scattered blocks, this step's new K/V written, and its metadata. block_major: the
+    caches are layer 1's views of a (blocks, 3 layers, 2, BS, Hkv, D) pool, as the engine's."""
     gen = torch.Generator().manual_seed(seed)
     num_blocks = sum(-(-n // BS) for n in kv_lens) + 3
-    k_cache, v_cache = (torch.randn(num_blocks, BS, HKV, DIM, generator=gen) for _ in range(2))
+    if block_major:
+        pool = torch.randn(num_blocks, 3, 2, BS, HKV, DIM, generator=gen)
+        k_cache, v_cache = pool[:, 1, 0], pool[:, 1, 1]
+    else:
+        k_cache, v_cache = (torch.randn(num_blocks, BS, HKV, DIM, generator=gen) for _ in range(2))
+    stride = attention.block_stride(k_cache)
     ids = torch.randperm(num_blocks, generator=gen).tolist()
     tables, used = [], 0
     for n in kv_lens:
@@ -50,7 +56,7 @@ def batch(q_lens, kv_lens, seed=0):
     t = sum(q_lens)
     q = torch.randn(t, HKV * GROUP, DIM, generator=gen)
     k, v = torch.randn(t, HKV, DIM, generator=gen), torch.randn(t, HKV, DIM, generator=gen)
-    slots = [tab[p // BS] * BS + p % BS for tab, ql, kl in zip(tables, q_lens, kv_lens) for p in range(kl - ql, kl)]
+    slots = [tab[p // BS] * stride + p % BS for tab, ql, kl in zip(tables, q_lens, kv_lens) for p in range(kl - ql, kl)]
     width = max(len(x) for x in tables)
     meta = AttentionMetadata(
         q_lens=list(q_lens), kv_lens=list(kv_lens), num_single=sum(1 for x in q_lens if x == 1),
@@ -70,14 +76,31 @@ CASES = {"decodes": ([1, 1, 1], [5, 1, 9]),
          "mixed": ([1, 1, 4, 4, 3, 1], [2, 8, 4, 11, 3, 6])}
 
 
+@pytest.mark.parametrize("block_major", [False, True], ids=["own-cache", "block-major-pool"])
 @pytest.mark.parametrize("case", list(CASES))
-def test_torch_backend_matches_a_per_sequence_reference(case):
+def test_torch_backend_matches_a_per_sequence_reference(case, block_major):
     q_lens, kv_lens = CASES[case]
     order = sorted(range(len(q_lens)), key=lambda i: q_lens[i] != 1)  # the runner's order: decodes first
     q_lens, kv_lens = [q_lens[i] for i in order], [kv_lens[i] for i in order]
-    q, k, v, k_cache, v_cache, meta, tables = batch(q_lens, kv_lens)
+    q, k, v, k_cache, v_cache, meta, tables = batch(q_lens, kv_lens, block_major=block_major)
     got = TorchAttention()(q, k_cache, v_cache, meta, k=k, v=v)
     torch.testing.assert_close(got, reference(q, k_cache, v_cache, tables, q_lens, kv_lens))
+
+
+def test_write_kv_into_a_block_major_pool_touches_only_its_layers_rows():
+    """A layer's K and V land in that layer's slabs of the right blocks, nowhere else."""
+    gen = torch.Generator().manual_seed(1)
+    pool = torch.randn(5, 3, 2, BS, HKV, DIM, generator=gen)
+    before = pool.clone()
+    k, v = torch.randn(4, HKV, DIM, generator=gen), torch.randn(4, HKV, DIM, generator=gen)
+    tokens = [(4, 1), (0, 0), (0, 1), (0, 2)]  # (block, offset) of each new token
+    stride = attention.block_stride(pool[:, 1, 0])
+    write_kv(pool[:, 1, 0], pool[:, 1, 1], k, v, torch.tensor([b * stride + o for b, o in tokens]))
+    want = before.clone()
+    for row, (b, o) in enumerate(tokens):
+        want[b, 1, 0, o] = k[row]
+        want[b, 1, 1, o] = v[row]
+    assert torch.equal(pool, want)
 
 
 def test_static_decode_metadata_reads_the_whole_table_and_matches():
@@ -155,5 +178,5 @@ def test_graph_bookkeeping_keeps_greedy_tokens(monkeypatch):
     assert llm.generate(prompts, lengths) == eager
     assert set(runs) == set(range(1, 8)), "every decode batch size went through the padded static path"
     assert llm.engine.num_used_blocks == 0
-    scratch = llm.engine.runner.kv_cache[:, :, llm.engine.runner.num_blocks]
+    scratch = llm.engine.runner.kv_cache[llm.engine.runner.num_blocks]
     assert scratch.abs().sum() > 0, "padded rows wrote into the scratch block"

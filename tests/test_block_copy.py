@@ -21,8 +21,8 @@ SHAPES = {"small-chunk": (2, 9, 13, 16, 2, 24), "multi-tile": (3, 7, 5, 16, 4, 1
 def case(shape, dtype=torch.float32, device="cpu", seed=0):
     layers, nsrc, ndst, bs, heads, dim = shape
     gen = torch.Generator(device=device).manual_seed(seed)  # drawn where they live: no host-side draw of GiBs
-    src = torch.randn(2, layers, nsrc, bs, heads, dim, generator=gen, device=device).to(dtype)
-    dst = torch.randn(2, layers, ndst, bs, heads, dim, generator=gen, device=device).to(dtype)
+    src = torch.randn(nsrc, layers, 2, bs, heads, dim, generator=gen, device=device).to(dtype)
+    dst = torch.randn(ndst, layers, 2, bs, heads, dim, generator=gen, device=device).to(dtype)
     n = min(nsrc, ndst) - 1
     src_ids = torch.randperm(nsrc, generator=gen, device=device)[:n].tolist()
     dst_ids = torch.randperm(ndst, generator=gen, device=device)[:n].tolist()
@@ -33,9 +33,9 @@ def expected(src, dst, src_ids, dst_ids, layer=None):
     out = dst.clone()
     for s, d in zip(src_ids, dst_ids):
         if layer is None:
-            out[:, :, d] = src[:, :, s]
+            out[d] = src[s]
         else:
-            out[:, layer, d] = src[:, layer, s]
+            out[d, layer] = src[s, layer]
     return out
 
 
@@ -96,7 +96,7 @@ def test_a_wrong_block_or_layer_is_refused_before_any_write(src_ids, dst_ids, la
 
 def test_pools_of_another_layout_are_refused():
     src, _, _, _ = case(SHAPES["small-chunk"])
-    other = torch.zeros(2, 3, 13, 16, 2, 24)  # three layers against two
+    other = torch.zeros(13, 3, 2, 16, 2, 24)  # three layers against two
     with pytest.raises(ValueError, match="one layout"):
         block_copy.copy_blocks(src, other, [0], [1])
 

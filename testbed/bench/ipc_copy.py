@@ -6,7 +6,9 @@ and P maps it, as kv_transfer.backend=ipc does. In P, for each message size, alt
         (one Triton launch when P and D share a GPU, torch copies otherwise: kv_ipc.BlockCopier)
   copy  one contiguous buffer of the same bytes copied into D's pool: a memcpy on CPU, a
         device-to-device copy_ on GPUs (peer over NVLink when D has its own GPU)
-The KV geometry is a real model's (8 KV heads x head dim 128, 16-token blocks), two layers.
+The pools are block-major as the engine's (ModelRunner.kv_cache) in Llama-3-8B's KV geometry: 32
+layers x 8 KV heads x head dim 128, 16-token blocks (8 MiB a block in float32, 4 MiB in bf16).
+Messages are whole blocks: from 4 MiB up, at least one block.
 """
 
 from __future__ import annotations
@@ -19,11 +21,11 @@ import torch.multiprocessing as mp
 
 from testbed.cluster.kv_ipc import BlockCopier, attach_pool, export_pool, release, shared_pool, synchronize
 
-LAYERS, KV_HEADS, HEAD_DIM, BLOCK = 2, 8, 128, 16
+LAYERS, KV_HEADS, HEAD_DIM, BLOCK = 32, 8, 128, 16
 
 
 def pool_shape(blocks: int) -> tuple[int, ...]:
-    return (2, LAYERS, blocks, BLOCK, KV_HEADS, HEAD_DIM)
+    return (blocks, LAYERS, 2, BLOCK, KV_HEADS, HEAD_DIM)
 
 
 def block_bytes(dtype: torch.dtype) -> int:
@@ -77,18 +79,19 @@ def prefill_side(device: torch.device, dst_device: torch.device, max_mib: int, r
     else:
         torch.set_num_threads(1)
     dst = attach_pool(handles.get())
-    blocks = dst.shape[2]
+    blocks = dst.shape[0]
     src = torch.randn(pool_shape(blocks), device=device).to(dtype)
     copier = BlockCopier(src, dst)  # as P keeps one per decode worker
     rows = []
-    for size in sizes(max_mib, smallest=1 << 20):
-        n = size // block_bytes(dtype)
+    counts = sorted({max(size // block_bytes(dtype), 1) for size in sizes(max_mib, smallest=4 << 20)})
+    for n in counts:
+        size = n * block_bytes(dtype)
         src_blocks, dst_blocks = torch.randperm(blocks)[:n].tolist(), torch.randperm(blocks)[:n].tolist()
         # filled: an untouched buffer reads the zero page, which would flatter the copy
         flat = torch.randn(n * block_bytes(dtype) // dtype.itemsize, device=device).to(dtype)
         region = dst.view(-1)[: flat.numel()]  # the same bytes, contiguous, in D's memory
         copier.write(src_blocks, dst_blocks)  # untimed first touch of both sides
-        assert torch.equal(dst[:, :, dst_blocks[-1]].to(device), src[:, :, src_blocks[-1]]), "ipc wrote elsewhere"
+        assert torch.equal(dst[dst_blocks[-1]].to(device), src[src_blocks[-1]]), "ipc wrote elsewhere"
         draws = repeats * 5 if size <= 16 << 20 else repeats
         ipc_s, copy_s = [], []
         for _ in range(draws):  # alternating, so a slow spell hits both
@@ -103,7 +106,7 @@ def measure_ipc(max_mib: int, repeats: int) -> dict:
     """{"copy": what the copy column is, "rows": [{bytes, ipc_s, copy_s, ipc_gbps, copy_gbps, ratio}]}"""
     p_dev, d_dev, what = devices()
     dtype = torch.bfloat16 if p_dev.type == "cuda" else torch.float32
-    blocks = 2 * (max_mib << 20) // block_bytes(dtype)
+    blocks = max(2 * (max_mib << 20) // block_bytes(dtype), 4)  # room to scatter the largest message into
     ctx = mp.get_context("spawn")
     handles, out, done = ctx.Queue(), ctx.Queue(), ctx.Event()
     d = ctx.Process(target=decode_side, args=(d_dev, blocks, dtype, handles, done), daemon=True)

@@ -6,8 +6,9 @@ D reserved, through D's KV pool mapped into P's address space.
                                                                        into D's, synchronise, KVDone
     D: KVDone -> install (no unpack)
 
-One copy, no staging buffer on either side: runs of consecutive block ids on both sides become
-one strided copy each, or, with P and D on one GPU, one Triton launch copies them all. On CPU the
+One copy, no staging buffer on either side. The pools are block-major (ModelRunner.kv_cache): a
+block's KV of every layer is one contiguous span, and runs of consecutive block ids on both sides
+become one contiguous copy each; with P and D on one GPU, one Triton launch copies them all. On CPU the
 pool lives in a shared-memory file (removed once every P has mapped it, so a killed run leaves
 nothing behind); on CUDA it is exported with a CUDA IPC handle (P and D on one GPU, or on two with
 peer access: NVLink). KVDone leaves only after the copy's stream is synchronised, so D never reads
@@ -100,24 +101,24 @@ def block_runs(src: list[int], dst: list[int]) -> list[tuple[int, int, int]]:
 
 
 class BlockCopier:
-    """Copies whole blocks of one pool into another (pools: (2, layers, blocks, block_size, Hkv, D)),
-    one layer or all. Both pools on one GPU: one Triton launch per write (testbed/cluster/block_copy.py).
+    """Copies whole blocks of one pool into another (pools: (blocks, layers, 2, block_size, Hkv, D)),
+    every layer or one. Both pools on one GPU: one Triton launch per write (testbed/cluster/block_copy.py).
     Otherwise torch copies, one per run of consecutive blocks; each block's view is made once (at
     16-token blocks a view made per copy costs a fifth of the copy itself)."""
 
     def __init__(self, src_pool: torch.Tensor, dst_pool: torch.Tensor, kernel: Optional[bool] = None):
         self.src, self.dst = src_pool, dst_pool
-        self.block_bytes = src_pool[:, :, 0].numel() * src_pool.element_size()
+        self.block_bytes = src_pool[0].numel() * src_pool.element_size()
         one_gpu = src_pool.device == dst_pool.device and src_pool.device.type == "cuda"
         self.kernel = (one_gpu and block_copy.usable(src_pool.device)) if kernel is None else kernel
 
     @functools.cached_property
     def src_blocks(self) -> tuple[torch.Tensor, ...]:  # made on the torch path's first use only
-        return self.src.unbind(2)
+        return self.src.unbind(0)
 
     @functools.cached_property
     def dst_blocks(self) -> tuple[torch.Tensor, ...]:
-        return self.dst.unbind(2)
+        return self.dst.unbind(0)
 
     def write(self, src_blocks: list[int], dst_blocks: list[int], layer: Optional[int] = None) -> int:
         """Returns the bytes copied; the caller synchronises before saying the copy is done."""
@@ -133,11 +134,11 @@ class BlockCopier:
                 dst.append(self.dst_blocks[d])
                 src.append(self.src_blocks[s])
             elif layer is None:
-                dst.append(self.dst[:, :, d : d + n])
-                src.append(self.src[:, :, s : s + n])
+                dst.append(self.dst[d : d + n])
+                src.append(self.src[s : s + n])
             else:
-                dst.append(self.dst[:, layer, d : d + n])
-                src.append(self.src[:, layer, s : s + n])
+                dst.append(self.dst[d : d + n, layer])
+                src.append(self.src[s : s + n, layer])
         torch._foreach_copy_(dst, src)  # one call: the per-copy cost stays in C++
         return self.block_bytes * len(src_blocks) // layers
 

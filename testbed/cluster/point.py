@@ -39,7 +39,7 @@ def kv_store(cfg: Config, plans) -> Optional[object]:
         return None
     args = cfg.model.args()
     dtype = resolve_dtype(cfg.model.dtype, torch.device(plans[0].device))
-    shape = (2, args.num_layers, cfg.engine.block_size, args.num_kv_heads, args.head_dim)
+    shape = (args.num_layers, 2, cfg.engine.block_size, args.num_kv_heads, args.head_dim)  # ModelRunner.block_kv
     return create_store(cfg.kv_store.capacity_mib, shape, dtype)
 
 

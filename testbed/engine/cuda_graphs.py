@@ -26,10 +26,10 @@ def buckets(max_batch: int) -> list[int]:
 
 class DecodeGraphs:
     def __init__(self, model, kv_caches, backend, max_batch: int, max_blocks: int, scratch_block: int,
-                 block_size: int, device: torch.device, capture: bool):
+                 block_stride: int, device: torch.device, capture: bool):
         self.model, self.kv_caches, self.backend = model, kv_caches, backend
         self.buckets = buckets(max_batch)
-        self.scratch_slot = scratch_block * block_size
+        self.scratch_slot = scratch_block * block_stride  # slot_mapping's unit (attention.block_stride)
         self.scratch_block = scratch_block
         size = self.buckets[-1]
         with torch.device(device):

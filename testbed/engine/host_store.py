@@ -1,6 +1,6 @@
 """The KV store in shared host memory (testbed/engine/kv_store.py says what it is for).
 
-Slots of one block's KV each, (2, layers, block_size, Hkv, D), in tensors every worker maps
+Slots of one block's KV each, (layers, 2, block_size, Hkv, D), in tensors every worker maps
 (created by the driver, handed to the workers when they are spawned), with their hashes, an LRU
 clock and a lock: a worker puts a block's KV in the least recently used slot and fetches by
 hash. Lookups are vectorised over the slots' hashes, so a store of tens of thousands of blocks

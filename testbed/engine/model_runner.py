@@ -11,7 +11,7 @@ from testbed.engine.config import EngineConfig
 from testbed.engine.cuda_graphs import DecodeGraphs
 from testbed.engine.kv_pool import checked_pool, needs_free_bytes, pool_blocks
 from testbed.engine.scheduler import Batch
-from testbed.model.attention import AttentionMetadata, select_backend
+from testbed.model.attention import AttentionMetadata, block_stride, select_backend
 from testbed.model.config import ModelArgs
 from testbed.model.llama import Transformer
 
@@ -33,11 +33,14 @@ class ModelRunner:
         self.backend = select_backend(config.attention_backend, device, self.dtype, config.block_size)
         self.num_blocks = self._pool_blocks()
         self.args = self._fit_max_model_len() if fit_max_model_len else self._check_max_model_len()
-        # (2, layers, blocks + 1, block_size, Hkv, D): K and V of every layer, one allocation; the last
-        # block is scratch no sequence owns (the padded rows of a graph-replayed decode write there)
-        self.kv_cache = torch.zeros(2, self.args.num_layers, self.num_blocks + 1, self.block_size,
+        # (blocks + 1, layers, 2, block_size, Hkv, D), block-major: one block's K and V of every layer
+        # are one contiguous span, so moving a request's blocks (the ipc transport, the KV store) copies
+        # a few large pieces, not 2 x layers small ones per block. The last block is scratch no sequence
+        # owns (the padded rows of a graph-replayed decode write there).
+        self.kv_cache = torch.zeros(self.num_blocks + 1, self.args.num_layers, 2, self.block_size,
                                     self.args.num_kv_heads, self.args.head_dim, dtype=self.dtype, device=device)
-        self.kv_caches = [(self.kv_cache[0, i], self.kv_cache[1, i]) for i in range(self.args.num_layers)]
+        self.kv_caches = layer_caches(self.kv_cache)
+        self.block_stride = block_stride(self.kv_caches[0][0])  # rows of (Hkv, D) per block: slot_mapping's unit
         self.graphs: DecodeGraphs | None = None
 
     def enable_graphs(self, max_batch: int, capture: bool = True) -> None:
@@ -45,7 +48,7 @@ class ModelRunner:
         without capture the same padded static path runs eagerly (CPU tests)."""
         max_blocks = -(-self.args.max_model_len // self.block_size)
         self.graphs = DecodeGraphs(self.model, self.kv_caches, self.backend, max_batch, max_blocks, self.num_blocks,
-                                   self.block_size, self.device, capture)
+                                   self.block_stride, self.device, capture)
 
     def adopt_pool(self, pool: torch.Tensor) -> None:
         """Move the KV pool into `pool` (same shape and dtype: e.g. shared memory another process
@@ -54,7 +57,7 @@ class ModelRunner:
         assert self.graphs is None, "captured graphs hold the old pool"
         pool.copy_(self.kv_cache)
         self.kv_cache = pool
-        self.kv_caches = [(pool[0, i], pool[1, i]) for i in range(self.args.num_layers)]
+        self.kv_caches = layer_caches(pool)
 
     @property
     def block_bytes(self) -> int:
@@ -91,7 +94,7 @@ class ModelRunner:
             input_ids += seq.token_ids[start:start + n]
             span = range(start, start + n)
             positions += span
-            slots += [seq.block_table[p // bs] * bs + p % bs for p in span]
+            slots += [seq.block_table[p // bs] * self.block_stride + p % bs for p in span]
             tables.append(seq.block_table)
             q_lens.append(n)
             kv_lens.append(start + n)
@@ -152,37 +155,48 @@ class ModelRunner:
         return logits.argmax(dim=-1).tolist()  # the one host sync of a step
 
     # -- KV in and out, for the connector ----------------------------------------------------
-    def _token_slots(self, block_table: list[int], num_tokens: int) -> torch.Tensor:
+    def _token_rows(self, block_table: list[int], num_tokens: int) -> torch.Tensor:
+        """Row of each token's K in layer 0 of the pool seen as rows of (Hkv, D); (layer, K or V) adds
+        its slab's `_slab_offset`."""
         blocks = torch.tensor(block_table[: -(-num_tokens // self.block_size)], device=self.device)
         offsets = torch.arange(self.block_size, device=self.device)
-        return (blocks[:, None] * self.block_size + offsets).flatten()[:num_tokens]
+        return (blocks[:, None] * self.block_stride + offsets).flatten()[:num_tokens]
+
+    def _slab_offset(self, layer: int, kv: int) -> int:
+        return (2 * layer + kv) * self.block_size
 
     def block_kv(self, block_id: int) -> torch.Tensor:
-        """One block's KV, (2, layers, block_size, Hkv, D): a view into the pool."""
-        return self.kv_cache[:, :, block_id]
+        """One block's KV, (layers, 2, block_size, Hkv, D): a contiguous view into the pool."""
+        return self.kv_cache[block_id]
 
     def kv_shape(self, num_tokens: int, layer: int | None = None) -> tuple[int, ...]:
         a = self.args
         per_layer = (num_tokens, a.num_kv_heads, a.head_dim)
         return (2, *per_layer) if layer is not None else (2, a.num_layers, *per_layer)
 
-    def _slices(self, layer: int | None):
-        """(K or V, layer) slices of the pool, each (blocks * block_size, Hkv, D) and contiguous, so a
-        token gather is a plain row gather (much faster than indexing one middle dimension)."""
+    def _slabs(self, layer: int | None) -> list[tuple[int, int]]:
         layers = range(self.args.num_layers) if layer is None else [layer]
-        return [(kv, i, self.kv_cache[kv, i].flatten(0, 1)) for kv in range(2) for i in layers]
+        return [(kv, i) for kv in range(2) for i in layers]
 
     def read_tokens(self, block_table: list[int], num_tokens: int, layer: int | None = None,
                     out: torch.Tensor | None = None, start: int = 0) -> torch.Tensor:
-        """The KV of tokens [start, start + num_tokens) packed into one buffer of `kv_shape`."""
-        slots = self._token_slots(block_table, start + num_tokens)[start:]
+        """The KV of tokens [start, start + num_tokens) packed into one buffer of `kv_shape`: per
+        (K or V, layer), a plain row gather from the pool seen as rows of (Hkv, D)."""
+        base = self._token_rows(block_table, start + num_tokens)[start:]
         out = torch.empty(self.kv_shape(num_tokens, layer), dtype=self.dtype, device=self.device) if out is None else out
-        for kv, i, src in self._slices(layer):
-            torch.index_select(src, 0, slots, out=out[kv] if layer is not None else out[kv, i])
+        rows = self.kv_cache.view(-1, *self.kv_cache.shape[-2:])
+        for kv, i in self._slabs(layer):
+            torch.index_select(rows, 0, base + self._slab_offset(i, kv), out=out[kv] if layer is not None else out[kv, i])
         return out
 
     def write_tokens(self, block_table: list[int], data: torch.Tensor, layer: int | None = None,
                      start: int = 0) -> None:
-        slots = self._token_slots(block_table, start + data.shape[-3])[start:]
-        for kv, i, dst in self._slices(layer):
-            dst.index_copy_(0, slots, data[kv] if layer is not None else data[kv, i])
+        base = self._token_rows(block_table, start + data.shape[-3])[start:]
+        rows = self.kv_cache.view(-1, *self.kv_cache.shape[-2:])
+        for kv, i in self._slabs(layer):
+            rows.index_copy_(0, base + self._slab_offset(i, kv), data[kv] if layer is not None else data[kv, i])
+
+
+def layer_caches(pool: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(K, V) views of each layer of a block-major pool, each (blocks, block_size, Hkv, D)."""
+    return [(pool[:, i, 0], pool[:, i, 1]) for i in range(pool.shape[1])]

@@ -2,8 +2,9 @@
 blocks), else a Triton paged decode kernel beside SDPA's fused prefill (CUDA with Triton), else
 torch SDPA everywhere.
 
-The KV pool of one layer is a pair of tensors (num_blocks, block_size, num_kv_heads, head_dim),
-the layout flash-attn's paged API expects. A batch packs every sequence's new tokens; sequences
+The KV cache of one layer is a pair of tensors (num_blocks, block_size, num_kv_heads, head_dim),
+the layout flash-attn's paged API expects; each may be a layer's view of a block-major pool (one
+block of every layer contiguous), where one block starts `block_stride` rows after the previous. A batch packs every sequence's new tokens; sequences
 with one new token (decodes, or prefill chunks of one token) come first, then longer chunks.
 """
 
@@ -35,7 +36,9 @@ class AttentionMetadata:
     q_lens: list[int]  # new tokens per sequence; the first num_single entries are 1
     kv_lens: list[int]  # cached + new tokens per sequence after this step
     num_single: int  # leading sequences with exactly one new token
-    slot_mapping: torch.Tensor  # (T,) int64: block_id * block_size + offset of each new token
+    # (T,) int64: each new token's row in its layer's cache seen as rows of (Hkv, D) (`cache_rows`):
+    # block_id * block_stride + offset; block_stride is block_size for a cache of its own
+    slot_mapping: torch.Tensor
     block_tables: torch.Tensor  # (B, max_blocks) int32, padded with 0
     kv_lens_t: torch.Tensor  # (B,) int32
     cu_q: torch.Tensor  # (B + 1,) int32 prefix sums of q_lens
@@ -44,11 +47,24 @@ class AttentionMetadata:
     static: bool = False
 
 
+def block_stride(cache: torch.Tensor) -> int:
+    """Rows of (Hkv, D) from one block's start to the next's in a (num_blocks, block_size, Hkv, D)
+    cache: block_size when it is a tensor of its own, layers x 2 x block_size in a block-major pool."""
+    return cache.stride(0) // cache.stride(1)
+
+
+def cache_rows(cache: torch.Tensor) -> torch.Tensor:
+    """The cache as rows of (Hkv, D) from its first element, other layers' rows included: the
+    view slot_mapping indexes (a layer's view of a block-major pool has no flat view of its own)."""
+    rows = (cache.shape[0] - 1) * block_stride(cache) + cache.shape[1]
+    return cache.as_strided((rows, *cache.shape[2:]), cache.stride()[1:])
+
+
 def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
              slot_mapping: torch.Tensor) -> None:
-    # k, v: (T, Hkv, D) scattered into the flat (num_blocks * block_size, Hkv, D) view
-    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slot_mapping, k)
-    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slot_mapping, v)
+    # k, v: (T, Hkv, D) scattered into the caches' rows
+    cache_rows(k_cache).index_copy_(0, slot_mapping, k)
+    cache_rows(v_cache).index_copy_(0, slot_mapping, v)
 
 
 class TorchAttention:

@@ -84,7 +84,7 @@ def measure_ipc(runner: ModelRunner, repeats: int, max_tokens: int = 1 << 15) ->
     tokens_list = sorted({16, 128, 1024, 8192, min(runner.args.max_model_len, max_tokens, runner.num_blocks * bs)})
     tokens_list = [t for t in tokens_list if t <= runner.num_blocks * bs]
     largest = -(-tokens_list[-1] // bs)
-    shape = (*own.shape[:2], largest + largest // 4 + 1, *own.shape[3:])  # a quarter more: room to scatter into
+    shape = (largest + largest // 4 + 1, *own.shape[1:])  # a quarter more: room to scatter into
     if runner.device.type == "cpu":
         peer, handle = shared_pool(shape, own.dtype)
         release(handle)  # the mapping stays valid; nothing is left in /dev/shm
@@ -100,7 +100,7 @@ def measure_ipc(runner: ModelRunner, repeats: int, max_tokens: int = 1 << 15) ->
     for tokens in tokens_list:
         blocks = -(-tokens // bs)
         src = torch.randperm(runner.num_blocks, generator=gen)[:blocks].tolist()
-        dst = torch.randperm(shape[2], generator=gen)[:blocks].tolist()
+        dst = torch.randperm(shape[0], generator=gen)[:blocks].tolist()
         times, nbytes = [], 0
         for _ in range(repeats + 1):  # the first touches both sides
             synchronize(peer.device)
