@@ -20,13 +20,19 @@ NAN = float("nan")
 TOL = {torch.float32: 1e-4, torch.bfloat16: 2e-2}  # bf16: inputs, p and the output rounded to 8 bits
 
 
-def make_case(lens, block_size, group, dtype, kv_heads=2, dim=64, device="cpu", seed=0, num_blocks=None):
+def make_case(lens, block_size, group, dtype, kv_heads=2, dim=64, device="cpu", seed=0, num_blocks=None,
+              block_major=False):
     """Caches whose blocks are handed out shuffled; block 0 (where padded table entries point) and
-    the slots past each sequence's last token hold NaN, which the kernel must never read."""
+    the slots past each sequence's last token hold NaN, which the kernel must never read. block_major:
+    the caches are layer 1's views of a (blocks, 3 layers, 2, block_size, Hkv, D) pool, as the engine's."""
     gen = torch.Generator().manual_seed(seed)
     counts = [-(-n // block_size) for n in lens]
     num_blocks = num_blocks or 1 + sum(counts) + 2  # block 0, each sequence's blocks, two never handed out
-    k, v = (torch.randn(num_blocks, block_size, kv_heads, dim, generator=gen).to(dtype) for _ in "kv")
+    if block_major:
+        pool = torch.randn(num_blocks, 3, 2, block_size, kv_heads, dim, generator=gen).to(dtype)
+        k, v = pool[:, 1, 0], pool[:, 1, 1]
+    else:
+        k, v = (torch.randn(num_blocks, block_size, kv_heads, dim, generator=gen).to(dtype) for _ in "kv")
     ids = torch.randperm(num_blocks - 1, generator=gen) + 1
     tables = torch.zeros(len(lens), max(counts) + 1, dtype=torch.int32)  # at least one padded column
     for i, (n, c) in enumerate(zip(lens, counts)):
@@ -68,6 +74,10 @@ CASES = {
     f"splits{s}-empty-dim40": (dict(lens=[0, 1, 37, 150], block_size=16, group=3, dtype=torch.float32, dim=40),
                                dict(scale=0.3, num_splits=s))
     for s in (1, 2, 5)
+} | {
+    f"block-major-{str(dtype).removeprefix('torch.')}": (
+        dict(lens=[1, 21, 29], block_size=16, group=3, dtype=dtype, block_major=True), {})
+    for dtype in (torch.float32, torch.bfloat16)
 }
 
 

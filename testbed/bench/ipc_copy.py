@@ -92,7 +92,9 @@ def prefill_side(device: torch.device, dst_device: torch.device, max_mib: int, r
         region = dst.view(-1)[: flat.numel()]  # the same bytes, contiguous, in D's memory
         copier.write(src_blocks, dst_blocks)  # untimed first touch of both sides
         assert torch.equal(dst[dst_blocks[-1]].to(device), src[src_blocks[-1]]), "ipc wrote elsewhere"
-        draws = repeats * 5 if size <= 16 << 20 else repeats
+        # a small message is milliseconds, where one scheduler hiccup is the whole figure: draws
+        # enough for about 1 GiB a column (3 to 20 x repeats)
+        draws = repeats * min(20, max(3, (1 << 30) // size))
         ipc_s, copy_s = [], []
         for _ in range(draws):  # alternating, so a slow spell hits both
             ipc_s.append(_timed(lambda: copier.write(src_blocks, dst_blocks), dst_device))
