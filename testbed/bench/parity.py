@@ -1,7 +1,8 @@
 """Attention backends against SDPA: python -m testbed.bench.parity [--device cuda:0]
 
 Random paged batches at Llama-3-8B's head geometry (32 query heads, 8 KV heads, head dim 128),
-scattered blocks, fresh draws per case: every backend this device can run (flash-attn, the Triton
+scattered blocks of a block-major pool read through one layer's strided views (as the engine's),
+fresh draws per case: every backend this device can run (flash-attn, the Triton
 decode kernel) against the torch SDPA backend computed in float32 on the same inputs, as the
 relative error ||out - ref|| / ||ref||. bf16 operands land between 1e-3 and 1e-2; NaN never passes.
 """
@@ -13,7 +14,7 @@ import json
 
 import torch
 
-from testbed.model.attention import AttentionMetadata, TorchAttention, select_backend, write_kv
+from testbed.model.attention import AttentionMetadata, TorchAttention, block_stride, select_backend, write_kv
 from testbed.errors import ConfigError
 
 HEADS, KV_HEADS, DIM = 32, 8, 128
@@ -31,10 +32,12 @@ def paged_batch(q_lens, kv_lens, block_size: int, device, dtype, seed: int):
         tables.append(ids[used : used + -(-n // block_size)])
         used += len(tables[-1])
     rand = lambda *shape: torch.randn(*shape, generator=gen).to(device=device, dtype=dtype)  # noqa: E731
-    k_cache, v_cache = rand(blocks, block_size, KV_HEADS, DIM), rand(blocks, block_size, KV_HEADS, DIM)
+    pool = rand(blocks, 1, 2, block_size, KV_HEADS, DIM)  # (blocks, layers, K/V, ...): the engine's layout
+    k_cache, v_cache = pool[:, 0, 0], pool[:, 0, 1]  # a block's K and V 2 x block_size rows apart
+    stride = block_stride(k_cache)
     t = sum(q_lens)
     q, k, v = rand(t, HEADS, DIM), rand(t, KV_HEADS, DIM), rand(t, KV_HEADS, DIM)
-    slots = [tab[p // block_size] * block_size + p % block_size
+    slots = [tab[p // block_size] * stride + p % block_size
              for tab, ql, kl in zip(tables, q_lens, kv_lens) for p in range(kl - ql, kl)]
     width = max(len(x) for x in tables)
     to = lambda x, dt: torch.tensor(x, dtype=dt, device=device)  # noqa: E731
