@@ -7,7 +7,7 @@ and P maps it, as kv_transfer.backend=ipc does. In P, for each message size, alt
   copy  one contiguous buffer of the same bytes copied into D's pool: a memcpy on CPU, a
         device-to-device copy_ on GPUs (peer over NVLink when D has its own GPU)
 The pools are block-major as the engine's (ModelRunner.kv_cache) in Llama-3-8B's KV geometry: 32
-layers x 8 KV heads x head dim 128, 16-token blocks (8 MiB a block in float32, 4 MiB in bf16).
+layers x 8 KV heads x head dim 128, 16-token blocks (4 MiB a block in float32, 2 MiB in bf16).
 Messages are whole blocks: from 4 MiB up, at least one block.
 """
 
@@ -20,16 +20,19 @@ import torch
 import torch.multiprocessing as mp
 
 from testbed.cluster.kv_ipc import BlockCopier, attach_pool, export_pool, release, shared_pool, synchronize
+from testbed.engine.kv_pool import kv_block_shape
+from testbed.model.config import PRESETS
 
-LAYERS, KV_HEADS, HEAD_DIM, BLOCK = 32, 8, 128, 16
+BLOCK = (PRESETS["llama3_8b"], 16)  # the model and block size whose KV blocks are moved
 
 
 def pool_shape(blocks: int) -> tuple[int, ...]:
-    return (blocks, LAYERS, 2, BLOCK, KV_HEADS, HEAD_DIM)
+    return (blocks, *kv_block_shape(*BLOCK))
 
 
 def block_bytes(dtype: torch.dtype) -> int:
-    return 2 * LAYERS * BLOCK * KV_HEADS * HEAD_DIM * dtype.itemsize
+    args, block_size = BLOCK
+    return args.kv_bytes_per_token * block_size * dtype.itemsize
 
 
 def sizes(max_mib: int, smallest: int) -> list[int]:

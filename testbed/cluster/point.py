@@ -18,6 +18,7 @@ from testbed.cluster.pacing import pace_summary
 from testbed.cluster.router import Router
 from testbed.cluster.worker import WorkerSpec
 from testbed.engine.host_store import create_store
+from testbed.engine.kv_pool import kv_block_shape
 from testbed.errors import KVLeakError
 from testbed.interop.points import export_run
 from testbed.metrics.events import RequestLog
@@ -39,8 +40,7 @@ def kv_store(cfg: Config, plans) -> Optional[object]:
         return None
     args = cfg.model.args()
     dtype = resolve_dtype(cfg.model.dtype, torch.device(plans[0].device))
-    shape = (args.num_layers, 2, cfg.engine.block_size, args.num_kv_heads, args.head_dim)  # ModelRunner.block_kv
-    return create_store(cfg.kv_store.capacity_mib, shape, dtype)
+    return create_store(cfg.kv_store.capacity_mib, kv_block_shape(args, cfg.engine.block_size), dtype)
 
 
 def worker_template(cfg: Config, store=None) -> WorkerSpec:

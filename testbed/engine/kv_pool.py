@@ -12,6 +12,12 @@ from testbed.engine.config import EngineConfig
 from testbed.errors import ConfigError
 
 
+def kv_block_shape(args, block_size: int) -> tuple[int, ...]:
+    """One block of the pool, (layers, 2, block_size, Hkv, D): K and V of every layer in one span.
+    The pool is these stacked, block-major (ModelRunner.kv_cache); the shared KV store's slots are one each."""
+    return (args.num_layers, 2, block_size, args.num_kv_heads, args.head_dim)
+
+
 def needs_free_bytes(config: EngineConfig, device_type: str) -> bool:
     """Whether `pool_blocks` reads the free memory: a GPU pool with no explicit block count."""
     return device_type == "cuda" and config.num_kv_blocks is None

@@ -9,7 +9,7 @@ import torch
 
 from testbed.engine.config import EngineConfig
 from testbed.engine.cuda_graphs import DecodeGraphs
-from testbed.engine.kv_pool import checked_pool, needs_free_bytes, pool_blocks
+from testbed.engine.kv_pool import checked_pool, kv_block_shape, needs_free_bytes, pool_blocks
 from testbed.engine.scheduler import Batch
 from testbed.model.attention import AttentionMetadata, block_stride, select_backend
 from testbed.model.config import ModelArgs
@@ -37,8 +37,8 @@ class ModelRunner:
         # are one contiguous span, so moving a request's blocks (the ipc transport, the KV store) copies
         # a few large pieces, not 2 x layers small ones per block. The last block is scratch no sequence
         # owns (the padded rows of a graph-replayed decode write there).
-        self.kv_cache = torch.zeros(self.num_blocks + 1, self.args.num_layers, 2, self.block_size,
-                                    self.args.num_kv_heads, self.args.head_dim, dtype=self.dtype, device=device)
+        self.kv_cache = torch.zeros(self.num_blocks + 1, *kv_block_shape(self.args, self.block_size), dtype=self.dtype,
+                                    device=device)
         self.kv_caches = layer_caches(self.kv_cache)
         self.block_stride = block_stride(self.kv_caches[0][0])  # rows of (Hkv, D) per block: slot_mapping's unit
         self.graphs: DecodeGraphs | None = None
