@@ -14,10 +14,13 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 import zmq
 
+from testbed.model import cpu_decode
 from testbed.ports import free_port
 
+CPU_BACKEND = "cpu" if cpu_decode.supports("cpu", torch.float32) else "torch"  # what auto takes here
 ROOT = Path(__file__).resolve().parents[1]
 WORKLOAD = ["workload.num_requests=8", "workload.rate=40", "workload.input_len.min=20", "workload.input_len.max=120",
             "workload.output_len.min=6", "workload.output_len.max=20", "hardware=cpu", "model.max_model_len=256",
@@ -132,7 +135,7 @@ def test_two_nodes_give_the_single_box_tokens_and_write_results_once(tmp_path, m
     assert {r["node"] for r in meta["ranks"].values()} == {0, 1}
     clock = meta["ranks"]["1"]  # one host: one clock, measured but not applied
     assert not clock["clock_rebased"] and abs(clock["clock_offset_s"]) <= clock["clock_rtt_s"]
-    assert {r["attention_backend"] for r in meta["ranks"].values()} == {"torch"}
+    assert {r["attention_backend"] for r in meta["ranks"].values()} == {CPU_BACKEND}
     if mode == ["mode=disagg"]:
         transfers = pd.read_parquet(run / "kv_transfers.parquet")
         assert len(transfers) == 8 and transfers.crossed_nodes.all() and (transfers.outcome == "ok").all()

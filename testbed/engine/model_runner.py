@@ -30,7 +30,8 @@ class ModelRunner:
         self.args: ModelArgs = model.args
         self.dtype = next(model.parameters()).dtype
         self.block_size = config.block_size
-        self.backend = select_backend(config.attention_backend, device, self.dtype, config.block_size)
+        self.backend = select_backend(config.attention_backend, device, self.dtype, config.block_size,
+                                      self.args.head_dim)
         self.num_blocks = self._pool_blocks()
         self.args = self._fit_max_model_len() if fit_max_model_len else self._check_max_model_len()
         # (blocks + 1, layers, 2, block_size, Hkv, D), block-major: one block's K and V of every layer

@@ -1,6 +1,7 @@
 """Paged attention backends: flash-attn where it imports and runs (CUDA, fp16/bf16, 256-token
-blocks), else a Triton paged decode kernel beside SDPA's fused prefill (CUDA with Triton), else
-torch SDPA everywhere.
+blocks), else a Triton paged decode kernel beside SDPA's fused prefill (CUDA with Triton); on CPU in
+float32 a C paged decode kernel beside SDPA's prefill (where a C compiler builds it); else torch
+SDPA everywhere.
 
 The KV cache of one layer is a pair of tensors (num_blocks, block_size, num_kv_heads, head_dim),
 the layout flash-attn's paged API expects; each may be a layer's view of a block-major pool (one
@@ -17,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from testbed.errors import ConfigError
-from testbed.model import paged_decode
+from testbed.model import cpu_decode, paged_decode
 from testbed.model.kv_layout import ATTENTION_BACKENDS, FLASH_BLOCK_MULTIPLE
 
 try:  # a binary mismatch raises more than ImportError
@@ -190,17 +191,38 @@ class TritonAttention(TorchAttention):
         return paged_decode.paged_decode(q, k_cache, v_cache, meta.block_tables[:n], meta.kv_lens_t[:n])
 
 
-def select_backend(requested: str, device: torch.device, dtype: torch.dtype, block_size: int):
+class CpuAttention(TorchAttention):
+    """Decodes through the C paged kernel (testbed/model/cpu_decode.py: K and V read in place through
+    the block table); prefills and chunks as TorchAttention."""
+
+    name = "cpu"
+
+    def decode(self, q, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
+        n = q.shape[0]
+        return cpu_decode.paged_decode(q, k_cache, v_cache, meta.block_tables[:n], meta.kv_lens_t[:n])
+
+
+def select_backend(requested: str, device: torch.device, dtype: torch.dtype, block_size: int,
+                   head_dim: int | None = None):
     """`auto`: flash-attn where it can run (CUDA, half precision, 256-multiple pages), else the
-    Triton decode kernel on CUDA, else torch SDPA."""
+    Triton decode kernel on CUDA, else the C decode kernel on CPU in float32, else torch SDPA."""
     flash_ok = FLASH_ATTN_AVAILABLE and device.type == "cuda" and dtype in (torch.float16, torch.bfloat16)
     if requested == "auto":
         if flash_ok and block_size % FLASH_BLOCK_MULTIPLE == 0:
             requested = "flash"
         else:
-            requested = "triton" if device.type == "cuda" and paged_decode.usable(device) else "torch"
+            requested = ("triton" if device.type == "cuda" and paged_decode.usable(device)
+                         else "cpu" if cpu_decode.supports(device, dtype, head_dim) else "torch")
     if requested == "torch":
         return TorchAttention()
+    if requested == "cpu":
+        if not cpu_decode.supports(device, dtype, head_dim):
+            why = cpu_decode.unavailable_reason()
+            raise ConfigError(f"engine.attention_backend=cpu needs a CPU device in float32 with head_dim in "
+                              f"{cpu_decode.HEAD_DIMS} and a C compiler (got {device.type}/"
+                              f"{str(dtype).removeprefix('torch.')}, head_dim {head_dim}{'; ' + why if why else ''}); "
+                              "engine.attention_backend=torch works everywhere")
+        return CpuAttention()
     if requested == "triton":
         if not paged_decode.usable(device):
             raise ConfigError(f"engine.attention_backend=triton needs triton on a CUDA device (importable: "

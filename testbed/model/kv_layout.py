@@ -1,7 +1,7 @@
 """Attention backends and the KV block sizes their kernels take (no torch: configs and the
 simulator read it too)."""
 
-ATTENTION_BACKENDS = ("auto", "flash", "triton", "torch")
+ATTENTION_BACKENDS = ("auto", "flash", "triton", "cpu", "torch")
 
 FLASH_BLOCK_MULTIPLE = 256  # upstream flash-attn's paged KV needs page sizes divisible by 256
 BLOCK_SIZE = 16  # everywhere else: vLLM's default, fine-grained for prefix caching

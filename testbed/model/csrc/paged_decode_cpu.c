@@ -1,0 +1,91 @@
+/* Paged decode attention on CPU, float32: one new query token per sequence attends to that
+ * sequence's cached K and V, read in place through its block table (no gathered or padded copy).
+ *
+ * Built on first use by testbed/model/cpu_decode.py with the host C compiler and called through
+ * ctypes. Layout, in elements: block b's token row r of one layer starts at
+ * cache + b * block_stride + r * row_stride, and KV head h at + h * head_dim (a layer's view of the
+ * block-major pool, or a cache of its own). q and out are (n, H, head_dim), contiguous.
+ *
+ * One (sequence, KV head) at a time, for the G = H / Hkv query heads sharing it: every score, then a
+ * softmax over them, then the weighted sum of V. head_dim / 8 vectors per row is a compile-time
+ * constant per variant, so a dot product is a few vector FMAs and one horizontal sum. */
+#include <float.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef float v8 __attribute__((vector_size(32)));
+
+static inline v8 load8(const float *p) { v8 v; memcpy(&v, p, sizeof v); return v; }
+static inline void store8(float *p, v8 v) { memcpy(p, &v, sizeof v); }
+static inline float hsum8(v8 v) {
+    float r = 0.f;
+    for (int i = 0; i < 8; i++) r += v[i];
+    return r;
+}
+
+#define DEFINE_HEAD(NV)                                                                                 \
+static void head_##NV(const float *restrict qh, const float *restrict kc, const float *restrict vc,       \
+                      const int32_t *restrict table, int64_t block_stride, int64_t row_stride, int len,   \
+                      int G, int block_size, float scale, float *restrict s, float *restrict o) {         \
+    for (int g = 0; g < G; g++) {                                                                       \
+        v8 qv[NV], acc[NV];                                                                             \
+        for (int i = 0; i < NV; i++) qv[i] = load8(qh + (g * NV + i) * 8) * scale;                      \
+        float *sg = s + (int64_t)g * len, m = -FLT_MAX, sum = 0.f;                                      \
+        for (int t0 = 0, j = 0; t0 < len; t0 += block_size, j++) { /* scores */                         \
+            const float *k = kc + table[j] * block_stride;                                              \
+            int end = len - t0 < block_size ? len - t0 : block_size;                                    \
+            for (int t = 0; t < end; t++, k += row_stride) {                                            \
+                v8 d = qv[0] * load8(k);                                                                \
+                for (int i = 1; i < NV; i++) d += qv[i] * load8(k + 8 * i);                             \
+                float x = hsum8(d);                                                                     \
+                sg[t0 + t] = x;                                                                         \
+                m = x > m ? x : m;                                                                      \
+            }                                                                                           \
+        }                                                                                               \
+        for (int t = 0; t < len; t++) { sg[t] = expf(sg[t] - m); sum += sg[t]; }                        \
+        for (int i = 0; i < NV; i++) acc[i] = (v8){0};                                                  \
+        for (int t0 = 0, j = 0; t0 < len; t0 += block_size, j++) { /* probabilities x V */              \
+            const float *v = vc + table[j] * block_stride;                                              \
+            int end = len - t0 < block_size ? len - t0 : block_size;                                    \
+            for (int t = 0; t < end; t++, v += row_stride) {                                            \
+                float p = sg[t0 + t];                                                                   \
+                for (int i = 0; i < NV; i++) acc[i] += p * load8(v + 8 * i);                            \
+            }                                                                                           \
+        }                                                                                               \
+        float inv = len ? 1.f / sum : 0.f; /* an empty sequence (a padded row) yields zeros */          \
+        for (int i = 0; i < NV; i++) store8(o + (g * NV + i) * 8, acc[i] * inv);                        \
+    }                                                                                                   \
+}
+
+DEFINE_HEAD(1)   /* head_dim 8 */
+DEFINE_HEAD(2)   /* 16 */
+DEFINE_HEAD(4)   /* 32 */
+DEFINE_HEAD(8)   /* 64 */
+DEFINE_HEAD(16)  /* 128 */
+DEFINE_HEAD(32)  /* 256 */
+
+typedef void (*head_fn)(const float *, const float *, const float *, const int32_t *, int64_t, int64_t, int, int,
+                        int, float, float *, float *);
+
+/* Returns 0, or 1 when scratch cannot be allocated, 2 for a head_dim without a variant. */
+int paged_decode_f32(const float *restrict q, const float *restrict k_cache, const float *restrict v_cache,
+                     int64_t block_stride, int64_t row_stride, const int32_t *restrict tables, int64_t table_stride,
+                     const int32_t *restrict kv_lens, int n, int H, int Hkv, int head_dim, int block_size,
+                     float scale, float *restrict out) {
+    head_fn fn = head_dim == 8 ? head_1 : head_dim == 16 ? head_2 : head_dim == 32 ? head_4 : head_dim == 64 ? head_8
+               : head_dim == 128 ? head_16 : head_dim == 256 ? head_32 : NULL;
+    if (!fn) return 2;
+    int G = H / Hkv, max_len = 1;
+    for (int b = 0; b < n; b++) max_len = kv_lens[b] > max_len ? kv_lens[b] : max_len;
+    float *s = malloc(sizeof(float) * (size_t)max_len * G);  /* scores of one (sequence, KV head) */
+    if (!s) return 1;
+    for (int b = 0; b < n; b++)
+        for (int h = 0; h < Hkv; h++)
+            fn(q + ((int64_t)b * H + h * G) * head_dim, k_cache + h * head_dim, v_cache + h * head_dim,
+               tables + b * table_stride, block_stride, row_stride, kv_lens[b], G, block_size, scale, s,
+               out + ((int64_t)b * H + h * G) * head_dim);
+    free(s);
+    return 0;
+}

@@ -1,0 +1,91 @@
+"""The C paged decode kernel against SDPA over each sequence's tokens gathered one by one: head
+dims of every compiled variant, GQA groups, a layer's strided view of a block-major pool, lengths
+at and across block edges; its one-line refusals; and what happens without a C compiler."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from testbed import LLM
+from testbed.errors import ConfigError
+from testbed.model import cpu_decode
+from testbed.model.attention import select_backend
+
+pytestmark = pytest.mark.skipif(not cpu_decode.supports("cpu", torch.float32),
+                                reason=f"C kernel unavailable: {cpu_decode.unavailable_reason()}")
+BS = 4
+
+
+def pool_views(num_blocks, kv_heads, dim, gen, layers=3):
+    """Layer 1's K and V views of a (blocks, layers, 2, BS, Hkv, D) block-major pool."""
+    pool = torch.randn(num_blocks, layers, 2, BS, kv_heads, dim, generator=gen)
+    return pool[:, 1, 0], pool[:, 1, 1]
+
+
+def reference(q, k_cache, v_cache, tables, kv_lens):
+    out = []
+    for i, (table, n) in enumerate(zip(tables, kv_lens)):
+        rows = [(table[t // BS], t % BS) for t in range(n)]
+        k = torch.stack([k_cache[b, r] for b, r in rows]).transpose(0, 1)  # (Hkv, S, D)
+        v = torch.stack([v_cache[b, r] for b, r in rows]).transpose(0, 1)
+        out.append(F.scaled_dot_product_attention(q[i][:, None], k, v, enable_gqa=True)[:, 0])
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("dim", cpu_decode.HEAD_DIMS)
+@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (4, 2), (8, 1), (6, 2)])
+def test_kernel_matches_sdpa_over_gathered_tokens(dim, heads, kv_heads):
+    gen = torch.Generator().manual_seed(dim + heads)
+    kv_lens = [1, BS - 1, BS, BS + 1, 3 * BS, 29]
+    width = max(-(-n // BS) for n in kv_lens)
+    num_blocks = len(kv_lens) * width + 2
+    k_cache, v_cache = pool_views(num_blocks, kv_heads, dim, gen)
+    ids = torch.randperm(num_blocks, generator=gen)[: len(kv_lens) * width].view(len(kv_lens), width)
+    tables = [ids[i, : -(-n // BS)].tolist() for i, n in enumerate(kv_lens)]
+    q = torch.randn(len(kv_lens), heads, dim, generator=gen)
+    out = cpu_decode.paged_decode(q, k_cache, v_cache, ids.int(), torch.tensor(kv_lens, dtype=torch.int32))
+    torch.testing.assert_close(out, reference(q, k_cache, v_cache, tables, kv_lens), rtol=1e-5, atol=1e-5)
+
+
+def test_an_empty_sequence_yields_zeros_and_reads_no_block():
+    gen = torch.Generator().manual_seed(0)
+    k_cache, v_cache = pool_views(4, 2, 16, gen)
+    tables = torch.tensor([[3], [10**6]], dtype=torch.int32)  # the second table is never read
+    out = cpu_decode.paged_decode(torch.randn(2, 4, 16, generator=gen), k_cache, v_cache, tables,
+                                  torch.tensor([2, 0], dtype=torch.int32))
+    assert out[1].abs().max() == 0 and out[0].abs().max() > 0
+
+
+def test_refusals_name_what_is_wrong():
+    k_cache = torch.zeros(2, BS, 2, 16)
+    tables, lens = torch.zeros(1, 1, dtype=torch.int32), torch.ones(1, dtype=torch.int32)
+    with pytest.raises(ValueError, match="float32"):
+        cpu_decode.paged_decode(torch.zeros(1, 4, 16), k_cache.double(), k_cache.double(), tables, lens)
+    with pytest.raises(ValueError, match="head_dim 24"):
+        z = torch.zeros(2, BS, 2, 24)
+        cpu_decode.paged_decode(torch.zeros(1, 4, 24), z, z, tables, lens)
+    with pytest.raises(ConfigError, match="attention_backend=cpu needs a CPU device in float32"):
+        select_backend("cpu", torch.device("cpu"), torch.bfloat16, 16, 16)
+
+
+def test_without_a_compiler_auto_keeps_torch_and_cpu_says_why(monkeypatch, tmp_path):
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    monkeypatch.setenv("TESTBED_CACHE_DIR", str(tmp_path))  # nothing built here yet
+    cpu_decode._library.cache_clear()
+    try:
+        assert "no C compiler" in cpu_decode.unavailable_reason()
+        assert select_backend("auto", torch.device("cpu"), torch.float32, 16, 16).name == "torch"
+        with pytest.raises(ConfigError, match="no C compiler"):
+            select_backend("cpu", torch.device("cpu"), torch.float32, 16, 16)
+    finally:
+        cpu_decode._library.cache_clear()
+
+
+def test_engine_tokens_equal_with_the_kernel_and_without():
+    prompts = [[(5 * i + j) % 500 + 1 for j in range(3 + 4 * i)] for i in range(6)]
+    options = dict(num_kv_blocks=64, max_model_len=128, max_running=6)
+    kernel = LLM("tiny", attention_backend="cpu", **options)
+    assert kernel.engine.runner.backend.name == "cpu"
+    assert kernel.generate(prompts, 12) == LLM("tiny", attention_backend="torch", **options).generate(prompts, 12)
