@@ -17,7 +17,7 @@ from testbed import LLM
 from testbed.errors import ConfigError
 from testbed.experiments.serve import serve
 from testbed.model.config import ModelConfig
-from testbed.model.llama import Rotary
+from testbed.model.llama import Rotary, checkpoint_tensors
 from testbed.model.loader import build_model
 from testbed.workload import build_workload
 from tests.cluster_helpers import make_config
@@ -84,10 +84,11 @@ def test_llama3_frequencies_equal_transformers_for_llama31_settings(tmp_path):
     config = LlamaConfig(hidden_size=4096, num_attention_heads=32, num_key_value_heads=8, intermediate_size=64,
                          num_hidden_layers=1, vocab_size=8, max_position_embeddings=131072, rope_parameters=rope)
     config.save_pretrained(tmp_path)
-    ours = Rotary(128, *[getattr(ModelConfig(path=str(tmp_path)).args(), k) for k in ("rope_theta", "rope_scaling")])
+    args = ModelConfig(path=str(tmp_path)).args()
+    ours = Rotary(128, args.rope_theta, 16, args.rope_scaling)
     theirs = LlamaRotaryEmbedding(config).inv_freq
     assert torch.equal(ours.inv_freq, theirs)
-    assert not torch.equal(Rotary(128, 500000.0).inv_freq, theirs)  # the scaling matters at these settings
+    assert not torch.equal(Rotary(128, 500000.0, 16).inv_freq, theirs)  # the scaling matters at these settings
 
 
 @pytest.mark.parametrize("kind, type_key", [("llama", "rope_type"), ("llama3", "rope_type"), ("llama3", "type")])
@@ -158,7 +159,7 @@ def test_preset_head_dim_is_a_field(tmp_path):
     assert (args.head_dim, args.kv_bytes_per_token) == (32, 2 * 2 * 2 * 32)
     assert ModelConfig(name="tiny", hidden_size=128).args().head_dim == 32  # re-derived from the override
     model = build_model(args, torch.device("cpu"), torch.float32)
-    assert model.layers[0].self_attn.q_proj.weight.shape == (128, 64)
+    assert checkpoint_tensors(model)["layers.0.self_attn.q_proj.weight"].shape == (128, 64)
     assert model.layers[0].self_attn.o_proj.weight.shape == (64, 128)
     llm = LLM("tiny", head_dim=32, num_kv_blocks=64)
     prompt = list(range(30))

@@ -71,7 +71,7 @@ def test_whole_prefill_then_decode(name):
 @pytest.mark.parametrize("chunk", [1, 7, 64])
 def test_chunked_prefill_then_20_decodes(chunk):
     model, runner, sched = make(ARGS["tiny"], "colocated", max_batched_tokens=chunk)
-    seq = Sequence(0, prompt(70, seed=chunk), max_tokens=21)
+    seq = Sequence(0, prompt(59, seed=chunk), max_tokens=21)  # 80 tokens: max_model_len
     assert drive(model, runner, sched, {0: [seq]}) == 21
 
 

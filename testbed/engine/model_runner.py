@@ -129,7 +129,9 @@ class ModelRunner:
             hidden = self.graphs.run(ids, pos, meta)
         else:
             hidden = self.model(ids, pos, self.kv_caches, meta, self.backend, after_layer)
-        return self.model.logits(hidden[sample_rows])  # (num sampled, vocab), float32
+        if len(sample_rows) < hidden.shape[0]:  # else every row, in order (a decode-only step)
+            hidden = hidden[sample_rows]
+        return self.model.logits(hidden)  # (num sampled, vocab), float32
 
     def run(self, batch: Batch) -> tuple[list[int | None], torch.Tensor]:
         """Sampled token per batch item (None for a chunk that stops short of the sequence end),

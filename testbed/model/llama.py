@@ -30,19 +30,23 @@ class RMSNorm(nn.Module):
 
 
 class Rotary(nn.Module):
-    """RoPE in the Hugging Face layout (rotate the two halves), so real checkpoints load as they are."""
+    """RoPE in the Hugging Face layout (rotate the two halves), so real checkpoints load as they are.
+    cos and sin of every position up to max_len are computed once, as transformers computes them
+    per step, and looked up by position (one gather a step, inside a captured CUDA graph too)."""
 
-    def __init__(self, head_dim: int, theta: float, scaling: Llama3RopeScaling | None = None):
+    def __init__(self, head_dim: int, theta: float, max_len: int, scaling: Llama3RopeScaling | None = None):
         super().__init__()
         inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
         if scaling is not None:
             inv_freq = llama3_inv_freq(inv_freq, scaling)
-        self.inv_freq = inv_freq  # a plain attribute: model.to(bfloat16) must not round it
+        self.inv_freq = inv_freq  # plain attributes: model.to(bfloat16) must not round them
+        freqs = torch.arange(max_len).float()[:, None] * inv_freq[None, :]  # (max_len, D/2)
+        emb = torch.cat((freqs, freqs), dim=-1)  # (max_len, D)
+        self.cos_sin = torch.stack((emb.cos(), emb.sin()))  # (2, max_len, D)
 
     def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs = positions.float()[:, None] * self.inv_freq[None, :]  # (T, D/2)
-        emb = torch.cat((freqs, freqs), dim=-1)  # (T, D)
-        return emb.cos(), emb.sin()
+        cos, sin = self.cos_sin[:, positions]  # each (T, D)
+        return cos, sin
 
 
 def llama3_inv_freq(inv_freq: torch.Tensor, s: Llama3RopeScaling) -> torch.Tensor:
@@ -67,19 +71,22 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 
 class Attention(nn.Module):
+    """q, k and v come from one fused projection (rows: H x D of q, then Hkv x D of k, then of v;
+    `checkpoint_tensors` names the slices), and q and k are rotated together."""
+
     def __init__(self, args: ModelArgs):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = args.num_heads, args.num_kv_heads, args.head_dim
-        self.q_proj = nn.Linear(args.hidden_size, args.num_heads * args.head_dim, bias=args.qkv_bias)
-        self.k_proj = nn.Linear(args.hidden_size, args.num_kv_heads * args.head_dim, bias=args.qkv_bias)
-        self.v_proj = nn.Linear(args.hidden_size, args.num_kv_heads * args.head_dim, bias=args.qkv_bias)
+        qkv_rows = (args.num_heads + 2 * args.num_kv_heads) * args.head_dim
+        self.qkv_proj = nn.Linear(args.hidden_size, qkv_rows, bias=args.qkv_bias)
         self.o_proj = nn.Linear(args.num_heads * args.head_dim, args.hidden_size, bias=False)
 
     def forward(self, x, cos, sin, kv_cache=None, meta: AttentionMetadata | None = None, backend=None):
-        T = x.shape[0]
-        q = apply_rotary(self.q_proj(x).view(T, self.num_heads, self.head_dim), cos, sin)
-        k = apply_rotary(self.k_proj(x).view(T, self.num_kv_heads, self.head_dim), cos, sin)
-        v = self.v_proj(x).view(T, self.num_kv_heads, self.head_dim)
+        T, H, Hkv, D = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
+        qkv = self.qkv_proj(x)  # (T, (H + 2 Hkv) D)
+        qk = apply_rotary(qkv[:, : (H + Hkv) * D].view(T, H + Hkv, D), cos, sin)
+        q, k = qk[:, :H], qk[:, H:]  # (T, H, D), (T, Hkv, D)
+        v = qkv[:, (H + Hkv) * D :].view(T, Hkv, D)
         if meta is None:  # dense reference: one sequence, plain causal attention, no cache
             o = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
                                                is_causal=True, enable_gqa=True).transpose(0, 1)
@@ -91,14 +98,16 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
+    """SwiGLU with gate and up fused into one projection (rows: gate, then up)."""
+
     def __init__(self, args: ModelArgs):
         super().__init__()
-        self.gate_proj = nn.Linear(args.hidden_size, args.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(args.hidden_size, args.intermediate_size, bias=False)
+        self.gate_up_proj = nn.Linear(args.hidden_size, 2 * args.intermediate_size, bias=False)
         self.down_proj = nn.Linear(args.intermediate_size, args.hidden_size, bias=False)
 
     def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):
@@ -124,7 +133,7 @@ class Transformer(nn.Module):
         self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
         if args.tie_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
-        self.rotary = Rotary(args.head_dim, args.rope_theta, args.rope_scaling)
+        self.rotary = Rotary(args.head_dim, args.rope_theta, args.max_model_len, args.rope_scaling)
 
     def forward(self, input_ids, positions, kv_caches, meta: AttentionMetadata, backend,
                 after_layer=None) -> torch.Tensor:
@@ -144,6 +153,9 @@ class Transformer(nn.Module):
     @torch.inference_mode()
     def dense_forward(self, token_ids: torch.Tensor) -> torch.Tensor:
         """(T,) -> logits (T, vocab): full recompute of one sequence, no KV cache."""
+        if len(token_ids) > self.rotary.cos_sin.shape[1]:
+            raise ValueError(f"{len(token_ids)} tokens exceed the {self.rotary.cos_sin.shape[1]} positions RoPE "
+                             "was built for (model.max_model_len)")
         x = self.embed_tokens(token_ids)
         cos, sin = self.rotary(torch.arange(len(token_ids), device=token_ids.device))
         for layer in self.layers:
@@ -151,13 +163,36 @@ class Transformer(nn.Module):
         return self.logits(self.norm(x))
 
 
+# checkpoint tensors that are row slices of one fused parameter here, in row order
+FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+
+
+def checkpoint_tensors(model: Transformer) -> dict[str, torch.Tensor]:
+    """Each tensor a Hugging Face Llama / Qwen2 checkpoint holds, by its name there less the "model."
+    prefix ("layers.0.self_attn.q_proj.weight"), as a view of this model's parameters: q, k and v
+    are row slices of qkv_proj, gate and up of gate_up_proj. A tied lm_head is not listed."""
+    a = model.args
+    rows = {"q_proj": a.num_heads * a.head_dim, "k_proj": a.num_kv_heads * a.head_dim,
+            "v_proj": a.num_kv_heads * a.head_dim, "gate_proj": a.intermediate_size, "up_proj": a.intermediate_size}
+    tensors = {}
+    for name, p in model.named_parameters():  # each shared parameter once: a tied head is the embedding
+        *prefix, module, kind = name.split(".")
+        if module not in FUSED:
+            tensors[name] = p
+            continue
+        for shard, chunk in zip(FUSED[module], p.split([rows[s] for s in FUSED[module]])):
+            tensors[".".join([*prefix, shard, kind])] = chunk
+    return tensors
+
+
 @torch.no_grad()
 def init_dummy_weights(model: Transformer, seed: int, head_scale: float = 4.0) -> None:
     """Seeded random weights whose greedy choices are well separated: residual branches are
     scaled down so activations stay O(1), and the output head is scaled up so the top logit
-    stands clear of the runner-up (token comparisons across batch shapes are then meaningful)."""
+    stands clear of the runner-up (token comparisons across batch shapes are then meaningful).
+    Each checkpoint tensor is drawn from a seed of its own name, fused or not."""
     args = model.args
-    for name, p in model.named_parameters():
+    for name, p in checkpoint_tensors(model).items():
         gen = torch.Generator(device=p.device).manual_seed(seed + hash_name(name))
         if name.endswith("norm.weight") or "layernorm" in name:
             p.fill_(1.0)

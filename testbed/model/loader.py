@@ -8,7 +8,7 @@ import torch
 
 from testbed.errors import ConfigError
 from testbed.model.config import ModelArgs
-from testbed.model.llama import Transformer, init_dummy_weights
+from testbed.model.llama import Transformer, checkpoint_tensors, init_dummy_weights
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -39,10 +39,8 @@ def load_hf_weights(model: Transformer, path: Path) -> None:
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise ConfigError(f"model.path={str(path)!r}: no *.safetensors files found")
-    params = dict(model.named_parameters())
+    params = checkpoint_tensors(model)  # views: q/k/v and gate/up are slices of fused parameters
     expected = {_hf_name(n) for n in params}
-    if model.args.tie_embeddings:
-        expected.discard("lm_head.weight")
     loaded = set()
     for file in files:
         with safe_open(str(file), framework="pt", device="cpu") as f:
@@ -54,7 +52,8 @@ def load_hf_weights(model: Transformer, path: Path) -> None:
                 if tuple(tensor.shape) != tuple(params[name].shape):
                     raise ConfigError(f"{file.name}: tensor {hf_name} has shape {tuple(tensor.shape)}, "
                                       f"the model expects {tuple(params[name].shape)}")
-                params[name].data.copy_(tensor)
+                with torch.no_grad():
+                    params[name].copy_(tensor)
                 loaded.add(hf_name)
     missing = sorted(expected - loaded)
     if missing:
