@@ -14,7 +14,7 @@ from testbed import LLM
 from testbed.engine.config import EngineConfig
 from testbed.engine.cuda_graphs import buckets
 from testbed.errors import ConfigError
-from testbed.model import attention, cpu_decode
+from testbed.model import attention, cpu_ops
 from testbed.model.attention import AttentionMetadata, FlashAttention, TorchAttention, select_backend, write_kv
 from testbed.model.kv_layout import default_block_size
 
@@ -139,7 +139,7 @@ def test_flash_backend_calls_match_the_torch_backend(case, monkeypatch):
 
 def test_backend_and_block_size_per_device(monkeypatch):
     cpu = torch.device("cpu")
-    assert select_backend("auto", cpu, torch.float32, 16, 16).name == ("cpu" if cpu_decode.supports(cpu, torch.float32)
+    assert select_backend("auto", cpu, torch.float32, 16, 16).name == ("cpu" if cpu_ops.supports(cpu, torch.float32)
                                                                        else "torch")
     assert select_backend("auto", cpu, torch.bfloat16, 16, 16).name == "torch"  # the C kernel is float32 only
     assert select_backend("auto", cpu, torch.float32, 16, 24).name == "torch"  # no variant for head_dim 24

@@ -10,9 +10,9 @@ import pandas as pd
 import pytest
 import torch
 
-from testbed.model import cpu_decode
+from testbed.model import cpu_ops
 
-CPU_BACKEND = "cpu" if cpu_decode.supports("cpu", torch.float32) else "torch"  # what auto takes here
+CPU_BACKEND = "cpu" if cpu_ops.supports("cpu", torch.float32) else "torch"  # what auto takes here
 ROOT = Path(__file__).resolve().parents[1]
 
 

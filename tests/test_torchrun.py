@@ -17,10 +17,10 @@ import pytest
 import torch
 import zmq
 
-from testbed.model import cpu_decode
+from testbed.model import cpu_ops
 from testbed.ports import free_port
 
-CPU_BACKEND = "cpu" if cpu_decode.supports("cpu", torch.float32) else "torch"  # what auto takes here
+CPU_BACKEND = "cpu" if cpu_ops.supports("cpu", torch.float32) else "torch"  # what auto takes here
 ROOT = Path(__file__).resolve().parents[1]
 WORKLOAD = ["workload.num_requests=8", "workload.rate=40", "workload.input_len.min=20", "workload.input_len.max=120",
             "workload.output_len.min=6", "workload.output_len.max=20", "hardware=cpu", "model.max_model_len=256",

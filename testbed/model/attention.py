@@ -18,8 +18,9 @@ import torch
 import torch.nn.functional as F
 
 from testbed.errors import ConfigError
-from testbed.model import cpu_decode, paged_decode
+from testbed.model import cpu_ops, paged_decode
 from testbed.model.kv_layout import ATTENTION_BACKENDS, FLASH_BLOCK_MULTIPLE
+from testbed.model.ops import CpuOps, TorchOps
 
 try:  # a binary mismatch raises more than ImportError
     from flash_attn import flash_attn_varlen_func, flash_attn_with_kvcache
@@ -77,6 +78,7 @@ class TorchAttention:
     - the rest (chunks after a cached prefix): one SDPA per chunk over its gathered blocks."""
 
     name = "torch"
+    ops = TorchOps  # the elementwise steps of the forward around this backend's attention
 
     def __call__(self, q, k_cache, v_cache, meta: AttentionMetadata, k=None, v=None) -> torch.Tensor:
         # q: (T, H, D) -> out (T, H, D); k, v: this step's new (T, Hkv, D), when the caller has them
@@ -163,6 +165,7 @@ class FlashAttention:
     """flash-attn: paged decode with flash_attn_with_kvcache, paged varlen for prefill chunks."""
 
     name = "flash"
+    ops = TorchOps
 
     def __call__(self, q, k_cache, v_cache, meta: AttentionMetadata, k=None, v=None) -> torch.Tensor:
         out = torch.empty_like(q)
@@ -192,14 +195,15 @@ class TritonAttention(TorchAttention):
 
 
 class CpuAttention(TorchAttention):
-    """Decodes through the C paged kernel (testbed/model/cpu_decode.py: K and V read in place through
+    """Decodes through the C paged kernel (testbed/model/cpu_ops.py: K and V read in place through
     the block table); prefills and chunks as TorchAttention."""
 
     name = "cpu"
+    ops = CpuOps
 
     def decode(self, q, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
         n = q.shape[0]
-        return cpu_decode.paged_decode(q, k_cache, v_cache, meta.block_tables[:n], meta.kv_lens_t[:n])
+        return cpu_ops.paged_decode(q, k_cache, v_cache, meta.block_tables[:n], meta.kv_lens_t[:n])
 
 
 def select_backend(requested: str, device: torch.device, dtype: torch.dtype, block_size: int,
@@ -212,14 +216,14 @@ def select_backend(requested: str, device: torch.device, dtype: torch.dtype, blo
             requested = "flash"
         else:
             requested = ("triton" if device.type == "cuda" and paged_decode.usable(device)
-                         else "cpu" if cpu_decode.supports(device, dtype, head_dim) else "torch")
+                         else "cpu" if cpu_ops.supports(device, dtype, head_dim) else "torch")
     if requested == "torch":
         return TorchAttention()
     if requested == "cpu":
-        if not cpu_decode.supports(device, dtype, head_dim):
-            why = cpu_decode.unavailable_reason()
+        if not cpu_ops.supports(device, dtype, head_dim):
+            why = cpu_ops.unavailable_reason()
             raise ConfigError(f"engine.attention_backend=cpu needs a CPU device in float32 with head_dim in "
-                              f"{cpu_decode.HEAD_DIMS} and a C compiler (got {device.type}/"
+                              f"{cpu_ops.HEAD_DIMS} and a C compiler (got {device.type}/"
                               f"{str(dtype).removeprefix('torch.')}, head_dim {head_dim}{'; ' + why if why else ''}); "
                               "engine.attention_backend=torch works everywhere")
         return CpuAttention()

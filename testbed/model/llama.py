@@ -15,6 +15,7 @@ from torch import nn
 
 from testbed.model.attention import AttentionMetadata, write_kv
 from testbed.model.config import ModelArgs
+from testbed.model.ops import TorchOps
 from testbed.model.rope import Llama3RopeScaling
 
 
@@ -24,9 +25,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
+    def forward(self, x: torch.Tensor, ops=TorchOps) -> torch.Tensor:
+        return ops.rms_norm(x, self.weight, self.eps)
 
 
 class Rotary(nn.Module):
@@ -44,9 +44,8 @@ class Rotary(nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)  # (max_len, D)
         self.cos_sin = torch.stack((emb.cos(), emb.sin()))  # (2, max_len, D)
 
-    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        cos, sin = self.cos_sin[:, positions]  # each (T, D)
-        return cos, sin
+    def forward(self, positions: torch.Tensor, ops=TorchOps):
+        return ops.rope(self.cos_sin, positions)  # what ops.rotary takes: (cos, sin), each (T, D), for torch
 
 
 def llama3_inv_freq(inv_freq: torch.Tensor, s: Llama3RopeScaling) -> torch.Tensor:
@@ -63,13 +62,6 @@ def llama3_inv_freq(inv_freq: torch.Tensor, s: Llama3RopeScaling) -> torch.Tenso
     return torch.where(medium, smoothed, scaled)
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    # x: (T, heads, D); cos, sin: (T, D)
-    x1, x2 = x.float().chunk(2, dim=-1)
-    rotated = torch.cat((-x2, x1), dim=-1)
-    return (x.float() * cos[:, None] + rotated * sin[:, None]).to(x.dtype)
-
-
 class Attention(nn.Module):
     """q, k and v come from one fused projection (rows: H x D of q, then Hkv x D of k, then of v;
     `checkpoint_tensors` names the slices), and q and k are rotated together."""
@@ -81,10 +73,10 @@ class Attention(nn.Module):
         self.qkv_proj = nn.Linear(args.hidden_size, qkv_rows, bias=args.qkv_bias)
         self.o_proj = nn.Linear(args.num_heads * args.head_dim, args.hidden_size, bias=False)
 
-    def forward(self, x, cos, sin, kv_cache=None, meta: AttentionMetadata | None = None, backend=None):
+    def forward(self, x, rope, kv_cache=None, meta: AttentionMetadata | None = None, backend=None, ops=TorchOps):
         T, H, Hkv, D = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
         qkv = self.qkv_proj(x)  # (T, (H + 2 Hkv) D)
-        qk = apply_rotary(qkv[:, : (H + Hkv) * D].view(T, H + Hkv, D), cos, sin)
+        qk = ops.rotary(qkv[:, : (H + Hkv) * D].view(T, H + Hkv, D), rope)
         q, k = qk[:, :H], qk[:, H:]  # (T, H, D), (T, Hkv, D)
         v = qkv[:, (H + Hkv) * D :].view(T, Hkv, D)
         if meta is None:  # dense reference: one sequence, plain causal attention, no cache
@@ -105,9 +97,8 @@ class MLP(nn.Module):
         self.gate_up_proj = nn.Linear(args.hidden_size, 2 * args.intermediate_size, bias=False)
         self.down_proj = nn.Linear(args.intermediate_size, args.hidden_size, bias=False)
 
-    def forward(self, x):
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+    def forward(self, x, ops=TorchOps):
+        return self.down_proj(ops.silu_mul(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
@@ -118,9 +109,10 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.mlp = MLP(args)
 
-    def forward(self, x, cos, sin, kv_cache=None, meta=None, backend=None):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, meta, backend)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x, rope, kv_cache=None, meta=None, backend=None):
+        ops = TorchOps if backend is None else backend.ops  # the dense reference: always torch
+        x = x + self.self_attn(self.input_layernorm(x, ops), rope, kv_cache, meta, backend, ops)
+        return x + self.mlp(self.post_attention_layernorm(x, ops), ops)
 
 
 class Transformer(nn.Module):
@@ -140,12 +132,12 @@ class Transformer(nn.Module):
         """input_ids, positions: (T,) -> hidden (T, hidden); kv_caches[i] = (k, v) of layer i.
         `after_layer(i)` runs once layer i's KV is in the pool (layer-wise KV streaming)."""
         x = self.embed_tokens(input_ids)
-        cos, sin = self.rotary(positions)
+        rope = self.rotary(positions, backend.ops)
         for i, (layer, kv) in enumerate(zip(self.layers, kv_caches)):
-            x = layer(x, cos, sin, kv, meta, backend)
+            x = layer(x, rope, kv, meta, backend)
             if after_layer is not None:
                 after_layer(i)
-        return self.norm(x)
+        return self.norm(x, backend.ops)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()  # (N, vocab)
@@ -157,9 +149,9 @@ class Transformer(nn.Module):
             raise ValueError(f"{len(token_ids)} tokens exceed the {self.rotary.cos_sin.shape[1]} positions RoPE "
                              "was built for (model.max_model_len)")
         x = self.embed_tokens(token_ids)
-        cos, sin = self.rotary(torch.arange(len(token_ids), device=token_ids.device))
+        rope = self.rotary(torch.arange(len(token_ids), device=token_ids.device))
         for layer in self.layers:
-            x = layer(x, cos, sin)
+            x = layer(x, rope)
         return self.logits(self.norm(x))
 
 

@@ -10,11 +10,11 @@ import torch.nn.functional as F
 
 from testbed import LLM
 from testbed.errors import ConfigError
-from testbed.model import cpu_decode
+from testbed.model import cpu_ops
 from testbed.model.attention import select_backend
 
-pytestmark = pytest.mark.skipif(not cpu_decode.supports("cpu", torch.float32),
-                                reason=f"C kernel unavailable: {cpu_decode.unavailable_reason()}")
+pytestmark = pytest.mark.skipif(not cpu_ops.supports("cpu", torch.float32),
+                                reason=f"C kernel unavailable: {cpu_ops.unavailable_reason()}")
 BS = 4
 
 
@@ -34,7 +34,7 @@ def reference(q, k_cache, v_cache, tables, kv_lens):
     return torch.stack(out)
 
 
-@pytest.mark.parametrize("dim", cpu_decode.HEAD_DIMS)
+@pytest.mark.parametrize("dim", cpu_ops.HEAD_DIMS)
 @pytest.mark.parametrize("heads,kv_heads", [(4, 4), (4, 2), (8, 1), (6, 2)])
 def test_kernel_matches_sdpa_over_gathered_tokens(dim, heads, kv_heads):
     gen = torch.Generator().manual_seed(dim + heads)
@@ -45,7 +45,7 @@ def test_kernel_matches_sdpa_over_gathered_tokens(dim, heads, kv_heads):
     ids = torch.randperm(num_blocks, generator=gen)[: len(kv_lens) * width].view(len(kv_lens), width)
     tables = [ids[i, : -(-n // BS)].tolist() for i, n in enumerate(kv_lens)]
     q = torch.randn(len(kv_lens), heads, dim, generator=gen)
-    out = cpu_decode.paged_decode(q, k_cache, v_cache, ids.int(), torch.tensor(kv_lens, dtype=torch.int32))
+    out = cpu_ops.paged_decode(q, k_cache, v_cache, ids.int(), torch.tensor(kv_lens, dtype=torch.int32))
     torch.testing.assert_close(out, reference(q, k_cache, v_cache, tables, kv_lens), rtol=1e-5, atol=1e-5)
 
 
@@ -53,7 +53,7 @@ def test_an_empty_sequence_yields_zeros_and_reads_no_block():
     gen = torch.Generator().manual_seed(0)
     k_cache, v_cache = pool_views(4, 2, 16, gen)
     tables = torch.tensor([[3], [10**6]], dtype=torch.int32)  # the second table is never read
-    out = cpu_decode.paged_decode(torch.randn(2, 4, 16, generator=gen), k_cache, v_cache, tables,
+    out = cpu_ops.paged_decode(torch.randn(2, 4, 16, generator=gen), k_cache, v_cache, tables,
                                   torch.tensor([2, 0], dtype=torch.int32))
     assert out[1].abs().max() == 0 and out[0].abs().max() > 0
 
@@ -62,10 +62,10 @@ def test_refusals_name_what_is_wrong():
     k_cache = torch.zeros(2, BS, 2, 16)
     tables, lens = torch.zeros(1, 1, dtype=torch.int32), torch.ones(1, dtype=torch.int32)
     with pytest.raises(ValueError, match="float32"):
-        cpu_decode.paged_decode(torch.zeros(1, 4, 16), k_cache.double(), k_cache.double(), tables, lens)
+        cpu_ops.paged_decode(torch.zeros(1, 4, 16), k_cache.double(), k_cache.double(), tables, lens)
     with pytest.raises(ValueError, match="head_dim 24"):
         z = torch.zeros(2, BS, 2, 24)
-        cpu_decode.paged_decode(torch.zeros(1, 4, 24), z, z, tables, lens)
+        cpu_ops.paged_decode(torch.zeros(1, 4, 24), z, z, tables, lens)
     with pytest.raises(ConfigError, match="attention_backend=cpu needs a CPU device in float32"):
         select_backend("cpu", torch.device("cpu"), torch.bfloat16, 16, 16)
 
@@ -73,14 +73,14 @@ def test_refusals_name_what_is_wrong():
 def test_without_a_compiler_auto_keeps_torch_and_cpu_says_why(monkeypatch, tmp_path):
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
     monkeypatch.setenv("TESTBED_CACHE_DIR", str(tmp_path))  # nothing built here yet
-    cpu_decode._library.cache_clear()
+    cpu_ops._library.cache_clear()
     try:
-        assert "no C compiler" in cpu_decode.unavailable_reason()
+        assert "no C compiler" in cpu_ops.unavailable_reason()
         assert select_backend("auto", torch.device("cpu"), torch.float32, 16, 16).name == "torch"
         with pytest.raises(ConfigError, match="no C compiler"):
             select_backend("cpu", torch.device("cpu"), torch.float32, 16, 16)
     finally:
-        cpu_decode._library.cache_clear()
+        cpu_ops._library.cache_clear()
 
 
 def test_engine_tokens_equal_with_the_kernel_and_without():

@@ -1,8 +1,9 @@
-"""Paged decode attention on CPU: a small C kernel (csrc/paged_decode_cpu.c) that reads each
-sequence's K and V in place through its block table, where the torch backend copies every
-sequence's blocks out whole at each layer of each step and runs SDPA over the padded copy.
+"""C kernels for the CPU hot path in float32 (csrc/cpu_ops.c): paged decode attention that reads
+each sequence's K and V in place through its block table (the torch backend copies every
+sequence's blocks out whole at each layer of each step and runs SDPA over the padded copy), and
+RMSNorm, RoPE and SiLU-and-multiply each as one call instead of several torch calls.
 
-The kernel is compiled on first use with the host C compiler (`CC`, else `cc`) for this CPU
+The library is compiled on first use with the host C compiler (`CC`, else `cc`) for this CPU
 (-march=native) into a per-user cache directory, and called through ctypes (which releases the
 GIL). Without a compiler the engine keeps the torch backend: `auto` falls back, an explicit
 `engine.attention_backend=cpu` says why in one line.
@@ -22,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-SOURCE = Path(__file__).with_name("csrc") / "paged_decode_cpu.c"
+SOURCE = Path(__file__).with_name("csrc") / "cpu_ops.c"
 FLAGS = ("-O3", "-march=native", "-ffast-math", "-shared", "-fPIC")
 HEAD_DIMS = (8, 16, 32, 64, 128, 256)  # the kernel's compiled variants
 MAX_GROUP = 64  # query heads per KV head
@@ -48,7 +49,7 @@ def _build() -> Path:
     compiler = shlex.split(os.environ.get("CC", "cc"))
     source = SOURCE.read_bytes()
     key = hashlib.sha256(source + " ".join(compiler + list(FLAGS)).encode() + _cpu_key().encode()).hexdigest()[:16]
-    target = cache_dir() / f"paged_decode_cpu-{key}.so"
+    target = cache_dir() / f"cpu_ops-{key}.so"
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -76,11 +77,22 @@ def _library() -> tuple[ctypes.CDLL | None, str]:
         return None, f"the C compiler failed: {(e.stderr or '').strip().splitlines()[-1:] or e}"
     except OSError as e:
         return None, f"the compiled kernel did not load: {e}"
-    fn = lib.paged_decode_f32
-    fn.argtypes = ([ctypes.c_void_p] * 3 + [ctypes.c_int64] * 2 + [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
-                   + [ctypes.c_int] * 5 + [ctypes.c_float, ctypes.c_void_p])
-    fn.restype = ctypes.c_int
+    ptr, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
+    signatures = {"paged_decode_f32": [ptr, ptr, ptr, i64, i64, ptr, i64, ptr, i32, i32, i32, i32, i32, f32, ptr],
+                  "rms_norm_f32": [ptr, i64, ptr, f32, i64, i64, ptr],
+                  "rotary_f32": [ptr, i64, ptr, ptr, i64, i64, i64, i64, ptr],
+                  "silu_mul_f32": [ptr, i64, i64, ptr]}
+    for name, argtypes in signatures.items():
+        getattr(lib, name).argtypes = argtypes
+        getattr(lib, name).restype = ctypes.c_int if name == "paged_decode_f32" else None
     return lib, ""
+
+
+def _lib() -> ctypes.CDLL:
+    lib, why = _library()
+    if lib is None:
+        raise RuntimeError(f"the CPU kernels are unavailable: {why}")
+    return lib
 
 
 def unavailable_reason() -> str:
@@ -98,9 +110,7 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     """q: (n, H, D) one new token per sequence; caches: (num_blocks, block_size, Hkv, D) with rows of
     (Hkv, D) contiguous (a layer's view of a block-major pool is fine); block_tables (n, >= blocks) int32;
     kv_lens (n,) int32 tokens to attend to, the new one included -> (n, H, D)."""
-    lib, why = _library()
-    if lib is None:
-        raise RuntimeError(f"the CPU paged decode kernel is unavailable: {why}")
+    lib = _lib()
     n, heads, dim = q.shape
     kv_heads = k_cache.shape[2]
     for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
@@ -117,4 +127,47 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
                               kv_heads, dim, k_cache.shape[1], dim ** -0.5, out.data_ptr())
     if rc:
         raise MemoryError("the CPU paged decode kernel could not allocate its scores")
+    return out
+
+
+def _float32(x: torch.Tensor, what: str) -> torch.Tensor:
+    if x.dtype != torch.float32 or x.device.type != "cpu":
+        raise ValueError(f"{what} must be a float32 CPU tensor (got {x.dtype} on {x.device.type})")
+    return x
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """(T, dim) rows with unit stride within a row -> x * rsqrt(mean(x^2) + eps) * weight, contiguous."""
+    lib = _lib()
+    x = _float32(x, "rms_norm's input")
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    out = torch.empty(x.shape, dtype=torch.float32)
+    lib.rms_norm_f32(x.data_ptr(), x.stride(0), _float32(weight, "rms_norm's weight").data_ptr(), eps, x.shape[0],
+                     x.shape[1], out.data_ptr())
+    return out
+
+
+def rotary(x: torch.Tensor, positions: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """RoPE, both halves rotated: x (T, heads, D) with contiguous heads in a row; positions (T,) int64;
+    table (2, max_len, D) cos then sin -> (T, heads, D) contiguous."""
+    lib = _lib()
+    x = _float32(x, "rotary's input")
+    if x.stride(2) != 1 or x.stride(1) != x.shape[2]:
+        x = x.contiguous()
+    positions = positions.to(torch.int64).contiguous()
+    table = _float32(table, "rotary's table").contiguous()
+    out = torch.empty(x.shape, dtype=torch.float32)
+    lib.rotary_f32(x.data_ptr(), x.stride(0), positions.data_ptr(), table.data_ptr(), table.shape[1], x.shape[0],
+                   x.shape[1], x.shape[2], out.data_ptr())
+    return out
+
+
+def silu_mul(x: torch.Tensor) -> torch.Tensor:
+    """(T, 2 I) rows of gate then up -> silu(gate) * up, (T, I)."""
+    lib = _lib()
+    x = _float32(x, "silu_mul's input").contiguous()
+    inter = x.shape[1] // 2
+    out = torch.empty(x.shape[0], inter, dtype=torch.float32)
+    lib.silu_mul_f32(x.data_ptr(), x.shape[0], inter, out.data_ptr())
     return out

@@ -1,11 +1,15 @@
-/* Paged decode attention on CPU, float32: one new query token per sequence attends to that
- * sequence's cached K and V, read in place through its block table (no gathered or padded copy).
+/* CPU kernels for the engine's hot path in float32, where a step of a small model is a few dozen
+ * torch calls of microseconds each: paged decode attention that reads K and V in place through
+ * the block table (no gathered, padded copy), RMSNorm, RoPE and SiLU-and-multiply each as one call.
  *
- * Built on first use by testbed/model/cpu_decode.py with the host C compiler and called through
- * ctypes. Layout, in elements: block b's token row r of one layer starts at
+ * Built on first use by testbed/model/cpu_ops.py with the host C compiler and called through
+ * ctypes. Each function takes raw pointers and element strides and returns nothing, except
+ * paged_decode_f32 (0, or why it could not run). Math is float32 as in the torch reference; the
+ * order of additions differs (vectorised sums), as between any two BLAS libraries.
+ *
+ * Paged layout, in elements: block b's token row r of one layer starts at
  * cache + b * block_stride + r * row_stride, and KV head h at + h * head_dim (a layer's view of the
  * block-major pool, or a cache of its own). q and out are (n, H, head_dim), contiguous.
- *
  * One (sequence, KV head) at a time, for the G = H / Hkv query heads sharing it: every score, then a
  * softmax over them, then the weighted sum of V. head_dim / 8 vectors per row is a compile-time
  * constant per variant, so a dot product is a few vector FMAs and one horizontal sum. */
@@ -88,4 +92,45 @@ int paged_decode_f32(const float *restrict q, const float *restrict k_cache, con
                out + ((int64_t)b * H + h * G) * head_dim);
     free(s);
     return 0;
+}
+
+/* out[i] = x[i] * rsqrt(mean(x[i]^2) + eps) * w, row by row; x rows `x_stride` apart, out contiguous. */
+void rms_norm_f32(const float *restrict x, int64_t x_stride, const float *restrict w, float eps, int64_t rows,
+                  int64_t dim, float *restrict out) {
+    for (int64_t i = 0; i < rows; i++) {
+        const float *xi = x + i * x_stride;
+        float *oi = out + i * dim, ss = 0.f;
+        for (int64_t d = 0; d < dim; d++) ss += xi[d] * xi[d];
+        float r = 1.f / sqrtf(ss / (float)dim + eps);
+        for (int64_t d = 0; d < dim; d++) oi[d] = xi[d] * r * w[d];
+    }
+}
+
+/* RoPE in the Hugging Face layout (the two halves of each head rotated): x (T, heads, D) with rows
+ * `x_stride` apart and heads contiguous within a row; table (2, max_len, D) of cos then sin;
+ * out (T, heads, D) contiguous. */
+void rotary_f32(const float *restrict x, int64_t x_stride, const int64_t *restrict positions,
+                const float *restrict table, int64_t max_len, int64_t tokens, int64_t heads, int64_t dim,
+                float *restrict out) {
+    int64_t half = dim / 2;
+    for (int64_t t = 0; t < tokens; t++) {
+        const float *cos = table + positions[t] * dim, *sin = cos + max_len * dim;
+        for (int64_t h = 0; h < heads; h++) {
+            const float *xh = x + t * x_stride + h * dim;
+            float *oh = out + (t * heads + h) * dim;
+            for (int64_t d = 0; d < half; d++) {
+                oh[d] = xh[d] * cos[d] - xh[d + half] * sin[d];
+                oh[d + half] = xh[d + half] * cos[d + half] + xh[d] * sin[d + half];
+            }
+        }
+    }
+}
+
+/* out[i] = silu(gate[i]) * up[i] where each row of x is gate (inter) then up (inter). */
+void silu_mul_f32(const float *restrict x, int64_t rows, int64_t inter, float *restrict out) {
+    for (int64_t i = 0; i < rows; i++) {
+        const float *g = x + i * 2 * inter, *u = g + inter;
+        float *o = out + i * inter;
+        for (int64_t d = 0; d < inter; d++) o[d] = g[d] / (1.f + expf(-g[d])) * u[d];
+    }
 }
