@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from itertools import accumulate
 
 import torch
 
@@ -88,27 +89,30 @@ class ModelRunner:
         """Order: single-token items first (the backends' batched decode path), then chunks."""
         order = sorted(range(len(batch.items)), key=lambda i: batch.items[i][1] != 1)
         input_ids, positions, slots, tables, q_lens, kv_lens, sample_rows = [], [], [], [], [], [], []
-        bs = self.block_size
+        bs, stride = self.block_size, self.block_stride
         for i in order:
             seq, n = batch.items[i]
             start = seq.num_computed_tokens
-            input_ids += seq.token_ids[start:start + n]
-            span = range(start, start + n)
-            positions += span
-            slots += [seq.block_table[p // bs] * self.block_stride + p % bs for p in span]
-            tables.append(seq.block_table)
+            end = start + n
+            table = seq.block_table
+            if n == 1:  # a decode: no per-token lists (most items of most steps)
+                input_ids.append(seq.token_ids[start])
+                positions.append(start)
+                slots.append(table[start // bs] * stride + start % bs)
+            else:
+                input_ids += seq.token_ids[start:end]
+                positions += range(start, end)
+                slots += [table[p // bs] * stride + p % bs for p in range(start, end)]
+            tables.append(table)
             q_lens.append(n)
-            kv_lens.append(start + n)
-            if start + n == seq.num_tokens:  # this chunk reaches the end: sample the next token
+            kv_lens.append(end)
+            if end == seq.num_tokens:  # this chunk reaches the end: sample the next token
                 sample_rows.append(len(input_ids) - 1)
         width = max(len(t) for t in tables)
-        cu_q = [0]
-        cu_kv = [0]
-        for q, kv in zip(q_lens, kv_lens):
-            cu_q.append(cu_q[-1] + q)
-            cu_kv.append(cu_kv[-1] + kv)
+        cu_q = list(accumulate(q_lens, initial=0))
+        cu_kv = list(accumulate(kv_lens, initial=0))
         meta = AttentionMetadata(
-            q_lens=q_lens, kv_lens=kv_lens, num_single=sum(1 for q in q_lens if q == 1),
+            q_lens=q_lens, kv_lens=kv_lens, num_single=q_lens.count(1),
             slot_mapping=self._to_device(slots, torch.int64),
             block_tables=self._to_device([t + [0] * (width - len(t)) for t in tables], torch.int32),
             kv_lens_t=self._to_device(kv_lens, torch.int32),

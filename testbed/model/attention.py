@@ -103,7 +103,11 @@ class TorchAttention:
         return out
 
     @staticmethod
-    def _rows(starts: list[int], lens: list[int], device) -> torch.Tensor:
+    def _rows(starts: list[int], lens: list[int], device) -> torch.Tensor | slice:
+        """The items' rows: a slice when they follow one another (a whole-batch prefill), so reading
+        and writing them copies nothing; else an index tensor."""
+        if all(a + n == b for a, n, b in zip(starts, lens, starts[1:])):
+            return slice(starts[0], starts[-1] + lens[-1])
         return torch.cat([torch.arange(a, a + n) for a, n in zip(starts, lens)]).to(device)
 
     @staticmethod
