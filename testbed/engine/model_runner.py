@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import array
 import dataclasses
 import logging
 from itertools import accumulate
@@ -17,6 +18,7 @@ from testbed.model.config import ModelArgs
 from testbed.model.llama import Transformer
 
 log = logging.getLogger(__name__)
+ARRAY_CODES = {torch.int64: "q", torch.int32: "i"}
 
 
 class ModelRunner:
@@ -114,18 +116,22 @@ class ModelRunner:
         meta = AttentionMetadata(
             q_lens=q_lens, kv_lens=kv_lens, num_single=q_lens.count(1),
             slot_mapping=self._to_device(slots, torch.int64),
-            block_tables=self._to_device([t + [0] * (width - len(t)) for t in tables], torch.int32),
+            block_tables=self._to_device(padded_rows(tables, width), torch.int32).view(len(tables), width),
             kv_lens_t=self._to_device(kv_lens, torch.int32),
             cu_q=self._to_device(cu_q, torch.int32), cu_kv=self._to_device(cu_kv, torch.int32))
         ids = self._to_device(input_ids, torch.int64)
         pos = self._to_device(positions, torch.int64)
         return order, ids, pos, meta, sample_rows
 
-    def _to_device(self, data: list, dtype: torch.dtype) -> torch.Tensor:
-        """Host lists to the device. On CUDA from pinned memory (the caching host allocator), so
-        the copy is queued without waiting: the step's only host sync stays the sampled tokens."""
-        pinned = self.device.type == "cuda"
-        return torch.tensor(data, dtype=dtype, pin_memory=pinned).to(self.device, non_blocking=pinned)
+    def _to_device(self, data, dtype: torch.dtype) -> torch.Tensor:
+        """Host ints to the device, through an array (several times faster than torch.tensor of a
+        list). On CUDA from pinned memory (the caching host allocator), so the copy is queued
+        without waiting: the step's only host sync stays the sampled tokens."""
+        host = torch.frombuffer(array.array(ARRAY_CODES[dtype], data), dtype=dtype) if len(data) else \
+            torch.empty(0, dtype=dtype)
+        if self.device.type != "cuda":
+            return host
+        return host.pin_memory().to(self.device, non_blocking=True)
 
     @torch.inference_mode()
     def forward(self, ids, pos, meta, sample_rows, after_layer=None) -> torch.Tensor:
@@ -202,6 +208,15 @@ class ModelRunner:
         rows = self.kv_cache.view(-1, *self.kv_cache.shape[-2:])
         for kv, i in self._slabs(layer):
             rows.index_copy_(0, base + self._slab_offset(i, kv), data[kv] if layer is not None else data[kv, i])
+
+
+def padded_rows(rows: list[list[int]], width: int) -> array.array:
+    """Lists of ints as one flat int32 array of rows `width` long, each padded with 0."""
+    flat = array.array("i")
+    for row in rows:
+        flat.extend(row)
+        flat.extend([0] * (width - len(row)))
+    return flat
 
 
 def layer_caches(pool: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:

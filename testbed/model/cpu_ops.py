@@ -26,7 +26,6 @@ import torch
 SOURCE = Path(__file__).with_name("csrc") / "cpu_ops.c"
 FLAGS = ("-O3", "-march=native", "-ffast-math", "-shared", "-fPIC")
 HEAD_DIMS = (8, 16, 32, 64, 128, 256)  # the kernel's compiled variants
-MAX_GROUP = 64  # query heads per KV head
 
 
 def cache_dir() -> Path:
@@ -78,7 +77,7 @@ def _library() -> tuple[ctypes.CDLL | None, str]:
     except OSError as e:
         return None, f"the compiled kernel did not load: {e}"
     ptr, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
-    signatures = {"paged_decode_f32": [ptr, ptr, ptr, i64, i64, ptr, i64, ptr, i32, i32, i32, i32, i32, f32, ptr],
+    signatures = {"paged_decode_f32": [ptr, i64, ptr, ptr, i64, i64, ptr, i64, ptr, i32, i32, i32, i32, i32, f32, ptr],
                   "rms_norm_f32": [ptr, i64, ptr, f32, i64, i64, ptr],
                   "rotary_f32": [ptr, i64, ptr, ptr, i64, i64, i64, i64, ptr],
                   "silu_mul_f32": [ptr, i64, i64, ptr]}
@@ -107,67 +106,70 @@ def supports(device: torch.device, dtype: torch.dtype, head_dim: int | None = No
 
 def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                  kv_lens: torch.Tensor) -> torch.Tensor:
-    """q: (n, H, D) one new token per sequence; caches: (num_blocks, block_size, Hkv, D) with rows of
-    (Hkv, D) contiguous (a layer's view of a block-major pool is fine); block_tables (n, >= blocks) int32;
-    kv_lens (n,) int32 tokens to attend to, the new one included -> (n, H, D)."""
-    lib = _lib()
+    """q: (n, H, D) one new token per sequence, heads contiguous in a row (a slice of a wider row is
+    fine); caches: (num_blocks, block_size, Hkv, D) with rows of (Hkv, D) contiguous (a layer's view of
+    a block-major pool is fine); block_tables (n, >= blocks) int32; kv_lens (n,) int32 tokens to attend
+    to, the new one included -> (n, H, D)."""
     n, heads, dim = q.shape
     kv_heads = k_cache.shape[2]
-    for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
-        if cache.dtype != torch.float32 or cache.stride()[2:] != (dim, 1) or cache.stride() != k_cache.stride():
-            raise ValueError(f"{name} must be float32 with contiguous (Hkv, D) rows, strided as k_cache")
-    if dim not in HEAD_DIMS or heads % kv_heads or heads // kv_heads > MAX_GROUP:
+    if k_cache.stride(3) != 1 or k_cache.stride(2) != dim or v_cache.stride() != k_cache.stride():
+        raise ValueError("k_cache and v_cache must have contiguous (Hkv, D) rows and equal strides")
+    if dim not in HEAD_DIMS or heads % kv_heads:
         raise ValueError(f"head_dim {dim} (one of {HEAD_DIMS}) with {heads} query heads over {kv_heads} KV heads")
-    q = q.contiguous().float()
-    tables = block_tables[:n].to(torch.int32).contiguous()
-    lens = kv_lens[:n].to(torch.int32).contiguous()
-    out = torch.empty_like(q)
-    rc = lib.paged_decode_f32(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), k_cache.stride(0),
-                              k_cache.stride(1), tables.data_ptr(), tables.stride(0), lens.data_ptr(), n, heads,
-                              kv_heads, dim, k_cache.shape[1], dim ** -0.5, out.data_ptr())
+    _check(k_cache, "k_cache")
+    _check(v_cache, "v_cache")
+    if _check(q, "q").stride(2) != 1 or q.stride(1) != dim:
+        q = q.contiguous()
+    tables, lens = block_tables[:n], kv_lens[:n]
+    if tables.dtype != torch.int32 or tables.stride(1) != 1 or lens.dtype != torch.int32 or lens.stride(0) != 1:
+        tables, lens = tables.to(torch.int32).contiguous(), lens.to(torch.int32).contiguous()
+    out = torch.empty((n, heads, dim), dtype=torch.float32)
+    rc = _lib().paged_decode_f32(q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), k_cache.stride(0),
+                                 k_cache.stride(1), tables.data_ptr(), tables.stride(0), lens.data_ptr(), n, heads,
+                                 kv_heads, dim, k_cache.shape[1], dim ** -0.5, out.data_ptr())
     if rc:
         raise MemoryError("the CPU paged decode kernel could not allocate its scores")
     return out
 
 
-def _float32(x: torch.Tensor, what: str) -> torch.Tensor:
-    if x.dtype != torch.float32 or x.device.type != "cpu":
+def _check(x: torch.Tensor, what: str) -> torch.Tensor:
+    if x.dtype is not torch.float32 or not x.is_cpu:
         raise ValueError(f"{what} must be a float32 CPU tensor (got {x.dtype} on {x.device.type})")
     return x
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """(T, dim) rows with unit stride within a row -> x * rsqrt(mean(x^2) + eps) * weight, contiguous."""
-    lib = _lib()
-    x = _float32(x, "rms_norm's input")
-    if x.stride(-1) != 1:
+    if _check(x, "rms_norm's input").stride(1) != 1:
         x = x.contiguous()
-    out = torch.empty(x.shape, dtype=torch.float32)
-    lib.rms_norm_f32(x.data_ptr(), x.stride(0), _float32(weight, "rms_norm's weight").data_ptr(), eps, x.shape[0],
-                     x.shape[1], out.data_ptr())
+    rows, dim = x.shape
+    out = torch.empty((rows, dim), dtype=torch.float32)
+    _lib().rms_norm_f32(x.data_ptr(), x.stride(0), _check(weight, "rms_norm's weight").data_ptr(), eps, rows, dim,
+                        out.data_ptr())
     return out
 
 
 def rotary(x: torch.Tensor, positions: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     """RoPE, both halves rotated: x (T, heads, D) with contiguous heads in a row; positions (T,) int64;
-    table (2, max_len, D) cos then sin -> (T, heads, D) contiguous."""
-    lib = _lib()
-    x = _float32(x, "rotary's input")
-    if x.stride(2) != 1 or x.stride(1) != x.shape[2]:
+    table (2, max_len, D) cos then sin, contiguous -> (T, heads, D) contiguous."""
+    tokens, heads, dim = x.shape
+    if _check(x, "rotary's input").stride(2) != 1 or x.stride(1) != dim:
         x = x.contiguous()
-    positions = positions.to(torch.int64).contiguous()
-    table = _float32(table, "rotary's table").contiguous()
-    out = torch.empty(x.shape, dtype=torch.float32)
-    lib.rotary_f32(x.data_ptr(), x.stride(0), positions.data_ptr(), table.data_ptr(), table.shape[1], x.shape[0],
-                   x.shape[1], x.shape[2], out.data_ptr())
+    if positions.dtype != torch.int64 or positions.stride(0) != 1:
+        positions = positions.to(torch.int64).contiguous()
+    if not _check(table, "rotary's table").is_contiguous():
+        raise ValueError("rotary's table must be contiguous")
+    out = torch.empty((tokens, heads, dim), dtype=torch.float32)
+    _lib().rotary_f32(x.data_ptr(), x.stride(0), positions.data_ptr(), table.data_ptr(), table.shape[1], tokens,
+                      heads, dim, out.data_ptr())
     return out
 
 
 def silu_mul(x: torch.Tensor) -> torch.Tensor:
     """(T, 2 I) rows of gate then up -> silu(gate) * up, (T, I)."""
-    lib = _lib()
-    x = _float32(x, "silu_mul's input").contiguous()
-    inter = x.shape[1] // 2
-    out = torch.empty(x.shape[0], inter, dtype=torch.float32)
-    lib.silu_mul_f32(x.data_ptr(), x.shape[0], inter, out.data_ptr())
+    if not _check(x, "silu_mul's input").is_contiguous():
+        x = x.contiguous()
+    rows, inter = x.shape[0], x.shape[1] // 2
+    out = torch.empty((rows, inter), dtype=torch.float32)
+    _lib().silu_mul_f32(x.data_ptr(), rows, inter, out.data_ptr())
     return out

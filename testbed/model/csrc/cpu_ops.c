@@ -9,7 +9,8 @@
  *
  * Paged layout, in elements: block b's token row r of one layer starts at
  * cache + b * block_stride + r * row_stride, and KV head h at + h * head_dim (a layer's view of the
- * block-major pool, or a cache of its own). q and out are (n, H, head_dim), contiguous.
+ * block-major pool, or a cache of its own). q is (n, H, head_dim) with rows q_stride apart, out the
+ * same contiguous.
  * One (sequence, KV head) at a time, for the G = H / Hkv query heads sharing it: every score, then a
  * softmax over them, then the weighted sum of V. head_dim / 8 vectors per row is a compile-time
  * constant per variant, so a dot product is a few vector FMAs and one horizontal sum. */
@@ -74,9 +75,9 @@ typedef void (*head_fn)(const float *, const float *, const float *, const int32
                         int, float, float *, float *);
 
 /* Returns 0, or 1 when scratch cannot be allocated, 2 for a head_dim without a variant. */
-int paged_decode_f32(const float *restrict q, const float *restrict k_cache, const float *restrict v_cache,
-                     int64_t block_stride, int64_t row_stride, const int32_t *restrict tables, int64_t table_stride,
-                     const int32_t *restrict kv_lens, int n, int H, int Hkv, int head_dim, int block_size,
+int paged_decode_f32(const float *restrict q, int64_t q_stride, const float *restrict k_cache,
+                     const float *restrict v_cache, int64_t block_stride, int64_t row_stride,
+                     const int32_t *restrict tables, int64_t table_stride, const int32_t *restrict kv_lens, int n, int H, int Hkv, int head_dim, int block_size,
                      float scale, float *restrict out) {
     head_fn fn = head_dim == 8 ? head_1 : head_dim == 16 ? head_2 : head_dim == 32 ? head_4 : head_dim == 64 ? head_8
                : head_dim == 128 ? head_16 : head_dim == 256 ? head_32 : NULL;
@@ -87,7 +88,7 @@ int paged_decode_f32(const float *restrict q, const float *restrict k_cache, con
     if (!s) return 1;
     for (int b = 0; b < n; b++)
         for (int h = 0; h < Hkv; h++)
-            fn(q + ((int64_t)b * H + h * G) * head_dim, k_cache + h * head_dim, v_cache + h * head_dim,
+            fn(q + b * q_stride + h * G * head_dim, k_cache + h * head_dim, v_cache + h * head_dim,
                tables + b * table_stride, block_stride, row_stride, kv_lens[b], G, block_size, scale, s,
                out + ((int64_t)b * H + h * G) * head_dim);
     free(s);
