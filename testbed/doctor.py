@@ -67,6 +67,7 @@ def flash_attn_items() -> Iterator[Item]:
     else:
         yield "flash-attn", getattr(flash_attn, "__version__", "?")
     yield "attention on CUDA", cuda_attention()
+    yield "attention on CPU", cpu_attention()
 
 
 def cuda_attention() -> str:
@@ -79,6 +80,16 @@ def cuda_attention() -> str:
     if paged_decode.AVAILABLE:
         return "triton (the Triton paged decode kernel, SDPA prefill; 16-token blocks)"
     return "torch (SDPA; neither flash-attn nor triton imports)"
+
+
+def cpu_attention() -> str:
+    """What engine.attention_backend=auto takes on CPU in float32 here."""
+    from testbed.model import cpu_ops
+
+    why = cpu_ops.unavailable_reason()
+    if why:
+        return f"torch (SDPA over gathered blocks; the C kernels are unavailable: {why})"
+    return f"cpu (C kernels: paged decode, RMSNorm, RoPE, SiLU; built in {cpu_ops.cache_dir()})"
 
 
 def nvml_items() -> Iterator[Item]:

@@ -5,7 +5,8 @@ outside the model forward (scheduling, tensor preparation, sampling, postprocess
 
 `--vs-transformers`: LLM.generate against transformers' generate on one checkpoint that
 transformers itself writes (float32, one thread, batch 32, 128 prompt + 64 new tokens, greedy),
-for each shape of --models; output tokens/s of both, the ratio, and whether the tokens agree.
+for each shape of --models, in --repeats alternating pairs: output tokens/s of both (best run),
+their ratio, the spread of the pairs' ratios, and whether the tokens agree.
 """
 
 from __future__ import annotations
@@ -49,9 +50,11 @@ def measure(engine: Engine, batch: int, prompt_len: int, decode_steps: int) -> d
             "outside_forward": statistics.median(outside)}
 
 
-def vs_transformers(shape: str, batch: int = 32, prompt_len: int = 128, new_tokens: int = 64, repeats: int = 3) -> dict:
-    """Both engines on a checkpoint `save_pretrained` wrote with this preset's shape; the best of
-    `repeats` alternating runs each."""
+def vs_transformers(shape: str, batch: int = 32, prompt_len: int = 128, new_tokens: int = 64, repeats: int = 5) -> dict:
+    """Both engines on a checkpoint `save_pretrained` wrote with this preset's shape, in `repeats`
+    alternating pairs (neither side alone pays first-use costs or a slow spell): the best run of
+    each, and the spread of the pairs' ratios (a pair runs back to back, so a slow spell of the
+    machine slows both)."""
     import tempfile
     import time
 
@@ -81,17 +84,19 @@ def vs_transformers(shape: str, batch: int = 32, prompt_len: int = 128, new_toke
             return reference.generate(prompts, max_new_tokens=new_tokens, do_sample=False, pad_token_id=0,
                                       attention_mask=torch.ones_like(prompts))[:, prompt_len:].tolist()
 
-        times: dict = {ours: [], theirs: []}
-        for _ in range(repeats):  # alternating, so neither side alone pays first-use costs or a slow spell
+        seconds: dict = {ours: [], theirs: []}
+        tokens: dict = {}
+        for _ in range(repeats):
             for run in (ours, theirs):
                 start = time.perf_counter()
-                tokens = run()
-                times[run].append(time.perf_counter() - start)
-                times[run, "tokens"] = tokens
-    ours_s, theirs_s = min(times[ours]), min(times[theirs])
-    same = sum(x == y for x, y in zip(times[ours, "tokens"], times[theirs, "tokens"]))
+                tokens[run] = run()
+                seconds[run].append(time.perf_counter() - start)
+    ours_s, theirs_s = min(seconds[ours]), min(seconds[theirs])
+    pairs = sorted(t / o for o, t in zip(seconds[ours], seconds[theirs]))
+    same = sum(x == y for x, y in zip(tokens[ours], tokens[theirs]))
     return {"testbed_tok_s": batch * new_tokens / ours_s, "transformers_tok_s": batch * new_tokens / theirs_s,
-            "ratio": theirs_s / ours_s, "same_tokens": same, "batch": batch}
+            "ratio": theirs_s / ours_s, "pair_ratio_median": statistics.median(pairs), "pair_ratio_min": pairs[0],
+            "pair_ratio_max": pairs[-1], "same_tokens": same, "batch": batch, "backend": llm.engine.runner.backend.name}
 
 
 def main(argv=None) -> None:
@@ -101,17 +106,20 @@ def main(argv=None) -> None:
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--decode-steps", type=int, default=32)
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: leave as is)")
+    parser.add_argument("--repeats", type=int, default=5, help="--vs-transformers: alternating pairs of runs")
     parser.add_argument("--vs-transformers", action="store_true",
                         help="LLM.generate vs transformers' generate (one thread; transformers from the dev extra)")
     a = parser.parse_args(argv)
     if a.threads or a.vs_transformers:
         torch.set_num_threads(a.threads or 1)
     if a.vs_transformers:
-        print(f"{'shape':>6} {'testbed tok/s':>14} {'transformers tok/s':>19} {'ratio':>6} {'same tokens':>12}")
+        print(f"{'shape':>6} {'backend':>8} {'testbed tok/s':>14} {'transformers tok/s':>19} {'ratio':>6} "
+              f"{'pairs: median [min, max]':>25} {'same tokens':>12}")
         for model in a.models:
-            r = vs_transformers(model)
-            print(f"{model:>6} {r['testbed_tok_s']:>14.0f} {r['transformers_tok_s']:>19.0f} {r['ratio']:>6.2f} "
-                  f"{r['same_tokens']:>8}/{r['batch']}")
+            r = vs_transformers(model, repeats=a.repeats)
+            print(f"{model:>6} {r['backend']:>8} {r['testbed_tok_s']:>14.0f} {r['transformers_tok_s']:>19.0f} "
+                  f"{r['ratio']:>6.2f} {r['pair_ratio_median']:>10.2f} [{r['pair_ratio_min']:.2f}, "
+                  f"{r['pair_ratio_max']:.2f}] {r['same_tokens']:>8}/{r['batch']}")
         return
     print(f"{'model':>6} {'batch':>5} {'prefill tok/s':>14} {'decode tok/s':>13} {'decode step ms':>15} "
           f"{'outside forward':>16}")
