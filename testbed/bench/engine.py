@@ -50,7 +50,8 @@ def measure(engine: Engine, batch: int, prompt_len: int, decode_steps: int) -> d
             "outside_forward": statistics.median(outside)}
 
 
-def vs_transformers(shape: str, batch: int = 32, prompt_len: int = 128, new_tokens: int = 64, repeats: int = 5) -> dict:
+def vs_transformers(shape: str, batch: int = 32, prompt_len: int = 128, new_tokens: int = 64, repeats: int = 5,
+                    attention_backend: str = "auto") -> dict:
     """Both engines on a checkpoint `save_pretrained` wrote with this preset's shape, in `repeats`
     alternating pairs (neither side alone pays first-use costs or a slow spell): the best run of
     each, and the spread of the pairs' ratios (a pair runs back to back, so a slow spell of the
@@ -75,7 +76,7 @@ def vs_transformers(shape: str, batch: int = 32, prompt_len: int = 128, new_toke
     with tempfile.TemporaryDirectory() as directory, torch.inference_mode():
         reference.save_pretrained(directory)
         llm = LLM(directory, max_running=batch, max_batched_tokens=batch * prompt_len, chunk_size=batch * prompt_len,
-                  num_kv_blocks=batch * (-(-(prompt_len + new_tokens) // 16)) + 16)
+                  num_kv_blocks=batch * (-(-(prompt_len + new_tokens) // 16)) + 16, attention_backend=attention_backend)
 
         def ours():
             return llm.generate(prompts.tolist(), new_tokens)
@@ -107,6 +108,7 @@ def main(argv=None) -> None:
     parser.add_argument("--decode-steps", type=int, default=32)
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: leave as is)")
     parser.add_argument("--repeats", type=int, default=5, help="--vs-transformers: alternating pairs of runs")
+    parser.add_argument("--attention-backend", default="auto", help="--vs-transformers: the engine's backend")
     parser.add_argument("--vs-transformers", action="store_true",
                         help="LLM.generate vs transformers' generate (one thread; transformers from the dev extra)")
     a = parser.parse_args(argv)
@@ -116,7 +118,7 @@ def main(argv=None) -> None:
         print(f"{'shape':>6} {'backend':>8} {'testbed tok/s':>14} {'transformers tok/s':>19} {'ratio':>6} "
               f"{'pairs: median [min, max]':>25} {'same tokens':>12}")
         for model in a.models:
-            r = vs_transformers(model, repeats=a.repeats)
+            r = vs_transformers(model, repeats=a.repeats, attention_backend=a.attention_backend)
             print(f"{model:>6} {r['backend']:>8} {r['testbed_tok_s']:>14.0f} {r['transformers_tok_s']:>19.0f} "
                   f"{r['ratio']:>6.2f} {r['pair_ratio_median']:>10.2f} [{r['pair_ratio_min']:.2f}, "
                   f"{r['pair_ratio_max']:.2f}] {r['same_tokens']:>8}/{r['batch']}")
