@@ -1,6 +1,7 @@
 """The C paged decode kernel against SDPA over each sequence's tokens gathered one by one: head
 dims of every compiled variant, GQA groups, a layer's strided view of a block-major pool, lengths
-at and across block edges; its one-line refusals; and what happens without a C compiler."""
+at and across block edges; RMSNorm, RoPE and SiLU-and-multiply against transformers' own modules;
+the one-line refusals; and what happens without a C compiler."""
 
 from __future__ import annotations
 
@@ -89,3 +90,35 @@ def test_engine_tokens_equal_with_the_kernel_and_without():
     kernel = LLM("tiny", attention_backend="cpu", **options)
     assert kernel.engine.runner.backend.name == "cpu"
     assert kernel.generate(prompts, 12) == LLM("tiny", attention_backend="torch", **options).generate(prompts, 12)
+
+
+def test_elementwise_kernels_match_transformers_own_modules():
+    """RMSNorm, RoPE and SiLU-and-multiply in C against transformers' LlamaRMSNorm, its rotary
+    embedding with apply_rotary_pos_emb, and its SiLU activation, on the same inputs."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.activations import ACT2FN
+    from transformers.models.llama import modeling_llama as hf
+
+    from testbed.model.llama import Rotary
+
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(37, 64, generator=gen)
+    norm = hf.LlamaRMSNorm(64, eps=1e-5)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(64, generator=gen))
+        torch.testing.assert_close(cpu_ops.rms_norm(x, norm.weight, 1e-5), norm(x), rtol=1e-6, atol=1e-6)
+
+    config = transformers.LlamaConfig(hidden_size=96, num_attention_heads=6, num_key_value_heads=2,
+                                      max_position_embeddings=256, rope_parameters={"rope_type": "default",
+                                                                                    "rope_theta": 1e4})
+    positions = torch.randint(0, 256, (37,), generator=gen)
+    q, k = torch.randn(1, 6, 37, 16, generator=gen), torch.randn(1, 2, 37, 16, generator=gen)
+    cos, sin = hf.LlamaRotaryEmbedding(config)(q, positions[None])
+    q_ref, k_ref = hf.apply_rotary_pos_emb(q, k, cos, sin)
+    qk = torch.cat((q[0], k[0])).transpose(0, 1)  # (T, 8 heads, D): q and k rotated together, as the model does
+    out = cpu_ops.rotary(qk, positions, Rotary(16, 1e4, 256).cos_sin)
+    torch.testing.assert_close(out, torch.cat((q_ref[0], k_ref[0])).transpose(0, 1), rtol=1e-5, atol=1e-5)
+
+    gate_up = torch.randn(37, 2 * 48, generator=gen)
+    torch.testing.assert_close(cpu_ops.silu_mul(gate_up), ACT2FN["silu"](gate_up[:, :48]) * gate_up[:, 48:],
+                               rtol=1e-6, atol=1e-6)
