@@ -198,14 +198,17 @@ class KVSender:
 
     def _sent(self, rid: int, entry: WireOutgoing) -> None:
         """Every part of the attempt left (or broke: D's side sees it too and decides what follows)."""
-        entry.reported = True
-        error = next((wire.error() for wire in entry.parts if wire.error()), None) or ""
-        self.events.put(KVSent(rid, self.rank, entry.decode_rank, entry.kv_bytes, entry.start, self.clock(),
-                               entry.wait_s, entry.attempt, entry.dropped, error))
+        self._report(rid, entry)
         self.retired.add(entry.parts)
         entry.parts = []
         if not self.policy.holds_until_ack:
             self._release(rid)
+
+    def _report(self, rid: int, entry: WireOutgoing) -> None:
+        entry.reported = True
+        error = next((wire.error() for wire in entry.parts if wire.error()), None) or ""
+        self.events.put(KVSent(rid, self.rank, entry.decode_rank, entry.kv_bytes, entry.start, self.clock(),
+                               entry.wait_s, entry.attempt, entry.dropped, error))
 
     def _release(self, rid: int) -> None:
         entry = self.ledger.release(rid)
@@ -218,6 +221,8 @@ class KVSender:
         entry = self.ledger.abort(rid)
         if entry is None:
             return False
+        if entry.begun and not entry.reported:  # the attempt keeps its row: broken, else aborted
+            self._report(rid, entry)
         if self.direct and entry.ready_t is not None:  # P writes no more into D's blocks for it
             self.inboxes[entry.decode_rank].put(KVFence(rid))
         self.retired.add(entry.parts + entry.abandoned)
