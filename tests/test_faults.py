@@ -42,7 +42,9 @@ def test_killed_mixed_worker_fails_its_requests(tmp_path):
     failed = requests[requests.status == "failed"]
     assert len(failed) > 0 and (failed.reason == "worker 1 (chunked) died").all()
     served_by_victim = requests[(requests.status == "ok") & (requests.prefill_worker == 1)]
-    assert (served_by_victim.finished_s < 0.3 + 0.5).all()  # only what it finished before it died
+    # only what it finished before it died (the kill's own time: a loaded router injects it late)
+    killed_at = next(f["t_s"] for f in result["summary"]["faults"] if f["kind"] == "kill_worker")
+    assert (served_by_victim.finished_s < killed_at + 0.5).all()
     assert_no_leaks(result["summary"], dead={"worker1"})
 
 
