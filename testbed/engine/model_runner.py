@@ -127,8 +127,12 @@ class ModelRunner:
         """Host ints to the device, through an array (several times faster than torch.tensor of a
         list). On CUDA from pinned memory (the caching host allocator), so the copy is queued
         without waiting: the step's only host sync stays the sampled tokens."""
-        host = torch.frombuffer(array.array(ARRAY_CODES[dtype], data), dtype=dtype) if len(data) else \
-            torch.empty(0, dtype=dtype)
+        code = ARRAY_CODES[dtype]
+        if not len(data):
+            host = torch.empty(0, dtype=dtype)
+        else:  # an array of the right type already (padded_rows) is read as it is
+            same = isinstance(data, array.array) and data.typecode == code
+            host = torch.frombuffer(data if same else array.array(code, data), dtype=dtype)
         if self.device.type != "cuda":
             return host
         return host.pin_memory().to(self.device, non_blocking=True)

@@ -187,27 +187,32 @@ class FlashAttention:
         return out
 
 
-class TritonAttention(TorchAttention):
-    """Decodes through the Triton paged kernel (testbed/model/paged_decode.py: K and V read in place
-    through the block table, graph-safe); prefills and chunks as TorchAttention (SDPA's fused kernels)."""
+class KernelAttention(TorchAttention):
+    """Decodes through a paged kernel that reads K and V in place through the block table;
+    prefills and chunks as TorchAttention (SDPA's fused kernels)."""
 
-    name = "triton"
+    @staticmethod
+    def kernel(q, k_cache, v_cache, block_tables, kv_lens):
+        raise NotImplementedError
 
     def decode(self, q, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
         n = q.shape[0]
-        return paged_decode.paged_decode(q, k_cache, v_cache, meta.block_tables[:n], meta.kv_lens_t[:n])
+        return self.kernel(q, k_cache, v_cache, meta.block_tables[:n], meta.kv_lens_t[:n])
 
 
-class CpuAttention(TorchAttention):
-    """Decodes through the C paged kernel (testbed/model/cpu_ops.py: K and V read in place through
-    the block table); prefills and chunks as TorchAttention."""
+class TritonAttention(KernelAttention):
+    """The Triton paged decode kernel (testbed/model/paged_decode.py), graph-safe."""
+
+    name = "triton"
+    kernel = staticmethod(paged_decode.paged_decode)
+
+
+class CpuAttention(KernelAttention):
+    """The C paged decode kernel and elementwise steps (testbed/model/cpu_ops.py)."""
 
     name = "cpu"
     ops = CpuOps
-
-    def decode(self, q, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
-        n = q.shape[0]
-        return cpu_ops.paged_decode(q, k_cache, v_cache, meta.block_tables[:n], meta.kv_lens_t[:n])
+    kernel = staticmethod(cpu_ops.paged_decode)
 
 
 def select_backend(requested: str, device: torch.device, dtype: torch.dtype, block_size: int,
