@@ -39,7 +39,7 @@ class EngineConfig:
     kv_cache_mib: float = 64.0  # KV pool size on CPU
     gpu_memory_utilization: float = 0.85  # share of free GPU memory given to the KV pool
     num_kv_blocks: Optional[int] = None  # an explicit pool size overrides both budgets
-    attention_backend: str = "auto"  # auto | flash | triton | torch
+    attention_backend: str = "auto"  # one of kv_layout.ATTENTION_BACKENDS: auto | flash | triton | cpu | torch
     enable_prefix_caching: bool = False
     # decode replayed from CUDA graphs captured per batch-size bucket; None: on where CUDA is
     cuda_graphs: Optional[bool] = None

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import accumulate
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -189,11 +190,10 @@ class FlashAttention:
 
 class KernelAttention(TorchAttention):
     """Decodes through a paged kernel that reads K and V in place through the block table;
-    prefills and chunks as TorchAttention (SDPA's fused kernels)."""
+    prefills and chunks as TorchAttention (SDPA's fused kernels). Each backend names its kernel:
+    (q, k_cache, v_cache, block_tables, kv_lens) -> out, as a staticmethod."""
 
-    @staticmethod
-    def kernel(q, k_cache, v_cache, block_tables, kv_lens):
-        raise NotImplementedError
+    kernel: Callable[..., torch.Tensor]
 
     def decode(self, q, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
         n = q.shape[0]
