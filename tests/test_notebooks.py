@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from tests.paths import ROOT
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 jupytext = pytest.importorskip("jupytext")
+KernelManager = pytest.importorskip("jupyter_client.manager").KernelManager
 
 pytestmark = pytest.mark.slow
 NOTEBOOKS = ROOT / "analysis" / "notebooks"
@@ -37,9 +39,13 @@ def execute(notebook: Path, results_dir: Path) -> dict:
     # PYTHONPATH: the kernel imports this checkout's analysis package, however it was installed.
     path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     env = {**os.environ, "TESTBED_RESULTS_DIR": str(results_dir), "PYTHONPATH": path}
-    client = nbclient.NotebookClient(nb, timeout=300, kernel_name="python3",
-                                     resources={"metadata": {"path": str(NOTEBOOKS)}})
-    client.execute(env=env)
+    # over unix sockets in a directory of its own: kernels started side by side over TCP may pick
+    # the same free port (jupyter_client frees the ports it probed before the kernel binds them)
+    with tempfile.TemporaryDirectory(prefix="nb-") as sockets:
+        km = KernelManager(kernel_name="python3", transport="ipc", ip=os.path.join(sockets, "kernel"))
+        client = nbclient.NotebookClient(nb, km=km, timeout=300, kernel_name="python3",
+                                         resources={"metadata": {"path": str(NOTEBOOKS)}})
+        client.execute(env=env)
     return printed_json(nb.cells[-1])
 
 
