@@ -128,7 +128,7 @@ class Config:
 
         flash = find_spec("flash_attn") is not None
         cuda = flash and self.executor == "real" and cuda_count(self.hardware) > 0  # torch only where flash-attn is
-        return default_block_size("cuda" if cuda else "cpu", flash_importable=flash)
+        return default_block_size("cuda" if cuda else "cpu", flash, self.model.dtype, self.engine.attention_backend)
 
     def validate(self) -> "Config":
         if self.executor not in EXECUTORS:

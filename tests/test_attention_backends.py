@@ -157,6 +157,38 @@ def test_backend_and_block_size_per_device(monkeypatch):
         EngineConfig(cuda_graphs=True).for_device("cpu")
 
 
+# docs/gpu-readiness.md's table: (device, flash-attn imports, dtype) -> auto's backend, block size
+BLOCK_TABLE = [("cuda", True, torch.bfloat16, "flash", 256), ("cuda", True, torch.float16, "flash", 256),
+               ("cuda", True, torch.float32, "triton", 16), ("cuda", False, torch.bfloat16, "triton", 16),
+               ("cuda", False, torch.float32, "triton", 16), ("cpu", True, torch.float32, "cpu", 16),
+               ("cpu", True, torch.bfloat16, "torch", 16)]
+
+
+@pytest.mark.parametrize("device, flash, dtype, backend, block", BLOCK_TABLE)
+def test_block_size_rule_follows_the_table_for_every_dtype(monkeypatch, device, flash, dtype, backend, block):
+    """The block size left unset is the one the backend auto picks can run: float32 on CUDA with
+    flash-attn importable runs Triton, on 16-token blocks (it was given flash-attn's 256)."""
+    monkeypatch.setattr(attention, "FLASH_ATTN_AVAILABLE", flash)
+    monkeypatch.setattr(attention.paged_decode, "usable", lambda d: True)
+    monkeypatch.setattr(attention.cpu_ops, "supports", lambda d, t, h=None: d.type == "cpu" and t == torch.float32)
+    name = str(dtype).removeprefix("torch.")
+    assert default_block_size(device, flash, name) == default_block_size(device, flash, dtype) == block
+    assert EngineConfig().for_device(device, dtype).block_size == block
+    assert select_backend("auto", torch.device(device), dtype, block, 64).name == backend
+    assert EngineConfig(attention_backend="triton").for_device(device, dtype).block_size == 16  # flash not asked for
+
+
+def test_the_documented_block_size_table_is_the_rule():
+    from tests.paths import ROOT
+
+    text = (ROOT / "docs" / "gpu-readiness.md").read_text()
+    rows = [[c.strip(" `") for c in line.strip("|").split("|")] for line in text.splitlines()
+            if line.startswith("| cuda") or line.startswith("| cpu")]
+    yes = {"yes": True, "no": False}
+    documented = {(r[0], yes[r[1]], r[2], r[3], int(r[4])) for r in rows}
+    assert documented == {(d, f, str(t).removeprefix("torch."), b, n) for d, f, t, b, n in BLOCK_TABLE}
+
+
 def test_buckets_cover_every_batch_size():
     assert buckets(64) == [1, 2, 4, 8, 16, 32, 48, 64]
     assert buckets(5) == [1, 2, 4, 5]

@@ -44,12 +44,12 @@ class EngineConfig:
     # decode replayed from CUDA graphs captured per batch-size bucket; None: on where CUDA is
     cuda_graphs: Optional[bool] = None
 
-    def for_device(self, device_type: str) -> "EngineConfig":
-        """The block size and graph setting this device gets when they are unset."""
+    def for_device(self, device_type: str, dtype="auto") -> "EngineConfig":
+        """The block size and graph setting this device (and KV dtype) gets when they are unset."""
         from testbed.model.attention import FLASH_ATTN_AVAILABLE
 
-        block = self.block_size if self.block_size is not None else default_block_size(device_type,
-                                                                                        FLASH_ATTN_AVAILABLE)
+        block = self.block_size if self.block_size is not None else default_block_size(
+            device_type, FLASH_ATTN_AVAILABLE, dtype, self.attention_backend)
         graphs = self.cuda_graphs if self.cuda_graphs is not None else device_type == "cuda"
         if graphs and device_type != "cuda":
             raise ConfigError(f"engine.cuda_graphs=true needs a CUDA device (this engine runs on {device_type})")

@@ -28,10 +28,10 @@ class ModelRunner:
 
     def __init__(self, model: Transformer, config: EngineConfig, device: torch.device,
                  fit_max_model_len: bool = False):
-        config = config.for_device(device.type)
+        self.dtype = next(model.parameters()).dtype
+        config = config.for_device(device.type, self.dtype)
         self.model, self.config, self.device = model, config, device
         self.args: ModelArgs = model.args
-        self.dtype = next(model.parameters()).dtype
         self.block_size = config.block_size
         self.backend = select_backend(config.attention_backend, device, self.dtype, config.block_size,
                                       self.args.head_dim)
