@@ -113,6 +113,8 @@ def write_point(cfg: Config, out_dir: Path, cluster: Cluster, router: Router, lo
     summary["emulated"], summary["pacing"] = emulated, pace_summary(steps)
     meta = {"workers": summary["workers"], "emulated": emulated,
             "cores_per_worker": cluster.cores.cores_per_worker if cluster.cores else None, **cluster.topology(),
+            # kernel variants JIT-compiled inside timed steps (StepRecord.jit_compiles): 0 after a full warm-up
+            "jit_compiles_in_steps": int(steps["jit_compiles"].sum()) if "jit_compiles" in steps else 0,
             **(extra_meta or {})}
     # before summary.json, which marks the point finished: a failed export reruns it
     export_run(out_dir / "exports", requests, stored_config(cfg), log.prompts)

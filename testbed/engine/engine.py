@@ -15,6 +15,7 @@ from testbed.engine.policies import make_policy
 from testbed.engine.record import StepRecord, cost_shape, hit_tokens
 from testbed.engine.scheduler import Scheduler, StepResult
 from testbed.engine.sequence import Sequence, check_fits
+from testbed.model.attention import jit_compiles
 from testbed.model.config import ModelArgs
 from testbed.model.llama import Transformer
 from testbed.model.loader import build_model, resolve_dtype
@@ -64,6 +65,7 @@ class Engine:
 
     # -- the step loop ------------------------------------------------------------------------
     def step(self) -> tuple[StepResult, StepRecord | None]:
+        compiled = jit_compiles()
         t0 = time.perf_counter()
         batch = self.scheduler.schedule()
         if not batch.items:
@@ -78,7 +80,7 @@ class Engine:
         t4 = time.perf_counter()
         result = self.scheduler.postprocess(batch, self.runner.scatter(batch, order, tokens))
         t5 = time.perf_counter()
-        return result, self._record(shape, (t0, t1, t2, t3, t4, t5), hit_tokens(result.hits))
+        return result, self._record(shape, (t0, t1, t2, t3, t4, t5), hit_tokens(result.hits), jit_compiles() - compiled)
 
     def _layer_hook(self, batch):
         """after_layer bound to the sequences whose prefill this step completes, or None."""
@@ -87,14 +89,14 @@ class Engine:
         finishing = [seq for seq, n in batch.items if seq.in_prefill and seq.num_computed_tokens + n == seq.num_tokens]
         return (lambda layer: self.after_layer(layer, finishing)) if finishing else None
 
-    def _record(self, shape: tuple, times: tuple[float, ...], hits: int) -> StepRecord:
+    def _record(self, shape: tuple, times: tuple[float, ...], hits: int, compiles: int) -> StepRecord:
         t0, t1, t2, t3, t4, t5 = times
         return StepRecord(
             start=t0, end=t5, role=self.role, prefill_tokens=shape[0], decode_seqs=shape[1], batched_tokens=shape[2],
             kv_blocks_used=self.block_manager.num_used_blocks, num_waiting=len(self.scheduler.waiting),
             num_running=len(self.scheduler.running), schedule_s=t1 - t0, prepare_s=t2 - t1, forward_s=t3 - t2,
             sample_s=t4 - t3, postprocess_s=t5 - t4, prefill_chunks=shape[3], decode_context=shape[4],
-            kv_blocks_total=self.block_manager.num_blocks, prefix_hit_tokens=hits)
+            kv_blocks_total=self.block_manager.num_blocks, prefix_hit_tokens=hits, jit_compiles=compiles)
 
     def run_until_done(self) -> list[StepRecord]:
         records = []
@@ -105,8 +107,10 @@ class Engine:
         return records
 
     def warmup(self, prompt_len: int = 64) -> None:
-        """One prefill and a few decodes before serving: first calls pay for lazy initialisation
-        (kernels, allocator), which would otherwise land on the first request's TTFT."""
+        """One prefill and a few decodes before serving, then every variant of the JIT-compiled
+        attention kernels: first calls pay for lazy initialisation (kernels, allocator) and compiles,
+        which would otherwise land on the first requests' TTFT and TPOT (StepRecord.jit_compiles
+        counts any that still do)."""
         prompt_len = min(prompt_len, self.args.max_model_len - 4)
         seq = Sequence(-1, [i % self.args.vocab_size for i in range(prompt_len)], 3)
         policy = self.scheduler.policy
@@ -117,6 +121,8 @@ class Engine:
         finally:
             self.scheduler.policy = policy
         assert self.num_used_blocks == 0 and not self.has_work()
+        runner = self.runner
+        runner.backend.warm_up(*runner.kv_caches[0], self.args.num_heads, runner.dtype)
 
     # -- the KV connector's boundary: it never touches the scheduler's queues ----------------
     def reserve(self, seq: Sequence, share_prefix: bool = False) -> bool:

@@ -36,6 +36,8 @@ class StepRecord(NamedTuple):
     # prompt tokens the step's prefills found in the prefix cache (StepResult.hits: counted on a
     # request's first chunk after the hit), beside the prefill_tokens the step computed
     prefix_hit_tokens: int = 0
+    # attention kernel variants JIT-compiled during the step: 0 once Engine.warmup compiled them all
+    jit_compiles: int = 0
 
 
 def hit_tokens(hits) -> int:

@@ -81,6 +81,9 @@ class TorchAttention:
     name = "torch"
     ops = TorchOps  # the elementwise steps of the forward around this backend's attention
 
+    def warm_up(self, k_cache, v_cache, num_heads: int, dtype: torch.dtype) -> None:
+        """Compile what a first timed step would (the JIT kernels' every variant); nothing here."""
+
     def __call__(self, q, k_cache, v_cache, meta: AttentionMetadata, k=None, v=None) -> torch.Tensor:
         # q: (T, H, D) -> out (T, H, D); k, v: this step's new (T, Hkv, D), when the caller has them
         out = torch.empty_like(q)
@@ -171,6 +174,7 @@ class FlashAttention:
 
     name = "flash"
     ops = TorchOps
+    warm_up = TorchAttention.warm_up  # prebuilt kernels: nothing to compile
 
     def __call__(self, q, k_cache, v_cache, meta: AttentionMetadata, k=None, v=None) -> torch.Tensor:
         out = torch.empty_like(q)
@@ -206,6 +210,9 @@ class TritonAttention(KernelAttention):
     name = "triton"
     kernel = staticmethod(paged_decode.paged_decode)
 
+    def warm_up(self, k_cache, v_cache, num_heads: int, dtype: torch.dtype) -> None:
+        paged_decode.warm_up(k_cache, v_cache, num_heads, dtype)  # every SPLITS bucket
+
 
 class CpuAttention(KernelAttention):
     """The C paged decode kernel and elementwise steps (testbed/model/cpu_ops.py)."""
@@ -213,6 +220,12 @@ class CpuAttention(KernelAttention):
     name = "cpu"
     ops = CpuOps
     kernel = staticmethod(cpu_ops.paged_decode)
+
+
+def jit_compiles() -> int:
+    """Attention kernel variants JIT-compiled in this process so far (testbed/model/paged_decode.py);
+    a count that grows during a timed step means a compile landed in it."""
+    return paged_decode.jit_compiles() if paged_decode.AVAILABLE else 0
 
 
 def select_backend(requested: str, device: torch.device, dtype: torch.dtype, block_size: int,

@@ -28,8 +28,22 @@ except Exception:  # noqa: BLE001
 
 TILE = 64  # KV tokens per loop step; a tile may span blocks (each token looks up its own block)
 MIN_ROWS = 16  # the query group is padded to at least 16 rows: see the tl.dot note in _decode_kernel
-MAX_SPLITS = 16
-_jit = triton.jit if AVAILABLE else (lambda fn: fn)  # without triton the kernels stay plain, never called
+# SPLITS is a compile-time constant, so each value is a kernel variant: only these few, all compiled
+# by `warm_up` before serving, so no JIT compile lands in a timed step
+SPLIT_BUCKETS = (1, 2, 4, 8, 16)
+MAX_SPLITS = SPLIT_BUCKETS[-1]
+# strides vary with the batch (a block table's width) and the pool: triton would specialise each
+# on == 1 and % 16, a compile per new combination; not specialised, one compile serves them all
+_STRIDES = ["stride_qn", "stride_qh", "stride_kb", "stride_ks", "stride_kh", "stride_vb", "stride_vs", "stride_vh",
+            "stride_tn", "stride_on", "stride_oh"]
+
+
+def _jit(*strides: str):
+    # names only of the kernel's own parameters (triton 3.0 looks each up); without triton: plain, never called
+    return triton.jit(do_not_specialize=list(strides)) if AVAILABLE else (lambda fn: fn)
+
+
+_launched: set = set()  # variant keys launched in this process (`jit_compiles`)
 
 
 def usable(device) -> bool:
@@ -45,7 +59,7 @@ def usable(device) -> bool:
                                      and not isinstance(_decode_kernel, JITFunction))
 
 
-@_jit
+@_jit(*_STRIDES)
 def _decode_kernel(q_ptr, k_ptr, v_ptr, table_ptr, lens_ptr, out_ptr, part_ptr, stats_ptr, scale,
                    stride_qn, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
                    stride_tn, stride_on, stride_oh,
@@ -111,7 +125,7 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, table_ptr, lens_ptr, out_ptr, part_ptr, 
         tl.store(stats_ptr + idx * 2 + 1, l, mask=row_ok)
 
 
-@_jit
+@_jit("stride_on", "stride_oh")
 def _reduce_kernel(part_ptr, stats_ptr, out_ptr, stride_on, stride_oh,
                    HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr, SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr):
     # one program per (sequence, query head): rescale each split's partials to the common max and sum
@@ -135,17 +149,65 @@ def _multiprocessors(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
 
 
+def bucket(splits: int) -> int:
+    """The largest of SPLIT_BUCKETS not above `splits` (at least 1): the variant that runs."""
+    return max(b for b in SPLIT_BUCKETS if b <= max(1, splits))
+
+
 def default_splits(n: int, kv_heads: int, max_len: int, device: torch.device) -> int:
     """Splits over the KV length from shapes only (a captured graph keeps them): enough programs for
-    two per multiprocessor when n * Hkv is small, each split with at least 4 tiles of a full table."""
+    two per multiprocessor when n * Hkv is small, each split with at least 4 tiles of a full table,
+    rounded down to a bucket."""
     want = -(-2 * _multiprocessors(device) // max(1, n * kv_heads))
-    return max(1, min(want, MAX_SPLITS, max_len // (4 * TILE)))
+    return bucket(min(want, MAX_SPLITS, max_len // (4 * TILE)))
+
+
+def _compiled(fn) -> int | None:
+    """Variants in a jitted kernel's in-memory cache (triton 3.3+: device_caches; 3.0-3.2: cache);
+    None where not readable (the interpreter compiles nothing)."""
+    caches = getattr(fn, "device_caches", None)
+    if isinstance(caches, dict):
+        return sum(len(c[0]) for c in caches.values())
+    cache = getattr(fn, "cache", None)
+    if isinstance(cache, dict):
+        return sum(len(c) for c in cache.values())
+    return None
+
+
+def jit_compiles() -> int:
+    """Kernel variants compiled in this process so far: the JIT caches' sizes where readable (CUDA),
+    else the variants launched (each one's first launch is where the JIT would compile it)."""
+    counts = [_compiled(fn) for fn in (_decode_kernel, _reduce_kernel)] if AVAILABLE else [None]
+    if None not in counts:
+        return sum(counts)
+    return len(_launched) + sum(1 for key in _launched if key[-1] > 1)  # a split variant runs the reduce too
+
+
+def variants(max_splits: int = MAX_SPLITS) -> list[tuple[str, int]]:
+    """The fixed variant set: (kernel, SPLITS) for one model shape, dtype and block size."""
+    splits = [b for b in SPLIT_BUCKETS if b <= max_splits]
+    return [("decode", s) for s in splits] + [("reduce", s) for s in splits if s > 1]
+
+
+def warm_up(k_cache, v_cache, num_heads: int, dtype: torch.dtype) -> None:
+    """Compile every variant for these caches (one layer's) and query dtype: a one-token decode per
+    bucket, reading block 0 and writing only scratch outputs."""
+    if not usable(k_cache.device):
+        return
+    q = torch.zeros(1, num_heads, k_cache.shape[3], dtype=dtype, device=k_cache.device)
+    table = torch.zeros(1, 1, dtype=torch.int32, device=k_cache.device)
+    lens = torch.ones(1, dtype=torch.int32, device=k_cache.device)
+    for splits in SPLIT_BUCKETS:
+        paged_decode(q, k_cache, v_cache, table, lens, num_splits=splits)
+    if k_cache.device.type == "cuda":
+        torch.cuda.synchronize(k_cache.device)
 
 
 def paged_decode(q, k_cache, v_cache, block_tables, kv_lens, scale=None, num_splits=None) -> torch.Tensor:
     """q (n, H, D); k_cache, v_cache (num_blocks, block_size, Hkv, D); block_tables (n, max_blocks)
     int32 padded with 0; kv_lens (n,) int32 cached tokens including the new one -> (n, H, D) in q's
-    dtype. kv_len 0 gives zeros. num_splits: None picks default_splits; any value gives the same output."""
+    dtype. kv_len 0 gives zeros. num_splits: None picks default_splits; any value gives the same output
+    (rounded down to a bucket of SPLIT_BUCKETS)."""
     if not AVAILABLE:
         raise RuntimeError("paged_decode needs triton, which does not import here")
     if not usable(q.device):
@@ -162,7 +224,9 @@ def paged_decode(q, k_cache, v_cache, block_tables, kv_lens, scale=None, num_spl
     if n == 0:
         return out
     group = heads // kv_heads
-    splits = num_splits or default_splits(n, kv_heads, block_tables.shape[1] * block_size, q.device)
+    splits = bucket(num_splits) if num_splits else default_splits(n, kv_heads, block_tables.shape[1] * block_size,
+                                                                  q.device)
+    _launched.add((q.device.type, q.dtype, k_cache.dtype, group, dim, block_size, splits))
     dim_pad = triton.next_power_of_2(dim)
     scale = (1.0 / math.sqrt(dim) if scale is None else scale) * math.log2(math.e)  # the softmax runs in base 2
     part = stats = out  # unused when splits == 1
