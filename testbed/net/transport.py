@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
@@ -24,7 +25,7 @@ from testbed.net import wire
 log = logging.getLogger("testbed.control")
 LINGER_MS = 2000  # a closing socket still delivers its last frames (the KV audit), but never hangs a stop
 MAX_LOGGED = 20  # refused frames logged one by one; beyond that only counted
-MAX_FRAME = 64 << 20  # a larger frame (from anyone) is refused before it is buffered or parsed
+MAX_FRAME = wire.MAX_FRAME  # a larger frame (from anyone) is refused before it is buffered or parsed
 REFUSED_EVENTS = {zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "not a ZeroMQ peer",
                   zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "handshake failed",
                   zmq.EVENT_HANDSHAKE_FAILED_AUTH: "authentication failed"}
@@ -41,9 +42,18 @@ def _options(sock: zmq.Socket, heartbeat_s: float) -> zmq.Socket:
     return sock
 
 
+# this process's refusals so far: inbox name -> {reason: count} (the results' meta.json reports them)
+REFUSED: dict[str, Counter] = {}
+
+
+def refused_counts() -> dict[str, dict[str, int]]:
+    """Every inbox of this process that turned something away: {name: {reason: count}}."""
+    return {name: dict(counts) for name, counts in REFUSED.items() if counts}
+
+
 class Inbox(Reports):
     """A bound PULL socket: `get(timeout)` / `get_nowait()` like a queue (testbed/cluster/channel.py);
-    `refused` counts the frames and connections turned away."""
+    `refused` counts the frames and connections turned away, `refused_by` the same by reason."""
 
     def __init__(self, ctx: zmq.Context, host: str, token: str, heartbeat_s: float, name: str):
         super().__init__()
@@ -56,7 +66,11 @@ class Inbox(Reports):
         self.poller = zmq.Poller()
         self.poller.register(self.sock, zmq.POLLIN)
         self.poller.register(self.monitor, zmq.POLLIN)
-        self.refused = 0
+        self.refused_by: Counter = Counter()  # this inbox's own (REFUSED: the process's, by inbox name)
+
+    @property
+    def refused(self) -> int:
+        return sum(self.refused_by.values())
 
     def _fill(self, timeout: float | None) -> None:
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -79,15 +93,17 @@ class Inbox(Reports):
             try:
                 self.ready.append((wire.decode(frame, self.token), time.perf_counter()))
             except wire.BadMessage as why:
-                self._refuse(f"a {len(frame)}-byte frame: {why}")
+                self._refuse(why.reason, f"a {len(frame)}-byte frame: {why}")
 
     def _log_refused_connections(self) -> None:
         """A connection that fails ZeroMQ's handshake (it sent something else) is refused."""
         while self.monitor.poll(0):
-            self._refuse(f"a connection: {REFUSED_EVENTS[recv_monitor_message(self.monitor)['event']]}")
+            reason = REFUSED_EVENTS[recv_monitor_message(self.monitor)["event"]]
+            self._refuse(reason, f"a connection: {reason}")
 
-    def _refuse(self, what: str) -> None:
-        self.refused += 1
+    def _refuse(self, reason: str, what: str) -> None:
+        self.refused_by[reason] += 1
+        REFUSED.setdefault(self.name, Counter())[reason] += 1
         if self.refused <= MAX_LOGGED:
             log.warning(f"control {self.name} ({self.address}) dropped {what} (refused so far: {self.refused})")
 

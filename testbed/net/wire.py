@@ -19,6 +19,7 @@ import typing
 from testbed.cluster import messages
 from testbed.cluster.faults import FaultInjected, Stall
 from testbed.engine.record import StepRecord
+from testbed.net import limits
 
 VERSION = 1
 
@@ -38,8 +39,17 @@ class Shutdown:
     error: str = ""
 
 
+MAX_FRAME = 64 << 20  # bytes: a 128K-token prompt is about 1 MB of JSON; anything near this is not a message
+MAX_DEPTH = 16  # nesting: the deepest message (a StepEvents' record's prefill chunks) is 4 levels down
+
+
 class BadMessage(ValueError):
-    """A frame that is not one of this run's control messages."""
+    """A frame that is not one of this run's control messages; `reason` is the short name it is
+    counted under (the full message says more)."""
+
+    def __init__(self, reason: str, detail: str = ""):
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
 
 
 MESSAGE_TYPES = {cls.__name__: cls for cls in (
@@ -58,25 +68,40 @@ def encode(msg, token: str) -> bytes:
 
 
 def decode(frame: bytes, token: str):
-    """The message in `frame`, or BadMessage naming why it was refused."""
-    try:
-        envelope = json.loads(frame)
-    except (UnicodeDecodeError, ValueError) as error:
-        raise BadMessage(f"not JSON ({type(error).__name__})") from None
-    if not isinstance(envelope, dict) or envelope.get("v") != VERSION:
-        raise BadMessage(f"not a version-{VERSION} envelope")
-    if not hmac.compare_digest(str(envelope.get("token", "")).encode(), token.encode()):
+    """The message in `frame`, or BadMessage naming why it was refused (never any other error)."""
+    envelope = _envelope(frame)
+    if not hmac.compare_digest(_text(envelope.get("token")).encode("utf-8", "surrogatepass"),
+                               token.encode()):
         raise BadMessage("wrong or missing run token")
     name, body = envelope.get("type"), envelope.get("body")
-    if name not in MESSAGE_TYPES or not isinstance(body, dict):
-        raise BadMessage(f"unknown message type {str(name)[:40]!r}")
+    if not isinstance(name, str) or name not in MESSAGE_TYPES or not isinstance(body, dict):
+        raise BadMessage("unknown message type", repr(_text(name)[:40]))
     convert = FIELDS[name]
     if not body.keys() <= convert.keys():
-        raise BadMessage(f"{name} has no fields {sorted(body.keys() - convert.keys())[:5]}")
+        raise BadMessage("unknown fields", f"{name} has no fields {sorted(body.keys() - convert.keys())[:5]}")
     try:
         return MESSAGE_TYPES[name](**{k: convert[k](v) for k, v in body.items()})
     except (TypeError, ValueError) as error:
-        raise BadMessage(f"{name}: {error}") from None
+        raise BadMessage("bad field", f"{name}: {str(error)[:200]}") from None
+
+
+def _envelope(frame: bytes) -> dict:
+    """The frame's envelope, its size and nesting bounded before it is parsed."""
+    if not isinstance(frame, (bytes, bytearray, memoryview)):
+        raise BadMessage("not bytes", type(frame).__name__)
+    try:
+        envelope = limits.loads(bytes(frame), MAX_FRAME, MAX_DEPTH, "the frame")
+    except limits.TooLarge as error:
+        raise BadMessage("oversized" if "bytes" in str(error) else "too deep", str(error)) from None
+    except (UnicodeDecodeError, ValueError) as error:
+        raise BadMessage("not JSON", type(error).__name__) from None
+    if not isinstance(envelope, dict) or envelope.get("v") != VERSION or isinstance(envelope.get("v"), bool):
+        raise BadMessage(f"not a version-{VERSION} envelope")
+    return envelope
+
+
+def _text(value) -> str:
+    return value if isinstance(value, str) else ""
 
 
 def _scalar(value):
@@ -94,29 +119,78 @@ def _record(value) -> StepRecord:
     """StepRecord travels as the array of its fields (a NamedTuple is a tuple to JSON)."""
     if not isinstance(value, list) or len(value) > len(StepRecord._fields):
         raise TypeError("StepRecord must be an array of its fields")
-    return StepRecord(*[_deep_tuple(v) if type(v) is list else v for v in value])
+    return StepRecord(*[RECORD[name](v) for name, v in zip(StepRecord._fields, value)])
+
+
+SCALARS = {int: (int,), float: (int, float), bool: (bool,), str: (str,)}  # JSON's types each may arrive as
+
+
+def _scalar_of(hint):
+    allowed = SCALARS[hint]
+
+    def check(value):
+        if type(value) not in allowed:
+            raise TypeError(f"{type(value).__name__} where {hint.__name__} is expected")
+        return value
+    return check
+
+
+def _array(value) -> list:
+    if not isinstance(value, list):
+        raise TypeError(f"{type(value).__name__} where an array is expected")
+    return value
+
+
+def _mapping(value) -> dict:
+    if not isinstance(value, dict):
+        raise TypeError(f"{type(value).__name__} where an object is expected")
+    return value
 
 
 def _converter(hint):
-    """JSON value -> the field's declared shape: StepRecord, tuples where tuples are declared."""
-    origin = typing.get_origin(hint)
+    """JSON value -> the field's declared shape (StepRecord, tuples where tuples are declared),
+    TypeError when the value is not of that shape."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
     if hint is StepRecord:
         return _record
+    if hint in SCALARS:
+        return _scalar_of(hint)
     if origin is typing.Union:  # Optional[X]
-        inner = [a for a in typing.get_args(hint) if a is not type(None)]
+        inner = [a for a in args if a is not type(None)]
         convert = _converter(inner[0]) if len(inner) == 1 else _same
         return lambda v: None if v is None else convert(v)
-    if hint is tuple or origin is tuple:
-        return lambda v: _deep_tuple(v) if isinstance(v, list) else v
-    if hint is list or origin is list:
-        return lambda v: [tuple(x) if type(x) is list else x for x in v] if isinstance(v, list) else v
+    if hint is tuple:
+        return lambda v: _deep_tuple(_array(v))
+    if hint is list:
+        return lambda v: [tuple(x) if type(x) is list else x for x in _array(v)]
+    if hint is dict:
+        return _mapping
+    if origin is tuple:
+        return _tuple_of(args)
+    if origin is list:
+        item = _converter(args[0])
+        return lambda v: [item(x) for x in _array(v)]
     return _same
+
+
+def _tuple_of(args: tuple):
+    if len(args) == 2 and args[1] is Ellipsis:
+        item = _converter(args[0])
+        return lambda v: tuple(item(x) for x in _array(v))
+    items = [_converter(a) for a in args]
+
+    def fixed(value):
+        if len(_array(value)) != len(items):
+            raise TypeError(f"an array of {len(items)} where {len(value)} came")
+        return tuple(convert(x) for convert, x in zip(items, value))
+    return fixed
 
 
 def _same(value):
     return value
 
 
+RECORD = {f: _converter(h) for f, h in typing.get_type_hints(StepRecord).items()}
 # each message type's fields and how each comes back from JSON, resolved once (annotations are strings)
 FIELDS = {name: {f: _converter(h) for f, h in typing.get_type_hints(cls).items()}
           for name, cls in MESSAGE_TYPES.items()}
