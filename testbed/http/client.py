@@ -22,6 +22,7 @@ from typing import Optional
 import aiohttp
 
 from testbed.config import Config
+from testbed.errors import ConfigError, PeerLost
 from testbed.http.protocol import read_event
 from testbed.metrics.events import Event, RequestLog
 from testbed.workload import Request, Workload
@@ -169,25 +170,39 @@ def session_for(cfg: Config) -> aiohttp.ClientSession:
     return aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=http.max_concurrency))
 
 
-async def served_model(cfg: Config, session: aiohttp.ClientSession) -> tuple[str, dict]:
-    """(the model to ask for, what GET /v1/models answered); a server that cannot be reached is a
-    one-line error before any request is sent."""
-    from testbed.errors import ConfigError
+class ServerUnreachable(PeerLost, ConfigError):
+    """executor=http: nothing answers at http.url (checked before the first request). A PeerLost
+    (exit status 1), so a study ends at once instead of recording every point as failed."""
 
-    url = cfg.http.url.rstrip("/") + "/v1/models"
+
+async def served_model(cfg: Config, session: aiohttp.ClientSession) -> tuple[str, dict]:
+    """(the model to ask for, what GET /v1/models answered). The endpoint is checked before any
+    request is sent, whatever is set: a server that cannot be reached (neither /v1/models nor
+    /health answers) is a one-line error, never a run of failed requests."""
+    base = cfg.http.url.rstrip("/")
     headers = bearer(cfg.http.client_key())
     try:
-        async with session.get(url, headers=headers) as response:
-            status, body = response.status, await response.text()
-        listing = json.loads(body) if status == 200 else {}
-    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as error:
+        status, body = await _get(session, base + "/v1/models", headers)
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as error:
+        why = f"{type(error).__name__}: {_first_line(error)}"
+        try:  # a server without /v1/models may still answer /health
+            await _get(session, base + "/health", headers)
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+            raise ServerUnreachable(f"http.url={cfg.http.url}: no server answers: GET /v1/models failed ({why}), "
+                                    f"and so did GET /health; start the server or fix http.url") from None
         if cfg.http.model:
             return cfg.http.model, {}
-        raise ConfigError(f"http.url={cfg.http.url}: GET /v1/models failed ({type(error).__name__}: {error}); "
-                          f"start the server or set http.model") from None
+        raise ConfigError(f"http.url={cfg.http.url}: GET /v1/models failed ({why}); set http.model") from None
+    try:
+        listing = json.loads(body) if status == 200 else {}
+    except ValueError:
+        listing = None
     if status in (401, 403) or (status != 200 and not cfg.http.model):
         hint = " (check http.api_key or OPENAI_API_KEY)" if status in (401, 403) else "; or set http.model"
         raise ConfigError(f"http.url={cfg.http.url}: GET /v1/models answered {status}: {_reason(body)}{hint}")
+    if listing is None and not cfg.http.model:
+        raise ConfigError(f"http.url={cfg.http.url}: GET /v1/models answered with no JSON: {_reason(body)}; "
+                          f"set http.model")
     listing = listing if isinstance(listing, dict) else {}
     models = [m.get("id") for m in listing.get("data", []) if isinstance(m, dict)]
     if cfg.http.model:
@@ -195,3 +210,12 @@ async def served_model(cfg: Config, session: aiohttp.ClientSession) -> tuple[str
     if not models:
         raise ConfigError(f"http.url={cfg.http.url}: /v1/models lists no model; set http.model")
     return models[0], listing
+
+
+async def _get(session: aiohttp.ClientSession, url: str, headers: dict) -> tuple[int, str]:
+    async with session.get(url, headers=headers) as response:
+        return response.status, await response.text()
+
+
+def _first_line(error: BaseException) -> str:
+    return (str(error).strip().splitlines() or [""])[0][:200]
