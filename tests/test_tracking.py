@@ -78,13 +78,31 @@ def test_the_config_wins_over_the_environment_which_wins_over_the_defaults(given
 
 
 def test_a_bad_wandb_mode_in_the_environment_is_one_line_for_wandb_only(clean_env):
-    clean_env.setenv("WANDB_MODE", "dryrun")
+    clean_env.setenv("WANDB_MODE", "offlin")
     assert isinstance(make_tracker(TrackerConfig(name="none")), NullTracker)
     with pytest.raises(ConfigError) as err:
         make_tracker(TrackerConfig(name="wandb"))
-    assert str(err.value) == ("WANDB_MODE='dryrun' in the environment is not one of offline, online, disabled; "
-                              "unset it or set tracker.mode")
+    assert str(err.value) == ("WANDB_MODE='offlin' in the environment is not one of offline, online, disabled "
+                              "(or W&B's aliases dryrun, run); unset it or set tracker.mode")
     assert make_tracker(TrackerConfig(name="wandb", mode="offline"))  # an explicit mode never reads it
+
+
+@pytest.mark.parametrize("alias, mode", [("dryrun", "offline"), ("run", "online")])
+def test_wandb_mode_aliases_are_accepted_from_the_environment_and_the_config(clean_env, alias, mode):
+    clean_env.setenv("WANDB_MODE", alias)
+    assert TrackerConfig(name="wandb").resolved().mode == mode
+    assert TrackerConfig(name="wandb", mode=alias).validate().mode == mode
+    if mode == "offline":
+        assert make_tracker(TrackerConfig(name="wandb"))._cfg.mode == "offline"
+
+
+def test_group_names_carry_a_run_id_so_runs_of_one_second_never_share_a_group(clean_env):
+    now = datetime(2026, 1, 2, 3, 4, 5)
+    groups = {make_tracker(TrackerConfig(name="none"), group=run_group("ratio_sweep", now)).group for _ in range(50)}
+    assert len(groups) == 50
+    assert all(re.fullmatch(r"ratio_sweep-2026-01-02-03-04-05-[0-9a-z]{8}", g) for g in groups)
+    assert make_tracker(TrackerConfig(name="none"), group="g", run_id="abc").group == "g-abc"
+    assert make_tracker(TrackerConfig(name="none")).group is None  # no group: the caller's, unchanged
 
 
 def test_run_group_is_dated_and_numbered_under_multirun():
@@ -273,13 +291,13 @@ SHIPPED_LABEL = {"mixed": {"kind": "measured", "name": "shipped:tiny_cpu.json"}}
 
 
 def test_a_point_logs_its_results_artifact_with_the_profile_and_telemetry_as_series(tmp_path, fake_wandb):
-    tracker = make_tracker(TrackerConfig(name="wandb", mode="offline"), group="mode_compare-2026-01-02-03-04-05")
+    tracker = make_tracker(TrackerConfig(name="wandb", mode="offline"), group="mode_compare-2026-01-02-03-04-05", run_id="k3x9q2ab")
     cfg = make_config("executor=sim", "mode=chunked")
     track_point(tracker, "chunked", "03-04-05", cfg, point_dir(tmp_path / "p"), point_result(SHIPPED_LABEL, 6))
     [run] = fake_wandb.runs
-    assert run.init["group"] == "mode_compare-2026-01-02-03-04-05" and run.init["dir"] == str(tmp_path / "p")
+    assert run.init["group"] == "mode_compare-2026-01-02-03-04-05-k3x9q2ab" and run.init["dir"] == str(tmp_path / "p")
     [results] = run.logged
-    assert (results.name, results.type) == ("mode_compare-2026-01-02-03-04-05-chunked", "results")
+    assert (results.name, results.type) == ("mode_compare-2026-01-02-03-04-05-k3x9q2ab-chunked", "results")
     assert sorted(results.files) == ["exports/trace.mooncake.jsonl", "profiles/mixed/tiny_cpu.json",
                                      "requests.parquet", "summary.json"]  # no W&B run folder, no log
     assert results.files["profiles/mixed/tiny_cpu.json"] == SHIPPED / "tiny_cpu.json" and run.used == []  # offline
@@ -346,12 +364,12 @@ def test_the_sweep_run_charts_against_rate_and_logs_its_table(tmp_path, fake_wan
     (out / "points" / "p" / "summary.json").parent.mkdir(parents=True)
     (out / "points" / "p" / "summary.json").write_text("{}")
     figure = _png(out / "attainment_vs_rate.png")
-    tracker = make_tracker(TrackerConfig(name="wandb", mode="offline"), group="rate_sweep-2026-01-02-03-04-05")
+    tracker = make_tracker(TrackerConfig(name="wandb", mode="offline"), group="rate_sweep-2026-01-02-03-04-05", run_id="k3x9q2ab")
     track_figures(tracker, "03-04-05", make_config("+experiment=rate_sweep"), out, {"goodput": {}}, [figure],
                   sweep_table())
     [run] = fake_wandb.runs
     assert (run.init["name"], run.init["job_type"], run.init["group"]) == (
-        "rate_sweep-sweep", "sweep", "rate_sweep-2026-01-02-03-04-05")
+        "rate_sweep-sweep", "sweep", "rate_sweep-2026-01-02-03-04-05-k3x9q2ab")
     assert run.metrics["rate"] is None
     assert {k: v for k, v in run.metrics.items() if k != "rate"} == {
         f"{m}/{label}": "rate" for label in ("1P1D", "chunked") for m in
@@ -361,7 +379,7 @@ def test_the_sweep_run_charts_against_rate_and_logs_its_table(tmp_path, fake_wan
     assert [row["rate"] for row in run.rows if "rate" in row] == [10.0, 10.0, 20.0]
     assert any("figures/attainment_vs_rate" in row for row in run.rows)
     [artifact] = run.logged
-    assert (artifact.name, artifact.type) == ("rate_sweep-2026-01-02-03-04-05-sweep", "sweep")
+    assert (artifact.name, artifact.type) == ("rate_sweep-2026-01-02-03-04-05-k3x9q2ab-sweep", "sweep")
     assert sorted(artifact.files) == ["attainment_vs_rate.png", "exports/trace.mooncake.jsonl", "requests.parquet",
                                       "summary.json"]  # not points/, wandb/ or the log
 
@@ -387,7 +405,7 @@ def test_a_simulated_sweep_shares_one_dated_group_and_always_has_its_sweep_run(t
     runs = fake_wandb.runs
     assert [r.init["job_type"] for r in runs] == ["chunked", "disagg", "sweep"]
     assert len({r.init["group"] for r in runs}) == 1
-    assert re.fullmatch(r"mode_compare-\d{4}-\d\d-\d\d-\d\d-\d\d-\d\d", runs[0].init["group"])
+    assert re.fullmatch(r"mode_compare-\d{4}-\d\d-\d\d-\d\d-\d\d-\d\d-[0-9a-z]{8}", runs[0].init["group"])
     assert [r.init["dir"] for r in runs] == [str(tmp_path / "out" / "points" / p) for p in ("chunked", "1P1D")] + [
         str(tmp_path / "out")]
     assert all(r.logged for r in runs) and "slo_attainment/1P1D" in runs[-1].metrics
@@ -424,14 +442,14 @@ def records_of(root: Path) -> dict:
 
 
 def test_wandb_offline_records_the_artifacts_metrics_and_group(tmp_path, no_network):
-    tracker = make_tracker(TrackerConfig(name="wandb", mode="offline"), group="mode_compare-2026-01-02-03-04-05")
+    tracker = make_tracker(TrackerConfig(name="wandb", mode="offline"), group="mode_compare-2026-01-02-03-04-05", run_id="k3x9q2ab")
     point = point_dir(tmp_path / "sweep" / "points" / "chunked")
     track_point(tracker, "chunked", "03-04-05", make_config("executor=sim"), point, point_result(SHIPPED_LABEL, 4))
     track_figures(tracker, "03-04-05", make_config("+experiment=rate_sweep"), tmp_path / "sweep", {}, [], sweep_table())
     records = records_of(point)
-    assert records["run"][0].run_group == "mode_compare-2026-01-02-03-04-05"
+    assert records["run"][0].run_group == "mode_compare-2026-01-02-03-04-05-k3x9q2ab"
     [results] = [a for a in records["artifact"] if a.type == "results"]
-    assert results.name == "mode_compare-2026-01-02-03-04-05-chunked"
+    assert results.name == "mode_compare-2026-01-02-03-04-05-k3x9q2ab-chunked"
     assert sorted(c.path for c in results.manifest.contents) == [
         "exports/trace.mooncake.jsonl", "profiles/mixed/tiny_cpu.json", "requests.parquet", "summary.json"]
     assert json.loads(results.metadata)["profiles"] == SHIPPED_LABEL

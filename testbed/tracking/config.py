@@ -15,6 +15,8 @@ from testbed.errors import ConfigError
 TRACKER_NAMES = ("none", "wandb")
 # No "online" default anywhere: a run on a machine without network must never wait on W&B.
 TRACKER_MODES = ("offline", "online", "disabled")
+# W&B's own aliases (wandb.init accepts them too): dryrun is offline, run is online
+MODE_ALIASES = {"dryrun": "offline", "run": "online"}
 DEFAULT_MODE, DEFAULT_PROJECT = "offline", "testbed"
 
 
@@ -39,6 +41,8 @@ class TrackerConfig:
     tags: List[str] = field(default_factory=list)
 
     def validate(self) -> "TrackerConfig":
+        if self.mode in MODE_ALIASES:
+            self.mode = MODE_ALIASES[self.mode]
         if self.name not in TRACKER_NAMES:
             raise ConfigError(f"tracker.name must be one of {', '.join(TRACKER_NAMES)} (got {self.name!r})")
         if self.mode is not None and self.mode not in TRACKER_MODES:
@@ -54,8 +58,10 @@ class TrackerConfig:
         else the defaults (dir None: the results directory). Done once, when a tracker is made."""
         env = os.environ if env is None else env
         mode = self.mode or env.get("WANDB_MODE") or DEFAULT_MODE
+        mode = MODE_ALIASES.get(mode, mode)
         if mode not in TRACKER_MODES:  # only the environment can get here: validate() checked ours
-            raise ConfigError(f"WANDB_MODE={mode!r} in the environment is not one of {', '.join(TRACKER_MODES)}; "
+            raise ConfigError(f"WANDB_MODE={mode!r} in the environment is not one of {', '.join(TRACKER_MODES)} "
+                              f"(or W&B's aliases {', '.join(MODE_ALIASES)}); "
                               f"unset it or set tracker.mode")
         project = self.project or env.get("WANDB_PROJECT") or DEFAULT_PROJECT
         return replace(self, mode=mode, project=project, dir=self.dir or env.get("WANDB_DIR") or None).validate()

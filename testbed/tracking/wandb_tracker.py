@@ -15,6 +15,7 @@ retry can hang as well: wandb#9865, #8003).
 from __future__ import annotations
 
 import importlib.util
+import secrets
 import sys
 
 from pathlib import Path
@@ -224,9 +225,19 @@ def wandb_version() -> tuple[Optional[str], str]:
     return wandb.__version__, ""
 
 
-def make_tracker(cfg: TrackerConfig, group: Optional[str] = None) -> Tracker:
-    """The tracker the config names (validated first); `group` names every run's group."""
+def make_tracker(cfg: TrackerConfig, group: Optional[str] = None, run_id: Optional[str] = None) -> Tracker:
+    """The tracker the config names (validated first); `group`, with a run id appended
+    (`<group>-<run_id>`, random when not given), names every run's group: two runs started in the
+    same second, on one machine or two, never share a W&B group."""
     cfg.validate()
+    if group is not None:
+        group = f"{group}-{run_id or new_run_id()}"
     if cfg.name == "wandb":
         return WandbTracker(cfg, group)
     return NullTracker(group)
+
+
+def new_run_id() -> str:
+    """8 random base-36 characters, as W&B's own run ids (36**8: about 2.8e12 of them)."""
+    alphabet = "0123456789abcdefghijklmnopqrstuvwxyz"
+    return "".join(secrets.choice(alphabet) for _ in range(8))
