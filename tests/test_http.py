@@ -51,11 +51,25 @@ def test_a_well_formed_request_is_read_with_defaults():
     ({"prompt": [1, 100]}, "[0, 100)"),
     ({"prompt": [1], "stream": "yes"}, "stream must be true or false"),
     ({"prompt": [1], "min_tokens": 40, "max_tokens": 8}, "min_tokens=40"),
+    (b'{"prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "nests 100001 levels deep; the limit is 8"),
+    ({"prompt": [[[1]]]}, "integers in [0, 100)"),
+    (b'{"prompt": [1], "user": "' + b"[" * 5000 + b'", "n": 2}', "n=2"),  # brackets in a string do not nest
 ])
 def test_a_bad_request_is_one_line_naming_the_field(body, says):
     with pytest.raises(BadRequest) as refused:
         parse(body)
     assert says in str(refused.value) and "\n" not in str(refused.value) and refused.value.status == 400
+
+
+def test_a_long_prompt_is_refused_by_its_length_before_its_ids_are_read():
+    with pytest.raises(BadRequest, match="the prompt has 100000 tokens"):
+        parse({"prompt": [None] * 100_000})
+
+
+def test_a_body_over_the_limit_is_refused_with_413():
+    with pytest.raises(BadRequest, match="the limit is") as refused:
+        parse(b" " * (2 << 20) + b"{}")
+    assert refused.value.status == 413
 
 
 def test_another_model_is_not_found():
@@ -111,6 +125,15 @@ def open_stream(url: str, prompt: list[int], max_tokens: int) -> socket.socket:
     return sock
 
 
+def raw_status(url: str, head: bytes, body: bytes = b"") -> int:
+    """The status line's code for a request sent byte for byte (headers a urllib client would not send)."""
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=120) as sock:
+        sock.sendall(head + b"\r\n\r\n" + body)
+        answer = read_until(sock, b"\r\n")
+    return int(answer.split(b" ")[1])
+
+
 def read_until(sock: socket.socket, marker: bytes, count: int = 1) -> bytes:
     data = b""
     while data.count(marker) < count:
@@ -140,7 +163,36 @@ def test_the_server_answers_bad_input_with_4xx_and_keeps_serving(server):
     assert status == 400 and "max_tokens=1000" in body["error"]["message"]
     status, body = post(server.url, {"prompt": [1, 2, 3], "max_tokens": 5, "return_token_ids": True})
     assert status == 200 and len(body["choices"][0]["token_ids"]) == 5 and body["usage"]["completion_tokens"] == 5
+    status, body = post(server.url, b'{"prompt": ' + b"[" * 50_000 + b"]" * 50_000 + b"}")
+    assert status == 400 and "nests" in body["error"]["message"]
     assert health(server.url)["status"] == "ok"
+
+
+def test_a_body_over_the_limit_is_refused_before_or_while_reading(server):
+    post_head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+    # the length announced is refused before a byte of the body is sent
+    assert raw_status(server.url, post_head + b"\r\nContent-Length: 1000000000") == 413
+    # a chunked body (no length announced) is cut off once it is over the limit
+    piece = b" " * (1 << 20)
+    chunks = b"".join(b"%x\r\n%s\r\n" % (len(piece), piece) for _ in range(3)) + b"0\r\n\r\n"
+    assert raw_status(server.url, post_head + b"\r\nTransfer-Encoding: chunked", chunks) == 413
+    assert health(server.url)["status"] == "ok"
+
+
+def test_a_large_body_is_parsed_off_the_event_loop(server, monkeypatch):
+    import testbed.http.server as http_server
+
+    threads = []
+
+    def recording(*args, **kwargs):
+        threads.append(threading.current_thread().name)
+        return parse_completion(*args, **kwargs)
+
+    monkeypatch.setattr(http_server, "parse_completion", recording)
+    status, _ = post(server.url, b'{"prompt": [1, 2], "max_tokens": 2' + b" " * (200 << 10) + b"}")
+    assert status == 200 and threads and threads[0] != "testbed-http"
+    status, _ = post(server.url, {"prompt": [1, 2], "max_tokens": 2})  # a small one: parsed in place
+    assert status == 200 and threads[1] == "testbed-http"
 
 
 def test_too_many_streams_get_429_and_dropped_clients_leave_no_kv(tmp_path):
@@ -173,6 +225,10 @@ def test_an_api_key_is_required_when_set(tmp_path):
     with HttpServer(cfg) as running:
         status, body = post(running.url, {"prompt": [1, 2], "max_tokens": 2})
         assert status == 401 and "API key" in body["error"]["message"]
+        body = json.dumps({"prompt": [1, 2], "max_tokens": 2}).encode()
+        head = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Authorization: Bearer \xff\xfe\xc3(sesame\r\nContent-Length: %d" % len(body))
+        assert raw_status(running.url, head, body) == 401  # a header that is not UTF-8: no key, not a 500
         assert post(running.url, {"prompt": [1, 2], "max_tokens": 2}, key="sesame")[0] == 200
 
 

@@ -9,6 +9,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
+from testbed.net import limits
+
 # The OpenAI completions fields, and the vLLM/SGLang extensions benchmark clients send.
 FIELDS = ("model", "prompt", "max_tokens", "stream", "stream_options", "temperature", "top_p", "n", "best_of",
           "logprobs", "echo", "stop", "seed", "user", "presence_penalty", "frequency_penalty", "logit_bias",
@@ -21,6 +23,14 @@ ONLY = {"n": ((1,), "1"), "best_of": ((1,), "1"), "echo": ((False,), "false"), "
         "repetition_penalty": ((1, 1.0), "1"), "stop": (("", ()), "null or empty"), "suffix": (("",), "null"),
         "logit_bias": (({},), "null or {}")}
 DEFAULT_MAX_TOKENS = 16  # OpenAI's
+MAX_DEPTH = 8  # nesting of a request body: a batch of one prompt is 2 levels, stream_options 2
+BODY_BASE = 1 << 20  # bytes of a body beyond its prompt (fields, whitespace)
+BODY_PER_TOKEN = 64  # bytes a prompt token may take, as an id in JSON or as text
+
+
+def body_limit(max_model_len: int) -> int:
+    """The largest body a request for this model can need: a longer one is refused unread."""
+    return BODY_BASE + BODY_PER_TOKEN * max_model_len
 
 
 class BadRequest(ValueError):
@@ -45,9 +55,11 @@ def parse_completion(body: bytes, *, vocab_size: int, max_model_len: int, model:
                      encode: Optional[Callable[[str], list[int]]] = None) -> Completion:
     """The request in `body`, or BadRequest naming what is wrong."""
     try:
-        data = json.loads(body)
+        data = limits.loads(body, body_limit(max_model_len), MAX_DEPTH, "the body")
+    except limits.TooLarge as error:
+        raise BadRequest(str(error), status=413 if "bytes" in str(error) else 400) from None
     except (ValueError, UnicodeDecodeError) as error:
-        raise BadRequest(f"the body is not valid JSON ({error})") from None
+        raise BadRequest(f"the body is not valid JSON ({str(error).splitlines()[0][:200]})") from None
     if not isinstance(data, dict):
         raise BadRequest("the body must be a JSON object with the completions fields")
     unknown = sorted(set(data) - set(FIELDS))
@@ -59,7 +71,7 @@ def parse_completion(body: bytes, *, vocab_size: int, max_model_len: int, model:
             raise BadRequest(f"{key}={json.dumps(value)} is not supported; allowed: {say}")
     if data.get("model") not in (None, model):
         raise BadRequest(f"model={data['model']!r} is not served here; allowed: {model!r}", status=404)
-    prompt = _prompt(data.get("prompt"), vocab_size, encode)
+    prompt = _prompt(data.get("prompt"), vocab_size, max_model_len, encode)
     max_tokens = _max_tokens(data, len(prompt), max_model_len)
     options = data.get("stream_options") or {}
     if not isinstance(options, dict) or set(options) - {"include_usage", "continuous_usage_stats"}:
@@ -81,7 +93,7 @@ def _flag(data: dict, key: str) -> bool:
     return bool(value)
 
 
-def _prompt(prompt: Any, vocab_size: int, encode) -> tuple[int, ...]:
+def _prompt(prompt: Any, vocab_size: int, max_model_len: int, encode) -> tuple[int, ...]:
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], (list, str)):
         if len(prompt) > 1:
             raise BadRequest(f"prompt is a batch of {len(prompt)} prompts; batches of several prompts are not "
@@ -90,12 +102,25 @@ def _prompt(prompt: Any, vocab_size: int, encode) -> tuple[int, ...]:
     if isinstance(prompt, str):
         if encode is None:
             raise BadRequest("prompt is text but this server has no tokenizer; send token ids (a list of integers)")
+        if not _utf8(prompt):
+            raise BadRequest("prompt text is not valid Unicode (a lone surrogate escape)")
         prompt = encode(prompt)
     if not isinstance(prompt, list) or not prompt:
         raise BadRequest("prompt must be a non-empty list of token ids (or one text with a tokenizer)")
+    if len(prompt) >= max_model_len:  # before every id is looked at: a long list is refused at once
+        raise BadRequest(f"the prompt has {len(prompt)} tokens; the model allows {max_model_len - 1} "
+                         f"(max_model_len {max_model_len}, one output token at least)")
     if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab_size for t in prompt):
         raise BadRequest(f"prompt token ids must be integers in [0, {vocab_size})")
     return tuple(prompt)
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _max_tokens(data: dict, prompt_len: int, max_model_len: int) -> int:

@@ -11,6 +11,7 @@ its KV audit) and writes the run's results directory from the server's side.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import json
 import socket
@@ -29,14 +30,14 @@ from testbed.config import Config
 from testbed.errors import ConfigError
 from testbed.cluster.point import kv_store, stop_cluster, worker_template, write_point
 from testbed.http.live import LiveRouter
-from testbed.http.protocol import (DONE, BadRequest, Completion, chunk, error_body, error_chunk, parse_completion,
-                                   usage, usage_chunk)
+from testbed.http.protocol import (DONE, BadRequest, Completion, body_limit, chunk, error_body, error_chunk,
+                                   parse_completion, usage, usage_chunk)
 from testbed.metrics.events import RequestLog
 from testbed.tracking.telemetry import start_telemetry
 from testbed.workload import Request
 
 START_TIMEOUT_S = 60.0  # the web thread binding its socket; the workers have cluster.start_timeout_s
-MAX_BODY = 64 << 20  # a 128K-token prompt as JSON ids is under 1 MiB; anything near this is not a prompt
+PARSE_INLINE = 64 << 10  # bytes: a larger body is parsed in a thread, so the event loop keeps every stream going
 ENDED_STATUS = {"rejected": 429, "failed": 503}
 SWITCH_INTERVAL_S = 0.0005
 
@@ -68,11 +69,12 @@ class Completions:
         self.cfg, self.router, self.t0, self.text, self.encode = cfg, router, t0, text, encode
         self.args = cfg.model.args()
         self.key = cfg.http.server_key()
+        self.max_body = body_limit(self.args.max_model_len)
         self.next_rid = 0
         self.open = 0
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=MAX_BODY, middlewares=[self.auth])
+        app = web.Application(client_max_size=self.max_body, middlewares=[self.auth])
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/health", self.health)
@@ -81,8 +83,9 @@ class Completions:
     @web.middleware
     async def auth(self, request: web.Request, handler):
         key = self.key
-        given = request.headers.get("Authorization", "")
-        if key and not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
+        # a header that is not UTF-8 arrives with its bytes escaped: compared as those bytes, it matches no key
+        given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
+        if key and not hmac.compare_digest(given, f"Bearer {key}".encode()):
             return _error("missing or wrong API key: send `Authorization: Bearer KEY` (http.api_key)", 401)
         return await handler(request)
 
@@ -104,9 +107,7 @@ class Completions:
             return _error(f"too many concurrent requests: {self.open} open, http.max_streams={self.cfg.http.max_streams}",
                           429)
         try:
-            spec = parse_completion(await request.read(), vocab_size=self.args.vocab_size,
-                                    max_model_len=self.args.max_model_len, model=self.cfg.http.served_model,
-                                    encode=self.encode)
+            spec = await self._parse(request)
         except BadRequest as bad:
             return _error(str(bad), bad.status)
         rid, sink = self.next_rid, QueueSink(asyncio.get_running_loop())
@@ -120,6 +121,24 @@ class Completions:
             raise
         finally:
             self.open -= 1
+
+    async def _parse(self, request: web.Request) -> Completion:
+        """The request, its size checked from Content-Length before reading and by aiohttp while
+        reading (client_max_size); a large body is parsed in a thread, off the event loop."""
+        if request.content_length is not None and request.content_length > self.max_body:
+            raise BadRequest(f"the body has {request.content_length} bytes; the limit is {self.max_body} "
+                             f"(a prompt of max_model_len {self.args.max_model_len} tokens)", status=413)
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raise BadRequest(f"the body is over the limit of {self.max_body} bytes "
+                             f"(a prompt of max_model_len {self.args.max_model_len} tokens)", status=413) from None
+        parse = functools.partial(parse_completion, body, vocab_size=self.args.vocab_size,
+                                  max_model_len=self.args.max_model_len, model=self.cfg.http.served_model,
+                                  encode=self.encode)
+        if len(body) <= PARSE_INLINE:
+            return parse()
+        return await asyncio.get_running_loop().run_in_executor(None, parse)
 
     async def _stream(self, request: web.Request, rid: int, spec: Completion, items: asyncio.Queue):
         item = await items.get()
