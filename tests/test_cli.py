@@ -50,7 +50,7 @@ def test_default_job_writes_the_results_contract(tmp_path):
     ("faults.drop_kv_probability=2", "faults.drop_kv_probability must be in [0, 1]"),
     ("model.name=gpt5", "model.name='gpt5' is not a preset"),
     ("model.num_heads=5", "model.num_heads=5 must divide model.hidden_size=64"),
-    ("engine.kv_cache_mib=0.01", "cannot hold one request of max_model_len=2048"),
+    ("model.max_model_len=2048 engine.kv_cache_mib=0.01", "cannot hold one request of max_model_len=2048"),
     ("mode=chunked scheduler.chunk_size=8", "scheduler.chunk_size=8 must be >= scheduler.max_running=64"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, override, message):

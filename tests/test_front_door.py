@@ -3,8 +3,11 @@ is set, a real checkpoint runs from the command line with default options."""
 
 from __future__ import annotations
 
+import json
+import logging
 import socket
 import subprocess
+import urllib.request
 import sys
 from pathlib import Path
 
@@ -40,3 +43,70 @@ def test_a_missing_server_is_one_line_and_a_non_zero_exit_even_with_http_model_s
     assert lines[0].endswith("and so did GET /health; start the server or fix http.url")
     assert "ClientConnectorError" in lines[0]
     assert not (tmp_path / "requests.parquet").exists()  # nothing was sent
+
+
+# -- a real checkpoint with default options ------------------------------------------------------------
+LONG = 131072  # the llama3 checkpoint's max_position_embeddings: 128 MiB of KV at 1 KiB a token
+
+
+@pytest.fixture(scope="module")
+def long_checkpoint(tmp_path_factory):
+    """A checkpoint transformers writes whose max_model_len (131072) a small pool cannot hold."""
+    pytest.importorskip("transformers")
+    from tests.hf_checkpoints import read_config, write_checkpoint
+
+    directory = tmp_path_factory.mktemp("llama3")
+    write_checkpoint("llama3", directory)
+    assert read_config(directory)["max_position_embeddings"] == LONG
+    return directory
+
+
+def lowered_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if "model.max_model_len lowered" in line]
+
+
+@pytest.mark.slow
+def test_the_cli_runs_a_checkpoint_the_default_pool_cannot_hold_with_one_line(long_checkpoint, tmp_path):
+    small = ["engine.kv_cache_mib=8", "hardware=cpu", "hardware.num_devices=2", "mode=disagg",
+             "workload.num_requests=6", "workload.rate=50", "workload.input_len.min=16", "workload.input_len.max=64", "workload.output_len.min=2",
+             "workload.output_len.max=8"]
+    done = testbed("model=hf", f"model.path={long_checkpoint}", *small, tmp_path=tmp_path / "fitted")
+    assert done.returncode == 0, done.stderr[-3000:]
+    [line] = lowered_lines(done.stdout + done.stderr)  # one line for both workers
+    held = 8 * 2**20 // 1024  # 8 MiB at 1 KiB a token
+    assert f"lowered from {LONG} to {held}" in line
+    summary = json.loads((tmp_path / "fitted" / "summary.json").read_text())
+    assert summary["num_requests"]["ok"] == 6
+    # an explicit length keeps the error, in one line
+    done = testbed("model=hf", f"model.path={long_checkpoint}", f"model.max_model_len={LONG}", *small,
+                   tmp_path=tmp_path / "explicit")
+    assert done.returncode == 2 and f"cannot hold one request of max_model_len={LONG}" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+@pytest.mark.slow
+def test_the_cli_runs_the_checkpoint_with_no_option_but_its_path(long_checkpoint, tmp_path):
+    done = testbed("model=hf", f"model.path={long_checkpoint}", "workload.num_requests=4", "workload.rate=50",
+                   "workload.input_len.min=16", "workload.input_len.max=64", "workload.output_len.min=2", "workload.output_len.max=8", tmp_path=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert len(lowered_lines(done.stdout + done.stderr)) <= 1  # lowered only where the pool cannot hold it
+
+
+@pytest.mark.slow
+def test_the_server_lowers_an_unset_length_to_its_pool_and_serves(long_checkpoint, tmp_path, caplog):
+    from tests.cluster_helpers import make_config
+    from testbed.http.server import HttpServer
+
+    cfg = make_config("model=hf", f"model.path={long_checkpoint}", "engine.kv_cache_mib=8", "hardware=cpu",
+                      "cluster.num_workers=1", "http.port=0")
+    with caplog.at_level(logging.WARNING, logger="testbed"), HttpServer(cfg, tmp_path) as server:
+        with urllib.request.urlopen(server.url + "/v1/models", timeout=60) as response:
+            [model] = json.loads(response.read())["data"]
+        body = json.dumps({"prompt": [1, 2, 3], "max_tokens": 4}).encode()
+        request = urllib.request.Request(server.url + "/v1/completions", body, {"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=120) as response:
+            answer = json.loads(response.read())
+    assert model["max_model_len"] == 8192
+    assert len(answer["choices"][0]["token_ids"] if "token_ids" in answer["choices"][0] else
+               answer["choices"][0]["text"].split()) == 4
+    assert len([r for r in caplog.records if "lowered from 131072 to 8192" in r.getMessage()]) == 1

@@ -9,6 +9,7 @@ reported, and P's KV hand-offs to the modelled link time (testbed/cluster/pacing
 
 from __future__ import annotations
 
+import logging
 import os
 import queue
 import signal
@@ -143,8 +144,13 @@ def _setup(spec: WorkerSpec) -> Engine:
     _init_group(spec, "nccl" if device.type == "cuda" and not spec.direct else "gloo")
     if not spec.direct:
         warm_links(spec.rank, spec.roles, device)
+    # model.max_model_len unset: fitted to this pool, which Started reports; the driver says it once
+    # for every worker (testbed/experiments/serve.py: fit_to_pools)
+    fit = spec.model.max_model_len is None
+    if fit:
+        logging.getLogger("testbed.engine.model_runner").setLevel(logging.ERROR)
     engine = Engine.build(spec.model.args(), spec.engine, spec.scheduler, spec.role, device,
-                          dtype=spec.model.dtype, path=spec.model.path, seed=spec.model.seed)
+                          dtype=spec.model.dtype, path=spec.model.path, seed=spec.model.seed, fit_max_model_len=fit)
     engine.warmup()
     if spec.report_cache:  # after the warm-up: its prompts are nobody's prefix
         engine.track_cache_changes()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 from typing import Callable, Optional
@@ -13,21 +14,24 @@ from testbed.cluster.launcher import Cluster
 from testbed.cluster.layout import check_kv_backend, plan_ranks, plan_workers
 from testbed.cluster.point import kv_store, stop_cluster, worker_template, write_point
 from testbed.cluster.router import Router
-from testbed.config import Config
+from testbed.config import Config, with_overrides
 from testbed.errors import ConfigError
 from testbed.metrics.events import RequestLog
 from testbed.tracking.telemetry import start_telemetry
 from testbed.workload import build_workload
+
+log = logging.getLogger("testbed")
 
 
 def serve(cfg: Config, out_dir: Path, on_started: Optional[Callable[[Cluster], None]] = None,
           progress: bool = True, session=None) -> dict:
     """Run one point and write its results directory; returns the tables and the summary.
     `session`: rank 0's torchrun session (testbed/cluster/torchrun.py): the workers are its ranks."""
-    args = cfg.model.args()
-    workload = build_workload(cfg.workload, seed=cfg.seed, vocab_size=args.vocab_size,
-                              max_model_len=args.max_model_len)
     with start_cluster(cfg, session) as cluster:
+        cfg = fit_to_pools(cfg, cluster)
+        args = cfg.model.args()
+        workload = build_workload(cfg.workload, seed=cfg.seed, vocab_size=args.vocab_size,
+                                  max_model_len=args.max_model_len)
         if on_started:
             on_started(cluster)
         t0 = time.perf_counter()
@@ -41,6 +45,36 @@ def serve(cfg: Config, out_dir: Path, on_started: Optional[Callable[[Cluster], N
             router.run()
         telemetry = stop_cluster(cluster, router, sampler)
     return write_point(cfg, out_dir, cluster, router, log, telemetry, workload.report)
+
+
+def fit_to_pools(cfg: Config, cluster) -> Config:
+    """`cfg` with model.max_model_len set to what every started worker's KV pool holds, when it
+    was left unset and some pool holds less than the model's own length (a checkpoint's
+    max_position_embeddings often exceeds a CPU pool); said in one line, as `LLM` does. The
+    workers fit their own engines to their pools (testbed/cluster/worker.py) and report the pool
+    (`Started.num_blocks`); a length set explicitly is never lowered: a pool that cannot hold it
+    stopped the workers' start with the error. The CLI's points and the HTTP server both call
+    this once their workers are up."""
+    if cfg.model.max_model_len is not None:
+        return cfg
+    started = list(getattr(cluster, "started", {}).values())
+    if not started:
+        return cfg
+    wanted = cfg.model.args().max_model_len
+    held = min(s.num_blocks * cfg.engine.for_device(s.device.split(":")[0]).block_size for s in started)
+    if held >= wanted:
+        return cfg
+    smallest = min(started, key=lambda s: s.num_blocks)
+    key = (wanted, held)
+    if key not in _said:  # once per process: a study's points would repeat it
+        _said.add(key)
+        log.warning(f"model.max_model_len lowered from {wanted} to {held}: what the smallest worker's KV pool "
+                    f"({smallest.num_blocks} blocks, worker {smallest.worker}) holds; set model.max_model_len, "
+                    f"or raise engine.kv_cache_mib / engine.num_kv_blocks / engine.gpu_memory_utilization for more")
+    return with_overrides(cfg, {"model.max_model_len": held})
+
+
+_said: set = set()
 
 
 def check_emulated_link(cfg: Config) -> None:
