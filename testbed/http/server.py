@@ -28,6 +28,7 @@ from testbed.cluster.launcher import Cluster
 from testbed.cluster.layout import plan_workers
 from testbed.config import Config
 from testbed.errors import ConfigError
+from testbed.experiments.serve import fit_to_pools
 from testbed.cluster.point import kv_store, stop_cluster, worker_template, write_point
 from testbed.http.live import LiveRouter
 from testbed.http.protocol import (DONE, BadRequest, Completion, body_limit, chunk, error_body, error_chunk,
@@ -211,6 +212,7 @@ class HttpServer:
 
     def _start(self, sock: socket.socket) -> None:
         t0 = time.perf_counter()
+        self.cfg = fit_to_pools(self.cfg, self.cluster)  # an unset max_model_len lowered to the pools, in one line
         self.log, self.sampler = RequestLog(t0), start_telemetry(t0, announce=False)
         self._stack.callback(self.sampler.stop)  # a start that fails further on leaves no thread
         self.router = LiveRouter(self.cluster, self.log, self.cfg, t0)
