@@ -123,9 +123,9 @@ def test_options_the_model_lacks_are_refused_by_name(key, value, reference, tmp_
 
 
 def test_default_pool_caps_max_model_len_in_one_line(reference, caplog):
-    directory = reference("llama3")[0]  # 131072 positions; the default 64 MiB pool holds 65536 tokens
+    directory = reference("llama3")[0]  # 131072 positions; a 64 MiB pool holds 65536 tokens
     with caplog.at_level(logging.WARNING, logger="testbed.engine.model_runner"):
-        llm = LLM(str(directory), device="cpu")
+        llm = LLM(str(directory), device="cpu", kv_cache_mib=64)
     assert llm.engine.args.max_model_len == 65536 and llm.engine.runner.num_blocks * 16 == 65536
     [record] = caplog.records
     assert "model.max_model_len lowered from 131072 to 65536" in record.getMessage()
@@ -134,7 +134,7 @@ def test_default_pool_caps_max_model_len_in_one_line(reference, caplog):
         llm.generate([[1] * 65530], max_new_tokens=8)
     # a length asked for explicitly is held to: the pool cannot hold it, so it is an error
     with pytest.raises(ConfigError, match="cannot hold one request of max_model_len=131072"):
-        LLM(str(directory), device="cpu", max_model_len=131072)
+        LLM(str(directory), device="cpu", kv_cache_mib=64, max_model_len=131072)
 
 
 @pytest.mark.slow

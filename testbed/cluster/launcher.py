@@ -19,6 +19,7 @@ import torch.multiprocessing as mp
 
 from testbed.cluster.channel import ReportReader, ReportWriter
 from testbed.cluster.layout import WorkerPlan
+from testbed.cluster.memory import ModelMemory, plan_kv_memory
 from testbed.cluster.messages import Audit, Started, Stop, WorkerError
 from testbed.cluster.worker import WorkerSpec, worker_main
 from testbed.errors import ConfigError
@@ -66,6 +67,9 @@ class Cluster:
         self.started: dict[int, Started] = {}
         self.audits: dict[int, Audit] = {}
         self.cores = plan_cores(plans, template.emulation is not None)
+        # each device's memory split among the workers on it: refused here, before any starts, if they cannot fit
+        self.kv_mib = plan_kv_memory(plans, template.engine, lambda device: ModelMemory.of(
+            template.model, template.engine, template.scheduler.max_running, device))
 
     def __enter__(self) -> "Cluster":
         ctx = mp.get_context("spawn")
@@ -74,7 +78,10 @@ class Cluster:
         self.events = ReportReader([reader for reader, _ in pipes])
         port = free_port()
         for plan, (_, writer) in zip(self.plans, pipes):
-            spec = replace(self.template, rank=plan.rank, world_size=len(self.plans), role=plan.role,
+            engine = self.template.engine
+            if self.kv_mib[plan.rank] is not None:
+                engine = replace(engine, kv_cache_mib=self.kv_mib[plan.rank])
+            spec = replace(self.template, rank=plan.rank, world_size=len(self.plans), role=plan.role, engine=engine,
                            roles=tuple(p.role for p in self.plans),
                            device=plan.device, port=port, cpu_core=self.cores.pins[plan.rank] if self.cores else None)
             proc = ctx.Process(target=worker_main, args=(spec, self.inboxes, ReportWriter(writer)), daemon=True,

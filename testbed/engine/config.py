@@ -36,13 +36,23 @@ class SchedulerConfig:
 class EngineConfig:
     # tokens per KV block; None: 256 where flash-attn runs (its page size), else 16
     block_size: Optional[int] = None
-    kv_cache_mib: float = 64.0  # KV pool size on CPU
-    gpu_memory_utilization: float = 0.85  # share of free GPU memory given to the KV pool
-    num_kv_blocks: Optional[int] = None  # an explicit pool size overrides both budgets
+    # the KV pool (testbed/engine/kv_pool.py): an explicit block count, else an explicit size in MiB
+    # (any device; the cluster sets it for workers that share one), else a share of the memory
+    kv_cache_mib: Optional[float] = None
+    # the share of a GPU's total memory for all the run's workers on it together (weights and KV);
+    # the rest is left to activations and CUDA contexts
+    gpu_memory_utilization: float = 0.85
+    num_kv_blocks: Optional[int] = None  # an explicit pool size overrides every budget
     attention_backend: str = "auto"  # one of kv_layout.ATTENTION_BACKENDS: auto | flash | triton | cpu | torch
     enable_prefix_caching: bool = False
     # decode replayed from CUDA graphs captured per batch-size bucket; None: on where CUDA is
     cuda_graphs: Optional[bool] = None
+    # the share of the host's available memory (after the weights) for the KV pools of all CPU
+    # workers together, each pool capped at what max_running requests of max_model_len hold
+    cpu_memory_utilization: float = 0.1
+    # where prefill and decode workers share a device: the prefill workers' share of its KV memory
+    # (prefill holds only the prompts in flight and those waiting for D); decode takes the rest
+    prefill_memory_share: float = 0.2
 
     def for_device(self, device_type: str, dtype="auto") -> "EngineConfig":
         """The block size and graph setting this device (and KV dtype) gets when they are unset."""
@@ -58,10 +68,13 @@ class EngineConfig:
     def validate(self) -> "EngineConfig":
         if self.block_size is not None and self.block_size < 1:
             raise ConfigError(f"engine.block_size must be >= 1 (got {self.block_size})")
-        if self.kv_cache_mib <= 0:
-            raise ConfigError(f"engine.kv_cache_mib must be > 0 (got {self.kv_cache_mib})")
-        if not 0 < self.gpu_memory_utilization <= 1:
-            raise ConfigError(f"engine.gpu_memory_utilization must be in (0, 1] (got {self.gpu_memory_utilization})")
+        if self.kv_cache_mib is not None and self.kv_cache_mib <= 0:
+            raise ConfigError(f"engine.kv_cache_mib must be > 0 or unset (got {self.kv_cache_mib})")
+        for key in ("gpu_memory_utilization", "cpu_memory_utilization"):
+            if not 0 < getattr(self, key) <= 1:
+                raise ConfigError(f"engine.{key} must be in (0, 1] (got {getattr(self, key)})")
+        if not 0 < self.prefill_memory_share < 1:
+            raise ConfigError(f"engine.prefill_memory_share must be in (0, 1) (got {self.prefill_memory_share})")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ConfigError(f"engine.num_kv_blocks must be >= 1 (got {self.num_kv_blocks})")
         if self.attention_backend not in ATTENTION_BACKENDS:

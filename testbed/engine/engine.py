@@ -29,7 +29,8 @@ class Engine:
                  policy: str, device: torch.device, fit_max_model_len: bool = False):
         engine_config.validate()
         scheduler_config.validate(policy)
-        self.runner = ModelRunner(model, engine_config, device, fit_max_model_len)  # resolves what is unset
+        # resolves what is unset; max_running bounds a CPU pool sized from the memory
+        self.runner = ModelRunner(model, engine_config, device, fit_max_model_len, scheduler_config.max_running)
         if self.runner.config.cuda_graphs and self.runner.backend.name == "torch":
             # a static SDPA decode reads every sequence's whole table width: at long contexts and
             # large batches that copy outgrows the memory, so graphs need flash or Triton

@@ -11,7 +11,7 @@ import torch
 
 from testbed.engine.config import EngineConfig
 from testbed.engine.cuda_graphs import DecodeGraphs
-from testbed.engine.kv_pool import checked_pool, kv_block_shape, needs_free_bytes, pool_blocks
+from testbed.engine.kv_pool import checked_pool, host_available_bytes, kv_block_shape, pool_blocks, sized_from_memory
 from testbed.engine.scheduler import Batch
 from testbed.model.attention import AttentionMetadata, block_stride, select_backend
 from testbed.model.config import ModelArgs
@@ -24,10 +24,11 @@ ARRAY_CODES = {torch.int64: "q", torch.int32: "i"}
 class ModelRunner:
     """`fit_max_model_len`: when the pool cannot hold one request of max_model_len, lower
     max_model_len to what it holds (and say so) instead of refusing; for a length the user did not
-    ask for, such as a checkpoint's max_position_embeddings."""
+    ask for, such as a checkpoint's max_position_embeddings. `max_running`: a CPU pool sized from
+    the memory holds at most that many requests of max_model_len (more would never be used)."""
 
     def __init__(self, model: Transformer, config: EngineConfig, device: torch.device,
-                 fit_max_model_len: bool = False):
+                 fit_max_model_len: bool = False, max_running: int | None = None):
         self.dtype = next(model.parameters()).dtype
         config = config.for_device(device.type, self.dtype)
         self.model, self.config, self.device = model, config, device
@@ -35,7 +36,7 @@ class ModelRunner:
         self.block_size = config.block_size
         self.backend = select_backend(config.attention_backend, device, self.dtype, config.block_size,
                                       self.args.head_dim)
-        self.num_blocks = self._pool_blocks()
+        self.num_blocks = self._pool_blocks(max_running)
         self.args = self._fit_max_model_len() if fit_max_model_len else self._check_max_model_len()
         # (blocks + 1, layers, 2, block_size, Hkv, D), block-major: one block's K and V of every layer
         # are one contiguous span, so moving a request's blocks (the ipc transport, the KV store) copies
@@ -67,10 +68,16 @@ class ModelRunner:
     def block_bytes(self) -> int:
         return self.args.kv_bytes_per_token * self.block_size * self.dtype.itemsize
 
-    def _pool_blocks(self) -> int:
-        # the free memory is read only when it sizes the pool (an explicit block count needs none)
-        free = torch.cuda.mem_get_info(self.device)[0] if needs_free_bytes(self.config, self.device.type) else None
-        return pool_blocks(self.config, self.block_bytes, device_type=self.device.type, free_bytes=free)
+    def _pool_blocks(self, max_running: int | None) -> int:
+        # the memory is read only when it sizes the pool (an explicit size needs none)
+        kind, memory = self.device.type, {}
+        if sized_from_memory(self.config) and kind == "cuda":
+            free, total = torch.cuda.mem_get_info(self.device)
+            memory = dict(free_bytes=free, total_bytes=total, used_bytes=torch.cuda.memory_allocated(self.device))
+        elif sized_from_memory(self.config):
+            per_seq = -(-self.args.max_model_len // self.block_size)
+            memory = dict(free_bytes=host_available_bytes(), max_blocks=max_running * per_seq if max_running else None)
+        return pool_blocks(self.config, self.block_bytes, device_type=kind, **memory)
 
     def _check_max_model_len(self) -> ModelArgs:
         checked_pool(self.num_blocks, self.block_size, self.args.max_model_len)
@@ -81,7 +88,7 @@ class ModelRunner:
         if held >= self.args.max_model_len or held < 2:  # fits, or too small to fit anything: refuse
             return self._check_max_model_len()
         log.warning("model.max_model_len lowered from %d to %d: what the KV pool of %d blocks x %d tokens holds "
-                    "(raise engine.kv_cache_mib / engine.num_kv_blocks / engine.gpu_memory_utilization for more)",
+                    "(raise engine.kv_cache_mib / engine.num_kv_blocks / engine.*_memory_utilization for more)",
                     self.args.max_model_len, held, self.num_blocks, self.block_size)
         args = dataclasses.replace(self.args, max_model_len=held)
         self.model.args = args  # one max_model_len for everything that reads the model's shape
