@@ -16,6 +16,11 @@ from testbed.model.config import ModelConfig
 _ENGINE_FIELDS = {f.name for f in dataclasses.fields(EngineConfig)}
 _SCHEDULER_FIELDS = {f.name for f in dataclasses.fields(SchedulerConfig)}
 _MODEL_FIELDS = {f.name for f in dataclasses.fields(ModelConfig)} - {"name", "path"}
+# Offline defaults, as vLLM's offline `LLM` sizes its scheduler (max_num_seqs 256, 8192 batched
+# tokens): a whole batch of prompts is admitted at once, prefills in one or a few steps and
+# decodes together, instead of the serving defaults' 256-token chunks (SchedulerConfig), which
+# keep a server's decode steps short. Any of them given to LLM wins.
+OFFLINE_SCHEDULER = {"max_running": 256, "max_batched_tokens": 8192, "chunk_size": 8192}
 
 
 class LLM:
@@ -31,7 +36,7 @@ class LLM:
         # a length the caller did not ask for (a checkpoint's max_position_embeddings can exceed
         # the default pool) is lowered to what the pool holds; an explicit one the pool cannot hold is an error
         self.engine = Engine.build(model_config.args(), EngineConfig(**pick(_ENGINE_FIELDS)),
-                                   SchedulerConfig(**pick(_SCHEDULER_FIELDS)), policy, device,
+                                   SchedulerConfig(**offline_scheduler(pick(_SCHEDULER_FIELDS))), policy, device,
                                    dtype=model_config.dtype, path=model_config.path, seed=model_config.seed,
                                    fit_max_model_len=model_config.max_model_len is None)
         self._next_id = 0
@@ -48,3 +53,12 @@ class LLM:
         self.engine.run_until_done()
         assert self.engine.num_used_blocks == 0, "KV blocks leaked"
         return [seq.output_token_ids for seq in seqs]
+
+
+def offline_scheduler(given: dict) -> dict:
+    """OFFLINE_SCHEDULER under what the caller gave; a chunk size given alone also bounds the
+    running sequences (a chunked step must fit one decode token of each)."""
+    limits = {**OFFLINE_SCHEDULER, **given}
+    if "chunk_size" in given and "max_running" not in given:
+        limits["max_running"] = min(limits["max_running"], given["chunk_size"])
+    return limits

@@ -110,3 +110,25 @@ def test_the_server_lowers_an_unset_length_to_its_pool_and_serves(long_checkpoin
     assert len(answer["choices"][0]["token_ids"] if "token_ids" in answer["choices"][0] else
                answer["choices"][0]["text"].split()) == 4
     assert len([r for r in caplog.records if "lowered from 131072 to 8192" in r.getMessage()]) == 1
+
+
+# -- LLM's offline defaults ---------------------------------------------------------------------------
+def test_llm_defaults_prefill_a_whole_batch_at_once_and_decode_it_together():
+    import torch
+
+    from testbed import LLM
+    from testbed.engine import Sequence
+    from testbed.llm import OFFLINE_SCHEDULER
+
+    llm = LLM("tiny", max_model_len=256, num_kv_blocks=32 * 12)  # the scheduler's limits are LLM's defaults
+    assert {k: getattr(llm.engine.scheduler.config, k) for k in OFFLINE_SCHEDULER} == OFFLINE_SCHEDULER
+    gen = torch.Generator().manual_seed(0)
+    for i in range(32):
+        llm.engine.add(Sequence(i, torch.randint(0, 512, (128,), generator=gen).tolist(), 8))
+    _, first = llm.engine.step()
+    assert first.prefill_tokens == 32 * 128  # the whole batch in one step
+    _, second = llm.engine.step()
+    assert (second.prefill_tokens, second.decode_seqs) == (0, 32)  # then all of it decodes together
+    llm.engine.run_until_done()
+    # what the caller gives wins; a chunk given alone bounds the running sequences (chunked mode)
+    assert LLM("tiny", max_model_len=256, num_kv_blocks=64, chunk_size=32).engine.scheduler.config.max_running == 32

@@ -211,6 +211,8 @@ def test_vs_transformers_benchmark_runs_both_engines_on_one_checkpoint():
     pytest.importorskip("transformers")
     from testbed.bench.engine import vs_transformers
 
-    result = vs_transformers("tiny", batch=2, prompt_len=8, new_tokens=4, repeats=1)
-    assert result["same_tokens"] == 2 and result["ratio"] > 0
-    assert result["pair_ratio_min"] <= result["pair_ratio_median"] <= result["pair_ratio_max"]
+    rows = vs_transformers("tiny", batch=2, prompt_len=8, new_tokens=4, repeats=1)
+    assert [r["setting"] for r in rows] == ["defaults", "tuned"]  # LLM with its defaults, and tuned to the batch
+    for result in rows:
+        assert result["same_tokens"] == 2 and result["ratio"] > 0
+        assert result["pair_ratio_min"] <= result["pair_ratio_median"] <= result["pair_ratio_max"]

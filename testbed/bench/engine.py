@@ -5,8 +5,9 @@ outside the model forward (scheduling, tensor preparation, sampling, postprocess
 
 `--vs-transformers`: LLM.generate against transformers' generate on one checkpoint that
 transformers itself writes (float32, one thread, batch 32, 128 prompt + 64 new tokens, greedy),
-for each shape of --models, in --repeats alternating pairs: output tokens/s of both (best run),
-their ratio, the spread of the pairs' ratios, and whether the tokens agree.
+for each shape of --models, in --repeats alternating rounds, `LLM` with its defaults and tuned
+to the batch: output tokens/s of both sides (best run), their ratio, the spread of the rounds'
+ratios, and whether the tokens agree.
 """
 
 from __future__ import annotations
@@ -51,11 +52,13 @@ def measure(engine: Engine, batch: int, prompt_len: int, decode_steps: int) -> d
 
 
 def vs_transformers(shape: str, batch: int = 32, prompt_len: int = 128, new_tokens: int = 64, repeats: int = 5,
-                    attention_backend: str = "auto") -> dict:
+                    attention_backend: str = "auto") -> list[dict]:
     """Both engines on a checkpoint `save_pretrained` wrote with this preset's shape, in `repeats`
-    alternating pairs (neither side alone pays first-use costs or a slow spell): the best run of
-    each, and the spread of the pairs' ratios (a pair runs back to back, so a slow spell of the
-    machine slows both)."""
+    alternating rounds (neither side alone pays first-use costs or a slow spell): `LLM` with its
+    defaults, `LLM` tuned to the batch (running sequences, batched tokens and chunk the batch's
+    size, a pool that holds it exactly), then transformers. One row per `LLM` setting: the best
+    run of each side, and the spread of the rounds' ratios (a round runs back to back, so a slow
+    spell of the machine slows both)."""
     import tempfile
     import time
 
@@ -75,29 +78,34 @@ def vs_transformers(shape: str, batch: int = 32, prompt_len: int = 128, new_toke
     prompts = torch.randint(0, a.vocab_size, (batch, prompt_len), generator=torch.Generator().manual_seed(1))
     with tempfile.TemporaryDirectory() as directory, torch.inference_mode():
         reference.save_pretrained(directory)
-        llm = LLM(directory, max_running=batch, max_batched_tokens=batch * prompt_len, chunk_size=batch * prompt_len,
-                  num_kv_blocks=batch * (-(-(prompt_len + new_tokens) // 16)) + 16, attention_backend=attention_backend)
-
-        def ours():
-            return llm.generate(prompts.tolist(), new_tokens)
-
-        def theirs():
-            return reference.generate(prompts, max_new_tokens=new_tokens, do_sample=False, pad_token_id=0,
-                                      attention_mask=torch.ones_like(prompts))[:, prompt_len:].tolist()
-
-        seconds: dict = {ours: [], theirs: []}
+        llms = {"defaults": LLM(directory, attention_backend=attention_backend),
+                "tuned": LLM(directory, max_running=batch, max_batched_tokens=batch * prompt_len,
+                             chunk_size=batch * prompt_len,
+                             num_kv_blocks=batch * (-(-(prompt_len + new_tokens) // 16)) + 16,
+                             attention_backend=attention_backend)}
+        runs = {name: (lambda llm=llm: llm.generate(prompts.tolist(), new_tokens)) for name, llm in llms.items()}
+        runs["transformers"] = lambda: reference.generate(
+            prompts, max_new_tokens=new_tokens, do_sample=False, pad_token_id=0,
+            attention_mask=torch.ones_like(prompts))[:, prompt_len:].tolist()
+        seconds: dict = {name: [] for name in runs}
         tokens: dict = {}
         for _ in range(repeats):
-            for run in (ours, theirs):
+            for name, run in runs.items():
                 start = time.perf_counter()
-                tokens[run] = run()
-                seconds[run].append(time.perf_counter() - start)
-    ours_s, theirs_s = min(seconds[ours]), min(seconds[theirs])
-    pairs = sorted(t / o for o, t in zip(seconds[ours], seconds[theirs]))
-    same = sum(x == y for x, y in zip(tokens[ours], tokens[theirs]))
-    return {"testbed_tok_s": batch * new_tokens / ours_s, "transformers_tok_s": batch * new_tokens / theirs_s,
-            "ratio": theirs_s / ours_s, "pair_ratio_median": statistics.median(pairs), "pair_ratio_min": pairs[0],
-            "pair_ratio_max": pairs[-1], "same_tokens": same, "batch": batch, "backend": llm.engine.runner.backend.name}
+                tokens[name] = run()
+                seconds[name].append(time.perf_counter() - start)
+    theirs = seconds["transformers"]
+    rows = []
+    for name, llm in llms.items():
+        ours = seconds[name]
+        pairs = sorted(t / o for o, t in zip(ours, theirs))
+        same = sum(x == y for x, y in zip(tokens[name], tokens["transformers"]))
+        rows.append({"setting": name, "testbed_tok_s": batch * new_tokens / min(ours),
+                     "transformers_tok_s": batch * new_tokens / min(theirs), "ratio": min(theirs) / min(ours),
+                     "pair_ratio_median": statistics.median(pairs), "pair_ratio_min": pairs[0],
+                     "pair_ratio_max": pairs[-1], "same_tokens": same, "batch": batch,
+                     "backend": llm.engine.runner.backend.name, "kv_blocks": llm.engine.runner.num_blocks})
+    return rows
 
 
 def main(argv=None) -> None:
@@ -115,13 +123,13 @@ def main(argv=None) -> None:
     if a.threads or a.vs_transformers:
         torch.set_num_threads(a.threads or 1)
     if a.vs_transformers:
-        print(f"{'shape':>6} {'backend':>8} {'testbed tok/s':>14} {'transformers tok/s':>19} {'ratio':>6} "
-              f"{'pairs: median [min, max]':>25} {'same tokens':>12}")
+        print(f"{'shape':>6} {'backend':>8} {'LLM':>9} {'testbed tok/s':>14} {'transformers tok/s':>19} "
+              f"{'ratio':>6} {'rounds: median [min, max]':>26} {'same tokens':>12}")
         for model in a.models:
-            r = vs_transformers(model, repeats=a.repeats, attention_backend=a.attention_backend)
-            print(f"{model:>6} {r['backend']:>8} {r['testbed_tok_s']:>14.0f} {r['transformers_tok_s']:>19.0f} "
-                  f"{r['ratio']:>6.2f} {r['pair_ratio_median']:>10.2f} [{r['pair_ratio_min']:.2f}, "
-                  f"{r['pair_ratio_max']:.2f}] {r['same_tokens']:>8}/{r['batch']}")
+            for r in vs_transformers(model, repeats=a.repeats, attention_backend=a.attention_backend):
+                print(f"{model:>6} {r['backend']:>8} {r['setting']:>9} {r['testbed_tok_s']:>14.0f} "
+                      f"{r['transformers_tok_s']:>19.0f} {r['ratio']:>6.2f} {r['pair_ratio_median']:>11.2f} "
+                      f"[{r['pair_ratio_min']:.2f}, {r['pair_ratio_max']:.2f}] {r['same_tokens']:>8}/{r['batch']}")
         return
     print(f"{'model':>6} {'batch':>5} {'prefill tok/s':>14} {'decode tok/s':>13} {'decode step ms':>15} "
           f"{'outside forward':>16}")
