@@ -19,9 +19,9 @@ COMMON = dict(deadline=None, database=None, suppress_health_check=[HealthCheck.t
                                                                       HealthCheck.function_scoped_fixture])
 
 
-def quick(test):
-    """The property with QUICK examples: part of every test run."""
-    return settings(max_examples=QUICK, **COMMON)(test)
+def quick(test, examples: int = QUICK):
+    """The property with QUICK examples (fewer for a slow one): part of every test run."""
+    return settings(max_examples=examples, **COMMON)(test)
 
 
 def long(test):

@@ -61,10 +61,25 @@ def resolve_role(cfg: Config, role: str, profile: Optional[Mapping] = None) -> R
         dtype_bytes = gpu_dtype_bytes(cfg.model.dtype)
         model, label = analytical(spec, args, dtype_bytes)
         return RoleProfile(model, label, dtype_bytes)
-    loaded = profile if given else cfg.sim.load(cfg.model.name, role)
     name = "given" if given else spec or f"shipped:{cfg.model.name}_cpu.json"
-    model, label = measured(loaded, args, name)
-    return RoleProfile(model, label, int(loaded["dtype_bytes"]), loaded)
+    try:
+        loaded = profile if given else cfg.sim.load(cfg.model.name, role)
+        model, label = measured(loaded, args, name)
+        return RoleProfile(model, label, int(loaded["dtype_bytes"]), loaded)
+    except MALFORMED as error:  # a file another tool wrote, or a damaged one: one line naming it
+        raise ConfigError(f"{cfg.sim.key(role)}: {name} is not a measured profile ({_what(error)}); "
+                          f"make one with `python -m testbed +experiment=profile`") from None
+
+
+# what reading a damaged profile raises: not UTF-8 or a number of too many digits (ValueError),
+# nesting past the stack, a missing section, a section of the wrong kind
+MALFORMED = (ValueError, RecursionError, KeyError, TypeError, AttributeError, IndexError, ZeroDivisionError,
+             OverflowError)
+
+
+def _what(error: BaseException) -> str:
+    text = f"{type(error).__name__}: {error}".splitlines()[0]
+    return text if len(text) <= 120 else text[:117] + "..."
 
 
 def role_blocks(cfg: Config, profiles: dict[str, RoleProfile]) -> dict[str, int]:

@@ -19,6 +19,9 @@ import numpy as np
 from testbed.workload.config import WorkloadError
 
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+MAX_COUNT = 1 << 40  # tokens in one request: anything larger is not a length
+MAX_SECONDS = 1e12  # arrival offsets (a Mooncake timestamp in ms over 30 years is 1e12)
+MAX_DEPTH = 32  # nesting of one JSON line: a trace row is an object of lists (depth 2)
 CHECKOUT = Path(__file__).resolve().parents[2]
 
 
@@ -69,13 +72,17 @@ def detect_format(path: Path) -> str:
 
 
 def read_trace(path: Path, fmt: Optional[str] = None) -> TraceRecords:
-    fmt = fmt or detect_format(path)
+    """The file's rows; any malformed content is one WorkloadError line naming the file."""
     readers = {"azure_csv": read_azure_csv, "mooncake_jsonl": read_mooncake_jsonl,
                "native_jsonl": read_native_jsonl}
     try:
-        records = readers[fmt](path)
+        records = readers[fmt or detect_format(path)](path)
     except OSError as e:
         raise WorkloadError(f"trace {path}: cannot read ({e.strerror or e})") from None
+    except UnicodeDecodeError as e:
+        raise WorkloadError(f"trace {path}: not UTF-8 text (byte {e.start} of a read: {e.reason})") from None
+    except csv.Error as e:
+        raise WorkloadError(f"trace {path}: not a CSV file ({str(e)[:200]})") from None
     if len(records) == 0:
         raise WorkloadError(f"trace {path}: no requests in the file")
     start = records.timestamps_s.min()
@@ -104,7 +111,7 @@ def read_azure_csv(path: Path) -> TraceRecords:
         header = next(reader, None) or []
         missing = [c for c in AZURE_COLUMNS if c not in header]
         if missing:
-            raise WorkloadError(f"trace {path} line 1: missing column {missing[0]} (header: {','.join(header)})")
+            raise WorkloadError(f"trace {path} line 1: missing column {missing[0]} (header: {_show(','.join(header))})")
         cols = [header.index(c) for c in AZURE_COLUMNS]
         first: Optional[datetime] = None
         for row in reader:
@@ -128,9 +135,11 @@ def _wall_clock(text: str, path: Path, line: int) -> tuple[datetime, float]:
     base, _, fraction = text.strip().partition(".")
     try:
         second = datetime.fromisoformat(base)
-        frac = int(fraction) / 10 ** len(fraction) if fraction else 0.0
+        if second.tzinfo is not None or not (fraction.isascii() and fraction.isdigit() or not fraction):
+            raise ValueError("a time zone, or a fraction that is not digits")
+        frac = int(fraction[:9]) / 10 ** len(fraction[:9]) if fraction else 0.0
     except ValueError:
-        raise WorkloadError(f"trace {path} line {line}: TIMESTAMP {text!r} is not 'YYYY-MM-DD HH:MM:SS.fffffff'") from None
+        raise WorkloadError(f"trace {path} line {line}: TIMESTAMP {_show(text)} is not 'YYYY-MM-DD HH:MM:SS.fffffff'") from None
     return second, frac
 
 
@@ -139,9 +148,16 @@ def _count(value, key: str, path: Path, line: int) -> int:
         number = int(value) if not isinstance(value, float) or value.is_integer() else None
     except (TypeError, ValueError):
         number = None
-    if number is None or number < 0 or isinstance(value, bool):
-        raise WorkloadError(f"trace {path} line {line}: {key} must be an integer >= 0 (got {value!r})")
+    if number is None or not 0 <= number <= MAX_COUNT or isinstance(value, bool):
+        raise WorkloadError(f"trace {path} line {line}: {key} must be an integer >= 0 "
+                            f"(at most {MAX_COUNT}; got {_show(value)})")
     return number
+
+
+def _show(value) -> str:
+    """A value from the file as an error shows it: one line, at most 60 characters."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _json_rows(path: Path):
@@ -153,6 +169,8 @@ def _json_rows(path: Path):
                 row = json.loads(text)
             except json.JSONDecodeError as e:
                 raise WorkloadError(f"trace {path} line {line}: not valid JSON ({e.msg})") from None
+            except (ValueError, RecursionError) as e:  # a number of too many digits; nesting past the stack
+                raise WorkloadError(f"trace {path} line {line}: not a trace row ({type(e).__name__})") from None
             if not isinstance(row, dict):
                 raise WorkloadError(f"trace {path} line {line}: expected a JSON object")
             yield line, row
@@ -165,14 +183,15 @@ def _field(row: dict, key: str, path: Path, line: int):
 
 
 def _seconds(value, key: str, path: Path, line: int) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value) or value < 0:
-        raise WorkloadError(f"trace {path} line {line}: {key} must be a number >= 0 (got {value!r})")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= MAX_SECONDS:
+        raise WorkloadError(f"trace {path} line {line}: {key} must be a number >= 0 "
+                            f"(at most {MAX_SECONDS:g}; got {_show(value)})")
     return float(value)
 
 
 def _id_list(value, key: str, path: Path, line: int) -> tuple[int, ...]:
-    if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value):
-        raise WorkloadError(f"trace {path} line {line}: {key} must be a list of integers >= 0")
+    if not isinstance(value, list) or not all(type(v) is int and 0 <= v < 1 << 63 for v in value):
+        raise WorkloadError(f"trace {path} line {line}: {key} must be a list of integers >= 0 (below 2^63)")
     return tuple(value)
 
 
