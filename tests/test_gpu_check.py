@@ -1,7 +1,10 @@
-"""scripts/gpu_check --smoke on CPU: every step runs, the summary reads each step's real output
-files (a renamed field would otherwise surface only on the GPU, in its scarce device time), and the
-exit status follows the steps."""
+"""scripts/gpu_check --smoke on CPU: every step runs (deps included), the summary reads each step's
+real output files (a renamed field would otherwise surface only on the GPU, in its scarce device
+time), every log and the table land under $OUT, and the exit status follows the steps: a step that
+fails, one the 8-minute budget leaves no time for, and gpu tests all skipped on a machine that has a
+GPU (a fake nvidia-smi stands for one). scripts/gpu_deps.py: what the check installs and carries."""
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -9,29 +12,54 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
+from tests.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
-STEPS = ["gpu_tests", "engine", "parity", "disagg_ipc", "kv_ipc"]
+STEPS = ["deps", "gpu_tests", "engine", "parity", "disagg_ipc", "kv_ipc"]
 
 
-def gpu_check(out: Path, *args: str, python: str = sys.executable) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OUT": str(out), "PYTHON": python}
+def gpu_check(out: Path, *args: str, python: str = sys.executable, **env) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OUT": str(out), "PYTHON": python, **env}
     return subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check"), *args], env=env, cwd=ROOT,
                           capture_output=True, text=True)
 
 
+def rows(out: Path) -> list[list[str]]:
+    return [line.split("\t") for line in (out / "steps.tsv").read_text().splitlines()]
+
+
+@pytest.mark.slow
 def test_smoke_runs_every_step_and_summarises_them(tmp_path):
-    done = gpu_check(tmp_path, "--smoke")
+    done = gpu_check(tmp_path, "--smoke", GPU_CHECK_STEPS="")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
-    rows = [line.split("\t") for line in (tmp_path / "steps.tsv").read_text().splitlines()]
-    assert [r[0] for r in rows] == STEPS and all(r[1] == "0" for r in rows), rows
+    assert [r[0] for r in rows(tmp_path)] == STEPS and all(r[1] == "0" for r in rows(tmp_path)), rows(tmp_path)
     summary = done.stdout.split("== gpu_check summary", 1)[1]
     for expected in ["of ideal", "attention vs SDPA", "torch/16/decode", "4 of 4 requests ok",
-                     "KV blocks leaked 0, staging buffers leaked 0", "ipc vs memcpy"]:
+                     "KV blocks leaked 0, staging buffers leaked 0", "ipc vs memcpy", "gpu tests: 0 ran"]:
         assert expected in summary, f"{expected!r} missing from the summary:\n{summary}"
-    for name in ["engine.json", "parity.json", "kv_ipc.json", "disagg_ipc/summary.json", "device.txt"]:
+    assert (tmp_path / "summary.txt").read_text() == "\n== gpu_check summary" + summary
+    for name in ["engine.json", "parity.json", "kv_ipc.json", "disagg_ipc/summary.json", "device.txt",
+                 "gpu_tests.xml", *(f"{step}.log" for step in STEPS)]:
         assert (tmp_path / name).exists(), name
+    assert "every dependency imports" in (tmp_path / "deps.log").read_text()
+
+
+def fake_gpu(tmp_path: Path) -> str:
+    """A PATH whose nvidia-smi lists a GPU that torch does not see."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H200 (UUID: GPU-fake)'\n")
+    smi.chmod(0o755)
+    return f"{bin_dir}{os.pathsep}{os.environ['PATH']}"
+
+
+def test_gpu_tests_all_skipped_on_a_machine_with_a_gpu_fail(tmp_path):
+    done = gpu_check(tmp_path / "out", "--smoke", GPU_CHECK_STEPS="gpu_tests", PATH=fake_gpu(tmp_path))
+    assert done.returncode != 0
+    assert [r[:2] for r in rows(tmp_path / "out")] == [["gpu_tests", "1"]]
+    log = (tmp_path / "out" / "gpu_tests.log").read_text()
+    assert "every gpu test was skipped on a machine with a GPU" in log, log[-2000:]
+    assert "(a GPU is present)" in (tmp_path / "out" / "summary.txt").read_text()
 
 
 def test_a_failed_step_makes_the_exit_status_non_zero(tmp_path):
@@ -39,10 +67,21 @@ def test_a_failed_step_makes_the_exit_status_non_zero(tmp_path):
     fake = tmp_path / "python"
     fake.write_text("#!/bin/sh\nexit 3\n")
     fake.chmod(0o755)
-    done = gpu_check(tmp_path / "out", "--smoke", python=str(fake))
+    done = gpu_check(tmp_path / "out", "--smoke", python=str(fake), GPU_CHECK_STEPS="")
     assert done.returncode != 0
-    rows = (tmp_path / "out" / "steps.tsv").read_text().splitlines()
-    assert [r.split("\t")[1] for r in rows] == ["3"] * len(rows) and len(rows) >= len(STEPS)
+    assert [r[0] for r in rows(tmp_path / "out")] == STEPS and all(r[1] != "0" for r in rows(tmp_path / "out"))
+
+
+def test_steps_the_budget_leaves_no_time_for_fail_without_running(tmp_path):
+    done = gpu_check(tmp_path, "--smoke", GPU_CHECK_BUDGET_S="0", GPU_CHECK_STEPS="deps engine")
+    assert done.returncode != 0
+    assert rows(tmp_path) == [["deps", "124", "0"], ["engine", "124", "0"]]
+    assert "not run, the 0s budget is spent" in (tmp_path / "engine.log").read_text()
+
+
+def test_the_budget_is_eight_minutes():
+    text = (ROOT / "scripts" / "gpu_check").read_text()
+    assert "BUDGET_S=${GPU_CHECK_BUDGET_S:-480}" in text
 
 
 @pytest.mark.parametrize("args", [["--fast"], ["--smoke", "--fast"]])
@@ -50,3 +89,52 @@ def test_an_unknown_argument_is_refused_in_one_line(tmp_path, args):
     done = gpu_check(tmp_path, *args)
     assert done.returncode == 2
     assert done.stderr.strip() == f"gpu_check: unknown arguments '{' '.join(args)}' (allowed: none, or --smoke)"
+
+
+def test_an_unknown_step_is_refused_in_one_line(tmp_path):
+    done = gpu_check(tmp_path, "--smoke", GPU_CHECK_STEPS="engine bogus")
+    assert done.returncode == 2
+    assert done.stderr.strip() == ("gpu_check: unknown step 'bogus' in GPU_CHECK_STEPS (allowed: deps gpu_tests "
+                                   "engine parity disagg_ipc kv_ipc)")
+
+
+def load_gpu_deps():
+    spec = importlib.util.spec_from_file_location("gpu_deps", ROOT / "scripts" / "gpu_deps.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def third_party_imports() -> set[str]:
+    """Top-level modules testbed imports at module level (what a step's import chain can reach)."""
+    import ast
+
+    found = set()
+    for path in (ROOT / "testbed").rglob("*.py"):
+        for node in ast.parse(path.read_text()).body:
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 else []
+            found |= {n.split(".")[0] for n in names}
+    return found - set(sys.stdlib_module_names) - {"testbed", "__future__"}
+
+
+def test_every_import_is_checked_and_the_light_ones_carried():
+    deps = load_gpu_deps()
+    checked = {deps.module_name(r) for r in deps.requirements()}
+    assert third_party_imports() <= checked, third_party_imports() - checked
+    carried = {deps.dist_name(r) for r in deps.carried()}
+    assert {"tqdm", "pytest", "hydra-core", "omegaconf", "pyzmq", "antlr4-python3-runtime", "aiohttp"} <= carried
+    assert not carried & deps.STOCK
+
+
+def test_missing_packages_are_named_for_the_install(monkeypatch):
+    deps = load_gpu_deps()
+    absent = {"tqdm", "pytest", "zmq"}
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None if name in absent else real(name))
+    assert deps.missing() == ["tqdm", "pyzmq", "pytest"]
+
+
+def test_gpu_wheels_carries_what_gpu_deps_lists():
+    text = (ROOT / "scripts" / "gpu_wheels").read_text()
+    assert "scripts/gpu_deps.py carried" in text and "pip download" in text
