@@ -1,0 +1,57 @@
+"""The front door: the README's two commands are what CI runs, the README stays a five-minute read
+with its figure, and the documentation site builds with `mkdocs build --strict` (a broken link, a
+broken anchor or a page left out of the nav fails)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def readme_commands() -> list[str]:
+    """The first bash block of the README: the two commands."""
+    block = re.search(r"## Two commands\n+```bash\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    assert block, "the README has a '## Two commands' section with a bash block"
+    return [line for line in block.group(1).splitlines() if line.strip()]
+
+
+def test_the_readme_has_two_commands_split_by_purpose():
+    first, second = readme_commands()
+    assert "pip install torch==2.13.0 -e . " in first and "[dev]" not in first  # the main job needs no dev extra
+    assert first.endswith("python -m testbed +experiment=ratio_sweep")
+    assert 'pip install torch==2.13.0 -e ".[dev]"' in second and second.endswith("python -m pytest -q")
+
+
+def test_ci_runs_the_readmes_installs_and_test_command():
+    first, second = readme_commands()
+    ci = [line.strip() for line in (ROOT / ".ci/run").read_text().splitlines()
+          if line.strip() and not line.lstrip().startswith("#")]
+    install = re.search(r"(pip install [^&]*?)\s*&&", first).group(1)
+    install_dev = re.search(r"(pip install [^&]*?)\s*&&", second).group(1)
+    tests = second.rsplit("&& ", 1)[1]
+    assert [line for line in ci if line.startswith(("pip ", "python -m pytest"))] == [install, install_dev, tests]
+
+
+def test_the_readme_is_a_five_minute_read_with_its_figure():
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 200
+    images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text)
+    assert images and all((ROOT / image).is_file() for image in images)
+    for link in re.findall(r"\]\((docs/[^)#]+)", text):  # every page it links to exists
+        assert (ROOT / link).exists(), link
+
+
+def test_the_docs_site_builds_strict(tmp_path):
+    if shutil.which("mkdocs") is None and subprocess.run([sys.executable, "-c", "import mkdocs"]).returncode:
+        pytest.skip("mkdocs is in the dev extra")
+    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (tmp_path / "site" / "index.html").is_file()
