@@ -87,7 +87,7 @@ def start_cluster(cfg: Config, session=None) -> Cluster:
     spans = session.world.num_nodes if session else 1
     if cfg.hardware.num_nodes not in (1, spans):
         raise ConfigError(f"hardware.num_nodes={cfg.hardware.num_nodes} but this real run spans {spans} node(s): "
-                          "start it under torchrun --nnodes=N (README, Across hosts), or leave num_nodes to "
+                          "start it under torchrun --nnodes=N (docs/torchrun.md), or leave num_nodes to "
                           "the planner and simulator (executor=sim, +experiment=plan)")
     if session is None:
         plans = plan_workers(cfg.mode, cfg.cluster, cfg.hardware)
