@@ -130,8 +130,8 @@ def _device_plan(device: str, roles: list[str], engine, model: ModelMemory, tota
     short = [(role, pool) for role, pool in zip(roles, pools) if pool < model.min_kv_bytes]
     if short:
         role, pool = short[0]
-        split = f", the {role} worker's share (engine.prefill_memory_share={engine.prefill_memory_share})" \
-            if len(set(roles)) > 1 else f", {1 / n:.0%} each" if n > 1 else ""
+        split = f", the {role} worker's share (engine.prefill_memory_share={engine.prefill_memory_share}) is" \
+            if len(set(roles)) > 1 else f", {1 / n:.0%} each is" if n > 1 else ""
         of = f"of {total / GIB:.1f} GiB" if gpu else f"of the {total / GIB:.1f} GiB available"
         raise ConfigError(f"{where} cannot fit: engine.{key}={share} {of} with weights of {n} x "
                           f"{model.weight_bytes / GIB:.2f} GiB leaves {kv / GIB:.2f} GiB of KV{split} "
