@@ -20,7 +20,7 @@ from testbed.experiments.repeats import KNOBS as CELL_KNOBS
 from testbed.metrics.config import MetricsConfig
 from testbed.metrics.latency import BUCKETS, pooled_itl, ttft_by_bucket
 from testbed.metrics.summary import measured
-from testbed.metrics.uncertainty import bootstrap_interval
+from testbed.metrics.uncertainty import request_units, sample_interval
 from testbed.tracking.results import read_results
 
 FINISHED = ("ok", "skipped")  # a resumed sweep marks points it did not rerun as "skipped"
@@ -74,10 +74,16 @@ class Sweep:
     aggregate: dict = field(default_factory=dict)
 
     def finished(self) -> pd.DataFrame:
-        """Rows of points that produced results (failed or interrupted ones left out)."""
+        """Rows of the study's grid points that produced results (failed or interrupted ones, the
+        rates a goodput search added, and emulated points that overran their pace left out)."""
         if "status" not in self.table.columns:  # kv_bandwidth: a benchmark table, no points
             return self.table
-        return self.table[self.table["status"].isin(FINISHED)]
+        rows = self.table[self.table["status"].isin(FINISHED)]
+        if "stage" in rows.columns:
+            rows = rows[rows["stage"].fillna("grid") != "search"]
+        if "overrun" in rows.columns:
+            rows = rows[~rows["overrun"].fillna(False).astype(bool)]
+        return rows
 
     def cells(self) -> pd.DataFrame:
         """One row per cell (a point's repeats together): intervals.parquet, each figure with its
@@ -127,8 +133,7 @@ class Sweep:
         requests = self.requests(points)
         if "cell" not in requests.columns:
             requests = requests.assign(cell=requests["point"])
-        seeds = finished.groupby(key)["seed"].min() if "seed" in finished.columns else {}
-        return ttft_buckets(requests, {cell: int(seed) for cell, seed in dict(seeds).items()})
+        return ttft_buckets(requests)
 
 
 def rows_as_cells(rows: pd.DataFrame) -> pd.DataFrame:
@@ -189,22 +194,23 @@ def by_label(samples: Mapping[str, np.ndarray], table: pd.DataFrame) -> dict[str
     return {label: np.concatenate(parts) for label, parts in pooled.items()}
 
 
-def ttft_buckets(requests: pd.DataFrame, seeds: Optional[Mapping[str, int]] = None) -> pd.DataFrame:
+def ttft_buckets(requests: pd.DataFrame) -> pd.DataFrame:
     """One row per cell and non-empty input-length bucket of served requests tagged with cell and
-    label: cell, label, bucket, count, and p50 / p99 TTFT (s) over the cell's repeats pooled
-    (testbed.metrics.latency.ttft_by_bucket, as in summary.json) with `_low` / `_high`: 95%
-    bootstrap intervals (seeded per cell by `seeds`, default 0)."""
+    label (and point: the run): cell, label, bucket, count, and p50 / p99 TTFT (s) over the cell's
+    repeats pooled (testbed.metrics.latency.ttft_by_bucket, as in summary.json) with `_low` /
+    `_high`: 95% intervals over the runs (testbed.metrics.uncertainty)."""
     rows = []
     for (cell, label), group in requests.groupby(["cell", "label"], sort=False):
         for bucket, figures in ttft_by_bucket(group).items():
             if not figures["count"]:
                 continue
             low, high = BUCKETS[bucket]
-            ttft = group.loc[(group["input_len"] >= low) & (group["input_len"] < high), "ttft"].to_numpy(float)
+            inside = group[(group["input_len"] >= low) & (group["input_len"] < high)]
+            units = [u["ttft"].to_numpy(float) for u in request_units(inside)]
             row = {"cell": cell, "label": label, "bucket": bucket, "count": figures["count"]}
             for stat in ("p50", "p99"):
-                bounds = bootstrap_interval(ttft, stat, seed=(seeds or {}).get(cell, 0))
-                row.update({stat: figures[stat], f"{stat}_low": bounds[0], f"{stat}_high": bounds[1]})
+                interval = sample_interval(units, stat)
+                row.update({stat: figures[stat], f"{stat}_low": interval.low, f"{stat}_high": interval.high})
             rows.append(row)
     columns = ["cell", "label", "bucket", "count", *(f"{s}{b}" for s in ("p50", "p99") for b in ("", "_low", "_high"))]
     return pd.DataFrame(rows, columns=columns)

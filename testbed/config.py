@@ -44,6 +44,13 @@ class HardwareConfig:
     emulate_prefill: Optional[str] = None
     emulate_decode: Optional[str] = None
     emulate_model: Optional[str] = None  # the preset whose shape the pacing models (default: the run's)
+    # an emulated point whose steps overran their modelled time in more than this share of steps
+    # measured the CPU, not the device: marked, left out of verdicts, and named at the end
+    max_overrun_share: float = 0.05
+    # the emulated device's KV pool: its memory (GiB) when a profile does not say; the share of the
+    # machine's available memory a CPU may give it before the pool is capped (and the cap is said)
+    emulate_memory_gib: Optional[float] = None
+    emulate_pool_share: float = 0.25
     # nodes the devices spread over (num_devices / num_nodes each); a KV transfer between nodes
     # crosses the inter-node network (default 200 Gb/s InfiniBand) instead of the intra-node link
     num_nodes: int = 1
@@ -76,6 +83,10 @@ class HardwareConfig:
         if self.emulate is None and (self.emulate_prefill is None) != (self.emulate_decode is None):
             raise ConfigError("hardware.emulate_prefill and hardware.emulate_decode: set both, or set hardware.emulate "
                               "for the role left out (a paced role beside an unpaced one mixes two clocks)")
+        if not 0 <= self.max_overrun_share <= 1:
+            raise ConfigError(f"hardware.max_overrun_share must be in [0, 1] (got {self.max_overrun_share})")
+        if not 0 < self.emulate_pool_share <= 1:
+            raise ConfigError(f"hardware.emulate_pool_share must be in (0, 1] (got {self.emulate_pool_share})")
         if self.emulate_model is not None:
             if self.emulate is None and self.emulate_prefill is None:
                 raise ConfigError(f"hardware.emulate_model={self.emulate_model} needs hardware.emulate (or the "

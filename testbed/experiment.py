@@ -33,6 +33,13 @@ class ExperimentConfig:
     # Each point runs this many times, with seeds seed, seed+1, ...: the intervals across repeats
     # are what lets a study say that one configuration beats another (1: no interval).
     repeats: int = 3
+    # goodput studies (ratio_sweep, rate_sweep, plan): after the grid, each configuration and repeat
+    # brackets and bisects the rate where attainment crosses 90%, with at most this many extra
+    # points (0: the grid alone), until the bracket is narrower than search_tolerance of its rate,
+    # within [lowest rate / search_span, highest rate * search_span]
+    search_points: int = 4
+    search_tolerance: float = 0.15
+    search_span: float = 8.0
     # interference: the background's output length is sized to outlast the injections, this many
     # times the cost model's estimate (a model's estimate: err long); 0 keeps the configured length
     background_margin: float = 2.0
@@ -56,6 +63,9 @@ class ExperimentConfig:
             raise ConfigError(f"experiment.background_margin must be >= 0 (got {self.background_margin})")
         if self.on_changed not in ("refuse", "rerun"):
             raise ConfigError(f"experiment.on_changed must be refuse or rerun (got {self.on_changed!r})")
+        if self.search_points < 0 or not 0 < self.search_tolerance < 1 or self.search_span < 1:
+            raise ConfigError(f"experiment.search_points must be >= 0, search_tolerance in (0, 1) and search_span "
+                              f">= 1 (got {self.search_points}, {self.search_tolerance}, {self.search_span})")
         if self.repeats < 1:
             raise ConfigError(f"experiment.repeats must be >= 1 (got {self.repeats})")
         return self

@@ -13,7 +13,7 @@ import pandas as pd
 
 from analysis.load import served
 from testbed.metrics.latency import BUCKETS
-from testbed.metrics.uncertainty import bootstrap_interval
+from testbed.metrics.uncertainty import request_units, sample_interval
 from testbed.tracking.results import read_results
 
 MS = 1e3
@@ -153,20 +153,22 @@ def chunk_tradeoff(plotted, saved: Saved) -> None:
 
 
 def ttft_by_bucket(plotted, saved: Saved) -> None:
-    """Each bar: the cell's requests pooled (as the summary's ttft_by_bucket), its interval a
-    bootstrap over them; with one repeat, the value the aggregate saved."""
+    """Each bar: the cell's requests pooled (as the summary's ttft_by_bucket), its interval over the
+    runs; with one repeat, the value the aggregate saved."""
     for p, by_label in plotted.items():
         for label, buckets in by_label.items():
             row = saved.cell(label=label)
             points = saved.table.loc[saved.table["cell"] == row["cell"], "point"]
-            requests = pd.concat([served_requests(saved.dir / "points" / q) for q in points])
+            requests = pd.concat([served_requests(saved.dir / "points" / q).assign(point=q) for q in points])
             for bucket, bar in buckets.items():
                 low, high = BUCKETS[bucket]
-                ttft = requests.loc[(requests["input_len"] >= low) & (requests["input_len"] < high), "ttft"]
+                inside = requests[(requests["input_len"] >= low) & (requests["input_len"] < high)]
+                ttft = inside["ttft"]
                 expect(bar["count"], len(ttft), f"{label} {bucket} count")
                 expect(bar["ms"], np.percentile(ttft, int(p[1:])) * MS, f"{label} {bucket} {p}")
-                bounds = bootstrap_interval(ttft.to_numpy(float), p, seed=int(saved.table["seed"].min()))
-                expect([bar["low"], bar["high"]], np.asarray(bounds) * MS, f"{label} {bucket} {p} bounds")
+                interval = sample_interval([u["ttft"].to_numpy(float) for u in request_units(inside)], p)
+                expect([bar["low"], bar["high"]], np.asarray([interval.low, interval.high]) * MS,
+                       f"{label} {bucket} {p} bounds")
                 if row["repeats"] == 1:
                     saved_value = saved.aggregate["points"][row["cell"]][f"ttft_by_bucket_{bucket}_{p}"]
                     expect(bar["ms"], num(saved_value) * MS, f"{label} {bucket} {p} aggregate")

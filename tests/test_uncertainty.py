@@ -8,8 +8,11 @@ import numpy as np
 import pytest
 
 from testbed.metrics import RequestLog, SLOConfig, slo_attainment, summarize
-from testbed.metrics.uncertainty import (bootstrap_interval, overlaps, point_intervals, ratio_interval,
-                                         repeat_interval, verdict)
+from testbed.metrics.comparisons import comparison_lines, repeats_to_separate, verdict
+from testbed.metrics.rate_search import ABOVE, BELOW, Goodput, RateSearch, goodput_of, next_rate
+from testbed.metrics.uncertainty import (Interval, estimable, jackknife, mean_interval, order_interval, overlaps,
+                                         point_intervals, ratio_interval, request_units, sample_interval,
+                                         share_interval)
 
 
 def req(i, arrival, tenant="default"):
@@ -48,15 +51,58 @@ def test_reject_names_who_refused():
         RequestLog(0.0).reject(req(0, 0.0), 0.0, "x", by="router")
 
 
-def test_bootstrap_interval_covers_the_estimate_and_narrows_with_samples():
+def test_mean_interval_is_students_t_over_the_units_and_clipped():
+    mean, low, high = mean_interval([1.0, 2.0, 3.0])
+    # t(0.975, 2) = 4.303, s = 1, n = 3: half width 4.303 / sqrt(3) = 2.484 (the jackknife of a mean)
+    assert mean == 2.0 and low == pytest.approx(2.0 - 2.4843, abs=1e-3) and high == pytest.approx(4.4843, abs=1e-3)
+    assert tuple(mean_interval([1.0, 2.0, 3.0], bounds=(0.0, 3.5)))[1:] == pytest.approx((0.0, 3.5))
+    one = mean_interval([5.0])
+    assert math.isnan(one.low) and one.note == "one unit"
+
+
+def test_a_pooled_percentile_varies_whole_runs_not_requests():
+    """Three runs whose medians differ: the interval spans the run-to-run spread, where resampling
+    the 3000 values as if independent would give a band a few hundredths wide."""
     rng = np.random.default_rng(0)
-    small, large = rng.exponential(size=50), rng.exponential(size=5000)
-    lo_s, hi_s = bootstrap_interval(small, "p50")
-    lo_l, hi_l = bootstrap_interval(large, "p50")
-    assert lo_s <= np.percentile(small, 50) <= hi_s and lo_l <= np.percentile(large, 50) <= hi_l
-    assert hi_l - lo_l < hi_s - lo_s
-    assert all(math.isnan(v) for v in bootstrap_interval([1.0], "p99"))
-    assert bootstrap_interval([2.0, 2.0, 2.0], "p99") == (2.0, 2.0)
+    runs = [rng.normal(centre, 0.1, 1000) for centre in (1.0, 1.5, 2.0)]
+    interval = sample_interval(runs, "p50")
+    assert interval.estimate == pytest.approx(np.percentile(np.concatenate(runs), 50))
+    assert interval.low < 1.1 and interval.high > 1.9 and interval.units == 3
+
+
+def test_a_tail_too_thin_to_bound_is_marked_not_narrowed():
+    """p99 needs 368 values before even independent ones bound it at 95%: 300 give no interval."""
+    assert not estimable(300, "p99") and estimable(368, "p99") and estimable(6, "p50") and not estimable(5, "p50")
+    rng = np.random.default_rng(1)
+    thin = sample_interval([rng.exponential(size=100) for _ in range(3)], "p99")
+    assert thin.note == "not estimable" and math.isnan(thin.low) and not math.isnan(thin.estimate)
+
+
+def test_order_interval_is_the_binomial_bound_and_may_exceed_no_sample():
+    x = np.arange(1.0, 1001.0)  # the q-quantile of 1000 values near rank 1000 q
+    low, high = order_interval(x, 0.5)
+    assert 468 <= low <= 500 <= high <= 532
+    low, high = order_interval(x, 0.99)
+    assert 980 <= low <= 990 <= high <= 1000
+
+
+def test_runs_that_agree_still_get_the_order_statistics_width():
+    """Three identical runs: the jackknife alone would give a zero-width p99; the order statistics do not."""
+    run = np.random.default_rng(2).exponential(size=400)
+    interval = sample_interval([run, run, run], "p99")
+    assert interval.high > interval.low
+
+
+def test_attainment_of_every_request_is_not_known_to_be_exactly_one():
+    interval = share_interval([np.ones(60), np.ones(60), np.ones(60)])
+    assert interval.estimate == 1.0 and interval.high == 1.0 and 0.95 < interval.low < 0.99
+
+
+def test_a_single_run_is_cut_into_arrival_ordered_batches():
+    table = served_log(30, 0).table()
+    units = request_units(table)
+    assert len(units) == 5 and sum(len(u) for u in units) == 30
+    assert all(u["arrival_s"].max() <= v["arrival_s"].min() for u, v in zip(units, units[1:]))
 
 
 def test_point_intervals_hold_the_pooled_estimate():
@@ -64,48 +110,77 @@ def test_point_intervals_hold_the_pooled_estimate():
     out = point_intervals(table, SLOConfig(ttft_s=1.0, tpot_s=1.0))
     estimate, low, high = out["slo_attainment"]
     assert estimate == pytest.approx(0.75) and low <= estimate <= high and high - low > 0
-    for figure in ("ttft_p50", "ttft_p99", "tpot_p50", "itl_p99"):
+    for figure in ("ttft_p50", "tpot_p50", "itl_p50"):
         e, lo, hi = out[figure]
         assert lo <= e + 1e-12 and e <= hi + 1e-12
+    assert out["ttft_p99"].note == "not estimable"
 
 
-def test_repeat_interval_is_students_t_and_clipped():
-    mean, low, high = repeat_interval([1.0, 2.0, 3.0])
-    # t(0.975, 2) = 4.303, s = 1, n = 3: half width 4.303 / sqrt(3) = 2.484
-    assert mean == 2.0 and low == pytest.approx(2.0 - 2.4843, abs=1e-3) and high == pytest.approx(4.4843, abs=1e-3)
-    assert repeat_interval([1.0, 2.0, 3.0], bounds=(0.0, 3.5))[1:] == pytest.approx((0.0, 3.5))
-    assert math.isnan(repeat_interval([5.0])[1])
-
-
-def test_verdict_names_a_winner_only_when_its_interval_clears_the_runner_up():
-    clear = verdict({"2P2D": (10.0, 9.0, 11.0), "3P1D": (7.0, 6.0, 8.0), "chunked": (3.0, 2.0, 4.0)})
-    assert clear["separated"] and clear["label"] == "2P2D" and "best configuration: 2P2D" in clear["line"]
-    tied = verdict({"2P2D": (10.0, 8.0, 12.0), "3P1D": (9.0, 7.5, 10.5), "chunked": (3.0, 2.0, 4.0)})
-    assert not tied["separated"] and "not separated" in tied["line"]
-    assert "2P2D" in tied["line"] and "3P1D" in tied["line"] and "chunked" not in tied["line"]
-    single = verdict({"a": (1.0, math.nan, math.nan), "b": (0.5, math.nan, math.nan)})
-    assert not single["separated"] and "no interval" in single["line"]
-    assert overlaps((1, 2), (2, 3)) and not overlaps((1, 2), (2.5, 3))
-
-
-def test_ratio_interval_brackets_a_real_difference():
+def test_jackknife_of_a_ratio_pairs_the_runs():
     rng = np.random.default_rng(1)
-    slow, fast = rng.normal(2.0, 0.1, 400), rng.normal(1.0, 0.05, 400)
-    estimate, low, high = ratio_interval(slow, fast)
-    assert 1.5 < low <= estimate <= high < 2.6
-    assert all(math.isnan(v) for v in ratio_interval([], fast))
+    slow = [rng.normal(2.0, 0.1, 400) for _ in range(4)]
+    fast = [rng.normal(1.0, 0.05, 400) for _ in range(4)]
+    estimate, low, high = ratio_interval(slow, fast, "p50")
+    assert 1.8 < low <= estimate <= high < 2.2
+    assert all(math.isnan(v) for v in tuple(ratio_interval([np.array([])], [fast[0]], "p50"))[1:])
 
 
-@pytest.mark.parametrize("statistic,q", [("p50", 50), ("p99", 99)])
-def test_exact_quantile_bootstrap_matches_scipy_resampling(statistic, q):
-    """The percentile interval computed from the exact bootstrap distribution agrees with scipy's
-    resampling bootstrap (20,000 resamples) to within the resampling noise."""
-    from scipy import stats
+def per_seed(values, censored=""):
+    return {seed: Goodput(v, censored) for seed, v in enumerate(values)}
 
-    x = np.random.default_rng(3).exponential(size=300)
-    reference = stats.bootstrap((x,), lambda v, axis=-1: np.percentile(v, q, axis=axis), n_resamples=20000,
-                                method="percentile", vectorized=True, random_state=np.random.default_rng(4))
-    low, high = bootstrap_interval(x, statistic)
-    width = reference.confidence_interval.high - reference.confidence_interval.low
-    assert low == pytest.approx(reference.confidence_interval.low, abs=0.05 * width)
-    assert high == pytest.approx(reference.confidence_interval.high, abs=0.05 * width)
+
+def test_paired_differences_separate_what_overlapping_intervals_cannot():
+    """Common random numbers: B trails A by 0.5 on every seed though the seeds spread by 4."""
+    a = per_seed([10.0, 12.0, 14.0, 11.0])
+    b = per_seed([9.5, 11.5, 13.4, 10.5])
+    assert overlaps(tuple(mean_interval(list(g.value for g in a.values())))[1:],
+                    tuple(mean_interval(list(g.value for g in b.values())))[1:])
+    chosen = verdict({"A": a, "B": b})
+    assert chosen["separated"] and chosen["label"] == "A" and "best configuration: A" in chosen["line"]
+    assert chosen["comparisons"][0]["difference_low"] > 0
+
+
+def test_no_winner_when_the_paired_difference_holds_zero_and_the_repeats_needed_are_said():
+    a, b = per_seed([10.0, 12.0, 11.0]), per_seed([10.5, 11.0, 10.8])
+    chosen = verdict({"A": a, "B": b})
+    assert not chosen["separated"] and "not separated" in chosen["line"]
+    row = chosen["comparisons"][0]
+    assert row["repeats_needed"] is None or row["repeats_needed"] > 3
+    assert "not separated" in "\n".join(comparison_lines(chosen["comparisons"]))
+    assert repeats_to_separate(np.array([1.0, 1.2, 0.8])) == 3
+    assert repeats_to_separate(np.array([0.1, -0.1, 0.05])) is None or repeats_to_separate(
+        np.array([0.1, -0.1, 0.05])) > 10
+
+
+def test_a_censored_goodput_takes_part_only_where_its_bound_points_the_claims_way():
+    leader_bound = verdict({"A": per_seed([20.0, 20.0, 20.0], ABOVE), "B": per_seed([10.0, 11.0, 9.0])})
+    assert leader_bound["separated"]  # A >= 20 beats B's exact values whatever A truly is
+    runner_bound = verdict({"A": per_seed([20.0, 21.0, 19.0]), "B": per_seed([10.0, 10.0, 10.0], ABOVE)})
+    assert not runner_bound["separated"]  # B >= 10 could be anything above: no claim
+
+
+def test_goodput_of_interpolates_and_states_bounds():
+    g = goodput_of([2, 4, 8], [1.0, 0.95, 0.5])
+    assert g.value == pytest.approx(4 + 0.05 / 0.45 * 4) and not g.censored
+    assert g.error == pytest.approx(max(g.value - 4, 8 - g.value))
+    assert goodput_of([2, 4, 8], [1.0, 1.0, 0.95]) == Goodput(8.0, ABOVE)
+    assert goodput_of([2, 4, 8], [0.5, 0.2, 0.1]) == Goodput(2.0, BELOW)
+    assert Goodput(8.0, ABOVE).text() == ">= 8" and Goodput(2.0, BELOW).text() == "< 2"
+
+
+def test_rate_search_brackets_then_bisects_within_its_budget():
+    search = RateSearch(budget=6, tolerance=0.1, floor=0.5, cap=64)
+    truth = 11.0  # attainment falls below 90% past this rate
+    rates, found = [2.0, 4.0], []
+    found = [1.0 if r <= truth else 0.5 for r in rates]
+    used = 0
+    while (rate := next_rate(rates, found, search, used)) is not None:
+        rates.append(rate)
+        found.append(1.0 if rate <= truth else 0.5)
+        used += 1
+    g = goodput_of(rates, found)
+    assert used <= 6 and not g.censored and abs(g.value - truth) <= g.error + 1e-9
+    assert rates[2:4] == [8.0, 16.0]  # doubled until a rate failed, then bisected
+    capped = RateSearch(budget=6, tolerance=0.1, floor=0.5, cap=10)
+    assert next_rate([4.0, 8.0], [1.0, 1.0], capped, 0) is None  # 16 is past the cap: a bound
+    assert next_rate([1.0], [0.2], RateSearch(floor=0.6), 0) is None  # 0.5 is under the floor

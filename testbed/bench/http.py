@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from testbed.config import Config, with_overrides
-from testbed.metrics.uncertainty import bootstrap_interval, ratio_interval
+from testbed.metrics.uncertainty import ratio_interval, sample_interval
 
 LAYOUTS = {"colocated": {"mode": "colocated", "cluster.num_workers": 1},
            "chunked": {"mode": "chunked", "cluster.num_workers": 1},
@@ -40,13 +40,17 @@ def one_repeat(cfg: Config, root: Path) -> tuple:
     return local, remote
 
 
-def row(metric: str, stat: str, local: np.ndarray, remote: np.ndarray) -> str:
-    a, b = (bootstrap_interval(x, stat) for x in (local, remote))
-    ratio, low, high = ratio_interval(remote, local, stat)
-    verdict = "not separated" if low <= 1 <= high else ("HTTP slower" if low > 1 else "HTTP faster")
-    f = lambda x: f"{1000 * float(np.percentile(x, int(stat[1:]))):8.2f}"  # noqa: E731
-    return (f"{metric + ' ' + stat:10} {f(local)} [{1000 * a[0]:.2f}, {1000 * a[1]:.2f}]  {f(remote)} "
-            f"[{1000 * b[0]:.2f}, {1000 * b[1]:.2f}]  {ratio:5.2f} [{low:.2f}, {high:.2f}]  {verdict}")
+def row(metric: str, stat: str, local: list[np.ndarray], remote: list[np.ndarray]) -> str:
+    """One figure: each side's runs pooled with an interval over the runs, and the ratio paired by seed."""
+    a, b = (sample_interval(x, stat) for x in (local, remote))
+    ratio = ratio_interval(remote, local, stat)
+    if not ratio.known:
+        verdict = f"no interval ({ratio.note or 'one repeat'})"
+    else:
+        verdict = "not separated" if ratio.low <= 1 <= ratio.high else ("HTTP slower" if ratio.low > 1 else "HTTP faster")
+    ms = lambda i: f"{1000 * i.estimate:8.2f} [{1000 * i.low:.2f}, {1000 * i.high:.2f}]"  # noqa: E731
+    return (f"{metric + ' ' + stat:10} {ms(a)}  {ms(b)}  {ratio.estimate:5.2f} [{ratio.low:.2f}, {ratio.high:.2f}]  "
+            f"{verdict}")
 
 
 def main(argv=None) -> int:
@@ -66,8 +70,8 @@ def main(argv=None) -> int:
     print(f"\nmode={args.mode}, {args.repeats} x {args.requests} requests at {args.rate:g} req/s; times in ms")
     print(f"{'':10} {'in-process':>8} [95% interval]  {'HTTP':>8} [95% interval]  ratio [95% interval]")
     for metric in ("ttft", "tpot"):
-        local = np.concatenate([l.loc[l.status == "ok", metric].to_numpy(float) for l, _ in pairs])
-        remote = np.concatenate([r.loc[r.status == "ok", metric].to_numpy(float) for _, r in pairs])
+        local = [l.loc[l.status == "ok", metric].to_numpy(float) for l, _ in pairs]  # one array per seed
+        remote = [r.loc[r.status == "ok", metric].to_numpy(float) for _, r in pairs]
         for stat in ("p50", "p99"):
             print(row(metric, stat, local, remote))
     print(f"same tokens: {same} of {total} requests")

@@ -58,6 +58,17 @@ def plan_cores(plans: list[WorkerPlan], paced: bool) -> CorePlan | None:
     return CorePlan(round(len(cores) / len(plans), 3), (None,) * len(plans))
 
 
+def worker_context():
+    """Where worker processes come from: a fork server that imported torch and the worker once
+    (a study's points then start their workers in a fraction of a second each instead of
+    importing torch anew); spawn where the platform has no fork server."""
+    if "forkserver" not in mp.get_all_start_methods():
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["testbed.cluster.worker"])
+    return ctx
+
+
 class Cluster:
     """Context manager: `with Cluster(plans, template) as cluster:` workers are up inside."""
 
@@ -72,7 +83,7 @@ class Cluster:
             template.model, template.engine, template.scheduler.max_running, device))
 
     def __enter__(self) -> "Cluster":
-        ctx = mp.get_context("spawn")
+        ctx = worker_context()
         self.inboxes = [ctx.Queue() for _ in self.plans]
         pipes = [ctx.Pipe(duplex=False) for _ in self.plans]
         self.events = ReportReader([reader for reader, _ in pipes])

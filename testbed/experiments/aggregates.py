@@ -11,13 +11,27 @@ import pandas as pd
 from testbed.config import Config
 from testbed.metrics.interference import background_gaps, decode_steps, injection_window
 from testbed.experiments.repeats import goodput_interval, per_repeat
-from testbed.metrics.slo import attainment_curve, capacity, filtered_out, goodput, meets_slo, tenant_slos
+from testbed.metrics.comparisons import verdict
+from testbed.metrics.rate_search import Goodput, goodput_of
+from testbed.metrics.slo import attainment_curve, capacity, filtered_out, meets_slo, tenant_slos
 from testbed.metrics.summary import decode_itl_samples, measured
-from testbed.metrics.uncertainty import bootstrap_interval, ratio_interval, verdict
+from testbed.metrics.uncertainty import ratio_interval, request_units, sample_interval, share_interval
 
 
 def finished(table: pd.DataFrame) -> pd.DataFrame:
-    return table[table["status"].isin(["ok", "skipped"])] if len(table) else table
+    """The points that count: run (or found finished), and paced at the emulated device's speed
+    (a point whose CPU could not keep the modelled pace is kept in the table, out of every verdict)."""
+    if not len(table):
+        return table
+    done = table["status"].isin(["ok", "skipped"])
+    if "overrun" in table.columns:
+        done &= ~table["overrun"].fillna(False).astype(bool)
+    return table[done]
+
+
+def on_grid(table: pd.DataFrame) -> pd.DataFrame:
+    """The study's own grid, without the rates a goodput search added (figures keep the grid)."""
+    return table[table["stage"].fillna("grid") != "search"] if "stage" in table.columns else table
 
 
 def point_requests(out_dir: Path, point: str, cfg: Config) -> pd.DataFrame:
@@ -33,55 +47,73 @@ def cells(out_dir: Path) -> pd.DataFrame:
 
 def goodput_by_label(table: pd.DataFrame, cfg: Config, out_dir: Path) -> dict:
     """Per configuration: goodput (90% attainment, DistServe) in total and per GPU, and capacity
-    (p99 ITL under slo.tpot_s, Sarathi-Serve), over the swept rates; one value per repeat, their
-    mean and a 95% interval across the repeats."""
+    (p99 ITL under slo.tpot_s, Sarathi-Serve), over every rate a repeat tried (its grid and its
+    search); one value per repeat, a bound where censored, their mean and 95% interval."""
     out = {}
     for label, group in finished(table).groupby("label"):
         gpus = int(group["num_gpus"].iloc[0])
-        totals, capacities = [], []
+        totals, capacities = {}, []
         for rows in per_repeat(group):
-            rows = rows.sort_values("rate")
-            totals.append(goodput(rows["rate"], rows["slo_attainment"]))
+            seed = int(rows["seed"].iloc[0]) if "seed" in rows.columns else len(totals)
+            totals[seed] = goodput_of(rows["rate"], rows["slo_attainment"])
             capacities.append(capacity(rows["rate"], rows["itl_p99"], cfg.slo.tpot_s))
         highest = float(group["rate"].max())
-        total = goodput_interval(totals, highest)
-        per_gpu = goodput_interval([t / gpus for t in totals], highest / gpus)
-        curve = group.groupby("rate")["slo_attainment"].mean()
+        total = goodput_interval(list(totals.values()), highest)
+        per_gpu = goodput_interval([per_device(g, gpus) for g in totals.values()], highest / gpus)
+        curve = on_grid(group).groupby("rate")["slo_attainment"].mean()
         out[label] = {"goodput": total["mean"], "goodput_low": total["low"], "goodput_high": total["high"],
+                      "goodput_censored": total["censored"], "goodput_error": total["error"],
                       "goodput_per_gpu": per_gpu["mean"], "goodput_per_gpu_low": per_gpu["low"],
                       "goodput_per_gpu_high": per_gpu["high"], "goodput_per_repeat": total["values"],
+                      "censoring_per_repeat": total["censoring"], "seeds": list(totals),
                       "num_gpus": gpus, "repeats": len(totals), "capacity": float(np.mean(capacities)),
+                      "rates_tried": int(group["rate"].nunique()),
                       "rates": curve.index.tolist(), "attainment": curve.tolist()}
     return out
 
 
+def per_device(g: Goodput, gpus: int) -> Goodput:
+    return Goodput(g.value / gpus, g.censored, g.error / gpus)
+
+
+def per_seed(goodputs: dict) -> dict[str, dict[int, Goodput]]:
+    """{label: {seed: goodput per GPU}} from goodput_by_label's output (paired comparisons)."""
+    out = {}
+    for label, g in goodputs.items():
+        gpus = g["num_gpus"]
+        values = zip(g.get("seeds", range(len(g["goodput_per_repeat"]))), g["goodput_per_repeat"],
+                     g.get("censoring_per_repeat", [""] * len(g["goodput_per_repeat"])))
+        out[label] = {int(s): Goodput(v / gpus, c) for s, v, c in values}
+    return out
+
+
 def best_of(goodputs: dict) -> dict:
-    """The leader by mean goodput per GPU, `separated` only when its interval clears the
-    runner-up's; `line` says which (see metrics.uncertainty.verdict)."""
+    """The leader by mean goodput per GPU, `separated` only when its paired per-seed lead over
+    every other configuration excludes zero; `line` says which (metrics/comparisons.py)."""
     if not goodputs:
         return {}
-    estimates = {k: (g["goodput_per_gpu"], g.get("goodput_per_gpu_low", np.nan), g.get("goodput_per_gpu_high", np.nan))
-                 for k, g in goodputs.items()}
-    chosen = verdict(estimates)
-    return {**chosen, "goodput_per_gpu": goodputs[chosen["label"]]["goodput_per_gpu"]}
+    chosen = verdict(per_seed(goodputs))
+    return {**chosen, "goodput_per_gpu": goodputs[chosen["label"]]["goodput_per_gpu"] if chosen["label"] else None}
 
 
-def ratio_sweep(table, cfg, out_dir) -> dict:
+def goodput_study(table, cfg, out_dir) -> dict:
+    """ratio_sweep and rate_sweep: goodput per configuration and the paired verdict."""
     goodputs = goodput_by_label(table, cfg, out_dir)
     return {"goodput": goodputs, "best": best_of(goodputs), "repeats": cfg.experiment.repeats}
 
 
 def slo_scale(table, cfg, out_dir) -> dict:
     """Per configuration, its repeats pooled: attainment with both SLOs (tenant SLOs included)
-    scaled, with a 95% bootstrap interval at each scale."""
+    scaled, with a 95% interval over the runs at each scale."""
     curves, tenants = {}, tenant_slos(cfg.workload.tenants, cfg.slo)
     for label, group in finished(table).groupby("label"):
-        requests = pd.concat([point_requests(out_dir, p, cfg) for p in group["point"]], ignore_index=True)
-        counted = requests[~filtered_out(requests)]
+        requests = pd.concat([point_requests(out_dir, p, cfg).assign(point=p) for p in group["point"]],
+                             ignore_index=True)
+        units = [u[~filtered_out(u)] for u in request_units(requests)]
         scales = list(cfg.experiment.slo_scales)
         curve = attainment_curve(requests, cfg.slo, scales, tenants)
-        bounds = [bootstrap_interval(meets_slo(counted, cfg.slo, tenants, scale=s).to_numpy(float), "mean",
-                                     seed=cfg.seed) for s in scales]
+        bounds = [tuple(share_interval([meets_slo(u, cfg.slo, tenants, scale=s).to_numpy(float) for u in units
+                                        if len(u)]))[1:] for s in scales]
         curves[label] = {"scales": list(curve), "attainment": list(curve.values()),
                          "low": [b[0] for b in bounds], "high": [b[1] for b in bounds]}
     return {"curves": curves}
@@ -90,11 +122,11 @@ def slo_scale(table, cfg, out_dir) -> dict:
 def interference(table, cfg, out_dir) -> dict:
     """Per mode and prefill length (repeats pooled): p99 ITL of background gaps that overlap an
     injected prefill against those that do not, in the same run (`inflation`), and against the
-    decode-only baseline point (`inflation_vs_baseline`), with 95% bootstrap intervals; decode
+    decode-only baseline point (`inflation_vs_baseline`), with 95% intervals over the runs; decode
     stalls; and the step-level view, decode step time with and without prefill work alongside."""
     out = {}
     for label, group in finished(table).groupby("label"):
-        loaded = {int(length): [_point_tables(out_dir, p, cfg) for p in rows["point"]]
+        loaded = {int(length): [_point_tables(out_dir, p, cfg) for p in _by_repeat(rows)["point"]]
                   for length, rows in group.groupby("prefill_len")}
         if 0 not in loaded:
             continue
@@ -102,13 +134,14 @@ def interference(table, cfg, out_dir) -> dict:
         for length, runs in sorted(loaded.items()):
             windows = [injection_window(requests) for requests, _ in runs]
             window = _widest(windows)
-            gaps = pd.concat([background_gaps(r, s, w) for (r, s), w in zip(runs, windows)], ignore_index=True)
+            gaps = [background_gaps(r, s, w) for (r, s), w in zip(runs, windows)]
             steps = pd.concat([decode_steps(r, s, w) for (r, s), w in zip(runs, windows)], ignore_index=True)
-            # the baseline over the same period of its own run: the background alone, context grown alike
-            baseline = pd.concat([background_gaps(r, s, window) for r, s in loaded[0]], ignore_index=True)
-            itl = baseline["itl"].to_numpy(float)
+            # the baseline over the same period of its own run: the background alone, context grown alike;
+            # run i of the baseline shares its seed with run i here (both in repeat order)
+            baseline = [background_gaps(r, s, window)["itl"].to_numpy(float) for r, s in loaded[0]]
+            itl = np.concatenate(baseline) if baseline else np.array([])
             threshold = cfg.metrics.stall_factor * float(np.median(itl)) if itl.size else np.nan
-            out[label][str(length)] = _interference_cell(gaps, steps, itl, threshold, cfg.seed)
+            out[label][str(length)] = _interference_cell(gaps, steps, baseline, threshold)
     return {"interference": out, "baseline_stall_threshold_factor": cfg.metrics.stall_factor}
 
 
@@ -117,21 +150,29 @@ def _widest(windows: list) -> tuple[float, float] | None:
     return (min(w[0] for w in known), max(w[1] for w in known)) if known else None
 
 
-def _interference_cell(gaps: pd.DataFrame, steps: pd.DataFrame, baseline: np.ndarray, threshold: float,
-                       seed: int) -> dict:
-    exposed = gaps.loc[gaps["exposed"].astype(bool), "itl"].to_numpy(float)
-    quiet = gaps.loc[~gaps["exposed"].astype(bool), "itl"].to_numpy(float)
-    inflation = ratio_interval(exposed, quiet, seed=seed)
-    versus_baseline = ratio_interval(exposed, baseline, seed=seed)
+def _by_repeat(rows: pd.DataFrame) -> pd.DataFrame:
+    return rows.sort_values("repeat") if "repeat" in rows.columns else rows
+
+
+def _interference_cell(gaps: list[pd.DataFrame], steps: pd.DataFrame, baseline: list[np.ndarray],
+                       threshold: float) -> dict:
+    """`gaps`: one frame per run; `baseline`: the baseline's gaps, one array per run of the same seeds."""
+    exposed = [g.loc[g["exposed"].astype(bool), "itl"].to_numpy(float) for g in gaps]
+    quiet = [g.loc[~g["exposed"].astype(bool), "itl"].to_numpy(float) for g in gaps]
+    inflation = ratio_interval(exposed, quiet)
+    versus_baseline = ratio_interval(exposed, baseline)
+    pooled = {k: np.concatenate(v) if v else np.array([]) for k, v in
+              (("exposed", exposed), ("quiet", quiet), ("baseline", baseline))}
     p99 = lambda x: float(np.percentile(x, 99)) if x.size else np.nan  # noqa: E731
     with_prefill = steps.loc[steps["with_prefill"].astype(bool), "seconds"].to_numpy(float)
     without = steps.loc[~steps["with_prefill"].astype(bool), "seconds"].to_numpy(float)
-    return {"exposed_gaps": int(exposed.size), "quiet_gaps": int(quiet.size),
-            "itl_p99_exposed": p99(exposed), "itl_p99_quiet": p99(quiet), "itl_p99_baseline": p99(baseline),
-            "inflation": inflation[0], "inflation_low": inflation[1], "inflation_high": inflation[2],
-            "inflation_vs_baseline": versus_baseline[0], "inflation_vs_baseline_low": versus_baseline[1],
-            "inflation_vs_baseline_high": versus_baseline[2],
-            "stalls": int(np.sum(exposed > threshold)) + int(np.sum(quiet > threshold)),
+    return {"exposed_gaps": int(pooled["exposed"].size), "quiet_gaps": int(pooled["quiet"].size),
+            "itl_p99_exposed": p99(pooled["exposed"]), "itl_p99_quiet": p99(pooled["quiet"]),
+            "itl_p99_baseline": p99(pooled["baseline"]),
+            "inflation": inflation.estimate, "inflation_low": inflation.low, "inflation_high": inflation.high,
+            "inflation_note": inflation.note, "inflation_vs_baseline": versus_baseline.estimate,
+            "inflation_vs_baseline_low": versus_baseline.low, "inflation_vs_baseline_high": versus_baseline.high,
+            "stalls": int(np.sum(pooled["exposed"] > threshold)) + int(np.sum(pooled["quiet"] > threshold)),
             "decode_step_s_with_prefill": float(with_prefill.mean()) if with_prefill.size else np.nan,
             "decode_step_s_without_prefill": float(without.mean()) if without.size else np.nan,
             "decode_steps_with_prefill": int(with_prefill.size)}
@@ -143,32 +184,32 @@ def _point_tables(out_dir: Path, point: str, cfg: Config) -> tuple[pd.DataFrame,
 
 
 def cell_requests(table: pd.DataFrame, cfg: Config, out_dir: Path) -> dict[str, pd.DataFrame]:
-    """{cell: the requests of its finished repeats, pooled}."""
-    return {cell: pd.concat([point_requests(out_dir, p, cfg) for p in points], ignore_index=True)
+    """{cell: the requests of its finished repeats, pooled, each tagged with its point}."""
+    return {cell: pd.concat([point_requests(out_dir, p, cfg).assign(point=p) for p in points], ignore_index=True)
             for cell, points in _cell_points(table).items()}
 
 
 def multiturn(table, cfg, out_dir) -> dict:
-    """Per cell (repeats pooled), each with a 95% bootstrap interval: mean TTFT and mean KV bytes
-    moved per turn (none moved: 0), and the p99 of the decode workers' per-token step time in
-    steps with appends (prefill work beside the decodes) and in decode-only steps."""
+    """Per cell (repeats pooled), each with a 95% interval over the runs: mean TTFT and mean KV
+    bytes moved per turn (none moved: 0), and the p99 of the decode workers' per-token step time
+    in steps with appends (prefill work beside the decodes) and in decode-only steps."""
     out, itl = {}, {}
     for cell, requests in cell_requests(table, cfg, out_dir).items():
         ok = requests[requests["status"] == "ok"].assign(kv_moved=lambda r: r["kv_bytes"].fillna(0.0))
-        out[cell] = {**_mean_by_turn(ok, "ttft", cfg.seed), **_mean_by_turn(ok, "kv_moved", cfg.seed, "kv_bytes")}
+        out[cell] = {**_mean_by_turn(ok, "ttft"), **_mean_by_turn(ok, "kv_moved", "kv_bytes")}
     for cell, points in _cell_points(table).items():
         frames = [_point_tables(out_dir, p, cfg)[1] for p in points]
-        frames = [f for f in frames if not f.empty]
-        samples = decode_itl_samples(pd.concat(frames, ignore_index=True)) if frames else None
-        if samples is not None:
-            itl[cell] = {name: [float(np.percentile(x, 99)) if len(x) else None,
-                                *bootstrap_interval(x, "p99", seed=cfg.seed)] for name, x in samples.items()}
+        runs = [decode_itl_samples(f) for f in frames if not f.empty]
+        runs = [r for r in runs if r is not None]
+        if runs:
+            itl[cell] = {name: list(sample_interval([r[name] for r in runs], "p99")) for name in runs[0]}
+            itl[cell] = {k: [None if np.isnan(v[0]) else v[0], *v[1:]] for k, v in itl[cell].items()}
     return {"turns": out, "decode_itl_p99": itl}
 
 
-def _mean_by_turn(ok: pd.DataFrame, column: str, seed: int, name: str = "") -> dict:
-    by_turn = {str(t): (float(g.mean()), *bootstrap_interval(g.to_numpy(float), "mean", seed=seed))
-               for t, g in ok.groupby("turn")[column]}
+def _mean_by_turn(ok: pd.DataFrame, column: str, name: str = "") -> dict:
+    by_turn = {str(t): tuple(sample_interval([u[column].to_numpy(float) for u in request_units(g)], "mean"))
+               for t, g in ok.groupby("turn")}
     key = f"{name or column}_mean_by_turn"
     return {key: {t: v[0] for t, v in by_turn.items()}, f"{key}_low": {t: v[1] for t, v in by_turn.items()},
             f"{key}_high": {t: v[2] for t, v in by_turn.items()}}

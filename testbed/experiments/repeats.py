@@ -2,9 +2,10 @@
 the repeats of one point form a cell, and a cell's figures come with 95% intervals.
 
     points/<point>_r<i>/   one repeat (the results contract of one run)
-    intervals.parquet      one row per cell: its knobs, each figure's mean over the repeats and
-                           its interval (`<figure>_low`, `<figure>_high`): a bootstrap over the
-                           pooled requests for latency percentiles and attainment
+    intervals.parquet      one row per cell: its knobs, each numeric column's mean over the
+                           repeats, and for latency percentiles and attainment the figure of the
+                           pooled requests with its interval over the runs (`<figure>_low`,
+                           `<figure>_high`, `<figure>_note`: see testbed/metrics/uncertainty.py)
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ import pandas as pd
 from testbed.config import Config
 from testbed.experiments.sweep import Point
 from testbed.metrics.slo import tenant_slos
-from testbed.metrics.uncertainty import point_intervals, repeat_interval
+from testbed.metrics.comparisons import widened
+from testbed.metrics.rate_search import Goodput
+from testbed.metrics.uncertainty import mean_interval, point_intervals
 
 OTHER_REPEATS = "{other_repeats}"  # in an override: a glob of every repeat suffix but the point's own
 
@@ -53,7 +56,7 @@ def cell_knobs(table: pd.DataFrame) -> list[str]:
 def intervals(table: pd.DataFrame, cfg: Config, out_dir: Path, requests_of) -> pd.DataFrame:
     """One row per cell of the finished points: knobs, the mean over repeats of every numeric
     column, the repeats' count, and for latency percentiles and attainment the pooled figure
-    with its bootstrap interval (see point_intervals).
+    with its interval over the runs (see point_intervals).
 
     `requests_of(point)`: a point's requests without its warm-up."""
     rows = []
@@ -64,19 +67,31 @@ def intervals(table: pd.DataFrame, cfg: Config, out_dir: Path, requests_of) -> p
         for column in group.select_dtypes("number").columns:
             if column not in knobs and column not in ("repeat", "seed"):
                 row[column] = float(group[column].mean())
-        pooled = pd.concat([requests_of(p) for p in group["point"]], ignore_index=True)
+        pooled = pd.concat([requests_of(p).assign(point=p) for p in group["point"]], ignore_index=True)
         # a latency percentile of the pooled requests, beside its interval (not a mean of percentiles)
-        for figure, (estimate, low, high) in point_intervals(pooled, cfg.slo, tenants, seed=cfg.seed).items():
-            row[figure], row[f"{figure}_low"], row[f"{figure}_high"] = estimate, low, high
+        for figure, interval in point_intervals(pooled, cfg.slo, tenants).items():
+            row[figure], row[f"{figure}_low"], row[f"{figure}_high"] = interval
+            row[f"{figure}_note"] = interval.note
         rows.append(row)
     return pd.DataFrame(rows)
 
 
-def goodput_interval(values: list[float], highest: float = float("inf")) -> dict:
-    """{"mean", "low", "high", "values"}: one goodput per repeat, Student's t across them,
-    within [0, the highest swept rate]."""
-    mean, low, high = repeat_interval(values, bounds=(0.0, highest))
-    return {"mean": mean, "low": low, "high": high, "values": [float(v) for v in values]}
+def goodput_interval(values: list[Goodput], highest: float = float("inf")) -> dict:
+    """{"mean", "low", "high", "censored", "error", "values"}: one goodput per repeat, Student's t
+    across them widened by their mean interpolation error, within [0, the highest rate tried].
+    Any censored repeat makes the mean a bound (`censored`: above / below) with no interval."""
+    censored = {g.censored for g in values if g.censored}
+    interval = mean_interval([g.value for g in values], bounds=(0.0, highest))
+    error = float(sum(g.error for g in values) / len(values)) if values else 0.0
+    if len(censored) == 1:
+        interval = type(interval)(interval.estimate, units=interval.units)
+    elif censored:  # bounds both ways: nothing is known of the mean
+        interval = type(interval)(float("nan"), units=interval.units)
+    else:
+        interval = widened(interval, error, (0.0, highest))
+    return {"mean": interval.estimate, "low": interval.low, "high": interval.high,
+            "censored": censored.pop() if len(censored) == 1 else "", "error": error,
+            "values": [float(g.value) for g in values], "censoring": [g.censored for g in values]}
 
 
 def per_repeat(group: pd.DataFrame) -> list[pd.DataFrame]:

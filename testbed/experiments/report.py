@@ -8,6 +8,8 @@ import math
 
 import pandas as pd
 
+from testbed.metrics.comparisons import comparison_lines
+
 log = logging.getLogger("testbed")
 
 
@@ -41,33 +43,42 @@ def print_run(requests: pd.DataFrame, summary: dict, out_dir) -> None:
     log.info("\n".join(request_lines(requests) + [""] + summary_lines(summary) + [f"results: {out_dir}"]))
 
 
-def _with_interval(value, low, high, scale: float = 1.0) -> str:
+def _with_interval(value, low, high, scale: float = 1.0, note: str = "", censored: str = "") -> str:
     if value is None or value != value:
         return "-"
+    if censored:  # a bound: no interval, and never an exact number
+        return f"{'>=' if censored == 'above' else '<'} {scale * value:.4g}"
+    if note == "not estimable":
+        return f"{scale * value:.4g} [not estimable]"
     if low is None or low != low:
         return f"{scale * value:.4g}"
     return f"{scale * value:.4g} [{scale * low:.4g}, {scale * high:.4g}]"
 
 
 def cell_lines(cells: pd.DataFrame, columns: list[str]) -> list[str]:
-    """One row per cell: each figure as its mean over the repeats and its 95% interval."""
+    """One row per cell: each figure over the repeats and its 95% interval over the runs."""
     if cells is None or cells.empty:
         return []
     shown = [c for c in columns if c in cells.columns]
     table = pd.DataFrame({"cell": cells["cell"], "repeats": cells["repeats"]})
     for column in shown:
-        low, high = cells.get(f"{column}_low"), cells.get(f"{column}_high")
-        table[column] = [_with_interval(v, None if low is None else low.iloc[i], None if high is None else high.iloc[i])
+        low, high, note = (cells.get(f"{column}_{k}") for k in ("low", "high", "note"))
+        at = lambda series, i: None if series is None else series.iloc[i]  # noqa: E731
+        table[column] = [_with_interval(v, at(low, i), at(high, i), note=at(note, i) or "")
                          for i, v in enumerate(cells[column])]
-    return ["per cell: mean over repeats [95% interval] (latencies in seconds)", table.to_string(index=False)]
+    return ["per cell: latency percentiles and attainment of the repeats' requests pooled, other figures "
+            "the mean over repeats; [95% interval over the runs] (latencies in seconds)", table.to_string(index=False)]
 
 
 def goodput_lines(goodput: dict) -> list[str]:
-    lines = [f"{'configuration':>14} {'goodput req/s':>24} {'per GPU':>24} {'capacity':>9}"]
+    lines = [f"{'configuration':>14} {'goodput req/s':>24} {'per GPU':>24} {'rates':>5} {'capacity':>9}"]
     for label, g in goodput.items():
-        total = _with_interval(g["goodput"], g.get("goodput_low"), g.get("goodput_high"))
-        per_gpu = _with_interval(g["goodput_per_gpu"], g.get("goodput_per_gpu_low"), g.get("goodput_per_gpu_high"))
-        lines.append(f"{label:>14} {total:>24} {per_gpu:>24} {g['capacity']:>9.2f}")
+        censored = g.get("goodput_censored", "")
+        total = _with_interval(g["goodput"], g.get("goodput_low"), g.get("goodput_high"), censored=censored)
+        per_gpu = _with_interval(g["goodput_per_gpu"], g.get("goodput_per_gpu_low"), g.get("goodput_per_gpu_high"),
+                                 censored=censored)
+        lines.append(f"{label:>14} {total:>24} {per_gpu:>24} {g.get('rates_tried', len(g['rates'])):>5} "
+                     f"{g['capacity']:>9.2f}")
     return lines
 
 
@@ -81,7 +92,9 @@ def print_sweep(name: str, table: pd.DataFrame, aggregate: dict, out_dir, column
     if aggregate.get("goodput"):
         lines += goodput_lines(aggregate["goodput"])
     if aggregate.get("best"):
+        lines += comparison_lines(aggregate["best"].get("comparisons", []))
         lines.append(aggregate["best"]["line"])
+    lines += overrun_lines(table)
     lines += plan_lines(aggregate) + validation_lines(aggregate)
     lines += [f"figure: {f}" for f in figures] + [f"results: {out_dir}"]
     log.info("\n".join(lines))
@@ -134,3 +147,13 @@ def validation_lines(aggregate: dict) -> list[str]:
                      + ", ".join(f"x{v:.2f} ({k.removeprefix('step_scale_')})" for k, v in d.items()
                                  if k.startswith("step_scale_")) + " (medians)")
     return lines
+
+
+def overrun_lines(table: pd.DataFrame) -> list[str]:
+    """The warning for emulated points whose CPU could not keep the modelled pace."""
+    if "overrun" not in table.columns or not table["overrun"].fillna(False).astype(bool).any():
+        return []
+    dropped = table[table["overrun"].fillna(False).astype(bool)]
+    return [f"WARNING: {len(dropped)} emulated point(s) overran their modelled step times in more than "
+            f"hardware.max_overrun_share of steps and are left out of every verdict: "
+            f"{', '.join(dropped['point'])}"]

@@ -15,6 +15,7 @@ from testbed.errors import ConfigError
 from testbed.experiments import aggregates, studies
 from testbed.experiments.report import print_run, print_sweep
 from testbed.experiments.repeats import intervals, with_repeats
+from testbed.experiments.goodput_search import search_goodput
 from testbed.experiments.sweep import Sweep, track_figures, track_point
 from testbed.tracking.results import ensure_writable, stored_config, write_parquet
 from testbed.tracking.wandb_tracker import make_tracker
@@ -24,8 +25,8 @@ TABLE = ["ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99", "itl_p99", "slo_attainm
 
 # name -> (points, aggregate)
 STUDIES = {
-    "ratio_sweep": (studies.ratio_sweep, aggregates.ratio_sweep),
-    "rate_sweep": (studies.rate_sweep, aggregates.ratio_sweep),
+    "ratio_sweep": (studies.ratio_sweep, aggregates.goodput_study),
+    "rate_sweep": (studies.rate_sweep, aggregates.goodput_study),
     "mode_compare": (studies.one_rate, aggregates.by_label(TABLE)),
     "slo_scale": (studies.one_rate, aggregates.slo_scale),
     "input_buckets": (studies.one_rate, aggregates.by_label(
@@ -75,7 +76,7 @@ def simulates_gpu(cfg: Config) -> bool:
 
 def cell_table(table, cfg: Config, out_dir: Path):
     """intervals.parquet: the finished points' cells with their 95% intervals."""
-    done = aggregates.finished(table)
+    done = aggregates.on_grid(aggregates.finished(table))
     if done.empty:
         return done
     return intervals(done, cfg, out_dir, lambda point: aggregates.point_requests(out_dir, point, cfg))
@@ -164,7 +165,8 @@ def run(cfg: Config, out_dir: Path, explicit: set[str] = frozenset(), session=No
     build, aggregate = STUDIES[name]
     sweep = Sweep(cfg, with_repeats(build(cfg), cfg), out_dir, partial(run_point, session=session), tracker)
     sweep.sizing = sizing
-    table = sweep.run()  # a Ctrl-C leaves the table of every finished point behind
+    sweep.run()  # a Ctrl-C leaves the table of every finished point behind
+    table = search_goodput(sweep, cfg)
     cells = cell_table(table, cfg, out_dir)
     write_parquet(out_dir / "intervals.parquet", cells)
     summary = aggregate(table, cfg, out_dir)

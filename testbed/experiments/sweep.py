@@ -79,13 +79,22 @@ class Sweep:
         configs = self.configs()
         self.resume(configs)
         self.rows = self.added_rows()
-        with tqdm(total=len(self.points), desc=self.cfg.experiment.name, unit="point") as bar:
-            for point, cfg in zip(self.points, configs):
+        self._run_all(self.points, configs, self.cfg.experiment.name)
+        return self.table()
+
+    def extend(self, points: list[Point], desc: str) -> pd.DataFrame:
+        """Run points decided after the first ones ran (a goodput search's rates)."""
+        self.points = self.points + points
+        self._run_all(points, [with_overrides(self.cfg, self.resolve(p.overrides)) for p in points], desc)
+        return self.table()
+
+    def _run_all(self, points: list[Point], configs: list[Config], desc: str) -> None:
+        with tqdm(total=len(points), desc=desc, unit="point") as bar:
+            for point, cfg in zip(points, configs):
                 bar.set_postfix_str(point.name)
                 self.rows.append(self._run_one(point, cfg))
                 self.write()
                 bar.update(1)
-        return self.table()
 
     def added_rows(self) -> list[dict]:
         """Points drawn into the saved sweep from elsewhere (python -m testbed.interop add): a
@@ -113,7 +122,7 @@ class Sweep:
         row = {"point": point.name, **point.knobs, "num_gpus": _num_gpus(cfg), "error": ""}
         if (directory / "summary.json").is_file():
             summary = json.loads((directory / "summary.json").read_text())
-            return {**row, "status": "skipped", **flatten(summary)}
+            return {**row, "status": "skipped", **flatten(summary), **overrun(summary, cfg)}
         try:
             result = self.run_point(cfg, directory)
         except KeyboardInterrupt:
@@ -129,7 +138,7 @@ class Sweep:
             (directory / "error.txt").write_text(traceback.format_exc())
             return {**row, "status": "failed", "error": str(error).splitlines()[0][:300]}
         track_point(self.tracker, point.name, self.out_dir.name, cfg, directory, result)
-        return {**row, "status": "ok", **flatten(result["summary"])}
+        return {**row, "status": "ok", **flatten(result["summary"]), **overrun(result["summary"], cfg)}
 
     def table(self) -> pd.DataFrame:
         return pd.DataFrame(self.rows)
@@ -143,6 +152,15 @@ class Sweep:
         if aggregate is not None:
             body["aggregate"] = aggregate
         write_json(self.out_dir / "sweep.json", body)
+
+
+def overrun(summary: dict, cfg: Config) -> dict:
+    """{"overrun": bool} for an emulated point: did more than hardware.max_overrun_share of its
+    paced steps take longer on this CPU than on the device they stand for? {} when not paced."""
+    pacing = summary.get("pacing")
+    if not pacing:
+        return {}
+    return {"overrun": bool(pacing["overrun_share"] > cfg.hardware.max_overrun_share)}
 
 
 def track_point(tracker, name: str, group: str, cfg: Config, directory: Path, result: dict) -> None:

@@ -1,143 +1,214 @@
-"""Stated uncertainty: bootstrap intervals for one point's figures, intervals across repeats, and
-the rule that names a winner only when its interval clears the runner-up's.
+"""Stated uncertainty, with the run as the independent unit.
 
-Pure functions over tables and arrays (scipy for the bootstrap, the binomial and Student's t),
-so the real cluster, the simulator and the analysis code state uncertainty the same way.
+Gaps of one batch share a step and requests of one run share a queue, so neither is an
+independent sample; repeats (runs with their own seeds) are. Every interval here therefore
+varies whole units: the runs of a cell, or, for a single run, contiguous batches of its requests
+in arrival order (the method of batch means). The estimator is the grouped (delete-one-unit)
+jackknife with Student's t on units - 1 degrees of freedom:
+
+    estimate  = f(all units pooled)                  the same f for the figure and its interval
+    pseudo_i  = f(all units but i)
+    se        = sqrt((R - 1) / R * sum_i (pseudo_i - mean(pseudo))^2)
+    interval  = estimate -/+ t_{R-1, 0.975} se        clipped to the figure's range
+
+For a mean with equal units it is Student's t over the units' means; for a pooled percentile it
+carries both the within-run and the across-run variation. A percentile has one definition,
+numpy's linear interpolation, for the estimate and every pseudo-value; a tail that the pooled
+sample cannot estimate (fewer than MIN_TAIL values beyond it) is marked, not narrowed.
+Configurations share seeds, so they are compared by paired per-seed differences (comparisons.py).
+
+References: Efron and Tibshirani, "An Introduction to the Bootstrap" (1993), ch. 11 (jackknife);
+Kalibera and Jones, "Rigorous benchmarking in reasonable time" (ISMM 2013), runs as the unit;
+Le Boudec, "Performance Evaluation of Computer and Communication Systems" (2010), ch. 2 (quantile
+intervals) and batch means.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Mapping, Optional, Sequence
+from dataclasses import dataclass, replace
+from typing import Callable, Iterator, Mapping, Optional, Sequence
 
 import numpy as np
 import pandas as pd
+
 from testbed.metrics.config import SLOConfig
 from testbed.metrics.latency import pooled_itl
 from testbed.metrics.slo import filtered_out, meets_slo
 
 CONFIDENCE = 0.95
-RESAMPLES = 1000
-NAN_INTERVAL = (math.nan, math.nan)
+TAIL = 0.025  # a quantile is estimable when its distribution-free 95% interval exists (see estimable)
+BATCHES = 5  # one run: its requests cut into this many arrival-ordered batches
+QUANTILES = {"p50": 0.50, "p90": 0.90, "p95": 0.95, "p99": 0.99}
+NOT_ESTIMABLE = "not estimable"
+LATENCY = (0.0, math.inf)
+SHARE = (0.0, 1.0)
 
 
-def bootstrap_interval(values: Sequence[float], statistic: str, *, seed: int = 0,
-                       confidence: float = CONFIDENCE, resamples: int = RESAMPLES) -> tuple[float, float]:
-    """Percentile bootstrap interval of `statistic` ("p50", "p99", "mean") of the values; NaN
-    values are dropped; fewer than two values give (nan, nan).
+@dataclass(frozen=True)
+class Interval:
+    """A figure, its 95% interval and what stands behind it; unpacks as (estimate, low, high)."""
 
-    A mean is resampled (scipy.stats.bootstrap). A percentile uses the exact bootstrap
-    distribution instead, the limit of infinitely many resamples: the q-quantile of a resample is
-    the order statistic x_(j) with P(<= x_(j)) = P(Binomial(n, j/n) >= ceil(q n)), so its
-    interval costs one sort, where resampling the tens of thousands of ITL gaps of a run would
-    cost minutes."""
+    estimate: float
+    low: float = math.nan
+    high: float = math.nan
+    units: int = 0  # independent units the interval varies (runs, or batches of one run)
+    note: str = ""  # "" | NOT_ESTIMABLE | "one unit"
+
+    def __iter__(self) -> Iterator[float]:
+        return iter((self.estimate, self.low, self.high))
+
+    @property
+    def known(self) -> bool:
+        return not (math.isnan(self.low) or math.isnan(self.high))
+
+
+def statistic(values, name: str) -> float:
+    """`name` ("mean", "p50", "p99", ...) of the values, NaN dropped; NaN when none are left."""
     x = np.asarray(values, dtype=np.float64)
     x = x[~np.isnan(x)]
-    if x.size < 2:
-        return NAN_INTERVAL
-    if np.all(x == x[0]):  # a constant sample: the bootstrap distribution is a point
-        return float(x[0]), float(x[0])
-    from scipy import stats  # here, not at import: scipy adds a second to every command's start
-
-    if statistic in QUANTILES:
-        ranks, cdf = _quantile_distribution(x.size, QUANTILES[statistic])
-        ordered = np.sort(x)
-        tail = (1 - confidence) / 2
-        return float(ordered[np.searchsorted(cdf, tail)]), float(ordered[min(np.searchsorted(cdf, 1 - tail), x.size - 1)])
-    result = stats.bootstrap((x,), _STATISTICS[statistic], n_resamples=resamples, confidence_level=confidence,
-                             method="percentile", vectorized=True, batch=50, random_state=np.random.default_rng(seed))
-    return float(result.confidence_interval.low), float(result.confidence_interval.high)
+    if not x.size:
+        return math.nan
+    return float(x.mean()) if name == "mean" else float(np.percentile(x, 100 * QUANTILES[name]))
 
 
-QUANTILES = {"p50": 0.50, "p99": 0.99}
+def estimable(n: int, name: str) -> bool:
+    """Can n values bound this figure at 95%? A quantile q needs the sample's extreme to pass it
+    with probability >= 97.5% even for independent values: max(q, 1 - q)^n <= 0.025, so p50
+    needs 6 values and p99 368 (Le Boudec, section 2.2.1); fewer give no interval, not a narrow one."""
+    q = QUANTILES.get(name)
+    return n >= 2 if q is None else max(q, 1 - q) ** n <= TAIL
 
 
-def _quantile_distribution(n: int, q: float) -> tuple[np.ndarray, np.ndarray]:
-    """(ranks 0..n-1, cdf): the exact bootstrap distribution of the sample q-quantile's rank."""
+def order_interval(values: np.ndarray, q: float, confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """The distribution-free interval of the q-quantile of independent values: the order
+    statistics whose ranks bound Binomial(n, q) (Le Boudec, theorem 2.1)."""
     from scipy import stats
 
-    m = max(1, math.ceil(q * n))
-    ranks = np.arange(n)
-    cdf = stats.binom.sf(m - 1, n, (ranks + 1) / n)  # P(at least m of n draws fall at or below x_(j))
-    return ranks, np.maximum.accumulate(cdf)
+    x = np.sort(values)
+    n, tail = x.size, (1 - confidence) / 2
+    low = int(stats.binom.ppf(tail, n, q))  # P(Binomial < low + 1) >= tail: x_(low) (1-based) lies below
+    high = int(stats.binom.ppf(1 - tail, n, q)) + 1
+    return float(x[max(low - 1, 0)]), float(x[min(high - 1, n - 1)])
 
 
-def _quantile_draws(x: np.ndarray, q: float, draws: int, rng: np.random.Generator) -> np.ndarray:
-    """`draws` values from the exact bootstrap distribution of the sample q-quantile of x."""
-    ordered = np.sort(x)
-    _, cdf = _quantile_distribution(x.size, q)
-    return ordered[np.minimum(np.searchsorted(cdf, rng.random(draws)), x.size - 1)]
+def jackknife(units: Sequence, estimator: Callable[[Sequence], float], bounds=(-math.inf, math.inf),
+              confidence: float = CONFIDENCE) -> Interval:
+    """The grouped jackknife of `estimator` (units -> figure) over the units, Student's t on
+    len(units) - 1 degrees of freedom, clipped to `bounds`. One unit: no interval."""
+    estimate = estimator(units)
+    r = len(units)
+    if r < 2 or math.isnan(estimate):
+        return Interval(estimate, units=r, note="one unit" if r == 1 else "")
+    pseudo = np.array([estimator([u for j, u in enumerate(units) if j != i]) for i in range(r)])
+    if np.isnan(pseudo).any():
+        return Interval(estimate, units=r, note=NOT_ESTIMABLE)
+    se = math.sqrt((r - 1) / r * float(np.sum((pseudo - pseudo.mean()) ** 2)))
+    half = t_quantile(confidence, r - 1) * se
+    return Interval(estimate, max(estimate - half, bounds[0]), min(estimate + half, bounds[1]), r)
 
 
-def ratio_interval(a: Sequence[float], b: Sequence[float], statistic: str = "p99", *, seed: int = 0,
-                   confidence: float = CONFIDENCE, resamples: int = 4 * RESAMPLES) -> tuple[float, float, float]:
-    """(estimate, low, high) of the ratio of a percentile ("p50", "p99") of a to that of b, the two
-    samples resampled independently (bootstrap draws from each quantile's exact bootstrap
-    distribution); fewer than two values on either side give NaN bounds."""
-    x, y = (np.asarray(v, dtype=np.float64) for v in (a, b))
-    x, y = x[~np.isnan(x)], y[~np.isnan(y)]
-    f = _STATISTICS[statistic]
-    if x.size == 0 or y.size == 0 or f(y) <= 0:
-        return math.nan, math.nan, math.nan
-    estimate = float(f(x) / f(y))
-    if x.size < 2 or y.size < 2:
-        return estimate, math.nan, math.nan
-    rng = np.random.default_rng(seed)
-    q = QUANTILES[statistic]
-    ratios = _quantile_draws(x, q, resamples, rng) / _quantile_draws(y, q, resamples, rng)
-    tail = 100 * (1 - confidence) / 2
-    low, high = np.percentile(ratios, [tail, 100 - tail])
-    return estimate, float(low), float(high)
+def t_quantile(confidence: float, df: int) -> float:
+    from scipy import stats  # here, not at import: scipy adds a second to every command's start
+
+    return float(stats.t.ppf(0.5 + confidence / 2, df))
 
 
-def _percentile(q: float):
-    return lambda x, axis=-1: np.percentile(x, q, axis=axis)
+def sample_interval(units: Sequence, name: str, bounds=LATENCY) -> Interval:
+    """`name` of the units' values pooled, and its interval over the units (arrays of values)."""
+    arrays = [np.asarray(u, dtype=np.float64) for u in units]
+    arrays = [a[~np.isnan(a)] for a in arrays]
+    n = sum(a.size for a in arrays)
+    pooled = lambda parts: statistic(np.concatenate(parts) if parts else np.array([]), name)  # noqa: E731
+    if not estimable(n, name):
+        return Interval(pooled(arrays), units=len(arrays), note=NOT_ESTIMABLE)
+    runs = jackknife([a for a in arrays if a.size], pooled, bounds)
+    if name == "mean" or not runs.known:
+        return runs
+    # a tail the runs happen to agree on is still bounded by its order statistics: the hull of both
+    low, high = order_interval(np.concatenate(arrays), QUANTILES[name])
+    return replace(runs, low=min(runs.low, low), high=max(runs.high, high))
 
 
-_STATISTICS = {"p50": _percentile(50), "p99": _percentile(99), "mean": lambda x, axis=-1: np.mean(x, axis=axis)}
+def ratio_interval(units_a: Sequence, units_b: Sequence, name: str = "p99") -> Interval:
+    """`name` of a's values pooled over `name` of b's, the units paired (a unit is one run, and
+    a[i] and b[i] come from the same one), its interval over the units."""
+    pairs = [(np.asarray(a, np.float64), np.asarray(b, np.float64)) for a, b in zip(units_a, units_b)]
+    na, nb = (sum(p[k].size for p in pairs) for k in (0, 1))
+
+    def ratio(parts) -> float:
+        if not parts:
+            return math.nan
+        top, bottom = (statistic(np.concatenate([p[k] for p in parts]), name) for k in (0, 1))
+        return top / bottom if bottom > 0 else math.nan
+
+    if not (estimable(na, name) and estimable(nb, name)):
+        return Interval(ratio(pairs), units=len(pairs), note=NOT_ESTIMABLE)
+    return jackknife([p for p in pairs if p[0].size and p[1].size], ratio, (0.0, math.inf))
+
+
+def share_interval(units: Sequence) -> Interval:
+    """A share (SLO attainment) of the units' 0/1 outcomes pooled: the jackknife over units,
+    widened to at least Wilson's score interval of the pooled count (a share of 100% from a
+    few hundred requests is not known to be exactly 1)."""
+    arrays = [np.asarray(u, dtype=np.float64) for u in units if len(u)]
+    hits, n = sum(float(a.sum()) for a in arrays), sum(a.size for a in arrays)
+    if not n:
+        return Interval(math.nan)
+    runs = jackknife(arrays, lambda parts: sum(float(a.sum()) for a in parts) / sum(a.size for a in parts), SHARE)
+    if runs.note:
+        return runs
+    low, high = wilson(hits, n)
+    return Interval(runs.estimate, min(runs.low, low), max(runs.high, high), runs.units)
+
+
+def wilson(hits: float, n: int, confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """Wilson's score interval of a binomial share."""
+    from scipy import stats
+
+    z = float(stats.norm.ppf(0.5 + confidence / 2))
+    p = hits / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def mean_interval(values: Sequence[float], bounds=(-math.inf, math.inf)) -> Interval:
+    """Student's t interval of the mean of one value per unit (a goodput per repeat)."""
+    x = np.asarray(values, dtype=np.float64)
+    x = x[~np.isnan(x)]
+    if not x.size:
+        return Interval(math.nan)
+    return jackknife(list(x), lambda v: float(np.mean(v)), bounds)
+
+
+# -- a cell's requests, as units -----------------------------------------------------------------
+def request_units(requests: pd.DataFrame, run_column: str = "point") -> list[pd.DataFrame]:
+    """The independent units of a cell's requests: one per run (`run_column` tells them apart),
+    or with a single run, BATCHES contiguous batches of its requests in arrival order."""
+    if run_column in requests.columns and requests[run_column].nunique() > 1:
+        return [rows for _, rows in requests.groupby(run_column, sort=True)]
+    ordered = requests.sort_values("arrival_s", kind="stable") if "arrival_s" in requests.columns else requests
+    cuts = np.array_split(np.arange(len(ordered)), min(BATCHES, max(len(ordered), 1)))
+    return [ordered.iloc[c] for c in cuts if c.size]
 
 
 def point_intervals(requests: pd.DataFrame, slo: SLOConfig, tenants: Optional[Mapping[str, SLOConfig]] = None,
-                    *, seed: int = 0) -> dict[str, tuple[float, float, float]]:
-    """{figure: (estimate, low, high)} of one point, its repeats' requests pooled (warm-up already
-    left out): p50 and p99 of TTFT, TPOT and ITL over the ok requests (ITL over every gap), and SLO
-    attainment over every request that counts for it (see slo_attainment); 95% percentile-bootstrap
-    intervals."""
-    ok = requests[requests["status"] == "ok"]
-    samples = {"ttft": ok["ttft"].to_numpy(np.float64), "tpot": ok["tpot"].to_numpy(np.float64),
-               "itl": pooled_itl(ok)}
-    out = {}
-    for metric, values in samples.items():
-        for stat in ("p50", "p99"):
-            out[f"{metric}_{stat}"] = (_estimate(values, stat), *bootstrap_interval(values, stat, seed=seed))
-    counted = requests[~filtered_out(requests)]
-    hits = meets_slo(counted, slo, tenants).to_numpy(np.float64) if len(counted) else np.array([])
-    out["slo_attainment"] = (_estimate(hits, "mean"), *bootstrap_interval(hits, "mean", seed=seed))
+                    run_column: str = "point") -> dict[str, Interval]:
+    """{figure: Interval} of one cell, its repeats' requests (warm-up left out) told apart by
+    `run_column`: p50 and p99 of TTFT, TPOT and ITL over the ok requests (ITL over every gap), and
+    SLO attainment over every request that counts for it (see slo_attainment)."""
+    units = request_units(requests, run_column)
+    ok = [u[u["status"] == "ok"] for u in units]
+    samples = {"ttft": [u["ttft"].to_numpy(np.float64) for u in ok],
+               "tpot": [u["tpot"].to_numpy(np.float64) for u in ok],
+               "itl": [pooled_itl(u) for u in ok]}
+    out = {f"{metric}_{stat}": sample_interval(values, stat)
+           for metric, values in samples.items() for stat in ("p50", "p99")}
+    counted = [u[~filtered_out(u)] for u in units]
+    out["slo_attainment"] = share_interval([meets_slo(u, slo, tenants).to_numpy(np.float64) for u in counted
+                                            if len(u)])
     return out
-
-
-def _estimate(values: np.ndarray, statistic: str) -> float:
-    x = np.asarray(values, dtype=np.float64)
-    x = x[~np.isnan(x)]
-    return float(_STATISTICS[statistic](x)) if x.size else math.nan
-
-
-def repeat_interval(values: Sequence[float], confidence: float = CONFIDENCE,
-                    bounds: tuple[float, float] = (-math.inf, math.inf)) -> tuple[float, float, float]:
-    """(mean, low, high): Student's t interval of the mean over repeats (one value per seed),
-    clipped to `bounds` (a goodput lies between 0 and the highest swept rate). One repeat:
-    (value, nan, nan); identical values: a zero-width interval."""
-    x = np.asarray(values, dtype=np.float64)
-    x = x[~np.isnan(x)]
-    if x.size == 0:
-        return math.nan, math.nan, math.nan
-    mean = float(x.mean())
-    if x.size == 1:
-        return mean, math.nan, math.nan
-    from scipy import stats
-
-    half = float(stats.t.ppf(0.5 + confidence / 2, x.size - 1) * x.std(ddof=1) / math.sqrt(x.size))
-    return mean, max(mean - half, bounds[0]), min(mean + half, bounds[1])
 
 
 def overlaps(a: tuple[float, float], b: tuple[float, float]) -> bool:
@@ -145,35 +216,3 @@ def overlaps(a: tuple[float, float], b: tuple[float, float]) -> bool:
     if any(math.isnan(v) for v in (*a, *b)):
         return True
     return a[0] <= b[1] and b[0] <= a[1]
-
-
-def verdict(estimates: Mapping[str, tuple[float, float, float]], unit: str = "req/s per GPU") -> dict:
-    """The best configuration, named only when its interval clears the runner-up's.
-
-    `estimates`: {label: (mean, low, high)}. Returns {"label", "runner_up", "separated", "line"};
-    `label` is the leader by mean either way, and `line` is the sentence to print."""
-    ranked = sorted(((v[0], k) for k, v in estimates.items() if not math.isnan(v[0])), reverse=True)
-    if not ranked:
-        return {"label": None, "runner_up": None, "separated": False, "line": "best configuration: none finished"}
-    leader = ranked[0][1]
-    if len(ranked) == 1:
-        return {"label": leader, "runner_up": None, "separated": True,
-                "line": f"best configuration: {leader} ({_fmt(estimates[leader], unit)}; the only one)"}
-    runner = ranked[1][1]
-    lead, second = estimates[leader], estimates[runner]
-    separated = not overlaps(lead[1:], second[1:])
-    if separated:
-        line = (f"best configuration: {leader} ({_fmt(lead, unit)}), clear of the runner-up {runner} "
-                f"({_fmt(second, unit)})")
-    else:
-        tied = [k for _, k in ranked if overlaps(lead[1:], estimates[k][1:])]
-        line = (f"leaders not separated at this sample size: {', '.join(f'{k} ({_fmt(estimates[k], unit)})' for k in tied)}; "
-                f"more repeats (experiment.repeats) or requests would be needed to name a best configuration")
-    return {"label": leader, "runner_up": runner, "separated": separated, "line": line}
-
-
-def _fmt(estimate: tuple[float, float, float], unit: str) -> str:
-    mean, low, high = estimate
-    if math.isnan(low):
-        return f"{mean:.2f} {unit}, no interval from one repeat"
-    return f"{mean:.2f} [{low:.2f}, {high:.2f}] {unit}"
