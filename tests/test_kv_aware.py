@@ -169,6 +169,8 @@ def test_when_a_decode_worker_prefills_a_request_itself():
     assert conditional.prefills_on_decode(turn=0, prompt_tokens=32, cached_tokens=0)
     assert conditional.prefills_on_decode(turn=0, prompt_tokens=300, cached_tokens=280)  # its uncached part
     assert not conditional.prefills_on_decode(turn=0, prompt_tokens=33, cached_tokens=0)
+    off = KVTransferConfig(multiturn="incremental")  # local_prefill_max_tokens=0: conditional disaggregation off
+    assert not off.prefills_on_decode(turn=1, prompt_tokens=300, cached_tokens=300)  # even a fully cached prompt
     assert not KVTransferConfig().follows_caches and ppd.follows_caches and conditional.follows_caches
     with pytest.raises(ConfigError, match="resend, incremental, ppd"):
         KVTransferConfig(multiturn="always").validate()

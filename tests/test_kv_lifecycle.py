@@ -210,6 +210,40 @@ def test_an_abandoned_receive_returns_its_buffer_once_settled(engines, wire, end
 
 
 # -- P: holding the KV, resends, buffers ------------------------------------------------------------
+class SlowLink:
+    """An emulated link whose modelled transfer lasts `seconds` from its start (LinkPacer's contract)."""
+
+    def __init__(self, clock: Clock, seconds: float):
+        self.clock, self.seconds, self.start = clock, seconds, None
+
+    def arrived(self, rid, start, nbytes, now) -> bool:
+        return now >= start + self.seconds
+
+
+def test_p_renews_ds_lease_while_an_emulated_link_holds_the_kv_back(engines, wire):
+    """A modelled link slower than the lease: D hears KVBegin again before its lease runs out,
+    so the attempt is not timed out, and KVDone leaves once the modelled time has passed."""
+    clock = Clock()
+    tx, inboxes, _ = make_sender(engines[0], KVFailurePolicy(), clock)
+    rx, rx_inboxes, events = make_receiver(engines[1], KVFailurePolicy(), clock)
+    tx.link = SlowLink(clock, 5 * TIMEOUT_S)
+    seq = prefill(engines[0])
+    rx.reserve(Reserve(7, PROMPT, 4, P))
+    tx.handoff(seq, clock())
+    tx.ready(rx_inboxes[P].take(Ready)[0])
+    for msg in inboxes[D].take(KVBegin) + inboxes[D].take(KVPart):
+        rx.on_begin(msg) if isinstance(msg, KVBegin) else rx.on_part(msg)
+    wire.complete()
+    while clock.now < 5 * TIMEOUT_S:
+        clock.now += TIMEOUT_S / 8
+        tx.poll()
+        for msg in inboxes[D].take(KVBegin):
+            rx.on_begin(msg)
+        rx.poll()
+        assert not events.take(KVAttemptFailed) and not events.take(Failed), f"timed out at {clock.now}"
+    assert inboxes[D].take(KVDone), "the KV leaves once its modelled time has passed"
+
+
 def test_p_keeps_the_kv_for_a_resend_until_d_acknowledges_it(engines, wire):
     prefill_engine, clock = engines[0], Clock()
     policy = KVFailurePolicy(on_failure="retry", max_retries=2)

@@ -136,8 +136,8 @@ class KVTransferConfig:
         request itself, with no transfer: a short uncached part (conditional disaggregation),
         or a later turn's append onto the session's KV it still holds (PPD)."""
         uncached = prompt_tokens - cached_tokens
-        if uncached <= self.local_prefill_max_tokens:
-            return True
+        if self.local_prefill_max_tokens > 0 and uncached <= self.local_prefill_max_tokens:
+            return True  # 0 turns it off, for a fully cached prompt (nothing uncached) too
         return self.multiturn == "ppd" and turn > 0 and cached_tokens > 0 and uncached <= self.ppd_max_append_tokens
 
     def failure_policy(self) -> KVFailurePolicy:

@@ -55,6 +55,7 @@ class WireOutgoing(Outgoing):
     done_sent: bool = False
     reported: bool = False  # KVSent for this attempt
     dst_blocks: tuple = ()  # ipc: D's blocks for this attempt
+    renewed_t: float = float("-inf")  # when P last renewed D's lease while an emulated link held KVDone
 
     def restart(self, attempt: int, decode_rank: int, now: float) -> None:
         super().restart(attempt, decode_rank, now)
@@ -75,6 +76,7 @@ class KVSender:
         self.pools = PeerPools()
         self.granularity, self.piece_bytes = granularity, piece_bytes
         self.faults, self.policy, self.clock = faults, policy, clock
+        self.lease_s = timeout_s  # D's lease (the same kv_transfer.timeout_s): renewed while a link holds
         self.ledger: SendLedger[WireOutgoing] = SendLedger(WireOutgoing)
         self.completions = CompletionTracker(timeout_s)  # bounds every send: a dead peer fails it
         self.buffers = BufferPool(engine.runner.device, engine.runner.dtype)
@@ -151,12 +153,21 @@ class KVSender:
                 self._send_part(entry, part)
         if self.link is not None and not self.link.arrived(entry.seq.seq_id, entry.start, entry.kv_bytes,
                                                            self.clock()):
-            return  # emulated link: D may not install the KV (nor P free it) before its modelled time
+            self._renew_lease(entry)  # emulated link: D may not install the KV (nor P free it) before its
+            return  # modelled time, and must not time the attempt out while the modelled link holds it
         if self.direct:
             synchronize(self.engine.runner.device)  # every byte in D's blocks before D hears of it
         self.inboxes[entry.decode_rank].put(KVDone(entry.seq.seq_id, entry.seq.token_ids[-1],
                                                    0 if self.direct else self.num_parts, entry.attempt, self.rank))
         entry.done_sent = True
+
+    def _renew_lease(self, entry: WireOutgoing) -> None:
+        """KVBegin again for the attempt under way restarts D's lease (receiver.on_begin): sent a
+        few times per lease while the modelled link is slower than the lease is long."""
+        now = self.clock()
+        if now - max(entry.start, entry.renewed_t) >= self.lease_s / 4:
+            entry.renewed_t = now
+            self.inboxes[entry.decode_rank].put(KVBegin(entry.seq.seq_id, entry.attempt, self.rank))
 
     def _begin(self, entry: WireOutgoing) -> None:
         if not entry.begun:
