@@ -122,3 +122,58 @@ def test_elementwise_kernels_match_transformers_own_modules():
     gate_up = torch.randn(37, 2 * 48, generator=gen)
     torch.testing.assert_close(cpu_ops.silu_mul(gate_up), ACT2FN["silu"](gate_up[:, :48]) * gate_up[:, 48:],
                                rtol=1e-6, atol=1e-6)
+
+
+# -- bounds: one line, never a read out of bounds --------------------------------------------------
+BOUNDS_CASES = r"""
+import torch
+from testbed.model import cpu_ops
+
+def decode(tables, lens, blocks=4, device="cpu"):
+    k = torch.zeros(blocks, 4, 2, 16)
+    q = torch.zeros(len(lens), 4, 16)
+    return cpu_ops.paged_decode(q, k, k.clone(), torch.tensor(tables, dtype=torch.int32, device=device),
+                                torch.tensor(lens, dtype=torch.int32))
+
+table = torch.zeros(2, 8, 16)
+cases = {
+    "block id past the pool": lambda: decode([[0, 9]], [6]),
+    "negative block id": lambda: decode([[-1]], [2]),
+    "kv_len past the table": lambda: decode([[0, 1]], [4000]),
+    "negative kv_len": lambda: decode([[0]], [-3]),
+    "fewer lengths than queries": lambda: cpu_ops.paged_decode(torch.zeros(2, 4, 16), torch.zeros(4, 4, 2, 16),
+                                                               torch.zeros(4, 4, 2, 16),
+                                                               torch.zeros(2, 1, dtype=torch.int32),
+                                                               torch.ones(1, dtype=torch.int32)),
+    "position past the RoPE table": lambda: cpu_ops.rotary(torch.zeros(3, 2, 16), torch.tensor([0, 1, 8]), table),
+    "negative position": lambda: cpu_ops.rotary(torch.zeros(1, 2, 16), torch.tensor([-1]), table),
+    "a table of another head size": lambda: cpu_ops.rotary(torch.zeros(1, 2, 16), torch.tensor([0]),
+                                                           torch.zeros(2, 8, 8)),
+    "a short RMSNorm weight": lambda: cpu_ops.rms_norm(torch.zeros(2, 64), torch.ones(8), 1e-6),
+    "a table on the meta device": lambda: decode([[0]], [2], device="meta"),
+}
+for name, call in cases.items():
+    try:
+        call()
+        print(f"{name}: no error")
+    except ValueError as error:
+        print(f"{name}: {error}")
+"""
+
+
+def test_out_of_bounds_is_one_line_never_a_crash():
+    """Each call would read outside its tensors (the old wrapper: garbage or SIGSEGV); run in a child
+    process so that a crash fails this test instead of ending the run."""
+    import subprocess
+    import sys
+
+    from tests.paths import ROOT
+
+    run = subprocess.run([sys.executable, "-c", BOUNDS_CASES], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, f"exit {run.returncode}: {run.stdout[-2000:]}{run.stderr[-2000:]}"
+    lines = dict(line.split(": ", 1) for line in run.stdout.splitlines())
+    assert len(lines) == 10 and "no error" not in lines.values(), run.stdout
+    assert "block id 9" in lines["block id past the pool"] and "[0, 4)" in lines["block id past the pool"]
+    assert "kv_len 4000" in lines["kv_len past the table"] and "[0, 8]" in lines["kv_len past the table"]
+    assert "position 8 of token 2" in lines["position past the RoPE table"]
+    assert "CPU" in lines["a table on the meta device"]

@@ -77,13 +77,14 @@ def _library() -> tuple[ctypes.CDLL | None, str]:
     except OSError as e:
         return None, f"the compiled kernel did not load: {e}"
     ptr, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
-    signatures = {"paged_decode_f32": [ptr, i64, ptr, ptr, i64, i64, ptr, i64, ptr, i32, i32, i32, i32, i32, f32, ptr],
+    signatures = {"paged_decode_f32": [ptr, i64, ptr, ptr, i64, i64, ptr, i64, ptr, i32, i32, i32, i32, i32, f32, ptr,
+                                       i32, i64, ptr],
                   "rms_norm_f32": [ptr, i64, ptr, f32, i64, i64, ptr],
-                  "rotary_f32": [ptr, i64, ptr, ptr, i64, i64, i64, i64, ptr],
+                  "rotary_f32": [ptr, i64, ptr, ptr, i64, i64, i64, i64, ptr, ptr],
                   "silu_mul_f32": [ptr, i64, i64, ptr]}
     for name, argtypes in signatures.items():
         getattr(lib, name).argtypes = argtypes
-        getattr(lib, name).restype = ctypes.c_int if name == "paged_decode_f32" else None
+        getattr(lib, name).restype = ctypes.c_int if name in ("paged_decode_f32", "rotary_f32") else None
     return lib, ""
 
 
@@ -109,27 +110,45 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     """q: (n, H, D) one new token per sequence, heads contiguous in a row (a slice of a wider row is
     fine); caches: (num_blocks, block_size, Hkv, D) with rows of (Hkv, D) contiguous (a layer's view of
     a block-major pool is fine); block_tables (n, >= blocks) int32; kv_lens (n,) int32 tokens to attend
-    to, the new one included -> (n, H, D)."""
+    to, the new one included -> (n, H, D). Out of bounds (a block id outside the pool among those a
+    length reaches, a length past its table row, a tensor off the CPU) is a ValueError, before the
+    kernel reads anything through it."""
     n, heads, dim = q.shape
     kv_heads = k_cache.shape[2]
     if k_cache.stride(3) != 1 or k_cache.stride(2) != dim or v_cache.stride() != k_cache.stride():
         raise ValueError("k_cache and v_cache must have contiguous (Hkv, D) rows and equal strides")
-    if dim not in HEAD_DIMS or heads % kv_heads:
-        raise ValueError(f"head_dim {dim} (one of {HEAD_DIMS}) with {heads} query heads over {kv_heads} KV heads")
+    if dim not in HEAD_DIMS or heads % kv_heads or v_cache.shape != k_cache.shape or k_cache.shape[3] != dim:
+        raise ValueError(f"head_dim {dim} (one of {HEAD_DIMS}) with {heads} query heads over {kv_heads} KV heads, "
+                         f"and equal K and V caches of that head_dim (got {tuple(k_cache.shape)}, "
+                         f"{tuple(v_cache.shape)})")
     _check(k_cache, "k_cache")
     _check(v_cache, "v_cache")
     if _check(q, "q").stride(2) != 1 or q.stride(1) != dim:
         q = q.contiguous()
-    tables, lens = block_tables[:n], kv_lens[:n]
+    tables, lens = _on_cpu(block_tables, "block_tables")[:n], _on_cpu(kv_lens, "kv_lens")[:n]
+    if tables.dim() != 2 or lens.dim() != 1 or len(tables) != n or len(lens) != n:
+        raise ValueError(f"block_tables must be (n, width) and kv_lens (n,) for n={n} sequences "
+                         f"(got {tuple(block_tables.shape)} and {tuple(kv_lens.shape)})")
     if tables.dtype != torch.int32 or tables.stride(1) != 1 or lens.dtype != torch.int32 or lens.stride(0) != 1:
         tables, lens = tables.to(torch.int32).contiguous(), lens.to(torch.int32).contiguous()
-    out = torch.empty((n, heads, dim), dtype=torch.float32)
+    out, bad = torch.empty((n, heads, dim), dtype=torch.float32), (ctypes.c_int64 * 2)()
     rc = _lib().paged_decode_f32(q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), k_cache.stride(0),
                                  k_cache.stride(1), tables.data_ptr(), tables.stride(0), lens.data_ptr(), n, heads,
-                                 kv_heads, dim, k_cache.shape[1], dim ** -0.5, out.data_ptr())
+                                 kv_heads, dim, k_cache.shape[1], dim ** -0.5, out.data_ptr(), tables.shape[1],
+                                 k_cache.shape[0], bad)
     if rc:
-        raise MemoryError("the CPU paged decode kernel could not allocate its scores")
+        raise _decode_error(rc, bad, tables.shape[1], k_cache.shape[1], k_cache.shape[0])
     return out
+
+
+def _decode_error(rc: int, bad, width: int, block_size: int, num_blocks: int) -> Exception:
+    if rc == 3:
+        return ValueError(f"paged decode: kv_len {bad[1]} of sequence {bad[0]} is outside [0, {width * block_size}] "
+                          f"(its table row holds {width} blocks of {block_size} tokens)")
+    if rc == 4:
+        return ValueError(f"paged decode: block id {bad[1]} in the table of sequence {bad[0]} is outside the pool "
+                          f"[0, {num_blocks})")
+    return MemoryError("the CPU paged decode kernel could not allocate its scores")
 
 
 def _check(x: torch.Tensor, what: str) -> torch.Tensor:
@@ -138,14 +157,21 @@ def _check(x: torch.Tensor, what: str) -> torch.Tensor:
     return x
 
 
+def _on_cpu(x: torch.Tensor, what: str) -> torch.Tensor:
+    if not x.is_cpu:
+        raise ValueError(f"{what} must be a CPU tensor (got one on {x.device})")
+    return x
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """(T, dim) rows with unit stride within a row -> x * rsqrt(mean(x^2) + eps) * weight, contiguous."""
     if _check(x, "rms_norm's input").stride(1) != 1:
         x = x.contiguous()
     rows, dim = x.shape
+    if not _check(weight, "rms_norm's weight").is_contiguous() or weight.numel() != dim:
+        raise ValueError(f"rms_norm's weight must be {dim} contiguous values (got shape {tuple(weight.shape)})")
     out = torch.empty((rows, dim), dtype=torch.float32)
-    _lib().rms_norm_f32(x.data_ptr(), x.stride(0), _check(weight, "rms_norm's weight").data_ptr(), eps, rows, dim,
-                        out.data_ptr())
+    _lib().rms_norm_f32(x.data_ptr(), x.stride(0), weight.data_ptr(), eps, rows, dim, out.data_ptr())
     return out
 
 
@@ -155,13 +181,16 @@ def rotary(x: torch.Tensor, positions: torch.Tensor, table: torch.Tensor) -> tor
     tokens, heads, dim = x.shape
     if _check(x, "rotary's input").stride(2) != 1 or x.stride(1) != dim:
         x = x.contiguous()
+    if _on_cpu(positions, "rotary's positions").shape != (tokens,):
+        raise ValueError(f"rotary's positions must be ({tokens},) (got {tuple(positions.shape)})")
     if positions.dtype != torch.int64 or positions.stride(0) != 1:
         positions = positions.to(torch.int64).contiguous()
-    if not _check(table, "rotary's table").is_contiguous():
-        raise ValueError("rotary's table must be contiguous")
-    out = torch.empty((tokens, heads, dim), dtype=torch.float32)
-    _lib().rotary_f32(x.data_ptr(), x.stride(0), positions.data_ptr(), table.data_ptr(), table.shape[1], tokens,
-                      heads, dim, out.data_ptr())
+    if not _check(table, "rotary's table").is_contiguous() or table.dim() != 3 or table.shape[::2] != (2, dim):
+        raise ValueError(f"rotary's table must be contiguous (2, max_len, {dim}) (got {tuple(table.shape)})")
+    out, bad = torch.empty((tokens, heads, dim), dtype=torch.float32), (ctypes.c_int64 * 2)()
+    if _lib().rotary_f32(x.data_ptr(), x.stride(0), positions.data_ptr(), table.data_ptr(), table.shape[1], tokens,
+                         heads, dim, out.data_ptr(), bad):
+        raise ValueError(f"rotary: position {bad[1]} of token {bad[0]} is outside the RoPE table [0, {table.shape[1]})")
     return out
 
 
@@ -169,6 +198,8 @@ def silu_mul(x: torch.Tensor) -> torch.Tensor:
     """(T, 2 I) rows of gate then up -> silu(gate) * up, (T, I)."""
     if not _check(x, "silu_mul's input").is_contiguous():
         x = x.contiguous()
+    if x.dim() != 2 or x.shape[1] % 2:
+        raise ValueError(f"silu_mul's input must be (T, 2 I) (got {tuple(x.shape)})")
     rows, inter = x.shape[0], x.shape[1] // 2
     out = torch.empty((rows, inter), dtype=torch.float32)
     _lib().silu_mul_f32(x.data_ptr(), rows, inter, out.data_ptr())

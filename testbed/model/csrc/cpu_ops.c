@@ -3,8 +3,9 @@
  * the block table (no gathered, padded copy), RMSNorm, RoPE and SiLU-and-multiply each as one call.
  *
  * Built on first use by testbed/model/cpu_ops.py with the host C compiler and called through
- * ctypes. Each function takes raw pointers and element strides and returns nothing, except
- * paged_decode_f32 (0, or why it could not run). Math is float32 as in the torch reference; the
+ * ctypes. Each function takes raw pointers and element strides; paged_decode_f32 and rotary_f32
+ * return 0 or why they did not run (an index out of bounds is found before any memory is read
+ * through it), the others nothing. Math is float32 as in the torch reference; the
  * order of additions differs (vectorised sums), as between any two BLAS libraries.
  *
  * Paged layout, in elements: block b's token row r of one layer starts at
@@ -74,14 +75,40 @@ DEFINE_HEAD(32)  /* 256 */
 typedef void (*head_fn)(const float *, const float *, const float *, const int32_t *, int64_t, int64_t, int, int,
                         int, float, float *, float *);
 
-/* Returns 0, or 1 when scratch cannot be allocated, 2 for a head_dim without a variant. */
+/* Every block the sequences will read lies in the pool, and every length fits its table row; else
+ * the first violation: bad[0] its sequence, bad[1] the offending value (a length or a block id). */
+static int check_tables(const int32_t *tables, int64_t table_stride, const int32_t *kv_lens, int n,
+                        int table_width, int block_size, int64_t num_blocks, int64_t *bad) {
+    for (int b = 0; b < n; b++) {
+        int len = kv_lens[b];
+        if (len < 0 || (int64_t)len > (int64_t)table_width * block_size) {
+            bad[0] = b; bad[1] = len;
+            return 3;
+        }
+        for (int j = 0; j < (len + block_size - 1) / block_size; j++) {
+            int32_t id = tables[b * table_stride + j];
+            if (id < 0 || id >= num_blocks) {
+                bad[0] = b; bad[1] = id;
+                return 4;
+            }
+        }
+    }
+    return 0;
+}
+
+/* Returns 0; 1 when scratch cannot be allocated; 2 for a head_dim without a variant; 3 for a kv_len
+ * outside [0, table_width * block_size]; 4 for a block id outside [0, num_blocks) among those a
+ * length reaches (bad: the sequence and the value). Nothing is read before the tables are checked. */
 int paged_decode_f32(const float *restrict q, int64_t q_stride, const float *restrict k_cache,
                      const float *restrict v_cache, int64_t block_stride, int64_t row_stride,
-                     const int32_t *restrict tables, int64_t table_stride, const int32_t *restrict kv_lens, int n, int H, int Hkv, int head_dim, int block_size,
-                     float scale, float *restrict out) {
+                     const int32_t *restrict tables, int64_t table_stride, const int32_t *restrict kv_lens, int n, int H,
+                     int Hkv, int head_dim, int block_size, float scale, float *restrict out, int table_width,
+                     int64_t num_blocks, int64_t *bad) {
     head_fn fn = head_dim == 8 ? head_1 : head_dim == 16 ? head_2 : head_dim == 32 ? head_4 : head_dim == 64 ? head_8
                : head_dim == 128 ? head_16 : head_dim == 256 ? head_32 : NULL;
     if (!fn) return 2;
+    int rc = check_tables(tables, table_stride, kv_lens, n, table_width, block_size, num_blocks, bad);
+    if (rc) return rc;
     int G = H / Hkv, max_len = 1;
     for (int b = 0; b < n; b++) max_len = kv_lens[b] > max_len ? kv_lens[b] : max_len;
     float *s = malloc(sizeof(float) * (size_t)max_len * G);  /* scores of one (sequence, KV head) */
@@ -109,11 +136,17 @@ void rms_norm_f32(const float *restrict x, int64_t x_stride, const float *restri
 
 /* RoPE in the Hugging Face layout (the two halves of each head rotated): x (T, heads, D) with rows
  * `x_stride` apart and heads contiguous within a row; table (2, max_len, D) of cos then sin;
- * out (T, heads, D) contiguous. */
-void rotary_f32(const float *restrict x, int64_t x_stride, const int64_t *restrict positions,
-                const float *restrict table, int64_t max_len, int64_t tokens, int64_t heads, int64_t dim,
-                float *restrict out) {
+ * out (T, heads, D) contiguous. Returns 0, or 1 for a position outside [0, max_len) (bad: the
+ * token and the position), found before anything is read. */
+int rotary_f32(const float *restrict x, int64_t x_stride, const int64_t *restrict positions,
+               const float *restrict table, int64_t max_len, int64_t tokens, int64_t heads, int64_t dim,
+               float *restrict out, int64_t *bad) {
     int64_t half = dim / 2;
+    for (int64_t t = 0; t < tokens; t++)
+        if (positions[t] < 0 || positions[t] >= max_len) {
+            bad[0] = t; bad[1] = positions[t];
+            return 1;
+        }
     for (int64_t t = 0; t < tokens; t++) {
         const float *cos = table + positions[t] * dim, *sin = cos + max_len * dim;
         for (int64_t h = 0; h < heads; h++) {
@@ -125,6 +158,7 @@ void rotary_f32(const float *restrict x, int64_t x_stride, const int64_t *restri
             }
         }
     }
+    return 0;
 }
 
 /* out[i] = silu(gate[i]) * up[i] where each row of x is gate (inter) then up (inter). */
