@@ -20,6 +20,7 @@ NOTEBOOKS = ROOT / "analysis" / "notebooks"
 
 # Every study at the smallest size that still exercises it (the test suite runs the same).
 COMMON = ["hardware=cpu", "hardware.num_devices=2", "experiment.figures=false", "experiment.repeats=1",
+          "experiment.search_points=1",
           "experiment.background_margin=0", "workload.num_requests=6", "slo.ttft_s=0.5", "slo.tpot_s=0.05"]
 SMALL = {
     "ratio_sweep": ["experiment.rates=[20,40]"],

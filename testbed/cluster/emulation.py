@@ -106,3 +106,55 @@ def emulation_meta(emulation: Optional[Emulation], model: ModelConfig, disagg: b
     return {**labels, "model": {"modelled": {"name": emulation.model or run_name, "shape": dataclasses.asdict(args)},
                                 "run": {"name": run_name, "shape": dataclasses.asdict(model.args()),
                                         "dtype": model.dtype}}}
+
+
+# -- the emulated device's KV pool ----------------------------------------------------------------
+GIB = 2**30
+
+
+def device_pool_tokens(spec: str, args: ModelArgs, model: ModelConfig, utilization: float,
+                       memory_gib: Optional[float]) -> Optional[int]:
+    """Tokens of KV the emulated device holds for the modelled shape, as the simulator sizes it
+    (the utilised share of its memory less the weights); None when nothing says its memory (a
+    CPU profile without hardware.emulate_memory_gib)."""
+    paced = resolve(spec, args, model.dtype)
+    per_token = args.kv_bytes_per_token * paced.dtype_bytes
+    if is_gpu(spec) and memory_gib is None:
+        return max(int(paced.model.kv_pool_bytes(utilization) // per_token), 0)
+    free = paced.label.get("kv_free_bytes")
+    if memory_gib is not None:
+        from testbed.perf.roofline import weight_params
+
+        free = memory_gib * GIB * utilization - weight_params(args) * paced.dtype_bytes
+    return None if free is None else max(int(free // per_token), 0)
+
+
+def emulated_pool(emulation: Emulation, model: ModelConfig, engine, hardware, roles: list[str],
+                  real_kv_bytes_per_token: int, available_bytes: Optional[int],
+                  fill_tokens: Optional[int] = None) -> tuple[Optional[int], str]:
+    """(blocks, line): each worker's pool holds as many tokens as the emulated device would (the
+    least over the roles, so memory pressure and preemption are the device's), never more than
+    the scheduler can fill (`fill_tokens`: its running sequences at full length; more changes
+    nothing), capped at hardware.emulate_pool_share of this machine's available memory over the
+    workers, with a line saying so when capped; (None, "") when the device's memory is unknown
+    or a size was set."""
+    if engine.num_kv_blocks is not None or engine.kv_cache_mib is not None:
+        return None, ""
+    args = modelled_args(emulation, model)
+    sizes = [device_pool_tokens(emulation.spec_for(r), args, model, engine.gpu_memory_utilization,
+                                hardware.emulate_memory_gib) for r in set(roles)]
+    if any(s is None for s in sizes):
+        return None, ""
+    blocks = min(sizes) // engine.block_size
+    if fill_tokens is not None:
+        blocks = min(blocks, -(-fill_tokens // engine.block_size))
+    block_bytes = real_kv_bytes_per_token * engine.block_size
+    if available_bytes is None:
+        return blocks, ""
+    cap = int(hardware.emulate_pool_share * available_bytes / max(len(roles), 1)) // block_bytes
+    if blocks <= cap:
+        return blocks, ""
+    return cap, (f"the emulated device holds {blocks * engine.block_size} tokens of KV per worker, more than "
+                 f"hardware.emulate_pool_share={hardware.emulate_pool_share} of this machine's "
+                 f"{available_bytes / GIB:.1f} GiB available holds over {len(roles)} workers: each pool is capped "
+                 f"at {cap * engine.block_size} tokens, so memory pressure comes sooner than on the device")

@@ -5,20 +5,22 @@ their KV audits, and the results directory of the run."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 import numpy as np
 import torch
 
-from testbed.cluster.emulation import Emulation, emulation_meta
+from testbed.cluster.emulation import Emulation, emulated_pool, emulation_meta
 from testbed.cluster.launcher import Cluster
+from testbed.cluster.layout import cuda_count
 from testbed.cluster.messages import Audit
 from testbed.cluster.pacing import pace_summary
 from testbed.cluster.router import Router
 from testbed.cluster.worker import WorkerSpec
 from testbed.engine.host_store import create_store
-from testbed.engine.kv_pool import kv_block_shape
+from testbed.engine.kv_pool import host_available_bytes, kv_block_shape
 from testbed.errors import KVLeakError
 from testbed.interop.points import export_run
 from testbed.metrics.events import RequestLog
@@ -43,8 +45,25 @@ def kv_store(cfg: Config, plans) -> Optional[object]:
     return create_store(cfg.kv_store.capacity_mib, kv_block_shape(args, cfg.engine.block_size), dtype)
 
 
+def emulated_engine(cfg: Config, engine):
+    """CPU workers paced to an emulated device get that device's KV pool (cluster/emulation.py)."""
+    emulation = Emulation.from_hardware(cfg.hardware)
+    if emulation is None or cuda_count(cfg.hardware):
+        return engine
+    c = cfg.cluster
+    roles = (["prefill_only"] * c.num_prefill + ["decode_only"] * c.num_decode if cfg.mode == "disagg"
+             else ["mixed"] * c.num_workers)
+    args = cfg.model.args()
+    real = args.kv_bytes_per_token * resolve_dtype(cfg.model.dtype, torch.device("cpu")).itemsize
+    blocks, line = emulated_pool(emulation, cfg.model, engine, cfg.hardware, roles, real, host_available_bytes(),
+                                 fill_tokens=cfg.scheduler.max_running * args.max_model_len)
+    if line:
+        logging.getLogger("testbed").warning(line)
+    return engine if blocks is None else dataclasses.replace(engine, num_kv_blocks=blocks)
+
+
 def worker_template(cfg: Config, store=None) -> WorkerSpec:
-    kv, engine = cfg.kv_transfer, cfg.engine
+    kv, engine = cfg.kv_transfer, emulated_engine(cfg, cfg.engine)
     if cfg.faults.exhaust_kv_pool:  # the least pool that still holds one request of max_model_len
         engine = dataclasses.replace(engine, num_kv_blocks=-(-cfg.model.args().max_model_len // engine.block_size))
     return WorkerSpec(rank=0, world_size=1, role="", device="cpu", port=0, model=cfg.model, engine=engine,

@@ -8,6 +8,7 @@ from functools import partial
 from pathlib import Path
 from typing import Optional
 
+import pandas as pd
 from omegaconf import OmegaConf
 
 from testbed.config import Config, with_overrides
@@ -75,11 +76,28 @@ def simulates_gpu(cfg: Config) -> bool:
 
 
 def cell_table(table, cfg: Config, out_dir: Path):
-    """intervals.parquet: the finished points' cells with their 95% intervals."""
-    done = aggregates.on_grid(aggregates.finished(table))
-    if done.empty:
-        return done
-    return intervals(done, cfg, out_dir, lambda point: aggregates.point_requests(out_dir, point, cfg))
+    """intervals.parquet: the finished grid points' cells with their 95% intervals, and per cell
+    the emulated repeats left out for overrunning their pace (`overrun_points`)."""
+    grid = aggregates.on_grid(table)
+    done = aggregates.finished(grid)
+    cells = intervals(done, cfg, out_dir, lambda point: aggregates.point_requests(out_dir, point, cfg)) \
+        if not done.empty else pd.DataFrame()
+    if "overrun" not in grid.columns or "cell" not in grid.columns:
+        return cells
+    dropped = grid[grid["overrun"].fillna(False).astype(bool)].groupby("cell").size()
+    if dropped.empty:
+        return cells
+    missing = pd.DataFrame({"cell": [c for c in dropped.index if cells.empty or c not in set(cells["cell"])],
+                            "repeats": 0})
+    cells = pd.concat([cells, missing], ignore_index=True) if len(missing) else cells
+    return cells.assign(overrun_points=cells["cell"].map(dropped).fillna(0).astype(int))
+
+
+def overrun_points(table) -> list[str]:
+    """Emulated points left out of every verdict: their CPU could not keep the modelled pace."""
+    if "overrun" not in table.columns:
+        return []
+    return list(table.loc[table["overrun"].fillna(False).astype(bool), "point"])
 
 
 def run_point(cfg: Config, out_dir: Path, session=None) -> dict:
@@ -170,6 +188,7 @@ def run(cfg: Config, out_dir: Path, explicit: set[str] = frozenset(), session=No
     cells = cell_table(table, cfg, out_dir)
     write_parquet(out_dir / "intervals.parquet", cells)
     summary = aggregate(table, cfg, out_dir)
+    summary["overrun_points"] = overrun_points(table)
     sweep.write(summary)
     figures = []
     if cfg.experiment.figures:
