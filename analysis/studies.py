@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import sys
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+import pandas as pd
 from matplotlib.figure import Figure
 
 from analysis import captions, figures, style, system
@@ -234,6 +236,49 @@ def _write(makers, source, out: Path, strict: bool) -> list[Path]:
     return paths
 
 
+# figures drawn from requests or SLO attainment, which a summary-only import (a vLLM or SGLang result
+# file without per-request lists) does not have: they leave such points out and say so in the caption
+NEEDS_REQUESTS = {"goodput_per_gpu", "attainment_vs_rate", "latency_summary", "latency_cdfs", "timelines",
+                  "telemetry", "attainment_vs_scale", "ttft_by_bucket"}
+
+
+@dataclass(frozen=True)
+class RequestsOnly(Sweep):
+    """The sweep less its summary-only points (cells and rows), for figures that need requests."""
+
+    left_out: tuple = ()
+
+    def cells(self) -> pd.DataFrame:
+        cells = super().cells()
+        return cells[~cells["cell"].isin(self.left_out)] if "cell" in cells.columns else cells
+
+
+def summary_only_cells(sweep: Sweep) -> tuple:
+    table = sweep.table
+    if "summary_only" not in table.columns:
+        return ()
+    rows = table[table["summary_only"].fillna(0).astype(float) > 0]
+    return tuple(sorted(rows["cell"] if "cell" in rows.columns else rows["point"]))
+
+
+def leaving_out(make: Callable, sweep: Sweep) -> Callable:
+    """`make` on the sweep less its summary-only points when it needs requests, its captions naming them."""
+    left = summary_only_cells(sweep) if make.__name__ in NEEDS_REQUESTS else ()
+    if not left:
+        return make
+    kept = RequestsOnly(sweep.dir, sweep.experiment, sweep.table[~sweep.table["cell" if "cell" in sweep.table.columns
+                                                                              else "point"].isin(left)],
+                        sweep.aggregate, left)
+    note = (f" Left out: {', '.join(left)} (summary-only imports: the result file has no per-request lists, "
+            f"so no SLO attainment or distribution to draw).")
+
+    def made(_source):
+        return [(stem, fig, caption + note, plotted) for stem, fig, caption, plotted in make(kept)]
+
+    made.__name__ = make.__name__
+    return made
+
+
 def study_figures(name: str, sweep_dir, strict: bool = False) -> list[Path]:
     """Write a study's standard figures into <sweep_dir>/figures/; returns the PDF and PNG paths
     (none for a study without figures in FIGURES, or without finished points)."""
@@ -244,7 +289,7 @@ def study_figures(name: str, sweep_dir, strict: bool = False) -> list[Path]:
     if sweep.finished().empty:
         print(f"{name}: no finished points in {sweep_dir}, no figures", file=sys.stderr)
         return []
-    return _write(FIGURES[name], sweep, Path(sweep_dir) / "figures", strict)
+    return _write([leaving_out(make, sweep) for make in FIGURES[name]], sweep, Path(sweep_dir) / "figures", strict)
 
 
 def run_figures(run_dir, strict: bool = False) -> list[Path]:

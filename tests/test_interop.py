@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -198,7 +199,7 @@ def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
     (tmp_path / "no_details.json").write_text(json.dumps({"model_id": "m", "completed": 3}))
     assert main(["import", "vllm", str(tmp_path / "no_details.json"), str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
-    assert "'ttfts'" in err and "--save-detailed" in err
+    assert "no_details.json: no 'duration'" in err and len(err.strip().splitlines()) == 1
     assert main(["import", "vllm", str(SGLANG), str(tmp_path / "out")]) == 2
     assert "is a sglang result, not vllm" in capsys.readouterr().err
     done = subprocess.run([sys.executable, "-m", "testbed.interop", "add", str(tmp_path), str(VLLM), "--label", "x"],
@@ -324,3 +325,193 @@ def test_export_a_point(tmp_path, capsys):
     assert [line["output_tokens"] for line in lines] == offered["output_len"].tolist()
     result = json.loads((tmp_path / "p" / "exports" / "vllm_result.json").read_text())
     assert result["num_prompts"] == 5 and result["completed"] == 5 and result["request_rate"] == 4.0
+
+
+# -- summary-only files, every format's quirks, and malformed files ------------------------------------
+DETAIL_KEYS = ("input_lens", "output_lens", "start_times", "ttfts", "itls", "generated_texts", "errors")
+
+
+def without_details(data: dict) -> dict:
+    """What `vllm bench serve --save-result` keeps without --save-detailed (latencies and
+    queue_times stay in recent versions), or an SGLang line without --output-details."""
+    return {k: v for k, v in data.items() if k not in DETAIL_KEYS}
+
+
+def written(tmp_path: Path, name: str, data: dict, lines: bool = False) -> Path:
+    path = tmp_path / name
+    path.write_text(json.dumps(data) + "\n" if lines else json.dumps(data))
+    return path
+
+
+def test_a_vllm_summary_file_imports_as_a_summary_only_point(tmp_path):
+    data = without_details(json.loads(VLLM.read_text()))
+    done = import_run(written(tmp_path, "v.json", data), tmp_path / "out", slo=SLO, num_gpus=2)
+    summary = done["summary"]
+    assert summary["summary_only"] is True and done["meta"]["summary_only"] is True and done["requests"].empty
+    assert summary["num_requests"] == {"ok": 4, "failed": 1, "rejected": 0, "refused": 0, "total": 5,
+                                       "failed_known": True}
+    for ours, theirs in (("ttft", "ttft"), ("tpot", "tpot"), ("itl", "itl"), ("e2e", "e2el")):
+        assert summary[ours]["p99"] == pytest.approx(data[f"p99_{theirs}_ms"] / 1e3)
+        assert summary[ours]["p50"] == pytest.approx(data[f"median_{theirs}_ms"] / 1e3)
+        assert summary[ours]["mean"] == pytest.approx(data[f"mean_{theirs}_ms"] / 1e3)
+        assert summary[ours]["max"] is None  # vLLM writes no max
+    assert summary["throughput"]["requests_per_s"] == pytest.approx(data["request_throughput"])
+    assert summary["throughput"]["requests_per_s_per_gpu"] == pytest.approx(data["request_throughput"] / 2)
+    assert summary["slo_attainment"] is None and summary["offered_rate"] == 4.0 and done["rate"] == 4.0
+    assert summary["source"]["request_goodput"] == pytest.approx(data["request_goodput"])
+    saved = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert saved["summary_only"] is True and saved["ttft"]["p99"] == pytest.approx(summary["ttft"]["p99"])
+
+
+def test_an_sglang_summary_line_imports_with_its_own_keys(tmp_path):
+    lines = [json.loads(line) for line in SGLANG.read_text().splitlines()]
+    path = tmp_path / "s.jsonl"
+    path.write_text("".join(json.dumps(without_details(line)) + "\n" for line in lines))
+    done = import_run(path, tmp_path / "out", slo=SLO, run=0)
+    summary, data = done["summary"], lines[0]
+    assert summary["summary_only"] and summary["num_requests"]["ok"] == data["completed"]
+    assert summary["num_requests"]["failed_known"] is False  # SGLang writes no failed count
+    assert summary["itl"]["p95"] == pytest.approx(data["p95_itl_ms"] / 1e3)
+    assert summary["e2e"]["p99"] == pytest.approx(data["p99_e2e_latency_ms"] / 1e3)
+    assert summary["throughput"]["total_tokens_per_s"] == pytest.approx(data["total_throughput"])
+
+
+@pytest.mark.parametrize("text, rate", [('"inf"', math.inf), ("Infinity", math.inf), ("8", 8.0), ("2.5", 2.5),
+                                        ("null", math.nan)])
+def test_request_rate_as_each_version_writes_it(tmp_path, text, rate):
+    data = without_details(json.loads(VLLM.read_text()))
+    body = json.dumps({**data, "request_rate": "RATE"}).replace('"RATE"', text)
+    (tmp_path / "v.json").write_text(body)
+    done = import_run(tmp_path / "v.json", tmp_path / "out", slo=SLO)
+    assert done["rate"] == rate or (math.isnan(rate) and math.isnan(done["rate"]))
+    detailed = json.dumps({**json.loads(VLLM_OLD.read_text()), "request_rate": "RATE"}).replace('"RATE"', text)
+    (tmp_path / "d.json").write_text(detailed)
+    table = read_vllm_result(tmp_path / "d.json")  # send times reconstructed from each form of the rate
+    assert len(table) == 5 and (table["arrival_s"] == 0).all() == (not math.isfinite(rate) or math.isnan(rate))
+
+
+def test_old_vllm_summaries_goodput_null_and_everything_failed(tmp_path):
+    old = without_details(json.loads(VLLM_OLD.read_text()))  # 0.6: `request_goodput:` null, no failed key
+    done = import_run(written(tmp_path, "old.json", old), tmp_path / "a", slo=SLO)
+    assert done["summary"]["source"]["request_goodput"] is None
+    assert done["summary"]["num_requests"]["failed"] == 1  # num_prompts - completed
+    assert done["summary"]["ttft"]["p90"] is None and done["summary"]["ttft"]["p99"] == pytest.approx(0.150642)
+    data = without_details(json.loads(VLLM.read_text()))
+    zeros = {k: (0.0 if k.endswith("_ms") else v) for k, v in data.items()}
+    failed = {**zeros, "completed": 0, "failed": 5, "request_throughput": 0.0, "request_goodput": None}
+    summary = import_run(written(tmp_path, "failed.json", failed), tmp_path / "b", slo=SLO)["summary"]
+    assert summary["num_requests"]["ok"] == 0 and summary["num_requests"]["failed"] == 5
+    assert all(v is None for m in ("ttft", "tpot", "itl", "e2e") for v in summary[m].values())  # not 0 ms
+    detailed = json.loads(VLLM.read_text())
+    n = len(detailed["ttfts"])
+    every_failed = {**detailed, "completed": 0, "failed": n, "ttfts": [0.0] * n, "itls": [[] for _ in range(n)],
+                    "output_lens": [0] * n, "errors": ["Server disconnected"] * n}
+    run = import_run(written(tmp_path, "all_failed.json", every_failed), tmp_path / "c", slo=SLO)
+    assert run["summary"]["num_requests"]["failed"] == n and run["summary"]["slo_attainment"] == 0
+
+
+def test_a_file_with_send_times_but_no_queue_times_says_so(tmp_path):
+    data = json.loads(VLLM.read_text())
+    data.pop("queue_times")
+    table = read_vllm_result(written(tmp_path, "v.json", data))
+    sent = np.array(data["start_times"])
+    np.testing.assert_allclose(table["arrival_s"], sent - sent.min())
+    assert table.attrs["interop"]["arrivals"].startswith("start_times (the file has no queue_times")
+
+
+def test_the_export_writes_only_keys_vllm_writes(tmp_path):
+    result = bench_result(hand_made(), slo_ttft_s=0.1, slo_tpot_s=0.03, model_id="tiny", request_rate=4.0)
+    stats = {f"{s}_{m}_ms" for m in ("ttft", "tpot", "itl", "e2el") for s in ("mean", "median", "std", "p50", "p90",
+                                                                           "p95", "p99")}
+    assert set(result) <= set(VLLM_KEYS) | stats | {"rtfx"}
+
+
+def test_a_summary_only_point_joins_a_rate_sweep_and_the_figures_say_what_they_leave_out(tmp_path):
+    make_sweep(tmp_path, "rate_sweep", [2.0, 4.0])
+    data = without_details(json.loads(VLLM.read_text()))
+    done = add_point(tmp_path, written(tmp_path, "v.json", data), label="vllm", figures=True)
+    assert done["point"] == "vllm_rate4"
+    table = pd.read_parquet(tmp_path / "sweep.parquet").set_index("point")
+    assert table.loc["vllm_rate4", "ttft_p99"] == pytest.approx(data["p99_ttft_ms"] / 1e3)  # in the table
+    aggregate = json.loads((tmp_path / "sweep.json").read_text())["aggregate"]
+    assert set(aggregate["goodput"]) == {"colocated", "chunked"}  # no attainment: no goodput, not a made-up one
+    assert aggregate["left_out"]["points"] == ["vllm_rate4"]
+    cells = pd.read_parquet(tmp_path / "intervals.parquet").set_index("cell")
+    assert cells.loc["vllm_rate4", "ttft_p99"] == pytest.approx(data["p99_ttft_ms"] / 1e3)
+    assert np.isnan(cells.loc["vllm_rate4", "ttft_p99_low"])
+    captions = {p.stem: p.read_text() for p in (tmp_path / "figures").glob("*.txt")}
+    assert "Left out: vllm_rate4 (summary-only imports" in captions["attainment_vs_rate"]
+    assert "vllm" in captions["latency_vs_rate"] and "Left out" not in captions["latency_vs_rate"]
+
+
+# Hypothesis: whatever a file holds, an import is a results directory or one InteropError naming the file
+from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.floats(allow_nan=True)
+                    | st.text(max_size=8),
+                    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+                    max_leaves=12)
+SUMMARY_KEYS = ("completed", "failed", "num_prompts", "duration", "request_rate", "request_throughput",
+                "request_goodput", "output_throughput", "total_token_throughput", "p99_ttft_ms", "median_tpot_ms",
+                "mean_itl_ms", "p95_itl_ms", "ttfts", "itls", "input_lens", "output_lens", "errors", "start_times",
+                "queue_times", "model_id", "dataset_name", "mean_e2e_latency_ms")
+FILE_SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+def import_or_one_line(path: Path, out: Path, fmt) -> None:
+    try:
+        import_run(path, out, fmt=fmt, slo=SLO)
+    except InteropError as error:
+        assert str(path) in str(error) and "\n" not in str(error), str(error)
+
+
+@FILE_SETTINGS
+@given(body=st.one_of(JSON, st.dictionaries(st.sampled_from(SUMMARY_KEYS), JSON, max_size=10)),
+       fmt=st.sampled_from([None, "vllm", "sglang"]))
+def test_any_json_imports_or_is_one_line_naming_the_file(tmp_path, body, fmt):
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(body))
+    import_or_one_line(path, tmp_path / "out", fmt)
+
+
+@FILE_SETTINGS
+@given(source=st.sampled_from([VLLM, VLLM_OLD, SGLANG]), key=st.sampled_from(SUMMARY_KEYS), value=JSON,
+       drop=st.booleans())
+def test_a_real_file_with_one_field_broken_imports_or_is_one_line(tmp_path, source, key, value, drop):
+    from testbed.interop.table import load_runs
+
+    data = load_runs(source)[-1]
+    if drop:
+        data.pop(key, None)
+    else:
+        data[key] = value
+    path = tmp_path / source.name
+    path.write_text(json.dumps(data))
+    import_or_one_line(path, tmp_path / "out", None)
+
+
+@FILE_SETTINGS
+@given(completed=st.integers(0, 10**6), failed=st.integers(0, 10**6),
+       rate=st.one_of(st.floats(0.001, 1e4), st.just("inf"), st.just(math.inf)),
+       p99=st.floats(0, 1e7), median=st.floats(0, 1e7), throughput=st.floats(0, 1e6), sglang=st.booleans())
+def test_a_valid_summary_keeps_its_figures(tmp_path, completed, failed, rate, p99, median, throughput, sglang):
+    if sglang:
+        data = {"backend": "sglang", "dataset_name": "random", "request_rate": rate, "completed": completed,
+                "duration": 10.0, "request_throughput": throughput, "p99_ttft_ms": p99, "median_ttft_ms": median,
+                "total_throughput": 1.0}
+    else:
+        data = {"backend": "vllm", "model_id": "m", "request_rate": rate, "completed": completed, "failed": failed,
+                "duration": 10.0, "request_throughput": throughput, "p99_ttft_ms": p99, "median_ttft_ms": median,
+                "request_goodput": None, "total_token_throughput": 1.0}
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(data))
+    done = import_run(path, tmp_path / "out", slo=SLO)
+    summary = done["summary"]
+    assert summary["num_requests"]["ok"] == completed
+    assert summary["num_requests"]["failed"] == (0 if sglang else failed)
+    assert summary["throughput"]["requests_per_s"] == pytest.approx(throughput)
+    assert done["rate"] == (math.inf if rate in ("inf", math.inf) else pytest.approx(rate))
+    if completed:
+        assert summary["ttft"]["p99"] == pytest.approx(p99 / 1e3) and summary["ttft"]["p50"] == pytest.approx(median / 1e3)
+    else:
+        assert summary["ttft"]["p99"] is None

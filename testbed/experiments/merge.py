@@ -114,15 +114,53 @@ def sweep_config(sweep_dir: Path, table: pd.DataFrame) -> Config:
     raise InteropError(f"{sweep_dir}: no finished point of the sweep has a config.yaml to take its SLOs from")
 
 
+# studies whose aggregate needs SLO attainment or per-request figures: summary-only points stay out of it
+NEEDS_REQUESTS = ("rate_sweep", "ratio_sweep", "slo_scale", "input_buckets")
+# a summary-only point's cell carries the file's own figures (no interval: the requests are not there)
+SUMMARY_FIGURES = [f"{m}_{p}" for m in ("ttft", "tpot", "itl", "e2e") for p in ("mean", "p50", "p90", "p95", "p99", "max")]
+
+
+def summary_only(table: pd.DataFrame) -> pd.Series:
+    """Rows of points imported from result files without per-request lists (testbed/interop/summary.py)."""
+    if "summary_only" not in table.columns:
+        return pd.Series(False, index=table.index)
+    return table["summary_only"].fillna(0).astype(float) > 0
+
+
 def rewrite(sweep_dir: Path, name: str, table: pd.DataFrame, cfg: Config) -> dict:
-    """intervals.parquet, the aggregate and sweep.parquet / sweep.json, as the runner writes them."""
-    write_parquet(sweep_dir / "intervals.parquet", cell_table(table, cfg, sweep_dir))
-    aggregate = STUDIES[name][1](table, cfg, sweep_dir)
+    """intervals.parquet, the aggregate and sweep.parquet / sweep.json, as the runner writes them.
+    Summary-only points keep their own figures in their cells and stay out of aggregates that need
+    SLO attainment or requests (the aggregate's `left_out` names them)."""
+    only = summary_only(table)
+    write_parquet(sweep_dir / "intervals.parquet", _summary_cells(cell_table(table, cfg, sweep_dir), table[only]))
+    aggregated = table[~only] if name in NEEDS_REQUESTS else table
+    aggregate = STUDIES[name][1](aggregated, cfg, sweep_dir)
+    if only.any() and name in NEEDS_REQUESTS:
+        aggregate = {**aggregate, "left_out": {
+            "points": sorted(table.loc[only, "point"]),
+            "why": "summary-only imports (result files without per-request lists): no SLO attainment, goodput or "
+                   "interval without the requests; their latency and throughput figures are in the table"}}
     writer = Sweep(cfg, [], sweep_dir, None, None)
     writer.name, writer.sizing = name, _saved_sizing(sweep_dir)
     writer.rows = table.to_dict(orient="records")
     writer.write(aggregate)
     return aggregate
+
+
+def _summary_cells(cells: pd.DataFrame, rows: pd.DataFrame) -> pd.DataFrame:
+    """Each summary-only point's cell with the file's own figures (the cell table computes them
+    from requests, which such a point does not have), their intervals left empty."""
+    if rows.empty or cells.empty or "cell" not in cells.columns:
+        return cells
+    cells = cells.copy()
+    for _, row in rows.iterrows():
+        at = cells["cell"] == row.get("cell", row["point"])
+        for figure in [*SUMMARY_FIGURES, "throughput_requests_per_s", "throughput_output_tokens_per_s"]:
+            if figure in row and figure in cells.columns:
+                cells.loc[at, figure] = row[figure]
+            if f"{figure}_note" in cells.columns:
+                cells.loc[at, f"{figure}_note"] = "summary only: the file's own figure, no interval"
+    return cells
 
 
 def _saved_sizing(sweep_dir: Path) -> dict:

@@ -68,6 +68,11 @@ def import_file(args) -> None:
     done = import_run(args.file, args.out_dir, fmt=args.format, slo=slo, run=args.run_index, trace=args.trace,
                       slowdown=args.slowdown)
     counts = done["summary"]["num_requests"]
+    if done["summary"].get("summary_only"):
+        failed = counts["failed"] if counts.get("failed_known", True) else "unknown"
+        print(f"wrote {done['dir']}: a summary-only point (the file has no per-request lists): {counts['ok']} "
+              f"completed, {failed} failed; its TTFT/TPOT/ITL/E2E figures and throughput, no SLO attainment")
+        return
     print(f"wrote {done['dir']}: {counts['ok']} ok, {counts['failed']} failed of {counts['total']}; "
           f"arrivals {done['meta']['arrivals']}; SLO attainment {done['summary']['slo_attainment']}")
 

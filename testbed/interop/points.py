@@ -3,6 +3,7 @@ runs (or another testbed run) as results directories by the results contract (DE
 
 from __future__ import annotations
 
+import math
 import shutil
 import time
 from itertools import chain
@@ -15,9 +16,11 @@ import pandas as pd
 
 from testbed.interop.mooncake import BLOCK_SIZE, trace_arrivals, write_mooncake_jsonl
 from testbed.interop.sglang import is_sglang, read_sglang_result
+from testbed.interop.summary import is_summary_only, parse_rate, summary_of
 from testbed.interop.table import InteropError, load_runs, pick_run
-from testbed.interop.vllm import bench_result, is_vllm, read_vllm_result, write_vllm_custom_jsonl
+from testbed.interop.vllm import bench_result, is_vllm, read_vllm_result, scalars, write_vllm_custom_jsonl
 from testbed.metrics.config import MetricsConfig, SLOConfig
+from testbed.metrics.events import request_table
 from testbed.metrics.slo import filtered_out
 from testbed.metrics.summary import summarize
 from testbed.tracking.results import read_results, write_json, write_results
@@ -61,10 +64,19 @@ def import_run(path, out_dir, *, fmt: Optional[str] = None, slo: SLOConfig, metr
     metrics = metrics or MetricsConfig()
     if fmt == "testbed":
         return _copy_run(Path(path), Path(out_dir), slo, metrics, num_gpus, tenants)
+    data = pick_run(path, run)
+    if is_summary_only(data):
+        return _import_summary(data, Path(path), Path(out_dir), fmt, slo, metrics, num_gpus, label, trace)
     arrivals = None
     if trace is not None:
         arrivals = trace_arrivals(trace, _request_count(path, run), slowdown)
-    requests = READERS[fmt](path, run=run, arrivals=arrivals)
+    try:
+        requests = READERS[fmt](path, run=run, arrivals=arrivals)
+    except InteropError:
+        raise
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError, OverflowError) as error:
+        raise InteropError(f"{path}: a malformed {fmt} result: its per-request lists do not read "
+                           f"({type(error).__name__}: {_first_line(error)})") from None
     info = requests.attrs.get("interop", {})
     summary = summarize(requests, slo=slo, metrics=metrics, num_gpus=num_gpus)
     rate = _rate(info.get("request_rate"))
@@ -76,6 +88,29 @@ def import_run(path, out_dir, *, fmt: Optional[str] = None, slo: SLOConfig, metr
             "original": info}
     write_results(out_dir, requests=requests, config=config, meta=meta, summary=summary)
     return {"dir": Path(out_dir), "summary": summary, "requests": requests, "rate": rate, "meta": meta}
+
+
+def _import_summary(data: dict, path: Path, out_dir: Path, fmt: str, slo: SLOConfig, metrics: MetricsConfig,
+                    num_gpus: int, label: Optional[str], trace) -> dict:
+    """A file without per-request lists as a summary-only point: summary.json holds the file's own
+    figures (testbed/interop/summary.py), requests.parquet is empty, meta.json says so."""
+    summary = summary_of(data, fmt, path, num_gpus=num_gpus, slo=asdict(slo))
+    rate = parse_rate(data.get("request_rate"), path)
+    requests = request_table([])
+    config = {"mode": label or fmt, "executor": fmt, "slo": asdict(slo), "metrics": asdict(metrics),
+              "workload": {"rate": rate if math.isfinite(rate) else None}, "model": {"name": data.get("model_id")},
+              "cluster": {"num_workers": num_gpus}}
+    meta = {"imported_from": str(path.resolve()), "format": fmt, "summary_only": True, "arrivals": None,
+            "trace": None, "note": "no per-request lists in the file (saved without --save-detailed / "
+                                   "--output-details): its summary figures only" +
+                                   ("; --trace not used" if trace is not None else ""),
+            "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "original": scalars(data)}
+    write_results(out_dir, requests=requests, config=config, meta=meta, summary=summary)
+    return {"dir": out_dir, "summary": summary, "requests": requests, "rate": rate, "meta": meta}
+
+
+def _first_line(error: BaseException) -> str:
+    return (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
 
 
 def _told(path) -> Optional[str]:
@@ -92,6 +127,8 @@ def _request_count(path, run: int) -> int:
 
 
 def _rate(value) -> float:
+    if isinstance(value, str) and value.strip().lower() in ("inf", "infinity"):
+        return float("inf")
     try:
         return float(value)
     except (TypeError, ValueError):  # "trace", None

@@ -38,6 +38,15 @@ def load_runs(path) -> list[dict]:
         text = path.read_text()
     except OSError as e:
         raise InteropError(f"{path}: cannot read ({e.strerror or e})") from None
+    except UnicodeDecodeError:
+        raise InteropError(f"{path}: not a text file (expected JSON)") from None
+    try:
+        return _parse_runs(text, path)
+    except RecursionError:
+        raise InteropError(f"{path}: nested too deeply to be a benchmark result") from None
+
+
+def _parse_runs(text: str, path: Path) -> list[dict]:
     try:
         value = json.loads(text)
         runs = value if isinstance(value, list) else [value]

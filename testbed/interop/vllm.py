@@ -119,9 +119,10 @@ def _peaks(ok: pd.DataFrame) -> dict:
 def read_vllm_result(path, *, run: int = -1, arrivals: Optional[Sequence[float]] = None) -> pd.DataFrame:
     """A `--save-result --save-detailed` file as a requests table (seconds since the first arrival).
 
-    Arrivals: vLLM >= 0.10 saves `start_times` (perf_counter when each request was sent) and
-    `queue_times` (its wait for a --max-concurrency slot): arrival = start - queue. Older files
-    have neither: `arrivals` when given (e.g. a trace's timestamps), else the send times the
+    Arrivals: recent vLLM saves `start_times` (perf_counter when each request was sent) and
+    `queue_times` (its wait for a --max-concurrency slot, `client_queue_time`): arrival = start -
+    queue. A file with `start_times` alone takes them as the arrivals (meta says the wait is not
+    in TTFT). Older files have neither: `arrivals` when given (e.g. a trace's timestamps), else the send times the
     client aimed at, reconstructed from `request_rate` (all at 0 for inf; else one every 1/rate,
     the mean of the Poisson or gamma gaps vLLM drew but did not save). meta says which."""
     data = pick_run(path, run)
@@ -130,8 +131,13 @@ def read_vllm_result(path, *, run: int = -1, arrivals: Optional[Sequence[float]]
     lists = {k: per_request(data, k, path, n, DETAIL_FLAG) for k in ("itls", "input_lens", "output_lens", "errors")}
     if "start_times" in data:
         sent = np.asarray(per_request(data, "start_times", path, n), dtype=np.float64)
-        queue = np.asarray(data.get("queue_times") or np.zeros(n), dtype=np.float64)
-        arrival, how = sent - queue, "start_times - queue_times"
+        if isinstance(data.get("queue_times"), list):
+            queue = np.asarray(per_request(data, "queue_times", path, n), dtype=np.float64)
+            arrival, how = sent - queue, "start_times - queue_times"
+        else:  # versions that save send times without the --max-concurrency wait
+            arrival = sent
+            how = ("start_times (the file has no queue_times: a wait for a --max-concurrency slot, "
+                   "if there was one, is not in TTFT)")
     elif arrivals is not None:
         arrival = sent = given_arrivals(arrivals, n, path)
         how = "given (a trace's timestamps)"
