@@ -1,7 +1,6 @@
 """python -m testbed [+experiment=NAME] [key=value ...], or the `testbed` command"""
 
 import os
-import signal
 import sys
 from pathlib import Path
 
@@ -11,6 +10,7 @@ from omegaconf import DictConfig
 
 from testbed.config import check_overrides, override_keys, register_configs, to_config
 from testbed.errors import TestbedError
+from testbed.stopping import StopOnce
 
 register_configs()
 
@@ -32,10 +32,6 @@ def main(cfg: DictConfig) -> None:
         sys.exit(130)
 
 
-def _terminate(signum, frame):
-    raise KeyboardInterrupt  # SIGTERM cleans up like Ctrl-C: workers stopped, finished points kept
-
-
 def quiet_rank_args(argv: list[str], env=os.environ) -> list[str]:
     """Under torchrun, ranks other than 0 write nothing (rank 0 writes the results): no Hydra run
     directory, no `.hydra/` record, no job log file."""
@@ -46,13 +42,16 @@ def quiet_rank_args(argv: list[str], env=os.environ) -> list[str]:
 
 
 def cli() -> None:
-    signal.signal(signal.SIGTERM, _terminate)
+    StopOnce().install()  # SIGINT/SIGTERM: workers stopped, finished points kept; later signals wait for that
     sys.argv[1:] = quiet_rank_args(sys.argv[1:])
     problem = check_overrides(sys.argv[1:])
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         sys.exit(2)
-    main()
+    try:
+        main()
+    finally:
+        StopOnce.settle()
 
 
 if __name__ == "__main__":

@@ -5,9 +5,7 @@ The testbed's engine (one worker, or a whole cluster in any mode) behind an Open
 it; the run's results directory (as seen from the server) is written on the way out.
 """
 
-import signal
 import sys
-import threading
 from pathlib import Path
 
 import hydra
@@ -17,6 +15,7 @@ from omegaconf import DictConfig
 from testbed.config import check_overrides, register_configs, to_config
 from testbed.errors import ConfigError, TestbedError
 from testbed.net.rendezvous import torchrun_world
+from testbed.stopping import StopOnce
 
 register_configs()
 
@@ -36,9 +35,13 @@ def main(cfg: DictConfig) -> None:
                               "torchrun ... -m testbed (README, Across hosts)")
         tokenizer = load_tokenizer(config.http.tokenizer or config.model.path)
         with HttpServer(config, out_dir, **tokenizer) as server:
-            print(f"serving mode={config.mode} model={config.model.name} on {server.url}/v1/completions "
-                  f"(Ctrl-C stops; results go to {out_dir})", flush=True)
-            threading.Event().wait()
+            STOP.first = lambda: None  # serving: the first signal ends the wait below, nothing is raised
+            if not STOP.requested.is_set():  # one that came while starting up stops it here
+                print(f"serving mode={config.mode} model={config.model.name} on {server.url}/v1/completions "
+                      f"(Ctrl-C stops; results go to {out_dir})", flush=True)
+            while not STOP.requested.wait(timeout=1.0):
+                pass
+        print(f"stopped; the requests served are in {out_dir}", file=sys.stderr)
     except TestbedError as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(error.exit_code)
@@ -56,14 +59,17 @@ def load_tokenizer(path) -> dict:
     return {"text": tokenizer.decode, "encode": lambda text: tokenizer.encode(text, add_special_tokens=False)}
 
 
-def _terminate(signum, frame):
-    raise KeyboardInterrupt  # SIGTERM stops like Ctrl-C: open requests failed, workers stopped, results written
-
+# SIGINT or SIGTERM: open requests failed, workers stopped, results written once; later signals are
+# ignored until that is done. Before the server serves, the first one interrupts the start.
+STOP = StopOnce()
 
 if __name__ == "__main__":
-    signal.signal(signal.SIGTERM, _terminate)
+    STOP.install()
     problem = check_overrides(sys.argv[1:])
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         sys.exit(2)
-    main()
+    try:
+        main()
+    finally:
+        STOP.settle()
