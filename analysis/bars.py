@@ -37,24 +37,36 @@ def grouped_bars(ax, groups: Sequence[str], values: Mapping[str, Mapping[str, tu
 def goodput_by_split(ax, goodputs: Mapping[str, Mapping]) -> dict[str, dict]:
     """ratio_sweep's headline (sweep.json "goodput"): goodput per GPU of each P:D split as bars
     with its interval across repeats, the colocated and chunked baselines as horizontal lines
-    with theirs shaded. {label: {"goodput_per_gpu", "low", "high"} as plotted}."""
+    with theirs shaded. A censored goodput (a bound) is drawn hatched with its ">=" or "<" written
+    over it, never as a value. {label: {"goodput_per_gpu", "low", "high", "censored"} as plotted}."""
     plotted = {label: {"goodput_per_gpu": float(g["goodput_per_gpu"]), "low": as_float(g.get("goodput_per_gpu_low")),
-                       "high": as_float(g.get("goodput_per_gpu_high"))} for label, g in goodputs.items()}
+                       "high": as_float(g.get("goodput_per_gpu_high")), "censored": g.get("goodput_censored") or ""}
+               for label, g in goodputs.items()}
     splits = [label for label in style.order(goodputs) if style.split_of(label)]
     at = np.arange(len(splits))
     ax.bar(at, [plotted[s]["goodput_per_gpu"] for s in splits], width=0.6, color=[style.colour(s) for s in splits],
            **BAR)
     for x, label in zip(at, splits):
         error_bars(ax, [x], [plotted[label]["low"]], [plotted[label]["high"]], "black", label)
+        if plotted[label]["censored"]:
+            ax.patches[list(splits).index(label)].set_hatch("//")
+            ax.annotate(bound_text(plotted[label]), (x, plotted[label]["goodput_per_gpu"]), ha="center",
+                        va="bottom", fontsize=8)
     ax.set_xticks(at, splits)
     for label in style.order(goodputs):
         if label not in splits:
             line = plotted[label]
-            ax.axhline(line["goodput_per_gpu"], color=style.colour(label), linestyle="--", label=label)
+            censored = line["censored"]
+            ax.axhline(line["goodput_per_gpu"], color=style.colour(label), linestyle=":" if censored else "--",
+                       label=f"{label} ({bound_text(line)})" if censored else label)
             span(ax, line["low"], line["high"], style.colour(label), label)
     ax.set(xlabel="P:D split", ylabel="goodput per GPU (req/s)")
     style.legend(ax)
     return {label: plotted[label] for label in style.order(goodputs)}
+
+
+def bound_text(line: Mapping) -> str:
+    return f"{'>=' if line['censored'] == 'above' else '<'} {line['goodput_per_gpu']:.3g}"
 
 
 def ttft_by_bucket(ax, buckets: pd.DataFrame, percentile: str = "p50") -> dict[str, dict]:
