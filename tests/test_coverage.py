@@ -124,6 +124,8 @@ def coverage(method) -> dict[str, float]:
 
 def test_every_figure_interval_covers_the_all_runs_figure_and_the_pooled_bootstrap_does_not():
     new, old = coverage(new_interval), coverage(old_interval)
+    print("\ncoverage over", REPEATS // GROUP, "groups (this method / the pooled bootstrap):")
+    print("\n".join(f"  {f:15} {new[f]:.2f} / {old[f]:.2f}" for f in FIGURES))
     assert all(c >= 0.9 for c in new.values()), f"coverage over {REPEATS // GROUP} groups: {new}"
     assert min(old.values()) < 0.9, f"the pooled bootstrap should fall short somewhere: {old}"
 
