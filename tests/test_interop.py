@@ -444,10 +444,11 @@ def test_a_summary_only_point_joins_a_rate_sweep_and_the_figures_say_what_they_l
     assert "vllm" in captions["latency_vs_rate"] and "Left out" not in captions["latency_vs_rate"]
 
 
-# Hypothesis: whatever a file holds, an import is a results directory or one InteropError naming the file
+# Hypothesis: whatever a file holds, an import is a results directory or one InteropError naming the file.
+# No subnormal floats: a library loaded earlier in the process may have set flush-to-zero (-ffast-math)
 from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
 
-JSON = st.recursive(st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.floats(allow_nan=True)
+JSON = st.recursive(st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.floats(allow_nan=True, allow_subnormal=False)
                     | st.text(max_size=8),
                     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
                     max_leaves=12)
@@ -492,8 +493,9 @@ def test_a_real_file_with_one_field_broken_imports_or_is_one_line(tmp_path, sour
 
 @FILE_SETTINGS
 @given(completed=st.integers(0, 10**6), failed=st.integers(0, 10**6),
-       rate=st.one_of(st.floats(0.001, 1e4), st.just("inf"), st.just(math.inf)),
-       p99=st.floats(0, 1e7), median=st.floats(0, 1e7), throughput=st.floats(0, 1e6), sglang=st.booleans())
+       rate=st.one_of(st.floats(0.001, 1e4, allow_subnormal=False), st.just("inf"), st.just(math.inf)),
+       p99=st.floats(0, 1e7, allow_subnormal=False), median=st.floats(0, 1e7, allow_subnormal=False),
+       throughput=st.floats(0, 1e6, allow_subnormal=False), sglang=st.booleans())
 def test_a_valid_summary_keeps_its_figures(tmp_path, completed, failed, rate, p99, median, throughput, sglang):
     if sglang:
         data = {"backend": "sglang", "dataset_name": "random", "request_rate": rate, "completed": completed,
