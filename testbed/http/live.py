@@ -45,6 +45,7 @@ class LiveRouter(Router):
         cluster.events.add(reader)
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.streams: dict[int, tuple[Sink, int]] = {}  # rid -> (its sink, tokens handed over)
+        self.handed_over: set[int] = set()  # requests the engine finished whose last tokens went to their handler
         self.stopping = False
         self.error: Optional[BaseException] = None
         self._closed = False  # the router thread has ended: a submission would wait forever
@@ -60,6 +61,10 @@ class LiveRouter(Router):
 
     def cancel(self, rid: int, reason: str) -> None:
         self._post(("cancel", rid, reason))
+
+    def delivered(self, rid: int) -> None:
+        """Its handler sent the whole answer: a later cancel changes nothing."""
+        self._post(("delivered", rid))
 
     def stop(self) -> None:
         self._post(("stop",))
@@ -119,12 +124,23 @@ class LiveRouter(Router):
             if item[0] == "submit":
                 self._submit(item[1], item[2])
             elif item[0] == "cancel":
-                if self.book.get(item[1]) is not None:
-                    self._fail(item[1], time.perf_counter(), item[2])
+                self._cancel(item[1], item[2])
+            elif item[0] == "delivered":
+                self.handed_over.discard(item[1])
             else:
                 self.stopping = True
                 for rid in list(self.book.active):
                     self._fail(rid, time.perf_counter(), "server stopping")
+
+    def _cancel(self, rid: int, reason: str) -> None:
+        """The client went away: a running request is failed (its KV freed on every worker); one the
+        engine had finished but whose stream never reached the client is recorded as failed too (the
+        log lets a failure override "ok"), so the record does not depend on which came first."""
+        if self.book.get(rid) is not None:
+            self._fail(rid, time.perf_counter(), reason)
+        elif rid in self.handed_over:
+            self.handed_over.discard(rid)
+            self.log.fail(rid, time.perf_counter(), reason)
 
     def _submit(self, request: Request, sink: Sink) -> None:
         if self.stopping:  # behind the stop in the queue: never admitted, so nothing to abort
@@ -154,6 +170,7 @@ class LiveRouter(Router):
         if tracked.rid in self.streams:
             self._hand_over(tracked.rid, tracked)
             self._end(tracked.rid, "ok", "")
+            self.handed_over.add(tracked.rid)
 
     def _fail(self, rid: int, t: float, reason: str) -> None:
         super()._fail(rid, t, reason)

@@ -116,12 +116,17 @@ class Completions:
         self.open += 1
         self.router.submit(Request(rid, time.perf_counter() - self.t0, spec.prompt_token_ids, spec.max_tokens), sink)
         try:
-            return await (self._stream(request, rid, spec, sink.queue) if spec.stream else self._whole(rid, spec, sink.queue))
+            response = await (self._stream(request, rid, spec, sink.queue) if spec.stream
+                              else self._whole(rid, spec, sink.queue))
         except (asyncio.CancelledError, ConnectionResetError):
-            self.router.cancel(rid, "client disconnected")  # frees its sequence and KV on every worker
+            # frees its sequence and KV on every worker; one the engine had finished is recorded as
+            # not delivered (its stream broke before the end reached the client)
+            self.router.cancel(rid, "client disconnected")
             raise
         finally:
             self.open -= 1
+        self.router.delivered(rid)
+        return response
 
     async def _parse(self, request: web.Request) -> Completion:
         """The request, its size checked from Content-Length before reading and by aiohttp while
