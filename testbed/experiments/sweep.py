@@ -85,7 +85,9 @@ class Sweep:
     def extend(self, points: list[Point], desc: str) -> pd.DataFrame:
         """Run points decided after the first ones ran (a goodput search's rates)."""
         self.points = self.points + points
-        self._run_all(points, [with_overrides(self.cfg, self.resolve(p.overrides)) for p in points], desc)
+        configs = [with_overrides(self.cfg, self.resolve(p.overrides)) for p in points]
+        self.resume(configs, points)  # a resumed search's points ran the same configuration, or run again
+        self._run_all(points, configs, desc)
         return self.table()
 
     def _run_all(self, points: list[Point], configs: list[Config], desc: str) -> None:
@@ -107,10 +109,10 @@ class Sweep:
             return []
         return table[table["mode"] == EXTERNAL].to_dict(orient="records")
 
-    def resume(self, configs: list[Config]) -> None:
+    def resume(self, configs: list[Config], points: list[Point] | None = None) -> None:
         """Finished points that ran another configuration: refused before anything runs, or
         (experiment.on_changed=rerun) made unfinished so they run again."""
-        found = changed_points(self.points, configs, self.point_dir)
+        found = changed_points(self.points if points is None else points, configs, self.point_dir)
         if found and self.cfg.experiment.on_changed != "rerun":
             raise refusal(found)
         for name in found:  # cleared whole: no file of the old run may sit beside the new one's
