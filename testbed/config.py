@@ -13,9 +13,10 @@ from typing import Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from testbed.cluster.config import ClusterConfig, KVTransferConfig, follows_caches
+from testbed.cluster.config import ClusterConfig, KVTransferConfig
 from testbed.cluster.emulation import check_spec
 from testbed.cluster.faults import FaultsConfig
+from testbed.control.book import follows_caches
 from testbed.engine.config import EngineConfig, KVStoreConfig, SchedulerConfig
 from testbed.experiment import ExperimentConfig
 from testbed.http.config import HttpConfig

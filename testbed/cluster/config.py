@@ -164,9 +164,3 @@ class KVTransferConfig:
             raise ConfigError(f"kv_transfer.timeout_s must be > 0 and kv_transfer.max_pending >= 1 "
                               f"(got {self.timeout_s}, {self.max_pending})")
         return self
-
-
-def follows_caches(cluster: ClusterConfig, kv: KVTransferConfig, disagg: bool) -> bool:
-    """Routing asks where prompts are cached (KV-aware dispatch, PPD, prefill on D): the workers
-    report their prefix-cache changes and the request book keeps an index of them."""
-    return cluster.kv_aware or (disagg and kv.follows_caches)

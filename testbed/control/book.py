@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from typing import Optional
 
-from testbed.cluster.config import follows_caches
 from testbed.control.dispatch import Dispatcher, WorkerLoad, admission_refusal
 from testbed.control.kv_index import KVIndex
 from testbed.control.limits import Routes, TenantLimits
@@ -24,6 +23,12 @@ from testbed.engine.prefix import prompt_hashes
 from testbed.errors import StateError
 from testbed.metrics.events import Event, RequestLog
 from testbed.workload import Request
+
+
+def follows_caches(cluster, kv, disagg: bool) -> bool:
+    """Routing asks where prompts are cached (KV-aware dispatch, PPD, prefill on D): the workers
+    report their prefix-cache changes and the request book keeps an index of them."""
+    return cluster.kv_aware or (disagg and kv.follows_caches)
 
 
 class RequestBook:
