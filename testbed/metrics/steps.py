@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from testbed.engine.record import StepRecord
 from testbed.metrics.events import STEP_COLUMNS
+from testbed.metrics.record import StepRecord
 
 RECORD_FIELDS = list(StepRecord._fields)
 # A column's dtype is its StepRecord annotation's (what pandas infers from such values): a
