@@ -35,6 +35,8 @@ from testbed.tracking.results import collect_meta, stored_config, write_results
 if TYPE_CHECKING:
     from testbed.config import Config
 
+_log = logging.getLogger("testbed")
+
 
 def kv_store(cfg: Config, plans) -> Optional[object]:
     """The run's shared KV store (kv_store.capacity_mib), in the workers' KV dtype; None when off."""
@@ -60,6 +62,36 @@ def emulated_engine(cfg: Config, engine):
     if line:
         logging.getLogger("testbed").warning(line)
     return engine if blocks is None else dataclasses.replace(engine, num_kv_blocks=blocks)
+
+
+def fit_to_pools(cfg: Config, cluster) -> Config:
+    """`cfg` with model.max_model_len set to what every started worker's KV pool holds, when it
+    was left unset and some pool holds less than the model's own length (a checkpoint's
+    max_position_embeddings often exceeds a CPU pool); said in one line, as `LLM` does. The
+    workers fit their own engines to their pools (testbed/cluster/worker.py) and report the pool
+    (`Started.num_blocks`); a length set explicitly is never lowered: a pool that cannot hold it
+    stopped the workers' start with the error. The CLI's points (testbed/experiments/serve.py) and
+    the HTTP server both call this once their workers are up."""
+    if cfg.model.max_model_len is not None:
+        return cfg
+    started = list(getattr(cluster, "started", {}).values())
+    if not started:
+        return cfg
+    wanted = cfg.model.args().max_model_len
+    held = min(s.num_blocks * cfg.engine.for_device(s.device.split(":")[0]).block_size for s in started)
+    if held >= wanted:
+        return cfg
+    smallest = min(started, key=lambda s: s.num_blocks)
+    key = (wanted, held)
+    if key not in _said:  # once per process: a study's points would repeat it
+        _said.add(key)
+        _log.warning(f"model.max_model_len lowered from {wanted} to {held}: what the smallest worker's KV pool "
+                    f"({smallest.num_blocks} blocks, worker {smallest.worker}) holds; set model.max_model_len, "
+                    f"or raise engine.kv_cache_mib / engine.num_kv_blocks / engine.gpu_memory_utilization for more")
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, max_model_len=held))
+
+
+_said: set = set()
 
 
 def worker_template(cfg: Config, store=None) -> WorkerSpec:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import time
 from pathlib import Path
 from typing import Callable, Optional
@@ -12,15 +11,13 @@ from tqdm import tqdm
 from testbed.cluster.emulation import Emulation, check_link
 from testbed.cluster.launcher import Cluster
 from testbed.cluster.layout import check_kv_backend, plan_ranks, plan_workers
-from testbed.cluster.point import kv_store, stop_cluster, worker_template, write_point
+from testbed.cluster.point import fit_to_pools, kv_store, stop_cluster, worker_template, write_point
 from testbed.cluster.router import Router
-from testbed.config import Config, with_overrides
+from testbed.config import Config
 from testbed.errors import ConfigError
 from testbed.metrics.events import RequestLog
 from testbed.tracking.telemetry import start_telemetry
 from testbed.workload import build_workload
-
-log = logging.getLogger("testbed")
 
 
 def serve(cfg: Config, out_dir: Path, on_started: Optional[Callable[[Cluster], None]] = None,
@@ -45,36 +42,6 @@ def serve(cfg: Config, out_dir: Path, on_started: Optional[Callable[[Cluster], N
             router.run()
         telemetry = stop_cluster(cluster, router, sampler)
     return write_point(cfg, out_dir, cluster, router, log, telemetry, workload.report)
-
-
-def fit_to_pools(cfg: Config, cluster) -> Config:
-    """`cfg` with model.max_model_len set to what every started worker's KV pool holds, when it
-    was left unset and some pool holds less than the model's own length (a checkpoint's
-    max_position_embeddings often exceeds a CPU pool); said in one line, as `LLM` does. The
-    workers fit their own engines to their pools (testbed/cluster/worker.py) and report the pool
-    (`Started.num_blocks`); a length set explicitly is never lowered: a pool that cannot hold it
-    stopped the workers' start with the error. The CLI's points and the HTTP server both call
-    this once their workers are up."""
-    if cfg.model.max_model_len is not None:
-        return cfg
-    started = list(getattr(cluster, "started", {}).values())
-    if not started:
-        return cfg
-    wanted = cfg.model.args().max_model_len
-    held = min(s.num_blocks * cfg.engine.for_device(s.device.split(":")[0]).block_size for s in started)
-    if held >= wanted:
-        return cfg
-    smallest = min(started, key=lambda s: s.num_blocks)
-    key = (wanted, held)
-    if key not in _said:  # once per process: a study's points would repeat it
-        _said.add(key)
-        log.warning(f"model.max_model_len lowered from {wanted} to {held}: what the smallest worker's KV pool "
-                    f"({smallest.num_blocks} blocks, worker {smallest.worker}) holds; set model.max_model_len, "
-                    f"or raise engine.kv_cache_mib / engine.num_kv_blocks / engine.gpu_memory_utilization for more")
-    return with_overrides(cfg, {"model.max_model_len": held})
-
-
-_said: set = set()
 
 
 def check_emulated_link(cfg: Config) -> None:

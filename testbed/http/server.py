@@ -28,8 +28,7 @@ from testbed.cluster.launcher import Cluster
 from testbed.cluster.layout import plan_workers
 from testbed.config import Config
 from testbed.errors import ConfigError
-from testbed.experiments.serve import fit_to_pools
-from testbed.cluster.point import kv_store, stop_cluster, worker_template, write_point
+from testbed.cluster.point import fit_to_pools, kv_store, stop_cluster, worker_template, write_point
 from testbed.http.live import LiveRouter
 from testbed.http.protocol import (DONE, BadRequest, Completion, body_limit, chunk, error_body, error_chunk,
                                    parse_completion, usage, usage_chunk)
