@@ -13,7 +13,7 @@ from typing import Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from testbed.cluster.config import ClusterConfig, KVTransferConfig
+from testbed.control.config import ClusterConfig, KVTransferConfig
 from testbed.cluster.emulation import check_spec
 from testbed.cluster.faults import FaultsConfig
 from testbed.control.book import follows_caches

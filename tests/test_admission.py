@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from testbed.cluster.config import ClusterConfig, KVTransferConfig
+from testbed.control.config import ClusterConfig, KVTransferConfig
 from testbed.control.book import RequestBook
 from testbed.control.limits import Routes, TenantLimits, TokenBucket
 from testbed.errors import ConfigError

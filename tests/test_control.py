@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 
-from testbed.cluster.config import ClusterConfig, KVTransferConfig
+from testbed.control.config import ClusterConfig, KVTransferConfig
 from testbed.control.book import RequestBook
 from testbed.control.request import BACK_EDGES, FRONT_EDGES, Back, Front
 from testbed.control.ledger import ReceiveLedger, SendLedger

@@ -11,7 +11,7 @@ import torch
 
 from testbed import LLM
 from testbed.cluster import connector, receiver
-from testbed.cluster.config import KVFailurePolicy
+from testbed.control.config import KVFailurePolicy
 from testbed.cluster.faults import KVFaults
 from testbed.cluster.kv_ipc import BlockCopier, attach_pool, block_runs, release, shared_pool
 from testbed.cluster.layout import WorkerPlan, check_kv_backend

@@ -12,7 +12,7 @@ import torch
 from testbed import LLM
 from testbed.cluster import connector, receiver
 from testbed.cluster.completion import Handle
-from testbed.cluster.config import KVFailurePolicy, KVTransferConfig
+from testbed.control.config import KVFailurePolicy, KVTransferConfig
 from testbed.cluster.faults import KVFaults
 from testbed.cluster.kv_wire import WirePart, piece_ranges
 from testbed.cluster.messages import (Failed, KVAck, KVArrived, KVAttemptFailed, KVBegin, KVDone, KVPart, KVSent,

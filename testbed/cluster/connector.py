@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from testbed.cluster.completion import BufferPool, CompletionTracker
-from testbed.cluster.config import KVFailurePolicy
+from testbed.control.config import KVFailurePolicy
 from testbed.cluster.faults import FaultInjected, KVFaults
 from testbed.cluster.kv_ipc import PeerPools, synchronize
 from testbed.cluster.kv_wire import Retired, WirePart, send_part

@@ -1,25 +1,20 @@
-"""Which worker runs where: the rank, scheduler role and device of each worker of a run.
+"""The devices a run finds on this box or under torchrun, and the workers planned onto them by the
+control plane's rule (testbed/control/layout.py, which the simulator plans with too).
 
-Plain data and rules, no processes: the simulator plans its workers with the same role list, so
-this module must stay importable without torch.multiprocessing or the worker and launcher code.
+No processes: this module must stay importable without torch.multiprocessing or the worker and
+launcher code.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from testbed.cluster.config import ClusterConfig, device_ref
+from testbed.control import layout
+from testbed.control.config import ClusterConfig
+from testbed.control.layout import WorkerPlan, check_kv_backend, describe, node_roles, worker_roles
 from testbed.errors import ConfigError
 
-ROLES_OF_MODE = {"colocated": "colocated", "chunked": "chunked"}
-
-
-@dataclass(frozen=True)
-class WorkerPlan:
-    rank: int
-    role: str
-    device: str
-    node: int = 0  # under torchrun: the node (torchrun's GROUP_RANK) the rank runs on
+# the process code and the entry points plan through this module; the rules are the control plane's
+__all__ = ["WorkerPlan", "check_kv_backend", "cuda_count", "node_roles", "plan_ranks", "plan_workers",
+           "visible_devices", "worker_roles"]
 
 
 def cuda_count(hardware) -> int:
@@ -45,31 +40,6 @@ def visible_devices(hardware) -> tuple[str, int | None]:
     return "cuda", hardware.num_devices or count
 
 
-def node_roles(mode: str, cluster: ClusterConfig, per_node: int | None = None) -> list[tuple[str, int, int]]:
-    """(scheduler policy, node, device index) per worker, in rank order: P workers before D workers.
-    Devices not named go in order: on this box, or node by node (`per_node` devices each)."""
-    def place(i: int) -> tuple[int, int]:
-        return divmod(i, per_node) if per_node else (0, i)
-
-    if mode in ROLES_OF_MODE:
-        return [(ROLES_OF_MODE[mode], *place(i)) for i in range(cluster.num_workers)]
-    prefill = ([device_ref(d) for d in cluster.prefill_devices] if cluster.prefill_devices
-               else [place(i) for i in range(cluster.num_prefill)])
-    decode = ([device_ref(d, "cluster.decode_devices") for d in cluster.decode_devices] if cluster.decode_devices
-              else [place(i) for i in range(len(prefill), len(prefill) + cluster.num_decode)])
-    return [("prefill_only", *ref) for ref in prefill] + [("decode_only", *ref) for ref in decode]
-
-
-def worker_roles(mode: str, cluster: ClusterConfig) -> list[tuple[str, int]]:
-    """(scheduler policy, device index) per worker on one box; a node other than 0 needs torchrun."""
-    roles = node_roles(mode, cluster)
-    beyond = sorted({node for _, node, _ in roles if node})
-    if beyond:
-        raise ConfigError(f"the devices name node {beyond[0]}, but this run is on one box: start it under "
-                          "torchrun --nnodes=N ... -m testbed (README, Across hosts)")
-    return [(role, device) for role, _, device in roles]
-
-
 def plan_ranks(mode: str, cluster: ClusterConfig, hardware, world) -> list[WorkerPlan]:
     """Under torchrun: one worker per rank, rank = node * nproc_per_node + device (torchrun's order);
     the config must place a worker on every rank and on no rank twice."""
@@ -84,36 +54,14 @@ def plan_ranks(mode: str, cluster: ClusterConfig, hardware, world) -> list[Worke
                               f"--nnodes={world.num_nodes} --nproc-per-node={per_node}")
         by_rank[rank] = WorkerPlan(rank, role, f"cuda:{device}" if kind == "cuda" else "cpu", node)
     if len(by_rank) != world.world_size:
-        raise ConfigError(f"mode={mode} with {_describe(mode, cluster)} places {len(by_rank)} workers, but torchrun "
+        raise ConfigError(f"mode={mode} with {describe(mode, cluster)} places {len(by_rank)} workers, but torchrun "
                           f"started {world.world_size} ranks: one worker per rank")
     return [by_rank[rank] for rank in sorted(by_rank)]
 
 
 def plan_workers(mode: str, cluster: ClusterConfig, hardware) -> list[WorkerPlan]:
+    """The workers of a run on this box, on the devices `hardware` finds (control/layout.py's rule)."""
     kind, available = visible_devices(hardware)
-    roles = worker_roles(mode, cluster)
-    needed = max(d for _, d in roles) + 1
-    if available is not None and needed > available:
-        what = (f"CUDA devices visible: {', '.join(f'cuda:{i}' for i in range(available))}" if kind == "cuda"
-                else f"hardware.num_devices={available} CPU workers")
-        raise ConfigError(f"mode={mode} with {_describe(mode, cluster)} needs {needed} devices; {what}")
-    return [WorkerPlan(rank, role, f"cuda:{d}" if kind == "cuda" else "cpu") for rank, (role, d) in enumerate(roles)]
-
-
-def check_kv_backend(plans: list[WorkerPlan], backend: str, across_hosts: bool = False) -> None:
-    """ipc maps D's pool into P's process: one box. NCCL cannot pair two ranks on one GPU, so a P
-    and a D that share a GPU need ipc."""
-    if backend == "ipc" and across_hosts:
-        raise ConfigError("kv_transfer.backend=ipc maps the decode worker's KV pool into the prefill worker: "
-                          "one box only; under torchrun use kv_transfer.backend=auto (NCCL)")
-    shared = sorted({p.device for p in plans if p.role == "prefill_only" and p.device.startswith("cuda")}
-                    & {p.device for p in plans if p.role == "decode_only"})
-    if backend != "ipc" and shared:
-        raise ConfigError(f"prefill and decode workers share {shared[0]}: NCCL cannot pair two ranks on one GPU; "
-                          "set kv_transfer.backend=ipc (or put them on different devices)")
-
-
-def _describe(mode: str, cluster: ClusterConfig) -> str:
-    if mode in ROLES_OF_MODE:
-        return f"cluster.num_workers={cluster.num_workers}"
-    return f"cluster.num_prefill={cluster.num_prefill} + cluster.num_decode={cluster.num_decode}"
+    what = (f"CUDA devices visible: {', '.join(f'cuda:{i}' for i in range(available))}" if kind == "cuda"
+            else f"hardware.num_devices={available} CPU workers")
+    return layout.plan_workers(mode, cluster, kind, available, what)

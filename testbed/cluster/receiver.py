@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from testbed.cluster.completion import BufferPool, CompletionTracker
-from testbed.cluster.config import KVFailurePolicy
+from testbed.control.config import KVFailurePolicy
 from testbed.cluster.kv_wire import Retired, receive_part, unpack_arrived
 from testbed.cluster.messages import (Failed, KVAck, KVArrived, KVAttemptFailed, KVBegin, KVDone, KVFence, KVPart,
                                       Ready, Reserve, Reserved)

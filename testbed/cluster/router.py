@@ -16,7 +16,7 @@ import queue
 import time
 from typing import Callable
 
-from testbed.cluster.config import ClusterConfig, KVTransferConfig
+from testbed.control.config import ClusterConfig, KVTransferConfig
 from testbed.cluster.faults import FaultInjected, FaultsConfig, Stall
 from testbed.cluster.launcher import Cluster
 from testbed.cluster.memory import RssSampler

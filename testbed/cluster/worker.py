@@ -24,7 +24,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from testbed.cluster.config import KVFailurePolicy
+from testbed.control.config import KVFailurePolicy
 from testbed.cluster.connector import KVSender
 from testbed.cluster.emulation import Emulation, role_pacers
 from testbed.cluster.faults import KVFaults, Stall

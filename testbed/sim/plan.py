@@ -1,16 +1,13 @@
-"""What the simulated cluster is made of: its workers, their KV pool, the profile's model.
-
-The role list is the real cluster's (`testbed.cluster.layout`), but the device count is a parameter,
-not the machine's: the simulator exists to run splits this box cannot hold. The KV pool is sized
-by the engine's own rule (`testbed.engine.kv_pool`).
+"""What the simulated cluster's workers hold: their KV pool, sized by the engine's own rule
+(`testbed.engine.kv_pool`) from the profile's model. The workers are planned by the control
+plane's rule (`testbed.control.layout`), on a device count that is a parameter, not the machine's:
+the simulator exists to run splits this box cannot hold.
 """
 
 from __future__ import annotations
 
-from typing import Mapping, Optional
+from typing import Mapping
 
-from testbed.cluster.config import ClusterConfig
-from testbed.cluster.layout import WorkerPlan, worker_roles
 from testbed.engine import kv_pool
 from testbed.engine.config import EngineConfig
 from testbed.engine.kv_pool import checked_pool, needs_free_bytes
@@ -20,17 +17,7 @@ from testbed.perf.measured import SHAPE_KEYS, check_profile
 from testbed.perf.roofline import RooflineModel
 
 # check_profile and SHAPE_KEYS live in testbed.perf.measured
-__all__ = ["SHAPE_KEYS", "check_profile", "gpu_pool_blocks", "kv_bytes_per_token", "plan_sim_workers", "pool_blocks"]
-
-
-def plan_sim_workers(mode: str, cluster: ClusterConfig, num_devices: Optional[int]) -> list[WorkerPlan]:
-    """One plan per worker, ranks in the cluster's order (P before D); `num_devices=None`: as many
-    devices as the plan needs."""
-    roles = worker_roles(mode, cluster)
-    needed = max(d for _, d in roles) + 1
-    if num_devices is not None and needed > num_devices:
-        raise ConfigError(f"mode={mode} needs {needed} devices; the simulation was given num_devices={num_devices}")
-    return [WorkerPlan(rank, role, f"sim:{d}") for rank, (role, d) in enumerate(roles)]
+__all__ = ["SHAPE_KEYS", "check_profile", "gpu_pool_blocks", "kv_bytes_per_token", "pool_blocks"]
 
 
 def kv_bytes_per_token(args: ModelArgs, profile: Mapping) -> int:

@@ -21,6 +21,7 @@ from typing import Mapping, Optional
 
 from testbed.config import Config
 from testbed.control.book import RequestBook
+from testbed.control.layout import plan_workers
 from testbed.control.request import Tracked
 from testbed.control.ledger import Outgoing
 from testbed.control.transfers import TransferLog
@@ -30,7 +31,6 @@ from testbed.engine.sequence import check_fits
 from testbed.metrics.events import RequestLog
 from testbed.metrics.steps import StepLog
 from testbed.sim.host import HostSide
-from testbed.sim.plan import plan_sim_workers
 from testbed.sim.profiles import resolve_roles, role_blocks, transfer_time
 from testbed.sim.worker import SAMPLED_TOKEN, SimWorker
 from testbed.workload import Request, build_workload
@@ -43,7 +43,8 @@ class Simulation:
         cfg.validate()
         self.args = cfg.model.args()
         available = num_devices if num_devices is not None else cfg.hardware.num_devices
-        self.plans = plan_sim_workers(cfg.mode, cfg.cluster, available)
+        self.plans = plan_workers(cfg.mode, cfg.cluster, "sim", available,
+                                  f"the simulation was given num_devices={available}")
         self.profiles = resolve_roles(cfg, {ROLE_OF[p.role] for p in self.plans}, profile)
         self.roles = [self.profiles[ROLE_OF[p.role]] for p in self.plans]  # by rank
         self.kv_backend = cfg.kv_transfer.backend

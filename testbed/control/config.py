@@ -1,0 +1,167 @@
+"""Cluster and KV-transfer settings: which workers exist, where they run, how KV moves. The control
+plane's configuration: the real cluster and the simulator read the same one."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, List, Optional
+
+from testbed.errors import ConfigError
+
+DISPATCH = ("round_robin", "least_loaded", "session_affinity", "kv_aware")
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """colocated / chunked: `num_workers` mixed workers. disagg: `num_prefill` P + `num_decode` D
+    workers. Devices: P on the first devices and D on the next unless given explicitly."""
+
+    num_workers: int = 1
+    num_prefill: int = 1
+    num_decode: int = 1
+    # a device index (this node), or "node:device" under torchrun across hosts ("1:0": node 1's first GPU)
+    prefill_devices: Optional[List[Any]] = None
+    decode_devices: Optional[List[Any]] = None
+    dispatch: str = "round_robin"  # requests to mixed / prefill workers
+    decode_dispatch: str = "least_loaded"  # KV to decode workers (late binding, or at arrival when early)
+    kv_aware_load_weight: float = 1.0  # kv_aware: cached prompt tokens worth one token of load
+    # routing by input length: prompts of at least this many tokens go to long_prompt_workers
+    # (front ranks), shorter ones to the other front workers; None: off
+    long_prompt_min_tokens: Optional[int] = None
+    long_prompt_workers: List[int] = field(default_factory=list)
+    max_prompt_len: Optional[int] = None  # admission control: longer prompts are rejected
+    max_outstanding: Optional[int] = None  # admission control: requests in the system at once
+    start_timeout_s: float = 300.0  # workers up and process group formed
+    heartbeat_s: float = 2.0  # a silent live worker is declared dead after 5 heartbeats
+    on_worker_failure: str = "fail"  # fail | redispatch: what becomes of a lost worker's requests
+    stall_timeout_s: float = 120.0  # no report from any worker for this long: the rest fails
+    # under torchrun: the address this host's control sockets listen on (None: the interface that
+    # reaches the rendezvous host; every-interface addresses are refused)
+    bind: Optional[str] = None
+
+    @property
+    def kv_aware(self) -> bool:
+        """Some dispatch follows the workers' prefix caches (which must then be on)."""
+        return "kv_aware" in (self.dispatch, self.decode_dispatch)
+
+    def validate(self) -> "ClusterConfig":
+        for key in ("num_workers", "num_prefill", "num_decode"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"cluster.{key} must be >= 1 (got {getattr(self, key)})")
+        for key in ("dispatch", "decode_dispatch"):
+            if getattr(self, key) not in DISPATCH:
+                raise ConfigError(f"cluster.{key}={getattr(self, key)!r} is not one of {', '.join(DISPATCH)}")
+        if (self.long_prompt_min_tokens is None) != (not self.long_prompt_workers):
+            raise ConfigError("cluster.long_prompt_min_tokens and cluster.long_prompt_workers go together "
+                              f"(got {self.long_prompt_min_tokens} and {list(self.long_prompt_workers)})")
+        if self.long_prompt_min_tokens is not None and self.long_prompt_min_tokens < 1:
+            raise ConfigError(f"cluster.long_prompt_min_tokens must be >= 1 (got {self.long_prompt_min_tokens})")
+        if self.kv_aware_load_weight < 0:
+            raise ConfigError(f"cluster.kv_aware_load_weight must be >= 0 (got {self.kv_aware_load_weight})")
+        if self.stall_timeout_s <= 0 or self.heartbeat_s <= 0:
+            raise ConfigError(f"cluster.stall_timeout_s and cluster.heartbeat_s must be > 0 "
+                              f"(got {self.stall_timeout_s}, {self.heartbeat_s})")
+        if self.on_worker_failure not in ("fail", "redispatch"):
+            raise ConfigError(f"cluster.on_worker_failure={self.on_worker_failure!r} is not one of fail, redispatch")
+        for key in ("prefill_devices", "decode_devices"):
+            for entry in getattr(self, key) or ():
+                device_ref(entry, f"cluster.{key}")
+        for key in ("max_prompt_len", "max_outstanding"):
+            if getattr(self, key) is not None and getattr(self, key) < 1:
+                raise ConfigError(f"cluster.{key} must be >= 1 when set (got {getattr(self, key)})")
+        return self
+
+
+def device_ref(entry, key: str = "cluster.prefill_devices") -> tuple[int, int]:
+    """(node, device) of a device entry: 3 is (0, 3); "1:0" is (1, 0)."""
+    text = str(entry).strip()
+    node, _, device = text.rpartition(":")
+    try:
+        ref = (int(node) if node else 0, int(device))
+    except ValueError:
+        ref = (-1, -1)
+    if min(ref) < 0 or isinstance(entry, bool):
+        raise ConfigError(f"{key} entry {entry!r} is not a device index (3) or node:device (1:0)")
+    return ref
+
+
+@dataclass(frozen=True)
+class KVFailurePolicy:
+    """What the decode worker does when an attempt to move a request's KV fails."""
+
+    on_failure: str = "fail"
+    max_retries: int = 0
+    retry_fallback: str = "recompute"
+
+    def after(self, attempt: int) -> str:
+        """`retry`, `recompute` or `fail` once attempt number `attempt` (from 1) has failed."""
+        if self.on_failure != "retry":
+            return self.on_failure
+        return "retry" if attempt <= self.max_retries else self.retry_fallback
+
+    @property
+    def holds_until_ack(self) -> bool:
+        """P keeps the KV until D acknowledges it, so that it can send it again."""
+        return self.on_failure == "retry"
+
+
+@dataclass(frozen=True)
+class KVTransferConfig:
+    granularity: str = "request"  # request: one message after prefill; layer: one per layer, streamed
+    binding: str = "late"  # late: pick D when prefill ends; early: at arrival (D pre-allocates)
+    # a lease: it starts when P begins to send an attempt and every arriving piece renews it; an
+    # attempt silent for this long has failed (D's reservation while P queues is not timed)
+    timeout_s: float = 30.0
+    on_failure: str = "fail"  # fail | recompute (D runs the prefill itself) | retry (P sends again)
+    max_retries: int = 2  # on_failure=retry: resends after the first attempt
+    retry_fallback: str = "recompute"  # on_failure=retry, every resend failed: recompute | fail
+    max_pending: int = 8  # P's bounded queue of prefilled requests whose KV waits for D
+    piece_kib: int = 8192  # a part larger than this travels as pieces, so packing overlaps the wire
+    # a session's later turns: resend (through P, the whole prompt's KV again), incremental (through
+    # P, which sends only the blocks D's cache lacks) or ppd (straight to the decode worker whose
+    # cache holds the most of the prompt, which prefills only the rest)
+    multiturn: str = "resend"
+    ppd_max_append_tokens: int = 512  # ppd: a longer uncached part goes through P
+    local_prefill_max_tokens: int = 0  # prompts (or uncached parts) this short prefill on D; 0: off
+    # how the KV moves: auto (torch.distributed: NCCL between GPUs, gloo on CPU) or ipc (P writes
+    # into D's blocks through D's mapped pool: one box; P and D may share one GPU)
+    backend: str = "auto"
+
+    @property
+    def follows_caches(self) -> bool:
+        """Some routing rule of the hand-off asks where prompts are cached."""
+        return self.multiturn != "resend" or self.local_prefill_max_tokens > 0
+
+    def prefills_on_decode(self, turn: int, prompt_tokens: int, cached_tokens: int) -> bool:
+        """Whether a decode worker whose cache holds `cached_tokens` of the prompt prefills the
+        request itself, with no transfer: a short uncached part (conditional disaggregation),
+        or a later turn's append onto the session's KV it still holds (PPD)."""
+        uncached = prompt_tokens - cached_tokens
+        if self.local_prefill_max_tokens > 0 and uncached <= self.local_prefill_max_tokens:
+            return True  # 0 turns it off, for a fully cached prompt (nothing uncached) too
+        return self.multiturn == "ppd" and turn > 0 and cached_tokens > 0 and uncached <= self.ppd_max_append_tokens
+
+    def failure_policy(self) -> KVFailurePolicy:
+        return KVFailurePolicy(self.on_failure, self.max_retries, self.retry_fallback)
+
+    def validate(self) -> "KVTransferConfig":
+        choices = {"granularity": ("request", "layer"), "binding": ("early", "late"),
+                   "on_failure": ("fail", "recompute", "retry"), "retry_fallback": ("recompute", "fail"),
+                   "multiturn": ("resend", "incremental", "ppd"), "backend": ("auto", "ipc")}
+        for key, allowed in choices.items():
+            if getattr(self, key) not in allowed:
+                raise ConfigError(f"kv_transfer.{key}={getattr(self, key)!r} is not one of {', '.join(allowed)}")
+        if self.granularity == "layer" and self.binding != "early":
+            raise ConfigError("kv_transfer.granularity=layer needs kv_transfer.binding=early "
+                              "(D must have blocks before the prefill streams into them)")
+        for key in ("ppd_max_append_tokens", "local_prefill_max_tokens"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"kv_transfer.{key} must be >= 0 (got {getattr(self, key)})")
+        if self.piece_kib < 1:
+            raise ConfigError(f"kv_transfer.piece_kib must be >= 1 (got {self.piece_kib})")
+        if self.max_retries < 0:
+            raise ConfigError(f"kv_transfer.max_retries must be >= 0 (got {self.max_retries})")
+        if self.timeout_s <= 0 or self.max_pending < 1:
+            raise ConfigError(f"kv_transfer.timeout_s must be > 0 and kv_transfer.max_pending >= 1 "
+                              f"(got {self.timeout_s}, {self.max_pending})")
+        return self

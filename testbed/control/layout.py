@@ -1,0 +1,78 @@
+"""Which worker runs where: the rank, scheduler role and device of each worker of a run.
+
+Plain data and rules, no processes and no devices: the real cluster (testbed/cluster/layout.py,
+which finds the devices) and the simulator (numbered simulated devices) plan their workers here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from testbed.control.config import ClusterConfig, device_ref
+from testbed.errors import ConfigError
+
+ROLES_OF_MODE = {"colocated": "colocated", "chunked": "chunked"}
+
+
+@dataclass(frozen=True)
+class WorkerPlan:
+    rank: int
+    role: str
+    device: str
+    node: int = 0  # under torchrun: the node (torchrun's GROUP_RANK) the rank runs on
+
+
+def node_roles(mode: str, cluster: ClusterConfig, per_node: int | None = None) -> list[tuple[str, int, int]]:
+    """(scheduler policy, node, device index) per worker, in rank order: P workers before D workers.
+    Devices not named go in order: on this box, or node by node (`per_node` devices each)."""
+    def place(i: int) -> tuple[int, int]:
+        return divmod(i, per_node) if per_node else (0, i)
+
+    if mode in ROLES_OF_MODE:
+        return [(ROLES_OF_MODE[mode], *place(i)) for i in range(cluster.num_workers)]
+    prefill = ([device_ref(d) for d in cluster.prefill_devices] if cluster.prefill_devices
+               else [place(i) for i in range(cluster.num_prefill)])
+    decode = ([device_ref(d, "cluster.decode_devices") for d in cluster.decode_devices] if cluster.decode_devices
+              else [place(i) for i in range(len(prefill), len(prefill) + cluster.num_decode)])
+    return [("prefill_only", *ref) for ref in prefill] + [("decode_only", *ref) for ref in decode]
+
+
+def worker_roles(mode: str, cluster: ClusterConfig) -> list[tuple[str, int]]:
+    """(scheduler policy, device index) per worker on one box; a node other than 0 needs torchrun."""
+    roles = node_roles(mode, cluster)
+    beyond = sorted({node for _, node, _ in roles if node})
+    if beyond:
+        raise ConfigError(f"the devices name node {beyond[0]}, but this run is on one box: start it under "
+                          "torchrun --nnodes=N ... -m testbed (README, Across hosts)")
+    return [(role, device) for role, _, device in roles]
+
+
+def plan_workers(mode: str, cluster: ClusterConfig, kind: str, available: Optional[int], what: str) -> list[WorkerPlan]:
+    """One plan per worker on one box, ranks in the cluster's order (P before D), on `available`
+    devices of `kind`: "cuda" (cuda:N), "cpu" (CPU processes standing for devices) or "sim" (the
+    simulator's sim:N); None: as many as the plan needs. `what` names the devices for the error."""
+    roles = worker_roles(mode, cluster)
+    needed = max(d for _, d in roles) + 1
+    if available is not None and needed > available:
+        raise ConfigError(f"mode={mode} with {describe(mode, cluster)} needs {needed} devices; {what}")
+    return [WorkerPlan(rank, role, "cpu" if kind == "cpu" else f"{kind}:{d}") for rank, (role, d) in enumerate(roles)]
+
+
+def check_kv_backend(plans: list[WorkerPlan], backend: str, across_hosts: bool = False) -> None:
+    """ipc maps D's pool into P's process: one box. NCCL cannot pair two ranks on one GPU, so a P
+    and a D that share a GPU need ipc."""
+    if backend == "ipc" and across_hosts:
+        raise ConfigError("kv_transfer.backend=ipc maps the decode worker's KV pool into the prefill worker: "
+                          "one box only; under torchrun use kv_transfer.backend=auto (NCCL)")
+    shared = sorted({p.device for p in plans if p.role == "prefill_only" and p.device.startswith("cuda")}
+                    & {p.device for p in plans if p.role == "decode_only"})
+    if backend != "ipc" and shared:
+        raise ConfigError(f"prefill and decode workers share {shared[0]}: NCCL cannot pair two ranks on one GPU; "
+                          "set kv_transfer.backend=ipc (or put them on different devices)")
+
+
+def describe(mode: str, cluster: ClusterConfig) -> str:
+    if mode in ROLES_OF_MODE:
+        return f"cluster.num_workers={cluster.num_workers}"
+    return f"cluster.num_prefill={cluster.num_prefill} + cluster.num_decode={cluster.num_decode}"
