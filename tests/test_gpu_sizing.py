@@ -154,7 +154,7 @@ def test_profile_stages_the_kv_the_device_holds(free_gib, tokens):
     import torch
 
     from testbed.model.config import PRESETS
-    from testbed.sim.profile import kv_token_budget
+    from testbed.bench.step_profile import kv_token_budget
 
     args = dataclasses.replace(PRESETS["llama3_8b"], max_model_len=32768)
     budget = kv_token_budget(args, torch.bfloat16, 16, free_gib << 30, quick=False)
@@ -168,7 +168,7 @@ def test_profile_on_a_gpu_too_full_for_its_context_stops_in_one_line():
     import torch
 
     from testbed.model.config import PRESETS
-    from testbed.sim.profile import kv_token_budget
+    from testbed.bench.step_profile import kv_token_budget
 
     with pytest.raises(ConfigError, match="lower model.max_model_len"):
         kv_token_budget(PRESETS["llama3_8b"], torch.bfloat16, 16, 2 << 30, quick=False)
@@ -178,7 +178,7 @@ def test_the_profiler_s_command_line_reports_bad_input_in_one_line(tmp_path):
     import subprocess
     import sys
 
-    done = subprocess.run([sys.executable, "-m", "testbed.sim.profile", "--model", "nope", "--out",
+    done = subprocess.run([sys.executable, "-m", "testbed.bench.step_profile", "--model", "nope", "--out",
                            str(tmp_path / "p.json")], capture_output=True, text=True)
     assert done.returncode == 2 and not (tmp_path / "p.json").exists()
     assert done.stderr.strip().splitlines() == [done.stderr.strip()] and "is not a preset" in done.stderr

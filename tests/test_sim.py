@@ -13,7 +13,7 @@ from testbed.engine import EngineConfig
 from testbed.sim.cost_model import CostModel
 from testbed.sim.executor import simulate
 from testbed.sim.cost_model import STEP_TERMS, attended_context, fit_step, fit_transfer
-from testbed.sim.profile import profile_engine
+from testbed.bench.step_profile import profile_engine
 from tests.cluster_helpers import make_config, small_workload
 
 PROFILE = json.loads((Path(__file__).resolve().parents[1] / "testbed/sim/profiles/tiny_cpu.json").read_text())

@@ -21,7 +21,7 @@ ROLE_KEYS = {"mixed": "profile", "prefill": "prefill_profile", "decode": "decode
 class SimConfig:
     """`profile`: the simulated device. A GPU of the analytical table (testbed.perf.gpus: a
     roofline of that GPU for the configured model), or a profile file written by `+experiment=profile`
-    (python -m testbed.sim.profile): measured on a device, it replaces the analytical model there.
+    (python -m testbed.bench.step_profile): measured on a device, it replaces the analytical model there.
     Unset: the profile shipped for the model preset, `testbed/sim/profiles/<model>_cpu.json`.
     `prefill_profile` / `decode_profile`: P's and D's own device (heterogeneous pools); unset, sim.profile."""
 
