@@ -198,6 +198,15 @@ def with_overrides(cfg: Config, overrides: dict) -> Config:
     return OmegaConf.to_object(node).validate()
 
 
+def compose_config(overrides: list[str]) -> Config:
+    """The Config that conf/ composes with `overrides`, outside a Hydra app (a benchmark's command line)."""
+    from hydra import compose, initialize_config_dir
+
+    register_configs()
+    with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
+        return to_config(compose("config", overrides=overrides))
+
+
 def override_keys(overrides: list[str]) -> set[str]:
     """Keys a command line set ("+experiment=x", "model=small", "slo.ttft_s=1" -> experiment, model, slo.ttft_s)."""
     return {o.split("=", 1)[0].lstrip("+~") for o in overrides if "=" in o}

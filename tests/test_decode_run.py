@@ -15,7 +15,7 @@ from testbed.engine.config import SchedulerConfig
 from testbed.engine.policies import make_policy
 from testbed.engine.scheduler import Scheduler
 from testbed.engine.sequence import Sequence
-from testbed.sim.bench import TINY_CPU, bench_config
+from testbed.bench.sim import TINY_CPU, bench_config
 from testbed.sim.decode_run import plan
 from testbed.sim.executor import simulate
 from testbed.sim.host import Delay, Draws, HostModel

@@ -206,16 +206,16 @@ def decode_step_model(cfg: Config):
     None for real GPU runs (nothing to size from but the configured length)."""
     from testbed.model.config import preset
     from testbed.perf import cost_model
-    from testbed.sim.config import SHIPPED
+    from testbed.sim.config import shipped_profile
 
     hw, args = cfg.hardware, cfg.model.args()
     spec = hw.emulate_decode or hw.emulate
     if spec and hw.emulate_model:
         args = preset(hw.emulate_model)
     if not spec and cfg.executor == "sim":
-        spec = cfg.sim.spec("decode") or str(SHIPPED / f"{cfg.model.name}_cpu.json")
+        spec = cfg.sim.spec("decode") or str(shipped_profile(cfg.model.name))
     if not spec:
-        shipped = SHIPPED / f"{cfg.model.name}_cpu.json"
+        shipped = shipped_profile(cfg.model.name)
         if cuda_count(hw) or not shipped.is_file():
             return None
         spec = str(shipped)

@@ -14,6 +14,11 @@ from testbed.sim.host import HostModel
 from testbed.sim.in_situ import is_run_spec, load_in_situ
 
 SHIPPED = Path(__file__).parent / "profiles"
+
+
+def shipped_profile(model_name: str) -> Path:
+    """The measured CPU profile shipped for a model preset: what a role with no profile set simulates on."""
+    return SHIPPED / f"{model_name}_cpu.json"
 ROLE_KEYS = {"mixed": "profile", "prefill": "prefill_profile", "decode": "decode_profile"}
 
 
@@ -67,6 +72,14 @@ class SimConfig:
         own = ROLE_KEYS[role]
         return f"sim.{own}" if getattr(self, own) is not None else "sim.profile"
 
+    def profile_file(self, role: str, model_name: str) -> Optional[Path]:
+        """The profile file a role simulates on: its setting (or sim.profile) when that names a file, the
+        shipped profile when unset; None for a GPU of the analytical table, an in-situ run:<dir> or a
+        missing file (the point's summary["sim"]["profiles"] labels say what it was)."""
+        spec = self.spec(role)
+        path = shipped_profile(model_name) if spec is None else Path(spec)
+        return None if (spec is not None and is_gpu(spec)) or not path.is_file() else path
+
     def load(self, model_name: str, role: str = "mixed") -> Optional[dict]:
         """The measured profile a role runs on; None when its spec names a GPU (analytical)."""
         spec = self.spec(role)
@@ -74,9 +87,9 @@ class SimConfig:
             return None
         if is_run_spec(spec):
             return load_in_situ(spec, role, self.key(role))
-        if spec is None and not (SHIPPED / f"{model_name}_cpu.json").is_file():
+        if spec is None and not shipped_profile(model_name).is_file():
             shipped = ", ".join(sorted(p.name for p in SHIPPED.glob("*.json")))
             raise ConfigError(f"sim.profile: no profile is shipped for model {model_name!r} (shipped: {shipped}); "
                               f"profile it with `python -m testbed +experiment=profile` and pass sim.profile=<its "
                               f"profile.json>, or simulate a GPU: sim.profile={' | '.join(sorted(GPUS))}")
-        return load_profile(Path(spec) if spec else SHIPPED / f"{model_name}_cpu.json", self.key(role))
+        return load_profile(Path(spec) if spec else shipped_profile(model_name), self.key(role))

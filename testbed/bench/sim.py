@@ -1,4 +1,4 @@
-"""Simulator speed: python -m testbed.sim.bench [--requests 100000] [--prefill 16] [--decode 48] [--rate 8000]
+"""Simulator speed: python -m testbed.bench.sim [--requests 100000] [--prefill 16] [--decode 48] [--rate 8000]
 
 Simulates a disaggregated cluster (default 16 P + 48 D = 64 workers) serving a Poisson workload
 with the shipped tiny CPU profile, and prints the simulated events per second and the wall
@@ -13,22 +13,17 @@ import argparse
 import json
 from pathlib import Path
 
-from hydra import compose, initialize_config_dir
-
-from testbed.config import register_configs, to_config
+from testbed.config import compose_config
+from testbed.sim.config import shipped_profile
 from testbed.sim.executor import simulate
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
-TINY_CPU = Path(__file__).resolve().parent / "profiles" / "tiny_cpu.json"
+TINY_CPU = shipped_profile("tiny")
 
 
 def bench_config(requests: int, prefill: int, decode: int, rate: float, seed: int, extra: list[str]):
-    register_configs()
-    overrides = ["mode=disagg", f"cluster.num_prefill={prefill}", f"cluster.num_decode={decode}",
-                 "cluster.decode_dispatch=least_loaded", "cluster.dispatch=least_loaded", "hardware=cpu",
-                 f"workload.num_requests={requests}", f"workload.rate={rate}", f"seed={seed}", *extra]
-    with initialize_config_dir(version_base="1.3", config_dir=str(CONF)):
-        return to_config(compose("config", overrides=overrides))
+    return compose_config(["mode=disagg", f"cluster.num_prefill={prefill}", f"cluster.num_decode={decode}",
+                           "cluster.decode_dispatch=least_loaded", "cluster.dispatch=least_loaded", "hardware=cpu",
+                           f"workload.num_requests={requests}", f"workload.rate={rate}", f"seed={seed}", *extra])
 
 
 def main(argv=None) -> None:
