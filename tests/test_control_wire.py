@@ -22,7 +22,7 @@ from testbed.engine.record import StepRecord
 from testbed.errors import ConfigError
 from testbed.net import wire
 from testbed.net.rendezvous import World, bind_address, torchrun_world
-from testbed.net.transport import Inbox, Outbox
+from testbed.net.transport import Inbox, Outbox, refused_counts
 
 TOKEN = "a" * 32
 
@@ -109,6 +109,8 @@ def test_stray_connections_change_nothing_and_are_logged(tmp_path, caplog):
     got = drain(box, lambda got: got and box.refused >= 4 and all(any(k in m for m in logged()) for k in kinds))
     assert got == [Heartbeat(3, 1.0)]  # the one message of this run, and nothing else
     assert box.refused >= 4 and not marker.exists()
+    assert box.refused_by["not JSON"] >= 2 and box.refused_by["wrong or missing run token"] == 1
+    assert refused_counts()["rank1"]["not JSON"] >= 2  # the process's tally, for meta.json
     for kind in kinds:
         assert any(kind in line for line in logged()), (kind, logged())
     for sock in (stray,):

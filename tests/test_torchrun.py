@@ -136,6 +136,7 @@ def test_two_nodes_give_the_single_box_tokens_and_write_results_once(tmp_path, m
     clock = meta["ranks"]["1"]  # one host: one clock, measured but not applied
     assert not clock["clock_rebased"] and abs(clock["clock_offset_s"]) <= clock["clock_rtt_s"]
     assert {r["attention_backend"] for r in meta["ranks"].values()} == {CPU_BACKEND}
+    assert set(meta["control_refused"]) == {"0", "1"}  # each rank's refused frames by port and reason
     if mode == ["mode=disagg"]:
         transfers = pd.read_parquet(run / "kv_transfers.parquet")
         assert len(transfers) == 8 and transfers.crossed_nodes.all() and (transfers.outcome == "ok").all()

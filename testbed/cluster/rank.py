@@ -8,20 +8,24 @@ rendezvous store) and, on ranks other than 0, the loop that serves every point r
 
 from __future__ import annotations
 
+import json
 import logging
 import queue
 import signal
 import socket
 import sys
 from dataclasses import dataclass, replace
+from typing import Optional
 
 import zmq
 
 from testbed.cluster.layout import WorkerPlan
 from testbed.cluster.worker import RouterLost, WorkerSpec, worker_main
 from testbed.errors import RankLost
-from testbed.net.rendezvous import World, bind_address, connect_store, lookup, publish, run_token, store_client
-from testbed.net.transport import LINGER_MS, Inbox, Mesh, Outbox
+from testbed.net.curve import Guard, Keys
+from testbed.net.rendezvous import (World, bind_address, connect_store, lookup, publish, run_keys, run_token,
+                                    store_client)
+from testbed.net.transport import LINGER_MS, Inbox, Mesh, Outbox, refused_counts
 from testbed.net.wire import Launch, Shutdown
 
 log = logging.getLogger(__name__)
@@ -39,23 +43,28 @@ class ControlPlan:
     store: tuple  # (host, port) of the rendezvous store
     prefix: str  # this point's keys in the store
     timeout_s: float
+    keys: Optional[Keys] = None  # this rank's CURVE keys and the run's public keys (None: one box without CURVE)
 
 
 def net_worker_main(spec: WorkerSpec, plan: ControlPlan) -> None:
     """A worker whose inbox, peers and router are ZeroMQ endpoints found through the store."""
     store = store_client(*plan.store, plan.timeout_s)
     ctx = zmq.Context()
+    guard = Guard(ctx, plan.keys)
     try:
-        inbox = Inbox(ctx, plan.bind, plan.token, plan.heartbeat_s, f"worker{spec.rank}")
+        inbox = Inbox(ctx, plan.bind, plan.token, plan.heartbeat_s, f"worker{spec.rank}", plan.keys)
         publish(store, f"{plan.prefix}/inbox/{spec.rank}", inbox.address)
         events = Outbox(ctx, lookup(store, f"{plan.prefix}/events", plan.timeout_s), plan.token, plan.heartbeat_s,
-                        "the router")
+                        "the router", plan.keys, 0)
         peers = {r: Outbox(ctx, lookup(store, f"{plan.prefix}/inbox/{r}", plan.timeout_s), plan.token,
-                           plan.heartbeat_s, f"worker {r}") for r in range(spec.world_size) if r != spec.rank}
+                           plan.heartbeat_s, f"worker {r}", plan.keys, r) for r in range(spec.world_size) if r != spec.rank}
         worker_main(spec, Mesh(inbox, peers, spec.rank), events, events.lost)
+        # what this process's control ports turned away, for rank 0's meta.json (after the audit)
+        publish(store, f"{plan.prefix}/refused/{spec.rank}", json.dumps(refused_counts()))
     except LookupError as missing:
         raise RouterLost(f"rank {spec.rank} stops: {missing}") from None
     finally:
+        guard.stop()
         ctx.destroy(linger=LINGER_MS)  # every socket: the last frames (the audit) still leave
 
 
@@ -82,25 +91,28 @@ def serve_rank(world: World, cluster_cfg) -> None:
     store = connect_store(world, cluster_cfg.start_timeout_s)
     token = run_token(store, world)
     bind, beat = bind_address(cluster_cfg.bind, world), cluster_cfg.heartbeat_s
+    keys = run_keys(store, world)
     ctx = zmq.Context()
+    guard = Guard(ctx, keys)
     try:
-        agent = Inbox(ctx, bind, token, beat, f"rank{world.rank}")
+        agent = Inbox(ctx, bind, token, beat, f"rank{world.rank}", keys)
         publish(store, f"{world.scope}/agent/{world.rank}", agent.address)
         publish(store, f"{world.scope}/host/{world.rank}", socket.gethostname())
         driver = Outbox(ctx, lookup(store, f"{world.scope}/driver", cluster_cfg.start_timeout_s), token, beat,
-                        "rank 0")
+                        "rank 0", keys, 0)
         log.info(f"torchrun rank {world.rank} (node {world.node}, host {socket.gethostname()}): "
                  f"control on {agent.address}")
-        while not _serve_next(world, cluster_cfg, token, bind, agent, driver, store):
+        while not _serve_next(world, cluster_cfg, (token, keys), bind, agent, driver, store):
             pass
     except LookupError:
         raise RankLost(f"rank {world.rank} stops: rank 0 did not start within {cluster_cfg.start_timeout_s:.0f} s "
                        "(cluster.start_timeout_s)") from None
     finally:
+        guard.stop()
         ctx.destroy(linger=LINGER_MS)
 
 
-def _serve_next(world: World, cluster_cfg, token: str, bind: str, agent: Inbox, driver: Outbox, store) -> bool:
+def _serve_next(world: World, cluster_cfg, secrets: tuple, bind: str, agent: Inbox, driver: Outbox, store) -> bool:
     """Wait for rank 0's next word and do it; True once the run is over."""
     try:
         msg = agent.get(timeout=POLL_S)
@@ -116,11 +128,12 @@ def _serve_next(world: World, cluster_cfg, token: str, bind: str, agent: Inbox, 
             raise RankLost(f"rank {world.rank} stops: rank 0 ended the run ({msg.error})")
         return True
     if isinstance(msg, Launch):
-        _serve_point(world, cluster_cfg, token, bind, msg)
+        _serve_point(world, cluster_cfg, secrets, bind, msg)
     return False
 
 
-def _serve_point(world: World, cluster_cfg, token: str, bind: str, launch: Launch) -> None:
+def _serve_point(world: World, cluster_cfg, secrets: tuple, bind: str, launch: Launch) -> None:
+    """(secrets: the run token and this rank's CURVE keys)"""
     from omegaconf import OmegaConf
 
     from testbed.cluster.layout import plan_ranks
@@ -129,8 +142,8 @@ def _serve_point(world: World, cluster_cfg, token: str, bind: str, launch: Launc
 
     cfg = to_config(OmegaConf.create(launch.config))
     plans = plan_ranks(cfg.mode, cfg.cluster, cfg.hardware, world)
-    control = ControlPlan(token, bind, cluster_cfg.heartbeat_s, (world.master_addr, world.master_port),
-                          f"{world.scope}/point{launch.point}", cluster_cfg.start_timeout_s)
+    control = ControlPlan(secrets[0], bind, cluster_cfg.heartbeat_s, (world.master_addr, world.master_port),
+                          f"{world.scope}/point{launch.point}", cluster_cfg.start_timeout_s, secrets[1])
     on_interrupt = signal.getsignal(signal.SIGINT)
     try:
         net_worker_main(rank_spec(worker_template(cfg), plans, world.rank, world, launch.point), control)

@@ -13,6 +13,7 @@ the others stop: remote workers notice the router's connection drop (ZeroMQ hear
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import queue
 import socket
@@ -28,8 +29,9 @@ from testbed.cluster.rank import GRACE_S, ControlPlan, child_worker_main, rank_s
 from testbed.cluster.worker import WorkerSpec
 from testbed.errors import ConfigError, RankLost
 from testbed.net import clocks
-from testbed.net.rendezvous import World, bind_address, connect_store, lookup, publish, run_token
-from testbed.net.transport import LINGER_MS, Inbox, Outbox
+from testbed.net.curve import Guard
+from testbed.net.rendezvous import World, bind_address, connect_store, lookup, publish, run_keys, run_token
+from testbed.net.transport import LINGER_MS, Inbox, Outbox, refused_counts
 from testbed.net.wire import Launch, Shutdown
 
 log = logging.getLogger(__name__)
@@ -49,15 +51,19 @@ class Session:
     def __enter__(self) -> "Session":
         self.store = connect_store(self.world, self.timeout_s)
         self.token = run_token(self.store, self.world)
+        self.keys = run_keys(self.store, self.world, self.lookup)
         self.ctx = zmq.Context()
+        self.guard = Guard(self.ctx, self.keys)
         try:
-            self.driver = Inbox(self.ctx, self.bind, self.token, self.heartbeat_s, "driver")
+            self.driver = Inbox(self.ctx, self.bind, self.token, self.heartbeat_s, "driver", self.keys)
             publish(self.store, f"{self.world.scope}/driver", self.driver.address)
             for rank in range(1, self.world.world_size):
                 address = self.lookup(f"agent/{rank}", rank)
                 self.hosts[rank] = self.lookup(f"host/{rank}", rank)
-                self.agents[rank] = Outbox(self.ctx, address, self.token, self.heartbeat_s, f"rank {rank}")
+                self.agents[rank] = Outbox(self.ctx, address, self.token, self.heartbeat_s, f"rank {rank}", self.keys,
+                                           rank)
         except BaseException:
+            self.guard.stop()
             self.ctx.destroy(linger=0)
             raise
         log.info(f"torchrun: {self.world.world_size} ranks on {self.world.num_nodes} nodes; control on "
@@ -86,6 +92,7 @@ class Session:
                 pass  # that rank is the one that is gone
         for agent in self.agents.values():  # Shutdown leaves before the driver link drops
             agent.close()
+        self.guard.stop()
         self.ctx.destroy(linger=LINGER_MS)
 
 
@@ -109,7 +116,7 @@ class TorchrunCluster(Cluster):
     def __enter__(self) -> "TorchrunCluster":
         s = self.session
         try:
-            self.reports = Inbox(s.ctx, s.bind, s.token, s.heartbeat_s, "router")
+            self.reports = Inbox(s.ctx, s.bind, s.token, s.heartbeat_s, "router", s.keys)
             self.events = RebasedEvents(self.reports, self.offsets)
             publish(s.store, f"{self.prefix}/events", self.reports.address)
             for agent in s.agents.values():
@@ -117,7 +124,7 @@ class TorchrunCluster(Cluster):
             self._start_child()
             for rank in range(len(self.plans)):
                 address = s.lookup(f"point{self.point}/inbox/{rank}", rank, lambda r=rank: self._reachable(r))
-                self.outboxes[rank] = Outbox(s.ctx, address, s.token, s.heartbeat_s, f"rank {rank}")
+                self.outboxes[rank] = Outbox(s.ctx, address, s.token, s.heartbeat_s, f"rank {rank}", s.keys, rank)
             self.inboxes = [self.outboxes[rank] for rank in range(len(self.plans))]
             self._wait_started()
             self._measure_clocks()
@@ -129,7 +136,7 @@ class TorchrunCluster(Cluster):
     def _start_child(self) -> None:
         s = self.session
         plan = ControlPlan(s.token, s.bind, s.heartbeat_s, (s.world.master_addr, s.world.master_port),
-                           self.prefix, s.timeout_s)
+                           self.prefix, s.timeout_s, s.keys)  # rank 0's keys: the child is this rank's worker
         spec = rank_spec(self.template, self.plans, 0, s.world, self.point)
         self.child = mp.get_context("spawn").Process(target=child_worker_main, args=(spec, plan), daemon=True,
                                                      name=f"testbed-worker0-{spec.role}")
@@ -194,7 +201,20 @@ class TorchrunCluster(Cluster):
         for rank, offset in self.measured.items():
             out["ranks"][str(rank)].update(clock_offset_s=offset.seconds, clock_rtt_s=offset.rtt_s,
                                            clock_rebased=bool(self.offsets[rank].seconds))
+        out["control_refused"] = self.refused()
         return out
+
+    def refused(self) -> dict[str, dict]:
+        """What each rank's control ports turned away so far, by port and reason:
+        {rank: {port name: {reason: count}}} (rank 0: the router's and driver's, and its worker's)."""
+        found = {"0": refused_counts()}
+        for rank in range(len(self.plans)):
+            try:  # published by each worker once its audit is sent
+                counts = json.loads(lookup(self.session.store, f"{self.prefix}/refused/{rank}", GRACE_S))
+            except LookupError:
+                counts = {"unknown": {"the rank did not report": 1}}
+            found.setdefault(str(rank), {}).update(counts)
+        return found
 
     def _may_still_report(self, rank: int, gone: dict[int, float]) -> bool:
         """A worker's process leaves once its audit is sent, so a rank is given up only when its host

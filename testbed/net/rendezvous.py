@@ -58,18 +58,54 @@ def torchrun_world(env=os.environ) -> World | None:
                           "--nproc-per-node=G --rdzv-backend=c10d --rdzv-endpoint=HOST:PORT -m testbed") from None
 
 
+def spans_hosts(world: World) -> bool:
+    """Ranks on more than one node that meet at a rendezvous host peers reach over a network (two
+    "nodes" on this host's loopback do not)."""
+    return world.num_nodes > 1 and not (world.master_addr == "localhost" or _is_loopback(world.master_addr))
+
+
 def bind_address(requested: str | None, world: World) -> str:
-    """cluster.bind, else the interface that reaches the rendezvous host (never every interface by default)."""
+    """cluster.bind (an address, or an interface name: its address), else the interface that reaches
+    the rendezvous host (never every interface by default)."""
     if requested in ("0.0.0.0", "::", "*"):
         raise ConfigError(f"cluster.bind={requested} would listen on every interface; name one "
                           "address of this host (the one the other nodes reach it by)")
-    address = requested or _route_to(world.master_addr, world.master_port)
-    local_run = world.master_addr == "localhost" or _is_loopback(world.master_addr)  # every "node" on this host
-    if world.num_nodes > 1 and _is_loopback(address) and not local_run:
+    address = _address_of(requested) if requested else _route_to(world.master_addr, world.master_port)
+    if spans_hosts(world) and _is_loopback(address):
         raise ConfigError(f"the control sockets would listen on {address}, which other nodes cannot reach "
                           f"(MASTER_ADDR={world.master_addr}); set cluster.bind to this host's address on the "
                           "cluster network")
     return address
+
+
+def _address_of(requested: str) -> str:
+    """An IP address as given; an interface name as its IPv4 address; anything else refused, naming
+    the interfaces there are (a name published as tcp://eth0:PORT reaches no peer)."""
+    try:
+        return str(ipaddress.ip_address(requested))
+    except ValueError:
+        pass
+    names = [name for _, name in socket.if_nameindex()]
+    if requested in names:
+        found = _interface_ipv4(requested)
+        if found:
+            return found
+        raise ConfigError(f"cluster.bind={requested}: that interface has no IPv4 address; name an address instead")
+    raise ConfigError(f"cluster.bind={requested!r} is neither an address nor an interface of this host; "
+                      f"interfaces: {', '.join(names)}")
+
+
+def _interface_ipv4(name: str) -> str | None:
+    """The IPv4 address of interface `name` (Linux SIOCGIFADDR), None when it has none."""
+    import fcntl
+    import struct
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            packed = fcntl.ioctl(probe.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))
+        except OSError:
+            return None
+    return socket.inet_ntoa(packed[20:24])
 
 
 def _route_to(host: str, port: int) -> str:
@@ -114,6 +150,22 @@ def run_token(store, world: World) -> str:
         publish(store, key, token)
         return token
     return lookup(store, key, float(store.timeout.total_seconds()))
+
+
+def run_keys(store, world: World, find: Callable[[str, int], str] | None = None):
+    """This rank's CURVE key pair and every rank's public key, exchanged through the store (only
+    public halves are published); None on one box without CURVE (testbed/net/curve.py).
+    `find(key, rank)` reads a key of the run (default: wait up to the store's timeout)."""
+    from testbed.net import curve
+
+    pair = curve.make_keys(spans_hosts(world))
+    if pair is None:
+        return None
+    publish(store, f"{world.scope}/curve/{world.rank}", pair[0].decode())
+    timeout_s = float(store.timeout.total_seconds())
+    find = find or (lambda key, rank: lookup(store, f"{world.scope}/{key}", timeout_s))
+    peers = tuple(find(f"curve/{rank}", rank).encode() for rank in range(world.world_size))
+    return curve.Keys(pair[0], pair[1], peers)
 
 
 def publish(store, key: str, value: str) -> None:

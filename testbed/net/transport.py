@@ -5,8 +5,9 @@ Why ZeroMQ (measured in `python -m testbed.bench.control`, README "Across hosts"
 frames, queues and reconnects without the sender waiting on the receiver, which a worker in the
 middle of a step needs; and its own heartbeats (ZMTP PING/PONG, answered by that thread even while
 Python is busy) notice a dead or unreachable peer. A frame that does not decode is dropped, counted
-and logged; a connection that does not speak ZMTP (a port scanner, a stray `nc`) never gets past
-ZeroMQ's handshake, and the socket monitor logs it.
+by reason and logged; a connection that does not speak ZMTP (a port scanner, a stray `nc`), or
+that lacks the run's CURVE keys (testbed/net/curve.py), never gets past ZeroMQ's handshake, and
+the socket monitor counts and logs it. `refused_counts()` is this process's tally for meta.json.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from zmq.utils.monitor import recv_monitor_message
 
 from testbed.cluster.channel import Reports
 from testbed.errors import PeerLost
-from testbed.net import wire
+from testbed.net import curve, wire
 
 log = logging.getLogger("testbed.control")
 LINGER_MS = 2000  # a closing socket still delivers its last frames (the KV audit), but never hangs a stop
@@ -55,11 +56,13 @@ class Inbox(Reports):
     """A bound PULL socket: `get(timeout)` / `get_nowait()` like a queue (testbed/cluster/channel.py);
     `refused` counts the frames and connections turned away, `refused_by` the same by reason."""
 
-    def __init__(self, ctx: zmq.Context, host: str, token: str, heartbeat_s: float, name: str):
+    def __init__(self, ctx: zmq.Context, host: str, token: str, heartbeat_s: float, name: str,
+                 keys: curve.Keys | None = None):
         super().__init__()
         self.token, self.name = token, name
         self.sock = _options(ctx.socket(zmq.PULL), heartbeat_s)
         self.sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME)
+        curve.serve(self.sock, keys)  # with keys: only the run's ranks get past the handshake (curve.Guard)
         port = self.sock.bind_to_random_port(f"tcp://{host}")
         self.address = f"tcp://{host}:{port}"
         self.monitor = self.sock.get_monitor_socket(sum(REFUSED_EVENTS))
@@ -118,9 +121,11 @@ class Outbox:
     thread at once. `lost()` is true once the connection to a receiver that was reached has dropped
     (the process died, or its host stopped answering heartbeats)."""
 
-    def __init__(self, ctx: zmq.Context, address: str, token: str, heartbeat_s: float, peer: str = "a peer"):
+    def __init__(self, ctx: zmq.Context, address: str, token: str, heartbeat_s: float, peer: str = "a peer",
+                 keys: curve.Keys | None = None, rank: int | None = None):
         self.token, self.address, self.peer, self.timeout_s = token, address, peer, 5 * heartbeat_s
         self.sock = _options(ctx.socket(zmq.PUSH), heartbeat_s)
+        curve.connect(self.sock, keys, rank)  # with keys: the receiver must hold rank `rank`'s secret key
         self.monitor = self.sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
         self.sock.connect(address)
         self.connected = self.disconnected = False

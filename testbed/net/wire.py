@@ -2,11 +2,14 @@
 
     {"v": 1, "token": "<run token>", "type": "Serve", "body": {"rid": 7, "prompt": [...], ...}}
 
-Only the message types registered here decode, and only into their own fields: a frame that is
-not JSON, names another version or type, lacks the run's token, or carries fields the type does
-not have is refused with `BadMessage` (the receiver drops and counts it). Nothing from the network
-is ever unpickled or executed. Tuples travel as JSON arrays and come back as tuples where the
-field is declared a tuple; StepRecord (a NamedTuple) travels as the array of its fields.
+Only the message types registered here decode, and only into their own fields, each of its
+declared type: a frame over MAX_FRAME bytes or MAX_DEPTH levels of nesting (both checked before
+it is parsed), not JSON, of another version or type, without the run's token, or with fields the
+type does not have or of another type is refused with `BadMessage` (the receiver drops it and
+counts it by its `reason`); `decode` raises nothing else, whatever the bytes. Nothing from the
+network is ever unpickled or executed. Tuples travel as JSON arrays and come back as tuples where
+the field is declared a tuple; StepRecord (a NamedTuple) travels as the array of its fields.
+Across hosts every frame travels inside CURVE (testbed/net/curve.py): the token is never in clear.
 """
 
 from __future__ import annotations
