@@ -1,7 +1,9 @@
 """The package-level import graph of testbed, drawn from the source (nothing is imported).
 
-Every `import` and `from ... import` statement counts, at module level or inside a function
-(a lazy import up the layers is still an arrow up); `if TYPE_CHECKING:` blocks count too.
+Every `import` and `from ... import` statement that runs counts, at module level or inside a
+function (a lazy import up the layers is still an arrow up); an `if TYPE_CHECKING:` block, which
+only names a type for annotations and loads nothing, is left out unless --type-checking is given
+(as import-linter does with exclude_type_checking_imports).
 A "package" is a direct child of testbed: a subpackage (testbed.cluster) or a top-level
 module (testbed.config). Prints the edges, the package cycles (strongly connected components
 of more than one package), and the depth (the number of layers in the longest path of the
@@ -10,6 +12,7 @@ condensed graph).
     python scripts/import_graph.py            # summary: packages, edges, cycles, depth
     python scripts/import_graph.py --edges    # also every package edge with one example import
     python scripts/import_graph.py --modules  # cycles at module level too
+    python scripts/import_graph.py --type-checking  # count `if TYPE_CHECKING:` imports too
 """
 
 from __future__ import annotations
@@ -35,12 +38,24 @@ def module_names(root: Path = ROOT, tops: tuple[str, ...] = TOPS) -> dict[str, P
     return out
 
 
-def imports_of(name: str, path: Path, modules: dict[str, Path]) -> list[tuple[str, int]]:
+def _type_checking_nodes(tree: ast.AST) -> set[int]:
+    """ids of the nodes inside `if TYPE_CHECKING:` (or `typing.TYPE_CHECKING`) blocks."""
+    inside = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
+            inside |= {id(n) for stmt in node.body for n in ast.walk(stmt)}
+    return inside
+
+
+def imports_of(name: str, path: Path, modules: dict[str, Path], type_checking: bool = False) -> list[tuple[str, int]]:
     """The testbed modules `name` imports, with the line of each import."""
     is_package = path.name == "__init__.py"
     tree = ast.parse(path.read_text(), filename=str(path))
+    skip = set() if type_checking else _type_checking_nodes(tree)
     found = []
     for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -69,11 +84,11 @@ def package_of(module: str) -> str:
     return ".".join(parts[:2]) if len(parts) > 1 else parts[0]
 
 
-def module_graph(root: Path = ROOT) -> dict[str, dict[str, tuple[Path, int]]]:
+def module_graph(root: Path = ROOT, type_checking: bool = False) -> dict[str, dict[str, tuple[Path, int]]]:
     modules = module_names(root)
     graph: dict[str, dict[str, tuple[Path, int]]] = {m: {} for m in modules}
     for name, path in modules.items():
-        for target, line in imports_of(name, path, modules):
+        for target, line in imports_of(name, path, modules, type_checking):
             if target != name:
                 graph[name].setdefault(target, (path, line))
     return graph
@@ -191,8 +206,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--edges", action="store_true", help="print every package edge with one example")
     parser.add_argument("--modules", action="store_true", help="also the module-level cycles")
+    parser.add_argument("--type-checking", action="store_true", help="count `if TYPE_CHECKING:` imports too")
     args = parser.parse_args(argv)
-    mods = module_graph()
+    mods = module_graph(type_checking=args.type_checking)
     pkgs = package_graph(mods)
     if args.edges:
         for a in sorted(pkgs):

@@ -10,14 +10,16 @@ lengths give the average balance; p95 lengths correct it for the tail that drive
 
 from __future__ import annotations
 
-from typing import Mapping, Optional
+from typing import TYPE_CHECKING, Mapping, Optional
 
 import numpy as np
 
-from testbed.config import Config
 from testbed.perf.resolve import StepCostModel
 from testbed.sim.profiles import resolve_roles
 from testbed.workload import build_workload
+
+if TYPE_CHECKING:  # annotations only: the root config is composed above the executors and handed in
+    from testbed.config import Config
 
 
 def worker_rates(cost: StepCostModel, mean_input: float, mean_output: float, budget: int, batch: int,

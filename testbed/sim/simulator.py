@@ -17,9 +17,8 @@ workers never die and transfers never fail; a KV send costs the prefill worker n
 from __future__ import annotations
 
 import heapq
-from typing import Mapping, Optional
+from typing import TYPE_CHECKING, Mapping, Optional
 
-from testbed.config import Config
 from testbed.control.book import RequestBook
 from testbed.control.layout import plan_workers
 from testbed.control.request import Tracked
@@ -34,6 +33,9 @@ from testbed.sim.host import HostSide
 from testbed.sim.profiles import resolve_roles, role_blocks, transfer_time
 from testbed.sim.worker import SAMPLED_TOKEN, SimWorker
 from testbed.workload import Request, build_workload
+
+if TYPE_CHECKING:  # annotations only: the root config is composed above the executors and handed in
+    from testbed.config import Config
 
 ARRIVE, DELIVER, STEP_END, KV_SENT, RESUME, RUN_END, FREE = range(7)
 
