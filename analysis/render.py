@@ -52,10 +52,13 @@ def run_small(name: str, out_dir: Path, *extra: str) -> dict:
     """The study at its small size into out_dir (what the notebooks and the tests read)."""
     from hydra import compose, initialize_config_dir
 
+    from analysis.studies import study_figures
     from testbed.config import CONF_DIR, override_keys, register_configs, to_config
+    from testbed.experiments import figures
     from testbed.experiments.runner import run
 
     register_configs()
+    figures.draw_with(study_figures)
     chosen = overrides(name, *extra)
     with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
         cfg = to_config(compose("config", overrides=chosen))

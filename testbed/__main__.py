@@ -15,10 +15,20 @@ from testbed.stopping import StopOnce
 register_configs()
 
 
+def draw_study_figures(name: str, sweep_dir: Path) -> list[Path]:
+    """The analysis layer's figures of a study, handed to the experiment layer (matplotlib loads only
+    when a study draws)."""
+    from analysis.studies import study_figures
+
+    return study_figures(name, sweep_dir)
+
+
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> None:
+    from testbed.experiments import figures
     from testbed.experiments.runner import run_job  # after Hydra: keeps `--help` fast
 
+    figures.draw_with(draw_study_figures)
     hydra_cfg = HydraConfig.get()
     out_dir = Path(cfg.output_dir or hydra_cfg.runtime.output_dir)
     try:

@@ -9,6 +9,7 @@ import pandas as pd
 
 from testbed.bench.kv_transfer import measure, report_lines
 from testbed.config import Config
+from testbed.experiments.figures import study_figures
 from testbed.tracking.results import collect_meta, write_json, write_parquet
 
 log = logging.getLogger("testbed")
@@ -24,8 +25,6 @@ def run_kv_bandwidth(cfg: Config, out_dir: Path) -> dict:
     write_json(out_dir / "meta.json", collect_meta(cfg.seed))
     figures = []
     if cfg.experiment.figures:
-        from analysis.studies import study_figures
-
         figures = study_figures("kv_bandwidth", out_dir)
     log.info("\n".join(report_lines(results) + [f"results: {out_dir}"] + [f"figure: {f}" for f in figures]))
     return {"table": table, "aggregate": results, "figures": figures}

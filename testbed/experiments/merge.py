@@ -24,6 +24,7 @@ from omegaconf import OmegaConf
 
 from testbed.config import Config, to_config
 from testbed.experiments.aggregates import finished
+from testbed.experiments.figures import study_figures
 from testbed.experiments.runner import STUDIES, cell_table
 from testbed.experiments.sweep import EXTERNAL, Sweep, flatten
 from testbed.interop.points import import_run
@@ -69,8 +70,6 @@ def add_point(sweep_dir, run, *, label: str, knobs: Optional[dict] = None, fmt: 
     aggregate = rewrite(sweep_dir, name, table, cfg)
     drawn = []
     if figures:
-        from analysis.studies import study_figures  # matplotlib only when drawing
-
         drawn = study_figures(name, sweep_dir)
     return {"point": point, "dir": sweep_dir / "points" / point, "row": row, "aggregate": aggregate, "figures": drawn}
 
