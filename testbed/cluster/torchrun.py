@@ -186,8 +186,11 @@ class TorchrunCluster(Cluster):
         return not (self.outboxes[rank].lost() or self.session.agents[rank].lost())
 
     def lose(self, rank: int, why: str) -> None:
-        """Across hosts a lost rank fails the run: its KV group cannot be re-formed mid-point."""
+        """Across hosts a lost rank fails the run: its KV group cannot be re-formed mid-point (nor can
+        frames lost with a broken connection be replayed)."""
         plan = self.plans[rank]
+        if rank and rank in self.outboxes and self.outboxes[rank].lost() and not self.session.agents[rank].lost():
+            why = "its control connection dropped while its process still answers (frames in flight are lost)"
         raise RankLost(f"rank {rank} ({plan.role}) on node {plan.node}, host {self.host(rank)}: {why}")
 
     def kill(self, rank: int) -> None:
