@@ -24,9 +24,10 @@ def quick(test, examples: int = QUICK):
     return settings(max_examples=examples, **COMMON)(test)
 
 
-def long(test):
-    """The property with FUZZ examples, marked `fuzz`: runs under `-m fuzz`, skipped otherwise."""
-    return pytest.mark.fuzz(pytest.mark.usefixtures("fuzz_selected")(settings(max_examples=FUZZ, **COMMON)(test)))
+def long(test, examples: int = FUZZ):
+    """The property with FUZZ examples (fewer for a slow one), marked `fuzz`: runs under `-m fuzz`,
+    skipped otherwise."""
+    return pytest.mark.fuzz(pytest.mark.usefixtures("fuzz_selected")(settings(max_examples=examples, **COMMON)(test)))
 
 
 @pytest.fixture

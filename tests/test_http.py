@@ -40,6 +40,7 @@ def test_a_well_formed_request_is_read_with_defaults():
     (b"{not json", "not valid JSON"),
     ([1, 2], "JSON object"),
     ({"prompt": [1], "colour": "red"}, "unknown field(s) colour"),
+    ({"prompt": [1], "\n": None}, 'unknown field(s) "\\n"'),  # found by the fuzz run: a name is shown escaped
     ({"prompt": [1] * 64}, "the prompt has 64 tokens"),
     ({"prompt": [1] * 10, "max_tokens": 55}, "max_tokens=55 is out of range; allowed: 1..54"),
     ({"prompt": [1], "max_tokens": 0}, "max_tokens=0"),

@@ -64,7 +64,8 @@ def parse_completion(body: bytes, *, vocab_size: int, max_model_len: int, model:
         raise BadRequest("the body must be a JSON object with the completions fields")
     unknown = sorted(set(data) - set(FIELDS))
     if unknown:
-        raise BadRequest(f"unknown field(s) {', '.join(unknown)}; allowed: {', '.join(FIELDS)}")
+        shown = ", ".join(name if name.isprintable() else json.dumps(name) for name in unknown[:5])[:200]
+        raise BadRequest(f"unknown field(s) {shown}; allowed: {', '.join(FIELDS)}")
     for key, (allowed, say) in ONLY.items():
         value = data.get(key)
         if value is not None and not _one_of(value, allowed):
