@@ -111,3 +111,53 @@ def test_bind_takes_an_interface_name_and_refuses_what_peers_cannot_reach():
     with pytest.raises(ConfigError, match="every interface"):
         bind_address("0.0.0.0", world())
     assert bind_address("10.1.2.4", world()) == "10.1.2.4"
+
+
+class Relay:
+    """A TCP relay between a sender and a control port that records what the sender put on the wire."""
+
+    def __init__(self, target: str):
+        import threading
+
+        host, port = target.removeprefix("tcp://").rsplit(":", 1)
+        self.target, self.seen = (host, int(port)), bytearray()
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.address = f"tcp://127.0.0.1:{self.listener.getsockname()[1]}"
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        import threading
+
+        client, _ = self.listener.accept()
+        server = socket.create_connection(self.target)
+        threading.Thread(target=self._pump, args=(server, client, None), daemon=True).start()
+        self._pump(client, server, self.seen)
+
+    @staticmethod
+    def _pump(source: socket.socket, sink: socket.socket, record) -> None:
+        try:
+            while data := source.recv(65536):
+                if record is not None:
+                    record += data
+                sink.sendall(data)
+        except OSError:
+            pass  # either end closed
+
+
+@pytest.mark.parametrize("encrypted", [True, False])
+def test_no_token_in_clear_on_the_wire(encrypted):
+    ours = run_keys()
+    ctx = zmq.Context()
+    guard = curve.Guard(ctx, ours[0] if encrypted else None)
+    box = Inbox(ctx, "127.0.0.1", TOKEN, 0.5, "rank0", ours[0] if encrypted else None)
+    relay = Relay(box.address)
+    out = Outbox(ctx, relay.address, TOKEN, 0.5, "rank 1", ours[1] if encrypted else None, 0)
+    out.put(Heartbeat(1, 4.0))
+    assert read_all(box, bool) == [Heartbeat(1, 4.0)]
+    wire_bytes = bytes(relay.seen)
+    # with CURVE neither the token nor the message is readable; without it (one box only) both are
+    assert (TOKEN.encode() in wire_bytes, b"Heartbeat" in wire_bytes) == (not encrypted, not encrypted)
+    out.close()
+    box.close()
+    guard.stop()
+    ctx.term()
