@@ -104,12 +104,12 @@ class Router:
             self._dispatch(tracked)
 
     def _dispatch(self, tracked: Tracked) -> None:
+        self.book.deliver(tracked, self._reserve, self._serve, time.perf_counter)
+
+    def _serve(self, tracked: Tracked) -> None:
         request = tracked.request
-        if tracked.decode_worker is not None:  # bound early: D reserves while P queues the prefill
-            self._reserve(tracked)
         self.cluster.inboxes[tracked.worker].put(Serve(request.request_id, request.prompt_token_ids,
                                                        request.output_len, tracked.decode_worker))
-        self.book.queued(tracked, time.perf_counter())
 
     def _reserve(self, tracked: Tracked) -> None:
         request = tracked.request
@@ -146,13 +146,9 @@ class Router:
         read = getattr(self.cluster.events, "last_read", received)
         self.harness.append((ev.sent - ev.t, read - ev.sent, received - read))
         self.steps.add(ev.worker, ev.record)
-        self.book.cache_report(ev.worker, *ev.cached)
-        self.book.prefix_hits(ev.hits)
-        news = self.book.on_step(ev.worker, ev.record.start, ev.scheduled, ev.tokens, ev.finished, ev.handoff, ev.t,
-                                 received, ev.free_blocks)
-        for tracked in news.bound:
-            self._reserve(tracked)
-        for tracked in news.finished:
+        for tracked in self.book.step_report(ev.worker, ev.record.start, (ev.scheduled, ev.tokens, ev.finished,
+                                             ev.handoff), ev.t, received, ev.free_blocks, self._reserve, ev.cached,
+                                             ev.hits):
             self._finished(tracked, received)
 
     def _on_failed(self, msg: Failed) -> None:

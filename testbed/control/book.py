@@ -12,7 +12,7 @@ the loads in step.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 from testbed.control.dispatch import Dispatcher, WorkerLoad, admission_refusal
 from testbed.control.kv_index import KVIndex
@@ -105,6 +105,16 @@ class RequestBook:
         """The request reached its worker's queue."""
         self.log.event(tracked.rid, Event.PREFILL_QUEUED, t, worker=tracked.worker)
 
+    def deliver(self, tracked: Tracked, reserve: Callable[[Tracked], None], serve: Callable[[Tracked], None],
+                clock: Callable[[], float]) -> None:
+        """An admitted request goes to its workers, in the order every executor keeps: bound early,
+        its decode worker reserves first (D holds the blocks while P queues the prefill), then its
+        worker gets it; queued at `clock()` once it has."""
+        if tracked.decode_worker is not None:
+            reserve(tracked)
+        serve(tracked)
+        self.queued(tracked, clock())
+
     def bind_decode(self, tracked: Tracked) -> Optional[int]:
         """Pick the decode worker for the request's KV (None: it ends on P, or none is alive)."""
         worker = self.back.bind(tracked.request)
@@ -178,6 +188,21 @@ class RequestBook:
     def report_free(self, worker: int, free_blocks: int) -> None:
         """A step's report of the worker's free KV blocks (decode dispatch breaks ties on them)."""
         self.loads[worker].free_blocks = free_blocks
+
+    def step_report(self, worker: int, start: float, report: tuple, worker_t: float, received_t: float,
+                    free_blocks: int, reserve: Callable[[Tracked], None], cached: Optional[tuple] = None,
+                    hits=()) -> list[Tracked]:
+        """A worker's step report, taken in the order every executor keeps: its prefix-cache changes
+        (`cached`: hashes registered, evicted; None: not collected) and hits, then the step itself
+        (`report`: on_step's scheduled, tokens, finished, handoff); a decode worker bound by it
+        reserves (`reserve`). Returns the requests that finished."""
+        if cached is not None:
+            self.cache_report(worker, *cached)
+        self.prefix_hits(hits)
+        news = self.on_step(worker, start, *report, worker_t, received_t, free_blocks)
+        for tracked in news.bound:
+            reserve(tracked)
+        return news.finished
 
     def prefix_hits(self, hits) -> None:
         """(rid, prompt tokens found cached) of the requests whose first prefill ran this step."""

@@ -145,11 +145,11 @@ class Simulation:
 
     def _deliver(self, tracked: Tracked) -> None:
         """The request reaches its worker (and, bound early, its decode worker's reservation)."""
-        if tracked.decode_worker is not None:
-            self._reserve(tracked)
+        self.book.deliver(tracked, self._reserve, self._serve, lambda: self.now)
+
+    def _serve(self, tracked: Tracked) -> None:
         self._interrupt(tracked.worker)
         self.workers[tracked.worker].serve(tracked.request, tracked.decode_worker)
-        self.book.queued(tracked, self.now)
         self.dirty.add(tracked.worker)
 
     def _reserve(self, tracked: Tracked) -> None:
@@ -162,16 +162,12 @@ class Simulation:
         worker, now, draws = self.workers[rank], self.now, self.host.draws[rank]
         result, record = worker.finish_step(now)
         self.steps.add(rank, record)
-        if self.book.index is not None:
-            self.book.cache_report(rank, *worker.block_manager.drain_changes())
-        self.book.prefix_hits(result.hits)
+        cached = worker.block_manager.drain_changes() if self.book.index is not None else None  # before the hand-offs
         for seq in result.handoff:
             self._send_when_ready(rank, worker.handoff(seq, now))
-        news = self.book.on_step(rank, record.start, *result.by_id(), now, now + draws.sample(self.host.model.report),
-                                 worker.block_manager.num_free_blocks)
-        for tracked in news.bound:
-            self._reserve(tracked)
-        for tracked in news.finished:
+        for tracked in self.book.step_report(rank, record.start, result.by_id(), now,
+                                             now + draws.sample(self.host.model.report),
+                                             worker.block_manager.num_free_blocks, self._reserve, cached, result.hits):
             follow_up = self.workload.next_turn(tracked.request, tracked.output, now)
             if follow_up is not None:
                 self.push(follow_up.arrival_s, ARRIVE, follow_up)
