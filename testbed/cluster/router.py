@@ -52,24 +52,29 @@ class Router:
         self.memory = RssSampler(cluster.local_pids())
         self.faults: list[dict] = []  # every injected fault and every re-dispatch, for the results
         self.harness: list[tuple[float, float, float]] = []  # per step report: build, pipe, router queue
+        self.last_check = self.last_sample = 0.0  # the liveness check's and the memory sample's (_watch)
 
     # -- the loop -------------------------------------------------------------------------------
     def run(self) -> None:
         self.book.reject_workload(self.workload.rejected, self.t0)
-        last_check = last_sample = 0.0
         while self.pending or self.book.active:
             now = time.perf_counter()
             self._release(now - self.t0)
             self._inject(now - self.t0)
             wait = min(self.pending[0][0] - (now - self.t0), 0.05) if self.pending else 0.05
             self._pump(max(wait, 0.0))
-            if now - last_check > LIVENESS_CHECK_S:
-                self._check_workers(now)
-                self._check_progress(now)
-                last_check = now
-            if now - last_sample > MEMORY_SAMPLE_S:
-                self.memory.sample()
-                last_sample = now
+            self._watch(now)
+
+    def _watch(self, now: float) -> None:
+        """The liveness block of every router loop: each LIVENESS_CHECK_S, the workers' liveness and
+        the run's progress; each MEMORY_SAMPLE_S, the processes' memory."""
+        if now - self.last_check > LIVENESS_CHECK_S:
+            self._check_workers(now)
+            self._check_progress(now)
+            self.last_check = now
+        if now - self.last_sample > MEMORY_SAMPLE_S:
+            self.memory.sample()
+            self.last_sample = now
 
     def _inject(self, now_s: float) -> None:
         while self.timed_faults and self.timed_faults[0][0] <= now_s:
