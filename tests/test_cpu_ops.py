@@ -177,3 +177,17 @@ def test_out_of_bounds_is_one_line_never_a_crash():
     assert "kv_len 4000" in lines["kv_len past the table"] and "[0, 8]" in lines["kv_len past the table"]
     assert "position 8 of token 2" in lines["position past the RoPE table"]
     assert "CPU" in lines["a table on the meta device"]
+
+
+def test_loading_the_kernels_leaves_the_floating_point_mode_alone():
+    """A -ffast-math shared library linked by gcc < 13 sets flush-to-zero for the whole process when
+    it loads: every later float op of torch and numpy (and Hypothesis) would lose its subnormals."""
+    import subprocess
+    import sys
+
+    from tests.paths import ROOT
+
+    check = ("import sys, numpy; from testbed.model import cpu_ops; assert cpu_ops._library()[0] is not None; "
+             "print(float(numpy.float32(1e-40)) != 0.0 and sys.float_info.min / 2 > 0)")
+    run = subprocess.run([sys.executable, "-c", check], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert run.stdout.strip() == "True", run.stdout + run.stderr[-2000:]

@@ -24,7 +24,10 @@ from pathlib import Path
 import torch
 
 SOURCE = Path(__file__).with_name("csrc") / "cpu_ops.c"
-FLAGS = ("-O3", "-march=native", "-ffast-math", "-shared", "-fPIC")
+FLAGS = ("-O3", "-march=native", "-ffast-math", "-fPIC")  # compiling; linking is -shared alone:
+# gcc before 13 links crtfastmath.o into a -ffast-math shared library, whose constructor sets
+# flush-to-zero for the whole process that loads it (every float op of torch and numpy after it)
+LINK = ("-shared",)
 HEAD_DIMS = (8, 16, 32, 64, 128, 256)  # the kernel's compiled variants
 
 
@@ -47,7 +50,7 @@ def _cpu_key() -> str:
 def _build() -> Path:
     compiler = shlex.split(os.environ.get("CC", "cc"))
     source = SOURCE.read_bytes()
-    key = hashlib.sha256(source + " ".join(compiler + list(FLAGS)).encode() + _cpu_key().encode()).hexdigest()[:16]
+    key = hashlib.sha256(source + " ".join(compiler + list(FLAGS + LINK)).encode() + _cpu_key().encode()).hexdigest()[:16]
     target = cache_dir() / f"cpu_ops-{key}.so"
     if target.exists():
         return target
@@ -56,12 +59,15 @@ def _build() -> Path:
     fd, partial = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
     try:
-        subprocess.run([*compiler, *FLAGS, str(SOURCE), "-o", partial, "-lm"], check=True, capture_output=True,
+        subprocess.run([*compiler, *FLAGS, "-c", str(SOURCE), "-o", partial + ".o"], check=True,
+                       capture_output=True, text=True)
+        subprocess.run([*compiler, *LINK, partial + ".o", "-o", partial, "-lm"], check=True, capture_output=True,
                        text=True)
         os.replace(partial, target)
     finally:
-        if os.path.exists(partial):
-            os.unlink(partial)
+        for leftover in (partial, partial + ".o"):
+            if os.path.exists(leftover):
+                os.unlink(leftover)
     return target
 
 
