@@ -229,6 +229,8 @@ def check_overrides(argv: list[str]) -> str | None:
             compose("config", overrides=overrides)
     except (HydraException, OmegaConfBaseException) as error:
         return _one_line(error)
+    except ValueError as error:  # Hydra's own, e.g. a number given for a config group (`mode=0`)
+        return f"{_one_line(error)} (in: {' '.join(overrides)}); a config group takes one of its names"
     return None
 
 
