@@ -5,7 +5,8 @@ function (a lazy import up the layers is still an arrow up); an `if TYPE_CHECKIN
 only names a type for annotations and loads nothing, is left out unless --type-checking is given
 (as import-linter does with exclude_type_checking_imports).
 A "package" is a direct child of testbed: a subpackage (testbed.cluster) or a top-level
-module (testbed.config). Prints the edges, the package cycles (strongly connected components
+module (testbed.config); analysis/ counts as one, and a package's __main__ (python -m
+testbed.interop) as an entry point of its own, as the import contracts have it. Prints the edges, the package cycles (strongly connected components
 of more than one package), and the depth (the number of layers in the longest path of the
 condensed graph).
 
@@ -78,7 +79,11 @@ def imports_of(name: str, path: Path, modules: dict[str, Path], type_checking: b
 
 
 def package_of(module: str) -> str:
+    """testbed.X for a module under testbed/X (or testbed/X.py), the top package otherwise; a package's
+    __main__ (python -m testbed.interop) is an entry point, a node of its own on top."""
     parts = module.split(".")
+    if parts[-1] == "__main__" and len(parts) > 2:
+        return module
     if parts[0] != "testbed":
         return parts[0]
     return ".".join(parts[:2]) if len(parts) > 1 else parts[0]
