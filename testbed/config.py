@@ -181,16 +181,39 @@ def register_configs() -> None:
     ConfigStore.instance().store(name="base_config", node=_writable(OmegaConf.structured(Config)))
 
 
+# renamed config keys: the old name is refused in one line that names the new one
+RENAMED = {"kv_transfer.binding": "kv_transfer.decode_binding"}
+
+
+def renamed_key(keys) -> Optional[str]:
+    """The one-line refusal of the first renamed key among `keys` (dotted), or None."""
+    for key in keys:
+        if key in RENAMED:
+            return f"{key} was renamed {RENAMED[key]}: set {RENAMED[key]} instead"
+    return None
+
+
+def _check_renamed(container: dict) -> None:
+    keys = [f"{section}.{key}" for section, values in container.items() if isinstance(values, dict) for key in values]
+    problem = renamed_key(keys)
+    if problem:
+        raise ConfigError(problem)
+
+
 def to_config(cfg: DictConfig) -> Config:
     """Typed, validated config from a composed DictConfig (Hydra's own keys dropped)."""
     container = OmegaConf.to_container(cfg, resolve=True)
     container.pop("hydra", None)
+    _check_renamed(container)
     typed = OmegaConf.to_object(OmegaConf.merge(_writable(OmegaConf.structured(Config)), container))
     return typed.validate()
 
 
 def with_overrides(cfg: Config, overrides: dict) -> Config:
     """A copy of `cfg` with dotted keys set ("cluster.num_prefill": 2), validated again."""
+    problem = renamed_key(overrides)
+    if problem:
+        raise ConfigError(problem)
     node = OmegaConf.structured(cfg)
     _writable(node)
     for key, value in overrides.items():
@@ -224,6 +247,9 @@ def check_overrides(argv: list[str]) -> str | None:
     if problem or any(a.startswith("-") for a in argv):
         return problem
     overrides = [a for a in argv if not a.startswith("hydra.")]
+    problem = renamed_key(sorted(override_keys(overrides)))
+    if problem:
+        return problem
     try:
         with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
             compose("config", overrides=overrides)

@@ -46,12 +46,14 @@ def test_default_job_writes_the_results_contract(tmp_path):
     ("mode=disagg hardware=cpu hardware.num_devices=1", "needs 2 devices; hardware.num_devices=1 CPU workers"),
     ("engine.attention_backend=flash", "engine.attention_backend=flash needs flash-attn"),
     ("workload.path=/no/such/trace.csv", "trace file '/no/such/trace.csv' not found"),
-    ("kv_transfer.granularity=layer kv_transfer.binding=late", "kv_transfer.granularity=layer needs"),
+    ("kv_transfer.granularity=layer kv_transfer.decode_binding=late", "kv_transfer.granularity=layer needs"),
     ("faults.drop_kv_probability=2", "faults.drop_kv_probability must be in [0, 1]"),
     ("model.name=gpt5", "model.name='gpt5' is not a preset"),
     ("model.num_heads=5", "model.num_heads=5 must divide model.hidden_size=64"),
     ("model.max_model_len=2048 engine.kv_cache_mib=0.01", "cannot hold one request of max_model_len=2048"),
     ("mode=chunked scheduler.chunk_size=8", "scheduler.chunk_size=8 must be >= scheduler.max_running=64"),
+    ("kv_transfer.binding=early", "kv_transfer.binding was renamed kv_transfer.decode_binding: set "
+                                  "kv_transfer.decode_binding instead"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, override, message):
     out = cli(*override.split(), tmp_path=tmp_path)

@@ -23,13 +23,13 @@ for p, d in [(1, 1), (1, 2), (2, 1)]:
     for granularity, binding in [("request", "late"), ("request", "early"), ("layer", "early")]:
         MODES[f"disagg-{p}P{d}D-{granularity}-{binding}"] = [
             "mode=disagg", f"cluster.num_prefill={p}", f"cluster.num_decode={d}",
-            f"kv_transfer.granularity={granularity}", f"kv_transfer.binding={binding}",
+            f"kv_transfer.granularity={granularity}", f"kv_transfer.decode_binding={binding}",
             "kv_transfer.piece_kib=8"]  # 8 KiB pieces: most transfers travel as several pieces
 # ipc: P writes into D's shared-memory pool (one box): whole requests, streamed layers, two of each side
 for p, d, granularity, binding in [(1, 1, "request", "late"), (2, 1, "layer", "early"), (1, 2, "request", "early")]:
     MODES[f"disagg-{p}P{d}D-ipc-{granularity}-{binding}"] = [
         "mode=disagg", f"cluster.num_prefill={p}", f"cluster.num_decode={d}", "kv_transfer.backend=ipc",
-        f"kv_transfer.granularity={granularity}", f"kv_transfer.binding={binding}"]
+        f"kv_transfer.granularity={granularity}", f"kv_transfer.decode_binding={binding}"]
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +107,7 @@ def test_early_binding_outlasts_a_prefill_queue_longer_than_the_timeout(tmp_path
     cfg = make_config("workload.num_requests=10", "workload.rate=1000", "workload.input_len.min=300",
                       "workload.input_len.max=400", "workload.output_len.min=4", "workload.output_len.max=8",
                       "hardware=cpu", "model=small", "model.max_model_len=512", "engine.num_kv_blocks=512",
-                      "scheduler.max_batched_tokens=512", "mode=disagg", "kv_transfer.binding=early",
+                      "scheduler.max_batched_tokens=512", "mode=disagg", "kv_transfer.decode_binding=early",
                       f"kv_transfer.timeout_s={timeout_s}")
     result = serve(cfg, tmp_path, progress=False)
     requests, transfers = result["requests"], result["transfers"]

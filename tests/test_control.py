@@ -31,7 +31,7 @@ def request(rid: int, input_len: int = 8, output_len: int = 3) -> Request:
 
 def book(binding: str = "late", on_failure: str = "fail", **cluster) -> RequestBook:
     cfg = ClusterConfig(dispatch="round_robin", decode_dispatch="round_robin", **cluster)
-    return RequestBook(cfg, KVTransferConfig(binding=binding, on_failure=on_failure), True, ROLES, RequestLog(0.0))
+    return RequestBook(cfg, KVTransferConfig(decode_binding=binding, on_failure=on_failure), True, ROLES, RequestLog(0.0))
 
 
 def loads_balanced(b: RequestBook) -> None:

@@ -43,7 +43,7 @@ CASES = {
     "disagg-sampled-host": (["workload=poisson"], 300, 100.0, True),
     "disagg-saturated-small-pool": (["workload=poisson", "engine.num_kv_blocks=140", "model.max_model_len=1024"],
                                     300, 1000.0, True),
-    "early-binding": (["workload=poisson", "kv_transfer.binding=early"], 300, 300.0, False),
+    "early-binding": (["workload=poisson", "kv_transfer.decode_binding=early"], 300, 300.0, False),
     "colocated": (["workload=poisson", "mode=colocated"], 200, 100.0, True),
     "chunked": (["workload=poisson", "mode=chunked"], 200, 100.0, False),
     "multiturn-prefix-cache": (["workload=multiturn", "engine.enable_prefix_caching=true",

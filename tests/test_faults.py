@@ -109,7 +109,7 @@ def test_decode_worker_killed_with_kv_on_the_wire_fails_for_its_death_only(tmp_p
     sends break on P (or P drops them when the router ends their requests first: which comes first
     is a race), and the requests fail because worker 2 died, not as transfer errors."""
     cfg = make_config(*small_workload(n=30, rate=40), *LONG, "mode=disagg", "cluster.num_prefill=1",
-                      "cluster.num_decode=2", "cluster.decode_dispatch=round_robin", "kv_transfer.binding=early",
+                      "cluster.num_decode=2", "cluster.decode_dispatch=round_robin", "kv_transfer.decode_binding=early",
                       "faults.delay_kv_ms=200", "faults.stall_worker=2", "faults.stall_at_s=0.3",
                       "faults.stall_ms=3000", "faults.kill_worker=2", "faults.kill_at_s=0.8")
     result = serve(cfg, tmp_path, progress=False)

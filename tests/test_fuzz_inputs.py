@@ -69,7 +69,7 @@ test_any_trace_file_is_read_or_refused_naming_it_fuzz = long(given(TRACES)(one_t
 # -- the configuration ---------------------------------------------------------------------------------
 KEYS = ["workload.rate", "workload.num_requests", "scheduler.max_batched_tokens", "scheduler.chunk_size",
         "engine.block_size", "model.max_model_len", "cluster.num_prefill", "cluster.num_decode", "slo.ttft_s",
-        "kv_transfer.granularity", "kv_transfer.binding", "engine.num_kv_blocks", "http.max_streams",
+        "kv_transfer.granularity", "kv_transfer.decode_binding", "engine.num_kv_blocks", "http.max_streams",
         "cluster.heartbeat_s", "workload.burstiness", "seed", "hardware.num_devices", "engine.attention_backend"]
 GROUPS = ["mode", "model", "workload"]  # config groups: a name (a number here is the xfail below)
 # a name Hydra reads as a string (a number, inf, nan, true or null given for a group: the xfail below)

@@ -69,7 +69,7 @@ def test_disagg_over_nccl_produces_the_colocated_tokens(tmp_path):
     common = ["workload.num_requests=8", "workload.rate=20", "model.max_model_len=512", "engine.num_kv_blocks=128",
               "hardware=gpu", "model.dtype=float32"]
     colocated = serve(make_config(*common, "mode=colocated"), tmp_path / "colocated", progress=False)["requests"]
-    disagg = serve(make_config(*common, "mode=disagg", "kv_transfer.granularity=layer", "kv_transfer.binding=early"),
+    disagg = serve(make_config(*common, "mode=disagg", "kv_transfer.granularity=layer", "kv_transfer.decode_binding=early"),
                    tmp_path / "disagg", progress=False)
     assert (disagg["requests"].status == "ok").all()
     assert list(disagg["requests"].output_token_ids.map(list)) == list(colocated.output_token_ids.map(list))

@@ -181,7 +181,7 @@ def test_when_a_decode_worker_prefills_a_request_itself():
 def test_a_later_turn_goes_to_the_decode_worker_holding_its_session_and_ends_there():
     from tests.test_control import loads_balanced
     roles = {0: "prefill_only", 1: "decode_only", 2: "decode_only"}
-    kv = KVTransferConfig(multiturn="ppd", binding="early")
+    kv = KVTransferConfig(multiturn="ppd", decode_binding="early")
     b = RequestBook(ClusterConfig(), kv, True, roles, RequestLog(0.0), block_size=BS)
     history = list(range(1, 41))
     b.cache_report(2, prompt_hashes(history, BS), [])
@@ -275,14 +275,14 @@ def test_real_cache_aware_runs_give_the_tokens_of_a_run_without_any_cache(tmp_pa
             "disagg-1P2D": ["mode=disagg", "cluster.num_prefill=1", "cluster.num_decode=2", "hardware.num_devices=3",
                             "cluster.dispatch=kv_aware", "cluster.decode_dispatch=kv_aware"],
             "ppd-1P2D": ["mode=disagg", "cluster.num_prefill=1", "cluster.num_decode=2", "hardware.num_devices=3",
-                         "kv_transfer.multiturn=ppd", "kv_transfer.binding=early"],
+                         "kv_transfer.multiturn=ppd", "kv_transfer.decode_binding=early"],
             "conditional-1P1D": ["mode=disagg", "kv_transfer.local_prefill_max_tokens=160"],
             "incremental-1P2D": ["mode=disagg", "cluster.num_prefill=1", "cluster.num_decode=2",
                                  "hardware.num_devices=3", "cluster.decode_dispatch=kv_aware",
                                  "kv_transfer.multiturn=incremental"],
             "store-chunked-2": ["mode=chunked", "cluster.num_workers=2", "kv_store.capacity_mib=16"],
             "incremental-1P1D-layer": ["mode=disagg", "kv_transfer.multiturn=incremental", "kv_transfer.granularity=layer",
-                                       "kv_transfer.binding=early", "kv_transfer.piece_kib=8"]}
+                                       "kv_transfer.decode_binding=early", "kv_transfer.piece_kib=8"]}
     for name, overrides in runs.items():
         result = serve(make_config(*small, *overrides), tmp_path / name, progress=False)
         requests = result["requests"].set_index("request_id")

@@ -27,7 +27,7 @@ MODES = {
 for p, d in [(1, 1), (2, 2)]:
     for binding in ("late", "early"):
         MODES[f"disagg-{p}P{d}D-{binding}"] = ["mode=disagg", f"cluster.num_prefill={p}", f"cluster.num_decode={d}",
-                                               f"kv_transfer.binding={binding}"]
+                                               f"kv_transfer.decode_binding={binding}"]
 
 
 def run(*overrides, **kwargs):
@@ -164,7 +164,7 @@ def test_sessions_admission_and_waits_past_the_lease_leak_nothing():
     # D holds 2 sequences at a time, so reservations and held KV wait far longer than the 1 ms
     # lease: as on the real cluster, the lease runs only while an attempt is on the wire
     waited = [run("mode=disagg", "workload.rate=5000", "scheduler.max_running=2", "kv_transfer.timeout_s=0.001",
-                  f"kv_transfer.binding={binding}") for binding in ("late", "early")]
+                  f"kv_transfer.decode_binding={binding}") for binding in ("late", "early")]
     for result in waited:
         assert (result["requests"].status == "ok").all()
         assert (result["transfers"].wait_s > 0.001).any() and set(result["transfers"].outcome) == {"ok"}

@@ -5,7 +5,7 @@ limit is full: back-pressure), receives the parts P sends into staging buffers, 
 the blocks and hands the sequence to its decode scheduler.
 
 The transfer timer is a lease: it starts when P begins an attempt (KVBegin) and every header or
-piece that arrives renews it. A reservation made at arrival (kv_transfer.binding=early) is not
+piece that arrives renews it. A reservation made at arrival (kv_transfer.decode_binding=early) is not
 timed while the prefill waits in P's queue. An attempt whose lease runs out, or whose wire
 breaks, ends as the failure policy says: `retry` asks P to send again (a Ready with the next
 attempt number, into the same blocks), `recompute` prefills here, `fail` fails the request.

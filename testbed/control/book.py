@@ -72,7 +72,7 @@ class RequestBook:
         self._count_front(tracked)
         self.log.event(request.request_id, Event.DISPATCHED, t, worker=worker)
         self.log.prefilled_on(request.request_id, ROLE_OF[self.roles[worker]])
-        if self.disagg and self.kv.binding == "early" and not tracked.local:
+        if self.disagg and self.kv.decode_binding == "early" and not tracked.local:
             self.bind_decode(tracked)
         return tracked
 
@@ -149,7 +149,7 @@ class RequestBook:
                 tracked.received_times.append(received_t)
             elif tracked is not None:
                 self._token(tracked, index, token, worker, worker_t, received_t, news)
-        if self.disagg and self.kv.binding == "late":
+        if self.disagg and self.kv.decode_binding == "late":
             for rid in handoff:
                 tracked = self.active.get(rid)
                 if tracked is not None and tracked.back is Back.NONE and self.bind_decode(tracked) is not None:
@@ -329,7 +329,7 @@ class RequestBook:
         tracked.local = False  # over again through a front worker
         self.log.prefilled_on(rid, ROLE_OF[self.roles[worker]])
         self._front(tracked, Front.QUEUED)
-        if self.disagg and self.kv.binding == "early":
+        if self.disagg and self.kv.decode_binding == "early":
             self.bind_decode(tracked)
         return tracked, old
 

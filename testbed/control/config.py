@@ -108,7 +108,9 @@ class KVFailurePolicy:
 @dataclass(frozen=True)
 class KVTransferConfig:
     granularity: str = "request"  # request: one message after prefill; layer: one per layer, streamed
-    binding: str = "late"  # late: pick D when prefill ends; early: at arrival (D pre-allocates)
+    # when the decode worker is bound: late, when prefill ends; early, at arrival (D pre-allocates).
+    # Formerly kv_transfer.binding (a name too near cluster.bind, an address)
+    decode_binding: str = "late"
     # a lease: it starts when P begins to send an attempt and every arriving piece renews it; an
     # attempt silent for this long has failed (D's reservation while P queues is not timed)
     timeout_s: float = 30.0
@@ -145,14 +147,14 @@ class KVTransferConfig:
         return KVFailurePolicy(self.on_failure, self.max_retries, self.retry_fallback)
 
     def validate(self) -> "KVTransferConfig":
-        choices = {"granularity": ("request", "layer"), "binding": ("early", "late"),
+        choices = {"granularity": ("request", "layer"), "decode_binding": ("early", "late"),
                    "on_failure": ("fail", "recompute", "retry"), "retry_fallback": ("recompute", "fail"),
                    "multiturn": ("resend", "incremental", "ppd"), "backend": ("auto", "ipc")}
         for key, allowed in choices.items():
             if getattr(self, key) not in allowed:
                 raise ConfigError(f"kv_transfer.{key}={getattr(self, key)!r} is not one of {', '.join(allowed)}")
-        if self.granularity == "layer" and self.binding != "early":
-            raise ConfigError("kv_transfer.granularity=layer needs kv_transfer.binding=early "
+        if self.granularity == "layer" and self.decode_binding != "early":
+            raise ConfigError("kv_transfer.granularity=layer needs kv_transfer.decode_binding=early "
                               "(D must have blocks before the prefill streams into them)")
         for key in ("ppd_max_append_tokens", "local_prefill_max_tokens"):
             if getattr(self, key) < 0:
