@@ -311,7 +311,7 @@ class RequestBook:
         the KV for resends, until D holds the request)."""
         if tracked.decode_worker == rank:
             return True
-        resendable = self.kv.on_failure == "retry" and tracked.back is not Back.HOLDS
+        resendable = self.kv.failure_policy().holds_until_ack and tracked.back is not Back.HOLDS
         return tracked.worker == rank and (tracked.front is not Front.LEFT or resendable)
 
     def redispatch(self, rid: int) -> Optional[tuple[Tracked, list[int]]]:

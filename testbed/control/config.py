@@ -85,13 +85,18 @@ def device_ref(entry, key: str = "cluster.prefill_devices") -> tuple[int, int]:
     return ref
 
 
+# the KV failure settings' defaults: kv_transfer's, and the policy's it hands the workers (one set)
+ON_FAILURE, MAX_RETRIES, RETRY_FALLBACK = "fail", 2, "recompute"
+
+
 @dataclass(frozen=True)
 class KVFailurePolicy:
-    """What the decode worker does when an attempt to move a request's KV fails."""
+    """What the decode worker does when an attempt to move a request's KV fails
+    (KVTransferConfig.failure_policy: kv_transfer's three settings)."""
 
-    on_failure: str = "fail"
-    max_retries: int = 0
-    retry_fallback: str = "recompute"
+    on_failure: str = ON_FAILURE
+    max_retries: int = MAX_RETRIES
+    retry_fallback: str = RETRY_FALLBACK
 
     def after(self, attempt: int) -> str:
         """`retry`, `recompute` or `fail` once attempt number `attempt` (from 1) has failed."""
@@ -114,9 +119,9 @@ class KVTransferConfig:
     # a lease: it starts when P begins to send an attempt and every arriving piece renews it; an
     # attempt silent for this long has failed (D's reservation while P queues is not timed)
     timeout_s: float = 30.0
-    on_failure: str = "fail"  # fail | recompute (D runs the prefill itself) | retry (P sends again)
-    max_retries: int = 2  # on_failure=retry: resends after the first attempt
-    retry_fallback: str = "recompute"  # on_failure=retry, every resend failed: recompute | fail
+    on_failure: str = ON_FAILURE  # fail | recompute (D runs the prefill itself) | retry (P sends again)
+    max_retries: int = MAX_RETRIES  # on_failure=retry: resends after the first attempt
+    retry_fallback: str = RETRY_FALLBACK  # on_failure=retry, every resend failed: recompute | fail
     max_pending: int = 8  # P's bounded queue of prefilled requests whose KV waits for D
     piece_kib: int = 8192  # a part larger than this travels as pieces, so packing overlaps the wire
     # a session's later turns: resend (through P, the whole prompt's KV again), incremental (through
