@@ -8,7 +8,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from testbed.config import check_overrides, override_keys, register_configs, to_config
+from testbed.config import CONF_DIR, check_overrides, override_keys, register_configs, to_config
 from testbed.errors import TestbedError
 from testbed.stopping import StopOnce
 
@@ -23,7 +23,7 @@ def draw_study_figures(name: str, sweep_dir: Path) -> list[Path]:
     return study_figures(name, sweep_dir)
 
 
-@hydra.main(version_base="1.3", config_path="conf", config_name="config")
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
 def main(cfg: DictConfig) -> None:
     from testbed.experiments import figures
     from testbed.experiments.runner import run_job  # after Hydra: keeps `--help` fast

@@ -29,7 +29,10 @@ from testbed.workload.config import WorkloadConfig
 
 MODES = ("colocated", "chunked", "disagg")
 EXECUTORS = ("real", "sim", "http")
-CONF_DIR = Path(__file__).resolve().parent / "conf"  # inside the package: a plain install has it
+# the Hydra configs: conf/ beside testbed/ in a checkout; an installed wheel has them in testbed/conf/
+# (setup.py maps conf/ there). Judged by config.yaml: a stale testbed/conf/__pycache__ is no config.
+_PACKAGED = Path(__file__).resolve().parent / "conf"
+CONF_DIR = _PACKAGED if (_PACKAGED / "config.yaml").is_file() else Path(__file__).resolve().parents[1] / "conf"
 HARDWARE = ("auto", "cpu", "gpu")
 
 

@@ -12,7 +12,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from testbed.config import check_overrides, register_configs, to_config
+from testbed.config import CONF_DIR, check_overrides, register_configs, to_config
 from testbed.errors import ConfigError, TestbedError
 from testbed.net.rendezvous import torchrun_world
 from testbed.stopping import StopOnce
@@ -20,7 +20,7 @@ from testbed.stopping import StopOnce
 register_configs()
 
 
-@hydra.main(version_base="1.3", config_path="conf", config_name="config")
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
 def main(cfg: DictConfig) -> None:
     from testbed.http.server import HttpServer  # after Hydra: keeps `--help` fast
 

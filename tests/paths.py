@@ -1,5 +1,5 @@
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-CONF = ROOT / "testbed" / "conf"
+CONF = ROOT / "conf"
 TRACES = ROOT.parent / "shared" / "traces"

@@ -110,24 +110,57 @@ def test_overlength_prompts_are_rejected_with_a_reason(tmp_path):
     assert len(rejected) > 0 and rejected.reason.str.startswith("overlength").all()
 
 
+def composed(command: list[str], cwd: Path, env=None) -> str:
+    """The job config `command` composes (Hydra's --cfg job: composed and printed, nothing run)."""
+    out = subprocess.run([*command, "--cfg", "job", *COMPOSE], cwd=cwd, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout
+
+
+COMPOSE = ["+experiment=ratio_sweep", "model=small", "workload=azure_conv", "mode=disagg", "tracker=none"]
+
+
+def test_the_checkout_composes_the_top_level_conf():
+    """`python -m testbed` in the checkout reads conf/ beside testbed/ (nothing of it under testbed/)."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from testbed.config import CONF_DIR, register_configs
+
+    assert CONF_DIR == ROOT / "conf" and not (ROOT / "testbed" / "conf" / "config.yaml").exists()
+    register_configs()
+    with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
+        expected = OmegaConf.to_yaml(compose("config", overrides=COMPOSE))
+    assert composed([sys.executable, "-m", "testbed"], ROOT) == expected
+
+
 @pytest.mark.slow
 def test_a_plain_install_carries_its_configs_and_the_testbed_command(tmp_path):
-    """The wheel (what a non-editable install unpacks) holds every Hydra config, the license and
-    the `testbed` console command; run from it, the default job composes and serves."""
+    """The wheel (what a non-editable install unpacks) holds every Hydra config of conf/, the license
+    and the `testbed` console command; installed in another directory, the command composes the
+    same configs as the checkout, and the default job composes and serves."""
     import zipfile
 
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w",
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
                     str(tmp_path / "wheel"), str(ROOT)], check=True, capture_output=True, timeout=600)
     wheel = next((tmp_path / "wheel").glob("testbed-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
     shipped = {n.split("testbed/conf/", 1)[1] for n in names if n.startswith("testbed/conf/") and n.endswith(".yaml")}
-    assert shipped == {str(p.relative_to(ROOT / "testbed" / "conf")) for p in (ROOT / "testbed" / "conf").rglob("*.yaml")}
+    assert shipped == {str(p.relative_to(ROOT / "conf")) for p in (ROOT / "conf").rglob("*.yaml")}
     assert any(n.endswith("licenses/LICENSE") for n in names)
     entry = next(n for n in names if n.endswith("entry_points.txt"))
     assert "testbed = testbed.__main__:cli" in zipfile.ZipFile(wheel).read(entry).decode()
-    zipfile.ZipFile(wheel).extractall(tmp_path / "site")
-    out = subprocess.run([sys.executable, "-m", "testbed", "workload.num_requests=2", f"hydra.run.dir={tmp_path / 'run'}"],
-                         cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(tmp_path / "site")},
-                         capture_output=True, text=True, timeout=600)
+    site = tmp_path / "site"  # a non-editable install of the wheel alone; its dependencies are this interpreter's
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target", str(site),
+                    str(wheel)], check=True, capture_output=True, timeout=600)
+    env = {**os.environ, "PYTHONPATH": str(site)}  # ahead of the checkout's editable install
+    where = subprocess.run([sys.executable, "-c", "import testbed.config as c; print(c.CONF_DIR)"], cwd=tmp_path,
+                           env=env, capture_output=True, text=True, timeout=300)
+    assert where.stdout.strip() == str(site / "testbed" / "conf"), where.stdout + where.stderr
+    command = [str(site / "bin" / "testbed")]
+    assert composed(command, tmp_path, env) == composed([sys.executable, "-m", "testbed"], ROOT)
+    out = subprocess.run([*command, "workload.num_requests=2", f"hydra.run.dir={tmp_path / 'run'}"],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "run" / "summary.json").is_file()

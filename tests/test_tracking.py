@@ -58,7 +58,7 @@ def clean_env(monkeypatch):
 
 @pytest.mark.parametrize("option, name", [("none", "none"), ("wandb", "wandb")])
 def test_tracker_yaml_merges_onto_the_dataclass(option, name, clean_env):
-    merged = OmegaConf.merge(OmegaConf.structured(TrackerConfig), OmegaConf.load(ROOT / f"testbed/conf/tracker/{option}.yaml"))
+    merged = OmegaConf.merge(OmegaConf.structured(TrackerConfig), OmegaConf.load(ROOT / f"conf/tracker/{option}.yaml"))
     cfg = OmegaConf.to_object(merged).validate()
     assert cfg.name == name and cfg.mode is None and cfg.project is None and cfg.dir is None  # the environment's
     resolved = cfg.resolved()

@@ -11,7 +11,7 @@ from testbed.workload import LengthConfig, TenantConfig, WorkloadConfig, Workloa
 from testbed.workload import arrivals
 from testbed.workload.lengths import sample_lengths
 
-CONF = Path(__file__).resolve().parents[1] / "testbed" / "conf" / "workload"
+CONF = Path(__file__).resolve().parents[1] / "conf" / "workload"
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 TINY = dict(vocab_size=512, max_model_len=2048)
 

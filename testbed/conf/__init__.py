@@ -1,1 +1,0 @@
-"""Hydra configuration groups, shipped in the package so a plain (non-editable) install runs."""
