@@ -13,16 +13,16 @@ from typing import Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from testbed.control.config import ClusterConfig, KVTransferConfig
 from testbed.cluster.emulation import check_spec
-from testbed.cluster.faults import FaultsConfig
 from testbed.control.book import follows_caches
+from testbed.control.config import ClusterConfig, KVTransferConfig
 from testbed.engine.config import EngineConfig, KVStoreConfig, SchedulerConfig
+from testbed.errors import ConfigError
 from testbed.experiment import ExperimentConfig
 from testbed.http.config import HttpConfig
-from testbed.errors import ConfigError
 from testbed.metrics.config import MetricsConfig, SLOConfig
 from testbed.model.config import PRESETS, ModelConfig
+from testbed.net.faults import FaultsConfig
 from testbed.sim.config import SimConfig
 from testbed.tracking.config import TrackerConfig
 from testbed.workload.config import WorkloadConfig

@@ -17,8 +17,8 @@ import pandas as pd
 import pytest
 import zmq
 
-from testbed.cluster.messages import Stop
 from testbed.net import wire
+from testbed.net.messages import Stop
 from tests.test_torchrun import DEADLINE_S, WORKLOAD, finish, torchrun
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="Linux /proc")]

@@ -16,11 +16,11 @@ import zmq
 
 from testbed.cluster.config import ClusterConfig, device_ref
 from testbed.cluster.layout import plan_ranks, plan_workers
-from testbed.cluster.messages import Audit, Heartbeat, KVPart, Serve, StepEvents, Stop
 from testbed.config import HardwareConfig
 from testbed.engine.record import StepRecord
 from testbed.errors import ConfigError
 from testbed.net import wire
+from testbed.net.messages import Audit, Heartbeat, KVPart, Serve, StepEvents, Stop
 from testbed.net.rendezvous import World, bind_address, torchrun_world
 from testbed.net.transport import Inbox, Outbox, refused_counts
 
@@ -207,7 +207,7 @@ def test_control_bench_compares_the_transports():
 
 
 def test_worker_times_from_another_host_come_back_on_rank_0s_clock():
-    from testbed.cluster.messages import KVSent
+    from testbed.net.messages import KVSent
     from testbed.net import clocks
 
     # the worker's clock runs 1000 s ahead; the quickest of three pings decides (100 us round trip)

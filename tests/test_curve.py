@@ -14,9 +14,9 @@ import zmq
 
 from testbed.errors import ConfigError
 from testbed.net import curve, wire
+from testbed.net.messages import Heartbeat, Stop
 from testbed.net.rendezvous import World, bind_address
 from testbed.net.transport import Inbox, Outbox
-from testbed.cluster.messages import Heartbeat, Stop
 
 pytestmark = pytest.mark.skipif(not curve.available(), reason="libzmq without CURVE")
 TOKEN = "c" * 32

@@ -11,14 +11,14 @@ import torch
 
 from testbed import LLM
 from testbed.cluster import connector, receiver
-from testbed.control.config import KVFailurePolicy
-from testbed.cluster.faults import KVFaults
 from testbed.cluster.kv_ipc import BlockCopier, attach_pool, block_runs, release, shared_pool
 from testbed.cluster.layout import WorkerPlan, check_kv_backend
-from testbed.cluster.messages import (KVArrived, KVBegin, KVDone, KVFence, KVPoolAttached, KVPoolExport, Ready,
-                                      Reserve)
+from testbed.control.config import KVFailurePolicy
 from testbed.engine import Sequence
 from testbed.errors import ConfigError
+from testbed.net.faults import KVFaults
+from testbed.net.messages import (KVArrived, KVBegin, KVDone, KVFence, KVPoolAttached, KVPoolExport, Ready,
+                                  Reserve)
 from tests.test_kv_lifecycle import Box, Clock, FakeTracker, prefill
 
 P, D = 0, 1

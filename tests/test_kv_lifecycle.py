@@ -12,14 +12,14 @@ import torch
 from testbed import LLM
 from testbed.cluster import connector, receiver
 from testbed.cluster.completion import Handle
-from testbed.control.config import KVFailurePolicy, KVTransferConfig
-from testbed.cluster.faults import KVFaults
 from testbed.cluster.kv_wire import WirePart, piece_ranges
-from testbed.cluster.messages import (Failed, KVAck, KVArrived, KVAttemptFailed, KVBegin, KVDone, KVPart, KVSent,
-                                      Ready, Reserve)
+from testbed.control.config import KVFailurePolicy, KVTransferConfig
 from testbed.control.transfers import TransferLog
 from testbed.engine import Sequence
 from testbed.errors import ConfigError
+from testbed.net.faults import KVFaults
+from testbed.net.messages import (Failed, KVAck, KVArrived, KVAttemptFailed, KVBegin, KVDone, KVPart, KVSent,
+                                  Ready, Reserve)
 
 P, D = 0, 1
 TIMEOUT_S = 1.0

@@ -20,8 +20,8 @@ from datetime import timedelta
 
 import numpy as np
 
-from testbed.cluster.messages import StepEvents
 from testbed.engine.record import StepRecord
+from testbed.net.messages import StepEvents
 from testbed.ports import free_port
 
 TOKEN = "b" * 32

@@ -33,13 +33,13 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from testbed.cluster.completion import BufferPool, CompletionTracker
-from testbed.control.config import KVFailurePolicy
-from testbed.cluster.faults import FaultInjected, KVFaults
 from testbed.cluster.kv_ipc import PeerPools, synchronize
 from testbed.cluster.kv_wire import Retired, WirePart, send_part
-from testbed.cluster.messages import KVAck, KVBegin, KVDone, KVFence, KVPart, KVPoolAttached, KVPoolExport, KVSent, Ready
+from testbed.control.config import KVFailurePolicy
 from testbed.control.ledger import Outgoing, SendLedger
 from testbed.engine import Engine, Sequence
+from testbed.net.faults import FaultInjected, KVFaults
+from testbed.net.messages import KVAck, KVBegin, KVDone, KVFence, KVPart, KVPoolAttached, KVPoolExport, KVSent, Ready
 
 
 @dataclass

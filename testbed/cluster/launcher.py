@@ -17,12 +17,12 @@ from dataclasses import dataclass, replace
 
 import torch.multiprocessing as mp
 
-from testbed.cluster.channel import ReportReader, ReportWriter
 from testbed.cluster.layout import WorkerPlan
 from testbed.cluster.memory import ModelMemory, plan_kv_memory
-from testbed.cluster.messages import Audit, Started, Stop, WorkerError
 from testbed.cluster.worker import WorkerSpec, worker_main
 from testbed.errors import ConfigError
+from testbed.net.channel import ReportReader, ReportWriter
+from testbed.net.messages import Audit, Started, Stop, WorkerError
 from testbed.ports import free_port
 
 STOP_TIMEOUT_S = 30.0

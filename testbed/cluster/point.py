@@ -15,7 +15,6 @@ import torch
 from testbed.cluster.emulation import Emulation, emulated_pool, emulation_meta
 from testbed.cluster.launcher import Cluster
 from testbed.cluster.layout import cuda_count
-from testbed.cluster.messages import Audit
 from testbed.cluster.pacing import pace_summary
 from testbed.cluster.router import Router
 from testbed.cluster.worker import WorkerSpec
@@ -27,9 +26,10 @@ from testbed.metrics.events import RequestLog
 from testbed.metrics.latency import distribution
 from testbed.metrics.slo import tenant_slos
 from testbed.metrics.steps import steps_table
-from testbed.metrics.telemetry import gpu_roles
 from testbed.metrics.summary import summarize
+from testbed.metrics.telemetry import gpu_roles
 from testbed.model.loader import resolve_dtype
+from testbed.net.messages import Audit
 from testbed.tracking.results import collect_meta, stored_config, write_results
 
 if TYPE_CHECKING:

@@ -22,12 +22,12 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from testbed.cluster.completion import BufferPool, CompletionTracker
-from testbed.control.config import KVFailurePolicy
 from testbed.cluster.kv_wire import Retired, receive_part, unpack_arrived
-from testbed.cluster.messages import (Failed, KVAck, KVArrived, KVAttemptFailed, KVBegin, KVDone, KVFence, KVPart,
-                                      Ready, Reserve, Reserved)
+from testbed.control.config import KVFailurePolicy
 from testbed.control.ledger import Incoming, ReceiveLedger
 from testbed.engine import Engine, Sequence
+from testbed.net.messages import (Failed, KVAck, KVArrived, KVAttemptFailed, KVBegin, KVDone, KVFence, KVPart,
+                                  Ready, Reserve, Reserved)
 
 
 @dataclass

@@ -16,17 +16,17 @@ import queue
 import time
 from typing import Callable
 
-from testbed.control.config import ClusterConfig, KVTransferConfig
-from testbed.cluster.faults import FaultInjected, FaultsConfig, Stall
 from testbed.cluster.launcher import Cluster
 from testbed.cluster.memory import RssSampler
-from testbed.cluster.messages import (Abort, Failed, Heartbeat, KVArrived, KVAttemptFailed, KVSent, Pong, Reserve,
-                                      Reserved, Serve, StepEvents, WorkerError)
 from testbed.control.book import RequestBook
+from testbed.control.config import ClusterConfig, KVTransferConfig
 from testbed.control.request import Tracked
 from testbed.control.transfers import TransferLog
 from testbed.metrics.events import RequestLog
 from testbed.metrics.steps import StepLog
+from testbed.net.faults import FaultInjected, FaultsConfig, Stall
+from testbed.net.messages import (Abort, Failed, Heartbeat, KVArrived, KVAttemptFailed, KVSent, Pong, Reserve,
+                                  Reserved, Serve, StepEvents, WorkerError)
 from testbed.workload import Request, Workload
 
 LIVENESS_CHECK_S = 0.2

@@ -24,12 +24,12 @@ import zmq
 
 from testbed.cluster.launcher import Cluster
 from testbed.cluster.layout import WorkerPlan
-from testbed.cluster.messages import Audit, Ping, Pong, Started, Stop
 from testbed.cluster.rank import GRACE_S, ControlPlan, child_worker_main, rank_spec
 from testbed.cluster.worker import WorkerSpec
 from testbed.errors import ConfigError, RankLost
 from testbed.net import clocks
 from testbed.net.curve import Guard
+from testbed.net.messages import Audit, Ping, Pong, Started, Stop
 from testbed.net.rendezvous import World, bind_address, connect_store, lookup, publish, run_keys, run_token
 from testbed.net.transport import LINGER_MS, Inbox, Outbox, refused_counts
 from testbed.net.wire import Launch, Shutdown

@@ -24,19 +24,19 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from testbed.control.config import KVFailurePolicy
 from testbed.cluster.connector import KVSender
 from testbed.cluster.emulation import Emulation, role_pacers
-from testbed.cluster.faults import KVFaults, Stall
 from testbed.cluster.kv_ipc import PoolHandle, export_pool, release, shared_pool
-from testbed.cluster.messages import (Abort, Audit, Heartbeat, KVAck, KVBegin, KVDone, KVFence, KVPart, KVPoolAttached,
-                                      KVPoolExport, Ping, Pong, Ready, Reserve, Serve, Started, StepEvents, Stop,
-                                      WorkerError)
 from testbed.cluster.pacing import hold
 from testbed.cluster.receiver import KVReceiver
+from testbed.control.config import KVFailurePolicy
 from testbed.engine import Engine, EngineConfig, SchedulerConfig, Sequence, StepResult
 from testbed.errors import PeerLost, TestbedError
 from testbed.model.config import ModelConfig
+from testbed.net.faults import KVFaults, Stall
+from testbed.net.messages import (Abort, Audit, Heartbeat, KVAck, KVBegin, KVDone, KVFence, KVPart, KVPoolAttached,
+                                  KVPoolExport, Ping, Pong, Ready, Reserve, Serve, Started, StepEvents, Stop,
+                                  WorkerError)
 from testbed.net.rendezvous import store_client
 
 GIL_SWITCH_S = 0.0002

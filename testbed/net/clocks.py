@@ -10,9 +10,9 @@ from __future__ import annotations
 import dataclasses
 from typing import NamedTuple
 
-from testbed.cluster.messages import (Failed, Heartbeat, KVArrived, KVAttemptFailed, KVSent, Reserved,
-                                      StepEvents)
-from testbed.cluster.faults import FaultInjected
+from testbed.net.faults import FaultInjected
+from testbed.net.messages import (Failed, Heartbeat, KVArrived, KVAttemptFailed, KVSent, Reserved,
+                                  StepEvents)
 
 # the fields each report stamps on its sender's clock (StepEvents' record: its start and end)
 TIME_FIELDS = {StepEvents: ("t", "sent"), KVSent: ("start", "end"), KVArrived: ("t",), KVAttemptFailed: ("t",),

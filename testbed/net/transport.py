@@ -19,9 +19,9 @@ from collections import Counter
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from testbed.cluster.channel import Reports
 from testbed.errors import PeerLost
 from testbed.net import curve, wire
+from testbed.net.channel import Reports
 
 log = logging.getLogger("testbed.control")
 LINGER_MS = 2000  # a closing socket still delivers its last frames (the KV audit), but never hangs a stop
@@ -53,7 +53,7 @@ def refused_counts() -> dict[str, dict[str, int]]:
 
 
 class Inbox(Reports):
-    """A bound PULL socket: `get(timeout)` / `get_nowait()` like a queue (testbed/cluster/channel.py);
+    """A bound PULL socket: `get(timeout)` / `get_nowait()` like a queue (testbed/net/channel.py);
     `refused` counts the frames and connections turned away, `refused_by` the same by reason."""
 
     def __init__(self, ctx: zmq.Context, host: str, token: str, heartbeat_s: float, name: str,

@@ -19,10 +19,10 @@ import hmac
 import json
 import typing
 
-from testbed.cluster import messages
-from testbed.cluster.faults import FaultInjected, Stall
 from testbed.engine.record import StepRecord
+from testbed.net import messages
 from testbed.net import limits
+from testbed.net.faults import FaultInjected, Stall
 
 VERSION = 1
 
