@@ -14,6 +14,7 @@ from omegaconf import OmegaConf
 from testbed.config import Config, with_overrides
 from testbed.errors import ConfigError
 from testbed.experiments import aggregates, studies
+from testbed.experiments.figures import study_figures
 from testbed.experiments.report import print_run, print_sweep
 from testbed.experiments.repeats import intervals, with_repeats
 from testbed.experiments.goodput_search import search_goodput
@@ -192,8 +193,6 @@ def run(cfg: Config, out_dir: Path, explicit: set[str] = frozenset(), session=No
     sweep.write(summary)
     figures = []
     if cfg.experiment.figures:
-        from analysis.studies import study_figures
-
         figures = study_figures(name, out_dir)
     track_figures(tracker, out_dir.name, cfg, out_dir, summary, figures, table)
     print_sweep(name, table, summary, out_dir, TABLE, figures, cells)

@@ -117,16 +117,7 @@ def artifact_name(name: str) -> str:
 
 
 def profile_files(cfg, roles) -> dict[str, Path]:
-    """{role: the profile file it was simulated on}: sim.<role>_profile or sim.profile when it names
-    a file, the shipped profile when unset. A GPU of the analytical table or an in-situ run:<dir>
-    has no file (the point's summary["sim"]["profiles"] labels say what it was)."""
-    from testbed.perf.resolve import is_gpu
-    from testbed.sim.config import SHIPPED
-
-    files = {}
-    for role in roles:
-        spec = cfg.sim.spec(role)
-        path = SHIPPED / f"{cfg.model.name}_cpu.json" if spec is None else Path(spec)
-        if not (spec is not None and is_gpu(spec)) and path.is_file():
-            files[role] = path
-    return files
+    """{role: the profile file it was simulated on} (SimConfig.profile_file: a GPU of the analytical
+    table or an in-situ run:<dir> has none; the point's summary["sim"]["profiles"] labels say what it was)."""
+    files = {role: cfg.sim.profile_file(role, cfg.model.name) for role in roles}
+    return {role: path for role, path in files.items() if path is not None}
