@@ -78,7 +78,13 @@ def import_file(args) -> None:
 
 
 def add(args) -> None:
+    # an entry point, on top of the layers like python -m testbed: it runs the experiment layer and
+    # hands it the analysis layer's figures
+    from analysis.studies import study_figures
+    from testbed.experiments import figures
     from testbed.experiments.merge import add_point
+
+    figures.draw_with(study_figures)
 
     knobs = {"num_gpus": args.num_gpus, **({"rate": args.rate} if args.rate is not None else {})}
     done = add_point(args.sweep_dir, args.source, label=args.label, knobs=knobs, fmt=args.format,
