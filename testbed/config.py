@@ -203,6 +203,12 @@ def _check_renamed(container: dict) -> None:
         raise ConfigError(problem)
 
 
+def config_from_dict(stored: dict) -> Config:
+    """A Config from its stored form (a results directory's config.yaml, or what torchrun's rank 0
+    sends the other ranks with each point)."""
+    return to_config(OmegaConf.create(stored))
+
+
 def to_config(cfg: DictConfig) -> Config:
     """Typed, validated config from a composed DictConfig (Hydra's own keys dropped)."""
     container = OmegaConf.to_container(cfg, resolve=True)

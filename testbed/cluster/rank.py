@@ -15,7 +15,7 @@ import signal
 import socket
 import sys
 from dataclasses import dataclass, replace
-from typing import Optional
+from typing import Any, Callable, Optional
 
 import zmq
 
@@ -86,8 +86,9 @@ def rank_spec(template: WorkerSpec, plans: list[WorkerPlan], rank: int, world: W
                    host=socket.gethostname(), node=plan.node, cpu_core=None)
 
 
-def serve_rank(world: World, cluster_cfg) -> None:
-    """A rank other than 0: serve every point rank 0 launches, until it says the run is over."""
+def serve_rank(world: World, cluster_cfg, read_config: Callable[[dict], Any]) -> None:
+    """A rank other than 0: serve every point rank 0 launches, until it says the run is over.
+    `read_config`: a point's Config from the dict rank 0 sends (handed in: the root config is above)."""
     store = connect_store(world, cluster_cfg.start_timeout_s)
     token = run_token(store, world)
     bind, beat = bind_address(cluster_cfg.bind, world), cluster_cfg.heartbeat_s
@@ -102,7 +103,7 @@ def serve_rank(world: World, cluster_cfg) -> None:
                         "rank 0", keys, 0)
         log.info(f"torchrun rank {world.rank} (node {world.node}, host {socket.gethostname()}): "
                  f"control on {agent.address}")
-        while not _serve_next(world, cluster_cfg, (token, keys), bind, agent, driver, store):
+        while not _serve_next(world, cluster_cfg, (token, keys), bind, agent, driver, store, read_config):
             pass
     except LookupError:
         raise RankLost(f"rank {world.rank} stops: rank 0 did not start within {cluster_cfg.start_timeout_s:.0f} s "
@@ -112,7 +113,8 @@ def serve_rank(world: World, cluster_cfg) -> None:
         ctx.destroy(linger=LINGER_MS)
 
 
-def _serve_next(world: World, cluster_cfg, secrets: tuple, bind: str, agent: Inbox, driver: Outbox, store) -> bool:
+def _serve_next(world: World, cluster_cfg, secrets: tuple, bind: str, agent: Inbox, driver: Outbox, store,
+                read_config: Callable[[dict], Any]) -> bool:
     """Wait for rank 0's next word and do it; True once the run is over."""
     try:
         msg = agent.get(timeout=POLL_S)
@@ -128,19 +130,17 @@ def _serve_next(world: World, cluster_cfg, secrets: tuple, bind: str, agent: Inb
             raise RankLost(f"rank {world.rank} stops: rank 0 ended the run ({msg.error})")
         return True
     if isinstance(msg, Launch):
-        _serve_point(world, cluster_cfg, secrets, bind, msg)
+        _serve_point(world, cluster_cfg, secrets, bind, msg, read_config)
     return False
 
 
-def _serve_point(world: World, cluster_cfg, secrets: tuple, bind: str, launch: Launch) -> None:
+def _serve_point(world: World, cluster_cfg, secrets: tuple, bind: str, launch: Launch,
+                 read_config: Callable[[dict], Any]) -> None:
     """(secrets: the run token and this rank's CURVE keys)"""
-    from omegaconf import OmegaConf
-
     from testbed.cluster.layout import plan_ranks
     from testbed.cluster.point import worker_template
-    from testbed.config import to_config
 
-    cfg = to_config(OmegaConf.create(launch.config))
+    cfg = read_config(launch.config)
     plans = plan_ranks(cfg.mode, cfg.cluster, cfg.hardware, world)
     control = ControlPlan(secrets[0], bind, cluster_cfg.heartbeat_s, (world.master_addr, world.master_port),
                           f"{world.scope}/point{launch.point}", cluster_cfg.start_timeout_s, secrets[1])

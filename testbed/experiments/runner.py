@@ -143,6 +143,7 @@ def run_job(cfg: Config, out_dir: Path, explicit: set[str] = frozenset()) -> dic
     if world is None:
         return run(cfg, out_dir, explicit)
     from testbed.cluster.rank import serve_rank
+    from testbed.config import config_from_dict
     from testbed.cluster.torchrun import Session
 
     if cfg.executor != "real" or cfg.experiment.name in ("kv_bandwidth", "profile"):
@@ -152,7 +153,7 @@ def run_job(cfg: Config, out_dir: Path, explicit: set[str] = frozenset()) -> dic
         raise ConfigError("under torchrun one job per launch: Hydra's multirun (-m) would start its jobs on "
                           "every rank at once; sweep with a study (+experiment=...) or one torchrun per job")
     if world.rank != 0:
-        serve_rank(world, cfg.cluster)
+        serve_rank(world, cfg.cluster, config_from_dict)
         return {}
     with Session(world, cfg.cluster) as session:
         return run(cfg, out_dir, explicit, session)
