@@ -16,7 +16,7 @@ import pytest
 from aiohttp import web
 
 from testbed.errors import ConfigError
-from testbed.http.executor import http_point
+from testbed.experiments.points import http_point
 from testbed.http.protocol import BadRequest, parse_completion, read_event
 from testbed.http.server import HttpServer
 from tests.cluster_helpers import make_config, small_workload

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from testbed.errors import ConfigError
+from testbed.experiments.points import simulate_point
 from testbed.perf import CostModel
-from testbed.sim.executor import simulate_point
 from testbed.sim.host import Delay, Draws, HostModel, step_scale
 from testbed.sim.in_situ import RUN_STRIDE, load_in_situ, phase_correlation, read_runs
 from tests.cluster_helpers import make_config, small_workload

@@ -30,7 +30,7 @@ def config(mode: str, requests: int, rate: float, seed: int) -> Config:
 def one_repeat(cfg: Config, root: Path) -> tuple:
     """(in-process requests, HTTP requests) of one seed."""
     from testbed.experiments.serve import serve
-    from testbed.http.executor import http_point
+    from testbed.experiments.points import http_point
     from testbed.http.server import HttpServer
 
     local = serve(cfg, root / "local", progress=False)["requests"]

@@ -103,11 +103,11 @@ def overrun_points(table) -> list[str]:
 
 def run_point(cfg: Config, out_dir: Path, session=None) -> dict:
     if cfg.executor == "sim":
-        from testbed.sim.executor import simulate_point
+        from testbed.experiments.points import simulate_point
 
         return simulate_point(cfg, out_dir)
     if cfg.executor == "http":
-        from testbed.http.executor import http_point
+        from testbed.experiments.points import http_point
 
         return http_point(cfg, out_dir)
     from testbed.experiments.serve import serve  # here: a simulated run never imports torch (seconds)

@@ -1,27 +1,28 @@
-"""`executor=http`: one point replayed against a server, written as the same results directory
-as a built-in run (requests.parquet, summary.json; steps and transfers stay empty: the server's
-insides are not visible from here)."""
+"""`executor=http`: one point replayed against a server (`replay_point`), with the requests table
+and the summary of a built-in run; testbed/experiments/points.py writes them as the same results
+directory (steps and transfers stay empty: the server's insides are not visible from here)."""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tqdm import tqdm
 
-from testbed.config import Config
 from testbed.http.client import Replay, served_model, session_for
 from testbed.http.prompts import TextPrompts, need_tokenizer
-from testbed.interop.points import export_run
 from testbed.metrics.events import RequestLog
 from testbed.metrics.slo import tenant_slos
 from testbed.metrics.summary import summarize
-from testbed.tracking.results import collect_meta, stored_config, write_results
 from testbed.workload import build_workload
 
+if TYPE_CHECKING:  # annotations only: the root config is composed above the executors and handed in
+    from testbed.config import Config
 
-def http_point(cfg: Config, out_dir: Path, progress: bool = True) -> dict:
+
+def replay_point(cfg: Config, progress: bool = True) -> dict:
+    """The workload replayed against cfg.http.url: {"requests", "summary", "prompts", "meta"}."""
     cfg.http.check_client()
     prompts = TextPrompts(need_tokenizer(cfg.http.tokenizer or cfg.model.path)) if cfg.http.prompt == "text" else None
     log, replay, listing = asyncio.run(_replay(cfg, prompts, progress))
@@ -33,11 +34,7 @@ def http_point(cfg: Config, out_dir: Path, progress: bool = True) -> dict:
     summary["http"] = {"url": cfg.http.url, "model": replay.model, "prompt": cfg.http.prompt,
                        "errors": dict(replay.errors)}
     meta = {"executor": "http", "url": cfg.http.url, "model": replay.model, "models": listing}
-    # before summary.json, which marks the point finished: a failed export reruns it
-    export_run(out_dir / "exports", requests, stored_config(cfg), log.prompts)
-    write_results(out_dir, requests=requests, config=stored_config(cfg), meta=collect_meta(cfg.seed, meta),
-                  summary=summary)
-    return {"requests": requests, "summary": summary, "prompts": log.prompts}
+    return {"requests": requests, "summary": summary, "prompts": log.prompts, "meta": meta}
 
 
 async def _replay(cfg: Config, prompts, progress: bool):

@@ -1,23 +1,21 @@
 """`executor=sim`: one point through the simulator, with the tables and the summary of a real
-run (`simulate`), written as the same results directory (`simulate_point`)."""
+run (`simulate`); testbed/experiments/points.py writes them as the same results directory."""
 
 from __future__ import annotations
 
 import gc
 import time
 from contextlib import contextmanager
-from pathlib import Path
-from typing import Mapping, Optional
+from typing import TYPE_CHECKING, Mapping, Optional
 
-from testbed.config import Config
-from testbed.errors import KVLeakError
-from testbed.interop.points import export_run
 from testbed.metrics.slo import tenant_slos
 from testbed.metrics.steps import steps_table
 from testbed.metrics.summary import summarize
 from testbed.sim.host import contention_rho, step_scale
 from testbed.sim.simulator import Simulation
-from testbed.tracking.results import collect_meta, stored_config, write_results
+
+if TYPE_CHECKING:  # annotations only: the root config is composed above the executors and handed in
+    from testbed.config import Config
 
 
 @contextmanager
@@ -65,27 +63,3 @@ def simulate(cfg: Config, profile: Optional[Mapping] = None, *, num_devices: Opt
     return {"requests": requests, "steps": steps, "transfers": transfers, "summary": summary,
             "events_per_s": sim.num_events / loop_s if loop_s > 0 else float("inf"), "wall_s": wall,
             "prompts": sim.log.prompts}
-
-
-def simulate_point(cfg: Config, out_dir: Path) -> dict:
-    """simulate() and its results directory. The collector stays paused until the files are
-    written: while the run's millions of objects live, its passes over them cost more than
-    building the tables and the summary."""
-    with cyclic_gc_paused():
-        return _write_point(cfg, out_dir, simulate(cfg))  # each role's device from cfg.sim
-
-
-def _write_point(cfg: Config, out_dir: Path, result: dict) -> dict:
-    summary = result["summary"]
-    summary["sim"]["events_per_s"] = result["events_per_s"]
-    sim = summary["sim"]
-    # before summary.json, which marks the point finished: a failed export reruns it
-    export_run(out_dir / "exports", result["requests"], stored_config(cfg), result["prompts"])
-    write_results(out_dir, requests=result["requests"], steps=result["steps"], transfers=result["transfers"],
-                  telemetry=None, config=stored_config(cfg),
-                  meta=collect_meta(cfg.seed, {"executor": "sim", "profile": sim["profile"], "profiles": sim["profiles"]}),
-                  summary=summary)
-    leaked = {k: v for k, v in summary["kv_blocks_leaked"].items() if v}
-    if leaked:
-        raise KVLeakError(f"KV audit failed in the simulation: {leaked}; results kept in {out_dir}")
-    return result
