@@ -22,7 +22,7 @@ register_configs()
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
 def main(cfg: DictConfig) -> None:
-    from testbed.http.server import HttpServer  # after Hydra: keeps `--help` fast
+    from testbed.server.app import HttpServer  # after Hydra: keeps `--help` fast
 
     out_dir = Path(cfg.output_dir or HydraConfig.get().runtime.output_dir)
     try:

@@ -95,7 +95,7 @@ def test_the_cli_runs_the_checkpoint_with_no_option_but_its_path(long_checkpoint
 @pytest.mark.slow
 def test_the_server_lowers_an_unset_length_to_its_pool_and_serves(long_checkpoint, tmp_path, caplog):
     from tests.cluster_helpers import make_config
-    from testbed.http.server import HttpServer
+    from testbed.server.app import HttpServer
 
     cfg = make_config("model=hf", f"model.path={long_checkpoint}", "engine.kv_cache_mib=8", "hardware=cpu",
                       "cluster.num_workers=1", "http.port=0")

@@ -18,7 +18,7 @@ from aiohttp import web
 from testbed.errors import ConfigError
 from testbed.experiments.points import http_point
 from testbed.http.protocol import BadRequest, parse_completion, read_event
-from testbed.http.server import HttpServer
+from testbed.server.app import HttpServer
 from tests.cluster_helpers import make_config, small_workload
 
 LIMITS = {"vocab_size": 100, "max_model_len": 64, "model": "testbed"}
@@ -181,7 +181,7 @@ def test_a_body_over_the_limit_is_refused_before_or_while_reading(server):
 
 
 def test_a_large_body_is_parsed_off_the_event_loop(server, monkeypatch):
-    import testbed.http.server as http_server
+    import testbed.server.app as http_server
 
     threads = []
 

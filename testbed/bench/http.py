@@ -31,7 +31,7 @@ def one_repeat(cfg: Config, root: Path) -> tuple:
     """(in-process requests, HTTP requests) of one seed."""
     from testbed.experiments.serve import serve
     from testbed.experiments.points import http_point
-    from testbed.http.server import HttpServer
+    from testbed.server.app import HttpServer
 
     local = serve(cfg, root / "local", progress=False)["requests"]
     with HttpServer(cfg) as server:

@@ -2,7 +2,7 @@
 `/v1/models`, `/health`.
 
 One worker or a whole cluster in any mode serves the requests; the router runs in its own
-thread (testbed/http/live.py) and aiohttp in another, so the caller's thread stays free to wait
+thread (testbed/server/live.py) and aiohttp in another, so the caller's thread stays free to wait
 for Ctrl-C. A client that goes away mid-stream has its request aborted on every worker, which
 frees its sequence and KV. Stopping fails what is still open, stops the workers (each reports
 its KV audit) and writes the run's results directory from the server's side.
@@ -26,13 +26,13 @@ from aiohttp import web
 
 from testbed.cluster.launcher import Cluster
 from testbed.cluster.layout import plan_workers
+from testbed.cluster.point import fit_to_pools, kv_store, stop_cluster, worker_template, write_point
 from testbed.config import Config
 from testbed.errors import ConfigError
-from testbed.cluster.point import fit_to_pools, kv_store, stop_cluster, worker_template, write_point
-from testbed.http.live import LiveRouter
 from testbed.http.protocol import (DONE, BadRequest, Completion, body_limit, chunk, error_body, error_chunk,
                                    parse_completion, usage, usage_chunk)
 from testbed.metrics.events import RequestLog
+from testbed.server.live import LiveRouter
 from testbed.tracking.telemetry import start_telemetry
 from testbed.workload import Request
 
