@@ -17,15 +17,17 @@ import json
 import time
 from collections import Counter
 from dataclasses import replace
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import aiohttp
 
-from testbed.config import Config
 from testbed.errors import ConfigError, PeerLost
 from testbed.http.protocol import read_event
 from testbed.metrics.events import Event, RequestLog
 from testbed.workload import Request, Workload
+
+if TYPE_CHECKING:  # annotations only: the root config is composed above the executors and handed in
+    from testbed.config import Config
 
 
 class Replay:
