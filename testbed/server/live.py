@@ -17,7 +17,7 @@ from multiprocessing import Pipe
 from typing import Optional, Protocol
 
 from testbed.cluster.launcher import Cluster
-from testbed.cluster.router import LIVENESS_CHECK_S, MEMORY_SAMPLE_S, Router
+from testbed.cluster.router import LIVENESS_CHECK_S, Router
 from testbed.config import Config
 from testbed.control.request import Tracked
 from testbed.metrics.events import RequestLog
@@ -77,18 +77,11 @@ class LiveRouter(Router):
     def serve_forever(self) -> None:
         """Until stop(): admit, pump reports, hand tokens over; a crash ends every open stream."""
         try:
-            last_check = last_sample = 0.0
             while not self.stopping:
                 self._pump(LIVENESS_CHECK_S)
                 now = time.perf_counter()
                 self._inject(now - self.t0)
-                if now - last_check > LIVENESS_CHECK_S:
-                    self._check_workers(now)
-                    self._check_progress(now)
-                    last_check = now
-                if now - last_sample > MEMORY_SAMPLE_S:
-                    self.memory.sample()
-                    last_sample = now
+                self._watch(now)
         except BaseException as error:  # a worker crashed: no stream may wait forever
             self.error = error
         finally:
