@@ -1,6 +1,6 @@
 """What every cluster run does around its router, whoever feeds it (a replayed workload, or an
 HTTP server's clients): the workers' template and shared KV store, stopping the workers with
-their KV audits, and the results directory of the run."""
+their KV audits; experiments/serve.py writes the results directory."""
 
 from __future__ import annotations
 
@@ -12,25 +12,17 @@ from typing import TYPE_CHECKING, Optional
 import numpy as np
 import torch
 
-from testbed.cluster.emulation import Emulation, emulated_pool, emulation_meta
+from testbed.cluster.emulation import Emulation, emulated_pool
 from testbed.cluster.launcher import Cluster
 from testbed.cluster.layout import cuda_count
-from testbed.cluster.pacing import pace_summary
 from testbed.cluster.router import Router
 from testbed.cluster.worker import WorkerSpec
 from testbed.engine.host_store import create_store
 from testbed.engine.kv_pool import host_available_bytes, kv_block_shape
 from testbed.errors import KVLeakError
-from testbed.interop.points import export_run
-from testbed.metrics.events import RequestLog
 from testbed.metrics.latency import distribution
-from testbed.metrics.slo import tenant_slos
-from testbed.metrics.steps import steps_table
-from testbed.metrics.summary import summarize
-from testbed.metrics.telemetry import gpu_roles
 from testbed.model.loader import resolve_dtype
 from testbed.net.messages import Audit
-from testbed.tracking.results import collect_meta, stored_config, write_results
 
 if TYPE_CHECKING:
     from testbed.config import Config
@@ -141,35 +133,3 @@ def stop_cluster(cluster: Cluster, router: Router, sampler) -> Optional[object]:
     for msg in leftovers:
         router.handle(msg)
     return telemetry
-
-
-def write_point(cfg: Config, out_dir: Path, cluster: Cluster, router: Router, log: RequestLog, telemetry,
-                workload_report: dict, extra_meta: Optional[dict] = None) -> dict:
-    """The results directory of a finished cluster run, then the KV audit's verdict."""
-    plans, audits, t0 = cluster.plans, cluster.audits, log.t0
-    emulated = emulation_meta(Emulation.from_hardware(cfg.hardware), cfg.model, cfg.mode == "disagg")
-    requests, steps = log.table(), steps_table(router.steps, t0)
-    transfers = router.transfers.table()  # one row per attempt; the figures use the attempts that arrived
-    summary = summarize(requests, steps, transfers[transfers.outcome == "ok"], slo=cfg.slo, metrics=cfg.metrics,
-                        num_gpus=len(plans), tenant_slos=tenant_slos(cfg.workload.tenants, cfg.slo),
-                        telemetry=telemetry, gpu_roles=gpu_roles((p.device, p.role) for p in plans if p.node == 0))
-    summary.update(audit_summary(audits))
-    summary["kv_transfer_attempts"] = {str(k): int(v) for k, v in transfers.outcome.value_counts().items()}
-    summary["workers"] = {f"worker{p.rank}": {"role": p.role, "device": p.device,
-                                              "alive_at_end": p.rank in audits} for p in plans}
-    summary["workload_report"] = workload_report
-    summary["faults"] = router.faults
-    summary["harness_breakdown"] = harness_breakdown(router.harness)
-    summary["memory"] = router.memory.summary()
-    summary["emulated"], summary["pacing"] = emulated, pace_summary(steps)
-    meta = {"workers": summary["workers"], "emulated": emulated,
-            "cores_per_worker": cluster.cores.cores_per_worker if cluster.cores else None, **cluster.topology(),
-            # kernel variants JIT-compiled inside timed steps (StepRecord.jit_compiles): 0 after a full warm-up
-            "jit_compiles_in_steps": int(steps["jit_compiles"].sum()) if "jit_compiles" in steps else 0,
-            **(extra_meta or {})}
-    # before summary.json, which marks the point finished: a failed export reruns it
-    export_run(out_dir / "exports", requests, stored_config(cfg), log.prompts)
-    write_results(out_dir, requests=requests, steps=steps, transfers=transfers, telemetry=telemetry,
-                  config=stored_config(cfg), meta=collect_meta(cfg.seed, meta), summary=summary)
-    check_audit(audits, out_dir)
-    return {"requests": requests, "steps": steps, "transfers": transfers, "telemetry": telemetry, "summary": summary}

@@ -1,4 +1,6 @@
-"""One serving point: start the workers, replay the workload, audit KV, write one results directory."""
+"""One serving point: start the workers (`start_cluster`, the one checked start of a real cluster: this
+command, torchrun's rank 0 and the HTTP server take it), replay the workload, audit KV, write one
+results directory (`write_point`)."""
 
 from __future__ import annotations
 
@@ -8,14 +10,22 @@ from typing import Callable, Optional
 
 from tqdm import tqdm
 
-from testbed.cluster.emulation import Emulation, check_link
+from testbed.cluster.emulation import Emulation, check_link, emulation_meta
 from testbed.cluster.launcher import Cluster
 from testbed.cluster.layout import check_kv_backend, plan_ranks, plan_workers
-from testbed.cluster.point import fit_to_pools, kv_store, stop_cluster, worker_template, write_point
+from testbed.cluster.pacing import pace_summary
+from testbed.cluster.point import (audit_summary, check_audit, fit_to_pools, harness_breakdown, kv_store, stop_cluster,
+                                   worker_template)
 from testbed.cluster.router import Router
 from testbed.config import Config
 from testbed.errors import ConfigError
+from testbed.interop.points import export_run
 from testbed.metrics.events import RequestLog
+from testbed.metrics.slo import tenant_slos
+from testbed.metrics.steps import steps_table
+from testbed.metrics.summary import summarize
+from testbed.metrics.telemetry import gpu_roles
+from testbed.tracking.results import collect_meta, stored_config, write_results
 from testbed.tracking.telemetry import start_telemetry
 from testbed.workload import build_workload
 
@@ -68,3 +78,35 @@ def start_cluster(cfg: Config, session=None) -> Cluster:
     check_kv_backend(plans, cfg.kv_transfer.backend, across_hosts=True)
     check_emulated_link(cfg)
     return session.cluster(cfg, plans, worker_template(cfg))
+
+
+def write_point(cfg: Config, out_dir: Path, cluster: Cluster, router: Router, log: RequestLog, telemetry,
+                workload_report: dict, extra_meta: Optional[dict] = None) -> dict:
+    """The results directory of a finished cluster run, then the KV audit's verdict."""
+    plans, audits, t0 = cluster.plans, cluster.audits, log.t0
+    emulated = emulation_meta(Emulation.from_hardware(cfg.hardware), cfg.model, cfg.mode == "disagg")
+    requests, steps = log.table(), steps_table(router.steps, t0)
+    transfers = router.transfers.table()  # one row per attempt; the figures use the attempts that arrived
+    summary = summarize(requests, steps, transfers[transfers.outcome == "ok"], slo=cfg.slo, metrics=cfg.metrics,
+                        num_gpus=len(plans), tenant_slos=tenant_slos(cfg.workload.tenants, cfg.slo),
+                        telemetry=telemetry, gpu_roles=gpu_roles((p.device, p.role) for p in plans if p.node == 0))
+    summary.update(audit_summary(audits))
+    summary["kv_transfer_attempts"] = {str(k): int(v) for k, v in transfers.outcome.value_counts().items()}
+    summary["workers"] = {f"worker{p.rank}": {"role": p.role, "device": p.device,
+                                              "alive_at_end": p.rank in audits} for p in plans}
+    summary["workload_report"] = workload_report
+    summary["faults"] = router.faults
+    summary["harness_breakdown"] = harness_breakdown(router.harness)
+    summary["memory"] = router.memory.summary()
+    summary["emulated"], summary["pacing"] = emulated, pace_summary(steps)
+    meta = {"workers": summary["workers"], "emulated": emulated,
+            "cores_per_worker": cluster.cores.cores_per_worker if cluster.cores else None, **cluster.topology(),
+            # kernel variants JIT-compiled inside timed steps (StepRecord.jit_compiles): 0 after a full warm-up
+            "jit_compiles_in_steps": int(steps["jit_compiles"].sum()) if "jit_compiles" in steps else 0,
+            **(extra_meta or {})}
+    # before summary.json, which marks the point finished: a failed export reruns it
+    export_run(out_dir / "exports", requests, stored_config(cfg), log.prompts)
+    write_results(out_dir, requests=requests, steps=steps, transfers=transfers, telemetry=telemetry,
+                  config=stored_config(cfg), meta=collect_meta(cfg.seed, meta), summary=summary)
+    check_audit(audits, out_dir)
+    return {"requests": requests, "steps": steps, "transfers": transfers, "telemetry": telemetry, "summary": summary}

@@ -24,11 +24,10 @@ from typing import Callable, Optional
 
 from aiohttp import web
 
-from testbed.cluster.launcher import Cluster
-from testbed.cluster.layout import plan_workers
-from testbed.cluster.point import fit_to_pools, kv_store, stop_cluster, worker_template, write_point
+from testbed.cluster.point import fit_to_pools, stop_cluster
 from testbed.config import Config
 from testbed.errors import ConfigError
+from testbed.experiments.serve import start_cluster, write_point
 from testbed.http.protocol import (DONE, BadRequest, Completion, body_limit, chunk, error_body, error_chunk,
                                    parse_completion, usage, usage_chunk)
 from testbed.metrics.events import RequestLog
@@ -204,9 +203,7 @@ class HttpServer:
         cfg = self.cfg
         self._stack = ExitStack()
         sock = self._stack.enter_context(bind(cfg.http.host, cfg.http.port))  # before the workers load
-        plans = plan_workers(cfg.mode, cfg.cluster, cfg.hardware)
-        self.cluster = self._stack.enter_context(
-            Cluster(plans, worker_template(cfg, kv_store(cfg, plans)), cfg.cluster.start_timeout_s))
+        self.cluster = self._stack.enter_context(start_cluster(cfg))  # with the checks every real run takes
         try:
             self._start(sock)
         except BaseException:

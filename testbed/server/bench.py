@@ -1,4 +1,4 @@
-"""What the HTTP path adds: python -m testbed.bench.http [--mode chunked] [--requests 60] [--rate 8] [--repeats 3]
+"""What the HTTP path adds: python -m testbed.server.bench [--mode chunked] [--requests 60] [--rate 8] [--repeats 3]
 
 The same workload (same seeds) served in-process and replayed over HTTP against the same
 configuration behind `python -m testbed.serve_http`'s server, repeat by repeat. Prints TTFT and
