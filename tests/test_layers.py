@@ -131,7 +131,7 @@ def test_no_module_level_torch_multiprocessing(module):
 
 
 def test_discovery_finds_the_layers():
-    assert {"testbed.sim.plan", "testbed.engine.kv_pool", "testbed.cluster.layout"} <= set(CASES)
+    assert {"testbed.sim.pools", "testbed.engine.kv_pool", "testbed.cluster.layout"} <= set(CASES)
 
 
 def test_kv_leak_error_lives_in_errors():

@@ -17,7 +17,7 @@ from testbed.errors import ConfigError
 from testbed.model.config import ModelArgs
 from testbed.perf.measured import require_transport
 from testbed.perf.resolve import StepCostModel, analytical, is_gpu, measured
-from testbed.sim.plan import gpu_pool_blocks, pool_blocks
+from testbed.sim.pools import gpu_pool_blocks, pool_blocks
 
 if TYPE_CHECKING:  # annotations only: the root config composes the experiment layer's
     from testbed.config import Config
