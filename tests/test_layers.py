@@ -79,7 +79,7 @@ def cases() -> dict[str, tuple[str, ...]]:
 
 def source_of(module: str) -> Path:
     path = PACKAGE.joinpath(*module.split(".")[1:])
-    # a module beside a same-named data folder (sim/profiles.py, sim/profiles/) is the .py file
+    # a module beside a same-named data folder (x.py beside x/) is the .py file
     return path.with_suffix(".py") if path.with_suffix(".py").is_file() else path / "__init__.py"
 
 

@@ -14,7 +14,7 @@ from hypothesis import given, strategies as st
 
 from testbed.errors import ConfigError
 from testbed.sim.config import SHIPPED
-from testbed.sim.profiles import resolve_roles
+from testbed.sim.devices import resolve_roles
 from tests.cluster_helpers import make_config
 from tests.fuzzing import fuzz_selected, long, quick  # noqa: F401 - fuzz_selected is a fixture
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Mapping, Optional
 import numpy as np
 
 from testbed.perf.resolve import StepCostModel
-from testbed.sim.profiles import resolve_roles
+from testbed.sim.devices import resolve_roles
 from testbed.workload import build_workload
 
 if TYPE_CHECKING:  # annotations only: the root config is composed above the executors and handed in

@@ -21,16 +21,16 @@ from typing import TYPE_CHECKING, Mapping, Optional
 
 from testbed.control.book import RequestBook
 from testbed.control.layout import plan_workers
-from testbed.control.request import Tracked
 from testbed.control.ledger import Outgoing
+from testbed.control.request import Tracked
 from testbed.control.transfers import TransferLog
 from testbed.engine.kv_store import HashStore, StoreView, store_blocks
 from testbed.engine.policies import ROLE_OF
 from testbed.engine.sequence import check_fits
 from testbed.metrics.events import RequestLog
 from testbed.metrics.steps import StepLog
+from testbed.sim.devices import resolve_roles, role_blocks, transfer_time
 from testbed.sim.host import HostSide
-from testbed.sim.profiles import resolve_roles, role_blocks, transfer_time
 from testbed.sim.worker import SAMPLED_TOKEN, SimWorker
 from testbed.workload import Request, build_workload
 

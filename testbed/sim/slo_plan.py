@@ -30,7 +30,7 @@ import numpy as np
 
 from testbed.errors import ConfigError
 from testbed.perf.resolve import StepCostModel
-from testbed.sim.profiles import RoleProfile, resolve_roles, transfer_time
+from testbed.sim.devices import RoleProfile, resolve_roles, transfer_time
 from testbed.workload import build_workload
 
 if TYPE_CHECKING:  # annotations only: the root config is composed above the executors and handed in
