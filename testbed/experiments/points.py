@@ -1,7 +1,8 @@
-"""A point of the simulator (`simulate_point`) or of a remote server (`http_point`) as a results
-directory: the executors below return tables and a summary, the files (the results contract and
-the outside formats' exports) are written here, in the experiment layer. The real cluster's point
-is experiments/serve.py's. Neither path imports torch or the cluster's process code."""
+"""A point's results directory, written once for every executor (`write_files`: the outside formats'
+exports, then the results contract): the simulator's (`simulate_point`), a remote server's
+(`http_point`) and the real cluster's (experiments/serve.py's write_point). The executors below
+return tables and a summary; the files are written here, in the experiment layer. Neither the
+simulator's nor the HTTP client's path imports torch or the cluster's process code."""
 
 from __future__ import annotations
 

@@ -19,13 +19,12 @@ from testbed.cluster.point import (audit_summary, check_audit, fit_to_pools, har
 from testbed.cluster.router import Router
 from testbed.config import Config
 from testbed.errors import ConfigError
-from testbed.interop.points import export_run
+from testbed.experiments.points import write_files
 from testbed.metrics.events import RequestLog
 from testbed.metrics.slo import tenant_slos
 from testbed.metrics.steps import steps_table
 from testbed.metrics.summary import summarize
 from testbed.metrics.telemetry import gpu_roles
-from testbed.tracking.results import collect_meta, stored_config, write_results
 from testbed.tracking.telemetry import start_telemetry
 from testbed.workload import build_workload
 
@@ -104,9 +103,7 @@ def write_point(cfg: Config, out_dir: Path, cluster: Cluster, router: Router, lo
             # kernel variants JIT-compiled inside timed steps (StepRecord.jit_compiles): 0 after a full warm-up
             "jit_compiles_in_steps": int(steps["jit_compiles"].sum()) if "jit_compiles" in steps else 0,
             **(extra_meta or {})}
-    # before summary.json, which marks the point finished: a failed export reruns it
-    export_run(out_dir / "exports", requests, stored_config(cfg), log.prompts)
-    write_results(out_dir, requests=requests, steps=steps, transfers=transfers, telemetry=telemetry,
-                  config=stored_config(cfg), meta=collect_meta(cfg.seed, meta), summary=summary)
+    write_files(cfg, out_dir, requests=requests, steps=steps, transfers=transfers, telemetry=telemetry,
+                summary=summary, prompts=log.prompts, meta=meta)
     check_audit(audits, out_dir)
     return {"requests": requests, "steps": steps, "transfers": transfers, "telemetry": telemetry, "summary": summary}
