@@ -123,7 +123,7 @@ class Config:
 
     @property
     def follows_caches(self) -> bool:
-        """Routing asks where prompts are cached (testbed/cluster/config.py)."""
+        """Routing asks where prompts are cached (testbed/control/book.py)."""
         return follows_caches(self.cluster, self.kv_transfer, self.mode == "disagg")
 
     def __post_init__(self) -> None:

@@ -14,9 +14,9 @@ import time
 import pytest
 import zmq
 
-from testbed.cluster.config import ClusterConfig, device_ref
 from testbed.cluster.layout import plan_ranks, plan_workers
 from testbed.config import HardwareConfig
+from testbed.control.config import ClusterConfig, device_ref
 from testbed.engine.record import StepRecord
 from testbed.errors import ConfigError
 from testbed.net import wire

@@ -13,8 +13,8 @@ import pytest
 
 from testbed.cluster import memory
 from testbed.cluster.launcher import Cluster
-from testbed.cluster.layout import WorkerPlan
 from testbed.cluster.memory import ModelMemory, plan_kv_memory, role_shares
+from testbed.control.layout import WorkerPlan
 from testbed.engine import kv_pool
 from testbed.engine.config import EngineConfig
 from testbed.errors import ConfigError

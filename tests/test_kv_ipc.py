@@ -12,8 +12,8 @@ import torch
 from testbed import LLM
 from testbed.cluster import connector, receiver
 from testbed.cluster.kv_ipc import BlockCopier, attach_pool, block_runs, release, shared_pool
-from testbed.cluster.layout import WorkerPlan, check_kv_backend
 from testbed.control.config import KVFailurePolicy
+from testbed.control.layout import WorkerPlan, check_kv_backend
 from testbed.engine import Sequence
 from testbed.errors import ConfigError
 from testbed.net.faults import KVFaults

@@ -17,9 +17,9 @@ from dataclasses import dataclass, replace
 
 import torch.multiprocessing as mp
 
-from testbed.cluster.layout import WorkerPlan
 from testbed.cluster.memory import ModelMemory, plan_kv_memory
 from testbed.cluster.worker import WorkerSpec, worker_main
+from testbed.control.layout import WorkerPlan
 from testbed.errors import ConfigError
 from testbed.net.channel import ReportReader, ReportWriter
 from testbed.net.messages import Audit, Started, Stop, WorkerError

@@ -9,12 +9,8 @@ from __future__ import annotations
 
 from testbed.control import layout
 from testbed.control.config import ClusterConfig
-from testbed.control.layout import WorkerPlan, check_kv_backend, describe, node_roles, worker_roles
+from testbed.control.layout import WorkerPlan, describe, node_roles
 from testbed.errors import ConfigError
-
-# the process code and the entry points plan through this module; the rules are the control plane's
-__all__ = ["WorkerPlan", "check_kv_backend", "cuda_count", "node_roles", "plan_ranks", "plan_workers",
-           "visible_devices", "worker_roles"]
 
 
 def cuda_count(hardware) -> int:

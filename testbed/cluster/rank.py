@@ -19,8 +19,8 @@ from typing import Any, Callable, Optional
 
 import zmq
 
-from testbed.cluster.layout import WorkerPlan
 from testbed.cluster.worker import RouterLost, WorkerSpec, worker_main
+from testbed.control.layout import WorkerPlan
 from testbed.errors import RankLost
 from testbed.net.curve import Guard, Keys
 from testbed.net.rendezvous import (World, bind_address, connect_store, lookup, publish, run_keys, run_token,

@@ -23,9 +23,9 @@ import torch.multiprocessing as mp
 import zmq
 
 from testbed.cluster.launcher import Cluster
-from testbed.cluster.layout import WorkerPlan
 from testbed.cluster.rank import GRACE_S, ControlPlan, child_worker_main, rank_spec
 from testbed.cluster.worker import WorkerSpec
+from testbed.control.layout import WorkerPlan
 from testbed.errors import ConfigError, RankLost
 from testbed.net import clocks
 from testbed.net.curve import Guard

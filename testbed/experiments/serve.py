@@ -12,12 +12,13 @@ from tqdm import tqdm
 
 from testbed.cluster.emulation import Emulation, check_link, emulation_meta
 from testbed.cluster.launcher import Cluster
-from testbed.cluster.layout import check_kv_backend, plan_ranks, plan_workers
+from testbed.cluster.layout import plan_ranks, plan_workers
 from testbed.cluster.pacing import pace_summary
 from testbed.cluster.point import (audit_summary, check_audit, fit_to_pools, harness_breakdown, kv_store, stop_cluster,
                                    worker_template)
 from testbed.cluster.router import Router
 from testbed.config import Config
+from testbed.control.layout import check_kv_backend
 from testbed.errors import ConfigError
 from testbed.experiments.points import write_files
 from testbed.metrics.events import RequestLog
