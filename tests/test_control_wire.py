@@ -17,8 +17,8 @@ import zmq
 from testbed.cluster.layout import plan_ranks, plan_workers
 from testbed.config import HardwareConfig
 from testbed.control.config import ClusterConfig, device_ref
-from testbed.engine.record import StepRecord
 from testbed.errors import ConfigError
+from testbed.metrics.record import StepRecord
 from testbed.net import wire
 from testbed.net.messages import Audit, Heartbeat, KVPart, Serve, StepEvents, Stop
 from testbed.net.rendezvous import World, bind_address, torchrun_world

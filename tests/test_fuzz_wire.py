@@ -10,7 +10,7 @@ import typing
 import pytest
 from hypothesis import given, strategies as st
 
-from testbed.engine.record import StepRecord
+from testbed.metrics.record import StepRecord
 from testbed.net import limits, wire
 from tests.fuzzing import fuzz_selected, long, quick  # noqa: F401 - fuzz_selected is a fixture
 

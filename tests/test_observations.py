@@ -14,11 +14,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from testbed.engine.record import StepRecord
 from testbed.experiments.sweep import flatten
 from testbed.metrics import SLOConfig, json_safe, pooled_itl, request_table, summarize
 from testbed.metrics.concurrency import CONCURRENCY_BUCKETS, by_concurrency, token_batches
 from testbed.metrics.latency import OUTPUT_BUCKETS, by_output_bucket, ttft_by_tenant
+from testbed.metrics.record import StepRecord
 from testbed.metrics.steps import steps_table
 from testbed.metrics.summary import pool_and_cache_by_worker
 from testbed.metrics.telemetry import NOT_RECORDED, counter_delta, gpu_roles, telemetry_summary

@@ -8,9 +8,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from testbed.engine.record import StepRecord
 from testbed.metrics import Event, RequestLog, SLOConfig, meets_slo, pooled_itl, request_table
 from testbed.metrics.latency import add_derived, as_times, harness_delays
+from testbed.metrics.record import StepRecord
 from testbed.metrics.steps import RECORD_FIELDS, StepLog, steps_table
 from testbed.tracking.results import write_parquet
 from testbed.workload.builder import _Prompts, _synthetic_shape

@@ -20,7 +20,7 @@ from datetime import timedelta
 
 import numpy as np
 
-from testbed.engine.record import StepRecord
+from testbed.metrics.record import StepRecord
 from testbed.net.messages import StepEvents
 from testbed.ports import free_port
 

@@ -2,9 +2,9 @@
 
 from testbed.engine.block_manager import BlockManager
 from testbed.engine.config import EngineConfig, SchedulerConfig
-from testbed.engine.record import StepRecord
 from testbed.engine.scheduler import Batch, Scheduler, StepResult
 from testbed.engine.sequence import Sequence, SequenceStatus
+from testbed.metrics.record import StepRecord  # what a step reports: a row of steps.parquet
 
 __all__ = ["Batch", "BlockManager", "Engine", "EngineConfig", "Scheduler", "SchedulerConfig", "Sequence",
            "SequenceStatus", "StepRecord", "StepResult"]

@@ -12,9 +12,10 @@ from testbed.engine.config import EngineConfig, SchedulerConfig
 from testbed.engine.kv_store import StoreView
 from testbed.engine.model_runner import ModelRunner
 from testbed.engine.policies import make_policy
-from testbed.engine.record import StepRecord, cost_shape, hit_tokens
+from testbed.engine.record import cost_shape, hit_tokens
 from testbed.engine.scheduler import Scheduler, StepResult
 from testbed.engine.sequence import Sequence, check_fits
+from testbed.metrics.record import StepRecord
 from testbed.model.attention import jit_compiles
 from testbed.model.config import ModelArgs
 from testbed.model.llama import Transformer

@@ -3,10 +3,6 @@ shape as a cost model reads it, and the prefix-cache hits of a step."""
 
 from __future__ import annotations
 
-from testbed.metrics.record import StepRecord
-
-__all__ = ["StepRecord", "cost_shape", "hit_tokens"]
-
 
 def hit_tokens(hits) -> int:
     """The prompt tokens a step's StepResult.hits, (rid, cached tokens) pairs, found cached."""

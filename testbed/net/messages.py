@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from testbed.engine import StepRecord
+from testbed.metrics.record import StepRecord
 
 
 @dataclass(frozen=True)

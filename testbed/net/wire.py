@@ -19,7 +19,7 @@ import hmac
 import json
 import typing
 
-from testbed.engine.record import StepRecord
+from testbed.metrics.record import StepRecord
 from testbed.net import messages
 from testbed.net import limits
 from testbed.net.faults import FaultInjected, Stall

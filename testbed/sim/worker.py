@@ -15,13 +15,14 @@ from testbed.control.ledger import Incoming, Outgoing, ReceiveLedger, SendLedger
 from testbed.engine.block_manager import BlockManager
 from testbed.engine.config import EngineConfig, SchedulerConfig
 from testbed.engine.policies import make_policy
-from testbed.engine.record import StepRecord, cost_shape, hit_tokens
+from testbed.engine.record import cost_shape, hit_tokens
 from testbed.engine.scheduler import Batch, Scheduler, StepResult
 from testbed.engine.sequence import Sequence
+from testbed.metrics.record import StepRecord
 from testbed.perf.resolve import StepCostModel
-from testbed.workload import Request
 from testbed.sim.decode_run import MIN_STEPS, DecodeRun, plan
 from testbed.sim.host import Delay, Draws, HostModel
+from testbed.workload import Request
 
 SAMPLED_TOKEN = 0  # greedy content is irrelevant to timing
 
