@@ -23,7 +23,7 @@ def refusing_url():
     return sock, f"http://127.0.0.1:{sock.getsockname()[1]}"
 
 
-def testbed(*args, tmp_path, module="testbed", timeout=300):
+def run_testbed(*args, tmp_path, module="testbed", timeout=300):
     return subprocess.run([sys.executable, "-m", module, f"hydra.run.dir={tmp_path}", *args],
                           cwd=ROOT, capture_output=True, text=True, timeout=timeout)
 
@@ -33,7 +33,7 @@ def testbed(*args, tmp_path, module="testbed", timeout=300):
 def test_a_missing_server_is_one_line_and_a_non_zero_exit_even_with_http_model_set(tmp_path, study):
     sock, url = refusing_url()
     with sock:
-        done = testbed(*study, "executor=http", f"http.url={url}", "http.model=m", "workload.num_requests=4",
+        done = run_testbed(*study, "executor=http", f"http.url={url}", "http.model=m", "workload.num_requests=4",
                        tmp_path=tmp_path)
     # a study's progress bar aside (it redraws one terminal line), the error is the one line printed
     lines = [line for line in done.stderr.replace("\r", "\n").splitlines() if line.strip() and "point/s" not in line]
@@ -70,7 +70,7 @@ def test_the_cli_runs_a_checkpoint_the_default_pool_cannot_hold_with_one_line(lo
     small = ["engine.kv_cache_mib=8", "hardware=cpu", "hardware.num_devices=2", "mode=disagg",
              "workload.num_requests=6", "workload.rate=50", "workload.input_len.min=16", "workload.input_len.max=64", "workload.output_len.min=2",
              "workload.output_len.max=8"]
-    done = testbed("model=hf", f"model.path={long_checkpoint}", *small, tmp_path=tmp_path / "fitted")
+    done = run_testbed("model=hf", f"model.path={long_checkpoint}", *small, tmp_path=tmp_path / "fitted")
     assert done.returncode == 0, done.stderr[-3000:]
     [line] = lowered_lines(done.stdout + done.stderr)  # one line for both workers
     held = 8 * 2**20 // 1024  # 8 MiB at 1 KiB a token
@@ -78,7 +78,7 @@ def test_the_cli_runs_a_checkpoint_the_default_pool_cannot_hold_with_one_line(lo
     summary = json.loads((tmp_path / "fitted" / "summary.json").read_text())
     assert summary["num_requests"]["ok"] == 6
     # an explicit length keeps the error, in one line
-    done = testbed("model=hf", f"model.path={long_checkpoint}", f"model.max_model_len={LONG}", *small,
+    done = run_testbed("model=hf", f"model.path={long_checkpoint}", f"model.max_model_len={LONG}", *small,
                    tmp_path=tmp_path / "explicit")
     assert done.returncode == 2 and f"cannot hold one request of max_model_len={LONG}" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
@@ -86,7 +86,7 @@ def test_the_cli_runs_a_checkpoint_the_default_pool_cannot_hold_with_one_line(lo
 
 @pytest.mark.slow
 def test_the_cli_runs_the_checkpoint_with_no_option_but_its_path(long_checkpoint, tmp_path):
-    done = testbed("model=hf", f"model.path={long_checkpoint}", "workload.num_requests=4", "workload.rate=50",
+    done = run_testbed("model=hf", f"model.path={long_checkpoint}", "workload.num_requests=4", "workload.rate=50",
                    "workload.input_len.min=16", "workload.input_len.max=64", "workload.output_len.min=2", "workload.output_len.max=8", tmp_path=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert len(lowered_lines(done.stdout + done.stderr)) <= 1  # lowered only where the pool cannot hold it
