@@ -33,14 +33,15 @@ class Comparison:
     censored: bool  # a bound pointing the wrong way took part: no claim
 
 
-def paired(leader: Mapping[int, Goodput], other: Mapping[int, Goodput]) -> tuple[Interval, bool]:
+def paired(leader: Mapping[int, Goodput], other: Mapping[int, Goodput]) -> tuple[Interval, bool, np.ndarray]:
     """(interval of the mean per-seed difference leader - other, whether a censored value points
-    against the claim) over the seeds both have; a bound's value stands in for it. The interval
+    against the claim, the differences) over the seeds both have; a bound's value stands in for it. The interval
     is widened by the mean interpolation error of both (each crossing lies within its bracket)."""
     seeds = sorted(set(leader) & set(other))
     diffs = [leader[s].value - other[s].value for s in seeds]
     against = any(leader[s].censored == BELOW or other[s].censored == ABOVE for s in seeds)
-    return widened(mean_interval(diffs), float(np.mean([leader[s].error + other[s].error for s in seeds]))), against
+    error = float(np.mean([leader[s].error + other[s].error for s in seeds])) if seeds else 0.0
+    return widened(mean_interval(diffs), error), against, np.array(diffs)
 
 
 def widened(interval: Interval, error: float, bounds=(-math.inf, math.inf)) -> Interval:
@@ -71,11 +72,9 @@ def compare(values: Mapping[str, Mapping[int, Goodput]]) -> list[Comparison]:
     leader = ranked[0]
     out = []
     for other in ranked[1:]:
-        interval, against = paired(values[leader], values[other])
-        seeds = sorted(set(values[leader]) & set(values[other]))
-        diffs = np.array([values[leader][s].value - values[other][s].value for s in seeds])
+        interval, against, diffs = paired(values[leader], values[other])
         separated = interval.known and interval.low > 0 and not against
-        out.append(Comparison(leader, other, interval, len(seeds), separated,
+        out.append(Comparison(leader, other, interval, len(diffs), separated,
                               None if separated else repeats_to_separate(diffs), against))
     return out
 
