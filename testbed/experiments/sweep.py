@@ -14,6 +14,7 @@ import json
 import logging
 import math
 import shutil
+import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,7 @@ from testbed.experiments.resume import changed_points, refusal
 from testbed.errors import PeerLost, TestbedError
 from testbed.tracking.results import stored_config, write_json, write_parquet
 
+WRITE_EVERY_S = 5.0  # simulated points end in milliseconds: the sweep's table is rewritten at most this often
 log = logging.getLogger("testbed")
 EXTERNAL = "external"  # the mode of a point drawn in from another engine or run (experiments/merge.py)
 
@@ -91,12 +93,18 @@ class Sweep:
         return self.table()
 
     def _run_all(self, points: list[Point], configs: list[Config], desc: str) -> None:
+        written = time.monotonic()
         with tqdm(total=len(points), desc=desc, unit="point") as bar:
             for point, cfg in zip(points, configs):
                 bar.set_postfix_str(point.name)
                 self.rows.append(self._run_one(point, cfg))
-                self.write()
+                # the table for a reader following the run; a point's own files are written as it
+                # ends, so a crash between writes loses nothing a rerun does not find again
+                if time.monotonic() - written >= WRITE_EVERY_S:
+                    self.write()
+                    written = time.monotonic()
                 bar.update(1)
+        self.write()
 
     def added_rows(self) -> list[dict]:
         """Points drawn into the saved sweep from elsewhere (python -m testbed.interop add): a
