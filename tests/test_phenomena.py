@@ -96,19 +96,26 @@ def test_disaggregation_holds_attainment_at_a_tight_tpot_where_colocated_loses_i
     assert abs(curves["1P1D"][4.0] - curves["colocated"][4.0]) <= 0.05, curves
 
 
+# decode-heavy traffic on an H100 is bound by decode slots, not by the TPOT SLO (a step reads the
+# weights whatever the batch): with 8 running sequences per worker a split with fewer D queues
+PHASE = {"prefill": (["workload.input_len.min=3000", "workload.input_len.max=6000", "workload.output_len.min=4",
+                      "workload.output_len.max=16"], "[8,32]"),
+         "decode": (["workload.input_len.min=32", "workload.input_len.max=128", "workload.output_len.min=400",
+                     "workload.output_len.max=800", "scheduler.max_running=8"], "[2,8]")}
+
+
 @pytest.mark.parametrize("shape,want", [("prefill", "more P"), ("decode", "more D")])
 def test_best_split_follows_the_heavier_phase_and_the_planner_agrees(tmp_path, shape, want):
-    lengths = {"prefill": ["workload.input_len.min=3000", "workload.input_len.max=6000",
-                           "workload.output_len.min=4", "workload.output_len.max=16"],
-               "decode": ["workload.input_len.min=32", "workload.input_len.max=128",
-                          "workload.output_len.min=400", "workload.output_len.max=800"]}[shape]
-    result = simulate("ratio_sweep", tmp_path, "hardware.num_devices=4", "workload.num_requests=120", *LONG_PROMPTS,
-                      *lengths, "experiment.rates=[4,8,16,32,64]", "slo.ttft_s=1.0", "slo.tpot_s=0.05")
-    splits = {k: v["goodput_per_gpu"] for k, v in result["aggregate"]["goodput"].items() if "P" in k}
+    lengths, rates = PHASE[shape]
+    result = simulate("ratio_sweep", tmp_path, "hardware.num_devices=4", "workload.num_requests=80", *LONG_PROMPTS,
+                      *lengths, f"experiment.rates={rates}", "slo.ttft_s=1.0", "slo.tpot_s=0.05")
+    goodput = {k: v for k, v in result["aggregate"]["goodput"].items() if "P" in k}
+    assert not any(g["goodput_censored"] for g in goodput.values()), goodput  # a tie at a bound says nothing
+    splits = {k: v["goodput_per_gpu"] for k, v in goodput.items()}
     best = max(splits, key=splits.get)
     p, d = (int(x) for x in best.rstrip("D").split("P"))
     assert (p > d) if want == "more P" else (d > p), splits
-    planned = simulate("plan", tmp_path / "plan", "hardware.num_devices=4", "workload.num_requests=120",
+    planned = simulate("plan", tmp_path / "plan", "hardware.num_devices=4", "workload.num_requests=80",
                        *LONG_PROMPTS, *lengths, "experiment.rates=[8]", "experiment.chunk_sizes=[512]",
                        "slo.ttft_s=1.0", "slo.tpot_s=0.05")
     p, d = (int(x) for x in planned["aggregate"]["analytical"]["split"].rstrip("D").split("P"))
