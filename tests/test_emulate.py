@@ -15,9 +15,9 @@ from testbed.cluster.pacing import LinkPacer, StepPace, StepPacer, hold, pace_su
 from testbed.engine import Engine, EngineConfig, SchedulerConfig, Sequence, StepRecord
 from testbed.errors import ConfigError
 from testbed.experiments.serve import serve
+from testbed.metrics.results_dir import read_results
 from testbed.model.config import PRESETS
 from testbed.perf import CostModel
-from testbed.tracking.results import read_results
 from testbed.workload import build_workload
 from tests.cluster_helpers import make_config, small_workload
 from tests.paths import ROOT

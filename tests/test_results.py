@@ -10,7 +10,8 @@ import pytest
 
 from testbed.metrics import Event, RequestLog, SLOConfig, request_table, summarize
 from testbed.metrics.events import STEP_COLUMNS, TRANSFER_COLUMNS
-from testbed.tracking import ResultsError, collect_meta, read_results, write_results
+from testbed.metrics.results_dir import ResultsError, read_results
+from testbed.tracking import collect_meta, write_results
 
 
 def small_table():

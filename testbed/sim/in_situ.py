@@ -29,12 +29,12 @@ import numpy as np
 import pandas as pd
 
 from testbed.errors import ConfigError
+from testbed.metrics.results_dir import read_results
 from testbed.model.config import ModelConfig
 from testbed.perf.attention import attended_context
 from testbed.sim.host import Delay
 from testbed.perf.measured import (SHAPE_KEYS, STEP_INPUTS, STEP_TERMS, TRANSFER_TERMS, fit_step, fit_transfer,
                                    step_features)
-from testbed.tracking.results import read_results
 
 PREFIX = "run:"
 ROLES = {"mixed": ("colocated", "chunked"), "prefill": ("prefill_only",), "decode": ("decode_only",)}

@@ -3,7 +3,7 @@
 config.yaml, meta.json, requests.parquet, steps.parquet, kv_transfers.parquet,
 telemetry.parquet (only when given), summary.json. Each file is written to a temporary file in
 the same directory and renamed into place, so a reader (or a sweep resuming after a crash)
-never sees half a file.
+never sees half a file. testbed/metrics/results_dir.py reads the directory back.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from omegaconf import OmegaConf
 
-from testbed.errors import TestbedError
 from testbed.metrics.events import STEP_COLUMNS, TRANSFER_COLUMNS, request_table
+from testbed.metrics.results_dir import ResultsError
 from testbed.metrics.summary import json_safe
 from testbed.tracking.telemetry import gpu_inventory
 
@@ -35,10 +35,6 @@ CHECKOUT = Path(__file__).resolve().parents[2]
 # Arrow types for list columns: an empty table (or all-empty lists) would otherwise be list<null>.
 LIST_TYPES = {"token_times": pa.list_(pa.float64()), "token_worker_times": pa.list_(pa.float64()),
               "output_token_ids": pa.list_(pa.int64()), "prefill_chunks": pa.list_(pa.list_(pa.int64()))}
-
-
-class ResultsError(TestbedError, OSError):
-    """The results directory cannot be written or read."""
 
 
 def write_results(out_dir, *, requests: pd.DataFrame, steps: Optional[pd.DataFrame] = None,
@@ -69,24 +65,6 @@ def stored_config(cfg: Any) -> dict:
     if (config.get("http") or {}).get("api_key"):
         config["http"]["api_key"] = "***"
     return config
-
-
-def read_results(out_dir) -> dict[str, Any]:
-    """{"config", "meta", "summary": dicts; "requests", "steps", "kv_transfers": DataFrames;
-    "telemetry": DataFrame or None}."""
-    out = Path(out_dir)
-    if not (out / "summary.json").is_file():
-        raise ResultsError(f"not a results directory (no summary.json): {out}")
-    result: dict[str, Any] = {
-        "config": OmegaConf.to_container(OmegaConf.load(out / "config.yaml")),
-        "meta": json.loads((out / "meta.json").read_text()),
-        "summary": json.loads((out / "summary.json").read_text()),
-    }
-    for name in ("requests", "steps", "kv_transfers"):
-        result[name] = pd.read_parquet(out / f"{name}.parquet")
-    telemetry = out / "telemetry.parquet"
-    result["telemetry"] = pd.read_parquet(telemetry) if telemetry.is_file() else None
-    return result
 
 
 def write_problem(out_dir) -> Optional[str]:
