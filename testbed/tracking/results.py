@@ -24,7 +24,7 @@ from typing import Any, Callable, Optional
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
-from omegaconf import OmegaConf
+import yaml
 
 from testbed.metrics.events import STEP_COLUMNS, TRANSFER_COLUMNS, request_table
 from testbed.metrics.results_dir import ResultsError
@@ -47,8 +47,8 @@ def write_results(out_dir, *, requests: pd.DataFrame, steps: Optional[pd.DataFra
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise ResultsError(f"cannot write results to {out}: {e.strerror or e}") from None
-    config_yaml = OmegaConf.to_yaml(OmegaConf.create(config if config is not None else {}))
-    _atomic(out / "config.yaml", lambda f: f.write(config_yaml.encode()))
+    text = config_yaml(config)
+    _atomic(out / "config.yaml", lambda f: f.write(text.encode()))
     write_json(out / "meta.json", meta or {})
     write_parquet(out / "requests.parquet", requests if requests is not None else request_table([]))
     write_parquet(out / "steps.parquet", _or_empty(steps, STEP_COLUMNS))
@@ -57,6 +57,21 @@ def write_results(out_dir, *, requests: pd.DataFrame, steps: Optional[pd.DataFra
         write_parquet(out / "telemetry.parquet", telemetry)
     write_json(out / "summary.json", summary or {})
     return out
+
+
+def config_yaml(config: Any) -> str:
+    """config.yaml's text: plain YAML (mappings, lists, scalars; a tuple is written as a list), keys
+    in their order; testbed/metrics/results_dir.py reads it back with yaml.safe_load."""
+    return yaml.safe_dump(_plain(config if config is not None else {}), default_flow_style=False,
+                          allow_unicode=True, sort_keys=False)
+
+
+def _plain(node: Any) -> Any:
+    if isinstance(node, dict):
+        return {key: _plain(value) for key, value in node.items()}
+    if isinstance(node, (list, tuple)):
+        return [_plain(value) for value in node]
+    return node
 
 
 def stored_config(cfg: Any) -> dict:
