@@ -34,7 +34,7 @@ class StepPace:
 
 
 class StepPacer:
-    """Modelled step time from a step record's batch shape (engine.StepRecord fields)."""
+    """Modelled step time from a step record's batch shape (metrics.record.StepRecord fields)."""
 
     def __init__(self, model):
         self.model = model
