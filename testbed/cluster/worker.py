@@ -80,7 +80,7 @@ class WorkerSpec:
     host: str = ""  # where the worker runs (meta.json's hosts and links)
     node: int = 0
     roles: tuple = ()  # every rank's role: P and D warm their links up before the run's clock starts
-    kv_backend: str = "auto"  # auto: KV over the process group; ipc: P writes into D's mapped pool
+    kv_backend: str = "process_group"  # process_group: KV over the process group; ipc: P writes into D's mapped pool
 
     @property
     def direct(self) -> bool:

@@ -21,7 +21,7 @@ from typing import Optional
 
 import pandas as pd
 
-from testbed.config import Config, config_from_dict
+from testbed.config import Config, config_from_dict, upgraded
 from testbed.experiments.aggregates import finished
 from testbed.experiments.figures import study_figures
 from testbed.experiments.runner import STUDIES, cell_table
@@ -109,7 +109,7 @@ def sweep_config(sweep_dir: Path, table: pd.DataFrame) -> Config:
     for point in rows["point"]:
         path = sweep_dir / "points" / str(point) / "config.yaml"
         if path.is_file():
-            return config_from_dict(read_config(path))
+            return config_from_dict(upgraded(read_config(path)))
     raise InteropError(f"{sweep_dir}: no finished point of the sweep has a config.yaml to take its SLOs from")
 
 

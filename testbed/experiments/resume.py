@@ -10,6 +10,7 @@ from typing import Any
 
 import yaml
 
+from testbed.config import upgraded
 from testbed.errors import ConfigError
 from testbed.metrics.results_dir import read_config
 from testbed.tracking.results import config_yaml, stored_config
@@ -50,7 +51,7 @@ def changed_points(points: list, configs: list, directory_of) -> dict[str, list[
         path = Path(directory_of(point)) / "config.yaml"
         if not (path.parent / "summary.json").is_file() or not path.is_file():
             continue
-        stored = read_config(path)
+        stored = upgraded(read_config(path))
         diff = changes(stored, stored_config(cfg))
         if diff:
             found[point.name] = diff

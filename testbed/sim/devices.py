@@ -108,7 +108,7 @@ def gpu_dtype_bytes(dtype: str) -> int:
     return GPU_DTYPE_BYTES[dtype]
 
 
-def transfer_time(sender: RoleProfile, receiver: RoleProfile, nbytes: int, backend: str = "auto") -> float:
+def transfer_time(sender: RoleProfile, receiver: RoleProfile, nbytes: int, backend: str = "process_group") -> float:
     """A KV transfer runs at the slower link of its two ends (backend: kv_transfer.backend)."""
     return max(sender.cost.transfer_time(nbytes, backend), receiver.cost.transfer_time(nbytes, backend))
 
