@@ -130,7 +130,7 @@ class Config:
         wants_cache = self.follows_caches or self.kv_store.capacity_mib > 0  # routes to, or fills, the caches
         if wants_cache and not self.engine.enable_prefix_caching:
             object.__setattr__(self, "engine", replace(self.engine, enable_prefix_caching=True))
-        if self.engine.block_size is None:  # one block size for the workers, the simulator and the planner
+        if self.engine.block_size is None:  # one block size for the workers, the simulator and the split estimates
             object.__setattr__(self, "engine", replace(self.engine, block_size=self._default_block_size()))
 
     def _default_block_size(self) -> int:

@@ -305,8 +305,8 @@ def _relative(simulated: float, real: float) -> float:
 def plan(table, cfg, out_dir) -> dict:
     """The analytical split, the simulated best configuration and, given a real sweep, the measured one."""
     from testbed.experiments.studies import num_devices
-    from testbed.sim.planner import analytical_split
-    from testbed.sim.slo_plan import slo_split
+    from testbed.sim.load_split import analytical_split
+    from testbed.sim.slo_split import slo_split
 
     simulated = goodput_by_label(table, cfg, out_dir)
     out = {"analytical": analytical_split(cfg, None, num_devices(cfg)),  # each role's device from cfg.sim

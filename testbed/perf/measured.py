@@ -88,7 +88,7 @@ TRANSFER_TERMS = {"process_group": ("transfer_latency_s", "transfer_bytes_per_s"
 
 def require_transport(model, backend: str, what: str) -> None:
     """A cost model (`what`, for the message) must time KV transfers over kv_transfer.backend: the one
-    check the simulator, the planner and emulated links all make."""
+    check the simulator, the P:D split estimates and emulated links all make."""
     if backend in model.transports:
         return
     if backend == "ipc":
