@@ -1,6 +1,6 @@
 """The root configuration: typed dataclasses that validate every YAML file under conf/.
 
-Hydra and OmegaConf stop here and in the experiment layer; everything below receives these
+Hydra and OmegaConf stop here and in the studies layer; everything below receives these
 dataclasses (`OmegaConf.to_object` builds them), never a DictConfig.
 """
 

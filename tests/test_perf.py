@@ -7,13 +7,13 @@ import pandas as pd
 import pytest
 
 from testbed.errors import ConfigError
-from testbed.experiments.points import simulate_point
 from testbed.model.config import PRESETS
 from testbed.perf import GPUS, CostModel, RooflineModel, cost_model, weight_params
 from testbed.perf.check import DECODE, PREFILL, RIDGE, decode_rows, prefill_rows
 from testbed.sim.executor import simulate
 from testbed.sim.load_split import analytical_split
 from testbed.sim.simulator import Simulation
+from testbed.studies.points import simulate_point
 from tests.cluster_helpers import make_config, small_workload
 
 LLAMA = PRESETS["llama3_8b"]

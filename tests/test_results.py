@@ -80,7 +80,7 @@ def test_rewrite_replaces_files(tmp_path):
 
 
 def test_config_yaml_is_plain_yaml_with_the_same_content(tmp_path):
-    """config.yaml is written with PyYAML (no OmegaConf below the experiment layer): a stored
+    """config.yaml is written with PyYAML (no OmegaConf below the studies layer): a stored
     Config's text is what OmegaConf wrote before, a tuple reads back as a list, strings that look
     like numbers or booleans stay strings."""
     from omegaconf import OmegaConf

@@ -13,8 +13,8 @@ from hydra import compose, initialize_config_dir
 
 from testbed.config import override_keys, register_configs, to_config
 from testbed.errors import ConfigError
-from testbed.experiments.runner import run
 from testbed.sim.slo_split import Demand, decode_batch, estimate, max_rate, pk_wait, placement, prefill_time, slo_split
+from testbed.studies.runner import run
 from tests.paths import CONF
 
 register_configs()
@@ -115,7 +115,7 @@ def test_best_split_agrees_with_the_simulated_search(tmp_path):
 
 
 def test_report_names_the_slo_aware_split():
-    from testbed.experiments.report import slo_split_lines
+    from testbed.studies.report import slo_split_lines
 
     plan = {"num_nodes": 2, "devices_per_node": 8, "transfer_s": 0.042, "best": "7P9D",
             "splits": {"7P9D": {"max_rate": 54.4, "rate_per_device": 3.4}}}

@@ -19,7 +19,7 @@ from testbed.perf.measured import require_transport
 from testbed.perf.resolve import StepCostModel, analytical, is_gpu, measured
 from testbed.sim.pools import gpu_pool_blocks, pool_blocks
 
-if TYPE_CHECKING:  # annotations only: the root config composes the experiment layer's
+if TYPE_CHECKING:  # annotations only: the root config composes the studies layer's
     from testbed.config import Config
 
 # a simulated GPU holds the weights in 16 bits unless the model's dtype says float32 (auto: bfloat16 on CUDA)

@@ -22,14 +22,14 @@ from typing import Optional
 import pandas as pd
 
 from testbed.config import Config, config_from_dict, upgraded
-from testbed.experiments.aggregates import finished
-from testbed.experiments.figures import study_figures
-from testbed.experiments.runner import STUDIES, cell_table
-from testbed.experiments.sweep import EXTERNAL, Sweep, flatten
 from testbed.interop.points import import_run
 from testbed.interop.table import InteropError
 from testbed.metrics.results_dir import read_config
 from testbed.metrics.slo import tenant_slos
+from testbed.studies.aggregates import finished
+from testbed.studies.figures import study_figures
+from testbed.studies.runner import STUDIES, cell_table
+from testbed.studies.sweep import EXTERNAL, Sweep, flatten
 from testbed.tracking.results import write_parquet
 
 # Studies whose aggregate groups points by label alone; the others need knobs (chunk, burstiness,

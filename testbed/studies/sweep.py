@@ -23,8 +23,8 @@ import pandas as pd
 from tqdm import tqdm
 
 from testbed.config import Config, with_overrides
-from testbed.experiments.resume import changed_points, refusal
 from testbed.errors import PeerLost, TestbedError
+from testbed.studies.resume import changed_points, refusal
 from testbed.tracking.results import stored_config, write_json, write_parquet
 
 log = logging.getLogger("testbed")
