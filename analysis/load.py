@@ -16,12 +16,12 @@ from typing import Iterable, Mapping, Optional
 import numpy as np
 import pandas as pd
 
-from testbed.experiments.repeats import KNOBS as CELL_KNOBS
 from testbed.metrics.config import MetricsConfig
 from testbed.metrics.latency import BUCKETS, pooled_itl, ttft_by_bucket
+from testbed.metrics.results_dir import read_results
 from testbed.metrics.summary import measured
 from testbed.metrics.uncertainty import request_units, sample_interval
-from testbed.tracking.results import read_results
+from testbed.studies.repeats import KNOBS as CELL_KNOBS
 
 FINISHED = ("ok", "skipped")  # a resumed sweep marks points it did not rerun as "skipped"
 # The columns that say what a cell is (those a study's points vary), in reading order.

@@ -19,8 +19,8 @@ import pandas as pd
 import yaml
 
 from testbed.errors import TestbedError
-from testbed.experiments.merge import load_table, rewrite, sweep_config
-from testbed.experiments.sweep import flatten
+from testbed.studies.merge import load_table, rewrite, sweep_config
+from testbed.studies.sweep import flatten
 
 RATE_KEY = "workload.rate"
 

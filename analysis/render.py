@@ -54,8 +54,8 @@ def run_small(name: str, out_dir: Path, *extra: str) -> dict:
 
     from analysis.studies import study_figures
     from testbed.config import CONF_DIR, override_keys, register_configs, to_config
-    from testbed.experiments import figures
-    from testbed.experiments.runner import run
+    from testbed.studies import figures
+    from testbed.studies.runner import run
 
     register_configs()
     figures.draw_with(study_figures)

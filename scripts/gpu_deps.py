@@ -25,7 +25,6 @@ STOCK = {"torch", "numpy", "pandas", "pyarrow", "matplotlib", "scipy"}
 EXTRA = [
     "pytest>=7",  # runs the gpu-marked tests (the dev extra, which a stock image lacks)
     "antlr4-python3-runtime==4.9.*",  # omegaconf's parser runtime (hydra-core 1.3 pins 4.9)
-    "PyYAML>=5.1",  # imported by testbed/experiments/resume.py; omegaconf's dependency, not declared on its own
 ]
 
 

@@ -16,7 +16,7 @@ register_configs()
 
 
 def draw_study_figures(name: str, sweep_dir: Path) -> list[Path]:
-    """The analysis layer's figures of a study, handed to the experiment layer (matplotlib loads only
+    """The analysis layer's figures of a study, handed to the studies layer (matplotlib loads only
     when a study draws)."""
     from analysis.studies import study_figures
 
@@ -25,8 +25,8 @@ def draw_study_figures(name: str, sweep_dir: Path) -> list[Path]:
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
 def main(cfg: DictConfig) -> None:
-    from testbed.experiments import figures
-    from testbed.experiments.runner import run_job  # after Hydra: keeps `--help` fast
+    from testbed.studies import figures
+    from testbed.studies.runner import run_job  # after Hydra: keeps `--help` fast
 
     figures.draw_with(draw_study_figures)
     hydra_cfg = HydraConfig.get()

@@ -1,6 +1,6 @@
 """The root configuration: typed dataclasses that validate every YAML file under conf/.
 
-Hydra and OmegaConf stop here and in the experiment layer; everything below receives these
+Hydra and OmegaConf stop here and in the studies layer; everything below receives these
 dataclasses (`OmegaConf.to_object` builds them), never a DictConfig.
 """
 
@@ -16,7 +16,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from testbed.cluster.emulation import check_spec
 from testbed.control.book import follows_caches
-from testbed.control.config import ClusterConfig, KVTransferConfig
+from testbed.control.config import RENAMED_BACKENDS, ClusterConfig, KVTransferConfig
 from testbed.engine.config import EngineConfig, KVStoreConfig, SchedulerConfig
 from testbed.errors import ConfigError
 from testbed.experiment import ExperimentConfig
@@ -131,7 +131,7 @@ class Config:
         wants_cache = self.follows_caches or self.kv_store.capacity_mib > 0  # routes to, or fills, the caches
         if wants_cache and not self.engine.enable_prefix_caching:
             object.__setattr__(self, "engine", replace(self.engine, enable_prefix_caching=True))
-        if self.engine.block_size is None:  # one block size for the workers, the simulator and the planner
+        if self.engine.block_size is None:  # one block size for the workers, the simulator and the split estimates
             object.__setattr__(self, "engine", replace(self.engine, block_size=self._default_block_size()))
 
     def _default_block_size(self) -> int:
@@ -147,6 +147,10 @@ class Config:
         return default_block_size("cuda" if cuda else "cpu", flash, self.model.dtype, self.engine.attention_backend)
 
     def validate(self) -> "Config":
+        problem = renamed_value({key: getattr(getattr(self, key.split(".")[0]), key.split(".")[1])
+                                 for key in RENAMED_VALUES})
+        if problem:
+            raise ConfigError(problem)
         if self.executor not in EXECUTORS:
             raise ConfigError(f"executor={self.executor!r} is not one of {', '.join(EXECUTORS)}")
         if self.mode not in MODES:
@@ -195,6 +199,32 @@ def renamed_key(keys) -> Optional[str]:
         if key in RENAMED:
             return f"{key} was renamed {RENAMED[key]}: set {RENAMED[key]} instead"
     return None
+
+
+# renamed config values: {dotted key: {old value: new value}}; the old value is refused in one line
+# that names the new one
+RENAMED_VALUES = {"kv_transfer.backend": RENAMED_BACKENDS}
+
+
+def renamed_value(settings: dict) -> Optional[str]:
+    """The one-line refusal of the first renamed value among `settings` ({dotted key: value}), or None."""
+    for key, value in settings.items():
+        new = RENAMED_VALUES.get(key, {}).get(value) if isinstance(value, str) else None
+        if new:
+            return f"{key}={value} was renamed {key}={new}: set {key}={new} instead"
+    return None
+
+
+def upgraded(stored: dict) -> dict:
+    """A stored config (a results directory's config.yaml) with renamed values under their new
+    names: results written before a rename still resume, merge and compare."""
+    out = {section: dict(values) if isinstance(values, dict) else values for section, values in stored.items()}
+    for key, renames in RENAMED_VALUES.items():
+        section, name = key.split(".", 1)
+        values = out.get(section)
+        if isinstance(values, dict) and isinstance(values.get(name), str):
+            values[name] = renames.get(values[name], values[name])
+    return out
 
 
 def _check_renamed(container: dict) -> None:
@@ -300,7 +330,8 @@ def check_overrides(argv: list[str]) -> str | None:
     if problem or any(a.startswith("-") for a in argv):
         return problem
     overrides = [a for a in argv if not a.startswith("hydra.")]
-    problem = renamed_key(sorted(override_keys(overrides)))
+    problem = renamed_key(sorted(override_keys(overrides))) or renamed_value(
+        dict(o.lstrip("+~").split("=", 1) for o in overrides if "=" in o))
     if problem:
         return problem
     try:

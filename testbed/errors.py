@@ -12,7 +12,7 @@ class ConfigError(TestbedError, ValueError):
 
 
 class PeerLost(TestbedError):
-    """Under torchrun: a process this one sends control messages to is gone or unreachable."""
+    """Under torchrun: a process this one sends messages to is gone or unreachable."""
 
     exit_code = 1
 

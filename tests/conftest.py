@@ -3,7 +3,7 @@ import os
 import pytest
 import torch
 
-from testbed.experiments import figures
+from testbed.studies import figures
 
 torch.set_num_threads(1)
 os.environ.setdefault("WANDB_MODE", "disabled")

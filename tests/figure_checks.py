@@ -13,8 +13,8 @@ import pandas as pd
 
 from analysis.load import served
 from testbed.metrics.latency import BUCKETS
+from testbed.metrics.results_dir import read_results
 from testbed.metrics.uncertainty import request_units, sample_interval
-from testbed.tracking.results import read_results
 
 MS = 1e3
 

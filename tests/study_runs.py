@@ -9,7 +9,7 @@ from hydra import compose, initialize_config_dir
 
 from analysis.render import COMMON, SMALL
 from testbed.config import override_keys, register_configs, to_config
-from testbed.experiments.runner import run
+from testbed.studies.runner import run
 from tests.paths import CONF
 
 register_configs()

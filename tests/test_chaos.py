@@ -1,4 +1,4 @@
-"""Chaos across hosts, under the two-"node" torchrun run on 127.0.0.1: a stranger on every control
+"""Chaos across hosts, under the two-"node" torchrun run on 127.0.0.1: a stranger on every message
 port of the run (raw garbage, ZeroMQ frames without keys: garbage, too deep, too large, a frame
 replayed from an earlier run; CURVE with keys the run does not know) while the run serves. The run
 completes with every request served, no rank dies, the KV audit is clean, and meta.json counts
@@ -44,7 +44,7 @@ def read(store, key: str) -> str:
 
 
 def attack(address: str, server_key: bytes) -> None:
-    """Everything a stranger on the network can send to one control port; returns once the port has
+    """Everything a stranger on the network can send to one message port; returns once the port has
     turned each ZeroMQ connection away (its handshake failed), or a minute has passed."""
     host, port = address.removeprefix("tcp://").rsplit(":", 1)
     try:
@@ -77,7 +77,7 @@ def attack(address: str, server_key: bytes) -> None:
 FAILED = zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_AUTH
 
 
-def test_a_stranger_on_every_control_port_changes_nothing(tmp_path):
+def test_a_stranger_on_every_message_port_changes_nothing(tmp_path):
     from testbed.ports import free_port
 
     cwd = tmp_path / "cwd"
@@ -102,13 +102,13 @@ def test_a_stranger_on_every_control_port_changes_nothing(tmp_path):
     assert len(requests) == 240 and (requests.status == "ok").all()
     summary = json.loads((run / "summary.json").read_text())
     assert not any(summary["kv_blocks_leaked"].values())
-    refused = json.loads((run / "meta.json").read_text())["control_refused"]
+    refused = json.loads((run / "meta.json").read_text())["messages_refused"]
     router = refused["0"].get("router", {})
     assert sum(router.values()) >= 2, refused  # the raw and the keyless connections, at least
     assert set(refused) == {"0", "1"}
 
 
-def test_a_control_connection_reset_mid_run_is_survived_or_one_line(tmp_path):
+def test_a_message_connection_reset_mid_run_is_survived_or_one_line(tmp_path):
     """Rank 0's connections to rank 1's worker inbox reset mid-run (`ss -K`, as a middlebox or a
     flapping link would): ZeroMQ reconnects; the run either completes, every request ending with
     its status and reason, or fails in one line naming the rank, and leaves nothing running."""
@@ -142,6 +142,6 @@ def test_a_control_connection_reset_mid_run_is_survived_or_one_line(tmp_path):
         assert len(requests) == 240 and (requests.status == "ok").sum() + (requests.reason != "").sum() == 240
     else:
         assert len(errors) == 1 and "rank 1" in errors[0], (tmp_path / "node0.err").read_text()[-3000:]
-        assert "control connection dropped" in errors[0], errors  # not "its process is gone": it is not
+        assert "message connection dropped" in errors[0], errors  # not "its process is gone": it is not
     assert not left_running(family)
     print(f"connection reset: exit codes {codes}; {errors[0] if errors else 'completed'}")

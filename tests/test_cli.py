@@ -54,6 +54,8 @@ def test_default_job_writes_the_results_contract(tmp_path):
     ("mode=chunked scheduler.chunk_size=8", "scheduler.chunk_size=8 must be >= scheduler.max_running=64"),
     ("kv_transfer.binding=early", "kv_transfer.binding was renamed kv_transfer.decode_binding: set "
                                   "kv_transfer.decode_binding instead"),
+    ("kv_transfer.backend=auto", "kv_transfer.backend=auto was renamed kv_transfer.backend=process_group: set "
+                                 "kv_transfer.backend=process_group instead"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, override, message):
     out = cli(*override.split(), tmp_path=tmp_path)
@@ -61,6 +63,25 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, override, message):
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_a_renamed_value_is_refused_in_one_line_and_stored_results_read_under_the_new_name():
+    """kv_transfer.backend=auto (the KV over the process group) is now process_group: set anywhere
+    it is refused naming the new value; a results directory written before the rename resumes."""
+    from testbed.config import Config, config_from_dict, upgraded, with_overrides
+    from testbed.errors import ConfigError
+
+    message = ("kv_transfer.backend=auto was renamed kv_transfer.backend=process_group: "
+               "set kv_transfer.backend=process_group instead")
+    assert Config().kv_transfer.backend == "process_group"
+    with pytest.raises(ConfigError) as info:
+        with_overrides(Config(), {"kv_transfer.backend": "auto"})
+    assert str(info.value) == message
+    stored = {"mode": "disagg", "kv_transfer": {"backend": "auto", "timeout_s": 3.0}}
+    with pytest.raises(ConfigError, match=message):
+        config_from_dict(stored)
+    assert config_from_dict(upgraded(stored)).kv_transfer.backend == "process_group"
+    assert stored["kv_transfer"]["backend"] == "auto"  # the stored dict itself is left as read
 
 
 def test_prompt_longer_than_max_model_len_is_refused():

@@ -25,7 +25,7 @@ from testbed.metrics.rate_search import RateSearch, goodput_of, next_rate
 from testbed.metrics.slo import meets_slo, slo_attainment
 from testbed.metrics.summary import measured
 from testbed.metrics.uncertainty import mean_interval, point_intervals
-from testbed.experiments.repeats import goodput_interval
+from testbed.studies.repeats import goodput_interval
 from tests.paths import CONF
 
 register_configs()

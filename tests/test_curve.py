@@ -114,7 +114,7 @@ def test_bind_takes_an_interface_name_and_refuses_what_peers_cannot_reach():
 
 
 class Relay:
-    """A TCP relay between a sender and a control port that records what the sender put on the wire."""
+    """A TCP relay between a sender and a message port that records what the sender put on the wire."""
 
     def __init__(self, target: str):
         import threading

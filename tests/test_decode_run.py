@@ -16,7 +16,7 @@ from testbed.engine.policies import make_policy
 from testbed.engine.scheduler import Scheduler
 from testbed.engine.sequence import Sequence
 from testbed.bench.sim import TINY_CPU, bench_config
-from testbed.sim.decode_run import plan
+from testbed.sim.decode_run import time_run
 from testbed.sim.executor import simulate
 from testbed.sim.host import Delay, Draws, HostModel
 
@@ -121,7 +121,7 @@ def test_a_cut_run_gives_back_the_draws_stepping_would_not_have_made():
             return 1e-3
 
     ahead, stepping = Draws(5), Draws(5)
-    run = plan(0.0, scheduler.quiet_run(), Flat, scale, host, ahead)
+    run = time_run(0.0, scheduler.quiet_run(), Flat, scale, host, ahead)
     done, in_flight = run.cut(run.starts[4] + 1e-6, ahead)  # in step 5 (index 4): 4 done, 1 in flight
     assert (done, in_flight) == (4, True)
     for _ in range(done):

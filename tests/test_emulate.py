@@ -12,12 +12,13 @@ from testbed import LLM
 from testbed.cluster import launcher
 from testbed.cluster.emulation import Emulation, emulation_meta, role_pacers
 from testbed.cluster.pacing import LinkPacer, StepPace, StepPacer, hold, pace_summary
-from testbed.engine import Engine, EngineConfig, SchedulerConfig, Sequence, StepRecord
+from testbed.engine import Engine, EngineConfig, SchedulerConfig, Sequence
 from testbed.errors import ConfigError
-from testbed.experiments.serve import serve
+from testbed.metrics.record import StepRecord
+from testbed.metrics.results_dir import read_results
 from testbed.model.config import PRESETS
 from testbed.perf import CostModel
-from testbed.tracking.results import read_results
+from testbed.studies.serve import serve
 from testbed.workload import build_workload
 from tests.cluster_helpers import make_config, small_workload
 from tests.paths import ROOT

@@ -1,4 +1,4 @@
-"""Property tests of the control wire's codec (testbed/net/wire.py): every registered message type,
+"""Property tests of the message wire's codec (testbed/net/wire.py): every registered message type,
 generated from its declared fields, comes back as it left; arbitrary bytes, arbitrary envelopes
 and damaged frames never raise anything but BadMessage."""
 

@@ -2,7 +2,7 @@
 a 7-8B model whose bf16 weights and the KV of one max_model_len sequence fit an 80 GB GPU, with
 every request of the workload within that context; the same study on a CPU box (its
 experiment.cpu_overrides applied) runs the tiny model. Simulated studies on a GPU box run on a
-GPU's profile, never on the shipped CPU one. CUDA is pretended (studies.cuda_count)."""
+GPU's profile, never on the shipped CPU one. CUDA is pretended (catalog.cuda_count)."""
 
 from __future__ import annotations
 
@@ -15,11 +15,11 @@ from hydra import compose, initialize_config_dir
 from testbed.config import override_keys, register_configs, to_config, with_overrides
 from testbed.errors import ConfigError
 from testbed.experiment import STUDIES
-from testbed.experiments import studies
-from testbed.experiments.runner import cpu_sizing, run
 from testbed.perf import weight_params
 from testbed.perf.resolve import table_gpu
 from testbed.sim.config import SHIPPED
+from testbed.studies import catalog
+from testbed.studies.runner import cpu_sizing, run
 from testbed.workload.lengths import scale_lengths
 from testbed.workload.traces import read_trace, resolve_trace_path, select
 from tests.paths import CONF
@@ -34,7 +34,7 @@ CPU_PROFILE = str(SHIPPED / "tiny_cpu.json")
 
 def compose_study(monkeypatch, name: str, *extra: str, gpus: int):
     """The study as runner.run sees it on a box with `gpus` CUDA devices (CPU sizing applied on none)."""
-    monkeypatch.setattr(studies, "cuda_count", lambda hardware: gpus)
+    monkeypatch.setattr(catalog, "cuda_count", lambda hardware: gpus)
     overrides = [f"+experiment={name}", *extra]
     with initialize_config_dir(version_base="1.3", config_dir=str(CONF)):
         cfg = to_config(compose("config", overrides=overrides))
@@ -79,7 +79,7 @@ def test_a_cpu_box_runs_the_tiny_model(monkeypatch, name):
 
 
 def test_plan_on_a_gpu_box_without_a_gpu_profile_stops_in_one_line(monkeypatch, tmp_path):
-    monkeypatch.setattr(studies, "gpu_here", lambda: "h100_sxm")
+    monkeypatch.setattr(catalog, "gpu_here", lambda: "h100_sxm")
     cfg = compose_study(monkeypatch, "plan", gpus=8)
     with pytest.raises(ConfigError) as unset:
         run(cfg, tmp_path, {"experiment"})
@@ -89,37 +89,37 @@ def test_plan_on_a_gpu_box_without_a_gpu_profile_stops_in_one_line(monkeypatch, 
     assert message.endswith("sim.profile=h100_sxm"), message
     assert not (tmp_path / "points").exists()  # stopped before any point
     with pytest.raises(ConfigError, match="was measured on a CPU"):
-        studies.check_executor(compose_study(monkeypatch, "plan", f"sim.profile={CPU_PROFILE}", gpus=8))
+        catalog.check_executor(compose_study(monkeypatch, "plan", f"sim.profile={CPU_PROFILE}", gpus=8))
 
 
 @pytest.mark.parametrize("spec", ["h100_sxm", "measured"])
 def test_a_gpu_box_plans_on_a_gpu_profile(monkeypatch, tmp_path, spec):
     spec = gpu_profile(tmp_path) if spec == "measured" else spec
     cfg = compose_study(monkeypatch, "plan", f"sim.profile={spec}", gpus=8)
-    studies.check_executor(cfg)
-    assert cfg.model.name == "llama3_8b" and {p.overrides["executor"] for p in studies.plan(cfg)} == {"sim"}
+    catalog.check_executor(cfg)
+    assert cfg.model.name == "llama3_8b" and {p.overrides["executor"] for p in catalog.plan(cfg)} == {"sim"}
 
 
 def test_other_simulated_studies_on_a_gpu_box_need_a_gpu_profile(monkeypatch):
     cfg = compose_study(monkeypatch, "rate_sweep", "executor=sim", gpus=2)
     with pytest.raises(ConfigError, match=r"sim.profile is unset.*experiment=rate_sweep"):
-        studies.check_executor(cfg)
+        catalog.check_executor(cfg)
     with pytest.raises(ConfigError, match=r"sim.decode_profile=.*tiny_cpu.json was measured on a CPU"):
-        studies.check_executor(compose_study(monkeypatch, "rate_sweep", "executor=sim", "sim.profile=h100_sxm",
+        catalog.check_executor(compose_study(monkeypatch, "rate_sweep", "executor=sim", "sim.profile=h100_sxm",
                                              f"sim.decode_profile={CPU_PROFILE}", gpus=2))
 
 
 def test_sim_validate_on_a_gpu_box_fits_its_profile_on_this_gpus_runs(monkeypatch):
     cfg = compose_study(monkeypatch, "sim_validate", gpus=2)
-    studies.check_executor(cfg)
-    sims = [p for p in studies.sim_validate(cfg) if p.overrides["executor"] == "sim"]
+    catalog.check_executor(cfg)
+    sims = [p for p in catalog.sim_validate(cfg) if p.overrides["executor"] == "sim"]
     assert sims and all(p.overrides["sim.profile"].startswith("run:") for p in sims)
     with pytest.raises(ConfigError, match="was measured on a CPU"):
-        studies.check_executor(compose_study(monkeypatch, "sim_validate", f"sim.profile={CPU_PROFILE}", gpus=2))
+        catalog.check_executor(compose_study(monkeypatch, "sim_validate", f"sim.profile={CPU_PROFILE}", gpus=2))
 
 
 def test_profile_on_a_gpu_box_measures_the_gpu_sizing_on_cuda(monkeypatch, tmp_path):
-    from testbed.experiments import profile as profile_study
+    from testbed.studies import profile as profile_study
 
     measured = {}
 

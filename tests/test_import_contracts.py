@@ -35,15 +35,15 @@ def test_the_layers_contract_names_every_package_of_testbed():
 
 
 def test_a_lazy_import_up_the_layers_breaks_the_contract(tmp_path):
-    """A copy of the tree whose engine imports the experiment layer inside a function: lint-imports
+    """A copy of the tree whose engine imports the studies layer inside a function: lint-imports
     fails and names the arrow."""
     skip = shutil.ignore_patterns("__pycache__", "*.pyc", "*.json", "*.csv", "*.jsonl", "*.c", "notebooks")
     for name in ("testbed", "analysis"):
         shutil.copytree(ROOT / name, tmp_path / name, ignore=skip)
     shutil.copy(ROOT / "pyproject.toml", tmp_path)
     sequence = tmp_path / "testbed" / "engine" / "sequence.py"
-    sequence.write_text(sequence.read_text() + "\n\ndef _up():\n    from testbed.experiments import runner  # noqa\n")
+    sequence.write_text(sequence.read_text() + "\n\ndef _up():\n    from testbed.studies import runner  # noqa\n")
     out = lint(tmp_path, "--contract", "layers")
     assert out.returncode == 1, out.stdout[-4000:] + out.stderr[-2000:]
-    assert "testbed.engine is not allowed to import testbed.experiments" in out.stdout, out.stdout[-4000:]
-    assert "testbed.engine.sequence -> testbed.experiments.runner" in out.stdout, out.stdout[-4000:]
+    assert "testbed.engine is not allowed to import testbed.studies" in out.stdout, out.stdout[-4000:]
+    assert "testbed.engine.sequence -> testbed.studies.runner" in out.stdout, out.stdout[-4000:]

@@ -18,8 +18,6 @@ import pandas as pd
 import pytest
 
 from testbed.config import Config, with_overrides
-from testbed.experiments.merge import SUPPORTED, add_point, rewrite
-from testbed.experiments.sweep import flatten
 from testbed.interop import (InteropError, bench_result, block_hash_ids, export_point, export_run, import_run,
                              read_sglang_result, read_vllm_result, write_mooncake_jsonl, write_vllm_custom_jsonl)
 from testbed.interop.__main__ import main
@@ -29,6 +27,8 @@ from testbed.metrics.events import request_table
 from testbed.metrics.latency import pooled_itl
 from testbed.metrics.slo import meets_slo
 from testbed.metrics.summary import summarize
+from testbed.studies.merge import SUPPORTED, add_point, rewrite
+from testbed.studies.sweep import flatten
 from testbed.tracking.results import write_json, write_results
 from testbed.workload.traces import read_mooncake_jsonl
 

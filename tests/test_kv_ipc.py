@@ -133,9 +133,9 @@ def _plans(*devices):
 def test_a_gpu_shared_by_p_and_d_needs_ipc_and_ipc_needs_one_box():
     shared = _plans(("prefill_only", "cuda:0"), ("decode_only", "cuda:0"))
     with pytest.raises(ConfigError, match="share cuda:0.*kv_transfer.backend=ipc"):
-        check_kv_backend(shared, "auto")
+        check_kv_backend(shared, "process_group")
     check_kv_backend(shared, "ipc")
-    check_kv_backend(_plans(("prefill_only", "cpu"), ("decode_only", "cpu")), "auto")
-    check_kv_backend(_plans(("prefill_only", "cuda:0"), ("decode_only", "cuda:1")), "auto")
+    check_kv_backend(_plans(("prefill_only", "cpu"), ("decode_only", "cpu")), "process_group")
+    check_kv_backend(_plans(("prefill_only", "cuda:0"), ("decode_only", "cuda:1")), "process_group")
     with pytest.raises(ConfigError, match="one box only"):
         check_kv_backend(shared, "ipc", across_hosts=True)

@@ -1,5 +1,5 @@
 """Imports point down the layers: the simulator, the control layer and the engine never pull in
-the experiment layer or the process code (launcher, router, connector, receiver, worker).
+the studies layer or the process code (launcher, router, connector, receiver, worker).
 
 Each module is imported in a process of its own (forked from one that has loaded torch and the
 other third-party libraries once), so a module is judged by its own imports, not by what an
@@ -24,10 +24,10 @@ from tests.paths import ROOT
 PACKAGE = ROOT / "testbed"
 PROCESS_CODE = ("testbed.cluster.launcher", "testbed.cluster.router", "testbed.cluster.connector",
                 "testbed.cluster.receiver", "testbed.cluster.worker")
-BELOW_EXPERIMENTS = ("testbed.experiments", *PROCESS_CODE)  # what sim, control and the plan helpers may not load
-ENGINE = ("testbed.cluster", "testbed.sim", "testbed.experiments")  # the engine knows no cluster and no simulator
-LAYERS = {"testbed.sim": BELOW_EXPERIMENTS, "testbed.control": BELOW_EXPERIMENTS, "testbed.engine": ENGINE}
-PLAN_HELPERS = {"testbed.cluster.layout": BELOW_EXPERIMENTS, "testbed.ports": BELOW_EXPERIMENTS}
+BELOW_STUDIES = ("testbed.studies", *PROCESS_CODE)  # what sim, control and the plan helpers may not load
+ENGINE = ("testbed.cluster", "testbed.sim", "testbed.studies")  # the engine knows no cluster and no simulator
+LAYERS = {"testbed.sim": BELOW_STUDIES, "testbed.control": BELOW_STUDIES, "testbed.engine": ENGINE}
+PLAN_HELPERS = {"testbed.cluster.layout": BELOW_STUDIES, "testbed.ports": BELOW_STUDIES}
 # loaded once before the forks, to keep each child's import short; none of them is a testbed module
 PRELOAD = ("torch", "numpy", "pandas", "omegaconf", "hydra", "testbed")
 

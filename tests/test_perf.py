@@ -7,13 +7,13 @@ import pandas as pd
 import pytest
 
 from testbed.errors import ConfigError
-from testbed.experiments.points import simulate_point
 from testbed.model.config import PRESETS
 from testbed.perf import GPUS, CostModel, RooflineModel, cost_model, weight_params
 from testbed.perf.check import DECODE, PREFILL, RIDGE, decode_rows, prefill_rows
 from testbed.sim.executor import simulate
-from testbed.sim.planner import analytical_split
+from testbed.sim.load_split import analytical_split
 from testbed.sim.simulator import Simulation
+from testbed.studies.points import simulate_point
 from tests.cluster_helpers import make_config, small_workload
 
 LLAMA = PRESETS["llama3_8b"]
@@ -207,11 +207,11 @@ def test_a_bad_profile_name_is_refused_at_validation():
 
 def test_a_gpu_name_loads_no_profile_file():
     cfg = llama_config("sim.profile=h200")
-    assert cfg.sim.load(cfg.model.name) is None  # the planner then takes the GPU from cfg.sim
+    assert cfg.sim.load(cfg.model.name) is None  # the load split then takes the GPU from cfg.sim
     assert analytical_split(cfg, cfg.sim.load(cfg.model.name), 8)["split"].endswith("D")
 
 
-def test_the_planner_takes_each_role_s_gpu():
+def test_the_load_split_takes_each_role_s_gpu():
     base = ["mode=disagg", "sim.prefill_profile=h100_sxm"]
     same = analytical_split(llama_config(*base, "sim.decode_profile=h100_sxm"), None, 8)
     faster_decode = analytical_split(llama_config(*base, "sim.decode_profile=h200"), None, 8)

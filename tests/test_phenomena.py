@@ -24,7 +24,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from testbed.config import override_keys, register_configs, to_config
-from testbed.experiments.runner import run
+from testbed.studies.runner import run
 from tests.paths import CONF
 
 register_configs()

@@ -10,7 +10,8 @@ import pytest
 
 from testbed.metrics import Event, RequestLog, SLOConfig, request_table, summarize
 from testbed.metrics.events import STEP_COLUMNS, TRANSFER_COLUMNS
-from testbed.tracking import ResultsError, collect_meta, read_results, write_results
+from testbed.metrics.results_dir import ResultsError, read_results
+from testbed.tracking import collect_meta, write_results
 
 
 def small_table():
@@ -76,6 +77,23 @@ def test_rewrite_replaces_files(tmp_path):
                       config={"rate": rate}, meta={}, summary={})
     assert read_results(tmp_path)["config"] == {"rate": 2.0}
     assert not [n for n in os.listdir(tmp_path) if n.endswith(".tmp")]
+
+
+def test_config_yaml_is_plain_yaml_with_the_same_content(tmp_path):
+    """config.yaml is written with PyYAML (no OmegaConf below the studies layer): a stored
+    Config's text is what OmegaConf wrote before, a tuple reads back as a list, strings that look
+    like numbers or booleans stay strings."""
+    from omegaconf import OmegaConf
+
+    from testbed.config import Config
+    from testbed.tracking.results import config_yaml, stored_config
+
+    stored = stored_config(Config())
+    assert config_yaml(stored) == OmegaConf.to_yaml(OmegaConf.create(stored))
+    odd = {"a": (1, 2.5), "b": "1.5", "c": "true", "d": None, "e": "${x}", "f": [{"g": float("inf")}]}
+    write_results(tmp_path, requests=small_table(), config=odd, meta={}, summary={})
+    assert read_results(tmp_path)["config"] == {**odd, "a": [1, 2.5]}
+    assert read_results(tmp_path)["config"] == OmegaConf.to_container(OmegaConf.create(odd))
 
 
 def test_unwritable_directory_is_a_one_line_error(tmp_path):

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from testbed.errors import ConfigError
-from testbed.experiments.resume import changes
+from testbed.studies.resume import changes
 from testbed.tracking.results import stored_config
 from tests.cluster_helpers import make_config
 from tests.study_runs import run_study
@@ -41,7 +41,7 @@ def test_a_resumed_sweep_skips_same_points_and_refuses_changed_ones(tmp_path):
 
 
 def test_the_cpu_sizing_applied_is_stored_with_the_sweep(tmp_path):
-    from testbed.experiments.runner import run
+    from testbed.studies.runner import run
 
     cfg = make_config("+experiment=mode_compare", *SIM, "experiment.repeats=1", "experiment.figures=false")
     run(cfg, tmp_path, explicit={"experiment", "executor", "workload.num_requests"})

@@ -123,7 +123,7 @@ def test_transfers_move_prompt_kv(name):
     assert (done.decode_start_s.to_numpy() >= transfers.end_s.to_numpy()).all()
 
 
-@pytest.mark.parametrize("backend", ["auto", "ipc"])
+@pytest.mark.parametrize("backend", ["process_group", "ipc"])
 def test_transfers_take_the_time_of_their_transport(backend):
     transfers = run("mode=disagg", f"kv_transfer.backend={backend}")["transfers"]
     expected = [COST.transfer_time(n, backend) for n in transfers.kv_bytes]
@@ -134,7 +134,7 @@ def test_transfers_take_the_time_of_their_transport(backend):
 def test_ipc_on_a_profile_made_before_the_ipc_transport_is_refused_in_one_line():
     old = {**PROFILE, "samples": {k: v for k, v in PROFILE["samples"].items() if k != "transfer_ipc"}}
     old["cost_model"] = {k: v for k, v in PROFILE["cost_model"].items() if not k.startswith("ipc_")}
-    assert CostModel.from_profile(old).transports == ("auto",)
+    assert CostModel.from_profile(old).transports == ("process_group",)
     simulate(make_config(*small_workload(4, 40.0), "mode=disagg"), old)  # the wire still simulates
     with pytest.raises(ConfigError, match=r"kv_transfer.backend=ipc: the prefill profile \(given\) has no ipc transfer samples"):
         simulate(make_config(*small_workload(4, 40.0), "mode=disagg", "kv_transfer.backend=ipc"), old)

@@ -105,7 +105,7 @@ def wait_for(path: Path, text: str) -> str:
 
 
 def poke(address: str) -> None:
-    """A stray client on a rank's control port: an HTTP probe, then a pickle over ZeroMQ."""
+    """A stray client on a rank's message port: an HTTP probe, then a pickle over ZeroMQ."""
     host, port = address.removeprefix("tcp://").rsplit(":", 1)
     with socket.create_connection((host, int(port))) as raw:
         raw.sendall(b"GET / HTTP/1.1\r\n\r\n")
@@ -124,8 +124,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(not Path("/proc/self/task").e
                          ids=["1P1D", "colocated2"])
 def test_two_nodes_give_the_single_box_tokens_and_write_results_once(tmp_path, mode):
     nodes, cwd = two_nodes(tmp_path, *mode, *WORKLOAD)
-    line = wait_for(tmp_path / "node1.out", "control on tcp://")
-    poke(line.split("control on ")[1].split()[0])  # during the run: refused, logged, changes nothing
+    line = wait_for(tmp_path / "node1.out", "messages on tcp://")
+    poke(line.split("messages on ")[1].split()[0])  # during the run: refused, logged, changes nothing
     assert finish(nodes) == [0, 0], (tmp_path / "node0.err").read_text()[-3000:]
     run = tmp_path / "run"
     assert tokens(pd.read_parquet(run / "requests.parquet")) == tokens(single_box(tmp_path, *mode, *WORKLOAD))
@@ -136,7 +136,7 @@ def test_two_nodes_give_the_single_box_tokens_and_write_results_once(tmp_path, m
     clock = meta["ranks"]["1"]  # one host: one clock, measured but not applied
     assert not clock["clock_rebased"] and abs(clock["clock_offset_s"]) <= clock["clock_rtt_s"]
     assert {r["attention_backend"] for r in meta["ranks"].values()} == {CPU_BACKEND}
-    assert set(meta["control_refused"]) == {"0", "1"}  # each rank's refused frames by port and reason
+    assert set(meta["messages_refused"]) == {"0", "1"}  # each rank's refused frames by port and reason
     if mode == ["mode=disagg"]:
         transfers = pd.read_parquet(run / "kv_transfers.parquet")
         assert len(transfers) == 8 and transfers.crossed_nodes.all() and (transfers.outcome == "ok").all()

@@ -21,12 +21,12 @@ import torch
 from omegaconf import OmegaConf
 
 from testbed.errors import ConfigError
-from testbed.experiments.sweep import track_figures, track_point
 from testbed.sim.config import SHIPPED
+from testbed.studies.runner import run_group
+from testbed.studies.sweep import track_figures, track_point
 from testbed.tracking import telemetry
 from testbed.tracking.config import TrackerConfig
 from testbed.tracking.results import collect_meta
-from testbed.experiments.runner import run_group
 from testbed.tracking.tracked import flatten_summary, profile_files, rate_history, series_rows, table_sample
 from testbed.tracking.wandb_tracker import NullTracker, TrackerError, WandbTracker, make_tracker
 from tests.cluster_helpers import make_config
@@ -397,7 +397,7 @@ def test_wandb_dir_moves_every_run_unless_tracker_dir_is_set(tmp_path, fake_wand
 
 
 def test_a_simulated_sweep_shares_one_dated_group_and_always_has_its_sweep_run(tmp_path, fake_wandb):
-    from testbed.experiments.runner import run
+    from testbed.studies.runner import run
 
     cfg = make_config("+experiment=mode_compare", "executor=sim", "tracker=wandb", "experiment.repeats=1",
                       "experiment.modes=[chunked,disagg]", "workload.num_requests=10", "experiment.figures=false")

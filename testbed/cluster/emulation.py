@@ -77,7 +77,7 @@ def resolve(spec: str, args: ModelArgs, dtype: str, key: str = "hardware.emulate
 
 
 def role_pacers(emulation: Emulation, role: str, model: ModelConfig, real_kv_bytes_per_token: int,
-                kv_backend: str = "auto") -> tuple[StepPacer, LinkPacer]:
+                kv_backend: str = "process_group") -> tuple[StepPacer, LinkPacer]:
     """The step pacer of a worker of `role`, and the link pacer its KV sends (over kv_backend) follow."""
     args = modelled_args(emulation, model)
     paced = resolve(emulation.spec_for(role), args, model.dtype)

@@ -34,7 +34,7 @@ class StepPace:
 
 
 class StepPacer:
-    """Modelled step time from a step record's batch shape (engine.StepRecord fields)."""
+    """Modelled step time from a step record's batch shape (metrics.record.StepRecord fields)."""
 
     def __init__(self, model):
         self.model = model
@@ -52,7 +52,7 @@ class LinkPacer:
     """A prefill worker's link: one transfer at a time, each `transfer_time(bytes)` long (the
     simulator's link). `bytes_scale` turns the real KV bytes into the modelled shape's bytes."""
 
-    def __init__(self, model, bytes_scale: float = 1.0, backend: str = "auto"):
+    def __init__(self, model, bytes_scale: float = 1.0, backend: str = "process_group"):
         self.model, self.bytes_scale, self.backend = model, bytes_scale, backend
         self.free_at = -math.inf
         self.begin: dict[tuple[int, float], float] = {}  # (request, start) -> when it has the link

@@ -1,4 +1,4 @@
-"""One rank's worker under torchrun: its control mesh (ZeroMQ endpoints found through the
+"""One rank's worker under torchrun: its message mesh (ZeroMQ endpoints found through the
 rendezvous store) and, on ranks other than 0, the loop that serves every point rank 0 launches.
 
     rank r>0: serve_rank: wait for Launch -> run the worker in this process -> wait again,
@@ -34,8 +34,8 @@ GRACE_S = 2.0  # an exited process's last frames (its audit, rank 0's Shutdown) 
 
 
 @dataclass(frozen=True)
-class ControlPlan:
-    """What a worker process needs to join one point's control mesh (picklable: a spawned child)."""
+class MeshPlan:
+    """What a worker process needs to join one point's message mesh (picklable: a spawned child)."""
 
     token: str
     bind: str
@@ -46,7 +46,7 @@ class ControlPlan:
     keys: Optional[Keys] = None  # this rank's CURVE keys and the run's public keys (None: one box without CURVE)
 
 
-def net_worker_main(spec: WorkerSpec, plan: ControlPlan) -> None:
+def net_worker_main(spec: WorkerSpec, plan: MeshPlan) -> None:
     """A worker whose inbox, peers and router are ZeroMQ endpoints found through the store."""
     store = store_client(*plan.store, plan.timeout_s)
     ctx = zmq.Context()
@@ -59,7 +59,7 @@ def net_worker_main(spec: WorkerSpec, plan: ControlPlan) -> None:
         peers = {r: Outbox(ctx, lookup(store, f"{plan.prefix}/inbox/{r}", plan.timeout_s), plan.token,
                            plan.heartbeat_s, f"worker {r}", plan.keys, r) for r in range(spec.world_size) if r != spec.rank}
         worker_main(spec, Mesh(inbox, peers, spec.rank), events, events.lost)
-        # what this process's control ports turned away, for rank 0's meta.json (after the audit)
+        # what this process's message ports turned away, for rank 0's meta.json (after the audit)
         publish(store, f"{plan.prefix}/refused/{spec.rank}", json.dumps(refused_counts()))
     except LookupError as missing:
         raise RouterLost(f"rank {spec.rank} stops: {missing}") from None
@@ -68,7 +68,7 @@ def net_worker_main(spec: WorkerSpec, plan: ControlPlan) -> None:
         ctx.destroy(linger=LINGER_MS)  # every socket: the last frames (the audit) still leave
 
 
-def child_worker_main(spec: WorkerSpec, plan: ControlPlan) -> None:
+def child_worker_main(spec: WorkerSpec, plan: MeshPlan) -> None:
     """Rank 0's own worker, a child of the router's process: a lost router is one line, not a traceback."""
     try:
         net_worker_main(spec, plan)
@@ -102,7 +102,7 @@ def serve_rank(world: World, cluster_cfg, read_config: Callable[[dict], Any]) ->
         driver = Outbox(ctx, lookup(store, f"{world.scope}/driver", cluster_cfg.start_timeout_s), token, beat,
                         "rank 0", keys, 0)
         log.info(f"torchrun rank {world.rank} (node {world.node}, host {socket.gethostname()}): "
-                 f"control on {agent.address}")
+                 f"messages on {agent.address}")
         while not _serve_next(world, cluster_cfg, (token, keys), bind, agent, driver, store, read_config):
             pass
     except LookupError:
@@ -142,11 +142,11 @@ def _serve_point(world: World, cluster_cfg, secrets: tuple, bind: str, launch: L
 
     cfg = read_config(launch.config)
     plans = plan_ranks(cfg.mode, cfg.cluster, cfg.hardware, world)
-    control = ControlPlan(secrets[0], bind, cluster_cfg.heartbeat_s, (world.master_addr, world.master_port),
-                          f"{world.scope}/point{launch.point}", cluster_cfg.start_timeout_s, secrets[1])
+    mesh = MeshPlan(secrets[0], bind, cluster_cfg.heartbeat_s, (world.master_addr, world.master_port),
+                    f"{world.scope}/point{launch.point}", cluster_cfg.start_timeout_s, secrets[1])
     on_interrupt = signal.getsignal(signal.SIGINT)
     try:
-        net_worker_main(rank_spec(worker_template(cfg), plans, world.rank, world, launch.point), control)
+        net_worker_main(rank_spec(worker_template(cfg), plans, world.rank, world, launch.point), mesh)
     except RouterLost as lost:
         raise RankLost(str(lost)) from None
     finally:

@@ -4,7 +4,7 @@
               (Launch to every rank, its own worker as a child process, router over ZeroMQ)
     rank r>0: serve_rank (testbed/cluster/rank.py): run each launched point's worker in-process
 
-Every point's workers find each other's control addresses in the rendezvous store under
+Every point's workers find each other's message addresses in the rendezvous store under
 `testbed/<run>/point<N>/` and form their torch.distributed group through it (NCCL across GPUs,
 gloo on CPU). A rank that dies or never joins fails the run with one line naming it and its host;
 the others stop: remote workers notice the router's connection drop (ZeroMQ heartbeats).
@@ -23,7 +23,7 @@ import torch.multiprocessing as mp
 import zmq
 
 from testbed.cluster.launcher import Cluster
-from testbed.cluster.rank import GRACE_S, ControlPlan, child_worker_main, rank_spec
+from testbed.cluster.rank import GRACE_S, MeshPlan, child_worker_main, rank_spec
 from testbed.cluster.worker import WorkerSpec
 from testbed.control.layout import WorkerPlan
 from testbed.errors import ConfigError, RankLost
@@ -66,7 +66,7 @@ class Session:
             self.guard.stop()
             self.ctx.destroy(linger=0)
             raise
-        log.info(f"torchrun: {self.world.world_size} ranks on {self.world.num_nodes} nodes; control on "
+        log.info(f"torchrun: {self.world.world_size} ranks on {self.world.num_nodes} nodes; messages on "
                  f"{self.bind} (hosts: {', '.join(f'{r}={h}' for r, h in sorted(self.hosts.items()))})")
         return self
 
@@ -135,8 +135,8 @@ class TorchrunCluster(Cluster):
 
     def _start_child(self) -> None:
         s = self.session
-        plan = ControlPlan(s.token, s.bind, s.heartbeat_s, (s.world.master_addr, s.world.master_port),
-                           self.prefix, s.timeout_s, s.keys)  # rank 0's keys: the child is this rank's worker
+        plan = MeshPlan(s.token, s.bind, s.heartbeat_s, (s.world.master_addr, s.world.master_port),
+                        self.prefix, s.timeout_s, s.keys)  # rank 0's keys: the child is this rank's worker
         spec = rank_spec(self.template, self.plans, 0, s.world, self.point)
         self.child = mp.get_context("spawn").Process(target=child_worker_main, args=(spec, plan), daemon=True,
                                                      name=f"testbed-worker0-{spec.role}")
@@ -190,7 +190,7 @@ class TorchrunCluster(Cluster):
         frames lost with a broken connection be replayed)."""
         plan = self.plans[rank]
         if rank and rank in self.outboxes and self.outboxes[rank].lost() and not self.session.agents[rank].lost():
-            why = "its control connection dropped while its process still answers (frames in flight are lost)"
+            why = "its message connection dropped while its process still answers (frames in flight are lost)"
         raise RankLost(f"rank {rank} ({plan.role}) on node {plan.node}, host {self.host(rank)}: {why}")
 
     def kill(self, rank: int) -> None:
@@ -204,11 +204,11 @@ class TorchrunCluster(Cluster):
         for rank, offset in self.measured.items():
             out["ranks"][str(rank)].update(clock_offset_s=offset.seconds, clock_rtt_s=offset.rtt_s,
                                            clock_rebased=bool(self.offsets[rank].seconds))
-        out["control_refused"] = self.refused()
+        out["messages_refused"] = self.refused()
         return out
 
     def refused(self) -> dict[str, dict]:
-        """What each rank's control ports turned away so far, by port and reason:
+        """What each rank's message ports turned away so far, by port and reason:
         {rank: {port name: {reason: count}}} (rank 0: the router's and driver's, and its worker's)."""
         found = {"0": refused_counts()}
         for rank in range(len(self.plans)):

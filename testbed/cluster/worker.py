@@ -80,7 +80,7 @@ class WorkerSpec:
     host: str = ""  # where the worker runs (meta.json's hosts and links)
     node: int = 0
     roles: tuple = ()  # every rank's role: P and D warm their links up before the run's clock starts
-    kv_backend: str = "auto"  # auto: KV over the process group; ipc: P writes into D's mapped pool
+    kv_backend: str = "process_group"  # process_group: KV over the process group; ipc: P writes into D's mapped pool
 
     @property
     def direct(self) -> bool:
@@ -145,7 +145,7 @@ def _setup(spec: WorkerSpec) -> Engine:
     if not spec.direct:
         warm_links(spec.rank, spec.roles, device)
     # model.max_model_len unset: fitted to this pool, which Started reports; the driver says it once
-    # for every worker (testbed/experiments/serve.py: fit_to_pools)
+    # for every worker (testbed/studies/serve.py: fit_to_pools)
     fit = spec.model.max_model_len is None
     if fit:
         logging.getLogger("testbed.engine.model_runner").setLevel(logging.ERROR)

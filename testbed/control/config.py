@@ -87,6 +87,10 @@ def device_ref(entry, key: str = "cluster.prefill_devices") -> tuple[int, int]:
 
 # the KV failure settings' defaults: kv_transfer's, and the policy's it hands the workers (one set)
 ON_FAILURE, MAX_RETRIES, RETRY_FALLBACK = "fail", 2, "recompute"
+# kv_transfer.backend: the KV over torch.distributed's process group (NCCL between GPUs, gloo on
+# CPU), or ipc; a value's old name (results written before its rename still read) -> its name
+KV_BACKENDS = ("process_group", "ipc")
+RENAMED_BACKENDS = {"auto": "process_group"}
 
 
 @dataclass(frozen=True)
@@ -130,9 +134,9 @@ class KVTransferConfig:
     multiturn: str = "resend"
     ppd_max_append_tokens: int = 512  # ppd: a longer uncached part goes through P
     local_prefill_max_tokens: int = 0  # prompts (or uncached parts) this short prefill on D; 0: off
-    # how the KV moves: auto (torch.distributed: NCCL between GPUs, gloo on CPU) or ipc (P writes
-    # into D's blocks through D's mapped pool: one box; P and D may share one GPU)
-    backend: str = "auto"
+    # how the KV moves: process_group (torch.distributed's process group: NCCL between GPUs, gloo on
+    # CPU) or ipc (P writes into D's blocks through D's mapped pool: one box; P and D may share one GPU)
+    backend: str = "process_group"
 
     @property
     def follows_caches(self) -> bool:
@@ -154,7 +158,7 @@ class KVTransferConfig:
     def validate(self) -> "KVTransferConfig":
         choices = {"granularity": ("request", "layer"), "decode_binding": ("early", "late"),
                    "on_failure": ("fail", "recompute", "retry"), "retry_fallback": ("recompute", "fail"),
-                   "multiturn": ("resend", "incremental", "ppd"), "backend": ("auto", "ipc")}
+                   "multiturn": ("resend", "incremental", "ppd"), "backend": KV_BACKENDS}
         for key, allowed in choices.items():
             if getattr(self, key) not in allowed:
                 raise ConfigError(f"kv_transfer.{key}={getattr(self, key)!r} is not one of {', '.join(allowed)}")

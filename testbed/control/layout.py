@@ -64,7 +64,7 @@ def check_kv_backend(plans: list[WorkerPlan], backend: str, across_hosts: bool =
     and a D that share a GPU need ipc."""
     if backend == "ipc" and across_hosts:
         raise ConfigError("kv_transfer.backend=ipc maps the decode worker's KV pool into the prefill worker: "
-                          "one box only; under torchrun use kv_transfer.backend=auto (NCCL)")
+                          "one box only; under torchrun use kv_transfer.backend=process_group (NCCL)")
     shared = sorted({p.device for p in plans if p.role == "prefill_only" and p.device.startswith("cuda")}
                     & {p.device for p in plans if p.role == "decode_only"})
     if backend != "ipc" and shared:

@@ -4,10 +4,10 @@ from testbed.engine.block_manager import BlockManager
 from testbed.engine.config import EngineConfig, SchedulerConfig
 from testbed.engine.scheduler import Batch, Scheduler, StepResult
 from testbed.engine.sequence import Sequence, SequenceStatus
-from testbed.metrics.record import StepRecord  # what a step reports: a row of steps.parquet
 
+# what a step reports (StepRecord, a row of steps.parquet) is imported from testbed/metrics/record.py
 __all__ = ["Batch", "BlockManager", "Engine", "EngineConfig", "Scheduler", "SchedulerConfig", "Sequence",
-           "SequenceStatus", "StepRecord", "StepResult"]
+           "SequenceStatus", "StepResult"]
 
 
 def __getattr__(name: str):

@@ -5,7 +5,7 @@
 - Import: a vLLM or SGLang result file as a results directory (requests.parquet, summary.json,
   ...), so every analysis function reads it (`import_run`).
 - Merge: an imported run drawn beside a study's own configurations
-  (testbed.experiments.merge.add_point).
+  (testbed.studies.merge.add_point).
 
 Command line: `python -m testbed.interop {export,import,add} ...` (see __main__.py).
 Nothing here imports torch or an HTTP client.

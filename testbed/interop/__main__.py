@@ -78,11 +78,11 @@ def import_file(args) -> None:
 
 
 def add(args) -> None:
-    # an entry point, on top of the layers like python -m testbed: it runs the experiment layer and
+    # an entry point, on top of the layers like python -m testbed: it runs the studies layer and
     # hands it the analysis layer's figures
     from analysis.studies import study_figures
-    from testbed.experiments import figures
-    from testbed.experiments.merge import add_point
+    from testbed.studies import figures
+    from testbed.studies.merge import add_point
 
     figures.draw_with(study_figures)
 

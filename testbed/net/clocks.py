@@ -1,6 +1,6 @@
 """Worker times on rank 0's clock. Every worker stamps its reports with its own host's monotonic
 clock; on another host that clock has another origin, so rank 0 measures each rank's offset once
-(pings over the control link, the round trip with the least delay wins, as NTP does) and rebases
+(pings over the message link, the round trip with the least delay wins, as NTP does) and rebases
 the worker-stamped fields of its reports before anything reads them. TTFT, TPOT and ITL use
 rank 0's receipt times and need none of this; queueing, KV transfer times and the step table do.
 """

@@ -1,4 +1,5 @@
-"""Control-plane messages (small, picklable). KV tensors never travel here: only their headers.
+"""The messages between processes (small, picklable): what the control plane's decisions and the
+workers' reports travel as. KV tensors never travel here: only their headers.
 
 router -> worker:  Serve, Reserve, Abort, Stop, Ping (clock offsets across hosts)
 D -> P (direct):   Ready, KVAck     P -> D (direct): KVBegin, KVPart, KVDone

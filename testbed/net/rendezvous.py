@@ -2,7 +2,7 @@
 
 torchrun sets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK (the node) and
 MASTER_ADDR/MASTER_PORT (its rendezvous store). Global rank 0 makes the run's token and puts it
-in the store; every control endpoint's address goes there too, so no port is fixed anywhere.
+in the store; every message endpoint's address goes there too, so no port is fixed anywhere.
 The store is the trust anchor: whoever can read it holds the token that every frame must carry.
 """
 
@@ -72,7 +72,7 @@ def bind_address(requested: str | None, world: World) -> str:
                           "address of this host (the one the other nodes reach it by)")
     address = _address_of(requested) if requested else _route_to(world.master_addr, world.master_port)
     if spans_hosts(world) and _is_loopback(address):
-        raise ConfigError(f"the control sockets would listen on {address}, which other nodes cannot reach "
+        raise ConfigError(f"the message sockets would listen on {address}, which other nodes cannot reach "
                           f"(MASTER_ADDR={world.master_addr}); set cluster.bind to this host's address on the "
                           "cluster network")
     return address

@@ -1,7 +1,7 @@
-"""Control messages between hosts over ZeroMQ: one bound PULL socket per receiver, one PUSH
+"""Messages between hosts over ZeroMQ: one bound PULL socket per receiver, one PUSH
 socket per (sender, receiver) pair, every frame in the versioned JSON of `testbed.net.wire`.
 
-Why ZeroMQ (measured in `python -m testbed.bench.control`, README "Across hosts"): its I/O thread
+Why ZeroMQ (measured in `python -m testbed.bench.messages`, README "Across hosts"): its I/O thread
 frames, queues and reconnects without the sender waiting on the receiver, which a worker in the
 middle of a step needs; and its own heartbeats (ZMTP PING/PONG, answered by that thread even while
 Python is busy) notice a dead or unreachable peer. A frame that does not decode is dropped, counted
@@ -108,7 +108,7 @@ class Inbox(Reports):
         self.refused_by[reason] += 1
         REFUSED.setdefault(self.name, Counter())[reason] += 1
         if self.refused <= MAX_LOGGED:
-            log.warning(f"control {self.name} ({self.address}) dropped {what} (refused so far: {self.refused})")
+            log.warning(f"messages {self.name} ({self.address}) dropped {what} (refused so far: {self.refused})")
 
     def close(self) -> None:
         self.sock.disable_monitor()
@@ -151,7 +151,7 @@ class Outbox:
 
 
 class Mesh:
-    """One process's control endpoints for one serving point: its own Inbox and an Outbox to each
+    """One process's message endpoints for one serving point: its own Inbox and an Outbox to each
     peer it sends to, indexed like the single-box launcher's queue list (`mesh[rank].put(msg)`,
     `mesh[own rank].get()`), so the worker and the KV connector do not know which they hold."""
 

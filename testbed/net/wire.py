@@ -1,4 +1,4 @@
-"""The control messages' wire format between hosts: versioned JSON, never pickle.
+"""The messages' wire format between hosts: versioned JSON, never pickle.
 
     {"v": 1, "token": "<run token>", "type": "Serve", "body": {"rid": 7, "prompt": [...], ...}}
 
@@ -47,7 +47,7 @@ MAX_DEPTH = 16  # nesting: the deepest message (a StepEvents' record's prefill c
 
 
 class BadMessage(ValueError):
-    """A frame that is not one of this run's control messages; `reason` is the short name it is
+    """A frame that is not one of this run's messages; `reason` is the short name it is
     counted under (the full message says more)."""
 
     def __init__(self, reason: str, detail: str = ""):
@@ -64,7 +64,7 @@ MESSAGE_TYPES = {cls.__name__: cls for cls in (
 def encode(msg, token: str) -> bytes:
     name = type(msg).__name__
     if MESSAGE_TYPES.get(name) is not type(msg):
-        raise TypeError(f"{name} is not a control message")
+        raise TypeError(f"{name} is not a message of the wire")
     body = {f: getattr(msg, f) for f in FIELDS[name]}
     return json.dumps({"v": VERSION, "token": token, "type": name, "body": body}, separators=(",", ":"),
                       default=_scalar).encode()
@@ -111,7 +111,7 @@ def _scalar(value):
     """numpy scalars (a token id, a block count) as plain numbers; anything else is a bug."""
     if hasattr(value, "item"):
         return value.item()
-    raise TypeError(f"{type(value).__name__} does not travel in a control message")
+    raise TypeError(f"{type(value).__name__} does not travel in a message")
 
 
 def _deep_tuple(value):

@@ -82,17 +82,18 @@ def relative_fit(features: np.ndarray, seconds: np.ndarray) -> tuple[np.ndarray,
 
 
 # kv_transfer.backend -> its (latency, bytes per second) coefficients
-TRANSFER_TERMS = {"auto": ("transfer_latency_s", "transfer_bytes_per_s"), "ipc": ("ipc_latency_s", "ipc_bytes_per_s")}
+TRANSFER_TERMS = {"process_group": ("transfer_latency_s", "transfer_bytes_per_s"),
+                  "ipc": ("ipc_latency_s", "ipc_bytes_per_s")}
 
 
 def require_transport(model, backend: str, what: str) -> None:
     """A cost model (`what`, for the message) must time KV transfers over kv_transfer.backend: the one
-    check the simulator, the planner and emulated links all make."""
+    check the simulator, the P:D split estimates and emulated links all make."""
     if backend in model.transports:
         return
     if backend == "ipc":
         raise ConfigError(f"kv_transfer.backend=ipc: {what} has no ipc transfer samples; profile again "
-                          "(python -m testbed +experiment=profile) or use kv_transfer.backend=auto")
+                          "(python -m testbed +experiment=profile) or use kv_transfer.backend=process_group")
     raise ConfigError(f"kv_transfer.backend={backend}: {what} has transfer times for ipc only (fitted on a run over "
                       "ipc); use kv_transfer.backend=ipc, or a profile or run of this transport")
 
@@ -120,7 +121,7 @@ class CostModel:
     per_attended_pair_s: float
     per_decode_seq_s: float
     per_decode_context_token_s: float
-    # KV transfer over the process group (kv_transfer.backend=auto) and over ipc (P copies into D's
+    # KV transfer over the process group (kv_transfer.backend=process_group) and over ipc (P copies into D's
     # mapped pool); None where the profile has no samples of that transport (made before ipc
     # existed, or fitted in situ from a run that used the other one)
     transfer_latency_s: Optional[float] = None
@@ -150,7 +151,7 @@ class CostModel:
                 + self.per_attended_pair_s * prefill_tokens * prefill_context
                 + self.per_decode_seq_s * decode_seqs + self.per_decode_context_token_s * decode_context)
 
-    def transfer_time(self, nbytes: int, backend: str = "auto") -> float:
+    def transfer_time(self, nbytes: int, backend: str = "process_group") -> float:
         require_transport(self, backend, "this profile")
         latency, rate = TRANSFER_TERMS[backend]
         return getattr(self, latency) + nbytes / getattr(self, rate)

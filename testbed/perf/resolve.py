@@ -31,7 +31,7 @@ class StepCostModel(Protocol):
 
     def step_time(self, prefill_tokens: int, prefill_context: float, decode_seqs: int, decode_context: int) -> float: ...
 
-    def transfer_time(self, nbytes: int, backend: str = "auto") -> float: ...  # backend: kv_transfer.backend
+    def transfer_time(self, nbytes: int, backend: str = "process_group") -> float: ...  # backend: kv_transfer.backend
 
 
 def is_gpu(spec: str) -> bool:

@@ -35,7 +35,8 @@ class RooflineModel:
     model_args: ModelArgs
     dtype_bytes: int = 2
     causal_attention: bool = True  # flash-attn on a GPU skips a chunk's masked half
-    transports: ClassVar[tuple] = ("auto", "ipc")  # kv_transfer.backend values it times (both: the NVLink formula)
+    # the kv_transfer.backend values it times (both: the NVLink formula)
+    transports: ClassVar[tuple] = ("process_group", "ipc")
 
     # -- the CostModel interface -------------------------------------------------------------------
     def prefill_context(self, chunks: Iterable[tuple[int, int]]) -> float:
@@ -44,7 +45,7 @@ class RooflineModel:
     def step_time(self, prefill_tokens: int, prefill_context: float, decode_seqs: int, decode_context: int) -> float:
         return sum(self.breakdown(prefill_tokens, prefill_context, decode_seqs, decode_context).values())
 
-    def transfer_time(self, nbytes: int, backend: str = "auto") -> float:
+    def transfer_time(self, nbytes: int, backend: str = "process_group") -> float:
         """A KV send over NVLink (one direction). ipc (P's copy into D's pool over peer access)
         crosses the same link: a roofline does not tell the two apart."""
         return self.gpu.link_latency_s + nbytes / (self.gpu.nvlink_bytes_per_s * self.gpu.nvlink_share)

@@ -27,11 +27,11 @@ from aiohttp import web
 from testbed.cluster.point import fit_to_pools, stop_cluster
 from testbed.config import Config
 from testbed.errors import ConfigError
-from testbed.experiments.serve import start_cluster, write_point
 from testbed.http.protocol import (DONE, BadRequest, Completion, body_limit, chunk, error_body, error_chunk,
                                    parse_completion, usage, usage_chunk)
 from testbed.metrics.events import RequestLog
 from testbed.server.live import LiveRouter
+from testbed.studies.serve import start_cluster, write_point
 from testbed.tracking.telemetry import start_telemetry
 from testbed.workload import Request
 

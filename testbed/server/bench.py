@@ -29,9 +29,9 @@ def config(mode: str, requests: int, rate: float, seed: int) -> Config:
 
 def one_repeat(cfg: Config, root: Path) -> tuple:
     """(in-process requests, HTTP requests) of one seed."""
-    from testbed.experiments.serve import serve
-    from testbed.experiments.points import http_point
     from testbed.server.app import HttpServer
+    from testbed.studies.points import http_point
+    from testbed.studies.serve import serve
 
     local = serve(cfg, root / "local", progress=False)["requests"]
     with HttpServer(cfg) as server:

@@ -3,7 +3,7 @@
 Most steps of a long simulation are plain decodes: every running sequence gets one token, none
 finishes, nothing waits (Scheduler.quiet_run). Until a message reaches the worker, those steps
 are fixed in advance, and so is the one after them, in which a sequence finishes. The simulator
-plans them at once (`plan`: each step's start, end, report delay and the gap after it, with the
+times them at once (`time_run`: each step's start, end, report delay and the gap after it, with the
 host's draws in the order stepping would draw them) and posts one event at the run's end. Then
 it applies the quiet steps together and finishes the last one as an ordinary step. A message
 that reaches the worker first cuts the run (`cut`): the steps begun before it stand, the one in
@@ -87,13 +87,14 @@ class DecodeRun:
         return done, in_flight
 
 
-def plan(now: float, quiet: QuietRun, cost: StepCostModel, scale: Delay, host: HostModel, draws: Draws) -> DecodeRun:
+def time_run(now: float, quiet: QuietRun, cost: StepCostModel, scale: Delay, host: HostModel,
+             draws: Draws) -> DecodeRun:
     """The run's steps from `now`, timed as Simulation steps them one at a time: the step's cost
     times its contention draw, then the report and gap draws."""
     run = DecodeRun(quiet, scale_sampled=not scale.is_fixed, valid=quiet.steps)
     steps = quiet.steps + quiet.finishes
     if scale.is_fixed and host.report.is_fixed and host.step_gap.is_fixed:
-        return _plan_fixed(run, steps, now, cost, scale.quantiles[0], host.report.quantiles[0],
+        return _time_fixed(run, steps, now, cost, scale.quantiles[0], host.report.quantiles[0],
                            host.step_gap.quantiles[0])
     n, context, t = len(quiet.seqs), quiet.context, now
     sample = draws.sample
@@ -113,9 +114,9 @@ def plan(now: float, quiet: QuietRun, cost: StepCostModel, scale: Delay, host: H
     return run
 
 
-def _plan_fixed(run: DecodeRun, steps: int, t: float, cost: StepCostModel, scale: float, report: float,
+def _time_fixed(run: DecodeRun, steps: int, t: float, cost: StepCostModel, scale: float, report: float,
                 gap: float) -> DecodeRun:
-    """`plan` with no draws: the common case of a long simulation, kept to one call a step."""
+    """`time_run` with no draws: the common case of a long simulation, kept to one call a step."""
     quiet, step_time = run.quiet, cost.step_time
     n, context = len(quiet.seqs), quiet.context
     start, end = run.starts.append, run.ends.append

@@ -19,7 +19,7 @@ from testbed.perf.measured import require_transport
 from testbed.perf.resolve import StepCostModel, analytical, is_gpu, measured
 from testbed.sim.pools import gpu_pool_blocks, pool_blocks
 
-if TYPE_CHECKING:  # annotations only: the root config composes the experiment layer's
+if TYPE_CHECKING:  # annotations only: the root config composes the studies layer's
     from testbed.config import Config
 
 # a simulated GPU holds the weights in 16 bits unless the model's dtype says float32 (auto: bfloat16 on CUDA)
@@ -108,7 +108,7 @@ def gpu_dtype_bytes(dtype: str) -> int:
     return GPU_DTYPE_BYTES[dtype]
 
 
-def transfer_time(sender: RoleProfile, receiver: RoleProfile, nbytes: int, backend: str = "auto") -> float:
+def transfer_time(sender: RoleProfile, receiver: RoleProfile, nbytes: int, backend: str = "process_group") -> float:
     """A KV transfer runs at the slower link of its two ends (backend: kv_transfer.backend)."""
     return max(sender.cost.transfer_time(nbytes, backend), receiver.cost.transfer_time(nbytes, backend))
 

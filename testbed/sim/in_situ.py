@@ -28,13 +28,14 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
+from testbed.control.config import RENAMED_BACKENDS
 from testbed.errors import ConfigError
+from testbed.metrics.results_dir import read_results
 from testbed.model.config import ModelConfig
 from testbed.perf.attention import attended_context
 from testbed.sim.host import Delay
 from testbed.perf.measured import (SHAPE_KEYS, STEP_INPUTS, STEP_TERMS, TRANSFER_TERMS, fit_step, fit_transfer,
                                    step_features)
-from testbed.tracking.results import read_results
 
 PREFIX = "run:"
 ROLES = {"mixed": ("colocated", "chunked"), "prefill": ("prefill_only",), "decode": ("decode_only",)}
@@ -87,7 +88,8 @@ def profile_from_results(config: dict, device: str, fit_on: pd.DataFrame, steps:
         raise ConfigError(f"{name}: the run has {len(fit_on)} steps; at least {MIN_STEPS} are needed to fit a profile")
     model = ModelConfig(**config["model"]).args()
     cost, fit, causal, scales = best_step_fit(fit_on)
-    transfer = transfer_fit(transfers, config.get("kv_transfer", {}).get("backend", "auto"))
+    backend = config.get("kv_transfer", {}).get("backend", "process_group")
+    transfer = transfer_fit(transfers, RENAMED_BACKENDS.get(backend, backend))  # a run stored before a rename too
     return {
         "version": 1, "model_name": config["model"]["name"], "source": name,
         "model": {k: getattr(model, k) for k in SHAPE_KEYS},

@@ -20,7 +20,7 @@ from testbed.engine.scheduler import Batch, Scheduler, StepResult
 from testbed.engine.sequence import Sequence
 from testbed.metrics.record import StepRecord
 from testbed.perf.resolve import StepCostModel
-from testbed.sim.decode_run import MIN_STEPS, DecodeRun, plan
+from testbed.sim.decode_run import MIN_STEPS, DecodeRun, time_run
 from testbed.sim.host import Delay, Draws, HostModel
 from testbed.workload import Request
 
@@ -104,7 +104,7 @@ class SimWorker:
         quiet = self.scheduler.quiet_run()
         if quiet is None or quiet.steps + quiet.finishes < MIN_STEPS:
             return None
-        self.run = plan(now, quiet, cost, scale, host, draws)
+        self.run = time_run(now, quiet, cost, scale, host, draws)
         return self.run
 
     def end_run(self, t: float, draws: Draws) -> tuple[DecodeRun, int, bool]:

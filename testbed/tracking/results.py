@@ -3,7 +3,7 @@
 config.yaml, meta.json, requests.parquet, steps.parquet, kv_transfers.parquet,
 telemetry.parquet (only when given), summary.json. Each file is written to a temporary file in
 the same directory and renamed into place, so a reader (or a sweep resuming after a crash)
-never sees half a file.
+never sees half a file. testbed/metrics/results_dir.py reads the directory back.
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ from typing import Any, Callable, Optional
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
-from omegaconf import OmegaConf
+import yaml
 
-from testbed.errors import TestbedError
 from testbed.metrics.events import STEP_COLUMNS, TRANSFER_COLUMNS, request_table
+from testbed.metrics.results_dir import ResultsError
 from testbed.metrics.summary import json_safe
 from testbed.tracking.telemetry import gpu_inventory
 
@@ -35,10 +35,6 @@ CHECKOUT = Path(__file__).resolve().parents[2]
 # Arrow types for list columns: an empty table (or all-empty lists) would otherwise be list<null>.
 LIST_TYPES = {"token_times": pa.list_(pa.float64()), "token_worker_times": pa.list_(pa.float64()),
               "output_token_ids": pa.list_(pa.int64()), "prefill_chunks": pa.list_(pa.list_(pa.int64()))}
-
-
-class ResultsError(TestbedError, OSError):
-    """The results directory cannot be written or read."""
 
 
 def write_results(out_dir, *, requests: pd.DataFrame, steps: Optional[pd.DataFrame] = None,
@@ -51,8 +47,8 @@ def write_results(out_dir, *, requests: pd.DataFrame, steps: Optional[pd.DataFra
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise ResultsError(f"cannot write results to {out}: {e.strerror or e}") from None
-    config_yaml = OmegaConf.to_yaml(OmegaConf.create(config if config is not None else {}))
-    _atomic(out / "config.yaml", lambda f: f.write(config_yaml.encode()))
+    text = config_yaml(config)
+    _atomic(out / "config.yaml", lambda f: f.write(text.encode()))
     write_json(out / "meta.json", meta or {})
     write_parquet(out / "requests.parquet", requests if requests is not None else request_table([]))
     write_parquet(out / "steps.parquet", _or_empty(steps, STEP_COLUMNS))
@@ -63,30 +59,27 @@ def write_results(out_dir, *, requests: pd.DataFrame, steps: Optional[pd.DataFra
     return out
 
 
+def config_yaml(config: Any) -> str:
+    """config.yaml's text: plain YAML (mappings, lists, scalars; a tuple is written as a list), keys
+    in their order; testbed/metrics/results_dir.py reads it back with yaml.safe_load."""
+    return yaml.safe_dump(_plain(config if config is not None else {}), default_flow_style=False,
+                          allow_unicode=True, sort_keys=False)
+
+
+def _plain(node: Any) -> Any:
+    if isinstance(node, dict):
+        return {key: _plain(value) for key, value in node.items()}
+    if isinstance(node, (list, tuple)):
+        return [_plain(value) for value in node]
+    return node
+
+
 def stored_config(cfg: Any) -> dict:
     """The config a results directory keeps: everything but secrets (an API key shows as ***)."""
     config = dataclasses.asdict(cfg)
     if (config.get("http") or {}).get("api_key"):
         config["http"]["api_key"] = "***"
     return config
-
-
-def read_results(out_dir) -> dict[str, Any]:
-    """{"config", "meta", "summary": dicts; "requests", "steps", "kv_transfers": DataFrames;
-    "telemetry": DataFrame or None}."""
-    out = Path(out_dir)
-    if not (out / "summary.json").is_file():
-        raise ResultsError(f"not a results directory (no summary.json): {out}")
-    result: dict[str, Any] = {
-        "config": OmegaConf.to_container(OmegaConf.load(out / "config.yaml")),
-        "meta": json.loads((out / "meta.json").read_text()),
-        "summary": json.loads((out / "summary.json").read_text()),
-    }
-    for name in ("requests", "steps", "kv_transfers"):
-        result[name] = pd.read_parquet(out / f"{name}.parquet")
-    telemetry = out / "telemetry.parquet"
-    result["telemetry"] = pd.read_parquet(telemetry) if telemetry.is_file() else None
-    return result
 
 
 def write_problem(out_dir) -> Optional[str]:

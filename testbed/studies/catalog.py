@@ -1,4 +1,4 @@
-"""The studies: for each, the points it runs and what it computes across them.
+"""The catalog of studies: for each, the points it runs and what it computes across them.
 
 Every study runs on the same N devices (hardware.num_devices, or every visible GPU) so that its
 configurations compare at equal hardware: colocated and chunked use N mixed workers, and a
@@ -10,8 +10,8 @@ from __future__ import annotations
 from testbed.cluster.layout import cuda_count
 from testbed.config import Config
 from testbed.errors import ConfigError
-from testbed.experiments.repeats import OTHER_REPEATS
-from testbed.experiments.sweep import Point
+from testbed.studies.repeats import OTHER_REPEATS
+from testbed.studies.sweep import Point
 
 
 def num_devices(cfg: Config) -> int:

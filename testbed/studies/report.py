@@ -108,7 +108,7 @@ def plan_lines(aggregate: dict) -> list[str]:
     lines = [f"P:D plan for {a['num_devices']} devices",
              f"  analytical (p95 lengths): {a['p95']['split']}   (mean lengths: {a['mean']['split']}; "
              f"prefill share {a['p95']['prefill_share']:.2f})",
-             *slo_plan_lines(aggregate.get("slo_plan")),
+             *slo_split_lines(aggregate.get("slo_plan")),
              f"  simulated: {sim['best'].get('line', '')}"]
     if measured:
         best = measured.get("best", {})
@@ -120,8 +120,8 @@ def plan_lines(aggregate: dict) -> list[str]:
     return lines
 
 
-def slo_plan_lines(plan: dict | None) -> list[str]:
-    if not plan:  # a sweep saved before the SLO-aware planner
+def slo_split_lines(plan: dict | None) -> list[str]:
+    if not plan:  # a sweep saved before the SLO-aware split
         return []
     where = (f"{plan['num_nodes']} nodes x {plan['devices_per_node']}, P and D on different nodes"
              if plan["num_nodes"] > 1 else "one node")

@@ -9,7 +9,7 @@ from pathlib import Path
 from testbed.bench.step_profile import profile_engine
 from testbed.cluster.layout import cuda_count
 from testbed.config import Config
-from testbed.experiments.studies import model_overrides
+from testbed.studies.catalog import model_overrides
 
 log = logging.getLogger("testbed")
 

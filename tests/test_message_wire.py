@@ -1,5 +1,5 @@
-"""The control messages that cross hosts: a fixed JSON schema, the run's token on every frame, and
-a control port that turns away whatever is not a message of this run (nothing unpickled)."""
+"""The messages that cross hosts: a fixed JSON schema, the run's token on every frame, and
+a message port that turns away whatever is not a message of this run (nothing unpickled)."""
 
 from __future__ import annotations
 
@@ -66,7 +66,7 @@ def test_a_frame_that_is_not_a_message_of_this_run_is_refused(frame, why):
 
 
 class Evil:
-    """Unpickling this would run a command: the control port must never unpickle."""
+    """Unpickling this would run a command: the message port must never unpickle."""
 
     def __init__(self, marker):
         self.marker = marker
@@ -197,8 +197,8 @@ def test_a_rank_that_never_joins_fails_the_run_naming_it():
             pass
 
 
-def test_control_bench_compares_the_transports():
-    from testbed.bench.control import main
+def test_message_bench_compares_the_transports():
+    from testbed.bench.messages import main
 
     results = main(["--messages", "20"])
     assert set(results) == {"pipe + pickle (one box)", "zeromq + json (torchrun)", "tcpstore set/get",

@@ -20,16 +20,16 @@ from pathlib import Path
 from typing import Optional
 
 import pandas as pd
-from omegaconf import OmegaConf
 
-from testbed.config import Config, to_config
-from testbed.experiments.aggregates import finished
-from testbed.experiments.figures import study_figures
-from testbed.experiments.runner import STUDIES, cell_table
-from testbed.experiments.sweep import EXTERNAL, Sweep, flatten
+from testbed.config import Config, config_from_dict, upgraded
 from testbed.interop.points import import_run
 from testbed.interop.table import InteropError
+from testbed.metrics.results_dir import read_config
 from testbed.metrics.slo import tenant_slos
+from testbed.studies.aggregates import finished
+from testbed.studies.figures import study_figures
+from testbed.studies.runner import STUDIES, cell_table
+from testbed.studies.sweep import EXTERNAL, Sweep, flatten
 from testbed.tracking.results import write_parquet
 
 # Studies whose aggregate groups points by label alone; the others need knobs (chunk, burstiness,
@@ -109,7 +109,7 @@ def sweep_config(sweep_dir: Path, table: pd.DataFrame) -> Config:
     for point in rows["point"]:
         path = sweep_dir / "points" / str(point) / "config.yaml"
         if path.is_file():
-            return to_config(OmegaConf.load(path))
+            return config_from_dict(upgraded(read_config(path)))
     raise InteropError(f"{sweep_dir}: no finished point of the sweep has a config.yaml to take its SLOs from")
 
 

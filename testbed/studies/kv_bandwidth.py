@@ -9,7 +9,7 @@ import pandas as pd
 
 from testbed.bench.kv_transfer import measure, report_lines
 from testbed.config import Config
-from testbed.experiments.figures import study_figures
+from testbed.studies.figures import study_figures
 from testbed.tracking.results import collect_meta, write_json, write_parquet
 
 log = logging.getLogger("testbed")

@@ -13,12 +13,12 @@ from omegaconf import OmegaConf
 
 from testbed.config import Config, with_overrides
 from testbed.errors import ConfigError
-from testbed.experiments import aggregates, studies
-from testbed.experiments.figures import study_figures
-from testbed.experiments.report import print_run, print_sweep
-from testbed.experiments.repeats import intervals, with_repeats
-from testbed.experiments.goodput_search import search_goodput
-from testbed.experiments.sweep import Sweep, track_figures, track_point
+from testbed.studies import aggregates, catalog
+from testbed.studies.figures import study_figures
+from testbed.studies.goodput_search import search_goodput
+from testbed.studies.repeats import intervals, with_repeats
+from testbed.studies.report import print_run, print_sweep
+from testbed.studies.sweep import Sweep, track_figures, track_point
 from testbed.tracking.results import ensure_writable, stored_config, write_parquet
 from testbed.tracking.wandb_tracker import make_tracker
 
@@ -27,18 +27,18 @@ TABLE = ["ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99", "itl_p99", "slo_attainm
 
 # name -> (points, aggregate)
 STUDIES = {
-    "ratio_sweep": (studies.ratio_sweep, aggregates.goodput_study),
-    "rate_sweep": (studies.rate_sweep, aggregates.goodput_study),
-    "mode_compare": (studies.one_rate, aggregates.by_label(TABLE)),
-    "slo_scale": (studies.one_rate, aggregates.slo_scale),
-    "input_buckets": (studies.one_rate, aggregates.by_label(
+    "ratio_sweep": (catalog.ratio_sweep, aggregates.goodput_study),
+    "rate_sweep": (catalog.rate_sweep, aggregates.goodput_study),
+    "mode_compare": (catalog.one_rate, aggregates.by_label(TABLE)),
+    "slo_scale": (catalog.one_rate, aggregates.slo_scale),
+    "input_buckets": (catalog.one_rate, aggregates.by_label(
         [f"ttft_by_bucket_{b}_{s}" for b in ("0-1K", "1K-4K", "4K-16K", "16K+") for s in ("p50", "p99")])),
-    "chunk_sweep": (studies.chunk_sweep, aggregates.by_label(["chunk", *TABLE])),
-    "burstiness": (studies.burstiness, aggregates.burstiness),
-    "interference": (studies.interference, aggregates.interference),
-    "multiturn": (studies.multiturn, aggregates.multiturn),
-    "sim_validate": (studies.sim_validate, aggregates.sim_validate),
-    "plan": (studies.plan, aggregates.plan),
+    "chunk_sweep": (catalog.chunk_sweep, aggregates.by_label(["chunk", *TABLE])),
+    "burstiness": (catalog.burstiness, aggregates.burstiness),
+    "interference": (catalog.interference, aggregates.interference),
+    "multiturn": (catalog.multiturn, aggregates.multiturn),
+    "sim_validate": (catalog.sim_validate, aggregates.sim_validate),
+    "plan": (catalog.plan, aggregates.plan),
 }
 
 
@@ -46,7 +46,7 @@ def cpu_sizing(cfg: Config, explicit: set[str] = frozenset()) -> dict:
     """The study's CPU sizing (experiment.cpu_overrides) as it applies: empty when a GPU will be
     used (a simulated GPU and a remote server keep the GPU sizing). What the command line set
     explicitly wins over the study's CPU defaults (`model=small` keeps the small model)."""
-    on_gpu = studies.cuda_count(cfg.hardware) > 0
+    on_gpu = catalog.cuda_count(cfg.hardware) > 0
     remote = cfg.executor == "http"  # the server's hardware, not this machine's, sets the size
     if on_gpu or remote or simulates_gpu(cfg) or not cfg.experiment.cpu_overrides:
         return {}
@@ -103,14 +103,14 @@ def overrun_points(table) -> list[str]:
 
 def run_point(cfg: Config, out_dir: Path, session=None) -> dict:
     if cfg.executor == "sim":
-        from testbed.experiments.points import simulate_point
+        from testbed.studies.points import simulate_point
 
         return simulate_point(cfg, out_dir)
     if cfg.executor == "http":
-        from testbed.experiments.points import http_point
+        from testbed.studies.points import http_point
 
         return http_point(cfg, out_dir)
-    from testbed.experiments.serve import serve  # here: a simulated run never imports torch (seconds)
+    from testbed.studies.serve import serve  # here: a simulated run never imports torch (seconds)
 
     return serve(cfg, out_dir, session=session)
 
@@ -167,7 +167,7 @@ def run(cfg: Config, out_dir: Path, explicit: set[str] = frozenset(), session=No
     ensure_writable(out_dir)
     record_sizing(sizing, out_dir)
     name = cfg.experiment.name
-    studies.check_executor(cfg)
+    catalog.check_executor(cfg)
     tracker = make_tracker(cfg.tracker, group=run_group(name))  # one group per run(): its points and sweep run
     if name == "serve":
         result = run_point(cfg, out_dir, session)
@@ -175,11 +175,11 @@ def run(cfg: Config, out_dir: Path, explicit: set[str] = frozenset(), session=No
         print_run(result["requests"], result["summary"], out_dir)
         return result
     if name == "kv_bandwidth":
-        from testbed.experiments.kv_bandwidth import run_kv_bandwidth
+        from testbed.studies.kv_bandwidth import run_kv_bandwidth
 
         return run_kv_bandwidth(cfg, out_dir)
     if name == "profile":
-        from testbed.experiments.profile import run_profile
+        from testbed.studies.profile import run_profile
 
         return run_profile(cfg, out_dir)
     build, aggregate = STUDIES[name]

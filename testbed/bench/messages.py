@@ -1,6 +1,6 @@
-"""Per-message latency of the control transports a run across hosts could use, on this machine.
+"""Per-message latency of the message transports a run across hosts could use, on this machine.
 
-    python -m testbed.bench.control [--messages 2000]
+    python -m testbed.bench.messages [--messages 2000]
 
 A router-like process sends a worker's step report (a StepEvents with a batch of tokens) to an echo
 process and waits for it to come back; one-way latency is half the round trip. Every transport

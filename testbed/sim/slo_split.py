@@ -1,4 +1,4 @@
-"""The SLO-aware P:D planner: per split pP/(N-p)D, TTFT and TPOT estimates at a rate, and the
+"""The SLO-aware P:D split: per split pP/(N-p)D, TTFT and TPOT estimates at a rate, and the
 largest rate that meets both SLOs.
 
     TTFT = W + S(L) + X(L)

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from testbed.experiments.sweep import Point, Sweep
 from testbed.metrics.rate_search import RateSearch, next_rate
+from testbed.studies.sweep import Point, Sweep
 
 SEARCHED = ("ratio_sweep", "rate_sweep", "plan")
 
@@ -40,7 +40,7 @@ def search_goodput(sweep: Sweep, cfg) -> pd.DataFrame:
 
 def proposals(table: pd.DataFrame, grid: list[Point], search: RateSearch, taken: set[str]) -> list[Point]:
     """One new point per (configuration, repeat) whose search goes on."""
-    from testbed.experiments.aggregates import finished
+    from testbed.studies.aggregates import finished
 
     done = finished(table)
     out = []

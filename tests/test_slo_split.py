@@ -1,6 +1,7 @@
-"""The SLO-aware planner: its queueing and decode-batch formulas on hand-computed cases, the
-direction of its answers (a tighter TTFT SLO wants more P; a slower inter-node link serves less),
-bad node counts refused, and its best split within one device of the simulated search's."""
+"""The SLO-aware split (testbed/sim/slo_split.py): its queueing and decode-batch formulas on
+hand-computed cases, the direction of its answers (a tighter TTFT SLO wants more P; a slower
+inter-node link serves less), bad node counts refused, and its best split within one device of the
+simulated search's."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ from hydra import compose, initialize_config_dir
 
 from testbed.config import override_keys, register_configs, to_config
 from testbed.errors import ConfigError
-from testbed.experiments.runner import run
-from testbed.sim.slo_plan import Demand, decode_batch, estimate, max_rate, pk_wait, placement, prefill_time, slo_split
+from testbed.sim.slo_split import Demand, decode_batch, estimate, max_rate, pk_wait, placement, prefill_time, slo_split
+from testbed.studies.runner import run
 from tests.paths import CONF
 
 register_configs()
@@ -114,11 +115,11 @@ def test_best_split_agrees_with_the_simulated_search(tmp_path):
 
 
 def test_report_names_the_slo_aware_split():
-    from testbed.experiments.report import slo_plan_lines
+    from testbed.studies.report import slo_split_lines
 
     plan = {"num_nodes": 2, "devices_per_node": 8, "transfer_s": 0.042, "best": "7P9D",
             "splits": {"7P9D": {"max_rate": 54.4, "rate_per_device": 3.4}}}
-    (line,) = slo_plan_lines(plan)
+    (line,) = slo_split_lines(plan)
     assert "2 nodes x 8" in line and "7P9D" in line and "54.4 req/s" in line
-    assert "no split" in slo_plan_lines({**plan, "best": None})[0]
-    assert slo_plan_lines(None) == []
+    assert "no split" in slo_split_lines({**plan, "best": None})[0]
+    assert slo_split_lines(None) == []

@@ -9,13 +9,13 @@ import numpy as np
 import pandas as pd
 
 from testbed.config import Config
-from testbed.metrics.interference import background_gaps, decode_steps, injection_window
-from testbed.experiments.repeats import goodput_interval, per_repeat
 from testbed.metrics.comparisons import verdict
+from testbed.metrics.interference import background_gaps, decode_steps, injection_window
 from testbed.metrics.rate_search import Goodput, goodput_of
 from testbed.metrics.slo import attainment_curve, capacity, filtered_out, meets_slo, tenant_slos
 from testbed.metrics.summary import decode_itl_samples, measured
 from testbed.metrics.uncertainty import ratio_interval, request_units, sample_interval, share_interval
+from testbed.studies.repeats import goodput_interval, per_repeat
 
 
 def finished(table: pd.DataFrame) -> pd.DataFrame:
@@ -304,9 +304,9 @@ def _relative(simulated: float, real: float) -> float:
 
 def plan(table, cfg, out_dir) -> dict:
     """The analytical split, the simulated best configuration and, given a real sweep, the measured one."""
-    from testbed.experiments.studies import num_devices
-    from testbed.sim.planner import analytical_split
-    from testbed.sim.slo_plan import slo_split
+    from testbed.sim.load_split import analytical_split
+    from testbed.sim.slo_split import slo_split
+    from testbed.studies.catalog import num_devices
 
     simulated = goodput_by_label(table, cfg, out_dir)
     out = {"analytical": analytical_split(cfg, None, num_devices(cfg)),  # each role's device from cfg.sim

@@ -24,8 +24,8 @@ import pandas as pd
 from tqdm import tqdm
 
 from testbed.config import Config, with_overrides
-from testbed.experiments.resume import changed_points, refusal
 from testbed.errors import PeerLost, TestbedError
+from testbed.studies.resume import changed_points, refusal
 from testbed.tracking.results import stored_config, write_json, write_parquet
 
 WRITE_EVERY_S = 5.0  # simulated points end in milliseconds: the sweep's table is rewritten at most this often

@@ -20,12 +20,12 @@ from testbed.cluster.router import Router
 from testbed.config import Config
 from testbed.control.layout import check_kv_backend
 from testbed.errors import ConfigError
-from testbed.experiments.points import write_files
 from testbed.metrics.events import RequestLog
 from testbed.metrics.slo import tenant_slos
 from testbed.metrics.steps import steps_table
 from testbed.metrics.summary import summarize
 from testbed.metrics.telemetry import gpu_roles
+from testbed.studies.points import write_files
 from testbed.tracking.telemetry import start_telemetry
 from testbed.workload import build_workload
 

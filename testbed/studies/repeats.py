@@ -15,11 +15,11 @@ from pathlib import Path
 import pandas as pd
 
 from testbed.config import Config
-from testbed.experiments.sweep import Point
-from testbed.metrics.slo import tenant_slos
 from testbed.metrics.comparisons import widened
 from testbed.metrics.rate_search import Goodput
+from testbed.metrics.slo import tenant_slos
 from testbed.metrics.uncertainty import mean_interval, point_intervals
+from testbed.studies.sweep import Point
 
 OTHER_REPEATS = "{other_repeats}"  # in an override: a glob of every repeat suffix but the point's own
 

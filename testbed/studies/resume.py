@@ -9,10 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from omegaconf import OmegaConf
 
+from testbed.config import upgraded
 from testbed.errors import ConfigError
-from testbed.tracking.results import stored_config
+from testbed.metrics.results_dir import read_config
+from testbed.tracking.results import config_yaml, stored_config
 
 # Keys that say how to run or record a sweep, not what a point measures: the study's own axes
 # (a resumed sweep may add rates), the tracker, where results go.
@@ -31,7 +32,7 @@ def _flat(node: Any, prefix: str = "") -> dict[str, Any]:
 
 def normalised(config: dict) -> dict[str, Any]:
     """A config as its config.yaml reads back (tuples as lists, one float spelling), flattened."""
-    return _flat(yaml.safe_load(OmegaConf.to_yaml(OmegaConf.create(config))) or {})
+    return _flat(yaml.safe_load(config_yaml(config)) or {})
 
 
 def changes(stored: dict, current: dict) -> list[str]:
@@ -50,7 +51,7 @@ def changed_points(points: list, configs: list, directory_of) -> dict[str, list[
         path = Path(directory_of(point)) / "config.yaml"
         if not (path.parent / "summary.json").is_file() or not path.is_file():
             continue
-        stored = OmegaConf.to_container(OmegaConf.load(path))
+        stored = upgraded(read_config(path))
         diff = changes(stored, stored_config(cfg))
         if diff:
             found[point.name] = diff

@@ -1,1 +1,0 @@
-"""Experiments: what one `python -m testbed ...` command runs (`runner.run`), from a typed config."""
