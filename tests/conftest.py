@@ -18,16 +18,25 @@ def draw_study_figures(name, sweep_dir):
 figures.draw_with(draw_study_figures)  # as the entry points do: the studies run here write their figures
 
 
-# The files that read the session's study runs (study_results, repeated_results): under
-# `pytest -n 2 --dist loadgroup` they share one worker, so the studies run once.
+# The files that read the session's study runs (study_results, repeated_results) share a worker
+# under `pytest -n 2`, so the studies run once.
 STUDY_READERS = {"test_analysis.py", "test_experiments.py", "test_notebooks.py"}
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups off the items
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist (the dev extra): absent without it
+def pytest_xdist_make_scheduler(config, log):
+    """Tests go to workers a file at a time (a file's module fixtures run once)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByFile(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            name = nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
+            return "studies" if name in STUDY_READERS else name
+
+    return ByFile(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
-    for item in items:  # a file stays on one worker: its module fixtures run once
-        name = item.path.name
-        item.add_marker(pytest.mark.xdist_group("studies" if name in STUDY_READERS else name))
     has_cuda = torch.cuda.is_available()
     multi = has_cuda and torch.cuda.device_count() >= 2
     for item in items:

@@ -34,7 +34,10 @@ def test_killed_prefill_worker_requests_are_redispatched(tmp_path):
 
 
 def test_killed_mixed_worker_fails_its_requests(tmp_path):
-    cfg = make_config(*small_workload(n=24, rate=30), *LONG, "mode=chunked", "cluster.num_workers=2",
+    # arrivals over 2.4 s, each request decoding 100+ tokens: the victim still holds requests when a
+    # loaded router injects the kill a second or more late
+    cfg = make_config(*small_workload(n=24, rate=10), "workload.output_len.min=100", "workload.output_len.max=130",
+                      "mode=chunked", "cluster.num_workers=2",
                       "scheduler.chunk_size=64", "scheduler.max_running=16", "faults.kill_worker=1",
                       "faults.kill_at_s=0.3")
     result = serve(cfg, tmp_path, progress=False)
