@@ -28,8 +28,9 @@ SMALL = {
     "mode_compare": [],
     "slo_scale": ["experiment.modes=[colocated,disagg]"],
     "interference": ["experiment.modes=[colocated,disagg]", "experiment.prefill_lengths=[256]",
+                     # probes 0.2 s apart: the background is decoding when the first arrives, on a loaded CPU too
                      "workload.background_requests=4", "workload.background_output_len=48", "workload.num_requests=3",
-                     "workload.rate=20", "experiment.background_margin=1"],
+                     "workload.rate=5", "experiment.background_margin=1"],
     "chunk_sweep": ["experiment.chunk_sizes=[32,256]", "hardware.num_devices=1"],
     "input_buckets": ["experiment.modes=[chunked,disagg]", "workload.input_len.max=6000"],
     "burstiness": ["experiment.burstiness=[0.5,2.0]", "experiment.modes=[chunked]"],

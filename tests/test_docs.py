@@ -26,7 +26,7 @@ def test_the_readme_has_two_commands_split_by_purpose():
     first, second = readme_commands()
     assert "pip install torch==2.13.0 -e . " in first and "[dev]" not in first  # the main job needs no dev extra
     assert first.endswith("python -m testbed +experiment=ratio_sweep")
-    assert 'pip install torch==2.13.0 -e ".[dev]"' in second and second.endswith("python -m pytest -q")
+    assert 'pip install torch==2.13.0 -e ".[dev]"' in second and second.endswith("python -m pytest -q -n 2")
 
 
 def test_ci_runs_the_readmes_installs_and_test_command():
