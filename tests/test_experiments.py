@@ -129,12 +129,19 @@ def sweep_has_emulation(sweep_dir) -> bool:
     return all(json.loads((p / "meta.json").read_text()).get("emulated") for p in real)
 
 
-def decode_overrun(sweep_dir) -> float:
-    """The share of the real runs' decode steps that overran their modelled (paced) time."""
-    steps = pd.concat([pd.read_parquet(p / "steps.parquet") for p in (sweep_dir / "points").iterdir()
-                       if "_real" in p.name])
+def kept_pace(sweep_dir) -> tuple[bool, dict]:
+    """Whether the real runs kept the modelled pace: under 10% of their decode steps overran, and
+    the median TPOT is within 1.5x the median modelled step that carried decodes (a loaded
+    machine also loses time between the steps, in the router and the workers' wake-ups, which no
+    step's overrun shows)."""
+    real = [p for p in (sweep_dir / "points").iterdir() if "_real" in p.name]
+    steps = pd.concat([pd.read_parquet(p / "steps.parquet") for p in real])
+    tpot = pd.concat([pd.read_parquet(p / "requests.parquet") for p in real])["tpot"].median()
     decode = steps[steps["prefill_tokens"] == 0]
-    return float(decode["pace_overrun"].mean()) if len(decode) else 0.0
+    overrun = float(decode["pace_overrun"].mean()) if len(decode) else 0.0
+    step = float(steps.loc[steps["decode_seqs"] > 0, "modelled_s"].median())
+    facts = {"decode_overrun": overrun, "tpot_p50": tpot, "modelled_step_p50": step}
+    return overrun < 0.1 and tpot < 1.5 * step, facts
 
 
 @pytest.mark.slow
@@ -147,13 +154,13 @@ def test_sim_validate_reports_relative_errors(study_results):
     # is the control plane's error, as long as the real steps kept their modelled pace. Prefills of
     # the tiny model on a shared CPU can overrun an H100's modelled time, which moves TTFT and the
     # TPOT tail, so only the median is held (35% was seen on a busy machine). Where the machine was
-    # too loaded for the decode steps to keep pace, the real run is the slower: the simulation,
-    # on the modelled times, may only come out faster, never slower.
-    overrun = decode_overrun(study_results["sim_validate"])
-    if overrun < 0.1:
-        assert abs(row["tpot_p50_error"]) < 0.5, (row, overrun)
+    # too loaded to keep the pace, the real run is the slower: the simulation, on the modelled
+    # times, may only come out faster, never slower.
+    paced, facts = kept_pace(study_results["sim_validate"])
+    if paced:
+        assert abs(row["tpot_p50_error"]) < 0.5, (row, facts)
     else:
-        assert row["tpot_p50_error"] < 0.5, (row, overrun)
+        assert row["tpot_p50_error"] < 0.5, (row, facts)
     assert sweep_has_emulation(study_results["sim_validate"])
 
 
