@@ -12,14 +12,19 @@
  * cache + b * block_stride + r * row_stride, and KV head h at + h * head_dim (a layer's view of the
  * block-major pool, or a cache of its own). q is (n, H, head_dim) with rows q_stride apart, out the
  * same contiguous.
- * One (sequence, KV head) at a time, for the G = H / Hkv query heads sharing it: every score, then a
- * softmax over them, then the weighted sum of V. head_dim / 8 vectors per row is a compile-time
- * constant per variant, so a dot product is a few vector FMAs and one horizontal sum. */
+ * One (sequence, KV head) at a time, for the G = H / Hkv query heads sharing it, GB = 4, 2 or 1 of
+ * them per pass so that each K and V row is read once per GB heads instead of once per head: every
+ * score, then a softmax over them, then the weighted sum of V. Scores come 8 dot products at a time
+ * (GB heads x 8 / GB rows), reduced together by a transposing horizontal sum, so no score waits on
+ * a serial sum of its own. head_dim / 8 vectors per row is a compile-time constant per variant. */
 #include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef __AVX__
+#include <immintrin.h>
+#endif
 
 typedef float v8 __attribute__((vector_size(32)));
 
@@ -31,49 +36,81 @@ static inline float hsum8(v8 v) {
     return r;
 }
 
-#define DEFINE_HEAD(NV)                                                                                 \
-static void head_##NV(const float *restrict qh, const float *restrict kc, const float *restrict vc,       \
-                      const int32_t *restrict table, int64_t block_stride, int64_t row_stride, int len,   \
-                      int G, int block_size, float scale, float *restrict s, float *restrict o) {         \
-    for (int g = 0; g < G; g++) {                                                                       \
-        v8 qv[NV], acc[NV];                                                                             \
-        for (int i = 0; i < NV; i++) qv[i] = load8(qh + (g * NV + i) * 8) * scale;                      \
-        float *sg = s + (int64_t)g * len, m = -FLT_MAX, sum = 0.f;                                      \
-        for (int t0 = 0, j = 0; t0 < len; t0 += block_size, j++) { /* scores */                         \
-            const float *k = kc + table[j] * block_stride;                                              \
-            int end = len - t0 < block_size ? len - t0 : block_size;                                    \
-            for (int t = 0; t < end; t++, k += row_stride) {                                            \
-                v8 d = qv[0] * load8(k);                                                                \
-                for (int i = 1; i < NV; i++) d += qv[i] * load8(k + 8 * i);                             \
-                float x = hsum8(d);                                                                     \
-                sg[t0 + t] = x;                                                                         \
-                m = x > m ? x : m;                                                                      \
-            }                                                                                           \
+/* (sum of d[0], ..., sum of d[7]) as one vector */
+static inline v8 hsum8x8(const v8 *d) {
+#ifdef __AVX__
+    __m256 t0 = _mm256_hadd_ps((__m256)d[0], (__m256)d[1]), t1 = _mm256_hadd_ps((__m256)d[2], (__m256)d[3]);
+    __m256 t2 = _mm256_hadd_ps((__m256)d[4], (__m256)d[5]), t3 = _mm256_hadd_ps((__m256)d[6], (__m256)d[7]);
+    __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3); /* low and high halves of 0-3, 4-7 */
+    return (v8)_mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+#else
+    return (v8){hsum8(d[0]), hsum8(d[1]), hsum8(d[2]), hsum8(d[3]), hsum8(d[4]), hsum8(d[5]), hsum8(d[6]),
+                hsum8(d[7])};
+#endif
+}
+
+/* GB query heads (q rows of NV * 8) over one KV head. off: each token's row offset into kc and vc,
+ * padded to a multiple of 8 with the last row's (so a partial chunk reads only rows in bounds, its
+ * extra scores are never used); s: GB rows of lp scores; o: GB output rows. len > 0. */
+#define DEFINE_HEAD(NV, GB)                                                                             \
+static void head_##NV##_##GB(const float *restrict qh, const float *restrict kc, const float *restrict vc, \
+                             const int64_t *restrict off, int len, int lp, float scale, float *restrict s, \
+                             float *restrict o) {                                                       \
+    enum { R = 8 / GB, CV = NV * GB <= 16 ? NV : 16 / GB };                                              \
+    v8 qv[GB][NV];                                                                                      \
+    for (int g = 0; g < GB; g++)                                                                        \
+        for (int i = 0; i < NV; i++) qv[g][i] = load8(qh + (g * NV + i) * 8) * scale;                   \
+    for (int t = 0; t < len; t += R) { /* scores, R rows x GB heads at a time */                        \
+        v8 d[8];                                                                                        \
+        const float *k[R];                                                                              \
+        for (int r = 0; r < R; r++) k[r] = kc + off[t + r];                                             \
+        for (int r = 0; r < R; r++) {                                                                   \
+            v8 kv = load8(k[r]);                                                                        \
+            for (int g = 0; g < GB; g++) d[g * R + r] = qv[g][0] * kv;                                  \
         }                                                                                               \
+        for (int i = 1; i < NV; i++)                                                                    \
+            for (int r = 0; r < R; r++) {                                                               \
+                v8 kv = load8(k[r] + 8 * i);                                                            \
+                for (int g = 0; g < GB; g++) d[g * R + r] += qv[g][i] * kv;                             \
+            }                                                                                           \
+        float x[8];                                                                                     \
+        store8(x, hsum8x8(d));                                                                          \
+        for (int g = 0; g < GB; g++) memcpy(s + g * lp + t, x + g * R, sizeof(float) * R);             \
+    }                                                                                                   \
+    float inv[GB];                                                                                      \
+    for (int g = 0; g < GB; g++) { /* softmax */                                                        \
+        float *sg = s + g * lp, m = -FLT_MAX, sum = 0.f;                                                \
+        for (int t = 0; t < len; t++) m = sg[t] > m ? sg[t] : m;                                        \
         for (int t = 0; t < len; t++) { sg[t] = expf(sg[t] - m); sum += sg[t]; }                        \
-        for (int i = 0; i < NV; i++) acc[i] = (v8){0};                                                  \
-        for (int t0 = 0, j = 0; t0 < len; t0 += block_size, j++) { /* probabilities x V */              \
-            const float *v = vc + table[j] * block_stride;                                              \
-            int end = len - t0 < block_size ? len - t0 : block_size;                                    \
-            for (int t = 0; t < end; t++, v += row_stride) {                                            \
-                float p = sg[t0 + t];                                                                   \
-                for (int i = 0; i < NV; i++) acc[i] += p * load8(v + 8 * i);                            \
+        inv[g] = 1.f / sum;                                                                             \
+    }                                                                                                   \
+    for (int c = 0; c < NV; c += CV) { /* probabilities x V, CV vectors of each row at a time */        \
+        v8 acc[GB][CV];                                                                                 \
+        for (int g = 0; g < GB; g++)                                                                    \
+            for (int i = 0; i < CV; i++) acc[g][i] = (v8){0};                                           \
+        for (int t = 0; t < len; t++) {                                                                 \
+            const float *v = vc + off[t] + 8 * c;                                                       \
+            for (int i = 0; i < CV; i++) {                                                              \
+                v8 vv = load8(v + 8 * i);                                                               \
+                for (int g = 0; g < GB; g++) acc[g][i] += s[g * lp + t] * vv;                           \
             }                                                                                           \
         }                                                                                               \
-        float inv = len ? 1.f / sum : 0.f; /* an empty sequence (a padded row) yields zeros */          \
-        for (int i = 0; i < NV; i++) store8(o + (g * NV + i) * 8, acc[i] * inv);                        \
+        for (int g = 0; g < GB; g++)                                                                    \
+            for (int i = 0; i < CV; i++) store8(o + (g * NV + c + i) * 8, acc[g][i] * inv[g]);          \
     }                                                                                                   \
 }
 
-DEFINE_HEAD(1)   /* head_dim 8 */
-DEFINE_HEAD(2)   /* 16 */
-DEFINE_HEAD(4)   /* 32 */
-DEFINE_HEAD(8)   /* 64 */
-DEFINE_HEAD(16)  /* 128 */
-DEFINE_HEAD(32)  /* 256 */
+#define DEFINE_HEADS(NV) DEFINE_HEAD(NV, 1) DEFINE_HEAD(NV, 2) DEFINE_HEAD(NV, 4)
+DEFINE_HEADS(1)   /* head_dim 8 */
+DEFINE_HEADS(2)   /* 16 */
+DEFINE_HEADS(4)   /* 32 */
+DEFINE_HEADS(8)   /* 64 */
+DEFINE_HEADS(16)  /* 128 */
+DEFINE_HEADS(32)  /* 256 */
 
-typedef void (*head_fn)(const float *, const float *, const float *, const int32_t *, int64_t, int64_t, int, int,
-                        int, float, float *, float *);
+typedef void (*head_fn)(const float *, const float *, const float *, const int64_t *, int, int, float, float *,
+                        float *);
+#define HEADS(NV) {head_##NV##_1, head_##NV##_2, head_##NV##_4}
 
 /* Every block the sequences will read lies in the pool, and every length fits its table row; else
  * the first violation: bad[0] its sequence, bad[1] the offending value (a length or a block id). */
@@ -104,21 +141,43 @@ int paged_decode_f32(const float *restrict q, int64_t q_stride, const float *res
                      const int32_t *restrict tables, int64_t table_stride, const int32_t *restrict kv_lens, int n, int H,
                      int Hkv, int head_dim, int block_size, float scale, float *restrict out, int table_width,
                      int64_t num_blocks, int64_t *bad) {
-    head_fn fn = head_dim == 8 ? head_1 : head_dim == 16 ? head_2 : head_dim == 32 ? head_4 : head_dim == 64 ? head_8
-               : head_dim == 128 ? head_16 : head_dim == 256 ? head_32 : NULL;
-    if (!fn) return 2;
+    static const head_fn variants[6][3] = {HEADS(1), HEADS(2), HEADS(4), HEADS(8), HEADS(16), HEADS(32)};
+    int v = head_dim == 8 ? 0 : head_dim == 16 ? 1 : head_dim == 32 ? 2 : head_dim == 64 ? 3 : head_dim == 128 ? 4
+          : head_dim == 256 ? 5 : -1;
+    if (v < 0) return 2;
     int rc = check_tables(tables, table_stride, kv_lens, n, table_width, block_size, num_blocks, bad);
     if (rc) return rc;
     int G = H / Hkv, max_len = 1;
     for (int b = 0; b < n; b++) max_len = kv_lens[b] > max_len ? kv_lens[b] : max_len;
-    float *s = malloc(sizeof(float) * (size_t)max_len * G);  /* scores of one (sequence, KV head) */
-    if (!s) return 1;
-    for (int b = 0; b < n; b++)
+    int lp_max = (max_len + 7) & ~7;
+    /* scores of up to 4 query heads, and the row offsets of one sequence */
+    float *s = malloc(sizeof(float) * (size_t)lp_max * 4);
+    int64_t *off = malloc(sizeof(int64_t) * (size_t)lp_max);
+    if (!s || !off) {
+        free(s); free(off);
+        return 1;
+    }
+    for (int b = 0; b < n; b++) {
+        int len = kv_lens[b], lp = (len + 7) & ~7;
+        float *ob = out + (int64_t)b * H * head_dim;
+        if (!len) { /* an empty sequence (a padded row) yields zeros */
+            memset(ob, 0, sizeof(float) * (size_t)H * head_dim);
+            continue;
+        }
+        const int32_t *table = tables + b * table_stride;
+        for (int t0 = 0, j = 0, t = 0; t0 < len; t0 += block_size, j++)
+            for (int r = 0; r < block_size && t < len; r++, t++) off[t] = table[j] * block_stride + r * row_stride;
+        for (int t = len; t < lp; t++) off[t] = off[len - 1];
         for (int h = 0; h < Hkv; h++)
-            fn(q + b * q_stride + h * G * head_dim, k_cache + h * head_dim, v_cache + h * head_dim,
-               tables + b * table_stride, block_stride, row_stride, kv_lens[b], G, block_size, scale, s,
-               out + ((int64_t)b * H + h * G) * head_dim);
+            for (int g = h * G, end = g + G; g < end;) {
+                int w = end - g >= 4 ? 2 : end - g >= 2 ? 1 : 0;
+                variants[v][w](q + b * q_stride + g * head_dim, k_cache + h * head_dim, v_cache + h * head_dim, off,
+                               len, lp, scale, s, ob + (int64_t)g * head_dim);
+                g += 1 << w;
+            }
+    }
     free(s);
+    free(off);
     return 0;
 }
 
