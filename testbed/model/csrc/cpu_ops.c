@@ -27,6 +27,9 @@
 #endif
 
 typedef float v8 __attribute__((vector_size(32)));
+#ifndef PF
+#define PF 16
+#endif
 
 static inline v8 load8(const float *p) { v8 v; memcpy(&v, p, sizeof v); return v; }
 static inline void store8(float *p, v8 v) { memcpy(p, &v, sizeof v); }
@@ -64,6 +67,11 @@ static void head_##NV##_##GB(const float *restrict qh, const float *restrict kc,
         v8 d[8];                                                                                        \
         const float *k[R];                                                                              \
         for (int r = 0; r < R; r++) k[r] = kc + off[t + r];                                             \
+        for (int r = 0; r < R; r++)                                                                     \
+            for (int i = 0; i < NV; i += 2) {                                                           \
+                __builtin_prefetch(kc + off[t + PF + r] + 8 * i);                                       \
+                __builtin_prefetch(vc + off[t + r] + 8 * i);                                            \
+            }                                                                                           \
         for (int r = 0; r < R; r++) {                                                                   \
             v8 kv = load8(k[r]);                                                                        \
             for (int g = 0; g < GB; g++) d[g * R + r] = qv[g][0] * kv;                                  \
@@ -152,7 +160,7 @@ int paged_decode_f32(const float *restrict q, int64_t q_stride, const float *res
     int lp_max = (max_len + 7) & ~7;
     /* scores of up to 4 query heads, and the row offsets of one sequence */
     float *s = malloc(sizeof(float) * (size_t)lp_max * 4);
-    int64_t *off = malloc(sizeof(int64_t) * (size_t)lp_max);
+    int64_t *off = malloc(sizeof(int64_t) * (size_t)(lp_max + PF));
     if (!s || !off) {
         free(s); free(off);
         return 1;
@@ -167,7 +175,7 @@ int paged_decode_f32(const float *restrict q, int64_t q_stride, const float *res
         const int32_t *table = tables + b * table_stride;
         for (int t0 = 0, j = 0, t = 0; t0 < len; t0 += block_size, j++)
             for (int r = 0; r < block_size && t < len; r++, t++) off[t] = table[j] * block_stride + r * row_stride;
-        for (int t = len; t < lp; t++) off[t] = off[len - 1];
+        for (int t = len; t < lp + PF; t++) off[t] = off[len - 1];
         for (int h = 0; h < Hkv; h++)
             for (int g = h * G, end = g + G; g < end;) {
                 int w = end - g >= 4 ? 2 : end - g >= 2 ? 1 : 0;
