@@ -12,11 +12,14 @@
  * cache + b * block_stride + r * row_stride, and KV head h at + h * head_dim (a layer's view of the
  * block-major pool, or a cache of its own). q is (n, H, head_dim) with rows q_stride apart, out the
  * same contiguous.
- * One (sequence, KV head) at a time, for the G = H / Hkv query heads sharing it, GB = 4, 2 or 1 of
- * them per pass so that each K and V row is read once per GB heads instead of once per head: every
- * score, then a softmax over them, then the weighted sum of V. Scores come 8 dot products at a time
- * (GB heads x 8 / GB rows), reduced together by a transposing horizontal sum, so no score waits on
- * a serial sum of its own. head_dim / 8 vectors per row is a compile-time constant per variant. */
+ * One sequence at a time, all its heads together, so that each K row (all KV heads, contiguous) is
+ * read once, in order, for every query head: scores, then a softmax per head, then the weighted sum
+ * of V, a few rows at a time for every head. Query heads go GB = 4, 2 or 1 at a time (GB divides
+ * G = H / Hkv, the heads sharing a KV head), each K and V vector loaded once for the GB of them.
+ * Scores come 8 dot products at a time (GB heads x 8 / GB rows), reduced together by a transposing
+ * horizontal sum, so no score waits on a serial sum of its own. Rows are prefetched a block ahead,
+ * since a sequence's blocks are scattered over the pool. head_dim / 8 vectors per row is a
+ * compile-time constant per variant. */
 #include <float.h>
 #include <math.h>
 #include <stdint.h>
@@ -27,9 +30,7 @@
 #endif
 
 typedef float v8 __attribute__((vector_size(32)));
-#ifndef PF
-#define PF 16
-#endif
+enum { AHEAD = 16, VROWS = 16 }; /* rows prefetched ahead; V rows per pass over the heads */
 
 static inline v8 load8(const float *p) { v8 v; memcpy(&v, p, sizeof v); return v; }
 static inline void store8(float *p, v8 v) { memcpy(p, &v, sizeof v); }
@@ -52,73 +53,80 @@ static inline v8 hsum8x8(const v8 *d) {
 #endif
 }
 
-/* GB query heads (q rows of NV * 8) over one KV head. off: each token's row offset into kc and vc,
- * padded to a multiple of 8 with the last row's (so a partial chunk reads only rows in bounds, its
- * extra scores are never used); s: GB rows of lp scores; o: GB output rows. len > 0. */
-#define DEFINE_HEAD(NV, GB)                                                                             \
-static void head_##NV##_##GB(const float *restrict qh, const float *restrict kc, const float *restrict vc, \
-                             const int64_t *restrict off, int len, int lp, float scale, float *restrict s, \
-                             float *restrict o) {                                                       \
-    enum { R = 8 / GB, CV = NV * GB <= 16 ? NV : 16 / GB };                                              \
-    v8 qv[GB][NV];                                                                                      \
-    for (int g = 0; g < GB; g++)                                                                        \
-        for (int i = 0; i < NV; i++) qv[g][i] = load8(qh + (g * NV + i) * 8) * scale;                   \
-    for (int t = 0; t < len; t += R) { /* scores, R rows x GB heads at a time */                        \
-        v8 d[8];                                                                                        \
-        const float *k[R];                                                                              \
-        for (int r = 0; r < R; r++) k[r] = kc + off[t + r];                                             \
-        for (int r = 0; r < R; r++)                                                                     \
-            for (int i = 0; i < NV; i += 2) {                                                           \
-                __builtin_prefetch(kc + off[t + PF + r] + 8 * i);                                       \
-                __builtin_prefetch(vc + off[t + r] + 8 * i);                                            \
-            }                                                                                           \
-        for (int r = 0; r < R; r++) {                                                                   \
-            v8 kv = load8(k[r]);                                                                        \
-            for (int g = 0; g < GB; g++) d[g * R + r] = qv[g][0] * kv;                                  \
-        }                                                                                               \
-        for (int i = 1; i < NV; i++)                                                                    \
+/* One sequence: q its H query heads of NV * 8; kc, vc the caches at KV head 0; off each token's row
+ * offset, padded past len to a multiple of 8, plus AHEAD, with the last row's (so a partial chunk
+ * and the prefetches read only rows in bounds; the extra scores are never used); s H rows of lp
+ * scores; inv H floats; o the H output rows. len > 0, GB divides G. */
+#define DEFINE_SEQ(NV, GB)                                                                              \
+static void seq_##NV##_##GB(const float *restrict q, const float *restrict kc, const float *restrict vc,  \
+                            const int64_t *restrict off, int len, int lp, int H, int G, float scale,     \
+                            float *restrict s, float *restrict inv, float *restrict o) {                \
+    enum { D = NV * 8, R = 8 / GB, CV = NV * GB <= 16 ? NV : 16 / GB };                                  \
+    for (int t = 0; t < len; t += R) /* scores, R rows x GB heads at a time */                          \
+        for (int x = 0; x < H; x += GB) {                                                               \
+            const float *kh = kc + x / G * D, *k[R], *qx = q + x * D;                                    \
+            v8 d[8];                                                                                    \
+            for (int r = 0; r < R; r++) k[r] = kh + off[t + r];                                         \
+            if (x % G == 0)                                                                             \
+                for (int r = 0; r < R; r++)                                                             \
+                    for (int i = 0; i < NV; i += 2) __builtin_prefetch(kh + off[t + AHEAD + r] + 8 * i);\
             for (int r = 0; r < R; r++) {                                                               \
-                v8 kv = load8(k[r] + 8 * i);                                                            \
-                for (int g = 0; g < GB; g++) d[g * R + r] += qv[g][i] * kv;                             \
+                v8 kv = load8(k[r]);                                                                    \
+                for (int g = 0; g < GB; g++) d[g * R + r] = load8(qx + g * D) * kv;                     \
             }                                                                                           \
-        float x[8];                                                                                     \
-        store8(x, hsum8x8(d));                                                                          \
-        for (int g = 0; g < GB; g++) memcpy(s + g * lp + t, x + g * R, sizeof(float) * R);             \
+            for (int i = 1; i < NV; i++)                                                                \
+                for (int r = 0; r < R; r++) {                                                           \
+                    v8 kv = load8(k[r] + 8 * i);                                                        \
+                    for (int g = 0; g < GB; g++) d[g * R + r] += load8(qx + g * D + 8 * i) * kv;        \
+                }                                                                                       \
+            float sc[8];                                                                                \
+            store8(sc, hsum8x8(d) * scale);                                                             \
+            for (int g = 0; g < GB; g++) memcpy(s + (x + g) * lp + t, sc + g * R, sizeof(float) * R);  \
+        }                                                                                               \
+    for (int x = 0; x < H; x++) { /* softmax */                                                         \
+        float *sx = s + x * lp, m = -FLT_MAX, sum = 0.f;                                                \
+        for (int t = 0; t < len; t++) m = sx[t] > m ? sx[t] : m;                                        \
+        for (int t = 0; t < len; t++) { sx[t] = expf(sx[t] - m); sum += sx[t]; }                        \
+        inv[x] = 1.f / sum;                                                                             \
     }                                                                                                   \
-    float inv[GB];                                                                                      \
-    for (int g = 0; g < GB; g++) { /* softmax */                                                        \
-        float *sg = s + g * lp, m = -FLT_MAX, sum = 0.f;                                                \
-        for (int t = 0; t < len; t++) m = sg[t] > m ? sg[t] : m;                                        \
-        for (int t = 0; t < len; t++) { sg[t] = expf(sg[t] - m); sum += sg[t]; }                        \
-        inv[g] = 1.f / sum;                                                                             \
-    }                                                                                                   \
-    for (int c = 0; c < NV; c += CV) { /* probabilities x V, CV vectors of each row at a time */        \
-        v8 acc[GB][CV];                                                                                 \
-        for (int g = 0; g < GB; g++)                                                                    \
-            for (int i = 0; i < CV; i++) acc[g][i] = (v8){0};                                           \
-        for (int t = 0; t < len; t++) {                                                                 \
-            const float *v = vc + off[t] + 8 * c;                                                       \
-            for (int i = 0; i < CV; i++) {                                                              \
-                v8 vv = load8(v + 8 * i);                                                               \
-                for (int g = 0; g < GB; g++) acc[g][i] += s[g * lp + t] * vv;                           \
+    memset(o, 0, sizeof(float) * H * D);                                                                \
+    for (int t0 = 0; t0 < len; t0 += VROWS) { /* probabilities x V, VROWS rows for every head */        \
+        int t1 = len - t0 < VROWS ? len : t0 + VROWS;                                                   \
+        for (int x = 0; x < H; x += GB) {                                                               \
+            const float *vh = vc + x / G * D;                                                           \
+            for (int c = 0; c < NV; c += CV) { /* CV vectors of each row at a time */                   \
+                v8 acc[GB][CV];                                                                         \
+                for (int g = 0; g < GB; g++)                                                            \
+                    for (int i = 0; i < CV; i++) acc[g][i] = load8(o + (x + g) * D + (c + i) * 8);      \
+                for (int t = t0; t < t1; t++) {                                                         \
+                    const float *v = vh + off[t] + 8 * c;                                               \
+                    if (x % G == 0)                                                                     \
+                        for (int i = 0; i < CV; i += 2) __builtin_prefetch(vh + off[t + VROWS] + 8 * (c + i)); \
+                    for (int i = 0; i < CV; i++) {                                                      \
+                        v8 vv = load8(v + 8 * i);                                                       \
+                        for (int g = 0; g < GB; g++) acc[g][i] += s[(x + g) * lp + t] * vv;             \
+                    }                                                                                   \
+                }                                                                                       \
+                for (int g = 0; g < GB; g++)                                                            \
+                    for (int i = 0; i < CV; i++) store8(o + (x + g) * D + (c + i) * 8, acc[g][i]);      \
             }                                                                                           \
         }                                                                                               \
-        for (int g = 0; g < GB; g++)                                                                    \
-            for (int i = 0; i < CV; i++) store8(o + (g * NV + c + i) * 8, acc[g][i] * inv[g]);          \
     }                                                                                                   \
+    for (int x = 0; x < H; x++)                                                                         \
+        for (int i = 0; i < NV; i++) store8(o + x * D + i * 8, load8(o + x * D + i * 8) * inv[x]);      \
 }
 
-#define DEFINE_HEADS(NV) DEFINE_HEAD(NV, 1) DEFINE_HEAD(NV, 2) DEFINE_HEAD(NV, 4)
-DEFINE_HEADS(1)   /* head_dim 8 */
-DEFINE_HEADS(2)   /* 16 */
-DEFINE_HEADS(4)   /* 32 */
-DEFINE_HEADS(8)   /* 64 */
-DEFINE_HEADS(16)  /* 128 */
-DEFINE_HEADS(32)  /* 256 */
+#define DEFINE_SEQS(NV) DEFINE_SEQ(NV, 1) DEFINE_SEQ(NV, 2) DEFINE_SEQ(NV, 4)
+DEFINE_SEQS(1)   /* head_dim 8 */
+DEFINE_SEQS(2)   /* 16 */
+DEFINE_SEQS(4)   /* 32 */
+DEFINE_SEQS(8)   /* 64 */
+DEFINE_SEQS(16)  /* 128 */
+DEFINE_SEQS(32)  /* 256 */
 
-typedef void (*head_fn)(const float *, const float *, const float *, const int64_t *, int, int, float, float *,
-                        float *);
-#define HEADS(NV) {head_##NV##_1, head_##NV##_2, head_##NV##_4}
+typedef void (*seq_fn)(const float *, const float *, const float *, const int64_t *, int, int, int, int, float,
+                       float *, float *, float *);
+#define SEQS(NV) {seq_##NV##_1, seq_##NV##_2, seq_##NV##_4}
 
 /* Every block the sequences will read lies in the pool, and every length fits its table row; else
  * the first violation: bad[0] its sequence, bad[1] the offending value (a length or a block id). */
@@ -149,18 +157,19 @@ int paged_decode_f32(const float *restrict q, int64_t q_stride, const float *res
                      const int32_t *restrict tables, int64_t table_stride, const int32_t *restrict kv_lens, int n, int H,
                      int Hkv, int head_dim, int block_size, float scale, float *restrict out, int table_width,
                      int64_t num_blocks, int64_t *bad) {
-    static const head_fn variants[6][3] = {HEADS(1), HEADS(2), HEADS(4), HEADS(8), HEADS(16), HEADS(32)};
+    static const seq_fn variants[6][3] = {SEQS(1), SEQS(2), SEQS(4), SEQS(8), SEQS(16), SEQS(32)};
     int v = head_dim == 8 ? 0 : head_dim == 16 ? 1 : head_dim == 32 ? 2 : head_dim == 64 ? 3 : head_dim == 128 ? 4
           : head_dim == 256 ? 5 : -1;
     if (v < 0) return 2;
     int rc = check_tables(tables, table_stride, kv_lens, n, table_width, block_size, num_blocks, bad);
     if (rc) return rc;
     int G = H / Hkv, max_len = 1;
+    seq_fn fn = variants[v][G % 4 == 0 ? 2 : G % 2 == 0 ? 1 : 0];
     for (int b = 0; b < n; b++) max_len = kv_lens[b] > max_len ? kv_lens[b] : max_len;
     int lp_max = (max_len + 7) & ~7;
-    /* scores of up to 4 query heads, and the row offsets of one sequence */
-    float *s = malloc(sizeof(float) * (size_t)lp_max * 4);
-    int64_t *off = malloc(sizeof(int64_t) * (size_t)(lp_max + PF));
+    /* scores and 1 / sums of every query head, and the row offsets of one sequence */
+    float *s = malloc(sizeof(float) * ((size_t)lp_max + 1) * H);
+    int64_t *off = malloc(sizeof(int64_t) * (size_t)(lp_max + AHEAD));
     if (!s || !off) {
         free(s); free(off);
         return 1;
@@ -175,14 +184,8 @@ int paged_decode_f32(const float *restrict q, int64_t q_stride, const float *res
         const int32_t *table = tables + b * table_stride;
         for (int t0 = 0, j = 0, t = 0; t0 < len; t0 += block_size, j++)
             for (int r = 0; r < block_size && t < len; r++, t++) off[t] = table[j] * block_stride + r * row_stride;
-        for (int t = len; t < lp + PF; t++) off[t] = off[len - 1];
-        for (int h = 0; h < Hkv; h++)
-            for (int g = h * G, end = g + G; g < end;) {
-                int w = end - g >= 4 ? 2 : end - g >= 2 ? 1 : 0;
-                variants[v][w](q + b * q_stride + g * head_dim, k_cache + h * head_dim, v_cache + h * head_dim, off,
-                               len, lp, scale, s, ob + (int64_t)g * head_dim);
-                g += 1 << w;
-            }
+        for (int t = len; t < lp + AHEAD; t++) off[t] = off[len - 1];
+        fn(q + b * q_stride, k_cache, v_cache, off, len, lp, H, G, scale, s, s + (size_t)lp * H, ob);
     }
     free(s);
     free(off);
