@@ -59,17 +59,20 @@ static inline v8 hsum8x8(const v8 *d) {
  * scores; inv H floats; o the H output rows. len > 0, GB divides G. */
 #define DEFINE_SEQ(NV, GB)                                                                              \
 static void seq_##NV##_##GB(const float *restrict q, const float *restrict kc, const float *restrict vc,  \
-                            const int64_t *restrict off, int len, int lp, int H, int G, float scale,     \
-                            float *restrict s, float *restrict inv, float *restrict o) {                \
+                            const int64_t *restrict off, const int64_t *restrict next, int len, int lp, int H, \
+                            int G, float scale, float *restrict s, float *restrict inv, float *restrict o) { \
     enum { D = NV * 8, R = 8 / GB, CV = NV * GB <= 16 ? NV : 16 / GB };                                  \
     for (int t = 0; t < len; t += R) /* scores, R rows x GB heads at a time */                          \
         for (int x = 0; x < H; x += GB) {                                                               \
-            const float *kh = kc + x / G * D, *k[R], *qx = q + x * D;                                    \
+            const float *kh = kc + x / G * D, *vh = vc + x / G * D, *k[R], *qx = q + x * D;              \
             v8 d[8];                                                                                    \
             for (int r = 0; r < R; r++) k[r] = kh + off[t + r];                                         \
             if (x % G == 0)                                                                             \
-                for (int r = 0; r < R; r++)                                                             \
-                    for (int i = 0; i < NV; i += 2) __builtin_prefetch(kh + off[t + AHEAD + r] + 8 * i);\
+                for (int r = 0; r < R; r++) { /* then the first V rows */                               \
+                    int a = t + AHEAD + r;                                                              \
+                    const float *p = a < len ? kh + off[a] : vh + off[a - len];                         \
+                    for (int i = 0; i < NV; i += 2) __builtin_prefetch(p + 8 * i);                      \
+                }                                                                                       \
             for (int r = 0; r < R; r++) {                                                               \
                 v8 kv = load8(k[r]);                                                                    \
                 for (int g = 0; g < GB; g++) d[g * R + r] = load8(qx + g * D) * kv;                     \
@@ -93,15 +96,18 @@ static void seq_##NV##_##GB(const float *restrict q, const float *restrict kc, c
     for (int t0 = 0; t0 < len; t0 += VROWS) { /* probabilities x V, VROWS rows for every head */        \
         int t1 = len - t0 < VROWS ? len : t0 + VROWS;                                                   \
         for (int x = 0; x < H; x += GB) {                                                               \
-            const float *vh = vc + x / G * D;                                                           \
+            const float *vh = vc + x / G * D, *kh = kc + x / G * D;                                     \
             for (int c = 0; c < NV; c += CV) { /* CV vectors of each row at a time */                   \
                 v8 acc[GB][CV];                                                                         \
                 for (int g = 0; g < GB; g++)                                                            \
                     for (int i = 0; i < CV; i++) acc[g][i] = load8(o + (x + g) * D + (c + i) * 8);      \
                 for (int t = t0; t < t1; t++) {                                                         \
                     const float *v = vh + off[t] + 8 * c;                                               \
-                    if (x % G == 0)                                                                     \
-                        for (int i = 0; i < CV; i += 2) __builtin_prefetch(vh + off[t + VROWS] + 8 * (c + i)); \
+                    if (x % G == 0) { /* then the next sequence's first K rows */                       \
+                        int a = t + VROWS;                                                              \
+                        const float *p = a < len ? vh + off[a] : kh + next[a - len];                    \
+                        for (int i = 0; i < CV; i += 2) __builtin_prefetch(p + 8 * (c + i));            \
+                    }                                                                                   \
                     for (int i = 0; i < CV; i++) {                                                      \
                         v8 vv = load8(v + 8 * i);                                                       \
                         for (int g = 0; g < GB; g++) acc[g][i] += s[(x + g) * lp + t] * vv;             \
@@ -124,8 +130,8 @@ DEFINE_SEQS(8)   /* 64 */
 DEFINE_SEQS(16)  /* 128 */
 DEFINE_SEQS(32)  /* 256 */
 
-typedef void (*seq_fn)(const float *, const float *, const float *, const int64_t *, int, int, int, int, float,
-                       float *, float *, float *);
+typedef void (*seq_fn)(const float *, const float *, const float *, const int64_t *, const int64_t *, int, int, int,
+                       int, float, float *, float *, float *);
 #define SEQS(NV) {seq_##NV##_1, seq_##NV##_2, seq_##NV##_4}
 
 /* Every block the sequences will read lies in the pool, and every length fits its table row; else
@@ -167,28 +173,36 @@ int paged_decode_f32(const float *restrict q, int64_t q_stride, const float *res
     seq_fn fn = variants[v][G % 4 == 0 ? 2 : G % 2 == 0 ? 1 : 0];
     for (int b = 0; b < n; b++) max_len = kv_lens[b] > max_len ? kv_lens[b] : max_len;
     int lp_max = (max_len + 7) & ~7;
-    /* scores and 1 / sums of every query head, and the row offsets of one sequence */
+    /* scores and 1 / sums of every query head; the row offsets of every sequence, each padded to
+     * lp_max + AHEAD with its last row's (an empty sequence's are never read) */
+    int64_t stride = lp_max + AHEAD;
     float *s = malloc(sizeof(float) * ((size_t)lp_max + 1) * H);
-    int64_t *off = malloc(sizeof(int64_t) * (size_t)(lp_max + AHEAD));
-    if (!s || !off) {
-        free(s); free(off);
+    int64_t *offs = malloc(sizeof(int64_t) * (size_t)stride * n);
+    if (!s || !offs) {
+        free(s); free(offs);
         return 1;
     }
     for (int b = 0; b < n; b++) {
+        int len = kv_lens[b];
+        const int32_t *table = tables + b * table_stride;
+        int64_t *off = offs + b * stride;
+        for (int t0 = 0, j = 0, t = 0; t0 < len; t0 += block_size, j++)
+            for (int r = 0; r < block_size && t < len; r++, t++) off[t] = table[j] * block_stride + r * row_stride;
+        for (int t = len; len && t < stride; t++) off[t] = off[len - 1];
+    }
+    for (int b = 0, next = 0; b < n; b++) {
         int len = kv_lens[b], lp = (len + 7) & ~7;
         float *ob = out + (int64_t)b * H * head_dim;
         if (!len) { /* an empty sequence (a padded row) yields zeros */
             memset(ob, 0, sizeof(float) * (size_t)H * head_dim);
             continue;
         }
-        const int32_t *table = tables + b * table_stride;
-        for (int t0 = 0, j = 0, t = 0; t0 < len; t0 += block_size, j++)
-            for (int r = 0; r < block_size && t < len; r++, t++) off[t] = table[j] * block_stride + r * row_stride;
-        for (int t = len; t < lp + AHEAD; t++) off[t] = off[len - 1];
-        fn(q + b * q_stride, k_cache, v_cache, off, len, lp, H, G, scale, s, s + (size_t)lp * H, ob);
+        for (next = next > b ? next : b + 1; next < n && !kv_lens[next]; next++) {}
+        fn(q + b * q_stride, k_cache, v_cache, offs + b * stride, offs + (next < n ? next : b) * stride, len, lp, H,
+           G, scale, s, s + (size_t)lp * H, ob);
     }
     free(s);
-    free(off);
+    free(offs);
     return 0;
 }
 
