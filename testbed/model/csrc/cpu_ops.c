@@ -17,9 +17,10 @@
  * of V, a few rows at a time for every head. Query heads go GB = 4, 2 or 1 at a time (GB divides
  * G = H / Hkv, the heads sharing a KV head), each K and V vector loaded once for the GB of them.
  * Scores come 8 dot products at a time (GB heads x 8 / GB rows), reduced together by a transposing
- * horizontal sum, so no score waits on a serial sum of its own. Rows are prefetched a block ahead,
- * since a sequence's blocks are scattered over the pool. head_dim / 8 vectors per row is a
- * compile-time constant per variant. */
+ * horizontal sum, so no score waits on a serial sum of its own. Rows are prefetched AHEAD rows
+ * ahead, the first V rows during the last scores and the next sequence's first K rows during the
+ * last of V, since a sequence's blocks are scattered over the pool. head_dim / 8 vectors per row is
+ * a compile-time constant per variant. */
 #include <float.h>
 #include <math.h>
 #include <stdint.h>
@@ -177,7 +178,7 @@ int paged_decode_f32(const float *restrict q, int64_t q_stride, const float *res
      * lp_max + AHEAD with its last row's (an empty sequence's are never read) */
     int64_t stride = lp_max + AHEAD;
     float *s = malloc(sizeof(float) * ((size_t)lp_max + 1) * H);
-    int64_t *offs = malloc(sizeof(int64_t) * (size_t)stride * n);
+    int64_t *offs = malloc(sizeof(int64_t) * (size_t)stride * (n > 0 ? n : 1));
     if (!s || !offs) {
         free(s); free(offs);
         return 1;
