@@ -62,13 +62,14 @@ static inline v8 hsum8x8(const v8 *d) {
 static void seq_##NV##_##GB(const float *restrict q, const float *restrict kc, const float *restrict vc,  \
                             const int64_t *restrict off, const int64_t *restrict next, int len, int lp, int H, \
                             int G, float scale, float *restrict s, float *restrict inv, float *restrict o) { \
-    enum { D = NV * 8, R = 8 / GB, CV = NV * GB <= 16 ? NV : 16 / GB };                                  \
+    enum { D = NV * 8, R = 8 / GB, CV = NV * GB <= 16 ? NV : 16 / GB };                                 \
     for (int t = 0; t < len; t += R) /* scores, R rows x GB heads at a time */                          \
-        for (int x = 0; x < H; x += GB) {                                                               \
-            const float *kh = kc + x / G * D, *vh = vc + x / G * D, *k[R], *qx = q + x * D;              \
+        for (int x = 0, e = 0, hd = -D, first; x < H; x += GB) { /* KV head hd / D */                   \
+            if ((first = x == e)) { e += G; hd += D; } /* first of its KV head */                       \
+            const float *kh = kc + hd, *vh = vc + hd, *k[R], *qx = q + x * D;                           \
             v8 d[8];                                                                                    \
             for (int r = 0; r < R; r++) k[r] = kh + off[t + r];                                         \
-            if (x % G == 0)                                                                             \
+            if (first)                                                                                  \
                 for (int r = 0; r < R; r++) { /* then the first V rows */                               \
                     int a = t + AHEAD + r;                                                              \
                     const float *p = a < len ? kh + off[a] : vh + off[a - len];                         \
@@ -85,7 +86,7 @@ static void seq_##NV##_##GB(const float *restrict q, const float *restrict kc, c
                 }                                                                                       \
             float sc[8];                                                                                \
             store8(sc, hsum8x8(d) * scale);                                                             \
-            for (int g = 0; g < GB; g++) memcpy(s + (x + g) * lp + t, sc + g * R, sizeof(float) * R);  \
+            for (int g = 0; g < GB; g++) memcpy(s + (x + g) * lp + t, sc + g * R, sizeof(float) * R);   \
         }                                                                                               \
     for (int x = 0; x < H; x++) { /* softmax */                                                         \
         float *sx = s + x * lp, m = -FLT_MAX, sum = 0.f;                                                \
@@ -96,15 +97,16 @@ static void seq_##NV##_##GB(const float *restrict q, const float *restrict kc, c
     memset(o, 0, sizeof(float) * H * D);                                                                \
     for (int t0 = 0; t0 < len; t0 += VROWS) { /* probabilities x V, VROWS rows for every head */        \
         int t1 = len - t0 < VROWS ? len : t0 + VROWS;                                                   \
-        for (int x = 0; x < H; x += GB) {                                                               \
-            const float *vh = vc + x / G * D, *kh = kc + x / G * D;                                     \
+        for (int x = 0, e = 0, hd = -D, first; x < H; x += GB) { /* KV head hd / D */                   \
+            if ((first = x == e)) { e += G; hd += D; } /* first of its KV head */                       \
+            const float *vh = vc + hd, *kh = kc + hd;                                                   \
             for (int c = 0; c < NV; c += CV) { /* CV vectors of each row at a time */                   \
                 v8 acc[GB][CV];                                                                         \
                 for (int g = 0; g < GB; g++)                                                            \
                     for (int i = 0; i < CV; i++) acc[g][i] = load8(o + (x + g) * D + (c + i) * 8);      \
                 for (int t = t0; t < t1; t++) {                                                         \
                     const float *v = vh + off[t] + 8 * c;                                               \
-                    if (x % G == 0) { /* then the next sequence's first K rows */                       \
+                    if (first) { /* then the next sequence's first K rows */                            \
                         int a = t + VROWS;                                                              \
                         const float *p = a < len ? vh + off[a] : kh + next[a - len];                    \
                         for (int i = 0; i < CV; i += 2) __builtin_prefetch(p + 8 * (c + i));            \
