@@ -12,16 +12,26 @@
  * cache + b * block_stride + r * row_stride, and KV head h at + h * head_dim (a layer's view of the
  * block-major pool, or a cache of its own). q is (n, H, head_dim) with rows q_stride apart, out the
  * same contiguous.
- * One (sequence, KV head) at a time, for the G = H / Hkv query heads sharing it: every score, then a
- * softmax over them, then the weighted sum of V. head_dim / 8 vectors per row is a compile-time
- * constant per variant, so a dot product is a few vector FMAs and one horizontal sum. */
+ * One sequence at a time, all its heads together, so that each K row (all KV heads, contiguous) is
+ * read once, in order, for every query head: scores, then a softmax per head, then the weighted sum
+ * of V, a few rows at a time for every head. Query heads go GB = 4, 2 or 1 at a time (GB divides
+ * G = H / Hkv, the heads sharing a KV head), each K and V vector loaded once for the GB of them.
+ * Scores come 8 dot products at a time (GB heads x 8 / GB rows), reduced together by a transposing
+ * horizontal sum, so no score waits on a serial sum of its own. Rows are prefetched AHEAD rows
+ * ahead, the first V rows during the last scores and the next sequence's first K rows during the
+ * last of V, since a sequence's blocks are scattered over the pool. head_dim / 8 vectors per row is
+ * a compile-time constant per variant. */
 #include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef __AVX__
+#include <immintrin.h>
+#endif
 
 typedef float v8 __attribute__((vector_size(32)));
+enum { AHEAD = 16, VROWS = 16 }; /* rows prefetched ahead; V rows per pass over the heads */
 
 static inline v8 load8(const float *p) { v8 v; memcpy(&v, p, sizeof v); return v; }
 static inline void store8(float *p, v8 v) { memcpy(p, &v, sizeof v); }
@@ -31,49 +41,101 @@ static inline float hsum8(v8 v) {
     return r;
 }
 
-#define DEFINE_HEAD(NV)                                                                                 \
-static void head_##NV(const float *restrict qh, const float *restrict kc, const float *restrict vc,       \
-                      const int32_t *restrict table, int64_t block_stride, int64_t row_stride, int len,   \
-                      int G, int block_size, float scale, float *restrict s, float *restrict o) {         \
-    for (int g = 0; g < G; g++) {                                                                       \
-        v8 qv[NV], acc[NV];                                                                             \
-        for (int i = 0; i < NV; i++) qv[i] = load8(qh + (g * NV + i) * 8) * scale;                      \
-        float *sg = s + (int64_t)g * len, m = -FLT_MAX, sum = 0.f;                                      \
-        for (int t0 = 0, j = 0; t0 < len; t0 += block_size, j++) { /* scores */                         \
-            const float *k = kc + table[j] * block_stride;                                              \
-            int end = len - t0 < block_size ? len - t0 : block_size;                                    \
-            for (int t = 0; t < end; t++, k += row_stride) {                                            \
-                v8 d = qv[0] * load8(k);                                                                \
-                for (int i = 1; i < NV; i++) d += qv[i] * load8(k + 8 * i);                             \
-                float x = hsum8(d);                                                                     \
-                sg[t0 + t] = x;                                                                         \
-                m = x > m ? x : m;                                                                      \
-            }                                                                                           \
-        }                                                                                               \
-        for (int t = 0; t < len; t++) { sg[t] = expf(sg[t] - m); sum += sg[t]; }                        \
-        for (int i = 0; i < NV; i++) acc[i] = (v8){0};                                                  \
-        for (int t0 = 0, j = 0; t0 < len; t0 += block_size, j++) { /* probabilities x V */              \
-            const float *v = vc + table[j] * block_stride;                                              \
-            int end = len - t0 < block_size ? len - t0 : block_size;                                    \
-            for (int t = 0; t < end; t++, v += row_stride) {                                            \
-                float p = sg[t0 + t];                                                                   \
-                for (int i = 0; i < NV; i++) acc[i] += p * load8(v + 8 * i);                            \
-            }                                                                                           \
-        }                                                                                               \
-        float inv = len ? 1.f / sum : 0.f; /* an empty sequence (a padded row) yields zeros */          \
-        for (int i = 0; i < NV; i++) store8(o + (g * NV + i) * 8, acc[i] * inv);                        \
-    }                                                                                                   \
+/* (sum of d[0], ..., sum of d[7]) as one vector */
+static inline v8 hsum8x8(const v8 *d) {
+#ifdef __AVX__
+    __m256 t0 = _mm256_hadd_ps((__m256)d[0], (__m256)d[1]), t1 = _mm256_hadd_ps((__m256)d[2], (__m256)d[3]);
+    __m256 t2 = _mm256_hadd_ps((__m256)d[4], (__m256)d[5]), t3 = _mm256_hadd_ps((__m256)d[6], (__m256)d[7]);
+    __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3); /* low and high halves of 0-3, 4-7 */
+    return (v8)_mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+#else
+    return (v8){hsum8(d[0]), hsum8(d[1]), hsum8(d[2]), hsum8(d[3]), hsum8(d[4]), hsum8(d[5]), hsum8(d[6]),
+                hsum8(d[7])};
+#endif
 }
 
-DEFINE_HEAD(1)   /* head_dim 8 */
-DEFINE_HEAD(2)   /* 16 */
-DEFINE_HEAD(4)   /* 32 */
-DEFINE_HEAD(8)   /* 64 */
-DEFINE_HEAD(16)  /* 128 */
-DEFINE_HEAD(32)  /* 256 */
+/* One sequence: q its H query heads of NV * 8; kc, vc the caches at KV head 0; off each token's row
+ * offset, padded past len to a multiple of 8, plus AHEAD, with the last row's (so a partial chunk
+ * and the prefetches read only rows in bounds; the extra scores are never used); s H rows of lp
+ * scores; inv H floats; o the H output rows. len > 0, GB divides G. */
+#define DEFINE_SEQ(NV, GB)                                                                              \
+static void seq_##NV##_##GB(const float *restrict q, const float *restrict kc, const float *restrict vc,  \
+                            const int64_t *restrict off, const int64_t *restrict next, int len, int lp, int H, \
+                            int G, float scale, float *restrict s, float *restrict inv, float *restrict o) { \
+    enum { D = NV * 8, R = 8 / GB, CV = NV * GB <= 16 ? NV : 16 / GB };                                 \
+    for (int t = 0; t < len; t += R) /* scores, R rows x GB heads at a time */                          \
+        for (int x = 0, e = 0, hd = -D, first; x < H; x += GB) { /* KV head hd / D */                   \
+            if ((first = x == e)) { e += G; hd += D; } /* first of its KV head */                       \
+            const float *kh = kc + hd, *vh = vc + hd, *k[R], *qx = q + x * D;                           \
+            v8 d[8];                                                                                    \
+            for (int r = 0; r < R; r++) k[r] = kh + off[t + r];                                         \
+            if (first)                                                                                  \
+                for (int r = 0; r < R; r++) { /* then the first V rows */                               \
+                    int a = t + AHEAD + r;                                                              \
+                    const float *p = a < len ? kh + off[a] : vh + off[a - len];                         \
+                    for (int i = 0; i < NV; i += 2) __builtin_prefetch(p + 8 * i);                      \
+                }                                                                                       \
+            for (int r = 0; r < R; r++) {                                                               \
+                v8 kv = load8(k[r]);                                                                    \
+                for (int g = 0; g < GB; g++) d[g * R + r] = load8(qx + g * D) * kv;                     \
+            }                                                                                           \
+            for (int i = 1; i < NV; i++)                                                                \
+                for (int r = 0; r < R; r++) {                                                           \
+                    v8 kv = load8(k[r] + 8 * i);                                                        \
+                    for (int g = 0; g < GB; g++) d[g * R + r] += load8(qx + g * D + 8 * i) * kv;        \
+                }                                                                                       \
+            float sc[8];                                                                                \
+            store8(sc, hsum8x8(d) * scale);                                                             \
+            for (int g = 0; g < GB; g++) memcpy(s + (x + g) * lp + t, sc + g * R, sizeof(float) * R);   \
+        }                                                                                               \
+    for (int x = 0; x < H; x++) { /* softmax */                                                         \
+        float *sx = s + x * lp, m = -FLT_MAX, sum = 0.f;                                                \
+        for (int t = 0; t < len; t++) m = sx[t] > m ? sx[t] : m;                                        \
+        for (int t = 0; t < len; t++) { sx[t] = expf(sx[t] - m); sum += sx[t]; }                        \
+        inv[x] = 1.f / sum;                                                                             \
+    }                                                                                                   \
+    memset(o, 0, sizeof(float) * H * D);                                                                \
+    for (int t0 = 0; t0 < len; t0 += VROWS) { /* probabilities x V, VROWS rows for every head */        \
+        int t1 = len - t0 < VROWS ? len : t0 + VROWS;                                                   \
+        for (int x = 0, e = 0, hd = -D, first; x < H; x += GB) { /* KV head hd / D */                   \
+            if ((first = x == e)) { e += G; hd += D; } /* first of its KV head */                       \
+            const float *vh = vc + hd, *kh = kc + hd;                                                   \
+            for (int c = 0; c < NV; c += CV) { /* CV vectors of each row at a time */                   \
+                v8 acc[GB][CV];                                                                         \
+                for (int g = 0; g < GB; g++)                                                            \
+                    for (int i = 0; i < CV; i++) acc[g][i] = load8(o + (x + g) * D + (c + i) * 8);      \
+                for (int t = t0; t < t1; t++) {                                                         \
+                    const float *v = vh + off[t] + 8 * c;                                               \
+                    if (first) { /* then the next sequence's first K rows */                            \
+                        int a = t + VROWS;                                                              \
+                        const float *p = a < len ? vh + off[a] : kh + next[a - len];                    \
+                        for (int i = 0; i < CV; i += 2) __builtin_prefetch(p + 8 * (c + i));            \
+                    }                                                                                   \
+                    for (int i = 0; i < CV; i++) {                                                      \
+                        v8 vv = load8(v + 8 * i);                                                       \
+                        for (int g = 0; g < GB; g++) acc[g][i] += s[(x + g) * lp + t] * vv;             \
+                    }                                                                                   \
+                }                                                                                       \
+                for (int g = 0; g < GB; g++)                                                            \
+                    for (int i = 0; i < CV; i++) store8(o + (x + g) * D + (c + i) * 8, acc[g][i]);      \
+            }                                                                                           \
+        }                                                                                               \
+    }                                                                                                   \
+    for (int x = 0; x < H; x++)                                                                         \
+        for (int i = 0; i < NV; i++) store8(o + x * D + i * 8, load8(o + x * D + i * 8) * inv[x]);      \
+}
 
-typedef void (*head_fn)(const float *, const float *, const float *, const int32_t *, int64_t, int64_t, int, int,
-                        int, float, float *, float *);
+#define DEFINE_SEQS(NV) DEFINE_SEQ(NV, 1) DEFINE_SEQ(NV, 2) DEFINE_SEQ(NV, 4)
+DEFINE_SEQS(1)   /* head_dim 8 */
+DEFINE_SEQS(2)   /* 16 */
+DEFINE_SEQS(4)   /* 32 */
+DEFINE_SEQS(8)   /* 64 */
+DEFINE_SEQS(16)  /* 128 */
+DEFINE_SEQS(32)  /* 256 */
+
+typedef void (*seq_fn)(const float *, const float *, const float *, const int64_t *, const int64_t *, int, int, int,
+                       int, float, float *, float *, float *);
+#define SEQS(NV) {seq_##NV##_1, seq_##NV##_2, seq_##NV##_4}
 
 /* Every block the sequences will read lies in the pool, and every length fits its table row; else
  * the first violation: bad[0] its sequence, bad[1] the offending value (a length or a block id). */
@@ -104,21 +166,46 @@ int paged_decode_f32(const float *restrict q, int64_t q_stride, const float *res
                      const int32_t *restrict tables, int64_t table_stride, const int32_t *restrict kv_lens, int n, int H,
                      int Hkv, int head_dim, int block_size, float scale, float *restrict out, int table_width,
                      int64_t num_blocks, int64_t *bad) {
-    head_fn fn = head_dim == 8 ? head_1 : head_dim == 16 ? head_2 : head_dim == 32 ? head_4 : head_dim == 64 ? head_8
-               : head_dim == 128 ? head_16 : head_dim == 256 ? head_32 : NULL;
-    if (!fn) return 2;
+    static const seq_fn variants[6][3] = {SEQS(1), SEQS(2), SEQS(4), SEQS(8), SEQS(16), SEQS(32)};
+    int v = head_dim == 8 ? 0 : head_dim == 16 ? 1 : head_dim == 32 ? 2 : head_dim == 64 ? 3 : head_dim == 128 ? 4
+          : head_dim == 256 ? 5 : -1;
+    if (v < 0) return 2;
     int rc = check_tables(tables, table_stride, kv_lens, n, table_width, block_size, num_blocks, bad);
     if (rc) return rc;
     int G = H / Hkv, max_len = 1;
+    seq_fn fn = variants[v][G % 4 == 0 ? 2 : G % 2 == 0 ? 1 : 0];
     for (int b = 0; b < n; b++) max_len = kv_lens[b] > max_len ? kv_lens[b] : max_len;
-    float *s = malloc(sizeof(float) * (size_t)max_len * G);  /* scores of one (sequence, KV head) */
-    if (!s) return 1;
-    for (int b = 0; b < n; b++)
-        for (int h = 0; h < Hkv; h++)
-            fn(q + b * q_stride + h * G * head_dim, k_cache + h * head_dim, v_cache + h * head_dim,
-               tables + b * table_stride, block_stride, row_stride, kv_lens[b], G, block_size, scale, s,
-               out + ((int64_t)b * H + h * G) * head_dim);
+    int lp_max = (max_len + 7) & ~7;
+    /* scores and 1 / sums of every query head; the row offsets of every sequence, each padded to
+     * lp_max + AHEAD with its last row's (an empty sequence's are never read) */
+    int64_t stride = lp_max + AHEAD;
+    float *s = malloc(sizeof(float) * ((size_t)lp_max + 1) * H);
+    int64_t *offs = malloc(sizeof(int64_t) * (size_t)stride * (n > 0 ? n : 1));
+    if (!s || !offs) {
+        free(s); free(offs);
+        return 1;
+    }
+    for (int b = 0; b < n; b++) {
+        int len = kv_lens[b];
+        const int32_t *table = tables + b * table_stride;
+        int64_t *off = offs + b * stride;
+        for (int t0 = 0, j = 0, t = 0; t0 < len; t0 += block_size, j++)
+            for (int r = 0; r < block_size && t < len; r++, t++) off[t] = table[j] * block_stride + r * row_stride;
+        for (int t = len; len && t < stride; t++) off[t] = off[len - 1];
+    }
+    for (int b = 0, next = 0; b < n; b++) {
+        int len = kv_lens[b], lp = (len + 7) & ~7;
+        float *ob = out + (int64_t)b * H * head_dim;
+        if (!len) { /* an empty sequence (a padded row) yields zeros */
+            memset(ob, 0, sizeof(float) * (size_t)H * head_dim);
+            continue;
+        }
+        for (next = next > b ? next : b + 1; next < n && !kv_lens[next]; next++) {}
+        fn(q + b * q_stride, k_cache, v_cache, offs + b * stride, offs + (next < n ? next : b) * stride, len, lp, H,
+           G, scale, s, s + (size_t)lp * H, ob);
+    }
     free(s);
+    free(offs);
     return 0;
 }
 
