@@ -279,7 +279,10 @@ def _replaced(node, overrides: dict):
     values, nested = {}, {}
     for key, value in overrides.items():
         head, _, rest = key.partition(".")
-        (nested.setdefault(head, {}).__setitem__(rest, value) if rest else values.__setitem__(head, value))
+        if rest:
+            nested.setdefault(head, {})[rest] = value
+        else:
+            values[head] = value
     types = _field_types(type(node))
     if not set(values) | set(nested) <= set(types) or set(values) & set(nested):
         raise _NotPlain
@@ -296,7 +299,10 @@ def _plain(hint, value):
     if get_origin(hint) is Union and type(None) in get_args(hint):
         if value is None:
             return None
-        (hint,) = [a for a in get_args(hint) if a is not type(None)] or [None]
+        kinds = [a for a in get_args(hint) if a is not type(None)]
+        if len(kinds) != 1:
+            raise _NotPlain
+        hint = kinds[0]
     if hint is float and type(value) in (int, float):
         return float(value)
     if hint in (int, str, bool) and type(value) is hint:
