@@ -68,13 +68,27 @@ def test_sleep_is_the_modelled_time_left_and_a_slow_step_is_an_overrun():
     assert StepPace(0.02, 0.02).sleep_s == 0.0 and not StepPace(0.02, 0.02).overrun
 
 
+def test_time_lost_between_steps_counts_against_the_pace():
+    """A worker that went straight on from the step that ended at 1.0: 12 ms of host work before
+    the next step (a KV arrival, reports) leaves 3 ms of the 20 ms step to hold, and 25 ms lost
+    (the process off its core) is an overrun, though the step itself took 5 ms."""
+    pacer = StepPacer(cost(overhead_s=0.02))
+    absorbed = pacer.pace(record(1.012, 1.017), since=1.0)
+    assert absorbed.sleep_s == pytest.approx(0.003) and absorbed.until == pytest.approx(1.02)
+    assert not absorbed.overrun
+    lost = pacer.pace(record(1.025, 1.030), since=1.0)
+    assert lost.overrun and lost.sleep_s == 0.0
+    assert not pacer.pace(record(1.025, 1.030)).overrun  # after an idle wait: from the step's start
+    assert not absorbed.late(1.029) and absorbed.late(1.031)  # a wake-up 11 ms after due: half the step lost
+
+
 def test_hold_sleeps_until_the_modelled_end_and_wakes_for_the_link():
     clock, polls = FakeClock(10.0), []
     link = LinkPacer(cost(transfer_latency_s=0.004))
     assert not link.arrived(7, 10.0, 0, now=10.0)  # booked: due at 10.004
     hold(10.010, clock, clock.sleep, poll=lambda: polls.append(clock()), wake=link.next_due)
     assert clock() == pytest.approx(10.010)
-    assert clock.sleeps == pytest.approx([0.004, 0.006]) and polls == pytest.approx([10.004, 10.010])
+    assert clock.sleeps == pytest.approx([0.004, 0.006]) and polls == pytest.approx([10.004])
     assert link.arrived(7, 10.0, 0, now=clock())
     hold(5.0, clock, clock.sleep)  # already past: no sleep
     assert len(clock.sleeps) == 2
@@ -252,8 +266,14 @@ def test_emulated_disagg_run_is_paced_and_keeps_its_tokens(tmp_path):
                                    step.decode_seqs, step.decode_context)
         assert step.modelled_s == pytest.approx(modelled)
         assert step.end_s - step.start_s >= step.modelled_s - 1e-6
+    # a step's row spans its cycle (from the previous step's end while work kept coming): the real
+    # work fits inside it, a step marked overrun ran past its modelled time, and one that ended
+    # half a step late is marked
     real = steps[["schedule_s", "prepare_s", "forward_s", "sample_s", "postprocess_s"]].sum(axis=1)
-    assert (steps.pace_overrun == (real > steps.modelled_s)).all()
+    cycle = steps.end_s - steps.start_s
+    assert (real <= cycle + 1e-6).all()
+    assert (~steps.pace_overrun | (cycle > steps.modelled_s)).all()
+    assert (steps.pace_overrun | (cycle <= 1.5 * steps.modelled_s + 1e-6)).all()
 
     transfers = result["transfers"]
     assert len(transfers) == sum(1 for t in expected if len(t) > 1)

@@ -133,9 +133,9 @@ def sweep_has_emulation(sweep_dir) -> bool:
 
 def kept_pace(sweep_dir) -> tuple[bool, dict]:
     """Whether the real runs kept the modelled pace: under 10% of their decode steps overran, and
-    the median TPOT is within 1.5x the median modelled step that carried decodes (a loaded
-    machine also loses time between the steps, in the router and the workers' wake-ups, which no
-    step's overrun shows)."""
+    the median TPOT is within 1.5x the median modelled step that carried decodes (TPOT is taken
+    where the router receives the tokens, as a client would: a loaded machine also delays the
+    router, which no worker's step shows)."""
     real = [p for p in (sweep_dir / "points").iterdir() if "_real" in p.name]
     steps = pd.concat([pd.read_parquet(p / "steps.parquet") for p in real])
     tpot = pd.concat([pd.read_parquet(p / "requests.parquet") for p in real])["tpot"].median()

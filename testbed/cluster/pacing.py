@@ -16,12 +16,21 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 
+LATE_SHARE = 0.5  # a paced step that ends this share of its modelled time after due has lost the pace
+
+
 @dataclass(frozen=True)
 class StepPace:
-    """One step: its modelled and its real duration."""
+    """One step: its modelled and its real duration, the real one counted from `begin` (see
+    StepPacer.pace); the step is held until `begin + modelled_s`."""
 
     modelled_s: float
     real_s: float
+    begin: float = 0.0
+
+    @property
+    def until(self) -> float:
+        return self.begin + self.modelled_s
 
     @property
     def sleep_s(self) -> float:
@@ -31,6 +40,11 @@ class StepPace:
     def overrun(self) -> bool:
         """The real step took longer than the modelled one: this device cannot keep the pace."""
         return self.real_s > self.modelled_s
+
+    def late(self, end: float) -> bool:
+        """Held until `end`: did the step end more than LATE_SHARE of its modelled time after it was
+        due? Sleep that overshoots (a loaded host's wake-up) is time the device did not lose."""
+        return end - self.until > LATE_SHARE * self.modelled_s
 
 
 class StepPacer:
@@ -44,8 +58,13 @@ class StepPacer:
         context = self.model.prefill_context(chunks) if chunks else 0.0
         return self.model.step_time(record.prefill_tokens, context, record.decode_seqs, record.decode_context)
 
-    def pace(self, record) -> StepPace:
-        return StepPace(self.modelled_s(record), record.end - record.start)
+    def pace(self, record, since: Optional[float] = None) -> StepPace:
+        """`since`: the previous step's end, when the worker went on to this step without waiting
+        for work. The modelled step holds the device's whole per-step cost (overhead_s), so the
+        host's time between the steps (messages, KV arriving, reports, being off the core) counts
+        against the pace too: it is absorbed where the step leaves room, and an overrun where not."""
+        begin = record.start if since is None else min(since, record.start)
+        return StepPace(self.modelled_s(record), record.end - begin, begin)
 
 
 class LinkPacer:
@@ -84,11 +103,14 @@ def hold(until: float, clock: Callable[[], float], sleep: Callable[[float], None
          poll: Callable[[], None] = lambda: None,
          wake: Callable[[float], Optional[float]] = lambda now: None) -> None:
     """Sleep until `until`, waking at each `wake(now)` time on the way to `poll` (the KV link
-    keeps running while a paced step holds the worker). Loops because a sleep may end early."""
+    keeps running while a paced step holds the worker). Loops because a sleep may end early; no
+    poll once `until` has come, so host work (a KV copy) never lengthens the step it follows: it
+    falls in the next step's cycle, where the pace absorbs it or marks it."""
     while (now := clock()) < until:
         early = wake(now)
         sleep((until if early is None else min(until, early)) - now)
-        poll()
+        if clock() < until:
+            poll()
 
 
 def pace_summary(steps) -> Optional[dict]:

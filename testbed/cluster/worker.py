@@ -215,12 +215,16 @@ class Worker:
             self.pacer, self.link = role_pacers(spec.emulation, spec.role, spec.model, real_kv_bytes, spec.kv_backend)
             if self.sender is not None:
                 self.sender.link = self.link
+        self.paced_until: Optional[float] = None  # the last paced step's end while work kept coming
         self.stopping = False
         self.last_report = time.perf_counter()
 
     def loop(self) -> None:
         while not self.stopping:
-            self._drain_inbox(block=not self._can_step())
+            ready = self._can_step()
+            if not ready:
+                self.paced_until = None  # idle: the next step's pace counts from its own start
+            self._drain_inbox(block=not ready)
             self._poll_transfers()
             if self._can_step():
                 self._step()
@@ -330,12 +334,15 @@ class Worker:
     def _pace(self, record):
         """Hold the step until the emulated device would have finished it (the tokens leave then);
         the KV link keeps moving meanwhile."""
-        pace = self.pacer.pace(record)
+        pace = self.pacer.pace(record, self.paced_until)
         if pace.sleep_s > 0:
             wake = self.link.next_due if self.sender is not None else (lambda now: None)
-            hold(record.start + pace.modelled_s, time.perf_counter, time.sleep, self._poll_transfers, wake)
+            hold(pace.until, time.perf_counter, time.sleep, self._poll_transfers, wake)
         end = time.perf_counter() if pace.sleep_s > 0 else record.end
-        return record._replace(end=end, modelled_s=pace.modelled_s, pace_overrun=pace.overrun)
+        self.paced_until = end
+        # the emulated device's step is the whole cycle: steps.parquet shows it from its begin
+        return record._replace(start=pace.begin, end=end, modelled_s=pace.modelled_s,
+                               pace_overrun=pace.overrun or pace.late(end))
 
     def _step_events(self, result: StepResult, record, t: float) -> StepEvents:
         scheduled, tokens, finished, handoff = result.by_id()
