@@ -29,6 +29,10 @@ KINDS = {
     "llama3": ("Llama", dict(num_key_value_heads=4, max_position_embeddings=131072, rope_parameters=LLAMA3_ROPE)),
     "qwen2": ("Qwen2", dict(max_position_embeddings=4096, tie_word_embeddings=True,
                             rope_parameters={"rope_type": "default", "rope_theta": 1e6})),
+    # 512 wide: projections large enough for the CPU's packed GEMM (testbed.model.linear)
+    "wide": ("Llama", dict(hidden_size=512, intermediate_size=1024, num_attention_heads=8, num_key_value_heads=4,
+                           initializer_range=0.05, max_position_embeddings=4096,
+                           rope_parameters={"rope_type": "default", "rope_theta": 1e6})),
     # GQA with head_dim 32 != hidden 64 / 4 heads
     "gqa": ("Llama", dict(head_dim=32, max_position_embeddings=4096,
                           rope_parameters={"rope_type": "default", "rope_theta": 2e5})),

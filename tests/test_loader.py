@@ -15,6 +15,7 @@ from safetensors.torch import load_file, save_file
 
 from testbed import LLM
 from testbed.errors import ConfigError
+from testbed.model import linear
 from testbed.model.config import ModelConfig
 from testbed.model.llama import Rotary, checkpoint_tensors
 from testbed.model.loader import build_model
@@ -48,7 +49,10 @@ def reference(tmp_path_factory):
 def test_llm_matches_transformers_greedy(kind, reference):
     directory, prompts, expected = reference(kind)
     assert all(len(set(tokens)) > NEW_TOKENS // 2 for tokens in expected), "degenerate reference outputs"
-    assert LLM(str(directory), device="cpu").generate(prompts, NEW_TOKENS) == expected
+    llm = LLM(str(directory), device="cpu")
+    assert llm.generate(prompts, NEW_TOKENS) == expected
+    if kind == "wide" and linear.available():  # oneDNN's packed GEMM, and still transformers' tokens
+        assert isinstance(llm.engine.runner.model.layers[0].mlp.gate_up_proj, linear.PackedLinear)
 
 
 def test_written_configs_use_the_current_layout(reference):
@@ -212,7 +216,8 @@ def test_vs_transformers_benchmark_runs_both_engines_on_one_checkpoint():
     from testbed.bench.engine import vs_transformers
 
     rows = vs_transformers("tiny", batch=2, prompt_len=8, new_tokens=4, repeats=1)
-    assert [r["setting"] for r in rows] == ["defaults", "tuned"]  # LLM with its defaults, and tuned to the batch
+    # LLM with its defaults, tuned to the batch, and with its defaults on torch's linear
+    assert [r["setting"] for r in rows] == ["defaults", "tuned", "torch GEMM"]
     for result in rows:
         assert result["same_tokens"] == 2 and result["ratio"] > 0
         assert result["pair_ratio_min"] <= result["pair_ratio_median"] <= result["pair_ratio_max"]

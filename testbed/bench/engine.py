@@ -3,10 +3,14 @@
 Prints prefill tokens/s and decode tokens/s at batch 1, 8 and 32, and the share of a step spent
 outside the model forward (scheduling, tensor preparation, sampling, postprocessing).
 
+`--linear`: each projection of each shape of --models at 1, 32 and 4096 rows (one thread), torch's
+linear against the packed oneDNN GEMM the engine swaps in on CPU (testbed.model.linear): time
+per call, their ratio, and the largest difference from a float64 product relative to its scale.
+
 `--vs-transformers`: LLM.generate against transformers' generate on one checkpoint that
 transformers itself writes (float32, one thread, batch 32, 128 prompt + 64 new tokens, greedy),
-for each shape of --models, in --repeats alternating rounds, `LLM` with its defaults and tuned
-to the batch: output tokens/s of both sides (best run), their ratio, the spread of the rounds'
+for each shape of --models, in --repeats alternating rounds, `LLM` with its defaults, tuned to
+the batch, and with its defaults on torch's linear (transformers' GEMM): output tokens/s of both sides (best run), their ratio, the spread of the rounds'
 ratios, and whether the tokens agree.
 """
 
@@ -56,7 +60,8 @@ def vs_transformers(shape: str, batch: int = 32, prompt_len: int = 128, new_toke
     """Both engines on a checkpoint `save_pretrained` wrote with this preset's shape, in `repeats`
     alternating rounds (neither side alone pays first-use costs or a slow spell): `LLM` with its
     defaults, `LLM` tuned to the batch (running sequences, batched tokens and chunk the batch's
-    size, a pool that holds it exactly), then transformers. One row per `LLM` setting: the best
+    size, a pool that holds it exactly), `LLM` with its defaults on torch's linear (the GEMM
+    transformers runs), then transformers. One row per `LLM` setting: the best
     run of each side, and the spread of the rounds' ratios (a round runs back to back, so a slow
     spell of the machine slows both)."""
     import tempfile
@@ -65,6 +70,7 @@ def vs_transformers(shape: str, batch: int = 32, prompt_len: int = 128, new_toke
     import transformers
 
     from testbed.llm import LLM
+    from testbed.model import linear
 
     a = PRESETS[shape]
     config = transformers.LlamaConfig(vocab_size=a.vocab_size, hidden_size=a.hidden_size,
@@ -82,7 +88,10 @@ def vs_transformers(shape: str, batch: int = 32, prompt_len: int = 128, new_toke
                 "tuned": LLM(directory, max_running=batch, max_batched_tokens=batch * prompt_len,
                              chunk_size=batch * prompt_len,
                              num_kv_blocks=batch * (-(-(prompt_len + new_tokens) // 16)) + 16,
-                             attention_backend=attention_backend)}
+                             attention_backend=attention_backend),
+                "torch GEMM": LLM(directory, attention_backend=attention_backend)}
+        # defaults, but torch's linear as transformers runs it: what the engine gains besides the GEMM
+        linear.unpack_linears(llms["torch GEMM"].engine.runner.model)
         runs = {name: (lambda llm=llm: llm.generate(prompts.tolist(), new_tokens)) for name, llm in llms.items()}
         runs["transformers"] = lambda: reference.generate(
             prompts, max_new_tokens=new_tokens, do_sample=False, pad_token_id=0,
@@ -108,6 +117,44 @@ def vs_transformers(shape: str, batch: int = 32, prompt_len: int = 128, new_toke
     return rows
 
 
+def linear_rows(shape: str, rows=(1, 32, 4096)) -> list[dict]:
+    """torch's F.linear against testbed.model.linear's packed GEMM on the shape's projections."""
+    import time
+
+    import torch.nn.functional as F
+
+    from testbed.model import linear
+
+    a = PRESETS[shape]
+    q_kv = (a.num_heads + 2 * a.num_kv_heads) * a.head_dim
+    projections = {"qkv": (a.hidden_size, q_kv), "o": (a.num_heads * a.head_dim, a.hidden_size),
+                   "gate_up": (a.hidden_size, 2 * a.intermediate_size), "down": (a.intermediate_size, a.hidden_size),
+                   "lm_head": (a.hidden_size, a.vocab_size)}
+
+    def per_call(fn, calls: int) -> float:
+        fn()
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        return (time.perf_counter() - start) / calls
+
+    out = []
+    for name, (inputs, outputs) in projections.items():
+        plain = torch.nn.Linear(inputs, outputs, bias=False)
+        packed = linear.PackedLinear.from_linear(plain)
+        for n in rows:
+            x = torch.randn(n, inputs)
+            calls = max(3, int(2e8 // (n * inputs * outputs)))
+            with torch.inference_mode():
+                exact = F.linear(x.double(), plain.weight.double())
+                error = (packed(x).double() - exact).abs().max().item() / exact.abs().max().item()
+                torch_s, packed_s = per_call(lambda: plain(x), calls), per_call(lambda: packed(x), calls)
+            out.append({"shape": shape, "projection": name, "rows": n, "in": inputs, "out": outputs,
+                        "torch_us": 1e6 * torch_s, "packed_us": 1e6 * packed_s, "ratio": torch_s / packed_s,
+                        "rel_error": error})
+    return out
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["tiny", "small"])
@@ -117,17 +164,26 @@ def main(argv=None) -> None:
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: leave as is)")
     parser.add_argument("--repeats", type=int, default=5, help="--vs-transformers: alternating pairs of runs")
     parser.add_argument("--attention-backend", default="auto", help="--vs-transformers: the engine's backend")
+    parser.add_argument("--linear", action="store_true", help="torch's linear vs the packed oneDNN GEMM, one thread")
     parser.add_argument("--vs-transformers", action="store_true",
                         help="LLM.generate vs transformers' generate (one thread; transformers from the dev extra)")
     a = parser.parse_args(argv)
-    if a.threads or a.vs_transformers:
+    if a.threads or a.vs_transformers or a.linear:
         torch.set_num_threads(a.threads or 1)
+    if a.linear:
+        print(f"{'shape':>6} {'projection':>10} {'rows':>5} {'in x out':>11} {'torch us':>9} {'packed us':>10} "
+              f"{'ratio':>6} {'rel. error':>10}")
+        for model in a.models:
+            for r in linear_rows(model):
+                print(f"{model:>6} {r['projection']:>10} {r['rows']:>5} {r['in']:>5}x{r['out']:<5} {r['torch_us']:>9.1f} "
+                      f"{r['packed_us']:>10.1f} {r['ratio']:>6.2f} {r['rel_error']:>10.1e}")
+        return
     if a.vs_transformers:
-        print(f"{'shape':>6} {'backend':>8} {'LLM':>9} {'testbed tok/s':>14} {'transformers tok/s':>19} "
+        print(f"{'shape':>6} {'backend':>8} {'LLM':>10} {'testbed tok/s':>14} {'transformers tok/s':>19} "
               f"{'ratio':>6} {'rounds: median [min, max]':>26} {'same tokens':>12}")
         for model in a.models:
             for r in vs_transformers(model, repeats=a.repeats, attention_backend=a.attention_backend):
-                print(f"{model:>6} {r['backend']:>8} {r['setting']:>9} {r['testbed_tok_s']:>14.0f} "
+                print(f"{model:>6} {r['backend']:>8} {r['setting']:>10} {r['testbed_tok_s']:>14.0f} "
                       f"{r['transformers_tok_s']:>19.0f} {r['ratio']:>6.2f} {r['pair_ratio_median']:>11.2f} "
                       f"[{r['pair_ratio_min']:.2f}, {r['pair_ratio_max']:.2f}] {r['same_tokens']:>8}/{r['batch']}")
         return

@@ -15,6 +15,7 @@ from testbed.engine.kv_pool import checked_pool, host_available_bytes, kv_block_
 from testbed.engine.scheduler import Batch
 from testbed.model.attention import AttentionMetadata, block_stride, select_backend
 from testbed.model.config import ModelArgs
+from testbed.model.linear import pack_linears
 from testbed.model.llama import Transformer
 
 log = logging.getLogger(__name__)
@@ -32,6 +33,8 @@ class ModelRunner:
         self.dtype = next(model.parameters()).dtype
         config = config.for_device(device.type, self.dtype)
         self.model, self.config, self.device = model, config, device
+        if device.type == "cpu":
+            pack_linears(model)  # oneDNN's packed GEMM (testbed.model.linear)
         self.args: ModelArgs = model.args
         self.block_size = config.block_size
         self.backend = select_backend(config.attention_backend, device, self.dtype, config.block_size,
