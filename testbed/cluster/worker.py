@@ -340,9 +340,9 @@ class Worker:
             hold(pace.until, time.perf_counter, time.sleep, self._poll_transfers, wake)
         end = time.perf_counter() if pace.sleep_s > 0 else record.end
         self.paced_until = end
-        # the emulated device's step is the whole cycle: steps.parquet shows it from its begin
-        return record._replace(start=pace.begin, end=end, modelled_s=pace.modelled_s,
-                               pace_overrun=pace.overrun or pace.late(end))
+        # the row keeps the step's real start (a request's prefill never starts before it arrived);
+        # its end is the modelled one, counted from the previous step's end while work kept coming
+        return record._replace(end=end, modelled_s=pace.modelled_s, pace_overrun=pace.overrun or pace.late(end))
 
     def _step_events(self, result: StepResult, record, t: float) -> StepEvents:
         scheduled, tokens, finished, handoff = result.by_id()
