@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import queue
+import time
+
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
@@ -24,4 +27,16 @@ def small_workload(n: int = 10, rate: float = 40.0) -> list[str]:
             "hardware=cpu", "model.max_model_len=256", "engine.num_kv_blocks=256"]
 
 
-__all__ = ["make_config", "small_workload", "OmegaConf"]
+def read_until(box, until, limit_s: float = 60) -> list:
+    """Messages read from an inbox until `until(got)` holds; bounded by a deadline far beyond a
+    loaded machine's delays."""
+    got, deadline = [], time.monotonic() + limit_s
+    while not until(got) and time.monotonic() < deadline:
+        try:
+            got.append(box.get(timeout=0.2))
+        except queue.Empty:
+            pass
+    return got
+
+
+__all__ = ["make_config", "small_workload", "read_until", "OmegaConf"]

@@ -5,9 +5,7 @@ is refused in one line; cluster.bind names an address or an interface."""
 from __future__ import annotations
 
 import dataclasses
-import queue
 import socket
-import time
 
 import pytest
 import zmq
@@ -17,6 +15,7 @@ from testbed.net import curve, wire
 from testbed.net.messages import Heartbeat, Stop
 from testbed.net.rendezvous import World, bind_address
 from testbed.net.transport import Inbox, Outbox
+from tests.cluster_helpers import read_until
 
 pytestmark = pytest.mark.skipif(not curve.available(), reason="libzmq without CURVE")
 TOKEN = "c" * 32
@@ -26,17 +25,6 @@ def run_keys(ranks: int = 2) -> list[curve.Keys]:
     pairs = [zmq.curve_keypair() for _ in range(ranks)]
     peers = tuple(public for public, _ in pairs)
     return [curve.Keys(public, secret, peers) for public, secret in pairs]
-
-
-def read_all(box: Inbox, until, limit_s: float = 60) -> list:
-    """Messages that reach the handler, until `until(got)` holds (a deadline far past a loaded machine's)."""
-    got, deadline = [], time.monotonic() + limit_s
-    while not until(got) and time.monotonic() < deadline:
-        try:
-            got.append(box.get(timeout=0.2))
-        except queue.Empty:
-            pass
-    return got
 
 
 def test_only_the_runs_keys_connect_and_no_strangers_frame_reaches_a_handler():
@@ -56,7 +44,7 @@ def test_only_the_runs_keys_connect_and_no_strangers_frame_reaches_a_handler():
     earlier.sock.send(wire.encode(Stop(), "d" * 32))  # a frame recorded in an earlier run, replayed by a rank
     member = Outbox(ctx, box.address, TOKEN, 0.5, "rank 1", ours[1], 0)
     member.put(Heartbeat(1, 2.0))
-    got = read_all(box, lambda got: got and box.refused_by["authentication failed"] >= 1
+    got = read_until(box, lambda got: got and box.refused_by["authentication failed"] >= 1
                    and box.refused_by["wrong or missing run token"] >= 1
                    and sum(box.refused_by.values()) >= 3)
     assert got == [Heartbeat(1, 2.0)], got  # the run's one message, nothing of the others
@@ -81,7 +69,7 @@ def test_a_sender_that_does_not_know_the_receivers_key_reaches_nobody():
     impostor.put(Heartbeat(1, 1.0))
     member = Outbox(ctx, box.address, TOKEN, 0.5, "rank 1", ours[1], 0)
     member.put(Heartbeat(1, 3.0))
-    assert read_all(box, lambda got: Heartbeat(1, 3.0) in got) == [Heartbeat(1, 3.0)]
+    assert read_until(box, lambda got: Heartbeat(1, 3.0) in got) == [Heartbeat(1, 3.0)]
     for out in (impostor, member):
         out.close()
     box.close()
@@ -153,7 +141,7 @@ def test_no_token_in_clear_on_the_wire(encrypted):
     relay = Relay(box.address)
     out = Outbox(ctx, relay.address, TOKEN, 0.5, "rank 1", ours[1] if encrypted else None, 0)
     out.put(Heartbeat(1, 4.0))
-    assert read_all(box, bool) == [Heartbeat(1, 4.0)]
+    assert read_until(box, bool) == [Heartbeat(1, 4.0)]
     wire_bytes = bytes(relay.seen)
     # with CURVE neither the token nor the message is readable; without it (one box only) both are
     assert (TOKEN.encode() in wire_bytes, b"Heartbeat" in wire_bytes) == (not encrypted, not encrypted)

@@ -7,7 +7,6 @@ import dataclasses
 import math
 import os
 import pickle
-import queue
 import socket
 import time
 
@@ -23,6 +22,7 @@ from testbed.net import wire
 from testbed.net.messages import Audit, Heartbeat, KVPart, Serve, StepEvents, Stop
 from testbed.net.rendezvous import World, bind_address, torchrun_world
 from testbed.net.transport import Inbox, Outbox, refused_counts
+from tests.cluster_helpers import read_until
 
 TOKEN = "a" * 32
 
@@ -75,17 +75,6 @@ class Evil:
         return (os.system, (f"touch {self.marker}",))
 
 
-def drain(box: Inbox, until) -> list:
-    """Read until `until(got)` holds; bounded by a deadline far beyond a loaded machine's delays."""
-    got, deadline = [], time.monotonic() + 60
-    while not until(got) and time.monotonic() < deadline:
-        try:
-            got.append(box.get(timeout=0.2))
-        except queue.Empty:
-            pass
-    return got
-
-
 def test_stray_connections_change_nothing_and_are_logged(tmp_path, caplog):
     ctx = zmq.Context()
     box = Inbox(ctx, "127.0.0.1", TOKEN, 0.5, "rank1")
@@ -106,7 +95,7 @@ def test_stray_connections_change_nothing_and_are_logged(tmp_path, caplog):
     # the probe's handshake event, the stray frames and the good message come over three connections
     # in no fixed order: read until every one of them has been seen, not until a count is reached
     kinds = ("not JSON", "run token", "a connection")  # the last: the HTTP probe, turned away at the handshake
-    got = drain(box, lambda got: got and box.refused >= 4 and all(any(k in m for m in logged()) for k in kinds))
+    got = read_until(box, lambda got: got and box.refused >= 4 and all(any(k in m for m in logged()) for k in kinds))
     assert got == [Heartbeat(3, 1.0)]  # the one message of this run, and nothing else
     assert box.refused >= 4 and not marker.exists()
     assert box.refused_by["not JSON"] >= 2 and box.refused_by["wrong or missing run token"] == 1
@@ -125,7 +114,7 @@ def test_a_dropped_receiver_is_noticed():
     box = Inbox(ctx, "127.0.0.1", TOKEN, 0.2, "worker1")
     out = Outbox(ctx, box.address, TOKEN, 0.2)
     out.put(Heartbeat(0, 0.0))
-    assert drain(box, bool) == [Heartbeat(0, 0.0)]
+    assert read_until(box, bool) == [Heartbeat(0, 0.0)]
     assert not out.lost()
     box.close()
     deadline = time.monotonic() + 60
