@@ -80,6 +80,21 @@ def test_a_disaggregated_request_walks_every_front_and_back_state():
     assert row.status == "ok" and list(row.output_token_ids) == [11, 12, 13]
 
 
+def test_a_transfer_reported_after_d_finished_the_request_keeps_its_start():
+    """P's KVSent travels on P's pipe: a loaded P may report after D decoded the request to its
+    end. The row still has the transfer's start; a report from a worker that did not prefill it adds none."""
+    b = book()
+    b.admit(request(1), 0.0)
+    step(b, P0, tokens=[(1, 0, 11)], handoff=[1])
+    b.kv_arrived(1, D0, 1.1)
+    assert step(b, D0, tokens=[(1, 1, 12), (1, 2, 13)], finished=[1], t=1.2).finished
+    b.kv_sent(1, P1, D0, 0.9, 64, moved=True)  # not its prefill worker: nothing
+    assert b.log.table().iloc[0].kv_transfer_start_s != b.log.table().iloc[0].kv_transfer_start_s  # NaN
+    b.kv_sent(1, P0, D0, 1.0, 64, moved=True)
+    row = b.log.table().iloc[0]
+    assert row.status == "ok" and row.kv_transfer_start_s == 1.0 and row.kv_bytes == 64
+
+
 def test_tokens_reach_the_client_in_order_across_p_and_d():
     b = book()
     t = b.admit(request(1), 0.0)

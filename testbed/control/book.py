@@ -245,8 +245,15 @@ class RequestBook:
     def kv_sent(self, rid: int, prefill: int, decode: int, start: float, kv_bytes: int, moved: bool) -> None:
         """P's sends of an attempt have left (`moved`: data went, not dropped or broken)."""
         tracked = self.active.get(rid)
-        if tracked is None or tracked.worker != prefill:
-            return  # ended, or re-dispatched away from that worker
+        if tracked is None:
+            # P's report travels on P's pipe: D may have decoded the request to its end first (a loaded
+            # P reports late). Its transfer still started then, if it was this worker's prefill.
+            if moved and self.log.prefill_worker(rid) == prefill:
+                self.log.event(rid, Event.KV_TRANSFER_START, start, prefill_worker=prefill, decode_worker=decode,
+                               kv_bytes=kv_bytes)
+            return
+        if tracked.worker != prefill:
+            return  # re-dispatched away from that worker
         if moved:
             self.log.event(rid, Event.KV_TRANSFER_START, start, prefill_worker=prefill, decode_worker=decode,
                            kv_bytes=kv_bytes)

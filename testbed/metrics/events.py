@@ -174,6 +174,11 @@ class RequestLog:
     def finish(self, request_id: int, t: float) -> None:
         self.event(request_id, Event.FINISHED, t)
 
+    def prefill_worker(self, request_id: int) -> Optional[int]:
+        """The worker its last prefill ran on, as logged (None: not known)."""
+        record = self._records.get(request_id)
+        return None if record is None else record.prefill_worker
+
     def fail(self, request_id: int, t: float, reason: str) -> None:
         self.event(request_id, Event.FAILED, t, reason=reason)
 
