@@ -20,7 +20,6 @@ from typing import Optional
 import torch
 from torch import nn
 
-PACKED_DTYPES = (torch.float32, torch.bfloat16)
 # oneDNN spends about 10 us a call before any arithmetic (small preset, one thread): on the tiny
 # preset's 64-wide weights it lost to MKL at 32 rows (18 us against 9) and won only at thousands;
 # on 512-wide ones it won from 4 rows (1.4x at 4, 1.6-1.8x at 32) and lost at 1 and 2 (0.6-0.9x).
@@ -28,6 +27,12 @@ PACKED_DTYPES = (torch.float32, torch.bfloat16)
 # counts already do.
 MIN_PACKED_WEIGHT = 512 * 512
 MIN_PACKED_ROWS = 4
+
+
+def packed_dtypes() -> tuple[torch.dtype, ...]:
+    """float32, and bfloat16 where this CPU has oneDNN's bfloat16 kernels (else it would emulate them)."""
+    bf16 = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
+    return (torch.float32, torch.bfloat16) if bf16 is not None and bf16() else (torch.float32,)
 
 
 def available() -> bool:
@@ -80,11 +85,11 @@ def pack_linears(model: nn.Module) -> int:
     a weight of MIN_PACKED_WEIGHT or more, oneDNN in this build); returns how many were swapped."""
     if not available():
         return 0
-    swapped = 0
+    swapped, dtypes = 0, packed_dtypes()
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if (type(child) is nn.Linear and child.weight.device.type == "cpu"
-                    and child.weight.dtype in PACKED_DTYPES and child.weight.numel() >= MIN_PACKED_WEIGHT):
+                    and child.weight.dtype in dtypes and child.weight.numel() >= MIN_PACKED_WEIGHT):
                 setattr(parent, name, PackedLinear.from_linear(child))
                 swapped += 1
     return swapped
