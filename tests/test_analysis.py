@@ -285,7 +285,8 @@ def test_itl_inflation_and_the_step_level_view(sweeps):
             requests = measured(run["requests"], MetricsConfig(**run["config"]["metrics"]))
             gaps = background_gaps(requests, run["steps"], injection_window(requests))
             exposed, quiet = (gaps.loc[gaps["exposed"] == flag, "itl"] for flag in (True, False))
-            assert close(value, np.percentile(exposed, 99) / np.percentile(quiet, 99))
+            both = len(exposed) and len(quiet)  # a loaded host may leave one side empty: no ratio
+            assert close(value, np.percentile(exposed, 99) / np.percentile(quiet, 99) if both else np.nan)
     assert "overlap an injected prefill over p99 of the gaps that do not" in caption
     assert "with / without prefill work" in caption
 

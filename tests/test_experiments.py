@@ -57,12 +57,18 @@ def test_interference_compares_exposed_gaps_with_quiet_ones_in_the_same_run(stud
     """The background is sized to outlast the injections: colocated prefills overlap background
     gaps on their own worker, each figure has its interval or says why not (too few gaps to bound
     a p99: not estimable; enough, but one run: one unit, the runs being what varies), and the
-    baseline has none exposed."""
+    baseline has none exposed. On a host so loaded that the probes' prefills stretch over the
+    whole window, one side has no gaps: the cell has no ratio and says which side is empty."""
     aggregate = json.loads((study_results["interference"] / "sweep.json").read_text())["aggregate"]
     for label in ("colocated", "1P1D"):
         baseline, injected = aggregate["interference"][label]["0"], aggregate["interference"][label]["256"]
         assert baseline["exposed_gaps"] == 0 and baseline["inflation"] is None
-        assert injected["exposed_gaps"] > 0 and injected["quiet_gaps"] > 0
+        assert injected["exposed_gaps"] + injected["quiet_gaps"] > 0
+        if not (injected["exposed_gaps"] and injected["quiet_gaps"]):
+            side = "exposed" if not injected["exposed_gaps"] else "quiet"
+            assert injected["inflation_note"] == f"no {side} gaps" and injected["inflation"] is None, injected
+            print(f"{label}: no {side} gaps on this host, no ratio to check")
+            continue
         if not injected["inflation_note"]:
             assert injected["inflation_low"] <= injected["inflation"] <= injected["inflation_high"]
         else:

@@ -164,13 +164,17 @@ def _interference_cell(gaps: list[pd.DataFrame], steps: pd.DataFrame, baseline: 
     pooled = {k: np.concatenate(v) if v else np.array([]) for k, v in
               (("exposed", exposed), ("quiet", quiet), ("baseline", baseline))}
     p99 = lambda x: float(np.percentile(x, 99)) if x.size else np.nan  # noqa: E731
+    # a loaded host can stretch the probes' prefills over the whole window (or the background's
+    # start past it): then one side has no gaps, and the note says which, not a figure
+    empty = [f"no {side} gaps" for side in ("exposed", "quiet") if not pooled[side].size]
+    note = empty[0] if empty else inflation.note
     with_prefill = steps.loc[steps["with_prefill"].astype(bool), "seconds"].to_numpy(float)
     without = steps.loc[~steps["with_prefill"].astype(bool), "seconds"].to_numpy(float)
     return {"exposed_gaps": int(pooled["exposed"].size), "quiet_gaps": int(pooled["quiet"].size),
             "itl_p99_exposed": p99(pooled["exposed"]), "itl_p99_quiet": p99(pooled["quiet"]),
             "itl_p99_baseline": p99(pooled["baseline"]),
             "inflation": inflation.estimate, "inflation_low": inflation.low, "inflation_high": inflation.high,
-            "inflation_note": inflation.note, "inflation_vs_baseline": versus_baseline.estimate,
+            "inflation_note": note, "inflation_vs_baseline": versus_baseline.estimate,
             "inflation_vs_baseline_low": versus_baseline.low, "inflation_vs_baseline_high": versus_baseline.high,
             "stalls": int(np.sum(pooled["exposed"] > threshold)) + int(np.sum(pooled["quiet"] > threshold)),
             "decode_step_s_with_prefill": float(with_prefill.mean()) if with_prefill.size else np.nan,
