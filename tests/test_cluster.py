@@ -102,13 +102,16 @@ def test_decode_worker_killed_mid_run(tmp_path):
 
 def test_early_binding_outlasts_a_prefill_queue_longer_than_the_timeout(tmp_path):
     """D reserves at arrival, then the prefills queue on P for longer than kv_transfer.timeout_s:
-    the transfer lease starts only when P begins to send, so nothing times out."""
+    the transfer lease starts only when P begins to send, so nothing times out. The subject is the
+    lease, not liveness: CPU workers run at nice 19, so beside a busy job a 512-token step of the
+    small model took 12 s (0.17 s alone), past the 10 s of silence (5 x heartbeat_s=2) that declares a worker
+    lost; heartbeat_s=5 allows 25 s."""
     timeout_s = 1.0
     cfg = make_config("workload.num_requests=10", "workload.rate=1000", "workload.input_len.min=300",
                       "workload.input_len.max=400", "workload.output_len.min=4", "workload.output_len.max=8",
                       "hardware=cpu", "model=small", "model.max_model_len=512", "engine.num_kv_blocks=512",
                       "scheduler.max_batched_tokens=512", "mode=disagg", "kv_transfer.decode_binding=early",
-                      f"kv_transfer.timeout_s={timeout_s}")
+                      f"kv_transfer.timeout_s={timeout_s}", "cluster.heartbeat_s=5")
     result = serve(cfg, tmp_path, progress=False)
     requests, transfers = result["requests"], result["transfers"]
     assert (requests.status == "ok").all(), requests.reason.unique()
