@@ -245,19 +245,15 @@ class RequestBook:
     def kv_sent(self, rid: int, prefill: int, decode: int, start: float, kv_bytes: int, moved: bool) -> None:
         """P's sends of an attempt have left (`moved`: data went, not dropped or broken)."""
         tracked = self.active.get(rid)
-        if tracked is None:
-            # P's report travels on P's pipe: D may have decoded the request to its end first (a loaded
-            # P reports late). Its transfer still started then, if it was this worker's prefill.
-            if moved and self.log.prefill_worker(rid) == prefill:
-                self.log.event(rid, Event.KV_TRANSFER_START, start, prefill_worker=prefill, decode_worker=decode,
-                               kv_bytes=kv_bytes)
-            return
-        if tracked.worker != prefill:
+        # an ended request still logs its transfer's start: P's report travels on P's pipe, and D may
+        # have decoded the request to its end first (a loaded P reports late)
+        worker = tracked.worker if tracked is not None else self.log.prefill_worker(rid)
+        if worker != prefill:
             return  # re-dispatched away from that worker
         if moved:
             self.log.event(rid, Event.KV_TRANSFER_START, start, prefill_worker=prefill, decode_worker=decode,
                            kv_bytes=kv_bytes)
-        if tracked.front is not Front.LEFT:
+        if tracked is not None and tracked.front is not Front.LEFT:
             self._front(tracked, Front.LEFT)
 
     def kv_arrived(self, rid: int, decode: int, t: float) -> None:
