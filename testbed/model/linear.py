@@ -49,10 +49,7 @@ class PackedLinear(nn.Linear):
 
     @classmethod
     def from_linear(cls, linear: nn.Linear) -> "PackedLinear":
-        packed = cls.__new__(cls)
-        nn.Module.__init__(packed)
-        packed.in_features, packed.out_features = linear.in_features, linear.out_features
-        packed.weight, packed.bias = linear.weight, linear.bias  # the same Parameters
+        packed = _sharing(cls, linear)
         packed._packed()  # now, so the copy's memory is taken before a KV pool is sized from what is left
         return packed
 
@@ -73,11 +70,29 @@ class PackedLinear(nn.Linear):
         return out.view(*x.shape[:-1], self.out_features)
 
 
+def _sharing(cls, linear: nn.Linear) -> nn.Linear:
+    """A `cls` (nn.Linear or PackedLinear) on `linear`'s own Parameters: tied weights stay tied."""
+    new = cls.__new__(cls)
+    nn.Module.__init__(new)
+    new.in_features, new.out_features = linear.in_features, linear.out_features
+    new.weight, new.bias = linear.weight, linear.bias
+    return new
+
+
 def _version(t: torch.Tensor) -> int:
-    try:
-        return t._version
-    except RuntimeError:  # an inference tensor (loaded under inference_mode) keeps no counter
-        return 0
+    # an inference tensor (loaded under inference_mode) keeps no counter: it is packed once
+    return 0 if t.is_inference() else t._version
+
+
+def _swap(model: nn.Module, swap) -> int:
+    """Replace each child module for which `swap(child)` gives a module; how many were replaced."""
+    swapped = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if (new := swap(child)) is not None:
+                setattr(parent, name, new)
+                swapped += 1
+    return swapped
 
 
 def pack_linears(model: nn.Module) -> int:
@@ -85,27 +100,23 @@ def pack_linears(model: nn.Module) -> int:
     a weight of MIN_PACKED_WEIGHT or more, oneDNN in this build); returns how many were swapped."""
     if not available():
         return 0
-    swapped, dtypes = 0, packed_dtypes()
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if (type(child) is nn.Linear and child.weight.device.type == "cpu"
-                    and child.weight.dtype in dtypes and child.weight.numel() >= MIN_PACKED_WEIGHT):
-                setattr(parent, name, PackedLinear.from_linear(child))
-                swapped += 1
-    return swapped
+    dtypes = packed_dtypes()
+
+    def packed(child):
+        w = getattr(child, "weight", None)
+        if (type(child) is nn.Linear and w.device.type == "cpu" and w.dtype in dtypes
+                and w.numel() >= MIN_PACKED_WEIGHT):
+            return PackedLinear.from_linear(child)
+        return None
+
+    return _swap(model, packed)
 
 
 def unpack_linears(model: nn.Module) -> int:
     """The inverse of pack_linears: torch's linear again, on the same Parameters (a benchmark's
     same-GEMM comparison); returns how many were swapped back."""
-    swapped = 0
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if isinstance(child, PackedLinear):
-                plain = nn.Linear.__new__(nn.Linear)
-                nn.Module.__init__(plain)
-                plain.in_features, plain.out_features = child.in_features, child.out_features
-                plain.weight, plain.bias = child.weight, child.bias
-                setattr(parent, name, plain)
-                swapped += 1
-    return swapped
+
+    def plain(child):
+        return _sharing(nn.Linear, child) if isinstance(child, PackedLinear) else None
+
+    return _swap(model, plain)
