@@ -81,6 +81,7 @@ def test_time_lost_between_steps_counts_against_the_pace():
     assert lost.overrun and lost.sleep_s == 0.0
     assert not pacer.pace(record(1.025, 1.030)).overrun  # after an idle wait: from the step's start
     assert not absorbed.late(1.029) and absorbed.late(1.031)  # a wake-up 11 ms after due: half the step lost
+    assert absorbed.lost(1.031) and lost.lost(1.030) and not absorbed.lost(1.02)
 
 
 def test_hold_sleeps_until_the_modelled_end_and_wakes_for_the_link():

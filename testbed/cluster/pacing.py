@@ -46,6 +46,10 @@ class StepPace:
         due? Sleep that overshoots (a loaded host's wake-up) is time the device did not lose."""
         return end - self.until > LATE_SHARE * self.modelled_s
 
+    def lost(self, end: float) -> bool:
+        """The step lost the pace (steps.parquet `pace_overrun`): its work overran, or it ended late."""
+        return self.overrun or self.late(end)
+
 
 class StepPacer:
     """Modelled step time from a step record's batch shape (metrics.record.StepRecord fields)."""

@@ -342,7 +342,7 @@ class Worker:
         self.paced_until = end
         # the row keeps the step's real start (a request's prefill never starts before it arrived);
         # its end is the modelled one, counted from the previous step's end while work kept coming
-        return record._replace(end=end, modelled_s=pace.modelled_s, pace_overrun=pace.overrun or pace.late(end))
+        return record._replace(end=end, modelled_s=pace.modelled_s, pace_overrun=pace.lost(end))
 
     def _step_events(self, result: StepResult, record, t: float) -> StepEvents:
         scheduled, tokens, finished, handoff = result.by_id()
