@@ -34,11 +34,11 @@ class ExperimentConfig:
     # are what lets a study say that one configuration beats another (1: no interval).
     repeats: int = 3
     # goodput studies (ratio_sweep, rate_sweep, plan): after the grid, each configuration and repeat
-    # brackets and bisects the rate where attainment crosses 90%, with at most this many extra
-    # points (0: the grid alone), until the bracket is narrower than search_tolerance of its rate,
-    # within [lowest rate / search_span, highest rate * search_span]
-    search_points: int = 4
-    search_tolerance: float = 0.15
+    # brackets and narrows the rate where its fitted attainment crosses 90%, with at most this many
+    # extra points (0: the grid alone), until the search error is within search_tolerance of the
+    # goodput, within [lowest rate / search_span, highest rate * search_span]
+    search_points: int = 5
+    search_tolerance: float = 0.1
     search_span: float = 8.0
     # interference: the background's output length is sized to outlast the injections, this many
     # times the cost model's estimate (a model's estimate: err long); 0 keeps the configured length

@@ -147,7 +147,10 @@ def test_no_winner_when_the_paired_difference_holds_zero_and_the_repeats_needed_
     row = chosen["comparisons"][0]
     assert row["repeats_needed"] is None or row["repeats_needed"] > 3
     assert "not separated" in "\n".join(comparison_lines(chosen["comparisons"]))
-    assert repeats_to_separate(np.array([1.0, 1.2, 0.8])) == 3
+    # the spread at its 90% upper bound (0.62, not 0.2) and 80% power: 6 repeats, not the 3 that
+    # plugging in the observed spread gives (a coin flip's power)
+    assert repeats_to_separate(np.array([1.0, 1.2, 0.8])) == 6
+    assert repeats_to_separate(np.array([1.0, 1.2, 0.8]), error=1.0) is None  # the search error eats the lead
     assert repeats_to_separate(np.array([0.1, -0.1, 0.05])) is None or repeats_to_separate(
         np.array([0.1, -0.1, 0.05])) > 10
 
@@ -157,6 +160,73 @@ def test_a_censored_goodput_takes_part_only_where_its_bound_points_the_claims_wa
     assert leader_bound["separated"]  # A >= 20 beats B's exact values whatever A truly is
     runner_bound = verdict({"A": per_seed([20.0, 21.0, 19.0]), "B": per_seed([10.0, 10.0, 10.0], ABOVE)})
     assert not runner_bound["separated"]  # B >= 10 could be anything above: no claim
+
+
+def test_no_verdict_is_separated_unless_it_outlasts_both_search_errors():
+    """A lead of 1.0 on every seed is separated by the spread alone, but each side's crossing is
+    known only to within 0.6: widened by both errors (1.2) the interval holds zero."""
+    exact = verdict({"A": per_seed([11.0, 12.0, 13.1]), "B": per_seed([10.0, 11.0, 12.0])})
+    assert exact["separated"]
+    loose = {"A": {s: Goodput(v, "", 0.6) for s, v in enumerate([11.0, 12.0, 13.1])},
+             "B": {s: Goodput(v, "", 0.6) for s, v in enumerate([10.0, 11.0, 12.0])}}
+    chosen = verdict(loose)
+    row = chosen["comparisons"][0]
+    assert not chosen["separated"] and row["difference_low"] < 0 < row["difference"]
+    assert row["repeats_needed"] is None and row["detectable"] > 1.2
+
+
+def test_the_search_error_of_every_repeat_reaches_the_verdict_from_the_aggregate():
+    """goodput_by_label keeps each repeat's error; per_seed hands it to the paired verdict
+    (it once rebuilt each repeat's goodput with no error, so the verdict widened by zero)."""
+    from testbed.studies.aggregates import best_of
+
+    goodputs = {label: {"num_gpus": 2, "seeds": [0, 1, 2], "goodput_per_repeat": values,
+                        "censoring_per_repeat": ["", "", ""], "error_per_repeat": [1.2, 1.2, 1.2],
+                        "goodput_per_gpu": float(np.mean(values)) / 2}
+                for label, values in (("A", [22.0, 24.0, 26.2]), ("B", [20.0, 22.0, 24.0]))}
+    best = best_of(goodputs)
+    assert not best["separated"], best["comparisons"]
+    assert best["comparisons"][0]["difference_low"] < 0
+
+
+def test_a_censored_leaders_lead_prints_as_a_bound():
+    chosen = verdict({"A": per_seed([20.0, 20.0, 20.0], ABOVE), "B": per_seed([10.0, 11.0, 9.0])})
+    text = "\n".join(comparison_lines(chosen["comparisons"])) + chosen["line"]
+    assert ">= " in text and "[" not in text.splitlines()[1]
+
+
+def test_the_monotone_fit_pools_a_noisy_rise_and_reports_a_real_one():
+    from testbed.metrics.rate_search import monotone_fit
+
+    curve = monotone_fit([10, 20, 30, 40], [1.0, 0.88, 0.92, 0.3], [100, 100, 100, 100])
+    assert np.all(np.diff(curve.fitted) <= 0) and curve.fitted[1] == pytest.approx(0.90)
+    assert curve.monotone  # 0.88 -> 0.92 over 100 requests each is noise
+    assert not monotone_fit([10, 20, 30], [0.95, 0.3, 0.95], [200, 200, 200]).monotone
+    g = goodput_of([10, 20, 30, 40], [1.0, 0.88, 0.92, 0.3], weights=[100, 100, 100, 100])
+    assert 30 <= g.value <= 40 and g.monotone  # the pooled block passes at 30
+    assert not goodput_of([10, 20, 30], [0.95, 0.3, 0.95], weights=[200] * 3).monotone
+
+
+@pytest.mark.parametrize("shape", ["cliff", "linear", "logistic"])
+def test_the_search_reaches_its_tolerance_within_five_points_from_a_wide_grid(shape):
+    """From a grid of 25 and 100 req/s, five points bring the search error within 8% of the
+    goodput whatever the curve's shape (bisection alone leaves about 15% on a cliff)."""
+    truth = 61.0
+    curves = {"cliff": lambda r: 1.0 if r <= truth else 0.3,
+              "linear": lambda r: min(1.0, max(0.0, 0.9 - (r - truth) / 80)),
+              "logistic": lambda r: 1 / (1 + math.exp((r - truth) / 6 - math.log(9)))}
+    f = curves[shape]
+    search = RateSearch(budget=5, tolerance=0.08, floor=3, cap=800)
+    rates = [25.0, 100.0]
+    found = [f(r) for r in rates]
+    used = 0
+    while (rate := next_rate(rates, found, search, used)) is not None:
+        rates.append(rate)
+        found.append(f(rate))
+        used += 1
+    g = goodput_of(rates, found)
+    assert not g.censored and abs(g.value - truth) <= g.error + 1e-9
+    assert g.error <= 0.08 * g.value, (shape, rates, g)
 
 
 def test_goodput_of_interpolates_and_states_bounds():
@@ -180,7 +250,7 @@ def test_rate_search_brackets_then_bisects_within_its_budget():
         used += 1
     g = goodput_of(rates, found)
     assert used <= 6 and not g.censored and abs(g.value - truth) <= g.error + 1e-9
-    assert rates[2:4] == [8.0, 16.0]  # doubled until a rate failed, then bisected
+    assert rates[2:4] == [8.0, 16.0]  # doubled until a rate failed, then narrowed
     capped = RateSearch(budget=6, tolerance=0.1, floor=0.5, cap=10)
     assert next_rate([4.0, 8.0], [1.0, 1.0], capped, 0) is None  # 16 is past the cap: a bound
     assert next_rate([1.0], [0.2], RateSearch(floor=0.6), 0) is None  # 0.5 is under the floor

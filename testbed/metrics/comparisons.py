@@ -29,19 +29,32 @@ class Comparison:
     difference: Interval  # leader minus other, mean over shared seeds
     seeds: int
     separated: bool
-    repeats_needed: Optional[int]  # about how many repeats would separate it at this effect size
+    repeats_needed: Optional[int]  # repeats for 80% power at this effect, the spread at its upper bound
     censored: bool  # a bound pointing the wrong way took part: no claim
+    bound: bool = False  # a bound pointing the claim's way took part: the lead is at least `difference.low`
+    detectable: float = math.nan  # the smallest lead these seeds detect with 80% power (same units)
 
 
 def paired(leader: Mapping[int, Goodput], other: Mapping[int, Goodput]) -> tuple[Interval, bool, np.ndarray]:
     """(interval of the mean per-seed difference leader - other, whether a censored value points
     against the claim, the differences) over the seeds both have; a bound's value stands in for it. The interval
-    is widened by the mean interpolation error of both (each crossing lies within its bracket)."""
+    is widened by the mean search error of both (each crossing lies within its fitted bracket)."""
     seeds = sorted(set(leader) & set(other))
     diffs = [leader[s].value - other[s].value for s in seeds]
     against = any(leader[s].censored == BELOW or other[s].censored == ABOVE for s in seeds)
-    error = float(np.mean([leader[s].error + other[s].error for s in seeds])) if seeds else 0.0
-    return widened(mean_interval(diffs), error), against, np.array(diffs)
+    return widened(mean_interval(diffs), search_error(leader, other)), against, np.array(diffs)
+
+
+def search_error(leader: Mapping[int, Goodput], other: Mapping[int, Goodput]) -> float:
+    """The mean over shared seeds of both configurations' search errors (each repeat's own)."""
+    seeds = sorted(set(leader) & set(other))
+    return float(np.mean([leader[s].error + other[s].error for s in seeds])) if seeds else 0.0
+
+
+def toward(leader: Mapping[int, Goodput], other: Mapping[int, Goodput]) -> bool:
+    """Did a bound pointing the claim's way take part (leader >= x, or other < x)? Then the lead
+    is at least the interval's low end, and no more is known."""
+    return any(leader[s].censored == ABOVE or other[s].censored == BELOW for s in set(leader) & set(other))
 
 
 def widened(interval: Interval, error: float, bounds=(-math.inf, math.inf)) -> Interval:
@@ -51,16 +64,45 @@ def widened(interval: Interval, error: float, bounds=(-math.inf, math.inf)) -> I
     return replace(interval, low=max(interval.low - error, bounds[0]), high=min(interval.high + error, bounds[1]))
 
 
-def repeats_to_separate(diffs: np.ndarray, confidence: float = 0.95) -> Optional[int]:
-    """The smallest number of repeats whose paired t interval would exclude zero if the per-seed
-    differences kept their mean and spread; None if no spread is known or it takes > MAX_REPEATS."""
-    mean, sd = float(np.mean(diffs)), float(np.std(diffs, ddof=1)) if len(diffs) > 1 else math.nan
-    if not (sd > 0) or mean == 0:
+POWER = 0.8  # "how many repeats" plans for this power
+SPREAD_BOUND = 0.9  # ... with the per-seed spread at this one-sided upper confidence bound
+
+
+def spread_bound(diffs: np.ndarray) -> float:
+    """An upper confidence bound on the sd of the per-seed differences (chi-square), not the
+    sample sd: planning on the observed spread gives about 50% power, half the time less."""
+    from scipy import stats
+
+    n = len(diffs)
+    if n < 2:
+        return math.nan
+    sd = float(np.std(diffs, ddof=1))
+    return sd * math.sqrt((n - 1) / float(stats.chi2.ppf(1 - SPREAD_BOUND, n - 1)))
+
+
+def _margin(sd: float, n: int, confidence: float) -> float:
+    """The lead a paired t interval over n seeds separates with POWER, per unit of spread."""
+    return (t_quantile(confidence, n - 1) + t_quantile(2 * POWER - 1, n - 1)) * sd / math.sqrt(n)
+
+
+def repeats_to_separate(diffs: np.ndarray, error: float = 0.0, confidence: float = 0.95) -> Optional[int]:
+    """The smallest number of repeats that separates the observed mean lead with 80% power, the
+    spread at its 90% upper bound and the interval widened by the search `error`; None if no
+    spread is known, the lead does not exceed the error, or it takes more than MAX_REPEATS."""
+    mean, sd = abs(float(np.mean(diffs))), spread_bound(diffs)
+    if not (sd > 0) or mean <= error:
         return None
     for n in range(2, MAX_REPEATS + 1):
-        if t_quantile(confidence, n - 1) * sd / math.sqrt(n) < abs(mean):
+        if _margin(sd, n, confidence) + error < mean:
             return n
     return None
+
+
+def detectable(diffs: np.ndarray, error: float = 0.0, confidence: float = 0.95) -> float:
+    """The smallest lead these seeds separate with 80% power (spread at its upper bound, plus
+    the search error): what a study of this size can tell apart."""
+    sd = spread_bound(diffs)
+    return _margin(sd, len(diffs), confidence) + error if sd == sd else math.nan
 
 
 def compare(values: Mapping[str, Mapping[int, Goodput]]) -> list[Comparison]:
@@ -73,9 +115,11 @@ def compare(values: Mapping[str, Mapping[int, Goodput]]) -> list[Comparison]:
     out = []
     for other in ranked[1:]:
         interval, against, diffs = paired(values[leader], values[other])
+        error = search_error(values[leader], values[other])
         separated = interval.known and interval.low > 0 and not against
         out.append(Comparison(leader, other, interval, len(diffs), separated,
-                              None if separated else repeats_to_separate(diffs), against))
+                              None if separated else repeats_to_separate(diffs, error), against,
+                              toward(values[leader], values[other]), detectable(diffs, error)))
     return out
 
 
@@ -104,30 +148,41 @@ def comparison_row(c: Comparison) -> dict:
     d = c.difference
     return {"leader": c.leader, "other": c.other, "difference": d.estimate, "difference_low": d.low,
             "difference_high": d.high, "seeds": c.seeds, "separated": c.separated,
-            "repeats_needed": c.repeats_needed, "censored_against": c.censored}
+            "repeats_needed": c.repeats_needed, "censored_against": c.censored, "bound": c.bound,
+            "detectable": c.detectable}
 
 
 def _difference(c: Comparison, unit: str) -> str:
     d = c.difference
+    if c.bound:
+        return f">= {d.low:.3g} {unit} (a bound: a censored goodput took part)"
     return f"{d.estimate:.3g} [{d.low:.3g}, {d.high:.3g}] {unit}"
 
 
 def comparison_lines(rows: list[dict], unit: str = "req/s per GPU") -> list[str]:
-    """The final table: per comparison, the paired difference, separated or not, and for one
-    that is not, about how many repeats would separate it at the current effect size."""
+    """The final table: per comparison, the paired difference (widened by both search errors),
+    separated or not, and for one that is not, the repeats for 80% power at the observed lead
+    (spread at its upper bound) or, where no number of repeats would do, the smallest lead
+    these seeds detect."""
     if not rows:
         return []
     lines = [f"{'comparison':>26} {'paired difference (' + unit + ')':>36} {'seeds':>5}  verdict"]
     for r in rows:
         low, high = r["difference_low"], r["difference_high"]
-        text = (f"{r['difference']:.3g} [{low:.3g}, {high:.3g}]" if not math.isnan(low)
-                else f"{r['difference']:.3g} [no interval]")
+        if r.get("bound") and not math.isnan(low):  # a censored goodput took part: a lower bound, no more
+            text = f">= {low:.3g} (bound)"
+        else:
+            text = (f"{r['difference']:.3g} [{low:.3g}, {high:.3g}]" if not math.isnan(low)
+                    else f"{r['difference']:.3g} [no interval]")
         if r["separated"]:
             verdict_text = "separated"
         elif r["censored_against"]:
             verdict_text = "not separated (a censored goodput points against it)"
         elif r["repeats_needed"]:
-            verdict_text = f"not separated (about {r['repeats_needed']} repeats would separate it)"
+            verdict_text = (f"not separated ({r['repeats_needed']} repeats for 80% power at this lead, "
+                            f"spread at its 90% upper bound)")
+        elif r.get("detectable", math.nan) == r.get("detectable", math.nan):
+            verdict_text = f"not separated (these seeds detect a lead of {r['detectable']:.3g} or more)"
         else:
             verdict_text = "not separated (no difference to chase)"
         lines.append(f"{r['leader'] + ' vs ' + r['other']:>26} {text:>36} {r['seeds']:>5}  {verdict_text}")

@@ -123,6 +123,18 @@ def pooled_itl(table: pd.DataFrame, tokens: Optional[Tokens] = None) -> np.ndarr
     return np.diff(flat)[within]
 
 
+def itl_steps(table: pd.DataFrame) -> int:
+    """How many distinct steps the pooled gaps end in: the gaps of one decode step share its
+    timestamp and are one draw of the step's time, not a batch's worth of draws."""
+    flat, sizes = token_arrays(table["token_times"])
+    if flat.size < 2:
+        return 0
+    within = np.ones(flat.size - 1, dtype=bool)
+    last = np.cumsum(sizes)[sizes > 0] - 1
+    within[last[last < flat.size - 1]] = False
+    return int(np.unique(flat[1:][within]).size)
+
+
 def harness_delays(table: pd.DataFrame, tokens: Optional[Tokens] = None) -> np.ndarray:
     """Per token: arrival at the router minus the worker's stamp (queueing in the harness itself)."""
     client, client_sizes, worker, worker_sizes = tokens_of(table) if tokens is None else tokens

@@ -33,14 +33,17 @@ import numpy as np
 import pandas as pd
 
 from testbed.metrics.config import SLOConfig
-from testbed.metrics.latency import pooled_itl
+from testbed.metrics.latency import itl_steps, pooled_itl
 from testbed.metrics.slo import filtered_out, meets_slo
 
 CONFIDENCE = 0.95
 TAIL = 0.025  # a quantile is estimable when its distribution-free 95% interval exists (see estimable)
 BATCHES = 5  # one run: its requests cut into this many arrival-ordered batches
+AUTOCORRELATION = 0.5  # a single run's batches correlated beyond this lag-1 value are named
 QUANTILES = {"p50": 0.50, "p90": 0.90, "p95": 0.95, "p99": 0.99}
 NOT_ESTIMABLE = "not estimable"
+SAMPLE_EDGE = "at the sample's edge"  # a quantile interval that reached the pooled sample's extreme
+ONE_RUN = "within one run"  # a single run's interval: over batches of its requests, not over runs
 LATENCY = (0.0, math.inf)
 SHARE = (0.0, 1.0)
 
@@ -53,7 +56,7 @@ class Interval:
     low: float = math.nan
     high: float = math.nan
     units: int = 0  # independent units the interval varies (runs, or batches of one run)
-    note: str = ""  # "" | NOT_ESTIMABLE | "one unit"
+    note: str = ""  # "" | NOT_ESTIMABLE | SAMPLE_EDGE | ONE_RUN[...] | "one unit"
 
     def __iter__(self) -> Iterator[float]:
         return iter((self.estimate, self.low, self.high))
@@ -114,20 +117,54 @@ def t_quantile(confidence: float, df: int) -> float:
     return float(stats.t.ppf(0.5 + confidence / 2, df))
 
 
-def sample_interval(units: Sequence, name: str, bounds=LATENCY) -> Interval:
-    """`name` of the units' values pooled, and its interval over the units (arrays of values)."""
+def sample_interval(units: Sequence, name: str, bounds=LATENCY, draws: Optional[Sequence[int]] = None) -> Interval:
+    """`name` of the units' values pooled, and its interval over the units (arrays of values).
+
+    A mean: the grouped jackknife (Student's t over the units). A quantile: Woodruff's interval
+    over the units (woodruff), never narrower than the order statistics' interval of the pooled
+    values. A quantile is estimable only when the smallest pseudo-sample (every unit but the
+    largest) could bound it; `draws`: each unit's independent draws where they are fewer than its
+    values (the ITL gaps of one decode step are one draw of its time, not a batch's worth)."""
     arrays = [np.asarray(u, dtype=np.float64) for u in units]
     arrays = [a[~np.isnan(a)] for a in arrays]
-    n = sum(a.size for a in arrays)
-    pooled = lambda parts: statistic(np.concatenate(parts) if parts else np.array([]), name)  # noqa: E731
-    if not estimable(n, name):
-        return Interval(pooled(arrays), units=len(arrays), note=NOT_ESTIMABLE)
-    runs = jackknife([a for a in arrays if a.size], pooled, bounds)
-    if name == "mean" or not runs.known:
+    arrays = [a for a in arrays if a.size] or arrays[:1]
+    pooled = np.concatenate(arrays) if arrays else np.array([])
+    estimate = statistic(pooled, name)
+    if name == "mean":
+        return jackknife(arrays, lambda parts: statistic(np.concatenate(parts), name), bounds) if estimable(
+            pooled.size, name) else Interval(estimate, units=len(arrays), note=NOT_ESTIMABLE)
+    if not estimable(_smallest_pseudo_sample([a.size for a in arrays] if draws is None else list(draws)), name):
+        return Interval(estimate, units=len(arrays), note=NOT_ESTIMABLE)
+    runs = woodruff(arrays, QUANTILES[name], bounds)
+    if not runs.known:
         return runs
     # a tail the runs happen to agree on is still bounded by its order statistics: the hull of both
-    low, high = order_interval(np.concatenate(arrays), QUANTILES[name])
+    low, high = order_interval(pooled, QUANTILES[name])
     return replace(runs, low=min(runs.low, low), high=max(runs.high, high))
+
+
+def _smallest_pseudo_sample(sizes: list[int]) -> int:
+    """The values left when the largest unit is deleted (the jackknife's smallest sample)."""
+    return sum(sizes) - max(sizes) if len(sizes) > 1 else sum(sizes)
+
+
+def woodruff(arrays: list[np.ndarray], q: float, bounds=LATENCY, confidence: float = CONFIDENCE) -> Interval:
+    """Woodruff's interval of the pooled q-quantile, with the run as the unit: the share of each
+    run's values at or below the pooled quantile is a smooth statistic (a ratio of counts), so its
+    grouped jackknife over the runs is trusted where a quantile's is not; the share's interval is
+    mapped back through the pooled quantile function (Woodruff 1952; Francisco and Fuller 1991).
+    A share past the sample's ends reaches the extreme value and is marked SAMPLE_EDGE."""
+    pooled = np.sort(np.concatenate(arrays))
+    estimate = float(np.percentile(pooled, 100 * q))
+    counts = [(float(np.sum(a <= estimate)), a.size) for a in arrays]
+    share = jackknife(counts, lambda parts: sum(c for c, _ in parts) / sum(n for _, n in parts))
+    if not share.known:
+        return Interval(estimate, units=share.units, note=share.note)
+    low, high = q - (share.estimate - share.low), q + (share.high - share.estimate)
+    # a share past the sample's ends maps to its extreme value, which bounds nothing beyond it: said
+    note = SAMPLE_EDGE if low < 0 or high > 1 else ""
+    low_x, high_x = (float(np.percentile(pooled, 100 * min(max(p, 0.0), 1.0))) for p in (low, high))
+    return Interval(estimate, max(low_x, bounds[0]), min(high_x, bounds[1]), share.units, note)
 
 
 def ratio_interval(units_a: Sequence, units_b: Sequence, name: str = "p99") -> Interval:
@@ -197,18 +234,46 @@ def point_intervals(requests: pd.DataFrame, slo: SLOConfig, tenants: Optional[Ma
                     run_column: str = "point") -> dict[str, Interval]:
     """{figure: Interval} of one cell, its repeats' requests (warm-up left out) told apart by
     `run_column`: p50 and p99 of TTFT, TPOT and ITL over the ok requests (ITL over every gap), and
-    SLO attainment over every request that counts for it (see slo_attainment)."""
+    SLO attainment over every request that counts for it (see slo_attainment). A single run's
+    intervals vary batches of its requests and say so (ONE_RUN, with their autocorrelation)."""
     units = request_units(requests, run_column)
     ok = [u[u["status"] == "ok"] for u in units]
     samples = {"ttft": [u["ttft"].to_numpy(np.float64) for u in ok],
                "tpot": [u["tpot"].to_numpy(np.float64) for u in ok],
                "itl": [pooled_itl(u) for u in ok]}
-    out = {f"{metric}_{stat}": sample_interval(values, stat)
+    steps = [itl_steps(u) for u in ok]  # ITL: one draw per decode step, however many gaps it has
+    out = {f"{metric}_{stat}": sample_interval(values, stat, draws=steps if metric == "itl" else None)
            for metric, values in samples.items() for stat in ("p50", "p99")}
     counted = [u[~filtered_out(u)] for u in units]
-    out["slo_attainment"] = share_interval([meets_slo(u, slo, tenants).to_numpy(np.float64) for u in counted
-                                            if len(u)])
+    hits = [meets_slo(u, slo, tenants).to_numpy(np.float64) for u in counted if len(u)]
+    out["slo_attainment"] = share_interval(hits)
+    if _one_run(requests, run_column):
+        batches = {**{f"{m}_{s}": [statistic(v, s) for v in values] for m, values in samples.items()
+                      for s in ("p50", "p99")}, "slo_attainment": [float(np.mean(h)) for h in hits]}
+        out = {k: _within_one_run(v, batches[k]) for k, v in out.items()}
     return out
+
+
+def _one_run(requests: pd.DataFrame, run_column: str) -> bool:
+    return run_column not in requests.columns or requests[run_column].nunique() <= 1
+
+
+def _within_one_run(interval: Interval, batch_values: Sequence[float]) -> Interval:
+    """A single run's interval, labelled: batch means assume batches nearly independent, so a
+    lag-1 autocorrelation above AUTOCORRELATION is named (the interval is then too narrow)."""
+    if interval.note == NOT_ESTIMABLE or not interval.known:
+        return interval
+    r1 = lag1(batch_values)
+    note = ONE_RUN if not r1 > AUTOCORRELATION else f"{ONE_RUN}; batches correlated (lag-1 {r1:.2f})"
+    return replace(interval, note=note if not interval.note else f"{note}; {interval.note}")
+
+
+def lag1(values: Sequence[float]) -> float:
+    """The lag-1 autocorrelation of a sequence (NaN when it has no spread)."""
+    x = np.asarray(values, dtype=np.float64)
+    x = x[~np.isnan(x)] - np.nanmean(x) if x.size else x
+    denominator = float(np.sum(x * x))
+    return float(np.sum(x[1:] * x[:-1]) / denominator) if x.size > 2 and denominator > 0 else math.nan
 
 
 def overlaps(a: tuple[float, float], b: tuple[float, float]) -> bool:

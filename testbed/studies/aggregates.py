@@ -45,6 +45,15 @@ def cells(out_dir: Path) -> pd.DataFrame:
     return pd.read_parquet(path) if path.is_file() else pd.DataFrame()
 
 
+def requests_counted(rows: pd.DataFrame):
+    """Each point's requests that count for attainment (the fit's weights), or None."""
+    if "num_requests_total" not in rows.columns:
+        return None
+    rejected = rows["num_requests_rejected"] if "num_requests_rejected" in rows.columns else 0
+    return (rows["num_requests_total"] - rejected).tolist()
+
+
+
 def goodput_by_label(table: pd.DataFrame, cfg: Config, out_dir: Path) -> dict:
     """Per configuration: goodput (90% attainment, DistServe) in total and per GPU, and capacity
     (p99 ITL under slo.tpot_s, Sarathi-Serve), over every rate a repeat tried (its grid and its
@@ -55,7 +64,7 @@ def goodput_by_label(table: pd.DataFrame, cfg: Config, out_dir: Path) -> dict:
         totals, capacities = {}, []
         for rows in per_repeat(group):
             seed = int(rows["seed"].iloc[0]) if "seed" in rows.columns else len(totals)
-            totals[seed] = goodput_of(rows["rate"], rows["slo_attainment"])
+            totals[seed] = goodput_of(rows["rate"], rows["slo_attainment"], weights=requests_counted(rows))
             capacities.append(capacity(rows["rate"], rows["itl_p99"], cfg.slo.tpot_s))
         highest = float(group["rate"].max())
         total = goodput_interval(list(totals.values()), highest)
@@ -65,7 +74,9 @@ def goodput_by_label(table: pd.DataFrame, cfg: Config, out_dir: Path) -> dict:
                       "goodput_censored": total["censored"], "goodput_error": total["error"],
                       "goodput_per_gpu": per_gpu["mean"], "goodput_per_gpu_low": per_gpu["low"],
                       "goodput_per_gpu_high": per_gpu["high"], "goodput_per_repeat": total["values"],
-                      "censoring_per_repeat": total["censoring"], "seeds": list(totals),
+                      "censoring_per_repeat": total["censoring"], "error_per_repeat": total["errors"],
+                      "goodput_per_gpu_error": per_gpu["error"], "monotone_per_repeat": total["monotone"],
+                      "seeds": list(totals),
                       "num_gpus": gpus, "repeats": len(totals), "capacity": float(np.mean(capacities)),
                       "rates_tried": int(group["rate"].nunique()),
                       "rates": curve.index.tolist(), "attainment": curve.tolist()}
@@ -81,9 +92,11 @@ def per_seed(goodputs: dict) -> dict[str, dict[int, Goodput]]:
     out = {}
     for label, g in goodputs.items():
         gpus = g["num_gpus"]
-        values = zip(g.get("seeds", range(len(g["goodput_per_repeat"]))), g["goodput_per_repeat"],
-                     g.get("censoring_per_repeat", [""] * len(g["goodput_per_repeat"])))
-        out[label] = {int(s): Goodput(v / gpus, c) for s, v, c in values}
+        n = len(g["goodput_per_repeat"])
+        values = zip(g.get("seeds", range(n)), g["goodput_per_repeat"], g.get("censoring_per_repeat", [""] * n),
+                     g.get("error_per_repeat", [0.0] * n))  # a sweep.json written before errors were kept
+        # each repeat keeps its search error: the paired verdict is widened by both sides' errors
+        out[label] = {int(s): Goodput(v / gpus, c, e / gpus) for s, v, c, e in values}
     return out
 
 

@@ -40,13 +40,16 @@ def search_goodput(sweep: Sweep, cfg) -> pd.DataFrame:
 
 def proposals(table: pd.DataFrame, grid: list[Point], search: RateSearch, taken: set[str]) -> list[Point]:
     """One new point per (configuration, repeat) whose search goes on."""
-    from testbed.studies.aggregates import finished
+    from testbed.studies.aggregates import finished, requests_counted
 
     done = finished(table)
     out = []
-    for (label, repeat), rows in done.groupby(["label", "repeat"]) if len(done) else []:
+    # repeat by repeat, the configurations side by side: drift of a shared host over time falls on
+    # every configuration of a seed alike instead of lining up with one configuration
+    for (repeat, label), rows in done.groupby(["repeat", "label"]) if len(done) else []:
         used = int((rows["stage"] == "search").sum()) if "stage" in rows.columns else 0
-        rate = next_rate(rows["rate"].tolist(), rows["slo_attainment"].tolist(), search, used)
+        rate = next_rate(rows["rate"].tolist(), rows["slo_attainment"].tolist(), search, used,
+                         weights=requests_counted(rows))
         base = next((p for p in grid if p.knobs["label"] == label and p.knobs.get("repeat") == repeat), None)
         if rate is None or base is None:
             continue

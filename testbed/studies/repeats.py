@@ -25,20 +25,30 @@ OTHER_REPEATS = "{other_repeats}"  # in an override: a glob of every repeat suff
 
 def with_repeats(points: list[Point], cfg: Config) -> list[Point]:
     """Each point once per repeat, the seed advanced; the cell knob names the point it repeats.
-    OTHER_REPEATS in an override becomes a glob of every repeat suffix but this one's."""
+    OTHER_REPEATS in an override becomes a glob of every repeat suffix but this one's.
+
+    The order runs repeat by repeat (every configuration of seed s, then of seed s+1, ...): on a
+    shared host, drift over time then falls on all configurations of a seed alike, where blocks
+    of one configuration would line it up with the configuration. A study whose points read other
+    points' results ("{points}") keeps the order its builder gave."""
     n = cfg.experiment.repeats
-    out = []
-    for point in points:
-        if not point.repeat:
-            out.append(Point(point.name, point.overrides, {**point.knobs, "cell": point.name, "repeat": 0,
-                                                             "seed": point.overrides.get("seed", cfg.seed)}, False))
-            continue
-        for i in range(n):
-            name = point.name if n == 1 else f"{point.name}_r{i}"
-            seed = cfg.seed + i
-            knobs = {**point.knobs, "cell": point.name, "repeat": i, "seed": seed}
-            out.append(Point(name, {**_other_repeats(point.overrides, i), "seed": seed}, knobs))
-    return out
+    runs = {p.name: [_repeat(p, i, n, cfg.seed) for i in range(n)] if p.repeat else [_once(p, cfg)] for p in points}
+    if any("{points}" in str(v) for p in points for v in p.overrides.values()):
+        return [q for p in points for q in runs[p.name]]
+    once = [runs[p.name][0] for p in points if not p.repeat]
+    return once + [runs[p.name][i] for i in range(n) for p in points if p.repeat]
+
+
+def _once(point: Point, cfg: Config) -> Point:
+    return Point(point.name, point.overrides, {**point.knobs, "cell": point.name, "repeat": 0,
+                                               "seed": point.overrides.get("seed", cfg.seed)}, False)
+
+
+def _repeat(point: Point, i: int, n: int, first_seed: int) -> Point:
+    name = point.name if n == 1 else f"{point.name}_r{i}"
+    seed = first_seed + i
+    knobs = {**point.knobs, "cell": point.name, "repeat": i, "seed": seed}
+    return Point(name, {**_other_repeats(point.overrides, i), "seed": seed}, knobs)
 
 
 def _other_repeats(overrides: dict, repeat: int) -> dict:
@@ -91,7 +101,8 @@ def goodput_interval(values: list[Goodput], highest: float = float("inf")) -> di
         interval = widened(interval, error, (0.0, highest))
     return {"mean": interval.estimate, "low": interval.low, "high": interval.high,
             "censored": censored.pop() if len(censored) == 1 else "", "error": error,
-            "values": [float(g.value) for g in values], "censoring": [g.censored for g in values]}
+            "values": [float(g.value) for g in values], "censoring": [g.censored for g in values],
+            "errors": [float(g.error) for g in values], "monotone": [bool(g.monotone) for g in values]}
 
 
 def per_repeat(group: pd.DataFrame) -> list[pd.DataFrame]:

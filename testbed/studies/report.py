@@ -52,7 +52,8 @@ def _with_interval(value, low, high, scale: float = 1.0, note: str = "", censore
         return f"{scale * value:.4g} [not estimable]"
     if low is None or low != low:
         return f"{scale * value:.4g}"
-    return f"{scale * value:.4g} [{scale * low:.4g}, {scale * high:.4g}]"
+    label = " (one run)" if note.startswith("within one run") else ""  # batches of one run, not runs
+    return f"{scale * value:.4g} [{scale * low:.4g}, {scale * high:.4g}]{label}"
 
 
 def cell_lines(cells: pd.DataFrame, columns: list[str]) -> list[str]:
