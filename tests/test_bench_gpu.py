@@ -28,9 +28,11 @@ def test_prefill_flops_count_weights_and_causal_attention():
 
         class runner:  # noqa: N801
             class model:  # noqa: N801
-                @staticmethod
-                def parameters():
-                    import torch
-                    return [torch.zeros(10, 4), torch.zeros(100)]  # embedding 40 + 100 others
+                class layers:  # noqa: N801
+                    @staticmethod
+                    def parameters():
+                        import torch
+                        return [torch.zeros(100)]  # the layers' 100; embedding and head apart
 
-    assert prefill_flops(Engine(), 8) == 2 * 100 * 8 + 2 * 2 * 2 * 2 * 2 * 64 / 2
+    # the layers for every token, the head (10 x 4) for the one sampled, causal attention
+    assert prefill_flops(Engine(), 8) == 2 * 100 * 8 + 2 * 10 * 4 + 2 * 2 * 2 * 2 * 2 * 64 / 2

@@ -84,15 +84,43 @@ def test_triton_backend_matches_dense(block_size):
 
 
 @pytest.mark.gpu
-def test_cuda_graphs_keep_greedy_tokens():
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_cuda_graphs_keep_greedy_tokens(dtype):
+    """float32: the same tokens. bfloat16 (what real runs replay): a padded bucket's GEMM shapes may
+    round differently from the eager batch's, so at least 90% of the tokens, and every first one."""
     prompts = [[(5 * i + j) % 500 + 1 for j in range(9 + 4 * i)] for i in range(11)]
     lengths = [4 + 3 * i for i in range(11)]  # finishing one by one: buckets 1..16 all replay
-    options = dict(device="cuda:0", dtype="float32", max_model_len=256, num_kv_blocks=128, max_running=16)
+    options = dict(device="cuda:0", dtype=dtype, max_model_len=256, num_kv_blocks=128, max_running=16)
     eager = LLM("tiny", cuda_graphs=False, **options).generate(prompts, lengths)
     llm = LLM("tiny", cuda_graphs=True, **options)
     assert llm.engine.runner.graphs is not None and llm.engine.runner.graphs.graphs
-    assert llm.generate(prompts, lengths) == eager
+    replayed = llm.generate(prompts, lengths)
+    if dtype == "float32":
+        assert replayed == eager
+    else:
+        same = sum(a == b for r, e in zip(replayed, eager) for a, b in zip(r, e)) / sum(lengths)
+        assert same >= 0.9 and [r[0] for r in replayed] == [e[0] for e in eager], same
     assert llm.engine.num_used_blocks == 0
+
+
+@pytest.mark.gpu
+def test_a_memory_sized_pool_leaves_room_for_its_largest_step():
+    """No explicit pool size: the weights (built in bf16), a profiled step of max_batched_tokens and
+    the decode graphs' pool come off the device's share, and a step of that size then runs."""
+    from testbed.engine import Engine
+
+    torch.cuda.empty_cache()
+    args = dataclasses.replace(PRESETS["small"], max_model_len=4096)
+    engine = Engine.build(args, EngineConfig(), SchedulerConfig(max_batched_tokens=16384, max_running=16),
+                          "colocated", "cuda:0", dtype="bfloat16")
+    assert engine.runner.num_blocks * engine.runner.block_size >= args.max_model_len
+    for i in range(4):  # four prompts of 4000 tokens: one step near max_batched_tokens
+        engine.add(Sequence(i, [(i + j) % 4000 + 1 for j in range(4000)], 2))
+    _, record = engine.step()
+    assert record.prefill_tokens == 16000
+    engine.run_until_done()
+    free, total = torch.cuda.mem_get_info(0)
+    assert torch.cuda.max_memory_reserved(0) <= EngineConfig().gpu_memory_utilization * total
 
 
 @pytest.mark.gpu

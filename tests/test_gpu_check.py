@@ -62,6 +62,31 @@ def test_gpu_tests_all_skipped_on_a_machine_with_a_gpu_fail(tmp_path):
     assert "(a GPU is present)" in (tmp_path / "out" / "summary.txt").read_text()
 
 
+def test_gpu_paths_get_one_line_each_and_an_absent_flash_attn_is_not_installed(tmp_path):
+    done = gpu_check(tmp_path / "out", "--smoke", GPU_CHECK_STEPS="gpu_tests")
+    assert done.returncode == 0, done.stdout[-3000:]
+    summary = (tmp_path / "out" / "summary.txt").read_text()
+    for line in ["flash bf16: paged engine = dense, 256-token blocks", "CUDA graphs bf16: the eager tokens",
+                 "memory-sized KV pool bf16: its largest step runs", "triton bf16: paged engine = dense, 16-token"]:
+        assert line in summary, summary
+    flash = next(x for x in summary.splitlines() if "flash bf16" in x)
+    assert flash.endswith("not installed (flash-attn)"), flash
+    assert "passed: 1 (14 GPU paths and 1 steps); FAILED: none" in summary, summary
+
+
+def test_flash_attn_that_imports_with_its_test_skipped_fails(tmp_path):
+    fake = tmp_path / "site" / "flash_attn"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("def flash_attn_varlen_func(*a, **k): pass\n"
+                                      "def flash_attn_with_kvcache(*a, **k): pass\n")
+    done = gpu_check(tmp_path / "out", "--smoke", GPU_CHECK_STEPS="gpu_tests", PYTHONPATH=str(tmp_path / "site"))
+    assert done.returncode != 0
+    log = (tmp_path / "out" / "gpu_tests.log").read_text()
+    assert "flash-attn imports but its test was skipped" in log, log[-2000:]
+    summary = (tmp_path / "out" / "summary.txt").read_text()
+    assert "FAILED: flash bf16: paged engine = dense, 256-token blocks, gpu_tests;" in summary, summary
+
+
 def test_a_failed_step_makes_the_exit_status_non_zero(tmp_path):
     # a python that cannot run the steps: every step fails, the table still prints
     fake = tmp_path / "python"

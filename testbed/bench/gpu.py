@@ -4,9 +4,11 @@ Two ceilings measured first, on this device: HBM bandwidth (a large device-to-de
 bytes read plus written) and the matrix rate (a large product in the model's dtype, random data).
 Then, on the model's shape with dummy weights:
   decode   step time at batch 1, 16 and 64 (context --context tokens each), CUDA graphs on and off,
-           against the HBM roofline: every weight and every sequence's KV read once per step
-  prefill  tokens/s of one --prefill-lens prompt, against the matrix rate: 2 x parameters FLOPs
-           per token plus causal attention's (2 x 2 x layers x hidden x L^2 / 2 for L tokens)
+           against the HBM roofline: every weight and every sequence's KV read once per step, of an
+           untied embedding table only the batch's rows
+  prefill  tokens/s of one --prefill-lens prompt, against the matrix rate: 2 x the layers' parameters
+           FLOPs per token, the LM head's for the one sampled token, plus causal attention's
+           (2 x 2 x layers x hidden x L^2 / 2 for L tokens)
 Each figure is the median of --repeats timed runs after a warm-up; the ratios are measured/ideal
 (1.0 would be the ceiling itself). On CPU it runs too (float32, no graphs): a check of the method.
 """
@@ -66,6 +68,17 @@ def weight_bytes(engine: Engine) -> int:
     return sum(p.numel() * p.element_size() for p in engine.runner.model.parameters())
 
 
+def decode_weight_bytes(engine: Engine, batch: int) -> int:
+    """The weight bytes a decode step of `batch` sequences reads: all of them, but of the embedding
+    table only the looked-up rows (unless the LM head, tied to it, reads it whole)."""
+    model = engine.runner.model
+    if model.args.tie_embeddings:
+        return weight_bytes(engine)
+    table = model.embed_tokens.weight
+    row_bytes = table.shape[1] * table.element_size()
+    return weight_bytes(engine) - table.shape[0] * row_bytes + batch * row_bytes
+
+
 def decode_step_s(engine: Engine, batch: int, context: int, steps: int, graphs: bool) -> float:
     """Median decode step time of `batch` sequences of `context` tokens (prefilled untimed)."""
     g = torch.Generator().manual_seed(batch)
@@ -100,10 +113,15 @@ def prefill_s(engine: Engine, tokens: int, repeats: int) -> float:
     return statistics.median(times[1:])  # the first is the warm-up
 
 
-def prefill_flops(engine: Engine, tokens: int) -> float:
+def prefill_flops(engine: Engine, tokens: int, sequences: int = 1) -> float:
+    """A prefill of `sequences` prompts, `tokens` in all (each tokens / sequences long): every layer's
+    parameters once per token, the LM head only for each prompt's last token (the one sampled), and
+    causal attention. No embedding FLOPs (a lookup)."""
     a = engine.args
-    params = sum(p.numel() for p in engine.runner.model.parameters()) - a.vocab_size * a.hidden_size  # no embedding
-    return 2 * params * tokens + 2 * 2 * a.num_layers * a.num_heads * a.head_dim * tokens * tokens / 2
+    layers = sum(p.numel() for p in engine.runner.model.layers.parameters())
+    length = tokens / sequences
+    attention = 2 * 2 * a.num_layers * a.num_heads * a.head_dim * length * length / 2 * sequences
+    return 2 * layers * tokens + 2 * a.vocab_size * a.hidden_size * sequences + attention
 
 
 def run(model: str, device: str, context: int, batches, prefill_lens, repeats: int, steps: int) -> dict:
@@ -118,7 +136,7 @@ def run(model: str, device: str, context: int, batches, prefill_lens, repeats: i
     kv_token = engine.args.kv_bytes_per_token * engine.runner.dtype.itemsize
     rows = []
     for batch in batches:
-        ideal = (weight_bytes(engine) + batch * context * kv_token) / hbm
+        ideal = (decode_weight_bytes(engine, batch) + batch * context * kv_token) / hbm
         for graphs in ([True, False] if engine.runner.graphs is not None else [False]):
             step = decode_step_s(engine, batch, context, steps, graphs)
             rows.append({"what": "decode", "batch": batch, "tokens": context, "graphs": graphs, "seconds": step,

@@ -2,7 +2,9 @@
 
 NCCL work answers `is_completed()`. gloo's send/recv work does not: it completes only inside
 `wait()`. So on gloo one daemon thread per peer waits on that peer's work in issue order (the
-order the wire delivers it) and flags each handle; the worker loop only polls flags.
+order the wire delivers it) and flags each handle; the worker loop only polls flags. Either way a
+transfer fails after `kv_transfer.timeout_s`: gloo's wait() has the bound, a polled handle keeps a
+deadline (NCCL's own watchdog, at the group's far longer timeout, would abort the process).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import math
 import queue
 import threading
+import time
 from datetime import timedelta
 from typing import Optional
 
@@ -18,8 +21,9 @@ import torch.distributed as dist
 
 
 class Handle:
-    def __init__(self, work, polled: bool):
+    def __init__(self, work, polled: bool, timeout_s: float = math.inf):
         self.work, self.polled = work, polled
+        self.timeout_s, self.deadline = timeout_s, time.monotonic() + timeout_s  # polled handles only
         self.event = threading.Event()
         self.error: Optional[str] = None
 
@@ -32,8 +36,12 @@ class Handle:
         return handle
 
     def done(self) -> bool:
-        if self.polled and not self.event.is_set() and self.work.is_completed():
-            self.event.set()
+        if self.polled and not self.event.is_set():
+            if self.work.is_completed():
+                self.event.set()
+            elif time.monotonic() > self.deadline:  # a lost or stalled peer: this transfer fails, not the worker
+                self.error = f"not completed within {self.timeout_s:g} s (kv_transfer.timeout_s)"
+                self.event.set()
         return self.event.is_set()
 
 
@@ -44,7 +52,7 @@ class CompletionTracker:
         self.queues: dict[int, queue.Queue] = {}
 
     def track(self, work, peer: int) -> Handle:
-        handle = Handle(work, self.polled)
+        handle = Handle(work, self.polled, self.timeout.total_seconds())
         if not self.polled:
             self._queue(peer).put(handle)
         return handle

@@ -161,6 +161,11 @@ def _setup(spec: WorkerSpec) -> Engine:
 
 def _init_group(spec: WorkerSpec, backend: str) -> None:
     timeout = timedelta(seconds=spec.start_timeout_s)
+    if backend == "nccl":
+        # the KV transfers fail after kv_transfer.timeout_s on the host (completion.py); the NCCL
+        # watchdog, at the group's timeout, then aborts only the communicator, not this process
+        # (its default, 3, tears the process down: a lost peer would take the worker with it)
+        os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
     if spec.rendezvous is None:
         dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{spec.port}", rank=spec.rank,
                                 world_size=spec.world_size, timeout=timeout)

@@ -12,7 +12,7 @@ from testbed.engine.config import EngineConfig, SchedulerConfig
 from testbed.engine.kv_store import StoreView
 from testbed.engine.model_runner import ModelRunner
 from testbed.engine.policies import make_policy
-from testbed.engine.record import cost_shape, hit_tokens
+from testbed.engine.record import ForwardClock, cost_shape, hit_tokens
 from testbed.engine.scheduler import Scheduler, StepResult
 from testbed.engine.sequence import Sequence, check_fits
 from testbed.metrics.record import StepRecord
@@ -30,19 +30,21 @@ class Engine:
                  policy: str, device: torch.device, fit_max_model_len: bool = False):
         engine_config.validate()
         scheduler_config.validate(policy)
-        # resolves what is unset; max_running bounds a CPU pool sized from the memory
-        self.runner = ModelRunner(model, engine_config, device, fit_max_model_len, scheduler_config.max_running)
+        # resolves what is unset; max_running bounds a CPU pool sized from the memory, a GPU pool
+        # leaves room for the largest step any policy schedules
+        s = scheduler_config
+        self.runner = ModelRunner(model, engine_config, device, fit_max_model_len, s.max_running,
+                                  s.max_running + max(s.max_batched_tokens, s.chunk_size), policy != "prefill_only")
         if self.runner.config.cuda_graphs and self.runner.backend.name == "torch":
-            # a static SDPA decode reads every sequence's whole table width: at long contexts and
-            # large batches that copy outgrows the memory, so graphs need flash or Triton
             log.warning("engine.cuda_graphs: off with the torch attention backend (flash-attn or triton replays)")
-        elif self.runner.config.cuda_graphs:
+        if self.runner.graphs_wanted:
             self.runner.enable_graphs(scheduler_config.max_running)
         self.args: ModelArgs = self.runner.args  # max_model_len as the pool allows
         self.block_manager = BlockManager(self.runner.num_blocks, self.runner.block_size,
                                           engine_config.enable_prefix_caching)
         self.scheduler = Scheduler(make_policy(policy), self.block_manager, scheduler_config)
         self.role = policy
+        self.clock = ForwardClock(device)
         # after_layer(layer, sequences whose prefill completes this step): the KV streaming hook
         self.after_layer = None
 
@@ -75,14 +77,16 @@ class Engine:
         shape = (batch.num_prefill_tokens, batch.num_decodes, batch.num_tokens, *cost_shape(batch))
         t1 = time.perf_counter()
         order, ids, pos, meta, rows = self.runner.prepare(batch)
-        t2 = time.perf_counter()
+        t2, began = time.perf_counter(), self.clock.mark()
         logits = self.runner.forward(ids, pos, meta, rows, self._layer_hook(batch))
-        t3 = time.perf_counter()  # on CUDA the forward is still in flight here; sampling waits for it
-        tokens = self.runner.sample(logits)
+        ended, t3 = self.clock.mark(), time.perf_counter()  # on CUDA the forward is still in flight here
+        tokens = self.runner.sample(logits)  # the host sync: the forward has run once this returns
         t4 = time.perf_counter()
         result = self.scheduler.postprocess(batch, self.runner.scatter(batch, order, tokens))
         t5 = time.perf_counter()
-        return result, self._record(shape, (t0, t1, t2, t3, t4, t5), hit_tokens(result.hits), jit_compiles() - compiled)
+        split = self.clock.split(began, ended, t3 - t2, t4 - t3)
+        return result, self._record(shape, (t0, t1, t2, t4, t5), split, hit_tokens(result.hits),
+                                    jit_compiles() - compiled)
 
     def _layer_hook(self, batch):
         """after_layer bound to the sequences whose prefill this step completes, or None."""
@@ -91,13 +95,14 @@ class Engine:
         finishing = [seq for seq, n in batch.items if seq.in_prefill and seq.num_computed_tokens + n == seq.num_tokens]
         return (lambda layer: self.after_layer(layer, finishing)) if finishing else None
 
-    def _record(self, shape: tuple, times: tuple[float, ...], hits: int, compiles: int) -> StepRecord:
-        t0, t1, t2, t3, t4, t5 = times
+    def _record(self, shape: tuple, times: tuple[float, ...], split: tuple[float, float], hits: int,
+                compiles: int) -> StepRecord:
+        t0, t1, t2, t4, t5 = times
         return StepRecord(
             start=t0, end=t5, role=self.role, prefill_tokens=shape[0], decode_seqs=shape[1], batched_tokens=shape[2],
             kv_blocks_used=self.block_manager.num_used_blocks, num_waiting=len(self.scheduler.waiting),
-            num_running=len(self.scheduler.running), schedule_s=t1 - t0, prepare_s=t2 - t1, forward_s=t3 - t2,
-            sample_s=t4 - t3, postprocess_s=t5 - t4, prefill_chunks=shape[3], decode_context=shape[4],
+            num_running=len(self.scheduler.running), schedule_s=t1 - t0, prepare_s=t2 - t1, forward_s=split[0],
+            sample_s=split[1], postprocess_s=t5 - t4, prefill_chunks=shape[3], decode_context=shape[4],
             kv_blocks_total=self.block_manager.num_blocks, prefix_hit_tokens=hits, jit_compiles=compiles)
 
     def run_until_done(self) -> list[StepRecord]:

@@ -45,10 +45,13 @@ def host_available_bytes() -> Optional[int]:
 
 
 def pool_blocks(config: EngineConfig, block_bytes: int, *, device_type: str, free_bytes: Optional[int] = None,
-                total_bytes: Optional[int] = None, used_bytes: int = 0, max_blocks: Optional[int] = None) -> int:
+                total_bytes: Optional[int] = None, used_bytes: int = 0, reserve_bytes: int = 0,
+                max_blocks: Optional[int] = None) -> int:
     """An explicit `engine.num_kv_blocks`, else an explicit `engine.kv_cache_mib`, else:
     - CUDA: the `gpu_memory_utilization` share of the device's total memory less what this process
-      already holds (`used_bytes`: the weights), as vLLM sizes it; refused when more than is free.
+      already holds (`used_bytes`: the weights, as reserved) and what its steps will take beside the
+      pool (`reserve_bytes`: the profiled activation peak, the CUDA-graph pool), as vLLM sizes it;
+      refused when the pool and that reserve are more than is free.
       With no total (a profile's measured free memory) the share of `free_bytes`.
     - CPU: the `cpu_memory_utilization` share of the available memory (`free_bytes`) after the
       weights loaded, at most `max_blocks` (what the scheduler can fill); 64 MiB with no figure."""
@@ -57,7 +60,7 @@ def pool_blocks(config: EngineConfig, block_bytes: int, *, device_type: str, fre
     if config.kv_cache_mib is not None:
         return int(config.kv_cache_mib * 2**20) // block_bytes
     if device_type == "cuda":
-        return _gpu_blocks(config, block_bytes, free_bytes, total_bytes, used_bytes)
+        return _gpu_blocks(config, block_bytes, free_bytes, total_bytes, used_bytes, reserve_bytes)
     if free_bytes is None:
         return int(DEFAULT_CPU_MIB * 2**20) // block_bytes
     blocks = int(free_bytes * config.cpu_memory_utilization) // block_bytes
@@ -65,16 +68,17 @@ def pool_blocks(config: EngineConfig, block_bytes: int, *, device_type: str, fre
 
 
 def _gpu_blocks(config: EngineConfig, block_bytes: int, free_bytes: Optional[int], total_bytes: Optional[int],
-                used_bytes: int) -> int:
+                used_bytes: int, reserve_bytes: int) -> int:
     if free_bytes is None:
         raise ValueError("a CUDA pool is sized from the device's memory: pass free_bytes")
     if total_bytes is None:
         return int(free_bytes * config.gpu_memory_utilization) // block_bytes
-    budget = int(total_bytes * config.gpu_memory_utilization) - used_bytes
-    if budget > free_bytes:
+    budget = int(total_bytes * config.gpu_memory_utilization) - used_bytes - reserve_bytes
+    if budget + reserve_bytes > free_bytes:
         raise ConfigError(f"engine.gpu_memory_utilization={config.gpu_memory_utilization} of {total_bytes / GIB:.1f} "
                           f"GiB leaves a KV pool of {budget / GIB:.2f} GiB after this worker's {used_bytes / GIB:.2f} "
-                          f"GiB, but only {free_bytes / GIB:.2f} GiB is free (other processes hold the rest): "
+                          f"GiB of weights and {reserve_bytes / GIB:.2f} GiB for its steps' activations, but only "
+                          f"{free_bytes / GIB:.2f} GiB is free (other processes hold the rest): "
                           "lower engine.gpu_memory_utilization or set engine.kv_cache_mib")
     return max(budget, 0) // block_bytes
 

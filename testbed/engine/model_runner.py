@@ -10,10 +10,11 @@ from itertools import accumulate
 import torch
 
 from testbed.engine.config import EngineConfig
-from testbed.engine.cuda_graphs import DecodeGraphs
+from testbed.engine.cuda_graphs import DecodeGraphs, buckets
 from testbed.engine.kv_pool import checked_pool, host_available_bytes, kv_block_shape, pool_blocks, sized_from_memory
 from testbed.engine.scheduler import Batch
-from testbed.model.attention import AttentionMetadata, block_stride, select_backend
+from testbed.model.attention import (AttentionMetadata, TorchAttention, after_cache, block_stride, chunk_plan,
+                                     select_backend)
 from testbed.model.config import ModelArgs
 from testbed.model.linear import pack_linears
 from testbed.model.llama import Transformer
@@ -26,10 +27,13 @@ class ModelRunner:
     """`fit_max_model_len`: when the pool cannot hold one request of max_model_len, lower
     max_model_len to what it holds (and say so) instead of refusing; for a length the user did not
     ask for, such as a checkpoint's max_position_embeddings. `max_running`: a CPU pool sized from
-    the memory holds at most that many requests of max_model_len (more would never be used)."""
+    the memory holds at most that many requests of max_model_len (more would never be used), and
+    a CUDA pool sized from the memory leaves room for a step of `step_tokens` (profiled first).
+    `decodes`: False for a prefill-only worker, which captures no decode graphs."""
 
     def __init__(self, model: Transformer, config: EngineConfig, device: torch.device,
-                 fit_max_model_len: bool = False, max_running: int | None = None):
+                 fit_max_model_len: bool = False, max_running: int | None = None, step_tokens: int | None = None,
+                 decodes: bool = True):
         self.dtype = next(model.parameters()).dtype
         config = config.for_device(device.type, self.dtype)
         self.model, self.config, self.device = model, config, device
@@ -39,7 +43,8 @@ class ModelRunner:
         self.block_size = config.block_size
         self.backend = select_backend(config.attention_backend, device, self.dtype, config.block_size,
                                       self.args.head_dim)
-        self.num_blocks = self._pool_blocks(max_running)
+        self.graphs_wanted = decode_graphs_wanted(config.cuda_graphs, self.backend.name, decodes)
+        self.num_blocks = self._pool_blocks(max_running, step_tokens or self.args.max_model_len)
         self.args = self._fit_max_model_len() if fit_max_model_len else self._check_max_model_len()
         # (blocks + 1, layers, 2, block_size, Hkv, D), block-major: one block's K and V of every layer
         # are one contiguous span, so moving a request's blocks (the ipc transport, the KV store) copies
@@ -71,16 +76,39 @@ class ModelRunner:
     def block_bytes(self) -> int:
         return self.args.kv_bytes_per_token * self.block_size * self.dtype.itemsize
 
-    def _pool_blocks(self, max_running: int | None) -> int:
+    def _pool_blocks(self, max_running: int | None, step_tokens: int) -> int:
         # the memory is read only when it sizes the pool (an explicit size needs none)
         kind, memory = self.device.type, {}
         if sized_from_memory(self.config) and kind == "cuda":
-            free, total = torch.cuda.mem_get_info(self.device)
-            memory = dict(free_bytes=free, total_bytes=total, used_bytes=torch.cuda.memory_allocated(self.device))
+            sampled = min(step_tokens, max_running or step_tokens)
+            profiles = [lambda: self.profile_step(step_tokens, sampled)]
+            if self.graphs_wanted:  # the graphs' private pool, captured after the KV pool
+                largest = buckets(max_running or 1)[-1]
+                profiles.append(lambda: self.profile_step(largest, largest))
+            memory = cuda_memory(self.device, profiles)
         elif sized_from_memory(self.config):
             per_seq = -(-self.args.max_model_len // self.block_size)
             memory = dict(free_bytes=host_available_bytes(), max_blocks=max_running * per_seq if max_running else None)
         return pool_blocks(self.config, self.block_bytes, device_type=kind, **memory)
+
+    @torch.inference_mode()
+    def profile_step(self, tokens: int, sampled: int) -> None:
+        """A step of `tokens` fresh prompt tokens (prompts of up to max_model_len) and the logits of
+        `sampled` rows, before the pool exists: what its activations take at their peak. The KV goes
+        to a one-block scratch cache, attention through SDPA (the Triton backend's prefill path)."""
+        length = min(tokens, self.args.max_model_len)
+        q_lens = [length] * (tokens // length) + ([tokens % length] if tokens % length else [])
+        a, device = self.args, self.device
+        scratch = torch.zeros(1, self.block_size, a.num_kv_heads, a.head_dim, dtype=self.dtype, device=device)
+        cu = torch.tensor(list(accumulate(q_lens, initial=0)), dtype=torch.int32, device=device)
+        meta = AttentionMetadata(q_lens=q_lens, kv_lens=q_lens, num_single=0,
+                                 slot_mapping=torch.zeros(tokens, dtype=torch.int64, device=device),
+                                 block_tables=torch.zeros(len(q_lens), 1, dtype=torch.int32, device=device),
+                                 kv_lens_t=torch.tensor(q_lens, dtype=torch.int32, device=device), cu_q=cu, cu_kv=cu)
+        positions = torch.cat([torch.arange(n, device=device) for n in q_lens])
+        ids = torch.zeros(tokens, dtype=torch.int64, device=device)
+        hidden = self.model(ids, positions, [(scratch, scratch)] * a.num_layers, meta, TorchAttention())
+        self.model.logits(hidden[:sampled])
 
     def _check_max_model_len(self) -> ModelArgs:
         checked_pool(self.num_blocks, self.block_size, self.args.max_model_len)
@@ -129,6 +157,9 @@ class ModelRunner:
             block_tables=self._to_device(padded_rows(tables, width), torch.int32).view(len(tables), width),
             kv_lens_t=self._to_device(kv_lens, torch.int32),
             cu_q=self._to_device(cu_q, torch.int32), cu_kv=self._to_device(cu_kv, torch.int32))
+        cached = after_cache(q_lens, kv_lens, meta.num_single) if isinstance(self.backend, TorchAttention) else []
+        if cached:  # the SDPA backends' chunk indices: once a step, not once a layer
+            meta.chunks = chunk_plan(q_lens, kv_lens, cached, self._to_device)
         ids = self._to_device(input_ids, torch.int64)
         pos = self._to_device(positions, torch.int64)
         return order, ids, pos, meta, sample_rows
@@ -222,6 +253,33 @@ class ModelRunner:
         rows = self.kv_cache.view(-1, *self.kv_cache.shape[-2:])
         for kv, i in self._slabs(layer):
             rows.index_copy_(0, base + self._slab_offset(i, kv), data[kv] if layer is not None else data[kv, i])
+
+
+def decode_graphs_wanted(cuda_graphs: bool, backend: str, decodes: bool) -> bool:
+    """Decode steps replay CUDA graphs where engine.cuda_graphs is on, the worker decodes (a
+    prefill-only worker would never replay them: capture would cost start-up time and memory on a
+    GPU it may share), and the backend is not torch (its static decode reads every sequence's
+    whole table width: at long contexts and large batches that copy outgrows the memory)."""
+    return bool(cuda_graphs) and decodes and backend != "torch"
+
+
+def cuda_memory(device: torch.device, profiles) -> dict:
+    """What a CUDA pool sized from the memory is planned from (kv_pool.pool_blocks): the weights as
+    this process's allocator reserves them once its cache is released (reserved, not allocated:
+    cached blocks are not free to other allocations), and the peak each of `profiles` (callables
+    that run a step) allocates beyond them, summed (the CUDA-graph pool is held beside a step's)."""
+    torch.cuda.empty_cache()
+    used = torch.cuda.memory_reserved(device)
+    reserve = 0
+    for profile in profiles:
+        base = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        profile()
+        torch.cuda.synchronize(device)
+        reserve += torch.cuda.max_memory_allocated(device) - base
+        torch.cuda.empty_cache()  # the profile's activations go back: free for the pool to be counted
+    free, total = torch.cuda.mem_get_info(device)
+    return dict(free_bytes=free, total_bytes=total, used_bytes=used, reserve_bytes=reserve)
 
 
 def padded_rows(rows: list[list[int]], width: int) -> array.array:

@@ -48,6 +48,53 @@ class AttentionMetadata:
     cu_kv: torch.Tensor  # (B + 1,) int32 prefix sums of kv_lens
     # decode shapes fixed by the tensors alone (no host lengths): what a captured CUDA graph replays
     static: bool = False
+    # the chunks after cached KV and their index tensors, built once per step (ModelRunner.prepare);
+    # None: built where needed (a caller that makes its own metadata)
+    chunks: "ChunkPlan | None" = None
+
+
+@dataclass
+class ChunkPlan:
+    """What TorchAttention gathers the chunks that follow cached KV with (one masked SDPA for all):
+    built once per step, copied from pinned memory without a sync. Per layer, two pageable copies
+    and two boolean-mask indexings each stalled the host on CUDA."""
+
+    items: list[int]  # the chunks' items in the step
+    items_t: torch.Tensor  # (B,) int64: the same, to pick their rows of block_tables
+    rows: torch.Tensor | slice  # their query rows in the step
+    real: torch.Tensor  # (sum of q_lens,) int64: each query row's place in the padded (B x max_q) layout
+    q_lens_t: torch.Tensor  # (B,) int64
+    kv_lens_t: torch.Tensor  # (B,) int64
+    max_q: int
+
+
+def host_to(device) -> Callable[[list[int], torch.dtype], torch.Tensor]:
+    """A plain copy of host ints to `device` (ModelRunner has a pinned, non-blocking one)."""
+    return lambda data, dtype: torch.tensor(data, dtype=dtype, device=device)
+
+
+def after_cache(q_lens: list[int], kv_lens: list[int], num_single: int) -> list[int]:
+    """The items whose chunk follows KV already in the pool (the rest are decodes and fresh prompts)."""
+    return [i for i in range(num_single, len(q_lens)) if kv_lens[i] != q_lens[i]]
+
+
+def chunk_plan(q_lens: list[int], kv_lens: list[int], items: list[int], to_device) -> ChunkPlan:
+    """The plan of the chunks of `items`; `to_device(ints, dtype)` copies host ints to the step's device."""
+    starts = list(accumulate(q_lens, initial=0))
+    lens = [q_lens[i] for i in items]
+    max_q = max(lens)
+    real = [b * max_q + j for b, n in enumerate(lens) for j in range(n)]
+    return ChunkPlan(items, to_device(items, torch.int64), row_index([starts[i] for i in items], lens, to_device),
+                     to_device(real, torch.int64), to_device(lens, torch.int64),
+                     to_device([kv_lens[i] for i in items], torch.int64), max_q)
+
+
+def row_index(starts: list[int], lens: list[int], to_device) -> torch.Tensor | slice:
+    """Rows [start, start + len) of each item: a slice when they follow one another (a whole-batch
+    prefill), so reading and writing them copies nothing; else an index tensor."""
+    if all(a + n == b for a, n, b in zip(starts, lens, starts[1:])):
+        return slice(starts[0], starts[-1] + lens[-1])
+    return to_device([r for a, n in zip(starts, lens) for r in range(a, a + n)], torch.int64)
 
 
 def block_stride(cache: torch.Tensor) -> int:
@@ -99,20 +146,14 @@ class TorchAttention:
             else:
                 cached.append(i)
         for q_len, items in fresh.items():
-            rows = self._rows([starts[i - n] for i in items], [q_len] * len(items), q.device)
+            rows = row_index([starts[i - n] for i in items], [q_len] * len(items), host_to(q.device))
             out[rows] = self._fresh(q[rows], k[rows], v[rows], len(items), q_len)
         if cached:
-            rows = self._rows([starts[i - n] for i in cached], [meta.q_lens[i] for i in cached], q.device)
-            out[rows] = self._chunks(q[rows], k_cache, v_cache, meta, cached)
+            plan = meta.chunks
+            if plan is None or plan.items != cached:  # no plan from prepare (a caller's own metadata)
+                plan = chunk_plan(meta.q_lens, meta.kv_lens, cached, host_to(q.device))
+            out[plan.rows] = self._chunks(q[plan.rows], k_cache, v_cache, meta, plan)
         return out
-
-    @staticmethod
-    def _rows(starts: list[int], lens: list[int], device) -> torch.Tensor | slice:
-        """The items' rows: a slice when they follow one another (a whole-batch prefill), so reading
-        and writing them copies nothing; else an index tensor."""
-        if all(a + n == b for a, n, b in zip(starts, lens, starts[1:])):
-            return slice(starts[0], starts[-1] + lens[-1])
-        return torch.cat([torch.arange(a, a + n) for a, n in zip(starts, lens)]).to(device)
 
     @staticmethod
     def _blocks(cache: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
@@ -146,27 +187,23 @@ class TorchAttention:
                                            enable_gqa=True)
         return o.transpose(1, 2).reshape(batch * q_len, *q.shape[1:])
 
-    def _chunks(self, q, k_cache, v_cache, meta, items: list[int]):
+    def _chunks(self, q, k_cache, v_cache, meta, plan: ChunkPlan):
         """Chunks that follow cached KV, one SDPA for all: queries padded to the longest chunk,
         keys to the longest context, a lower-right causal mask per sequence (SDPA's is_causal is
-        top-left). Padded query rows see their sequence's keys, so no row is all masked (NaN)."""
-        q_lens, kv_lens = [meta.q_lens[i] for i in items], [meta.kv_lens[i] for i in items]
-        width = -(-max(kv_lens) // k_cache.shape[1])
-        tables = meta.block_tables[items, :width]
+        top-left). Padded query rows see their sequence's keys, so no row is all masked (NaN).
+        Index tensors only (the plan's), no boolean-mask indexing: nothing here waits on the device."""
+        width = -(-max(meta.kv_lens[i] for i in plan.items) // k_cache.shape[1])
+        tables = meta.block_tables.index_select(0, plan.items_t)[:, :width]
         k = self._blocks(k_cache, tables).transpose(1, 2)  # (B, Hkv, S, D)
         v = self._blocks(v_cache, tables).transpose(1, 2)
-        batch, lq = len(items), max(q_lens)
-        device = q.device
-        qlen_t = torch.tensor(q_lens, device=device)[:, None, None]
-        pad = torch.arange(lq, device=device)[None, :] < qlen_t[:, :, 0]  # (B, Lq) real rows
-        padded = q.new_zeros(batch, lq, *q.shape[1:])
-        padded[pad] = q
-        kvlen_t = torch.tensor(kv_lens, device=device)[:, None, None]
+        batch, lq, device = len(plan.items), plan.max_q, q.device
+        padded = q.new_zeros(batch * lq, *q.shape[1:]).index_copy_(0, plan.real, q).view(batch, lq, *q.shape[1:])
+        qlen_t, kvlen_t = plan.q_lens_t[:, None, None], plan.kv_lens_t[:, None, None]
         rows = torch.arange(lq, device=device)[None, :, None] + (kvlen_t - qlen_t)  # (B, Lq, 1) last key seen
         keys = torch.arange(k.shape[2], device=device)[None, None, :]
         mask = (keys <= rows) & (keys < kvlen_t)  # (B, Lq, S)
         o = F.scaled_dot_product_attention(padded.transpose(1, 2), k, v, attn_mask=mask[:, None], enable_gqa=True)
-        return o.transpose(1, 2)[pad]
+        return o.transpose(1, 2).reshape(batch * lq, *q.shape[1:]).index_select(0, plan.real)
 
 
 class FlashAttention:

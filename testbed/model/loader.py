@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -23,13 +24,28 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 def build_model(args: ModelArgs, device: torch.device, dtype: torch.dtype, *, path: str | None = None,
                 seed: int = 0) -> Transformer:
-    with torch.device(device):
-        model = Transformer(args).to(dtype)
+    # built in the target dtype: an fp32 build cast afterwards holds twice the weights at its peak
+    # and leaves the fp32 storage cached on the device (Llama-3-8B: 29.9 GiB against 15)
+    with torch.device(device), default_dtype(dtype):
+        model = Transformer(args).to(dtype)  # a no-op for the parameters; the dtype is the contract
     if path:
         load_hf_weights(model, Path(path))
     else:
         init_dummy_weights(model, seed)
+    if device.type == "cuda":
+        torch.cuda.empty_cache()  # what construction and loading freed goes back before the KV pool is sized
     return model.eval().requires_grad_(False)
+
+
+@contextmanager
+def default_dtype(dtype: torch.dtype):
+    """Floating tensors created inside take `dtype` (RoPE's tables name float32 themselves)."""
+    saved = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(saved)
 
 
 def load_hf_weights(model: Transformer, path: Path) -> None:
