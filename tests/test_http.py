@@ -328,6 +328,7 @@ def test_failures_are_recorded_per_request_and_the_run_ends(misbehaving, tmp_pat
     assert kinds == sorted(["http"] * 2 + ["no"] * 2 + ["the"] * 2 + ["out"] * 2)
     assert (table.status == "ok").sum() == 2 and (table.status == "failed").sum() == 8
     assert result["summary"]["http"]["errors"]["http 500"] == 2
+    assert result["summary"]["http"]["refused"] == {"500": 2}  # answered with an HTTP error, by status
     assert result["summary"]["num_requests"]["failed"] == 8
     stalled = table[table.reason.str.startswith("no chunk")]
     assert stalled.token_times.map(len).tolist() == [2, 2]  # tokens that came before the silence are kept

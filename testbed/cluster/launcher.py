@@ -23,7 +23,7 @@ from testbed.control.layout import WorkerPlan
 from testbed.errors import ConfigError
 from testbed.net.channel import ReportReader, ReportWriter
 from testbed.net.messages import Audit, Started, Stop, WorkerError
-from testbed.ports import free_port
+from testbed.net.rendezvous import host_store
 
 STOP_TIMEOUT_S = 30.0
 log = logging.getLogger(__name__)
@@ -87,14 +87,16 @@ class Cluster:
         self.inboxes = [ctx.Queue() for _ in self.plans]
         pipes = [ctx.Pipe(duplex=False) for _ in self.plans]
         self.events = ReportReader([reader for reader, _ in pipes])
-        port = free_port()
+        # the group's rendezvous, hosted here on the loopback alone (a worker's own would listen everywhere)
+        self.store = host_store("127.0.0.1", 0, None, self.start_timeout_s)
+        rendezvous = ("127.0.0.1", self.store.port, "local")
         for plan, (_, writer) in zip(self.plans, pipes):
             engine = self.template.engine
             if self.kv_mib[plan.rank] is not None:
                 engine = replace(engine, kv_cache_mib=self.kv_mib[plan.rank])
             spec = replace(self.template, rank=plan.rank, world_size=len(self.plans), role=plan.role, engine=engine,
                            roles=tuple(p.role for p in self.plans),
-                           device=plan.device, port=port, cpu_core=self.cores.pins[plan.rank] if self.cores else None)
+                           device=plan.device, rendezvous=rendezvous, cpu_core=self.cores.pins[plan.rank] if self.cores else None)
             proc = ctx.Process(target=worker_main, args=(spec, self.inboxes, ReportWriter(writer)), daemon=True,
                                name=f"testbed-worker{plan.rank}-{plan.role}")
             proc.start()
@@ -199,5 +201,6 @@ class Cluster:
         for q in getattr(self, "inboxes", []):
             q.cancel_join_thread()  # never block exit on undelivered messages
             q.close()
+        self.store = None  # its server stops with it: nothing of the run listens any more
         if hasattr(self, "events"):
             self.events.close()

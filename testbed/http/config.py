@@ -41,6 +41,11 @@ class HttpConfig:
     host: str = "127.0.0.1"  # any other interface needs api_key
     port: int = 8000  # 0: a free port, printed at start
     max_streams: int = 64  # concurrent requests the server takes; more get 429
+    # open connections the server holds (lowered to what `ulimit -n` leaves): past it the oldest
+    # connection with no request under way is closed, and with none such the newcomer gets 503
+    max_connections: int = 256
+    header_timeout_s: float = 10.0  # a connection with no whole request header for this long is closed
+    body_timeout_s: float = 30.0  # a request body not read whole within this gets 408
     served_model: str = "testbed"  # the id /v1/models lists
 
     def validate(self) -> "HttpConfig":
@@ -50,10 +55,10 @@ class HttpConfig:
             raise ConfigError(f"http.url must start with http:// or https:// (got {self.url!r})")
         if not self.endpoint.startswith("/"):
             raise ConfigError(f"http.endpoint must be a path starting with / (got {self.endpoint!r})")
-        for key in ("max_concurrency", "max_streams", "num_gpus"):
+        for key in ("max_concurrency", "max_streams", "max_connections", "num_gpus"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"http.{key} must be >= 1 (got {getattr(self, key)})")
-        for key in ("timeout_s", "stall_timeout_s", "connect_timeout_s"):
+        for key in ("timeout_s", "stall_timeout_s", "connect_timeout_s", "header_timeout_s", "body_timeout_s"):
             if getattr(self, key) <= 0:
                 raise ConfigError(f"http.{key} must be > 0 (got {getattr(self, key)})")
         if not 0 <= self.port < 65536:

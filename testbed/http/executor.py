@@ -32,7 +32,7 @@ def replay_point(cfg: Config, progress: bool = True) -> dict:
     summary["executor"] = "http"
     summary["workload_report"] = replay.workload.report
     summary["http"] = {"url": cfg.http.url, "model": replay.model, "prompt": cfg.http.prompt,
-                       "errors": dict(replay.errors)}
+                       "errors": dict(replay.errors), "refused": refused_by_status(replay.errors)}
     meta = {"executor": "http", "url": cfg.http.url, "model": replay.model, "models": listing}
     return {"requests": requests, "summary": summary, "prompts": log.prompts, "meta": meta}
 
@@ -49,6 +49,16 @@ async def _replay(cfg: Config, prompts, progress: bool):
             replay.on_finish = lambda: bar.update(1)
             await replay.run(session, log)
     return log, replay, listing
+
+
+def refused_by_status(errors) -> dict[str, int]:
+    """The requests the server answered with an HTTP error, by status ({"429": 3}): a load test the
+    server turned away must not read as a clean one."""
+    out: dict[str, int] = {}
+    for why, n in errors.items():
+        if why.startswith("http ") and why[5:].isdigit():
+            out[why[5:]] = out.get(why[5:], 0) + n
+    return out
 
 
 def _vocab(cfg: Config, prompts) -> int:

@@ -103,8 +103,12 @@ def _prompt(prompt: Any, vocab_size: int, max_model_len: int, encode) -> tuple[i
     if isinstance(prompt, str):
         if encode is None:
             raise BadRequest("prompt is text but this server has no tokenizer; send token ids (a list of integers)")
-        if not _utf8(prompt):
+        size = _utf8_size(prompt)
+        if size is None:
             raise BadRequest("prompt text is not valid Unicode (a lone surrogate escape)")
+        if size > BODY_PER_TOKEN * max_model_len:  # before tokenizing: a huge text would hold the server up
+            raise BadRequest(f"the prompt text has {size} bytes; the limit is {BODY_PER_TOKEN * max_model_len} "
+                             f"({BODY_PER_TOKEN} per token of max_model_len {max_model_len})", status=413)
         prompt = encode(prompt)
     if not isinstance(prompt, list) or not prompt:
         raise BadRequest("prompt must be a non-empty list of token ids (or one text with a tokenizer)")
@@ -116,12 +120,12 @@ def _prompt(prompt: Any, vocab_size: int, max_model_len: int, encode) -> tuple[i
     return tuple(prompt)
 
 
-def _utf8(text: str) -> bool:
+def _utf8_size(text: str) -> Optional[int]:
+    """Its size in UTF-8 bytes; None when it is not valid Unicode."""
     try:
-        text.encode("utf-8")
+        return len(text.encode("utf-8"))
     except UnicodeEncodeError:
-        return False
-    return True
+        return None
 
 
 def _max_tokens(data: dict, prompt_len: int, max_model_len: int) -> int:
@@ -161,7 +165,7 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
 
 
 def error_chunk(reason: str) -> bytes:
-    return _event({"error": {"message": reason, "type": "server_error"}})
+    return _event(error_body(reason, 503))
 
 
 DONE = b"data: [DONE]\n\n"
@@ -172,8 +176,9 @@ def _event(body: dict) -> bytes:
 
 
 def error_body(reason: str, status: int) -> dict:
+    """OpenAI's error object: what its clients parse for every 4xx/5xx."""
     return {"error": {"message": reason, "type": "invalid_request_error" if status < 500 else "server_error",
-                      "code": status}}
+                      "param": None, "code": status}}
 
 
 # -- the client's reading ------------------------------------------------------------------------

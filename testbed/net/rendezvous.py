@@ -20,6 +20,7 @@ from typing import Callable
 from testbed.errors import ConfigError
 
 POLL_S = 0.05  # how often a lookup looks at the store, and at whether its publisher is still there
+STORE_BACKLOG = 512  # every rank connects at once at start-up
 
 
 
@@ -129,9 +130,29 @@ def connect_store(world: World, timeout_s: float):
     import torch.distributed as dist
 
     if world.rank == 0 and not world.agent_store:
-        return dist.TCPStore(world.master_addr, world.master_port, world.world_size, is_master=True,
-                             timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
+        return host_store(world.master_addr, world.master_port, world.world_size, timeout_s)
     return store_client(world.master_addr, world.master_port, timeout_s)
+
+
+def host_store(host: str, port: int, world_size: int | None, timeout_s: float):
+    """The store's server, listening on `host`'s interface alone: TCPStore given only a port listens
+    on every interface, so it is handed a socket bound here (port 0: a free one, store.port)."""
+    import torch.distributed as dist
+
+    address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][4][0]  # a name (localhost) resolved
+    sock = socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((address, port))
+        sock.listen(STORE_BACKLOG)
+        store = dist.TCPStore(address, sock.getsockname()[1], world_size, is_master=True,
+                              timeout=timedelta(seconds=timeout_s), wait_for_workers=False,
+                              master_listen_fd=sock.fileno())
+    except BaseException:
+        sock.close()
+        raise
+    sock.detach()  # the store's server owns the descriptor now, and closes it
+    return store
 
 
 def store_client(host: str, port: int, timeout_s: float):

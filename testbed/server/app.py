@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import hmac
-import json
 import socket
 import sys
 import threading
@@ -27,9 +26,10 @@ from aiohttp import web
 from testbed.cluster.point import fit_to_pools, stop_cluster
 from testbed.config import Config
 from testbed.errors import ConfigError
-from testbed.http.protocol import (DONE, BadRequest, Completion, body_limit, chunk, error_body, error_chunk,
+from testbed.http.protocol import (DONE, BadRequest, Completion, body_limit, chunk, error_chunk,
                                    parse_completion, usage, usage_chunk)
 from testbed.metrics.events import RequestLog
+from testbed.server.doors import Doorman, accept_errors, connection_cap, json_error
 from testbed.server.live import LiveRouter
 from testbed.studies.serve import start_cluster, write_point
 from testbed.tracking.telemetry import start_telemetry
@@ -39,6 +39,7 @@ START_TIMEOUT_S = 60.0  # the web thread binding its socket; the workers have cl
 PARSE_INLINE = 64 << 10  # bytes: a larger body is parsed in a thread, so the event loop keeps every stream going
 ENDED_STATUS = {"rejected": 429, "failed": 503}
 SWITCH_INTERVAL_S = 0.0005
+BACKLOG = 64  # connections the kernel completes before the server accepts them (and accepted in one go)
 
 
 class QueueSink:
@@ -72,8 +73,8 @@ class Completions:
         self.next_rid = 0
         self.open = 0
 
-    def app(self) -> web.Application:
-        app = web.Application(client_max_size=self.max_body, middlewares=[self.auth])
+    def app(self, doorman: Doorman) -> web.Application:
+        app = web.Application(client_max_size=self.max_body, middlewares=[doorman.middleware, self.auth])
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/health", self.health)
@@ -132,11 +133,14 @@ class Completions:
         if request.content_length is not None and request.content_length > self.max_body:
             raise BadRequest(f"the body has {request.content_length} bytes; the limit is {self.max_body} "
                              f"(a prompt of max_model_len {self.args.max_model_len} tokens)", status=413)
-        try:
-            body = await request.read()
+        try:  # a client that announces a body and sends it slowly holds a connection: bounded
+            body = await asyncio.wait_for(request.read(), self.cfg.http.body_timeout_s)
         except web.HTTPRequestEntityTooLarge:
             raise BadRequest(f"the body is over the limit of {self.max_body} bytes "
                              f"(a prompt of max_model_len {self.args.max_model_len} tokens)", status=413) from None
+        except asyncio.TimeoutError:
+            raise BadRequest(f"the body was not sent whole within http.body_timeout_s={self.cfg.http.body_timeout_s:g} s",
+                             status=408) from None
         parse = functools.partial(parse_completion, body, vocab_size=self.args.vocab_size,
                                   max_model_len=self.args.max_model_len, model=self.cfg.http.served_model,
                                   encode=self.encode)
@@ -181,8 +185,7 @@ class Completions:
                                   "usage": usage(len(spec.prompt_token_ids), len(ids))})
 
 
-def _error(reason: str, status: int) -> web.Response:
-    return web.Response(status=status, text=json.dumps(error_body(reason, status)), content_type="application/json")
+_error = json_error
 
 
 def ids_as_text(ids: list[int]) -> str:
@@ -228,7 +231,9 @@ class HttpServer:
         self._web_thread = threading.Thread(target=self.loop.run_forever, name="testbed-http", daemon=True)
         self._web_thread.start()
         self._stack.callback(self._close_loop)
-        self._runner = web.AppRunner(self.handlers.app(), handler_cancellation=True, access_log=None,
+        self.doorman = Doorman(connection_cap(self.cfg.http.max_connections, BACKLOG))  # with the workers' files open
+        self.loop.set_exception_handler(accept_errors(self.doorman.say))
+        self._runner = web.AppRunner(self.handlers.app(self.doorman), handler_cancellation=True, access_log=None,
                                     shutdown_timeout=5.0)
         asyncio.run_coroutine_threadsafe(self._open(sock), self.loop).result(timeout=START_TIMEOUT_S)
         # The router's and the web server's threads hand every token to each other: at the default
@@ -246,7 +251,8 @@ class HttpServer:
 
     async def _open(self, sock: socket.socket) -> None:
         await self._runner.setup()
-        await web.SockSite(self._runner, sock).start()
+        factory = self.doorman.handler_factory(self._runner.server, self.loop, self.cfg.http.header_timeout_s)
+        await GuardedSite(self._runner, sock, factory).start()
 
     def __exit__(self, *exc) -> None:
         try:
@@ -265,9 +271,27 @@ class HttpServer:
             raise self.router.error
         if self.out_dir is None:
             return None
+        doors = self.doors()
         return write_point(self.cfg, self.out_dir, self.cluster, self.router, self.log, telemetry,
-                           {"server": self.url, "requests_served": self.handlers.next_rid},
-                           extra_meta={"executor": "real", "served_over_http": self.url})
+                           {"server": self.url, "requests_served": self.handlers.next_rid, **doors},
+                           extra_meta={"executor": "real", "served_over_http": self.url, **doors})
+
+    def doors(self) -> dict:
+        """What the server turned away, by HTTP status (never in requests.parquet: no request began)."""
+        return {"http_refused": {str(status): n for status, n in sorted(self.doorman.refused.items())},
+                "http_connections_closed_idle": self.doorman.closed_idle}
+
+
+class GuardedSite(web.SockSite):
+    """aiohttp's site on our socket, whose connections are made by the doorman's factory."""
+
+    def __init__(self, runner: web.AppRunner, sock: socket.socket, factory):
+        super().__init__(runner, sock)
+        self.sock, self.factory = sock, factory
+
+    async def start(self) -> None:
+        await web.BaseSite.start(self)  # registered with the runner, which stops it
+        self._server = await asyncio.get_running_loop().create_server(self.factory, sock=self.sock, backlog=BACKLOG)
 
 
 @contextmanager

@@ -1,0 +1,68 @@
+"""Bind where asked (issue 43): the rendezvous store and every other socket of a run listen on the
+interface the run was given, never on every interface (torch's TCPStore, given only a port, does)."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from pathlib import Path
+
+from testbed.net.rendezvous import World, connect_store
+from testbed.ports import free_port
+from tests.cluster_helpers import make_config, small_workload
+
+LISTEN = "0A"  # the TCP state in /proc/net/tcp
+
+
+def listening(pids: list[int]) -> list[tuple[str, int]]:
+    """(address, port) of every TCP socket these processes listen on (Linux /proc)."""
+    inodes = set()
+    for pid in pids:
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            try:
+                target = os.readlink(fd)
+            except OSError:
+                continue  # closed while listing
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == LISTEN and fields[9] in inodes:
+                address, port = fields[1].split(":")
+                found.append((_address(address), int(port, 16)))
+    return found
+
+
+def _address(hex_address: str) -> str:
+    """/proc/net's hex form (each 32-bit word in host order, little-endian here) as an address."""
+    raw = b"".join(bytes.fromhex(hex_address[i:i + 8])[::-1] for i in range(0, len(hex_address), 8))
+    return str(ipaddress.ip_address(raw))
+
+
+def wildcard(found: list[tuple[str, int]]) -> list[tuple[str, int]]:
+    return [(a, p) for a, p in found if ipaddress.ip_address(a).is_unspecified]
+
+
+def test_rank_0s_store_listens_on_the_rendezvous_address_alone():
+    port = free_port()
+    world = World(0, 2, 0, 1, 0, "127.0.0.1", port, agent_store=False)
+    store = connect_store(world, 10.0)
+    try:
+        ours = [(a, p) for a, p in listening([os.getpid()]) if p == port]
+        assert ours == [("127.0.0.1", port)]
+    finally:
+        del store
+
+
+def test_a_clusters_processes_listen_on_the_loopback_alone():
+    """One box: the driver's and every worker's listening sockets (the process group's store among
+    them) are on 127.0.0.1."""
+    from testbed.studies.serve import start_cluster
+
+    cfg = make_config(*small_workload(), "mode=disagg", "cluster.num_prefill=1", "cluster.num_decode=1")
+    with start_cluster(cfg) as cluster:
+        found = listening([os.getpid(), *(p.pid for p in cluster.processes)])
+        assert found and not wildcard(found), found
+        cluster.stop([])
