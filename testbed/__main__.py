@@ -26,7 +26,7 @@ def draw_study_figures(name: str, sweep_dir: Path) -> list[Path]:
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
 def main(cfg: DictConfig) -> None:
     from testbed.studies import figures
-    from testbed.studies.runner import run_job  # after Hydra: keeps `--help` fast
+    from testbed.studies.runner import interrupted_note, run_job  # after Hydra: keeps `--help` fast
 
     figures.draw_with(draw_study_figures)
     hydra_cfg = HydraConfig.get()
@@ -36,9 +36,8 @@ def main(cfg: DictConfig) -> None:
     except TestbedError as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(error.exit_code)
-    except KeyboardInterrupt:
-        print(f"interrupted: every finished point is kept in {out_dir}; rerun the same command with "
-              f"hydra.run.dir={out_dir} to resume", file=sys.stderr)
+    except KeyboardInterrupt as stop:
+        print(f"interrupted: {interrupted_note(cfg.experiment.name, out_dir, stop)}", file=sys.stderr)
         sys.exit(130)
 
 
@@ -52,7 +51,7 @@ def quiet_rank_args(argv: list[str], env=os.environ) -> list[str]:
 
 
 def cli() -> None:
-    StopOnce().install()  # SIGINT/SIGTERM: workers stopped, finished points kept; later signals wait for that
+    StopOnce().install()  # SIGINT/SIGTERM: workers stopped, finished requests and points kept; later signals wait
     sys.argv[1:] = quiet_rank_args(sys.argv[1:])
     problem = check_overrides(sys.argv[1:])
     if problem:

@@ -9,9 +9,11 @@ from __future__ import annotations
 import os
 import signal
 import threading
-from typing import Callable, Optional
+from contextlib import contextmanager
+from typing import Callable, Iterator, Optional
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_installed: Optional["StopOnce"] = None  # the process's handler (signal handlers are per process)
 
 
 class StopOnce:
@@ -24,8 +26,10 @@ class StopOnce:
         self.count = 0
 
     def install(self) -> "StopOnce":
+        global _installed
         for signum in SIGNALS:
             signal.signal(signum, self._handle)
+        _installed = self
         return self
 
     @staticmethod
@@ -46,5 +50,29 @@ class StopOnce:
                     f"written (SIGKILL ends at once and loses them)\n".encode())
 
 
+class Stopped(KeyboardInterrupt):
+    """A run a signal stopped once its results were written; `note` says what they hold."""
+
+    def __init__(self, note: str):
+        super().__init__(note)
+        self.note = note
+
+
 def _interrupt() -> None:
     raise KeyboardInterrupt
+
+
+@contextmanager
+def polled() -> Iterator[threading.Event]:
+    """Within: the first signal only sets the event yielded, which the caller's loop polls, so the
+    loop ends where its state is whole (raised anywhere, it could cut a request's record in half).
+    Outside any installed StopOnce (a test calling the code directly) the event is never set."""
+    stop = _installed
+    if stop is None:
+        yield threading.Event()
+        return
+    first, stop.first = stop.first, lambda: None
+    try:
+        yield stop.requested
+    finally:
+        stop.first = first

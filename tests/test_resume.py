@@ -49,3 +49,45 @@ def test_the_cpu_sizing_applied_is_stored_with_the_sweep(tmp_path):
     assert sizing["model.name"] == "tiny"  # the study's CPU sizing applied...
     assert "workload.num_requests" not in sizing  # ...but the command line's num_requests wins over it
     assert yaml.safe_load((tmp_path / ".hydra" / "sizing.yaml").read_text()) == sizing
+
+
+# -- damaged points: checked, cleared and run again, each said with its reason ------------------------
+def damage_points(points) -> dict[str, str]:
+    """One kind of damage per point: {point: what the resume must say}."""
+    names = sorted(p.name for p in points.iterdir())
+    requests = points / names[0] / "requests.parquet"
+    requests.write_bytes(requests.read_bytes()[: requests.stat().st_size // 2])  # cut short
+    (points / names[1] / "summary.json").write_text("{garbage")
+    (points / names[2] / "config.yaml").unlink()
+    return {names[0]: "requests.parquet unreadable", names[1]: "summary.json does not parse",
+            names[2]: "config.yaml unreadable"}
+
+
+def test_a_resumed_sweep_reruns_each_damaged_point_and_says_why(tmp_path, caplog):
+    run_study("mode_compare", tmp_path, *SIM)
+    said = damage_points(tmp_path / "points")
+    with caplog.at_level("WARNING", logger="testbed"):
+        again = run_study("mode_compare", tmp_path, *SIM)["table"].set_index("point")
+    for name, why in said.items():
+        assert again.loc[name, "status"] == "ok", again.status  # run again, not skipped nor failed
+        assert f"resume: point {name} is not finished ({why}" in caplog.text
+    assert set(again.drop(index=list(said)).status) <= {"skipped"}
+    assert set(run_study("mode_compare", tmp_path, *SIM)["table"].status) == {"skipped"}  # repaired
+
+
+def test_a_partial_or_miscounted_point_is_not_finished(tmp_path):
+    from testbed.studies.resume import damage
+
+    run_study("mode_compare", tmp_path, *SIM)
+    point = next((tmp_path / "points").iterdir())
+    assert damage(point) is None
+    summary = json.loads((point / "summary.json").read_text())
+    (point / "summary.json").write_text(json.dumps({**summary, "partial": True}))
+    assert "interrupted" in damage(point)
+    summary["num_requests"]["total"] += 1
+    (point / "summary.json").write_text(json.dumps(summary))
+    assert "requests.parquet has" in damage(point)
+    summary["num_requests"]["total"] -= 1
+    (point / "summary.json").write_text(json.dumps(summary))
+    (point / "exports" / "vllm_result.json").unlink()
+    assert damage(point) == "exports/vllm_result.json missing"

@@ -55,15 +55,25 @@ class Router:
         self.last_check = self.last_sample = 0.0  # the liveness check's and the memory sample's (_watch)
 
     # -- the loop -------------------------------------------------------------------------------
-    def run(self) -> None:
+    def run(self, stop=None) -> None:
+        """Until every request ended, or `stop` (a threading.Event: a signal) is set: then the loop
+        ends between two reports, where the book is whole, and `interrupt` ends what is open."""
         self.book.reject_workload(self.workload.rejected, self.t0)
-        while self.pending or self.book.active:
+        while (self.pending or self.book.active) and not (stop is not None and stop.is_set()):
             now = time.perf_counter()
             self._release(now - self.t0)
             self._inject(now - self.t0)
             wait = min(self.pending[0][0] - (now - self.t0), 0.05) if self.pending else 0.05
             self._pump(max(wait, 0.0))
             self._watch(now)
+
+    def interrupt(self, reason: str) -> int:
+        """Fail every open request (its workers abort it and free its KV, so the audit stays
+        clean); returns how many."""
+        open_ids = list(self.book.active)
+        for rid in open_ids:
+            self._fail(rid, time.perf_counter(), reason)
+        return len(open_ids)
 
     def _watch(self, now: float) -> None:
         """The liveness block of every router loop: each LIVENESS_CHECK_S, the workers' liveness and
@@ -175,11 +185,14 @@ class Router:
             heapq.heappush(self.pending, (follow_up.arrival_s, follow_up.request_id, follow_up))
 
     def _fail(self, rid: int, t: float, reason: str) -> None:
-        tracked = self.book.fail(rid, t, reason)
-        if tracked is None:
+        tracked = self.book.get(rid)
+        # its workers read before the book closes it: closing unbinds the decode worker (decode_worker
+        # turns None), and a decode worker never told would keep the request's blocks to the end
+        workers = () if tracked is None else (tracked.worker, tracked.decode_worker)
+        if self.book.fail(rid, t, reason) is None:
             return
         self.on_finish()
-        for worker in (tracked.worker, tracked.decode_worker):
+        for worker in workers:
             if worker is not None and self.cluster.alive(worker):
                 self.cluster.inboxes[worker].put(Abort(rid, reason))
 

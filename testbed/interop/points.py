@@ -155,6 +155,7 @@ def _copy_run(source: Path, out: Path, slo: SLOConfig, metrics: MetricsConfig, n
 
 # -- export ------------------------------------------------------------------------------------------
 TRACE = Path("exports") / "trace.mooncake.jsonl"  # written with every run (runs keep no prompts: too large)
+EXPORTED = (TRACE, Path("exports") / "vllm_result.json")  # every run's exports (a resumed sweep checks them)
 
 
 def offered_rows(requests: pd.DataFrame, prompts: Optional[Mapping] = None) -> pd.DataFrame:

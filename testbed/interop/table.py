@@ -18,7 +18,10 @@ import pandas as pd
 
 from testbed.errors import TestbedError
 from testbed.metrics.events import request_table
+from testbed.workload.traces import MAX_COUNT, file_problem
+from testbed.tracking.results import write_text
 
+MAX_FILE_BYTES = 1 << 30  # a result file, read whole: a million requests' details are ~200 MB
 REJECTED = "rejected: "  # how bench_result writes a refusal by admission control into `errors`
 REASON_CHARS = 300
 # what export writers take: the requests a point offered, with their prompts (None where unknown)
@@ -34,6 +37,9 @@ def load_runs(path) -> list[dict]:
     """The JSON objects of a result file: one object (vLLM --save-result), or one per line
     (SGLang --output-file, vLLM --append-result)."""
     path = Path(path)
+    problem = file_problem(path, MAX_FILE_BYTES)  # before opening: a FIFO would hang, /dev/zero never end
+    if problem:
+        raise InteropError(f"{path}: {problem}")
     try:
         text = path.read_text()
     except OSError as e:
@@ -81,6 +87,60 @@ def per_request(data: dict, key: str, path, n: Optional[int] = None, flag: str =
     return values
 
 
+def check_requests(path, ttfts: list, lists: dict, latencies: Optional[list] = None) -> None:
+    """Every request's figures in range before any is expanded into token times: times finite and
+    >= 0, a served request's TTFT not above its end-to-end latency, lengths whole numbers in
+    [0, MAX_COUNT] (beyond any model: a 10^8-token output would take gigabytes to expand). Else
+    one line naming the file, the request (its index in the lists) and the value."""
+    for i, ttft in enumerate(ttfts):
+        _seconds(path, i, "ttfts", ttft)
+        gaps = lists["itls"][i]
+        if gaps is not None and not isinstance(gaps, list):
+            raise InteropError(f"{path} request {i}: itls must be a list of seconds (got {_shown(gaps)})")
+        for gap in gaps or []:
+            _seconds(path, i, "itls", gap)
+        for key in ("input_lens", "output_lens"):
+            _tokens(path, i, key, lists[key][i])
+        if latencies is not None:
+            _consistent(path, i, ttft, _seconds(path, i, "latencies", latencies[i]), lists["errors"][i])
+
+
+def _consistent(path, i: int, ttft, latency, error) -> None:
+    if ttft is not None and latency is not None and not error and ttft > latency * (1 + 1e-9) + 1e-9:
+        raise InteropError(f"{path} request {i}: ttfts={ttft} is above its latencies={latency} (the first "
+                           f"token cannot come after the last)")
+
+
+def _seconds(path, i: int, key: str, value, low: float = 0.0):
+    """A time in seconds: None (not recorded), else a finite number >= low."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value < float("inf"):
+        raise InteropError(f"{path} request {i}: {key}={_shown(value)} must be a finite number of seconds"
+                           f"{f' >= {low:g}' if low > float('-inf') else ''}")
+    return value
+
+
+def _tokens(path, i: int, key: str, value) -> None:
+    whole = isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+    if value is not None and (isinstance(value, bool) or not whole or not 0 <= value <= MAX_COUNT):
+        raise InteropError(f"{path} request {i}: {key}={_shown(value)} must be a whole number of tokens in "
+                           f"[0, {MAX_COUNT}]")
+
+
+def checked_times(path, key: str, values: list, low: float = float("-inf")) -> list:
+    """Per-request times (send times, queue waits): finite, at least `low`."""
+    for i, value in enumerate(values):
+        if _seconds(path, i, key, value, low) is None:
+            raise InteropError(f"{path} request {i}: {key}=None must be a finite number of seconds")
+    return values
+
+
+def _shown(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def evenly_spaced(rate, n: int) -> np.ndarray:
     """Send times a rate-driven client aimed at, when the file records none: every request at 0
     for an infinite rate, else one every 1/rate seconds (the Poisson or gamma gaps the client
@@ -96,6 +156,8 @@ def given_arrivals(arrivals, n: int, path) -> np.ndarray:
     if arrival.size != n:
         raise InteropError(f"{path}: {n} requests but {arrival.size} arrivals given "
                            f"(a multi-round Mooncake replay sends rounds x sessions requests)")
+    if not np.isfinite(arrival).all():
+        raise InteropError(f"{path}: arrival {int(np.flatnonzero(~np.isfinite(arrival))[0])} is not a finite time")
     return arrival
 
 
@@ -150,13 +212,11 @@ def sorted_rows(rows: pd.DataFrame) -> pd.DataFrame:
 
 
 def write_lines(path, lines: list[str]) -> Path:
-    """Text lines written atomically (a temporary file renamed into place)."""
+    """Text lines written atomically (tracking/results.py: a temporary file renamed into place)."""
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text("".join(line + "\n" for line in lines))
-        tmp.replace(path)
     except OSError as e:
         raise InteropError(f"cannot write {path}: {e.strerror or e}") from None
+    write_text(path, "".join(line + "\n" for line in lines))
     return path

@@ -11,17 +11,26 @@ from pathlib import Path
 from testbed.config import Config
 from testbed.errors import KVLeakError
 from testbed.interop.points import export_run
+from testbed.metrics.results_dir import ResultsError
 from testbed.sim.executor import cyclic_gc_paused, simulate
 from testbed.tracking.results import collect_meta, stored_config, write_results
 
 
+INTERRUPTED = "interrupted"  # the reason of a request a signal cut short (studies/serve.py)
+
+
 def write_files(cfg: Config, out_dir: Path, *, requests, summary: dict, prompts, meta: dict, steps=None,
                 transfers=None, telemetry=None) -> None:
-    """The exports first (summary.json, written last, marks the point finished: a failed export
-    reruns it), then every file of the results contract."""
-    export_run(out_dir / "exports", requests, stored_config(cfg), prompts)
+    """The results contract first (requests.parquet and summary.json before the rest), the outside
+    formats' exports last: a full disk or a file-size limit costs an export, not the results. A
+    resumed sweep reruns a point whose files are not all there and whole (studies/resume.py)."""
     write_results(out_dir, requests=requests, steps=steps, transfers=transfers, telemetry=telemetry,
                   config=stored_config(cfg), meta=collect_meta(cfg.seed, meta), summary=summary)
+    try:
+        export_run(out_dir / "exports", requests, stored_config(cfg), prompts)
+    except OSError as error:
+        raise ResultsError(f"{error}; the results (requests.parquet, summary.json, ...) are written in {out_dir}, "
+                           f"its exports are not") from None
 
 
 def simulate_point(cfg: Config, out_dir: Path) -> dict:

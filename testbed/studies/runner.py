@@ -13,6 +13,7 @@ from omegaconf import OmegaConf
 
 from testbed.config import Config, with_overrides
 from testbed.errors import ConfigError
+from testbed.stopping import Stopped
 from testbed.studies import aggregates, catalog
 from testbed.studies.figures import study_figures
 from testbed.studies.goodput_search import search_goodput
@@ -132,6 +133,17 @@ def hydra_job_num() -> Optional[int]:
         return None
     hydra_cfg = HydraConfig.get()
     return int(hydra_cfg.job.num) if hydra_cfg.mode == RunMode.MULTIRUN else None
+
+
+def interrupted_note(name: str, out_dir: Path, stop: BaseException) -> str:
+    """What a SIGINT/SIGTERM left in out_dir, truthfully: a sweep resumes from its finished points;
+    a single run keeps the requests that finished (studies/serve.py) but does not resume."""
+    if name in STUDIES:
+        return (f"every finished point is kept in {out_dir}; rerun the same command with hydra.run.dir={out_dir} "
+                f"to resume")
+    if isinstance(stop, Stopped):
+        return stop.note
+    return f"stopped before any results were written: nothing kept in {out_dir}"
 
 
 def run_job(cfg: Config, out_dir: Path, explicit: set[str] = frozenset()) -> dict:

@@ -25,7 +25,8 @@ from testbed.metrics.slo import tenant_slos
 from testbed.metrics.steps import steps_table
 from testbed.metrics.summary import summarize
 from testbed.metrics.telemetry import gpu_roles
-from testbed.studies.points import write_files
+from testbed.stopping import Stopped, polled
+from testbed.studies.points import INTERRUPTED, write_files
 from testbed.tracking.telemetry import start_telemetry
 from testbed.workload import build_workload
 
@@ -33,8 +34,11 @@ from testbed.workload import build_workload
 def serve(cfg: Config, out_dir: Path, on_started: Optional[Callable[[Cluster], None]] = None,
           progress: bool = True, session=None) -> dict:
     """Run one point and write its results directory; returns the tables and the summary.
-    `session`: rank 0's torchrun session (testbed/cluster/torchrun.py): the workers are its ranks."""
-    with start_cluster(cfg, session) as cluster:
+    `session`: rank 0's torchrun session (testbed/cluster/torchrun.py): the workers are its ranks.
+    A SIGINT/SIGTERM once the workers are up ends the replay between two reports: the open requests
+    are failed, the finished ones written with summary.json marked partial, then KeyboardInterrupt
+    is raised (a signal while the files are written waits for them)."""
+    with start_cluster(cfg, session) as cluster, polled() as stop:
         cfg = fit_to_pools(cfg, cluster)
         args = cfg.model.args()
         workload = build_workload(cfg.workload, seed=cfg.seed, vocab_size=args.vocab_size,
@@ -49,9 +53,33 @@ def serve(cfg: Config, out_dir: Path, on_started: Optional[Callable[[Cluster], N
         with tqdm(total=len(workload.requests), desc=f"{cfg.mode} requests", unit="req", leave=False,
                   disable=not progress) as bar:
             router.on_finish = lambda: bar.update(1)
-            router.run()
+            router.run(stop)
+        cut = interrupted(router, workload, t0) if stop.is_set() else None
         telemetry = stop_cluster(cluster, router, sampler)
-    return write_point(cfg, out_dir, cluster, router, log, telemetry, workload.report)
+        result = write_point(cfg, out_dir, cluster, router, log, telemetry, workload.report, partial=cut)
+    if stop.is_set():
+        raise Stopped(kept(result["summary"], out_dir))  # the sweep marks the point, the command line says it
+    return result
+
+
+def kept(summary: dict, out_dir: Path) -> str:
+    """What a stopped run's results directory holds, in words."""
+    cut = summary.get("interrupted")
+    if cut is None:
+        return f"the run had ended: its results are complete in {out_dir}"
+    return (f"{summary['num_requests']['ok']} of {cut['requests_planned']} requests finished and are kept in "
+            f"{out_dir / 'requests.parquet'}, summary.json marked partial ({cut['requests_cut']} cut short, "
+            f"{cut['requests_not_sent']} never sent); a single run does not resume: run it again for the whole "
+            f"workload")
+
+
+def interrupted(router: Router, workload, t0: float) -> dict:
+    """End the open requests of a stopped replay; summary.json's `interrupted` counts (planned: the
+    workload's requests at the start; a session's later turns are made as it goes)."""
+    at_s = time.perf_counter() - t0
+    cut = router.interrupt(INTERRUPTED)
+    return {"at_s": at_s, "requests_planned": len(workload.requests) + len(workload.rejected),
+            "requests_cut": cut, "requests_not_sent": len(router.pending)}
 
 
 def check_emulated_link(cfg: Config) -> None:
@@ -81,8 +109,9 @@ def start_cluster(cfg: Config, session=None) -> Cluster:
 
 
 def write_point(cfg: Config, out_dir: Path, cluster: Cluster, router: Router, log: RequestLog, telemetry,
-                workload_report: dict, extra_meta: Optional[dict] = None) -> dict:
-    """The results directory of a finished cluster run, then the KV audit's verdict."""
+                workload_report: dict, extra_meta: Optional[dict] = None, partial: Optional[dict] = None) -> dict:
+    """The results directory of a finished cluster run, then the KV audit's verdict. `partial`: the
+    counts of an interrupted run (summary.json says `"partial": true`)."""
     plans, audits, t0 = cluster.plans, cluster.audits, log.t0
     emulated = emulation_meta(Emulation.from_hardware(cfg.hardware), cfg.model, cfg.mode == "disagg")
     requests, steps = log.table(), steps_table(router.steps, t0)
@@ -99,6 +128,8 @@ def write_point(cfg: Config, out_dir: Path, cluster: Cluster, router: Router, lo
     summary["harness_breakdown"] = harness_breakdown(router.harness)
     summary["memory"] = router.memory.summary()
     summary["emulated"], summary["pacing"] = emulated, pace_summary(steps)
+    if partial is not None:
+        summary["partial"], summary["interrupted"] = True, partial
     meta = {"workers": summary["workers"], "emulated": emulated,
             "cores_per_worker": cluster.cores.cores_per_worker if cluster.cores else None, **cluster.topology(),
             # kernel variants JIT-compiled inside timed steps (StepRecord.jit_compiles): 0 after a full warm-up

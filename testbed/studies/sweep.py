@@ -5,7 +5,8 @@
     <out>/sweep.json        the same rows plus the study's aggregate (goodput, best split, ...)
 
 The table is rewritten (atomically) after every point, so a crash or Ctrl-C keeps every finished
-point; a rerun into the same directory skips points whose summary.json exists.
+point; a rerun into the same directory skips finished points (studies/resume.py checks each,
+and runs a damaged one again).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from tqdm import tqdm
 
 from testbed.config import Config, with_overrides
 from testbed.errors import PeerLost, TestbedError
-from testbed.studies.resume import changed_points, refusal
+from testbed.studies.resume import changed_points, clear_damaged, refusal
 from testbed.tracking.results import stored_config, write_json, write_parquet
 
 WRITE_EVERY_S = 5.0  # simulated points end in milliseconds: the sweep's table is rewritten at most this often
@@ -119,7 +120,9 @@ class Sweep:
 
     def resume(self, configs: list[Config], points: list[Point] | None = None) -> None:
         """Finished points that ran another configuration: refused before anything runs, or
-        (experiment.on_changed=rerun) made unfinished so they run again."""
+        (experiment.on_changed=rerun) made unfinished so they run again. Damaged points first: cleared
+        and run again."""
+        clear_damaged(self.points if points is None else points, self.point_dir)
         found = changed_points(self.points if points is None else points, configs, self.point_dir)
         if found and self.cfg.experiment.on_changed != "rerun":
             raise refusal(found)

@@ -47,15 +47,16 @@ def write_results(out_dir, *, requests: pd.DataFrame, steps: Optional[pd.DataFra
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise ResultsError(f"cannot write results to {out}: {e.strerror or e}") from None
-    text = config_yaml(config)
-    _atomic(out / "config.yaml", lambda f: f.write(text.encode()))
-    write_json(out / "meta.json", meta or {})
+    # what ran, then the primary results, then the rest: a write that fails (a full disk, a
+    # file-size limit) keeps whatever came before it
+    write_text(out / "config.yaml", config_yaml(config))
     write_parquet(out / "requests.parquet", requests if requests is not None else request_table([]))
+    write_json(out / "summary.json", summary or {})
+    write_json(out / "meta.json", meta or {})
     write_parquet(out / "steps.parquet", _or_empty(steps, STEP_COLUMNS))
     write_parquet(out / "kv_transfers.parquet", _or_empty(transfers, TRANSFER_COLUMNS))
     if telemetry is not None:
         write_parquet(out / "telemetry.parquet", telemetry)
-    write_json(out / "summary.json", summary or {})
     return out
 
 
@@ -109,6 +110,9 @@ def _or_empty(df: Optional[pd.DataFrame], columns: list[str]) -> pd.DataFrame:
 
 
 def _atomic(path: Path, write: Callable) -> None:
+    """A temporary file in the same directory, flushed to disk, renamed over `path`: a reader (or
+    a crash, or a power cut) sees the old file or the new one, never half of one. An OSError
+    (a full disk, a file-size limit) is one line naming the file."""
     try:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     except OSError as e:
@@ -116,10 +120,18 @@ def _atomic(path: Path, write: Callable) -> None:
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(e, OSError) and not isinstance(e, ResultsError):
+            raise ResultsError(f"cannot write {path}: {e.strerror or e}") from None
         raise
+
+
+def write_text(path: Path, text: str) -> None:
+    _atomic(Path(path), lambda f: f.write(text.encode()))
 
 
 def write_json(path: Path, data: dict) -> None:
