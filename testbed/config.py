@@ -6,7 +6,9 @@ dataclasses (`OmegaConf.to_object` builds them), never a DictConfig.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, is_dataclass, replace
+import math
+import os
+from dataclasses import dataclass, field, fields, is_dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Optional, Union, get_args, get_origin, get_type_hints
@@ -18,7 +20,7 @@ from testbed.cluster.emulation import check_spec
 from testbed.control.book import follows_caches
 from testbed.control.config import RENAMED_BACKENDS, ClusterConfig, KVTransferConfig
 from testbed.engine.config import EngineConfig, KVStoreConfig, SchedulerConfig
-from testbed.errors import ConfigError
+from testbed.errors import ConfigError, TestbedError
 from testbed.experiment import ExperimentConfig
 from testbed.http.config import HttpConfig
 from testbed.metrics.config import MetricsConfig, SLOConfig
@@ -27,6 +29,7 @@ from testbed.net.faults import FaultsConfig
 from testbed.sim.config import SimConfig
 from testbed.tracking.config import TrackerConfig
 from testbed.workload.config import WorkloadConfig
+from testbed.workload.estimate import arrival_span_s, host_bytes
 
 MODES = ("colocated", "chunked", "disagg")
 EXECUTORS = ("real", "sim", "http")
@@ -101,6 +104,24 @@ class HardwareConfig:
 
 
 @dataclass(frozen=True)
+class LimitsConfig:
+    """What one run may cost, estimated from the configuration before anything is drawn: the span
+    of its arrivals in wall-clock seconds (real and http executors; the simulator's clock is its
+    own) and its host memory in GB (requests, results, and with hardware=cpu the workers' weights
+    and explicit KV pools)."""
+
+    max_run_s: float = 86400.0  # a day
+    max_memory_gb: Optional[float] = None  # None: 80% of this machine's physical memory
+
+    def validate(self) -> "LimitsConfig":
+        for key in ("max_run_s", "max_memory_gb"):
+            value = getattr(self, key)
+            if value is not None and not value > 0:
+                raise ConfigError(f"limits.{key}={value} must be > 0")
+        return self
+
+
+@dataclass(frozen=True)
 class Config:
     mode: str = "chunked"
     seed: int = 0
@@ -121,6 +142,7 @@ class Config:
     sim: SimConfig = field(default_factory=SimConfig)
     http: HttpConfig = field(default_factory=HttpConfig)
     output_dir: Optional[str] = None  # default: Hydra's run directory
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
 
     @property
     def follows_caches(self) -> bool:
@@ -155,7 +177,8 @@ class Config:
             raise ConfigError(f"executor={self.executor!r} is not one of {', '.join(EXECUTORS)}")
         if self.mode not in MODES:
             raise ConfigError(f"mode={self.mode!r} is not one of {', '.join(MODES)}")
-        self.model.args()
+        check_values(self)
+        args = self.model.args()
         self.engine.validate()
         self.scheduler.validate(policy=self.mode)  # mode chunked runs the chunked policy
         self.hardware.validate()
@@ -170,7 +193,110 @@ class Config:
         self.experiment.validate()
         self.sim.validate()
         self.http.validate()
+        self.limits.validate()
+        check_budget(self, args)  # the workers' share only where a command line runs it: config_problem
         return self
+
+
+# ranges the per-package checks leave open: {dotted key: (lowest, highest)}, both allowed; None: no
+# bound on that side. Every other number must be finite (floats) and fit in 64 bits (ints).
+BOUNDS = {"seed": (0, 2**32 - 1), "model.seed": (0, 2**32 - 1),  # numpy's and torch's seeds
+          "faults.kill_worker": (0, None), "faults.stall_worker": (0, None), "experiment.message_mib": (1, None)}
+POSITIVE = ("cluster.start_timeout_s", "hardware.emulate_memory_gib", "model.rms_norm_eps", "model.rope_theta")
+CHOICES = {"model.dtype": ("auto", "float32", "bfloat16", "float16")}
+INT64 = (-(2**63), 2**63 - 1)
+
+
+def check_values(cfg) -> None:
+    """Every number of `cfg` (a dataclass, walked with its lists) finite and in its range, every
+    choice one of its names: else a ConfigError naming the key, the value and the range."""
+    for key, value in _leaves(cfg, ""):
+        if isinstance(value, bool) or value is None:
+            continue
+        if key in CHOICES and value not in CHOICES[key]:
+            raise ConfigError(f"{key}={value!r} is not one of {', '.join(CHOICES[key])}")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{key}={value} must be a finite number")
+        if isinstance(value, (int, float)):
+            _in_range(key, value)
+
+
+def _in_range(key: str, value) -> None:
+    low, high = BOUNDS.get(key, INT64 if isinstance(value, int) else (None, None))
+    if (low is not None and value < low) or (high is not None and value > high):
+        shown = f"[{'-inf' if low is None else low}, {'inf' if high is None else high}]"
+        raise ConfigError(f"{key}={value} is outside {shown}")
+    if key in POSITIVE and not value > 0:
+        raise ConfigError(f"{key}={value} must be > 0")
+
+
+def _leaves(node, prefix: str):
+    """(dotted key, value) of every scalar under a dataclass; list items as key[i]."""
+    if is_dataclass(node):
+        for f in fields(node):
+            yield from _leaves(getattr(node, f.name), f"{prefix}{f.name}.")
+    elif isinstance(node, (list, tuple)):
+        for i, item in enumerate(node):
+            yield from _leaves(item, f"{prefix[:-1]}[{i}].")
+    else:
+        yield prefix[:-1], node
+
+
+GB = 1e9
+
+
+def check_budget(cfg: "Config", args, workers: float = 0.0) -> None:
+    """The run's expected arrival span and host memory (its requests', plus `workers` bytes), refused
+    above `limits` with the key to raise."""
+    span = arrival_span_s(cfg.workload)
+    if cfg.executor != "sim" and span is not None and span > cfg.limits.max_run_s:
+        raise ConfigError(f"the workload's arrivals span about {span:.3g} s ({_span_keys(cfg.workload)}), above "
+                          f"limits.max_run_s={cfg.limits.max_run_s:g}; raise limits.max_run_s to run it")
+    workload = host_bytes(cfg.workload, args.max_model_len)
+    cap = cfg.limits.max_memory_gb
+    cap_gb = cap if cap is not None else 0.8 * physical_memory() / GB
+    if (workload + workers) / GB > cap_gb:
+        shown = "" if cap is not None else " (80% of this machine's memory)"
+        raise ConfigError(f"the run needs about {(workload + workers) / GB:.3g} GB of host memory (requests "
+                          f"{workload / GB:.3g} GB, workers {workers / GB:.3g} GB), above limits.max_memory_gb="
+                          f"{cap_gb:.3g}{shown}; raise limits.max_memory_gb to run it")
+
+
+def _span_keys(workload) -> str:
+    if workload.arrival == "trace":
+        return f"workload.duration_s={workload.duration_s}, workload.window_s={workload.window_s}"
+    return f"workload.num_requests={workload.num_requests} at workload.rate={workload.rate:g}/s"
+
+
+def worker_bytes(cfg: "Config", args) -> float:
+    """Weights and explicit KV pools of the real executor's CPU workers (hardware=cpu: on `auto` a
+    GPU may hold them). A study's base with experiment.cpu_overrides is not what runs on CPU: each
+    point is checked again once they apply."""
+    if cfg.executor != "real" or cfg.hardware.name != "cpu" or cfg.experiment.cpu_overrides:
+        return 0.0
+    workers = cfg.cluster.num_prefill + cfg.cluster.num_decode if cfg.mode == "disagg" else cfg.cluster.num_workers
+    weights = _parameters(args) * 4  # float32 on CPU; a GPU load builds in float32 on the host first
+    kv = 0.0
+    if cfg.engine.num_kv_blocks is not None:
+        kv = cfg.engine.num_kv_blocks * (cfg.engine.block_size or 16) * args.kv_bytes_per_token * 4
+    elif cfg.engine.kv_cache_mib is not None:
+        kv = cfg.engine.kv_cache_mib * 2**20
+    return float(workers) * (weights + kv)
+
+
+def _parameters(args) -> float:
+    attention = args.hidden_size * args.head_dim * (2 * args.num_heads + 2 * args.num_kv_heads)
+    layer = attention + 3 * args.hidden_size * args.intermediate_size
+    embeddings = args.vocab_size * args.hidden_size * (1 if args.tie_embeddings else 2)
+    return float(args.num_layers) * layer + embeddings
+
+
+def physical_memory() -> float:
+    """Bytes of RAM on this machine (a guess of 16 GB where the OS does not say)."""
+    try:
+        return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return 16 * GB
 
 
 def _writable(node: DictConfig) -> DictConfig:
@@ -342,11 +468,27 @@ def check_overrides(argv: list[str]) -> str | None:
         return problem
     try:
         with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
-            compose("config", overrides=overrides)
+            composed = compose("config", overrides=overrides)
     except (HydraException, OmegaConfBaseException) as error:
         return _one_line(error)
     except ValueError as error:  # Hydra's own, e.g. a number given for a config group (`mode=0`)
         return f"{_one_line(error)} (in: {' '.join(overrides)}); a config group takes one of its names"
+    return config_problem(composed)
+
+
+def config_problem(composed: DictConfig) -> str | None:
+    """The composed config's refusal in one line, or None: every value's type, range and relations
+    and the run's estimated cost, checked once before Hydra makes a run directory."""
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        typed = to_config(composed)
+        # the workers' memory here, not in validate: code builds configs it never runs on CPU workers
+        check_budget(typed, typed.model.args(), worker_bytes(typed, typed.model.args()))
+    except TestbedError as error:
+        return str(error)
+    except OmegaConfBaseException as error:  # a value its field's type cannot hold
+        return _one_line(error)
     return None
 
 

@@ -179,6 +179,48 @@ def test_out_of_bounds_is_one_line_never_a_crash():
     assert "CPU" in lines["a table on the meta device"]
 
 
+ARGUMENT_CASES = """
+import torch
+from testbed.model import cpu_ops
+
+def case(name, q, k, tables, lens):
+    try:
+        cpu_ops.paged_decode(q, k, k, tables, lens)
+        print(name + ": no error")
+    except ValueError as error:
+        print(name + ": " + str(error))
+
+q, k = torch.zeros(1, 4, 16), torch.zeros(4, 4, 2, 16)
+i64 = torch.int64
+i32 = torch.int32  # block_size 0 with an empty sequence: the kernel's loop bound divided by zero
+case("block_size 0", q, torch.zeros(4, 0, 2, 16), torch.zeros(1, 1, dtype=i32), torch.zeros(1, dtype=i32))
+case("an int64 id past int32", q, k, torch.tensor([[2**32 + 1]], dtype=i64), torch.ones(1, dtype=i64))
+case("an int64 length past int32", q, k, torch.zeros(1, 1, dtype=i64), torch.tensor([2**32 + 2], dtype=i64))
+case("a float table", q, k, torch.zeros(1, 1), torch.ones(1, dtype=i64))
+out = cpu_ops.paged_decode(torch.ones(1, 4, 16), k + 1, k + 1, torch.tensor([[3]], dtype=i64), torch.ones(1, dtype=i64))
+print("int64 in range: " + str(float(out.mean())))
+"""
+
+
+def test_block_size_0_and_wrapping_int64_ids_are_refused_never_a_crash():
+    """block_size 0 divided by zero in the kernel (SIGFPE); int64 ids past int32 were wrapped into
+    other blocks' ids. In a child process, so that a crash fails this test instead of the run."""
+    import subprocess
+    import sys
+
+    from tests.paths import ROOT
+
+    run = subprocess.run([sys.executable, "-c", ARGUMENT_CASES], cwd=ROOT, capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, f"exit {run.returncode}: {run.stdout[-2000:]}{run.stderr[-2000:]}"
+    lines = dict(line.split(": ", 1) for line in run.stdout.splitlines())
+    assert "block_size and KV heads must be >= 1" in lines["block_size 0"]
+    assert "block_tables holds 4294967297, outside the kernel's int32 range" in lines["an int64 id past int32"]
+    assert "kv_lens holds 4294967298" in lines["an int64 length past int32"]
+    assert "must hold integers" in lines["a float table"]
+    assert float(lines["int64 in range"]) == 1.0  # int64 within range is honoured
+
+
 def test_loading_the_kernels_leaves_the_floating_point_mode_alone():
     """A -ffast-math shared library linked by gcc < 13 sets flush-to-zero for the whole process when
     it loads: every later float op of torch and numpy (and Hypothesis) would lose its subnormals."""

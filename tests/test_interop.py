@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -205,6 +206,72 @@ def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
     done = subprocess.run([sys.executable, "-m", "testbed.interop", "add", str(tmp_path), str(VLLM), "--label", "x"],
                           capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1], timeout=120)
     assert done.returncode == 2 and done.stderr.startswith("error: ") and "Traceback" not in done.stderr
+
+
+# -- what an imported file holds, checked before it is expanded ---------------------------------------
+def vllm_with(tmp_path, **changes) -> Path:
+    """The vLLM fixture with request 1's entries changed ({key: value})."""
+    data = json.loads(VLLM.read_text())
+    for key, value in changes.items():
+        data[key][1] = value
+    path = tmp_path / "changed.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"ttfts": -0.5}, "request 1: ttfts=-0.5 must be a finite number of seconds >= 0"),
+    ({"ttfts": math.nan}, "request 1: ttfts=nan must be a finite number of seconds >= 0"),
+    ({"latencies": 0.01}, "request 1: ttfts=0.1527 is above its latencies=0.01"),
+    ({"itls": [0.02, -1.0]}, "request 1: itls=-1.0 must be a finite number of seconds >= 0"),
+    ({"queue_times": -2.0}, "request 1: queue_times=-2.0 must be a finite number of seconds >= 0"),
+    ({"start_times": math.inf}, "request 1: start_times=inf must be a finite number of seconds"),
+    ({"output_lens": 10**8}, "request 1: output_lens=100000000 must be a whole number of tokens in [0, 10000000]"),
+    ({"input_lens": -3}, "request 1: input_lens=-3 must be a whole number of tokens"),
+])
+def test_an_imported_file_with_impossible_figures_is_refused_naming_file_and_request(tmp_path, changes, message):
+    """Negative, NaN and inconsistent times were imported without a word; a 10^8-token output
+    allocated gigabytes of token times before failing."""
+    path = vllm_with(tmp_path, **changes)
+    with pytest.raises(InteropError, match="^" + re.escape(str(path))) as refused:
+        read_vllm_result(path)
+    assert message in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_an_sglang_file_with_a_negative_ttft_is_refused(tmp_path):
+    runs = [json.loads(line) for line in SGLANG.read_text().splitlines() if line.strip()]
+    runs[-1]["ttfts"][0] = -1.0
+    path = tmp_path / "bad.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in runs))
+    with pytest.raises(InteropError, match="request 0: ttfts=-1.0"):
+        read_sglang_result(path, arrivals=list(range(len(runs[-1]["ttfts"]))))
+
+
+def test_a_fifo_a_device_or_an_oversized_file_is_refused_before_reading(tmp_path, monkeypatch):
+    """A FIFO hung the import, /dev/zero read until memory ran out: refused by stat, unopened."""
+    import os
+
+    from testbed.interop import table
+
+    fifo = tmp_path / "result.json"
+    os.mkfifo(fifo)
+    for path, message in ((fifo, "not a regular file (a FIFO)"), (Path("/dev/zero"), "not a regular file"),
+                          (tmp_path, "not a regular file (a directory)")):
+        with pytest.raises(InteropError, match=re.escape(f"{path}: {message}")):
+            table.load_runs(path)
+    monkeypatch.setattr(table, "MAX_FILE_BYTES", 100)
+    with pytest.raises(InteropError, match="bytes, above the 100-byte cap"):
+        read_vllm_result(VLLM)
+
+
+def test_the_cli_refuses_a_fifo_in_one_line_without_hanging(tmp_path):
+    import os
+
+    os.mkfifo(tmp_path / "fifo.json")
+    done = subprocess.run([sys.executable, "-m", "testbed.interop", "import", "vllm", str(tmp_path / "fifo.json"),
+                           str(tmp_path / "out")], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 2 and "not a regular file (a FIFO)" in done.stderr and "Traceback" not in done.stderr
 
 
 # -- a point exported, and runs added to a saved sweep -------------------------------------------------

@@ -139,3 +139,34 @@ def test_bundled_slices_hold_the_first_thousand_requests(name):
 
     bundled = Path(__file__).resolve().parents[1] / "testbed" / "workload" / "traces" / name
     assert len(read_trace(bundled).input_len) == 1000
+
+
+# -- files that are not traces, and lengths beyond any model -------------------------------------------
+def test_lengths_beyond_any_model_are_refused_naming_file_and_line(tmp_path):
+    path = tmp_path / "t.jsonl"
+    path.write_text(json.dumps({"arrival_s": 0, "input_len": 10, "output_len": 5}) + "\n"
+                    + json.dumps({"arrival_s": 1, "input_len": 10, "output_len": 10**8}) + "\n")
+    with pytest.raises(WorkloadError, match=f"trace {path} line 2: output_len must be an integer >= 0 "
+                                            r"\(at most 10000000; got 100000000\)"):
+        read_trace(path)
+
+
+def test_a_fifo_a_device_or_an_oversized_trace_is_refused_before_reading(tmp_path, monkeypatch):
+    """A FIFO hung the reader (and /dev/zero read until memory ran out, where a reader was handed it)."""
+    import os
+
+    from testbed.workload import traces
+
+    fifo = tmp_path / "trace.jsonl"
+    os.mkfifo(fifo)
+    for path in (fifo, Path("/dev/zero")):
+        for fmt in (None, "azure_csv", "mooncake_jsonl", "native_jsonl"):
+            with pytest.raises(WorkloadError, match=f"trace {path}: not a regular file"):
+                read_trace(path, fmt)
+    with pytest.raises(WorkloadError, match="workload.path: trace /dev/zero: not a regular file"):
+        traces.resolve_trace_path("/dev/zero")
+    small = tmp_path / "small.jsonl"
+    small.write_text(json.dumps({"arrival_s": 0, "input_len": 10, "output_len": 5}) * 20)
+    monkeypatch.setattr(traces, "MAX_FILE_BYTES", 100)
+    with pytest.raises(WorkloadError, match="bytes, above the 100-byte cap"):
+        read_trace(small)

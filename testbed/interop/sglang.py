@@ -13,7 +13,8 @@ from typing import Optional, Sequence
 
 import pandas as pd
 
-from testbed.interop.table import InteropError, client_table, evenly_spaced, given_arrivals, per_request, pick_run
+from testbed.interop.table import (InteropError, check_requests, client_table, evenly_spaced, given_arrivals, per_request,
+                                   pick_run)
 from testbed.interop.vllm import scalars
 
 DETAIL_FLAG = "sglang.bench_serving --output-details"
@@ -31,6 +32,7 @@ def read_sglang_result(path, *, run: int = -1, arrivals: Optional[Sequence[float
     ttfts = per_request(data, "ttfts", path, flag=DETAIL_FLAG)
     n = len(ttfts)
     lists = {k: per_request(data, k, path, n, DETAIL_FLAG) for k in ("itls", "input_lens", "output_lens", "errors")}
+    check_requests(path, ttfts, lists)
     if arrivals is not None:
         arrival = given_arrivals(arrivals, n, path)
         how = "given (a trace's timestamps)"

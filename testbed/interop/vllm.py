@@ -16,8 +16,8 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 import pandas as pd
 
-from testbed.interop.table import (REJECTED, InteropError, client_table, evenly_spaced, given_arrivals, per_request,
-                                   pick_run, sorted_rows, write_lines)
+from testbed.interop.table import (REJECTED, InteropError, check_requests, checked_times, client_table, evenly_spaced,
+                                   given_arrivals, per_request, pick_run, sorted_rows, write_lines)
 from testbed.metrics.config import SLOConfig
 from testbed.metrics.latency import first_last, pooled_itl, token_arrays
 from testbed.metrics.slo import filtered_out, meets_slo
@@ -129,10 +129,14 @@ def read_vllm_result(path, *, run: int = -1, arrivals: Optional[Sequence[float]]
     ttfts = per_request(data, "ttfts", path, flag=DETAIL_FLAG)
     n = len(ttfts)
     lists = {k: per_request(data, k, path, n, DETAIL_FLAG) for k in ("itls", "input_lens", "output_lens", "errors")}
+    latencies = per_request(data, "latencies", path, n) if isinstance(data.get("latencies"), list) else None
+    check_requests(path, ttfts, lists, latencies)
     if "start_times" in data:
-        sent = np.asarray(per_request(data, "start_times", path, n), dtype=np.float64)
+        sent = np.asarray(checked_times(path, "start_times", per_request(data, "start_times", path, n)),
+                          dtype=np.float64)
         if isinstance(data.get("queue_times"), list):
-            queue = np.asarray(per_request(data, "queue_times", path, n), dtype=np.float64)
+            queue = np.asarray(checked_times(path, "queue_times", per_request(data, "queue_times", path, n), 0.0),
+                               dtype=np.float64)
             arrival, how = sent - queue, "start_times - queue_times"
         else:  # versions that save send times without the --max-concurrency wait
             arrival = sent

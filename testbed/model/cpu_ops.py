@@ -120,7 +120,10 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     length reaches, a length past its table row, a tensor off the CPU) is a ValueError, before the
     kernel reads anything through it."""
     n, heads, dim = q.shape
-    kv_heads = k_cache.shape[2]
+    kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
+    if block_size < 1 or kv_heads < 1:  # the kernel divides by both
+        raise ValueError(f"paged decode: block_size and KV heads must be >= 1 (got a cache of shape "
+                         f"{tuple(k_cache.shape)})")
     if k_cache.stride(3) != 1 or k_cache.stride(2) != dim or v_cache.stride() != k_cache.stride():
         raise ValueError("k_cache and v_cache must have contiguous (Hkv, D) rows and equal strides")
     if dim not in HEAD_DIMS or heads % kv_heads or v_cache.shape != k_cache.shape or k_cache.shape[3] != dim:
@@ -136,7 +139,7 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         raise ValueError(f"block_tables must be (n, width) and kv_lens (n,) for n={n} sequences "
                          f"(got {tuple(block_tables.shape)} and {tuple(kv_lens.shape)})")
     if tables.dtype != torch.int32 or tables.stride(1) != 1 or lens.dtype != torch.int32 or lens.stride(0) != 1:
-        tables, lens = tables.to(torch.int32).contiguous(), lens.to(torch.int32).contiguous()
+        tables, lens = _as_int32(tables, "block_tables"), _as_int32(lens, "kv_lens")
     out, bad = torch.empty((n, heads, dim), dtype=torch.float32), (ctypes.c_int64 * 2)()
     rc = _lib().paged_decode_f32(q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), k_cache.stride(0),
                                  k_cache.stride(1), tables.data_ptr(), tables.stride(0), lens.data_ptr(), n, heads,
@@ -147,6 +150,20 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     return out
 
 
+INT32 = (-(2**31), 2**31 - 1)
+
+
+def _as_int32(x: torch.Tensor, what: str) -> torch.Tensor:
+    """The kernel reads int32: wider integers are narrowed where every value fits, refused where
+    one would wrap (a wrapped block id could point at another sequence's KV)."""
+    if x.dtype.is_floating_point or x.dtype.is_complex or x.dtype == torch.bool:
+        raise ValueError(f"paged decode: {what} must hold integers (got {x.dtype})")
+    if x.numel() and x.dtype != torch.int32 and (int(x.min()) < INT32[0] or int(x.max()) > INT32[1]):
+        bad = int(x.max()) if int(x.max()) > INT32[1] else int(x.min())
+        raise ValueError(f"paged decode: {what} holds {bad}, outside the kernel's int32 range [{INT32[0]}, {INT32[1]}]")
+    return x.to(torch.int32).contiguous()
+
+
 def _decode_error(rc: int, bad, width: int, block_size: int, num_blocks: int) -> Exception:
     if rc == 3:
         return ValueError(f"paged decode: kv_len {bad[1]} of sequence {bad[0]} is outside [0, {width * block_size}] "
@@ -154,6 +171,8 @@ def _decode_error(rc: int, bad, width: int, block_size: int, num_blocks: int) ->
     if rc == 4:
         return ValueError(f"paged decode: block id {bad[1]} in the table of sequence {bad[0]} is outside the pool "
                           f"[0, {num_blocks})")
+    if rc == 5:
+        return ValueError(f"paged decode: block_size {block_size} must be >= 1")
     return MemoryError("the CPU paged decode kernel could not allocate its scores")
 
 

@@ -27,7 +27,7 @@ TABLES = ("requests.parquet", "steps.parquet", "kv_transfers.parquet")  # every 
 
 # Keys that say how to run or record a sweep, not what a point measures: the study's own axes
 # (a resumed sweep may add rates), the tracker, where results go.
-IGNORED = ("experiment.", "tracker.", "output_dir", "http.api_key")
+IGNORED = ("experiment.", "tracker.", "output_dir", "http.api_key", "limits.")  # limits: raised to resume
 SHOWN = 3  # changes named per point in the one-line error
 
 

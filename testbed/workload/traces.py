@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import json
+import stat
 from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
@@ -19,7 +20,10 @@ import numpy as np
 from testbed.workload.config import WorkloadError
 
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
-MAX_COUNT = 1 << 40  # tokens in one request: anything larger is not a length
+# tokens in one request: no model reads ten million (the longest context, Llama 4 Scout's, is 10M);
+# a larger count is a broken file, refused before a run would allocate for it
+MAX_COUNT = 10**7
+MAX_FILE_BYTES = 4 << 30  # a trace file: the largest public traces are a few hundred MB
 MAX_SECONDS = 1e12  # arrival offsets (a Mooncake timestamp in ms over 30 years is 1e12)
 MAX_DEPTH = 32  # nesting of one JSON line: a trace row is an object of lists (depth 2)
 CHECKOUT = Path(__file__).resolve().parents[2]
@@ -57,14 +61,39 @@ def resolve_trace_path(path: str) -> Path:
     for candidate in candidates:
         if candidate.is_file():
             return candidate
+    if given.exists():  # a FIFO, a device, a directory: named as what it is, not "not found"
+        raise WorkloadError(f"workload.path: trace {path}: {file_problem(given, MAX_FILE_BYTES) or 'not a file'}")
     looked = ", ".join(str(c) for c in candidates)
     raise WorkloadError(f"workload.path: trace file {path!r} not found (looked in {looked})")
+
+
+def file_problem(path: Path, max_bytes: int) -> Optional[str]:
+    """Why `path` cannot be read whole, judged by stat before it is opened, or None: not a regular
+    file (a FIFO waits for a writer, /dev/zero never ends), or larger than max_bytes."""
+    try:
+        info = path.stat()
+    except OSError as e:
+        return f"cannot read ({e.strerror or e})"
+    if not stat.S_ISREG(info.st_mode):
+        kind = "a directory" if stat.S_ISDIR(info.st_mode) else "a FIFO" if stat.S_ISFIFO(info.st_mode) else \
+            "a device or socket"
+        return f"not a regular file ({kind}); name a file"
+    if info.st_size > max_bytes:
+        return f"{info.st_size} bytes, above the {max_bytes}-byte cap on a file read whole"
+    return None
+
+
+def _checked(path: Path) -> Path:
+    problem = file_problem(path, MAX_FILE_BYTES)
+    if problem:
+        raise WorkloadError(f"trace {path}: {problem}")
+    return path
 
 
 def detect_format(path: Path) -> str:
     if path.suffix.lower() == ".csv":
         return "azure_csv"
-    with path.open() as f:
+    with _checked(path).open() as f:
         for line in f:
             if line.strip():
                 return "native_jsonl" if '"arrival_s"' in line else "mooncake_jsonl"
@@ -106,7 +135,7 @@ def select(records: TraceRecords, start_s: float, window_s: Optional[float], num
 
 def read_azure_csv(path: Path) -> TraceRecords:
     times, inputs, outputs = [], [], []
-    with path.open(newline="") as f:
+    with _checked(path).open(newline="") as f:
         reader = csv.reader(f)
         header = next(reader, None) or []
         missing = [c for c in AZURE_COLUMNS if c not in header]
@@ -161,7 +190,7 @@ def _show(value) -> str:
 
 
 def _json_rows(path: Path):
-    with path.open() as f:
+    with _checked(path).open() as f:
         for line, text in enumerate(f, start=1):
             if not text.strip():
                 continue

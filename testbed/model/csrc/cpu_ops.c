@@ -160,7 +160,8 @@ static int check_tables(const int32_t *tables, int64_t table_stride, const int32
 
 /* Returns 0; 1 when scratch cannot be allocated; 2 for a head_dim without a variant; 3 for a kv_len
  * outside [0, table_width * block_size]; 4 for a block id outside [0, num_blocks) among those a
- * length reaches (bad: the sequence and the value). Nothing is read before the tables are checked. */
+ * length reaches (bad: the sequence and the value); 5 for a block_size or Hkv below 1. Nothing is read
+ * before the tables are checked. */
 int paged_decode_f32(const float *restrict q, int64_t q_stride, const float *restrict k_cache,
                      const float *restrict v_cache, int64_t block_stride, int64_t row_stride,
                      const int32_t *restrict tables, int64_t table_stride, const int32_t *restrict kv_lens, int n, int H,
@@ -170,6 +171,7 @@ int paged_decode_f32(const float *restrict q, int64_t q_stride, const float *res
     int v = head_dim == 8 ? 0 : head_dim == 16 ? 1 : head_dim == 32 ? 2 : head_dim == 64 ? 3 : head_dim == 128 ? 4
           : head_dim == 256 ? 5 : -1;
     if (v < 0) return 2;
+    if (block_size < 1 || Hkv < 1) return 5; /* both divide below: SIGFPE, not an error, otherwise */
     int rc = check_tables(tables, table_stride, kv_lens, n, table_width, block_size, num_blocks, bad);
     if (rc) return rc;
     int G = H / Hkv, max_len = 1;
