@@ -1,7 +1,9 @@
 """Captions whose numbers come from what a figure plotted (the dicts the figure functions
 return), so the text under a figure can never disagree with it. A figure's value comes with its
-95% interval in brackets, and a caption names a leader only when its interval clears the
-runner-up's; otherwise it says the leaders are not separated."""
+95% interval in brackets. A caption names a leader from the paired verdict only (per-seed
+differences, as the study's own verdict: paired_leader), never from overlapping unpaired
+intervals; where the results hold no per-seed figure it orders by the unpaired intervals and
+says so (leader)."""
 
 from __future__ import annotations
 
@@ -55,9 +57,39 @@ def ms_interval(value: float, low: float = math.nan, high: float = math.nan) -> 
     return f"{num(value * scale)}{bracket(low * scale, high * scale)} {unit}"
 
 
+def paired_leader(runs: pd.DataFrame | None, column: str, what: str, lower: bool = False) -> str:
+    """Who leads on `column` by the paired verdict over the seeds the labels share (`runs`: one
+    row per point with "label", "seed" and the figure; lower or higher is better); empty where
+    fewer than two labels or no shared seeds have it."""
+    from testbed.metrics.comparisons import verdict
+    from testbed.metrics.rate_search import Goodput
+
+    if runs is None or column not in runs.columns or "seed" not in runs.columns:
+        return ""
+    sign = -1.0 if lower else 1.0
+    values = {label: {int(r.seed): Goodput(sign * float(getattr(r, column))) for r in rows.itertuples()
+                      if math.isfinite(float(getattr(r, column)))}
+              for label, rows in runs.groupby("label", sort=False)}
+    values = {k: v for k, v in values.items() if v}
+    if len(values) < 2:
+        return ""
+    chosen = verdict(values, unit="")
+    word = "lowest" if lower else "highest"
+    first = chosen["comparisons"][0]
+    if chosen["separated"]:
+        return (f"{word} {what}: {chosen['label']}, ahead of {first['other']} by "
+                f"{abs(first['difference']):.3g} [{abs(first['difference_low']):.3g}, "
+                f"{abs(first['difference_high']):.3g}] (paired over {first['seeds']} seeds)"
+                if not lower else f"{word} {what}: {chosen['label']}, separated from every other seed by seed "
+                f"(paired over {first['seeds']} seeds)")
+    tied = [c["other"] for c in chosen["comparisons"] if not c["separated"]]
+    return f"{word} {what}: leaders not separated seed by seed ({chosen['label']}, {', '.join(tied)})"
+
+
 def leader(estimates: Mapping[str, tuple], what: str, lower: bool = False) -> str:
-    """Who leads on `what` ({label: (value, low, high)}; lower or higher is better), named only
-    when its interval clears every other's; empty with fewer than two finite values."""
+    """Who leads on `what` ({label: (value, low, high)}; lower or higher is better) where no
+    per-seed figure is at hand: named only when its unpaired interval clears every other's (and
+    labelled unpaired); empty with fewer than two finite values."""
     finite = {k: tuple(float(x) for x in v) for k, v in estimates.items() if math.isfinite(float(v[0]))}
     if len(finite) < 2:
         return ""
@@ -65,7 +97,7 @@ def leader(estimates: Mapping[str, tuple], what: str, lower: bool = False) -> st
     top, word = ranked[0], "lowest" if lower else "highest"
     tied = [k for k in ranked if k == top or overlaps(finite[top][1:], finite[k][1:])]
     if len(tied) == 1:
-        return f"{word} {what}: {top}, clear of {ranked[1]}"
+        return f"{word} {what}: {top}, clear of {ranked[1]} (unpaired intervals)"
     known = all(math.isfinite(b) for k in tied for b in finite[k][1:])
     why = "95% intervals overlap" if known else "no interval to tell them apart"
     return f"{word} {what}: leaders not separated ({', '.join(tied)}: {why})"
@@ -80,8 +112,7 @@ def goodput_per_gpu(plotted: Mapping[str, Mapping], best: Mapping | None = None)
     """best: the aggregate's verdict (sweep.json "best"); its line says whether the leader is
     separated. Without it the plotted intervals decide."""
     parts = [f"{label} {rate(g['goodput_per_gpu'], g['low'], g['high'])}" for label, g in plotted.items()]
-    verdict = (best or {}).get("line") or leader(
-        {k: (g["goodput_per_gpu"], g["low"], g["high"]) for k, g in plotted.items()}, "goodput per GPU")
+    verdict = (best or {}).get("line") or "no paired verdict in these results"
     return sentence(f"goodput per GPU (90% SLO attainment), 95% intervals across repeats: {', '.join(parts)}", verdict)
 
 
@@ -123,13 +154,16 @@ def _at_highest(lines: Mapping[str, Mapping]) -> dict[str, tuple]:
     return out
 
 
-def latency_vs_rate(plotted: Mapping[str, Mapping[str, Mapping]], metric: str) -> str:
+def latency_vs_rate(plotted: Mapping[str, Mapping[str, Mapping]], metric: str,
+                    runs: pd.DataFrame | None = None) -> str:
+    """`runs`: the grid's points (label, seed, rate, figures): the leader at the highest rate is
+    named from their paired per-seed differences."""
     last = _at_highest(plotted.get("p99", {}))
     parts = [f"{label} {ms_interval(*v[:3])} at {rate(v[3])}" for label, v in last.items()]
     top = max((v[3] for v in last.values()), default=math.nan)
-    same = {k: v[:3] for k, v in last.items() if v[3] == top}  # compared only at the same rate
+    at_top = runs[runs["rate"] == top] if runs is not None and "rate" in runs.columns else None
     return sentence(f"p99 {metric.upper()} at the highest rate (95% intervals): {', '.join(parts)}",
-                    leader(same, f"p99 {metric.upper()}", lower=True))
+                    paired_leader(at_top, f"{metric}_p99", f"p99 {metric.upper()} at {rate(top)}", lower=True))
 
 
 INFLATION = ("inflation: p99 of the decode background's inter-token gaps that overlap an injected prefill over "
@@ -167,11 +201,14 @@ def chunk_tradeoff(plotted: Mapping[str, np.ndarray]) -> str:
     return sentence(f"chunk size trade-off, 95% intervals; {'; '.join(parts)}")
 
 
-def latency_summary(plotted: Mapping[str, Mapping[str, Mapping]]) -> str:
+def latency_summary(plotted: Mapping[str, Mapping[str, Mapping]], runs: pd.DataFrame | None = None) -> str:
+    """`runs`: the points (label, seed, figures): leaders from their paired per-seed differences;
+    without them, from the unpaired intervals (said)."""
     metrics = list(next(iter(plotted.values()), {}))
     parts = [f"{label} " + ", ".join(f"{m.replace('_', ' ')} {ms_interval(v['ms'], v['low'], v['high'])}"
                                      for m, v in by_metric.items()) for label, by_metric in plotted.items()]
-    verdicts = [leader({k: (v[m]["ms"], v[m]["low"], v[m]["high"]) for k, v in plotted.items()},
+    verdicts = [paired_leader(runs, m, m.replace("_", " "), lower=True) or
+                leader({k: (v[m]["ms"], v[m]["low"], v[m]["high"]) for k, v in plotted.items()},
                        m.replace("_", " "), lower=True) for m in metrics]
     return sentence(f"latency per configuration, 95% intervals: {'; '.join(parts)}", *verdicts)
 

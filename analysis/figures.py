@@ -76,13 +76,18 @@ def metric_by_label(ax, table: pd.DataFrame, x: str, y: str, scale: float = 1.0,
 
 
 def latency_vs_rate(ax, cells: pd.DataFrame, metric: str = "ttft", percentiles=("p50", "p99"),
-                    x: str = "rate") -> dict[str, dict]:
+                    x: str = "rate", slo_s: float | None = None) -> dict[str, dict]:
     """p50 (solid) and p99 (dashed) of a latency metric against the rate, per label, each with its
-    interval: {percentile: {label: {"x", "y", "low", "high"} (ms)}}."""
+    interval, and the metric's SLO as a horizontal line where given:
+    {percentile: {label: {"x", "y", "low", "high"} (ms)}}."""
     plotted = {}
     for i, p in enumerate(percentiles):
         plotted[p] = metric_by_label(ax, cells, x, f"{metric}_{p}", MS, style.PERCENTILE_STYLES.get(p, ":"),
                                      legend=i == 0)
+    if slo_s:
+        ax.axhline(slo_s * MS, color="black", linewidth=0.7, linestyle=":")
+        ax.annotate(f"SLO {slo_s * MS:g} ms", (0.01, slo_s * MS), xycoords=("axes fraction", "data"), fontsize=6,
+                    va="bottom")
     ax.set(xlabel="request rate (req/s)" if x == "rate" else x, ylabel=f"{metric.upper()} (ms)")
     ax.set_yscale("log")
     style.plain_ticks(ax.yaxis)
@@ -91,30 +96,58 @@ def latency_vs_rate(ax, cells: pd.DataFrame, metric: str = "ttft", percentiles=(
 
 
 def attainment_vs_rate(ax, cells: pd.DataFrame, goodputs: Mapping[str, Mapping] | None = None,
-                       threshold: float = THRESHOLD) -> dict[str, dict]:
-    """SLO attainment against rate per label with its interval, the threshold line, and each
-    label's goodput marked at the threshold with its interval across repeats: the aggregate's
-    (`goodputs`, sweep.json "goodput") when given, else the crossing of the drawn curve
-    (testbed.metrics.slo.goodput). {label: {"rate", "attainment", "low", "high", "goodput",
-    "goodput_low", "goodput_high"}}."""
-    lines = metric_by_label(ax, cells, "rate", "slo_attainment")
+                       threshold: float = THRESHOLD, points: pd.DataFrame | None = None) -> dict[str, dict]:
+    """SLO attainment against rate per label: every point its repeats ran (grid and search:
+    `points`, the sweep's finished rows) as a dot, the monotone fit of them all (weighted by
+    requests, as each repeat's goodput is read) as the line, the grid cells' 95% intervals
+    shaded, the 90% line, and each label's goodput marked at it with its interval across repeats
+    (`goodputs`, sweep.json "goodput"; else the crossing of the drawn curve). {label: {"rate",
+    "attainment", "low", "high", "points_rate", "points_attainment", "goodput", "goodput_low",
+    "goodput_high"}}."""
+    lines = (_fitted_lines(ax, points) if points is not None and len(points) else {})
+    bands = metric_by_label(ax, cells, "rate", "slo_attainment", linestyle="none" if lines else "-",
+                            legend=not lines)
     plotted = {}
-    for label, line in lines.items():
+    for label, band_line in bands.items():
+        line = lines.get(label, {"x": band_line["x"], "y": band_line["y"], "dots": (np.array([]), np.array([]))})
         known = (goodputs or {}).get(label)
         value, low, high = ((float(known["goodput"]), as_float(known.get("goodput_low")),
                              as_float(known.get("goodput_high"))) if known is not None
                             else (goodput(line["x"], line["y"], threshold), np.nan, np.nan))
         if value > 0:  # 0 means no swept rate meets the threshold: nothing on the curve to mark
             ax.plot([value], [threshold], marker="*", markersize=9, color=style.colour(label), linestyle="none",
-                    markeredgecolor="black", markeredgewidth=0.4)
+                    markeredgecolor="black", markeredgewidth=0.4, label="_nolegend_")
             error_bars(ax, [threshold], [low], [high], style.colour(label), f"{label}:goodput", horizontal=True)
-        plotted[label] = {"rate": line["x"], "attainment": line["y"], "low": line["low"], "high": line["high"],
-                          "goodput": value, "goodput_low": low, "goodput_high": high}
+        plotted[label] = {"rate": line["x"], "attainment": line["y"], "low": band_line["low"],
+                          "high": band_line["high"], "grid_rate": band_line["x"], "points_rate": line["dots"][0],
+                          "points_attainment": line["dots"][1], "goodput": value, "goodput_low": low,
+                          "goodput_high": high}
     ax.axhline(threshold, color="black", linewidth=0.7, linestyle=":")
     ax.set(xlabel="request rate (req/s)", ylabel="SLO attainment", ylim=(0, 1.05))
+    ax.set_xscale("log")
+    style.plain_ticks(ax.xaxis)
     ax.yaxis.set_major_formatter(PercentFormatter(1.0))
     style.legend(ax)
     return plotted
+
+
+def _fitted_lines(ax, points: pd.DataFrame) -> dict[str, dict]:
+    """Per label: every point as a dot and the monotone fit through all of them as the line."""
+    from testbed.metrics.rate_search import monotone_fit
+
+    out = {}
+    for label in style.order(points["label"]):
+        rows = points[points["label"] == label]
+        weights = (rows["num_requests_total"] - rows.get("num_requests_rejected", 0)).to_numpy(float) \
+            if "num_requests_total" in rows.columns else None
+        curve = monotone_fit(rows["rate"].to_numpy(float), rows["slo_attainment"].to_numpy(float), weights)
+        colour = style.colour(label)
+        ax.plot(rows["rate"], rows["slo_attainment"], marker="o", markersize=2.5, linestyle="none", color=colour,
+                alpha=0.5, label="_nolegend_")
+        ax.plot(curve.rates, curve.fitted, **style.line_style(label))
+        out[label] = {"x": curve.rates, "y": curve.fitted,
+                      "dots": (rows["rate"].to_numpy(float), rows["slo_attainment"].to_numpy(float))}
+    return out
 
 
 def tightest_scale(scales: Sequence[float], attainment: Sequence[float], threshold: float = THRESHOLD) -> float:

@@ -85,6 +85,22 @@ class Sweep:
             rows = rows[~rows["overrun"].fillna(False).astype(bool)]
         return rows
 
+    def searched(self) -> pd.DataFrame:
+        """Every finished point a goodput study ran, its search's rates included (the attainment
+        curve goes through them all); overrun emulated points left out."""
+        if "status" not in self.table.columns:
+            return self.table.iloc[0:0]
+        rows = self.table[self.table["status"].isin(FINISHED)]
+        if "overrun" in rows.columns:
+            rows = rows[~rows["overrun"].fillna(False).astype(bool)]
+        return rows
+
+    def slo(self) -> dict:
+        """The sweep's SLOs ({"ttft_s", "tpot_s"}) as its points' summaries recorded them."""
+        columns = {k: f"slo_{k}" for k in ("ttft_s", "tpot_s")}
+        rows = self.table
+        return {k: float(rows[c].dropna().iloc[0]) for k, c in columns.items() if c in rows and rows[c].notna().any()}
+
     def cells(self) -> pd.DataFrame:
         """One row per cell (a point's repeats together): intervals.parquet, each figure with its
         `<figure>_low` / `<figure>_high` where the sweep computed one. A sweep saved without it

@@ -33,15 +33,19 @@ def goodput_per_gpu(sweep: Sweep) -> Made:
 def attainment_vs_rate(sweep: Sweep) -> Made:
     fig, ax = style.figure()
     cells = sweep.cells()
-    plotted = figures.attainment_vs_rate(ax, cells, sweep.aggregate.get("goodput"))
+    plotted = figures.attainment_vs_rate(ax, cells, sweep.aggregate.get("goodput"), points=sweep.searched())
     text = captions.attainment_vs_rate(plotted, cells, sweep.aggregate.get("best"))
     return [("attainment_vs_rate", fig, text, plotted)]
 
 
 def latency_vs_rate(sweep: Sweep) -> Made:
     fig, axes = style.figure("double", cols=2)
-    plotted = {m: figures.latency_vs_rate(ax, sweep.cells(), m) for ax, m in zip(axes, ("ttft", "tpot"))}
-    return [("latency_vs_rate", fig, " ".join(captions.latency_vs_rate(v, m) for m, v in plotted.items()), plotted)]
+    slo = sweep.slo()
+    plotted = {m: figures.latency_vs_rate(ax, sweep.cells(), m, slo_s=slo.get(f"{m}_s")) for ax, m in
+               zip(axes, ("ttft", "tpot"))}
+    runs = sweep.finished()
+    return [("latency_vs_rate", fig, " ".join(captions.latency_vs_rate(v, m, runs) for m, v in plotted.items()),
+             plotted)]
 
 
 def latency_cdfs(sweep: Sweep) -> Made:
@@ -56,7 +60,7 @@ def latency_cdfs(sweep: Sweep) -> Made:
 def latency_summary(sweep: Sweep) -> Made:
     fig, ax = style.figure()
     plotted = figures.latency_summary(ax, sweep.cells())
-    return [("latency_summary", fig, captions.latency_summary(plotted), plotted)]
+    return [("latency_summary", fig, captions.latency_summary(plotted, sweep.finished()), plotted)]
 
 
 def timelines(sweep: Sweep) -> Made:

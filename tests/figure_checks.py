@@ -64,11 +64,20 @@ def goodputs(plotted, saved_goodputs: dict, what: str) -> None:
 
 
 def attainment_vs_rate(plotted, saved: Saved) -> None:
+    """The grid cells' intervals as saved; every finished point (grid and search) as a dot; the line
+    the monotone fit of those points, non-increasing, through the goodput the aggregate saved."""
+    done = saved.table[saved.table["status"].isin(["ok", "skipped"])]
+    if "overrun" in done.columns:
+        done = done[~done["overrun"].fillna(False).astype(bool)]
     for label, rows in saved.cells.groupby("label"):
         rows, line = rows.sort_values("rate"), plotted[label]
-        expect(line["rate"], rows["rate"], f"{label} rates")
-        expect_bounds({"y": line["attainment"], "low": line["low"], "high": line["high"]}, rows, "slo_attainment", 1,
-                      f"{label} attainment")
+        expect(line["grid_rate"], rows["rate"], f"{label} grid rates")
+        expect(line["low"], rows["slo_attainment_low"], f"{label} attainment low")
+        expect(line["high"], rows["slo_attainment_high"], f"{label} attainment high")
+        points = done[done["label"] == label]
+        expect(sorted(line["points_rate"]), sorted(points["rate"]), f"{label} every point's rate")
+        expect(line["rate"], np.unique(points["rate"]), f"{label} fitted rates")
+        assert np.all(np.diff(line["attainment"]) <= 1e-12), f"{label}: the fitted curve rises"
         g = saved.aggregate["goodput"][label]
         expect([line["goodput"], line["goodput_low"], line["goodput_high"]],
                [g["goodput"], num(g.get("goodput_low")), num(g.get("goodput_high"))], f"{label} goodput")

@@ -10,6 +10,8 @@ import json
 import shutil
 
 import numpy as np
+
+from testbed.metrics.uncertainty import mean_interval
 import pandas as pd
 import pytest
 
@@ -196,8 +198,8 @@ def test_latency_vs_rate_draws_cells_and_bands(sweeps):
             assert close(line["low"], rows[f"tpot_{p}_low"] * MS) and close(line["high"], rows[f"tpot_{p}_high"] * MS)
             assert (tuple(line["x"]), tuple(line["y"])) in drawn
             assert_band(ax, f"{label}:tpot_{p}", line["x"], line["low"], line["high"])
-    text = captions.latency_vs_rate(plotted, "tpot")
-    assert "lowest p99 TPOT" in text and ("[" in text or "no interval" in text)  # a p99 of 6 requests: none
+    text = captions.latency_vs_rate(plotted, "tpot", sweeps["rate_sweep"].finished())
+    assert "lowest p99 TPOT" in text and "seed" in text  # the leader from the paired per-seed verdict only
 
 
 def test_cdfs_match_summaries(sweeps):
@@ -395,7 +397,8 @@ def test_ttft_by_turn_reads_cells_of_repeated_points(tmp_path):
 
 def test_captions_name_a_leader_only_when_separated():
     clear = {"chunked": (10.0, 9.0, 11.0), "colocated": (20.0, 18.0, 22.0)}
-    assert captions.leader(clear, "p99 TTFT", lower=True) == "lowest p99 TTFT: chunked, clear of colocated"
+    assert captions.leader(clear, "p99 TTFT", lower=True) == ("lowest p99 TTFT: chunked, clear of colocated "
+                                                              "(unpaired intervals)")
     tied = {"chunked": (10.0, 9.0, 15.0), "colocated": (12.0, 11.0, 14.0), "1P1D": (30.0, 25.0, 35.0)}
     text = captions.leader(tied, "p99 TTFT", lower=True)
     assert "not separated (chunked, colocated: 95% intervals overlap)" in text and "1P1D" not in text
@@ -404,8 +407,23 @@ def test_captions_name_a_leader_only_when_separated():
     assert captions.leader({"chunked": (1.0, 0.5, 2.0)}, "goodput") == ""
     plotted = {"colocated": {"goodput_per_gpu": 4.0, "low": 3.0, "high": 6.0},
                "1P1D": {"goodput_per_gpu": 5.0, "low": 4.5, "high": 5.5}}
-    assert "highest goodput per GPU: leaders not separated (1P1D, colocated" in captions.goodput_per_gpu(plotted)
+    assert "no paired verdict" in captions.goodput_per_gpu(plotted)  # never a leader from unpaired overlap
     assert captions.goodput_per_gpu(plotted, {"line": "best configuration: 1P1D"}).endswith("best configuration: 1P1D.")
+
+
+def test_a_caption_names_the_leader_the_paired_verdict_names_where_unpaired_intervals_overlap():
+    """Seeds spread by 40 ms, chunked 5 ms lower on every one: the unpaired intervals overlap, the
+    paired verdict separates, and the caption follows the verdict."""
+    import pandas as pd
+
+    runs = pd.DataFrame({"label": ["chunked"] * 3 + ["colocated"] * 3, "seed": [0, 1, 2] * 2,
+                         "ttft_p99": [0.10, 0.14, 0.12, 0.105, 0.145, 0.125]})
+    unpaired = {k: tuple(mean_interval(g["ttft_p99"].tolist())) for k, g in runs.groupby("label")}
+    assert "not separated" in captions.leader(unpaired, "p99 TTFT", lower=True)
+    text = captions.paired_leader(runs, "ttft_p99", "p99 TTFT", lower=True)
+    assert text.startswith("lowest p99 TTFT: chunked") and "paired over 3 seeds" in text
+    tied = runs.assign(ttft_p99=[0.10, 0.14, 0.12, 0.095, 0.15, 0.12])
+    assert "not separated seed by seed" in captions.paired_leader(tied, "ttft_p99", "p99 TTFT", lower=True)
 
 
 def test_attainment_caption_notes_follow_the_goodput_not_the_pooled_curve():

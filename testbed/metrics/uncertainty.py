@@ -151,19 +151,23 @@ def _smallest_pseudo_sample(sizes: list[int]) -> int:
 def woodruff(arrays: list[np.ndarray], q: float, bounds=LATENCY, confidence: float = CONFIDENCE) -> Interval:
     """Woodruff's interval of the pooled q-quantile, with the run as the unit: the share of each
     run's values at or below the pooled quantile is a smooth statistic (a ratio of counts), so its
-    grouped jackknife over the runs is trusted where a quantile's is not; the share's interval is
-    mapped back through the pooled quantile function (Woodruff 1952; Francisco and Fuller 1991).
-    A share past the sample's ends reaches the extreme value and is marked SAMPLE_EDGE."""
+    grouped jackknife over the runs is trusted where a quantile's is not; the share's interval
+    around q is mapped back to the pooled sample's order statistics, outward (Woodruff 1952;
+    Francisco and Fuller 1991; the outward rounding offsets a high quantile's low bias in small
+    samples). A share past the sample's ends reaches its extreme value and is marked SAMPLE_EDGE."""
     pooled = np.sort(np.concatenate(arrays))
+    n = pooled.size
     estimate = float(np.percentile(pooled, 100 * q))
     counts = [(float(np.sum(a <= estimate)), a.size) for a in arrays]
-    share = jackknife(counts, lambda parts: sum(c for c, _ in parts) / sum(n for _, n in parts))
+    share = jackknife(counts, lambda parts: sum(c for c, _ in parts) / sum(m for _, m in parts),
+                      confidence=confidence)
     if not share.known:
         return Interval(estimate, units=share.units, note=share.note)
     low, high = q - (share.estimate - share.low), q + (share.high - share.estimate)
     # a share past the sample's ends maps to its extreme value, which bounds nothing beyond it: said
-    note = SAMPLE_EDGE if low < 0 or high > 1 else ""
-    low_x, high_x = (float(np.percentile(pooled, 100 * min(max(p, 0.0), 1.0))) for p in (low, high))
+    note = SAMPLE_EDGE if low < 1 / n or high > 1 - 1 / n else ""
+    low_x = float(pooled[min(max(math.floor(n * low) - 1, 0), n - 1)])
+    high_x = float(pooled[min(max(math.ceil(n * high), 0), n - 1)])
     return Interval(estimate, max(low_x, bounds[0]), min(high_x, bounds[1]), share.units, note)
 
 
@@ -185,18 +189,46 @@ def ratio_interval(units_a: Sequence, units_b: Sequence, name: str = "p99") -> I
 
 
 def share_interval(units: Sequence) -> Interval:
-    """A share (SLO attainment) of the units' 0/1 outcomes pooled: the jackknife over units,
-    widened to at least Wilson's score interval of the pooled count (a share of 100% from a
-    few hundred requests is not known to be exactly 1)."""
+    """A share (SLO attainment) of the units' 0/1 outcomes pooled: the jackknife over units on
+    the logit scale (a share near 0 or 1 is skewed across runs, and a t interval on the raw scale
+    under-covers there), widened to at least Wilson's score interval of the pooled count (a
+    share of 100% from a few hundred requests is not known to be exactly 1)."""
     arrays = [np.asarray(u, dtype=np.float64) for u in units if len(u)]
     hits, n = sum(float(a.sum()) for a in arrays), sum(a.size for a in arrays)
     if not n:
         return Interval(math.nan)
-    runs = jackknife(arrays, lambda parts: sum(float(a.sum()) for a in parts) / sum(a.size for a in parts), SHARE)
+    runs = logit_share([(float(a.sum()), a.size) for a in arrays])
     if runs.note:
         return runs
     low, high = wilson(hits, n)
     return Interval(runs.estimate, min(runs.low, low), max(runs.high, high), runs.units)
+
+
+def logit_share(counts: Sequence[tuple[float, int]], confidence: float = CONFIDENCE) -> Interval:
+    """The pooled share of (hits, n) per unit and its interval: the grouped jackknife of its logit
+    (half a hit added each way, so 0 and 1 stay finite), mapped back to [0, 1]."""
+    share = sum(c for c, _ in counts) / sum(n for _, n in counts)
+    logit = lambda parts: _logit((sum(c for c, _ in parts) + 0.5) / (sum(n for _, n in parts) + 1))  # noqa: E731
+    scale = jackknife(list(counts), logit, confidence=confidence)
+    if not scale.known:
+        return Interval(share, units=scale.units, note=scale.note)
+    half = scale.high - scale.estimate
+    return Interval(share, _expit(_logit(share_in(share, counts)) - half), _expit(_logit(share_in(share, counts)) + half),
+                    scale.units)
+
+
+def share_in(share: float, counts: Sequence[tuple[float, int]]) -> float:
+    """The share kept off 0 and 1 by half a hit (as the logit's jackknife sees it)."""
+    n = sum(m for _, m in counts)
+    return (share * n + 0.5) / (n + 1)
+
+
+def _logit(p: float) -> float:
+    return math.log(p / (1 - p))
+
+
+def _expit(x: float) -> float:
+    return 1 / (1 + math.exp(-x))
 
 
 def wilson(hits: float, n: int, confidence: float = CONFIDENCE) -> tuple[float, float]:

@@ -72,15 +72,30 @@ def cell_lines(cells: pd.DataFrame, columns: list[str]) -> list[str]:
 
 
 def goodput_lines(goodput: dict) -> list[str]:
-    lines = [f"{'configuration':>14} {'goodput req/s':>24} {'per GPU':>24} {'rates':>5} {'capacity':>9}"]
+    lines = [f"{'configuration':>14} {'goodput req/s':>24} {'per GPU':>24} {'search error':>12} {'rates':>5} "
+             f"{'capacity':>9}"]
     for label, g in goodput.items():
         censored = g.get("goodput_censored", "")
         total = _with_interval(g["goodput"], g.get("goodput_low"), g.get("goodput_high"), censored=censored)
         per_gpu = _with_interval(g["goodput_per_gpu"], g.get("goodput_per_gpu_low"), g.get("goodput_per_gpu_high"),
                                  censored=censored)
-        lines.append(f"{label:>14} {total:>24} {per_gpu:>24} {g.get('rates_tried', len(g['rates'])):>5} "
-                     f"{g['capacity']:>9.2f}")
+        lines.append(f"{label:>14} {total:>24} {per_gpu:>24} {_search_error(g):>12} "
+                     f"{g.get('rates_tried', len(g['rates'])):>5} {g['capacity']:>9.2f}")
+    lines.append("search error: the largest over repeats of how far the crossing may lie from its goodput "
+                 "within the fitted bracket (% of it); capacity: the highest rate whose p99 ITL stays under "
+                 "slo.tpot_s (Sarathi-Serve), mean over repeats")
+    bent = {label: g["monotone_per_repeat"].count(False) for label, g in goodput.items()
+            if False in g.get("monotone_per_repeat", [])}
+    if bent:
+        lines.append("non-monotone repeats (attainment rose with rate beyond its noise; the fit pooled it): "
+                     + ", ".join(f"{label} {n}" for label, n in bent.items()))
     return lines
+
+
+def _search_error(g: dict) -> str:
+    pairs = [(e, v) for e, v, c in zip(g.get("error_per_repeat", []), g.get("goodput_per_repeat", []),
+                                       g.get("censoring_per_repeat", [])) if not c and v]
+    return f"{max(e / v for e, v in pairs):.1%}" if pairs else "-"
 
 
 def print_sweep(name: str, table: pd.DataFrame, aggregate: dict, out_dir, columns: list[str], figures,
