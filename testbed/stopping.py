@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from typing import Callable, Iterator, Optional
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
+INTERRUPTED = "interrupted"  # the reason of a request a signal cut short (a real or an HTTP replay)
 _installed: Optional["StopOnce"] = None  # the process's handler (signal handlers are per process)
 
 

@@ -219,6 +219,7 @@ def test_too_many_streams_get_429_and_dropped_clients_leave_no_kv(tmp_path):
         assert status == 200
     summary, requests = running.result["summary"], running.result["requests"]
     assert all(v == 0 for v in summary["kv_blocks_leaked"].values())  # the workers' own audit at exit
+    assert summary["refused"]["http"] == {"429": 1} and summary["refused"]["total"] == 1
     dropped = requests[requests.reason == "client disconnected"]
     assert len(dropped) == 2 and (dropped.token_times.map(len) < LONG).all(), requests[["status", "reason"]]
     assert (requests.status == "ok").sum() == 1
@@ -329,6 +330,8 @@ def test_failures_are_recorded_per_request_and_the_run_ends(misbehaving, tmp_pat
     assert (table.status == "ok").sum() == 2 and (table.status == "failed").sum() == 8
     assert result["summary"]["http"]["errors"]["http 500"] == 2
     assert result["summary"]["http"]["refused"] == {"500": 2}  # answered with an HTTP error, by status
+    on_disk = json.loads((tmp_path / "summary.json").read_text())["refused"]  # every port's, in one place
+    assert on_disk == {"http": {"500": 2}, "agent": 0, "driver": 0, "router": 0, "worker": 0, "total": 2}
     assert result["summary"]["num_requests"]["failed"] == 8
     stalled = table[table.reason.str.startswith("no chunk")]
     assert stalled.token_times.map(len).tolist() == [2, 2]  # tokens that came before the silence are kept

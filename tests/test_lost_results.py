@@ -1,12 +1,17 @@
 """Nothing finished is lost: a single run stopped by SIGINT/SIGTERM at a random moment keeps every
-request it reported finished (summary.json marked partial); a file-size limit keeps the primary
-results, written first, and says so in one line."""
+request it reported finished (summary.json marked partial), a real run's and a replay against a
+server's alike; a stopped simulation says truthfully what it kept; a file-size limit keeps the
+primary results, written first, and says so in one line. Refusals of every port are in
+summary.json's `refused`; a failed point's error.txt on a full disk is a warning, not a traceback."""
 
+import asyncio
 import json
+import os
 import random
 import re
 import resource
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -14,6 +19,7 @@ import time
 
 import pandas as pd
 import pytest
+from aiohttp import web
 
 from tests.paths import ROOT
 
@@ -132,3 +138,200 @@ def test_a_failed_export_names_the_results_it_kept(tmp_path, monkeypatch):
         points.write_files(make_config(), tmp_path, requests=request_table([{"request_id": 0}]),
                            summary={"num_requests": {"ok": 1}}, prompts=None, meta={})
     assert len(read_results(tmp_path)["requests"]) == 1
+
+
+# -- executor=http: a long load test stopped at a random moment --------------------------------------
+class SlowServer:
+    """An OpenAI-compatible stub that streams each request's max_tokens tokens one per TOKEN_S, so
+    a replay lasts long enough to be stopped mid-way; `done` counts the streams it ended with [DONE]."""
+
+    TOKEN_S = 0.05
+
+    def __init__(self):
+        self.done = 0
+
+    async def models(self, request):
+        return web.json_response({"data": [{"id": "m", "max_model_len": 256}]})
+
+    async def completions(self, request):
+        body = await request.json()
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        try:
+            for i in range(body["max_tokens"]):
+                await asyncio.sleep(self.TOKEN_S)
+                await response.write(b'data: {"choices":[{"text":" x","token_ids":[%d]}]}\n\n' % i)
+            await response.write(b"data: [DONE]\n\n")
+            self.done += 1
+            await response.write_eof()
+        except ConnectionResetError:  # the client cut it (stopped): nothing more to send
+            pass
+        return response
+
+
+@pytest.fixture
+def slow_server():
+    """(the stub, its URL), served from a thread of the test's process on a free port."""
+    handlers, loop = SlowServer(), asyncio.new_event_loop()
+    app = web.Application()
+    app.router.add_get("/v1/models", handlers.models)
+    app.router.add_post("/v1/completions", handlers.completions)
+    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=1.0)
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+
+    async def start():
+        await runner.setup()
+        await web.SockSite(runner, sock).start()
+
+    asyncio.run_coroutine_threadsafe(start(), loop).result(timeout=60)
+    yield handlers, f"http://127.0.0.1:{sock.getsockname()[1]}"
+    asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(timeout=60)
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join()
+
+
+# 200 requests at 10/s, each 6-20 tokens at 20 tokens/s: ~20 s of replay, so every delay below lands mid-way
+HTTP_RUN = ["executor=http", "workload.num_requests=200", "workload.rate=10", "workload.input_len.min=20",
+            "workload.input_len.max=120", "workload.output_len.min=6", "workload.output_len.max=20",
+            "model.max_model_len=256"]
+
+
+@pytest.mark.parametrize("seed,signum", [(0, signal.SIGTERM), (1, signal.SIGINT), (2, signal.SIGTERM)])
+def test_an_http_run_stopped_at_a_random_moment_keeps_every_finished_request(tmp_path, slow_server, seed, signum):
+    server, url = slow_server
+    delay_s = random.Random(seed).uniform(0.0, 3.0)  # after the first finished request: where the signal lands
+    command = [sys.executable, "-m", "testbed", *HTTP_RUN, f"http.url={url}", f"hydra.run.dir={tmp_path}"]
+    proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    progress = Progress(proc.stderr)
+    try:
+        progress.wait_for(proc, 1)
+        time.sleep(delay_s)
+        reported = progress.finished  # read before the signal: each was in the request log by then
+        proc.send_signal(signum)
+        code = proc.wait(timeout=HANG_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    stderr = progress.close()
+    assert code == 130 and "Traceback" not in stderr, stderr[-3000:]
+    requests = pd.read_parquet(tmp_path / "requests.parquet")
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    ok = requests[requests.status == "ok"]
+    assert server.done >= len(ok) >= reported >= 1  # every request it said finished is on disk, and ended
+    assert (ok.token_times.map(len) == ok.output_len).all()  # whole: every token of each
+    assert set(requests.loc[requests.status != "ok", "reason"]) <= {"interrupted"}  # only the ones cut short
+    cut = summary["interrupted"]
+    assert summary["partial"] is True and summary["num_requests"]["ok"] == len(ok)
+    assert len(ok) + cut["requests_cut"] + cut["requests_not_sent"] == cut["requests_planned"] == 200
+    assert len(requests) == len(ok) + cut["requests_cut"]  # the cut ones recorded, the unsent ones counted
+    note = stderr.split("interrupted: ")[-1]
+    assert f"{len(ok)} of 200 requests finished" in note and "does not resume" in note and "rerun" not in note
+    no_temporaries(tmp_path)
+
+
+# -- executor=sim: nothing partial, and said so ------------------------------------------------------
+SIM_RUN = ["executor=sim", "workload.num_requests=30000"]  # ~30 s on a loaded two-core machine: ~10 s in its loop
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_simulation_stopped_at_a_random_moment_says_what_it_kept(tmp_path, seed):
+    """Stopped in its loop a simulation keeps nothing and says so; stopped once its files are being
+    written, it writes them whole and says they are complete. Either way the line is true."""
+    proc = subprocess.Popen([sys.executable, "-m", "testbed", *SIM_RUN, f"hydra.run.dir={tmp_path}"], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    time.sleep(random.Random(seed).uniform(4.0, 30.0))  # seed 0: while written (26 s), seed 1: in the loop (7 s)
+    proc.send_signal(signal.SIGTERM)
+    try:
+        _, stderr = proc.communicate(timeout=HANG_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    if proc.returncode == 0:  # it had ended before the signal (a fast machine)
+        return
+    assert proc.returncode == 130 and "Traceback" not in stderr, stderr[-3000:]
+    note = stderr.split("interrupted: ")[-1]
+    if "nothing kept" in note:
+        assert not (tmp_path / "summary.json").exists() and not (tmp_path / "requests.parquet").exists()
+    else:
+        assert "results are complete" in note, note
+        assert len(pd.read_parquet(tmp_path / "requests.parquet")) == 30000
+        assert "partial" not in json.loads((tmp_path / "summary.json").read_text())
+    no_temporaries(tmp_path)
+
+
+def test_a_simulation_stopped_in_its_loop_keeps_nothing_and_says_so(tmp_path, monkeypatch):
+    from testbed.stopping import Stopped
+    from testbed.studies import points
+    from tests.cluster_helpers import make_config
+
+    def stopped(cfg):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(points, "simulate", stopped)
+    with pytest.raises(Stopped, match="nothing kept") as caught:
+        points.simulate_point(make_config("executor=sim", "workload.num_requests=5"), tmp_path)
+    assert "no partial results" in caught.value.note and not list(tmp_path.iterdir())
+
+
+@pytest.fixture
+def stop_once():
+    """This process's SIGINT/SIGTERM handled as the command line does, put back afterwards."""
+    from testbed import stopping
+
+    before = {signum: signal.getsignal(signum) for signum in stopping.SIGNALS}
+    yield stopping.StopOnce().install()
+    for signum, handler in before.items():
+        signal.signal(signum, handler)
+    stopping._installed = None
+
+
+def test_a_signal_while_a_simulation_is_written_waits_for_its_files(tmp_path, monkeypatch, stop_once):
+    from testbed.stopping import Stopped
+    from testbed.studies import points
+    from tests.cluster_helpers import make_config
+
+    export = points.export_run
+
+    def signalled(*args, **kwargs):  # the signal lands between the results and the exports
+        os.kill(os.getpid(), signal.SIGTERM)
+        return export(*args, **kwargs)
+
+    monkeypatch.setattr(points, "export_run", signalled)
+    with pytest.raises(Stopped, match="results are complete"):
+        points.simulate_point(make_config("executor=sim", "workload.num_requests=5"), tmp_path)
+    assert stop_once.requested.is_set()
+    assert len(pd.read_parquet(tmp_path / "requests.parquet")) == 5 and (tmp_path / "exports").is_dir()
+    assert "partial" not in json.loads((tmp_path / "summary.json").read_text())
+
+
+# -- refusals of every port in summary.json ---------------------------------------------------------
+def test_refusals_count_every_port_in_one_place():
+    from testbed.studies.points import refusals
+
+    messages = {"0": {"driver": {"not JSON": 2}, "router": {"not a ZeroMQ peer": 1}, "worker0": {"too deep": 1}},
+                "1": {"rank1": {"authentication failed": 3}, "worker1": {"oversized": 1}},
+                "2": {"unknown": {"the rank did not report": 1}}}
+    assert refusals({"503": 1, "429": 4}, messages) == {
+        "http": {"429": 4, "503": 1}, "agent": 3, "driver": 2, "router": 1, "worker": 2, "total": 13,
+        "unreported_ranks": [2]}
+    assert refusals() == {"http": {}, "agent": 0, "driver": 0, "router": 0, "worker": 0, "total": 0}
+
+
+# -- a failed sweep point on a full disk ----------------------------------------------------------------
+def test_a_failed_point_whose_error_file_cannot_be_written_is_one_warning(tmp_path, caplog):
+    from testbed.studies.sweep import Point, Sweep
+    from tests.cluster_helpers import make_config
+
+    def full_disk(cfg, directory):
+        raise OSError(28, "No space left on device")
+
+    (tmp_path / "points").write_text("")  # a file where the point's directory would go: error.txt cannot be
+    cfg = make_config()
+    sweep = Sweep(cfg, [Point("p", {}, {})], tmp_path, full_disk, tracker=None)
+    row = sweep._run_one(sweep.points[0], cfg)
+    assert row["status"] == "failed" and "No space left" in row["error"]
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "error.txt" in warnings[0] and "\n" not in warnings[0]

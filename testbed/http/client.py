@@ -24,10 +24,13 @@ import aiohttp
 from testbed.errors import ConfigError, PeerLost
 from testbed.http.protocol import read_event
 from testbed.metrics.events import Event, RequestLog
+from testbed.stopping import INTERRUPTED
 from testbed.workload import Request, Workload
 
 if TYPE_CHECKING:  # annotations only: the root config is composed above the executors and handed in
     from testbed.config import Config
+
+STOP_POLL_S = 0.1  # how soon a stopped replay notices the signal
 
 
 class Replay:
@@ -43,19 +46,31 @@ class Replay:
         self.errors: Counter = Counter()
         self.on_finish = on_finish or (lambda: None)
 
-    async def run(self, session: aiohttp.ClientSession, log: RequestLog) -> None:
-        """Replay everything; `log` holds the run's clock (its t0) and every request's events."""
+    async def run(self, session: aiohttp.ClientSession, log: RequestLog, stop=None) -> None:
+        """Replay everything; `log` holds the run's clock (its t0) and every request's events.
+        `stop` (a threading.Event: a signal): once set the loop ends and `interrupt` cuts what is open."""
         self.session, self.log, self.wake = session, log, asyncio.Event()
         self.slots = asyncio.Semaphore(self.http.max_concurrency)
         for request, reason in self.workload.rejected:
             self.log.reject(request, self.log.t0, reason, by="workload")
-        while self.pending or self.tasks:
+        while (self.pending or self.tasks) and not (stop is not None and stop.is_set()):
             delay = self._release()
+            if stop is not None:  # a signal sets a thread's event, not the loop's: look at it this often
+                delay = STOP_POLL_S if delay is None else min(delay, STOP_POLL_S)
             self.wake.clear()
             try:
                 await asyncio.wait_for(self.wake.wait(), delay)
             except asyncio.TimeoutError:
                 pass
+
+    async def interrupt(self) -> int:
+        """Cut every request in flight or waiting for a slot: each is recorded failed (reason
+        `interrupted`) with the tokens that came; returns how many."""
+        open_tasks = list(self.tasks)
+        for task in open_tasks:
+            task.cancel()
+        await asyncio.gather(*open_tasks, return_exceptions=True)
+        return len(open_tasks)
 
     def _release(self) -> Optional[float]:
         """Send what has arrived; seconds to the next arrival (None: wait for a finish)."""
@@ -93,26 +108,29 @@ class Replay:
     async def _one(self, sent: tuple[Request, object]) -> None:
         request, prompt = sent
         self.log.register(request)
-        async with self.slots:
-            rid = request.request_id
-            self.log.event(rid, Event.DISPATCHED, time.perf_counter())
-            try:
-                ids, times, why = await asyncio.wait_for(self._stream(request, prompt), self.http.timeout_s)
-            except asyncio.TimeoutError:
-                ids, times, why = [], [], f"no end within http.timeout_s={self.http.timeout_s:g} s"
-            except Exception as error:  # whatever breaks one request is that request's failure
-                ids, times, why = [], [], f"{type(error).__name__}: {error}"
+        ids: list[int] = []
+        times: list[float] = []  # what arrived: kept however the request ends
+        try:
+            async with self.slots:
+                self.log.event(request.request_id, Event.DISPATCHED, time.perf_counter())
+                try:
+                    times, why = await asyncio.wait_for(self._stream(request, prompt, ids, times), self.http.timeout_s)
+                except asyncio.TimeoutError:
+                    why = f"no end within http.timeout_s={self.http.timeout_s:g} s"
+                except Exception as error:  # whatever breaks one request is that request's failure
+                    why = f"{type(error).__name__}: {error}"
+        except asyncio.CancelledError:  # interrupt(): the run was stopped
+            why = INTERRUPTED
         self._end(request, ids, times, why)
 
-    async def _stream(self, request: Request, prompt) -> tuple[list[int], list[float], str]:
-        """(token ids, one receipt time per token, why it failed or "")."""
-        ids: list[int] = []
-        times: list[float] = []
+    async def _stream(self, request: Request, prompt, ids: list[int], times: list[float]) -> tuple[list[float], str]:
+        """Fills `ids` and `times` (one receipt time per token); (the times, with any tokens only
+        the usage counted, and why it failed or "")."""
         headers = bearer(self.http.client_key())
         try:
             async with self.session.post(self.url, json=self.payload(request, prompt), headers=headers) as response:
                 if response.status != 200:
-                    return ids, times, f"http {response.status}: {_reason(await response.text())}"
+                    return times, f"http {response.status}: {_reason(await response.text())}"
                 used = None  # the usage chunk's completion_tokens, when the server sends one
                 async for line in response.content:
                     t = time.perf_counter()
@@ -121,12 +139,12 @@ class Replay:
                         continue
                     used = delta.usage_tokens if delta.usage_tokens is not None else used
                     if delta.error or delta.done:
-                        return ids, _counted(times, ids, used), delta.error
+                        return _counted(times, ids, used), delta.error
                     ids += delta.token_ids or []
                     times += [t] * delta.count
         except aiohttp.ServerTimeoutError:
-            return ids, times, f"no chunk for http.stall_timeout_s={self.http.stall_timeout_s:g} s"
-        return ids, times, "the stream ended without [DONE]"
+            return times, f"no chunk for http.stall_timeout_s={self.http.stall_timeout_s:g} s"
+        return times, "the stream ended without [DONE]"
 
     def _end(self, request: Request, ids: list[int], times: list[float], why: str) -> None:
         rid = request.request_id

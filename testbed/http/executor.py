@@ -21,11 +21,13 @@ if TYPE_CHECKING:  # annotations only: the root config is composed above the exe
     from testbed.config import Config
 
 
-def replay_point(cfg: Config, progress: bool = True) -> dict:
-    """The workload replayed against cfg.http.url: {"requests", "summary", "prompts", "meta"}."""
+def replay_point(cfg: Config, progress: bool = True, stop=None) -> dict:
+    """The workload replayed against cfg.http.url: {"requests", "summary", "prompts", "meta"}.
+    `stop` (a threading.Event, set by a signal): the replay ends, the requests open are cut, and
+    summary.json says `"partial": true` with the counts under `interrupted`."""
     cfg.http.check_client()
     prompts = TextPrompts(need_tokenizer(cfg.http.tokenizer or cfg.model.path)) if cfg.http.prompt == "text" else None
-    log, replay, listing = asyncio.run(_replay(cfg, prompts, progress))
+    log, replay, listing, cut = asyncio.run(_replay(cfg, prompts, progress, stop))
     requests = log.table()
     summary = summarize(requests, slo=cfg.slo, metrics=cfg.metrics, num_gpus=cfg.http.num_gpus,
                         tenant_slos=tenant_slos(cfg.workload.tenants, cfg.slo))
@@ -33,11 +35,13 @@ def replay_point(cfg: Config, progress: bool = True) -> dict:
     summary["workload_report"] = replay.workload.report
     summary["http"] = {"url": cfg.http.url, "model": replay.model, "prompt": cfg.http.prompt,
                        "errors": dict(replay.errors), "refused": refused_by_status(replay.errors)}
+    if cut is not None:
+        summary["partial"], summary["interrupted"] = True, cut
     meta = {"executor": "http", "url": cfg.http.url, "model": replay.model, "models": listing}
     return {"requests": requests, "summary": summary, "prompts": log.prompts, "meta": meta}
 
 
-async def _replay(cfg: Config, prompts, progress: bool):
+async def _replay(cfg: Config, prompts, progress: bool, stop):
     async with session_for(cfg) as session:
         model, listing = await served_model(cfg, session)
         workload = build_workload(cfg.workload, seed=cfg.seed, vocab_size=_vocab(cfg, prompts),
@@ -47,8 +51,20 @@ async def _replay(cfg: Config, prompts, progress: bool):
         with tqdm(total=len(workload.requests), desc=f"{cfg.http.label} requests", unit="req", leave=False,
                   disable=not progress) as bar:
             replay.on_finish = lambda: bar.update(1)
-            await replay.run(session, log)
-    return log, replay, listing
+            await replay.run(session, log, stop)
+            stopped = stop is not None and stop.is_set() and (replay.pending or replay.tasks)  # else it had ended
+            cut = await interrupted(replay, log.t0) if stopped else None
+    return log, replay, listing, cut
+
+
+async def interrupted(replay: Replay, t0: float) -> dict:
+    """Cut the open requests of a stopped replay; summary.json's `interrupted` counts, as a real
+    run's (planned: the workload's requests at the start; a session's later turns come as it goes)."""
+    at_s = time.perf_counter() - t0
+    cut = await replay.interrupt()
+    workload = replay.workload
+    return {"at_s": at_s, "requests_planned": len(workload.requests) + len(workload.rejected),
+            "requests_cut": cut, "requests_not_sent": len(replay.pending)}
 
 
 def refused_by_status(errors) -> dict[str, int]:

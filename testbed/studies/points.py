@@ -7,17 +7,17 @@ simulator's nor the HTTP client's path imports torch or the cluster's process co
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Optional
 
 from testbed.config import Config
 from testbed.errors import KVLeakError
 from testbed.interop.points import export_run
 from testbed.metrics.results_dir import ResultsError
 from testbed.sim.executor import cyclic_gc_paused, simulate
+from testbed.stopping import INTERRUPTED, Stopped, polled  # noqa: F401 (INTERRUPTED: studies/serve.py's)
 from testbed.tracking.results import collect_meta, stored_config, write_results
 
-
-INTERRUPTED = "interrupted"  # the reason of a request a signal cut short (studies/serve.py)
-
+PORTS = ("agent", "driver", "router", "worker")  # the message ports a run has (under torchrun)
 
 def write_files(cfg: Config, out_dir: Path, *, requests, summary: dict, prompts, meta: dict, steps=None,
                 transfers=None, telemetry=None) -> None:
@@ -36,15 +36,26 @@ def write_files(cfg: Config, out_dir: Path, *, requests, summary: dict, prompts,
 def simulate_point(cfg: Config, out_dir: Path) -> dict:
     """simulate() and its results directory. The collector stays paused until the files are
     written: while the run's millions of objects live, its passes over them cost more than
-    building the tables and the summary."""
+    building the tables and the summary. A signal during the simulation ends it with nothing
+    written (a simulated run has no partial results); one while the files are written waits for them."""
     with cyclic_gc_paused():
-        return _write_sim_point(cfg, out_dir, simulate(cfg))  # each role's device from cfg.sim
+        try:
+            result = simulate(cfg)  # each role's device from cfg.sim
+        except KeyboardInterrupt:
+            raise Stopped(f"the simulation was stopped before its end: nothing kept in {out_dir} (a simulated run "
+                          f"has no partial results; run it again)") from None
+        with polled() as stop:
+            _write_sim_point(cfg, out_dir, result)
+    if stop.is_set():
+        raise Stopped(f"the simulation had ended: its results are complete in {out_dir}")
+    return result
 
 
 def _write_sim_point(cfg: Config, out_dir: Path, result: dict) -> dict:
     summary = result["summary"]
     summary["sim"]["events_per_s"] = result["events_per_s"]
     sim = summary["sim"]
+    summary["refused"] = refusals()  # a simulation has no ports: the same key as every other run's
     write_files(cfg, out_dir, requests=result["requests"], steps=result["steps"], transfers=result["transfers"],
                 summary=summary, prompts=result["prompts"],
                 meta={"executor": "sim", "profile": sim["profile"], "profiles": sim["profiles"]})
@@ -55,10 +66,55 @@ def _write_sim_point(cfg: Config, out_dir: Path, result: dict) -> dict:
 
 
 def http_point(cfg: Config, out_dir: Path, progress: bool = True) -> dict:
-    """One point replayed against a server (testbed/http/executor.py), written as a results directory."""
+    """One point replayed against a server (testbed/http/executor.py), written as a results directory.
+    A SIGINT/SIGTERM ends the replay: the requests in flight are cut, the finished ones written
+    with summary.json marked partial, then Stopped is raised."""
     from testbed.http.executor import replay_point
 
-    result = replay_point(cfg, progress)
-    write_files(cfg, out_dir, requests=result["requests"], summary=result["summary"], prompts=result["prompts"],
-                meta=result["meta"])
+    with polled() as stop:
+        result = replay_point(cfg, progress, stop)
+        result["summary"]["refused"] = refusals(result["summary"]["http"]["refused"])  # the server's, as seen here
+        write_files(cfg, out_dir, requests=result["requests"], summary=result["summary"], prompts=result["prompts"],
+                    meta=result["meta"])
+    if stop.is_set():
+        raise Stopped(kept(result["summary"], out_dir))
     return result
+
+
+def kept(summary: dict, out_dir: Path) -> str:
+    """What a stopped run's results directory holds, in words."""
+    cut = summary.get("interrupted")
+    if cut is None:
+        return f"the run had ended: its results are complete in {out_dir}"
+    return (f"{summary['num_requests']['ok']} of {cut['requests_planned']} requests finished and are kept in "
+            f"{out_dir / 'requests.parquet'}, summary.json marked partial ({cut['requests_cut']} cut short, "
+            f"{cut['requests_not_sent']} never sent); a single run does not resume: run it again for the whole "
+            f"workload")
+
+
+def refusals(http: Optional[dict] = None, messages: Optional[dict] = None) -> dict:
+    """summary.json's `refused`: what every port turned away. `http`: error answers by status;
+    `messages`: meta.json's `messages_refused` ({rank: {port: {reason: count}}}, torchrun only).
+    A port the run does not have counts 0; `total` sums them, so a refused load test never reads clean."""
+    out: dict = {"http": dict(sorted((http or {}).items())), **{port: 0 for port in PORTS}}
+    unreported = []
+    for rank, ports in (messages or {}).items():
+        for name, reasons in ports.items():
+            port = _port(name)
+            if port is None:  # the rank's counts never came (TorchrunCluster.refused)
+                unreported.append(int(rank))
+            else:
+                out[port] += sum(reasons.values())
+    out["total"] = sum(out["http"].values()) + sum(out[port] for port in PORTS)
+    if unreported:
+        out["unreported_ranks"] = sorted(set(unreported))
+    return out
+
+
+def _port(name: str) -> Optional[str]:
+    """The kind of an inbox by its name (testbed/net/transport.py): `rank<r>` is a rank's agent."""
+    if name in ("driver", "router"):
+        return name
+    if name.startswith("rank"):
+        return "agent"
+    return "worker" if name.startswith("worker") else None

@@ -137,7 +137,8 @@ def hydra_job_num() -> Optional[int]:
 
 def interrupted_note(name: str, out_dir: Path, stop: BaseException) -> str:
     """What a SIGINT/SIGTERM left in out_dir, truthfully: a sweep resumes from its finished points;
-    a single run keeps the requests that finished (studies/serve.py) but does not resume."""
+    a single run keeps the requests that finished (studies/serve.py, the HTTP replay of
+    studies/points.py; a simulation keeps nothing unless it had ended) but does not resume."""
     if name in STUDIES:
         return (f"every finished point is kept in {out_dir}; rerun the same command with hydra.run.dir={out_dir} "
                 f"to resume")
@@ -183,8 +184,11 @@ def run(cfg: Config, out_dir: Path, explicit: set[str] = frozenset(), session=No
     tracker = make_tracker(cfg.tracker, group=run_group(name))  # one group per run(): its points and sweep run
     if name == "serve":
         result = run_point(cfg, out_dir, session)
-        track_point(tracker, out_dir.name, out_dir.name, cfg, out_dir, result)
-        print_run(result["requests"], result["summary"], out_dir)
+        try:  # the results are written: a signal from here on cuts only the tracking and the printout
+            track_point(tracker, out_dir.name, out_dir.name, cfg, out_dir, result)
+            print_run(result["requests"], result["summary"], out_dir)
+        except KeyboardInterrupt:
+            raise Stopped(f"the run had ended: its results are complete in {out_dir}") from None
         return result
     if name == "kv_bandwidth":
         from testbed.studies.kv_bandwidth import run_kv_bandwidth

@@ -26,7 +26,7 @@ from testbed.metrics.steps import steps_table
 from testbed.metrics.summary import summarize
 from testbed.metrics.telemetry import gpu_roles
 from testbed.stopping import Stopped, polled
-from testbed.studies.points import INTERRUPTED, write_files
+from testbed.studies.points import INTERRUPTED, kept, refusals, write_files
 from testbed.tracking.telemetry import start_telemetry
 from testbed.workload import build_workload
 
@@ -54,23 +54,13 @@ def serve(cfg: Config, out_dir: Path, on_started: Optional[Callable[[Cluster], N
                   disable=not progress) as bar:
             router.on_finish = lambda: bar.update(1)
             router.run(stop)
-        cut = interrupted(router, workload, t0) if stop.is_set() else None
+        stopped = stop.is_set() and bool(router.pending or router.book.active)  # else the replay had ended
+        cut = interrupted(router, workload, t0) if stopped else None
         telemetry = stop_cluster(cluster, router, sampler)
         result = write_point(cfg, out_dir, cluster, router, log, telemetry, workload.report, partial=cut)
     if stop.is_set():
         raise Stopped(kept(result["summary"], out_dir))  # the sweep marks the point, the command line says it
     return result
-
-
-def kept(summary: dict, out_dir: Path) -> str:
-    """What a stopped run's results directory holds, in words."""
-    cut = summary.get("interrupted")
-    if cut is None:
-        return f"the run had ended: its results are complete in {out_dir}"
-    return (f"{summary['num_requests']['ok']} of {cut['requests_planned']} requests finished and are kept in "
-            f"{out_dir / 'requests.parquet'}, summary.json marked partial ({cut['requests_cut']} cut short, "
-            f"{cut['requests_not_sent']} never sent); a single run does not resume: run it again for the whole "
-            f"workload")
 
 
 def interrupted(router: Router, workload, t0: float) -> dict:
@@ -111,11 +101,14 @@ def start_cluster(cfg: Config, session=None) -> Cluster:
 def write_point(cfg: Config, out_dir: Path, cluster: Cluster, router: Router, log: RequestLog, telemetry,
                 workload_report: dict, extra_meta: Optional[dict] = None, partial: Optional[dict] = None) -> dict:
     """The results directory of a finished cluster run, then the KV audit's verdict. `partial`: the
-    counts of an interrupted run (summary.json says `"partial": true`)."""
+    counts of an interrupted run (summary.json says `"partial": true`). summary.json's `refused`:
+    what every port turned away (HTTP by status from `workload_report`, the message ports from the
+    topology), so a refused load test never reads clean."""
     plans, audits, t0 = cluster.plans, cluster.audits, log.t0
     emulated = emulation_meta(Emulation.from_hardware(cfg.hardware), cfg.model, cfg.mode == "disagg")
     requests, steps = log.table(), steps_table(router.steps, t0)
     transfers = router.transfers.table()  # one row per attempt; the figures use the attempts that arrived
+    topology = cluster.topology()  # once: under torchrun it asks every rank for its refusals
     summary = summarize(requests, steps, transfers[transfers.outcome == "ok"], slo=cfg.slo, metrics=cfg.metrics,
                         num_gpus=len(plans), tenant_slos=tenant_slos(cfg.workload.tenants, cfg.slo),
                         telemetry=telemetry, gpu_roles=gpu_roles((p.device, p.role) for p in plans if p.node == 0))
@@ -128,10 +121,11 @@ def write_point(cfg: Config, out_dir: Path, cluster: Cluster, router: Router, lo
     summary["harness_breakdown"] = harness_breakdown(router.harness)
     summary["memory"] = router.memory.summary()
     summary["emulated"], summary["pacing"] = emulated, pace_summary(steps)
+    summary["refused"] = refusals(workload_report.get("http_refused"), topology.get("messages_refused"))
     if partial is not None:
         summary["partial"], summary["interrupted"] = True, partial
     meta = {"workers": summary["workers"], "emulated": emulated,
-            "cores_per_worker": cluster.cores.cores_per_worker if cluster.cores else None, **cluster.topology(),
+            "cores_per_worker": cluster.cores.cores_per_worker if cluster.cores else None, **topology,
             # kernel variants JIT-compiled inside timed steps (StepRecord.jit_compiles): 0 after a full warm-up
             "jit_compiles_in_steps": int(steps["jit_compiles"].sum()) if "jit_compiles" in steps else 0,
             **(extra_meta or {})}

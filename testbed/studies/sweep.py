@@ -147,8 +147,7 @@ class Sweep:
             self.write()
             raise
         except (TestbedError, RuntimeError, OSError) as error:
-            directory.mkdir(parents=True, exist_ok=True)
-            (directory / "error.txt").write_text(traceback.format_exc())
+            keep_error(directory, traceback.format_exc())
             return {**row, "status": "failed", "error": str(error).splitlines()[0][:300]}
         track_point(self.tracker, point.name, self.out_dir.name, cfg, directory, result)
         return {**row, "status": "ok", **flatten(result["summary"]), **overrun(result["summary"], cfg)}
@@ -165,6 +164,16 @@ class Sweep:
         if aggregate is not None:
             body["aggregate"] = aggregate
         write_json(self.out_dir / "sweep.json", body)
+
+
+def keep_error(directory: Path, text: str) -> None:
+    """A failed point's traceback in error.txt, best effort: the disk that failed the point may
+    refuse this file too, and the row in the sweep's table still says why."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "error.txt").write_text(text)
+    except OSError as error:
+        log.warning(f"could not write {directory / 'error.txt'} ({error}); the point's error is in the sweep's table")
 
 
 def overrun(summary: dict, cfg: Config) -> dict:
