@@ -36,6 +36,7 @@ def test_a_resumed_sweep_skips_same_points_and_refuses_changed_ones(tmp_path):
     assert set(pd.read_parquet(tmp_path / "sweep.parquet").status) == {"skipped"}  # nothing was run or lost
     rerun = run_study("mode_compare", tmp_path, *SIM, "slo.ttft_s=0.25", "experiment.on_changed=rerun")["table"]
     assert set(rerun.status) == {"ok"}
+    assert rerun["host_load_1m"].notna().all() and rerun["host_load_1m_end"].notna().all()  # the host's drift, kept
     config = yaml.safe_load((tmp_path / "points" / rerun.point.iloc[0] / "config.yaml").read_text())
     assert config["slo"]["ttft_s"] == 0.25
 

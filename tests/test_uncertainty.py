@@ -254,3 +254,20 @@ def test_rate_search_brackets_then_bisects_within_its_budget():
     capped = RateSearch(budget=6, tolerance=0.1, floor=0.5, cap=10)
     assert next_rate([4.0, 8.0], [1.0, 1.0], capped, 0) is None  # 16 is past the cap: a bound
     assert next_rate([1.0], [0.2], RateSearch(floor=0.6), 0) is None  # 0.5 is under the floor
+
+
+def test_points_run_repeat_by_repeat_so_drift_does_not_line_up_with_a_configuration():
+    from types import SimpleNamespace
+
+    from testbed.studies.repeats import with_repeats
+    from testbed.studies.sweep import Point
+
+    cfg = SimpleNamespace(seed=7, experiment=SimpleNamespace(repeats=3))
+    points = [Point(n, {"mode": "colocated"}, {"label": n}) for n in ("A", "B")]
+    order = [(p.knobs["label"], p.knobs["seed"]) for p in with_repeats(points, cfg)]
+    assert order == [("A", 7), ("B", 7), ("A", 8), ("B", 8), ("A", 9), ("B", 9)]
+    # a point that reads another's results keeps its builder's order (its inputs run first)
+    reading = [Point("real", {}, {"label": "real"}), Point("sim", {"sim.profile": "run:{points}/real_r*"},
+                                                                  {"label": "sim"})]
+    assert [p.name for p in with_repeats(reading, cfg)] == ["real_r0", "real_r1", "real_r2", "sim_r0", "sim_r1",
+                                                            "sim_r2"]

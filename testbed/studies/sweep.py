@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import shutil
 import time
 import traceback
@@ -136,6 +137,7 @@ class Sweep:
         if (directory / "summary.json").is_file():
             summary = json.loads((directory / "summary.json").read_text())
             return {**row, "status": "skipped", **flatten(summary), **overrun(summary, cfg)}
+        row["host_load_1m"] = host_load()  # drift of a shared host, recorded beside what it may have moved
         try:
             result = self.run_point(cfg, directory)
         except KeyboardInterrupt:
@@ -150,7 +152,8 @@ class Sweep:
             keep_error(directory, traceback.format_exc())
             return {**row, "status": "failed", "error": str(error).splitlines()[0][:300]}
         track_point(self.tracker, point.name, self.out_dir.name, cfg, directory, result)
-        return {**row, "status": "ok", **flatten(result["summary"]), **overrun(result["summary"], cfg)}
+        return {**row, "host_load_1m_end": host_load(), "status": "ok", **flatten(result["summary"]),
+                **overrun(result["summary"], cfg)}
 
     def table(self) -> pd.DataFrame:
         return pd.DataFrame(self.rows)
@@ -174,6 +177,14 @@ def keep_error(directory: Path, text: str) -> None:
         (directory / "error.txt").write_text(text)
     except OSError as error:
         log.warning(f"could not write {directory / 'error.txt'} ({error}); the point's error is in the sweep's table")
+
+
+def host_load() -> float:
+    """The host's one-minute load average (NaN where the platform has none)."""
+    try:
+        return float(os.getloadavg()[0])
+    except (AttributeError, OSError):
+        return math.nan
 
 
 def overrun(summary: dict, cfg: Config) -> dict:
