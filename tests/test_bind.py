@@ -7,6 +7,8 @@ import ipaddress
 import os
 from pathlib import Path
 
+import pytest
+
 from testbed.net.rendezvous import World, connect_store
 from testbed.ports import free_port
 from tests.cluster_helpers import make_config, small_workload
@@ -66,3 +68,37 @@ def test_a_clusters_processes_listen_on_the_loopback_alone():
         found = listening([os.getpid(), *(p.pid for p in cluster.processes)])
         assert found and not wildcard(found), found
         cluster.stop([])
+
+
+class ChildStarts(Exception):
+    """Raised where a benchmark would start its other processes: the test looks at what listens then."""
+
+
+def test_the_benchmarks_host_their_rendezvous_on_the_loopback_alone(monkeypatch):
+    """python -m testbed.bench.kv_transfer and .messages: the store their processes meet through
+    listens on 127.0.0.1 alone, hosted before the other processes start and handed to them by port."""
+    import multiprocessing
+
+    import torch.multiprocessing
+
+    from testbed.bench import kv_transfer, messages
+
+    handed = []
+
+    def start(target, args, **_):
+        handed.append((target.__name__, args[0], listening([os.getpid()])))
+        raise ChildStarts
+
+    class Spawn:
+        def Process(self, target, args, daemon):  # noqa: N802 - multiprocessing's name
+            return type("Child", (), {"start": lambda _: start(target, args)})()
+
+    monkeypatch.setattr(torch.multiprocessing, "start_processes", start)
+    monkeypatch.setattr(multiprocessing, "get_context", lambda method: Spawn())
+    for bench in (lambda: kv_transfer.measure(1, 1, ipc=False), lambda: messages.time_store(1),
+                  lambda: messages.time_gloo(1)):
+        with pytest.raises(ChildStarts):
+            bench()
+    assert [name for name, _, _ in handed] == ["run_rank", "echo_store", "echo_gloo"]
+    for name, port, found in handed:
+        assert [address for address, p in found if p == port] == ["127.0.0.1"], (name, found)

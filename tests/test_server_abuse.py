@@ -14,11 +14,18 @@ import subprocess
 import sys
 import time
 import urllib.request
+from types import SimpleNamespace
 
 import pytest
 
+from testbed.cluster.router import Router
+from testbed.control.config import ClusterConfig, KVTransferConfig
 from testbed.http.protocol import BadRequest, parse_completion
+from testbed.metrics.events import RequestLog
+from testbed.net.messages import Abort, KVArrived, Reserve
 from testbed.server.app import HttpServer
+from testbed.workload import Request
+from testbed.workload.builder import empty_workload
 from tests.cluster_helpers import make_config, small_workload
 from tests.paths import ROOT
 from tests.test_http import health, open_stream, post, read_until
@@ -174,44 +181,117 @@ def test_a_text_prompt_over_the_byte_cap_is_refused_before_tokenizing():
 
 
 # -- shutdown with streams open --------------------------------------------------------------------
+class Inbox(list):
+    put = list.append
+
+
+class StubCluster:
+    """What the router reads of a cluster to dispatch and fail requests: P (rank 0) and D (rank 1)."""
+
+    def __init__(self):
+        self.plans = [SimpleNamespace(rank=0, role="prefill_only"), SimpleNamespace(rank=1, role="decode_only")]
+        self.started, self.inboxes = {}, [Inbox(), Inbox()]
+
+    def alive(self, rank: int) -> bool:
+        return True
+
+    def local_pids(self) -> dict:
+        return {}
+
+
+@pytest.mark.parametrize("where", ["reserved", "decoding", "interrupted"])
+def test_a_failed_disaggregated_request_is_aborted_on_its_decode_worker_too(where):
+    """Issue 43's leak, deterministically: the book's closing of a failed request unbinds its decode
+    worker, and the router read the workers after that, so only P was told; D kept the blocks of every
+    request a stop (or a client's disconnect) failed, and its audit at exit found them."""
+    cluster = StubCluster()
+    router = Router(cluster, empty_workload(), RequestLog(0.0), "disagg", ClusterConfig(),
+                    KVTransferConfig(decode_binding="early"), 0.0)
+    router._admit(Request(7, 0.0, tuple(range(1, 40)), 20))  # bound early: D reserves for it at once
+    assert [type(m) for m in cluster.inboxes[1]] == [Reserve]
+    if where == "decoding":
+        router.handle(KVArrived(7, 1, 0.1, 1, 0))  # D holds it
+    if where == "interrupted":  # a single run's SIGTERM (testbed/studies/serve.py)
+        assert router.interrupt("interrupted") == 1
+    else:  # a server's stop, a client gone, a stall
+        router._fail(7, 0.2, "server stopping")
+    for inbox in cluster.inboxes:
+        assert [m.rid for m in inbox if isinstance(m, Abort)] == [7]
+
+
 MODES = {"colocated": ["mode=colocated", "cluster.num_workers=1"], "chunked": ["mode=chunked", "cluster.num_workers=1"],
          "disagg": ["mode=disagg", "cluster.num_prefill=1", "cluster.num_decode=1"]}
-TRIES = 3
+# disagg: before the fix every try but those whose TERM came after the last token leaked on D;
+# eight moments (half bound early, D reserving at arrival) leave that no chance to pass unseen
+TRIES = {"colocated": 4, "chunked": 4, "disagg": 8}
 STREAMS = 6
+MAX_TOKENS = 600
+
+
+def read_events(sock: socket.socket, count: int) -> bytes:
+    """What the stream sent up to its `count`-th event (or its end, if that comes first)."""
+    data = b""
+    while data.count(b"data:") < count and b"[DONE]" not in data:
+        part = sock.recv(65536)
+        if not part:
+            break
+        data += part
+    return data
+
+
+def ending(stream: bytes) -> str:
+    """How a stream ended: "refused" (a 503 before any token), "cut" (its last event before [DONE]
+    is an error that says why) or "finished" (its last chunk has finish_reason "length")."""
+    if stream.startswith(b"HTTP/1.1 503"):
+        assert json.loads(stream.split(b"\r\n\r\n", 1)[1])["error"]["code"] == 503, stream[-500:]
+        return "refused"
+    done = stream.rindex(b"data: [DONE]")
+    last, _ = json.JSONDecoder().raw_decode(stream[stream.rindex(b"data: ", 0, done) + 6:].decode())
+    if "error" in last:
+        assert "server stop" in last["error"]["message"], last
+        return "cut"
+    assert last["choices"][0]["finish_reason"] == "length", last
+    return "finished"
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", [
-    "colocated", "chunked",
-    pytest.param("disagg", marks=pytest.mark.xfail(reason="issue 43: the decode worker can still hold the KV of "
-                                                          "requests failed by the stop at its audit (KVLeakError)")),
-])
+@pytest.mark.parametrize("mode", ["colocated", "chunked", "disagg"])
 def test_sigterm_with_streams_open_ends_each_stream_and_exits_0(tmp_path, mode):
-    """SIGTERM at seeded random moments while streams are open (some still in prefill or in
-    transfer, some decoding): each stream gets its final event, the KV audit is clean, exit 0 with
-    no traceback, and the results are written."""
+    """SIGTERM at seeded random moments while streams are open: once a randomly chosen stream has
+    sent a random number of events (its first token, while later requests are still in prefill or
+    in transfer; or well into the decodes), read, not slept for. Each stream gets its final event,
+    the KV audit is clean, exit 0 with no traceback, and the results are written."""
     import random
 
     chance = random.Random(43)
-    for attempt in range(TRIES):
+    endings = []
+    for attempt in range(TRIES[mode]):
         out = tmp_path / str(attempt)
         out.mkdir()
-        server, url = serve_http(out, *MODES[mode], "model.max_model_len=1024", "engine.num_kv_blocks=512")
+        binding = [f"kv_transfer.decode_binding={('early', 'late')[attempt % 2]}"] if mode == "disagg" else []
+        server, url = serve_http(out, *MODES[mode], *binding, "model.max_model_len=1024", "engine.num_kv_blocks=512")
         streams = []
         try:
             for i in range(STREAMS):
-                streams.append(open_stream(url, [3 + i] * chance.randint(20, 400), 600))
-            read_until(streams[0], b"data:")  # one is decoding; the later ones may not have started
-            time.sleep(chance.uniform(0.0, 1.0))  # the point of the test: where the signal lands
+                streams.append(open_stream(url, [3 + i] * chance.randint(20, 400), MAX_TOKENS))
+            # the point of the test: where the signal lands
+            which, events = chance.randrange(STREAMS), chance.choice([1, chance.randint(2, 30), chance.randint(30, 500)])
+            before = read_events(streams[which], events)
             server.send_signal(signal.SIGTERM)
-            ends = [read_until(stream, b"[DONE]") for stream in streams]
+            ends = [read_until(stream, b"[DONE]") if b"[DONE]" not in before or i != which else b""
+                    for i, stream in enumerate(streams)]
+            ends[which] = before + ends[which]
         finally:
             for stream in streams:
                 stream.close()
             code = stop(server) if server.poll() is None else server.wait()
         said = (out / "server.log").read_text() + "".join(p.read_text() for p in (out / "run").glob("*.log"))
-        assert code == 0 and "Traceback" not in said and "KVLeakError" not in said, said[-3000:]
-        # a stream cut short says why in its last event before [DONE]; one refused before any token is a 503
-        assert all(b"data: [DONE]" in end or end.startswith(b"HTTP/1.1 503") for end in ends), ends
+        where = f"try {attempt} ({' '.join(binding)}): SIGTERM after event {events} of stream {which}"
+        assert code == 0 and "Traceback" not in said and "KVLeakError" not in said, f"{where}\n{said[-3000:]}"
+        endings.append([ending(end) for end in ends])  # each stream's final event: cut short, it says why
         summary = json.loads((out / "run" / "summary.json").read_text())
-        assert not any(summary["kv_blocks_leaked"].values())
+        assert not any(summary["kv_blocks_leaked"].values()), (where, summary["kv_blocks_leaked"])
+        assert not any(b["count"] for b in summary["staging_buffers_leaked"].values()), where
+        # the results are kept: every stream that got a token is in them (one refused may not have been admitted)
+        assert sum(e != "refused" for e in endings[-1]) <= summary["num_requests"]["total"] <= STREAMS, where
+    assert any("cut" in tried for tried in endings), endings  # the signal did land while streams were open

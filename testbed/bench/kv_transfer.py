@@ -29,7 +29,7 @@ from testbed.engine import EngineConfig
 from testbed.engine.model_runner import ModelRunner
 from testbed.model.config import ModelArgs
 from testbed.model.llama import Transformer
-from testbed.ports import free_port
+from testbed.net.rendezvous import host_store, store_client
 
 # 2 layers x 2 KV heads x head dim 64, float32: 2 KiB of K and V per token
 SHAPE = ModelArgs(vocab_size=16, hidden_size=128, intermediate_size=16, num_layers=2, num_heads=2, num_kv_heads=2,
@@ -72,7 +72,8 @@ def run_rank(rank: int, port: int, max_mib: int, repeats: int, use_cuda: bool, o
         torch.cuda.set_device(device)
     else:
         torch.set_num_threads(1)
-    dist.init_process_group("nccl" if use_cuda else "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+    store = store_client("127.0.0.1", port, 600)  # the parent's, on the loopback alone
+    dist.init_process_group("nccl" if use_cuda else "gloo", store=dist.PrefixStore("kv", store), rank=rank,
                             world_size=2, timeout=timedelta(seconds=600))
     per_token = SHAPE.kv_bytes_per_token * 4
     runner = make_runner(device, (max_mib << 20) // per_token + BLOCK)
@@ -165,8 +166,10 @@ def measure(max_mib: int, repeats: int, ipc: bool = True) -> dict:
     use_cuda = torch.cuda.is_available() and torch.cuda.device_count() >= 2
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    mp.start_processes(run_rank, args=(free_port(), max_mib, repeats, use_cuda, out), nprocs=2,
+    store = host_store("127.0.0.1", 0, None, 600)  # the group's rendezvous, on the loopback alone
+    mp.start_processes(run_rank, args=(store.port, max_mib, repeats, use_cuda, out), nprocs=2,
                        start_method="spawn")
+    del store
     results = {"backend": "nccl (cuda:0 -> cuda:1)" if use_cuda else "gloo (CPU processes)"}
     while not out.empty():
         results.update(out.get())

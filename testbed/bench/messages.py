@@ -22,7 +22,7 @@ import numpy as np
 
 from testbed.metrics.record import StepRecord
 from testbed.net.messages import StepEvents
-from testbed.ports import free_port
+from testbed.net.rendezvous import host_store, store_client
 
 TOKEN = "b" * 32
 WARMUP = 50
@@ -35,6 +35,14 @@ def report(batch: int = 16) -> StepEvents:
     return StepEvents(worker=1, t=1.01, record=record, scheduled=[(i, 1, False) for i in range(batch)],
                       tokens=[(i, 40, 1000 + i) for i in range(batch)], finished=[], handoff=[], free_blocks=200,
                       num_running=batch, sent=1.011)
+
+
+def join_gloo(store, rank: int) -> None:
+    """This process into the two-rank gloo group whose rendezvous is `store` (the sender's, on the loopback)."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.PrefixStore("gloo", store), rank=rank, world_size=2,
+                            timeout=timedelta(seconds=TIMEOUT_S))
 
 
 # -- echoes (child processes) ------------------------------------------------------------------
@@ -61,11 +69,9 @@ def echo_zmq(back: str, count: int) -> None:
 
 
 def echo_store(port: int, count: int) -> None:
-    import torch.distributed as dist
-
     from testbed.net import wire
 
-    store = dist.TCPStore("127.0.0.1", port, None, is_master=False, timeout=timedelta(seconds=TIMEOUT_S))
+    store = store_client("127.0.0.1", port, TIMEOUT_S)
     for i in range(count):
         store.set(f"pong/{i}", wire.encode(wire.decode(store.get(f"ping/{i}"), TOKEN), TOKEN))
 
@@ -76,8 +82,7 @@ def echo_gloo(port: int, count: int) -> None:
 
     from testbed.net import wire
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=1, world_size=2,
-                            timeout=timedelta(seconds=TIMEOUT_S))
+    join_gloo(store_client("127.0.0.1", port, TIMEOUT_S), 1)
     size = torch.zeros(1, dtype=torch.int64)
     for _ in range(count):
         dist.recv(size, 0)
@@ -133,13 +138,10 @@ def time_zmq(count: int) -> list[float]:
 
 
 def time_store(count: int) -> list[float]:
-    import torch.distributed as dist
-
     from testbed.net import wire
 
-    port = free_port()
-    store = dist.TCPStore("127.0.0.1", port, None, is_master=True, timeout=timedelta(seconds=TIMEOUT_S))
-    child = mp.get_context("spawn").Process(target=echo_store, args=(port, count + WARMUP), daemon=True)
+    store = host_store("127.0.0.1", 0, None, TIMEOUT_S)  # on the loopback alone, as a run's own
+    child = mp.get_context("spawn").Process(target=echo_store, args=(store.port, count + WARMUP), daemon=True)
     child.start()
     msg, times = report(), []
     for i in range(count + WARMUP):
@@ -157,11 +159,10 @@ def time_gloo(count: int) -> list[float]:
 
     from testbed.net import wire
 
-    port = free_port()
-    child = mp.get_context("spawn").Process(target=echo_gloo, args=(port, count + WARMUP), daemon=True)
+    store = host_store("127.0.0.1", 0, None, TIMEOUT_S)  # the group's rendezvous, on the loopback alone
+    child = mp.get_context("spawn").Process(target=echo_gloo, args=(store.port, count + WARMUP), daemon=True)
     child.start()
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=2,
-                            timeout=timedelta(seconds=TIMEOUT_S))
+    join_gloo(store, 0)
     times = []
     for _ in range(count + WARMUP):
         start = time.perf_counter()
