@@ -105,8 +105,7 @@ def attainment_vs_rate(ax, cells: pd.DataFrame, goodputs: Mapping[str, Mapping] 
     "attainment", "low", "high", "points_rate", "points_attainment", "goodput", "goodput_low",
     "goodput_high"}}."""
     lines = (_fitted_lines(ax, points) if points is not None and len(points) else {})
-    bands = metric_by_label(ax, cells, "rate", "slo_attainment", linestyle="none" if lines else "-",
-                            legend=not lines)
+    bands = metric_by_label(ax, cells, "rate", "slo_attainment") if not lines else _grid_bars(ax, cells)
     plotted = {}
     for label, band_line in bands.items():
         line = lines.get(label, {"x": band_line["x"], "y": band_line["y"], "dots": (np.array([]), np.array([]))})
@@ -129,6 +128,18 @@ def attainment_vs_rate(ax, cells: pd.DataFrame, goodputs: Mapping[str, Mapping] 
     ax.yaxis.set_major_formatter(PercentFormatter(1.0))
     style.legend(ax)
     return plotted
+
+
+def _grid_bars(ax, cells: pd.DataFrame) -> dict[str, dict]:
+    """The grid cells' attainment intervals as error bars at their rates (the line is the fit)."""
+    out = {}
+    for label in style.order(cells["label"]):
+        rows = cells[cells["label"] == label].sort_values("rate")
+        xs, ys = rows["rate"].to_numpy(dtype=float), rows["slo_attainment"].to_numpy(dtype=float)
+        low, high = column_bounds(rows, "slo_attainment")
+        error_bars(ax, xs, low, high, style.colour(label), f"{label}:slo_attainment")
+        out[label] = {"x": xs, "y": ys, "low": low, "high": high}
+    return out
 
 
 def _fitted_lines(ax, points: pd.DataFrame) -> dict[str, dict]:

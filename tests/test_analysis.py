@@ -186,6 +186,28 @@ def test_attainment_vs_rate_bands_and_goodput_interval(repeated):
     assert sorted(s.get_xdata()[0] for s in stars) == sorted(p["goodput"] for p in plotted.values() if p["goodput"] > 0)
 
 
+def test_the_attainment_curve_goes_through_every_point_grid_and_search(repeated):
+    """A paper's attainment figure: every rate each repeat tried as a dot, the monotone fit of
+    them all as the line through the 90% line, the grid cells' intervals as error bars."""
+    from testbed.metrics.rate_search import monotone_fit
+
+    points, cells = repeated.searched(), repeated.cells()
+    fig, ax = style.figure()
+    plotted = figures.attainment_vs_rate(ax, cells, repeated.aggregate["goodput"], points=points)
+    lines = lines_by_label(ax)
+    for label, rows in points.groupby("label"):
+        line = plotted[label]
+        weights = (rows["num_requests_total"] - rows["num_requests_rejected"]).to_numpy(float)
+        curve = monotone_fit(rows["rate"], rows["slo_attainment"], weights)
+        assert close(lines[label].get_xdata(), curve.rates) and close(lines[label].get_ydata(), curve.fitted)
+        assert sorted(line["points_rate"]) == sorted(rows["rate"]) and len(line["points_rate"]) > len(line["grid_rate"])
+        grid = cells[cells["label"] == label].sort_values("rate")
+        bars = segments(ax, f"{label}:slo_attainment")  # vertical, at the grid's rates
+        known = grid["slo_attainment_low"].notna().to_numpy()
+        assert close(bars[:, 0, 0], grid["rate"][known]) and close(bars[:, 0, 1], grid["slo_attainment_low"][known])
+    assert any(s.get_marker() == "*" for s in ax.get_lines())
+
+
 def test_latency_vs_rate_draws_cells_and_bands(sweeps):
     cells = sweeps["rate_sweep"].cells()
     fig, ax = style.figure()
