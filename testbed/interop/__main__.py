@@ -1,8 +1,9 @@
 """python -m testbed.interop {export,import,add} ...
 
     export POINT_DIR [--tokenizer DIR] [--out DIR]      what a point ran, for vLLM and SGLang to replay
-    import {vllm,sglang} FILE OUT_DIR [--slo-ttft S] [--slo-tpot S] [--run N] [--trace F]
-                                                        their run as a results directory
+    import {vllm,sglang,inference-perf,guidellm} FILE OUT_DIR [--slo-ttft S] [--slo-tpot S] [--run N] [--trace F]
+                                                        their run as a results directory (inference-perf's
+                                                        lifecycle-metrics JSON and GuideLLM's report: summary-only)
     add SWEEP_DIR RUN --label L [--rate R] [--num-gpus N] [--format F] [--trace F] [--no-figures]
                                                         a run drawn beside a study's configurations
 
@@ -27,8 +28,9 @@ def parser() -> argparse.ArgumentParser:
     export.add_argument("point_dir")
     export.add_argument("--tokenizer", help="a Hugging Face tokenizer directory (for vLLM's text prompts)")
     export.add_argument("--out", help="where to write (default: POINT_DIR/exports)")
-    imports = commands.add_parser("import", help="a vLLM or SGLang result file as a results directory")
-    imports.add_argument("format", choices=["vllm", "sglang"])
+    imports = commands.add_parser("import", help="a vLLM, SGLang, inference-perf or GuideLLM result file as a "
+                                                 "results directory")
+    imports.add_argument("format", choices=["vllm", "sglang", "inference-perf", "guidellm"])
     imports.add_argument("file")
     imports.add_argument("out_dir")
     imports.add_argument("--slo-ttft", type=float, default=SLOConfig.ttft_s, help="TTFT SLO in seconds")
@@ -65,7 +67,7 @@ def import_file(args) -> None:
     from testbed.interop.points import import_run
 
     slo = SLOConfig(ttft_s=args.slo_ttft, tpot_s=args.slo_tpot).validate()
-    done = import_run(args.file, args.out_dir, fmt=args.format, slo=slo, run=args.run_index, trace=args.trace,
+    done = import_run(args.file, args.out_dir, fmt=args.format.replace("-", "_"), slo=slo, run=args.run_index, trace=args.trace,
                       slowdown=args.slowdown)
     counts = done["summary"]["num_requests"]
     if done["summary"].get("summary_only"):

@@ -14,6 +14,8 @@ from typing import Callable, Mapping, Optional
 import numpy as np
 import pandas as pd
 
+from testbed.interop.guidellm import is_guidellm, read_guidellm
+from testbed.interop.inference_perf import is_inference_perf, read_inference_perf
 from testbed.interop.mooncake import BLOCK_SIZE, trace_arrivals, write_mooncake_jsonl
 from testbed.interop.sglang import is_sglang, read_sglang_result
 from testbed.interop.summary import is_summary_only, parse_rate, summary_of
@@ -27,18 +29,24 @@ from testbed.metrics.summary import summarize
 from testbed.tracking.results import write_json, write_results
 from testbed.workload.traces import read_mooncake_jsonl
 
-FORMATS = ("vllm", "sglang", "testbed")
+FORMATS = ("vllm", "sglang", "inference_perf", "guidellm", "testbed")
 READERS = {"vllm": read_vllm_result, "sglang": read_sglang_result}
+# client reports read as summary-only runs (client_run.py): format -> reader
+CLIENT_REPORTS = {"inference_perf": read_inference_perf, "guidellm": read_guidellm}
 
 
 def detect_format(path) -> str:
-    """testbed (a results directory), vllm or sglang (told apart by their summary keys)."""
+    """testbed (a results directory), vllm, sglang, inference_perf or guidellm (told apart by their keys)."""
     path = Path(path)
     if path.is_dir():
         if (path / "summary.json").is_file():
             return "testbed"
         raise InteropError(f"{path}: a directory but not a results directory (no summary.json)")
     last = load_runs(path)[-1]
+    if is_guidellm(last):
+        return "guidellm"
+    if is_inference_perf(last):
+        return "inference_perf"
     if is_vllm(last):
         return "vllm"
     if is_sglang(last):
@@ -65,6 +73,8 @@ def import_run(path, out_dir, *, fmt: Optional[str] = None, slo: SLOConfig, metr
     metrics = metrics or MetricsConfig()
     if fmt == "testbed":
         return _copy_run(Path(path), Path(out_dir), slo, metrics, num_gpus, tenants)
+    if fmt in CLIENT_REPORTS:
+        return _import_client_report(Path(path), Path(out_dir), fmt, slo, metrics, num_gpus, label, run)
     data = pick_run(path, run)
     if is_summary_only(data):
         return _import_summary(data, Path(path), Path(out_dir), fmt, slo, metrics, num_gpus, label, trace)
@@ -106,6 +116,26 @@ def _import_summary(data: dict, path: Path, out_dir: Path, fmt: str, slo: SLOCon
                                    "--output-details): its summary figures only" +
                                    ("; --trace not used" if trace is not None else ""),
             "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "original": scalars(data)}
+    write_results(out_dir, requests=requests, config=config, meta=meta, summary=summary)
+    return {"dir": out_dir, "summary": summary, "requests": requests, "rate": rate, "meta": meta}
+
+
+def _import_client_report(path: Path, out_dir: Path, fmt: str, slo: SLOConfig, metrics: MetricsConfig,
+                          num_gpus: int, label: Optional[str], run: int) -> dict:
+    """An inference-perf or GuideLLM report as a summary-only point: the client's figures in the
+    testbed's definitions (the reader's docstring says how each converts)."""
+    client = CLIENT_REPORTS[fmt](path, run=run)
+    summary = client.summary(num_gpus=num_gpus, slo=asdict(slo))
+    rate = client.rate
+    config = {"mode": label or fmt, "executor": fmt, "slo": asdict(slo), "metrics": asdict(metrics),
+              "workload": {"rate": rate if math.isfinite(rate) else None, "arrival": client.arrival,
+                           "max_concurrency": client.max_concurrency},
+              "model": {"name": client.model}, "cluster": {"num_workers": num_gpus}}
+    meta = {"imported_from": str(path.resolve()), "format": fmt, "summary_only": True, "arrivals": None,
+            "trace": None, "note": "a client report: its summary figures only, converted to the testbed's definitions",
+            "definitions": client.definitions, "notes": client.notes,
+            "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "original": client.settings}
+    requests = request_table([])
     write_results(out_dir, requests=requests, config=config, meta=meta, summary=summary)
     return {"dir": out_dir, "summary": summary, "requests": requests, "rate": rate, "meta": meta}
 
