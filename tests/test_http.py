@@ -20,6 +20,7 @@ from testbed.http.protocol import BadRequest, parse_completion, read_event
 from testbed.server.app import HttpServer
 from testbed.studies.points import http_point
 from tests.cluster_helpers import make_config, small_workload
+from tests.stub_server import served
 
 LIMITS = {"vocab_size": 100, "max_model_len": 64, "model": "testbed"}
 
@@ -297,25 +298,8 @@ class Misbehaving:
 
 @pytest.fixture
 def misbehaving():
-    handlers, loop = Misbehaving(), asyncio.new_event_loop()
-    app = web.Application()
-    app.router.add_get("/v1/models", handlers.models)
-    app.router.add_post("/v1/completions", handlers.completions)
-    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=1.0)
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-
-    async def start():
-        await runner.setup()
-        await web.SockSite(runner, sock).start()
-
-    asyncio.run_coroutine_threadsafe(start(), loop).result(timeout=60)
-    yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(timeout=60)
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join()
+    with served(Misbehaving()) as url:
+        yield url
 
 
 def test_failures_are_recorded_per_request_and_the_run_ends(misbehaving, tmp_path):

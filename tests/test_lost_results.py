@@ -11,7 +11,6 @@ import random
 import re
 import resource
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -22,6 +21,7 @@ import pytest
 from aiohttp import web
 
 from tests.paths import ROOT
+from tests.stub_server import served
 
 pytestmark = pytest.mark.slow
 
@@ -58,6 +58,23 @@ class Progress:
         return self.text
 
 
+def stopped(command: list[str], delay_s: float, signum) -> tuple[int, str, int]:
+    """Run `command`, signal it `delay_s` after its first finished request: (exit code, stderr,
+    requests it had reported finished before the signal)."""
+    proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    progress = Progress(proc.stderr)
+    try:
+        progress.wait_for(proc, 1)
+        time.sleep(delay_s)  # where the signal lands (the wait above is on an event, not a pace)
+        reported = progress.finished  # read before the signal: each was in the request log by then
+        proc.send_signal(signum)
+        code = proc.wait(timeout=HANG_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return code, progress.close(), reported
+
+
 def no_temporaries(directory) -> None:
     assert not [p for p in directory.rglob("*") if p.name.endswith(".tmp")]
 
@@ -70,19 +87,8 @@ def test_a_single_run_stopped_at_a_random_moment_keeps_every_finished_request(tm
     # then, and a decode worker never told of the cut ones kept their KV: issue 43)
     args = RUN if mode != "disagg" else [*RUN, "mode=disagg", "cluster.num_prefill=1", "cluster.num_decode=1",
                                          "workload.rate=40", "workload.output_len.min=100", "workload.output_len.max=200"]
-    proc = subprocess.Popen([sys.executable, "-m", "testbed", *args, f"hydra.run.dir={tmp_path}"], cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
-    progress = Progress(proc.stderr)
-    try:
-        progress.wait_for(proc, 1)
-        time.sleep(delay_s)
-        reported = progress.finished  # read before the signal: each was in the request log by then
-        proc.send_signal(signum)
-        code = proc.wait(timeout=HANG_S)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    stderr = progress.close()
+    code, stderr, reported = stopped([sys.executable, "-m", "testbed", *args, f"hydra.run.dir={tmp_path}"], delay_s,
+                                     signum)
     assert code == 130 and "Traceback" not in stderr, stderr[-3000:]
     requests = pd.read_parquet(tmp_path / "requests.parquet")
     summary = json.loads((tmp_path / "summary.json").read_text())
@@ -175,26 +181,10 @@ class SlowServer:
 
 @pytest.fixture
 def slow_server():
-    """(the stub, its URL), served from a thread of the test's process on a free port."""
-    handlers, loop = SlowServer(), asyncio.new_event_loop()
-    app = web.Application()
-    app.router.add_get("/v1/models", handlers.models)
-    app.router.add_post("/v1/completions", handlers.completions)
-    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=1.0)
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-
-    async def start():
-        await runner.setup()
-        await web.SockSite(runner, sock).start()
-
-    asyncio.run_coroutine_threadsafe(start(), loop).result(timeout=60)
-    yield handlers, f"http://127.0.0.1:{sock.getsockname()[1]}"
-    asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(timeout=60)
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join()
+    """(the stub, its URL)."""
+    handlers = SlowServer()
+    with served(handlers) as url:
+        yield handlers, url
 
 
 # 200 requests at 10/s, each 6-20 tokens at 20 tokens/s: ~20 s of replay, so every delay below lands mid-way
@@ -208,18 +198,7 @@ def test_an_http_run_stopped_at_a_random_moment_keeps_every_finished_request(tmp
     server, url = slow_server
     delay_s = random.Random(seed).uniform(0.0, 3.0)  # after the first finished request: where the signal lands
     command = [sys.executable, "-m", "testbed", *HTTP_RUN, f"http.url={url}", f"hydra.run.dir={tmp_path}"]
-    proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
-    progress = Progress(proc.stderr)
-    try:
-        progress.wait_for(proc, 1)
-        time.sleep(delay_s)
-        reported = progress.finished  # read before the signal: each was in the request log by then
-        proc.send_signal(signum)
-        code = proc.wait(timeout=HANG_S)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    stderr = progress.close()
+    code, stderr, reported = stopped(command, delay_s, signum)
     assert code == 130 and "Traceback" not in stderr, stderr[-3000:]
     requests = pd.read_parquet(tmp_path / "requests.parquet")
     summary = json.loads((tmp_path / "summary.json").read_text())
