@@ -172,7 +172,7 @@ def test_no_verdict_is_separated_unless_it_outlasts_both_search_errors():
     chosen = verdict(loose)
     row = chosen["comparisons"][0]
     assert not chosen["separated"] and row["difference_low"] < 0 < row["difference"]
-    assert row["repeats_needed"] is None and row["detectable"] > 1.2
+    assert row["repeats_needed"] is None and row["detectable"] > 1.2 and row["search_error"] == pytest.approx(1.2)
 
 
 def test_the_search_error_of_every_repeat_reaches_the_verdict_from_the_aggregate():

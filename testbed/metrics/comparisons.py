@@ -33,6 +33,7 @@ class Comparison:
     censored: bool  # a bound pointing the wrong way took part: no claim
     bound: bool = False  # a bound pointing the claim's way took part: the lead is at least `difference.low`
     detectable: float = math.nan  # the smallest lead these seeds detect with 80% power (same units)
+    search_error: float = 0.0  # both sides' mean search error: what the interval was widened by
 
 
 def paired(leader: Mapping[int, Goodput], other: Mapping[int, Goodput]) -> tuple[Interval, bool, np.ndarray]:
@@ -119,7 +120,7 @@ def compare(values: Mapping[str, Mapping[int, Goodput]]) -> list[Comparison]:
         separated = interval.known and interval.low > 0 and not against
         out.append(Comparison(leader, other, interval, len(diffs), separated,
                               None if separated else repeats_to_separate(diffs, error), against,
-                              toward(values[leader], values[other]), detectable(diffs, error)))
+                              toward(values[leader], values[other]), detectable(diffs, error), error))
     return out
 
 
@@ -149,7 +150,7 @@ def comparison_row(c: Comparison) -> dict:
     return {"leader": c.leader, "other": c.other, "difference": d.estimate, "difference_low": d.low,
             "difference_high": d.high, "seeds": c.seeds, "separated": c.separated,
             "repeats_needed": c.repeats_needed, "censored_against": c.censored, "bound": c.bound,
-            "detectable": c.detectable}
+            "detectable": c.detectable, "search_error": c.search_error}
 
 
 def _difference(c: Comparison, unit: str) -> str:
