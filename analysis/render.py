@@ -44,6 +44,9 @@ SMALL = {
                      "hardware.emulate_model=llama3_8b", "hardware.max_overrun_share=1"],
     "plan": ["experiment.rates=[20,80]", "experiment.chunk_sizes=[64]", "hardware.num_devices=3",
              "workload.num_requests=40"],
+    # a published GPU run replayed in the simulator (its workload is the reference's, not COMMON's)
+    "replay": [f"experiment.reference={ROOT / 'tests/data/replay/sglang030_a100_llama31_8b_rps4.jsonl'}",
+               f"experiment.setup={ROOT / 'tests/data/replay/sglang030_a100.setup.yaml'}"],
 }
 
 

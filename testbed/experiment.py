@@ -9,7 +9,7 @@ from typing import Any, Dict, List, Optional
 from testbed.errors import ConfigError
 
 STUDIES = ("serve", "ratio_sweep", "mode_compare", "rate_sweep", "slo_scale", "interference", "chunk_sweep",
-           "input_buckets", "burstiness", "multiturn", "kv_bandwidth", "profile", "sim_validate", "plan")
+           "input_buckets", "burstiness", "multiturn", "kv_bandwidth", "profile", "sim_validate", "plan", "replay")
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,12 @@ class ExperimentConfig:
     # a resumed sweep's finished point that ran another configuration: refuse (name what changed)
     # or rerun it
     on_changed: str = "refuse"
+    # replay: a real engine's result file (vLLM bench serve JSON, SGLang bench_serving JSONL), the
+    # run's setup YAML (GPU, model, engine knobs: testbed/studies/replay.py), and whether to run
+    # the workload in emulation too (small synthetic workloads only: it runs in real time)
+    reference: Optional[str] = None
+    setup: Optional[str] = None
+    replay_emulate: bool = False
 
     def validate(self) -> "ExperimentConfig":
         if self.name not in STUDIES:

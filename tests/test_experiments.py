@@ -30,6 +30,10 @@ def test_experiment_runs_end_to_end(name, study_results):
         profile = json.loads((study_results[name] / "profile.json").read_text())
         assert profile["samples"]["step"] and profile["cost_model"]["per_prefill_token_s"] >= 0
         return
+    if name == "replay":
+        replay = json.loads((study_results[name] / "replay.json").read_text())
+        assert replay["rows"] and (study_results[name] / "sim" / "summary.json").is_file()
+        return
     sweep = json.loads((study_results[name] / "sweep.json").read_text())
     table = pd.read_parquet(study_results[name] / "sweep.parquet")
     assert sweep["experiment"] == name and len(table) > 0

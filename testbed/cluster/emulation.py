@@ -33,14 +33,18 @@ class Emulation:
     decode: Optional[str]
     mixed: Optional[str]
     model: Optional[str] = None
+    # an analytical GPU's host terms, (name, value) pairs of EngineConfig.host_terms less the dtype
+    host: tuple = ()
 
     @classmethod
-    def from_hardware(cls, hardware) -> Optional["Emulation"]:
+    def from_hardware(cls, hardware, engine=None) -> Optional["Emulation"]:
+        """`engine` (EngineConfig): the host terms and CUDA graphs the analytical GPU paces with."""
         if not (hardware.emulate or hardware.emulate_prefill or hardware.emulate_decode):
             return None
+        host = tuple((k, v) for k, v in engine.host_terms().items() if k != "dtype") if engine is not None else ()
         return cls(prefill=hardware.emulate_prefill or hardware.emulate,
                    decode=hardware.emulate_decode or hardware.emulate, mixed=hardware.emulate,
-                   model=hardware.emulate_model)
+                   model=hardware.emulate_model, host=host)
 
     def spec_for(self, role: str) -> str:
         spec = getattr(self, ROLE_KEYS.get(role, "mixed"))
@@ -68,10 +72,12 @@ def modelled_args(emulation: Emulation, model: ModelConfig) -> ModelArgs:
     return PRESETS[emulation.model] if emulation.model else model.args()
 
 
-def resolve(spec: str, args: ModelArgs, dtype: str, key: str = "hardware.emulate") -> Paced:
+def resolve(spec: str, args: ModelArgs, dtype: str, key: str = "hardware.emulate", host: tuple = ()) -> Paced:
     """The cost model a spec names, built for the shape `args` with KV elements of `dtype` (a
-    measured profile must describe `args` and carries its own dtype)."""
-    model, label = cost_model(spec, args, DTYPE_BYTES[dtype], key=key)
+    measured profile must describe `args` and carries its own dtype); `host`: an analytical
+    GPU's host terms (Emulation.host)."""
+    terms = {"dtype": dtype, **dict(host)} if is_gpu(spec) else {}
+    model, label = cost_model(spec, args, DTYPE_BYTES[dtype], key=key, **terms)
     dtype_bytes = label.get("dtype_bytes") or DTYPE_BYTES.get(label.get("dtype"), DTYPE_BYTES[dtype])
     return Paced(model, dict(label), int(dtype_bytes))
 
@@ -80,7 +86,7 @@ def role_pacers(emulation: Emulation, role: str, model: ModelConfig, real_kv_byt
                 kv_backend: str = "process_group") -> tuple[StepPacer, LinkPacer]:
     """The step pacer of a worker of `role`, and the link pacer its KV sends (over kv_backend) follow."""
     args = modelled_args(emulation, model)
-    paced = resolve(emulation.spec_for(role), args, model.dtype)
+    paced = resolve(emulation.spec_for(role), args, model.dtype, host=emulation.host)
     if role == "prefill_only":  # P's link paces the KV it sends
         require_transport(paced.model, kv_backend, f"the emulated prefill device ({emulation.spec_for(role)})")
     scale = args.kv_bytes_per_token * paced.dtype_bytes / real_kv_bytes_per_token

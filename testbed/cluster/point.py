@@ -96,7 +96,7 @@ def worker_template(cfg: Config, store=None) -> WorkerSpec:
                       piece_bytes=kv.piece_kib << 10, drop_kv_probability=cfg.faults.drop_kv_probability,
                       delay_kv_s=cfg.faults.delay_kv_ms / 1000, seed=cfg.seed,
                       heartbeat_s=cfg.cluster.heartbeat_s, start_timeout_s=cfg.cluster.start_timeout_s,
-                      emulation=Emulation.from_hardware(cfg.hardware), report_cache=cfg.follows_caches,
+                      emulation=Emulation.from_hardware(cfg.hardware, cfg.engine), report_cache=cfg.follows_caches,
                       incremental=kv.multiturn == "incremental", kv_store=store, kv_backend=kv.backend)
 
 

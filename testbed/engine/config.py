@@ -45,14 +45,30 @@ class EngineConfig:
     num_kv_blocks: Optional[int] = None  # an explicit pool size overrides every budget
     attention_backend: str = "auto"  # one of kv_layout.ATTENTION_BACKENDS: auto | flash | triton | cpu | torch
     enable_prefix_caching: bool = False
-    # decode replayed from CUDA graphs captured per batch-size bucket; None: on where CUDA is
+    # decode replayed from CUDA graphs captured per batch-size bucket; None: on where CUDA is (and on
+    # an analytical GPU of the simulator or emulation, whose decode steps pay eager launches when off)
     cuda_graphs: Optional[bool] = None
+    # the modelled engine's host side on an analytical GPU (simulator and emulation; testbed/perf/
+    # roofline.py): per-step host time (None: the GPU table's step overhead) and more per sequence
+    # a step samples for. A real engine's own host time is what it measures, not these.
+    host_overhead_s: Optional[float] = None
+    host_overhead_per_seq_s: float = 0.0
     # the share of the host's available memory (after the weights) for the KV pools of all CPU
     # workers together, each pool capped at what max_running requests of max_model_len hold
     cpu_memory_utilization: float = 0.1
     # where prefill and decode workers share a device: the prefill workers' share of its KV memory
     # (prefill holds only the prompts in flight and those waiting for D); decode takes the rest
     prefill_memory_share: float = 0.2
+
+    def host_terms(self, dtype: str = "auto") -> dict:
+        """The analytical cost model's dtype and host terms (testbed.perf.resolve.analytical)."""
+        return {"dtype": dtype, "host_fixed_s": self.host_overhead_s, "host_per_seq_s": self.host_overhead_per_seq_s,
+                "cuda_graphs": self.cuda_graphs}
+
+    @property
+    def sets_host(self) -> bool:
+        """Host terms set: they apply to an analytical GPU only (a measured profile has its own)."""
+        return self.host_overhead_s is not None or self.host_overhead_per_seq_s > 0
 
     def for_device(self, device_type: str, dtype="auto") -> "EngineConfig":
         """The block size and graph setting this device (and KV dtype) gets when they are unset."""
@@ -75,6 +91,10 @@ class EngineConfig:
                 raise ConfigError(f"engine.{key} must be in (0, 1] (got {getattr(self, key)})")
         if not 0 < self.prefill_memory_share < 1:
             raise ConfigError(f"engine.prefill_memory_share must be in (0, 1) (got {self.prefill_memory_share})")
+        if self.host_overhead_s is not None and self.host_overhead_s < 0:
+            raise ConfigError(f"engine.host_overhead_s must be >= 0 or unset (got {self.host_overhead_s})")
+        if self.host_overhead_per_seq_s < 0:
+            raise ConfigError(f"engine.host_overhead_per_seq_s must be >= 0 (got {self.host_overhead_per_seq_s})")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ConfigError(f"engine.num_kv_blocks must be >= 1 (got {self.num_kv_blocks})")
         if self.attention_backend not in ATTENTION_BACKENDS:

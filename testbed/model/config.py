@@ -67,6 +67,9 @@ PRESETS: dict[str, ModelArgs] = {
                        num_heads=8, num_kv_heads=4, max_model_len=4096),
     "llama3_8b": ModelArgs(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32,
                            num_heads=32, num_kv_heads=8, max_model_len=8192, rope_theta=500000.0),
+    # multi-head attention: every head a KV head (4x Llama-3-8B's KV per token at the same head_dim)
+    "llama2_7b": ModelArgs(vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_layers=32,
+                           num_heads=32, num_kv_heads=32, max_model_len=4096),
     "qwen2_5_7b": ModelArgs(vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_layers=28,
                             num_heads=28, num_kv_heads=4, max_model_len=32768, rope_theta=1000000.0,
                             rms_norm_eps=1e-6, qkv_bias=True),

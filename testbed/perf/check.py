@@ -17,12 +17,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from testbed.model.config import PRESETS, ModelArgs
+from testbed.model.config import PRESETS
 from testbed.perf.gpus import GPUS
 from testbed.perf.roofline import RooflineModel
 
-LLAMA2_7B = ModelArgs(vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_layers=32, num_heads=32,
-                      num_kv_heads=32, max_model_len=4096)
+LLAMA2_7B = PRESETS["llama2_7b"]
 MODELS = {"llama3_8b": PRESETS["llama3_8b"], "llama2_7b": LLAMA2_7B}
 
 VLLM_LATENCY = "vLLM nightly latency benchmark, latency_llama8B_tp1 (batch 8, 32 in, 128 out), buildkite vllm/performance-benchmark build {}"

@@ -2,10 +2,11 @@
 
 Peaks are datasheet figures; the efficiency factors turn them into what kernels reach. Each
 number carries its source. Sources named here:
-- [A100-DS] NVIDIA A100 Tensor Core GPU datasheet: bf16 312 TFLOP/s dense; HBM 1,555 GB/s (40GB),
-  2,039 GB/s (80GB SXM); NVLink 600 GB/s both directions.
-- [H100-DS] NVIDIA H100 datasheet, SXM5: bf16 1,979 TFLOP/s with 2:4 sparsity, so 989 dense;
-  HBM3 3.35 TB/s; NVLink 900 GB/s both directions.
+- [A100-DS] NVIDIA A100 Tensor Core GPU datasheet: bf16 312 TFLOP/s dense, fp16 the same; FP32
+  (no tensor cores) 19.5 TFLOP/s; HBM 1,555 GB/s (40GB), 2,039 GB/s (80GB SXM); NVLink 600 GB/s both
+  directions.
+- [H100-DS] NVIDIA H100 datasheet, SXM5: bf16 1,979 TFLOP/s with 2:4 sparsity, so 989 dense, fp16
+  the same; FP32 67 TFLOP/s; HBM3 3.35 TB/s; NVLink 900 GB/s both directions.
 - [H200-DS] NVIDIA H200 datasheet, SXM: 141 GB HBM3e at 4.8 TB/s, NVLink 900 GB/s, the H100's
   compute (also ../shared/notes/roofline-cost-models.md, hardware table).
 - [NVSMI] total memory nvidia-smi reports: A100-SXM4-40GB 40,960 MiB; A100-SXM4-80GB 81,920 MiB;
@@ -18,6 +19,9 @@ number carries its source. Sources named here:
   send_recv between two NVLink GPUs takes 4-17 us for small messages and moves ~350 GB/s at 64 MiB
   on H100 (0.77 of 450).
 - [NCCL] NVIDIA/nccl#1264: H100 SXM p2pBandwidthLatencyTest ~380 of 450 GB/s one way (0.84).
+- [LAUNCH] a CUDA kernel launch costs the host about 5 us (NVIDIA's CUDA Graphs introduction,
+  "Getting Started with CUDA Graphs", 2019: 2-5 us per launch; a decode step of a 7-8B model runs
+  about 14 kernels a layer, so eager decode leaves the GPU idle between short kernels that long).
 - [FA2] Dao, FlashAttention-2 (2023): forward attention reaches up to ~70% of A100 peak at long
   sequences. [FA3] Shah et al., FlashAttention-3 (2024): FlashAttention-2 reaches ~35% of H100 peak.
 """
@@ -36,7 +40,7 @@ class Gpu:
     """One device. Bandwidths in bytes/s, NVLink one direction; `*_share` and `*_mfu` in (0, 1]."""
 
     name: str
-    peak_flops: float  # dense bf16/fp16 tensor-core FLOP/s
+    peak_flops: float  # dense bf16/fp16 tensor-core FLOP/s (the two are equal on every GPU here)
     hbm_bytes_per_s: float
     nvlink_bytes_per_s: float
     memory_bytes: float
@@ -46,6 +50,16 @@ class Gpu:
     nvlink_share: float  # achievable share of the NVLink bandwidth (a KV send)
     step_overhead_s: float  # per-step CPU time of a Python engine outside kernels
     link_latency_s: float  # fixed cost of one KV send
+    fp32_flops: float = 0.0  # dense FP32 FLOP/s without tensor cores (torch's default: TF32 matmuls off)
+
+    def flops_for(self, dtype: str) -> float:
+        """The peak a matmul of this dtype reaches: the 16-bit tensor-core peak for float16 and
+        bfloat16 (equal on these GPUs), the FP32 peak for float32."""
+        if dtype in SIXTEEN_BIT:
+            return self.peak_flops
+        if dtype == "float32":
+            return self.fp32_flops or self.peak_flops
+        raise ConfigError(f"gpu {self.name}: no peak for dtype {dtype!r} (one of {', '.join(DTYPES)})")
 
     def validate(self) -> "Gpu":
         for key in ("matmul_mfu", "attention_mfu", "hbm_share", "nvlink_share"):
@@ -60,28 +74,31 @@ HBM_SHARE = 0.8  # [BLIS]; [VIDUR] decode GEMVs of Llama shapes read weights at 
 NVLINK_SHARE = 0.8  # [BLIS] InferSim; [NCCL] 0.84; [VIDUR] 0.77
 STEP_OVERHEAD_S = 2e-3  # [BLIS] lesson 2
 LINK_LATENCY_S = 10e-6  # [VIDUR] small-message send_recv 4-17 us
+KERNEL_LAUNCH_S = 5e-6  # [LAUNCH]
+SIXTEEN_BIT = ("bfloat16", "float16", "auto")  # auto: what a CUDA engine loads a 16-bit checkpoint in
+DTYPES = (*SIXTEEN_BIT, "float32")
 
 GPUS: dict[str, Gpu] = {
     "a100_40g": Gpu("NVIDIA A100-SXM4-40GB", peak_flops=312e12, hbm_bytes_per_s=1555e9,  # [A100-DS]
                     nvlink_bytes_per_s=300e9, memory_bytes=40960 * MIB,  # [A100-DS], [NVSMI]
                     matmul_mfu=0.7, attention_mfu=0.5,  # [VIDUR] 0.70-0.74; [FA2] up to ~0.7, less at serving shapes
                     hbm_share=HBM_SHARE, nvlink_share=NVLINK_SHARE, step_overhead_s=STEP_OVERHEAD_S,
-                    link_latency_s=LINK_LATENCY_S),
+                    link_latency_s=LINK_LATENCY_S, fp32_flops=19.5e12),  # [A100-DS]
     "a100_80g": Gpu("NVIDIA A100-SXM4-80GB", peak_flops=312e12, hbm_bytes_per_s=2039e9,  # [A100-DS]
                     nvlink_bytes_per_s=300e9, memory_bytes=81920 * MIB,  # [A100-DS], [NVSMI]
                     matmul_mfu=0.7, attention_mfu=0.5,  # as a100_40g
                     hbm_share=HBM_SHARE, nvlink_share=NVLINK_SHARE, step_overhead_s=STEP_OVERHEAD_S,
-                    link_latency_s=LINK_LATENCY_S),
+                    link_latency_s=LINK_LATENCY_S, fp32_flops=19.5e12),  # [A100-DS]
     "h100_sxm": Gpu("NVIDIA H100 80GB HBM3 (SXM5)", peak_flops=989e12, hbm_bytes_per_s=3350e9,  # [H100-DS]
                     nvlink_bytes_per_s=450e9, memory_bytes=81559 * MIB,  # [H100-DS], [NVSMI]
                     matmul_mfu=0.75, attention_mfu=0.35,  # [VIDUR] 0.75-0.77; [FA3] FA2 on Hopper
                     hbm_share=HBM_SHARE, nvlink_share=NVLINK_SHARE, step_overhead_s=STEP_OVERHEAD_S,
-                    link_latency_s=LINK_LATENCY_S),
+                    link_latency_s=LINK_LATENCY_S, fp32_flops=67e12),  # [H100-DS]
     "h200": Gpu("NVIDIA H200 (SXM)", peak_flops=989e12, hbm_bytes_per_s=4800e9,  # [H200-DS]
                 nvlink_bytes_per_s=450e9, memory_bytes=143771 * MIB,  # [H200-DS], [NVSMI]
                 matmul_mfu=0.75, attention_mfu=0.35,  # the H100's compute: as h100_sxm
                 hbm_share=HBM_SHARE, nvlink_share=NVLINK_SHARE, step_overhead_s=STEP_OVERHEAD_S,
-                link_latency_s=LINK_LATENCY_S),
+                link_latency_s=LINK_LATENCY_S, fp32_flops=67e12),  # the H100's compute
 }
 
 

@@ -12,21 +12,34 @@ prefill chunks and for the decodes (lesson 5: a mixed step is additive):
 - decode attention: reads `decode_context` tokens of K and V per layer.
 - lm_head: one row of logits per sampling sequence (a decode, or the chunk that ends a prompt).
 
+The engine's host side, stated apart from the kernels (`host_terms`):
+- the per-step host time, scheduling, sampling and detokenising outside the kernels: a fixed part
+  (`host_fixed_s`; unset, the GPU table's `step_overhead_s`) plus a part per sequence the step
+  samples for (`host_per_seq_s`: each decode, and the chunk that ends a prompt);
+- kernel launches: a decode step replayed from a CUDA graph launches once; with graphs off
+  (`cuda_graphs=False`, vLLM's --enforce-eager) it launches KERNELS_PER_LAYER kernels a layer
+  eagerly, and the GPU idles KERNEL_LAUNCH_S between them. Prefill steps run eagerly either way,
+  their kernels long enough to hide the launches.
+
 The same interface as testbed.perf.measured.CostModel, so the simulator and a paced real
-worker take either. No clock, no torch: pure arithmetic on the model shape. The peaks are 16-bit
-tensor-core figures; `dtype_bytes` scales the memory traffic only.
+worker take either. No clock, no torch: pure arithmetic on the model shape. `dtype` picks the
+peak (16-bit tensor cores for float16 and bfloat16, equal on these GPUs; FP32 for float32);
+`dtype_bytes` scales the memory traffic.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import ClassVar, Iterable
+from typing import ClassVar, Iterable, Optional
 
 from testbed.model.config import ModelArgs
 from testbed.perf.attention import attended_context
-from testbed.perf.gpus import Gpu
+from testbed.perf.gpus import KERNEL_LAUNCH_S, Gpu
 
 FLASH_QUERY_TILE = 128  # flash-attn reads a chunk's cached keys once per tile of this many queries
+# kernels of one decoder layer run eagerly: 2 RMSNorms, qkv, RoPE, the KV-cache write, attention,
+# o, 2 residual adds, gate/up, SiLU x up, down, and the casts and copies between them
+KERNELS_PER_LAYER = 14
 
 
 @dataclass(frozen=True)
@@ -35,6 +48,10 @@ class RooflineModel:
     model_args: ModelArgs
     dtype_bytes: int = 2
     causal_attention: bool = True  # flash-attn on a GPU skips a chunk's masked half
+    dtype: str = "bfloat16"  # the peak FLOPs (Gpu.flops_for); dtype_bytes the traffic
+    host_fixed_s: Optional[float] = None  # per-step host time; None: the GPU table's step_overhead_s
+    host_per_seq_s: float = 0.0  # more host time per sequence the step samples for
+    cuda_graphs: bool = True  # decode steps replayed from CUDA graphs (False: eager launches)
     # the kv_transfer.backend values it times (both: the NVLink formula)
     transports: ClassVar[tuple] = ("process_group", "ipc")
 
@@ -52,7 +69,20 @@ class RooflineModel:
 
     def as_dict(self) -> dict:
         return {"kind": "analytical", "gpu": asdict(self.gpu), "dtype_bytes": self.dtype_bytes,
-                "causal_attention": self.causal_attention}
+                "causal_attention": self.causal_attention, "dtype": self.dtype, "host": self.host_terms()}
+
+    def host_terms(self) -> dict:
+        """The stated host side: per-step fixed and per-sequence time, CUDA graphs, eager launch gap."""
+        return {"fixed_s": self.host_fixed, "per_seq_s": self.host_per_seq_s, "cuda_graphs": self.cuda_graphs,
+                "eager_decode_launch_s": self.eager_launch_s()}
+
+    @property
+    def host_fixed(self) -> float:
+        return self.gpu.step_overhead_s if self.host_fixed_s is None else self.host_fixed_s
+
+    def eager_launch_s(self) -> float:
+        """The launch gaps an eager decode step adds (0 with CUDA graphs)."""
+        return 0.0 if self.cuda_graphs else self.model_args.num_layers * KERNELS_PER_LAYER * KERNEL_LAUNCH_S
 
     # -- the components ----------------------------------------------------------------------------
     def breakdown(self, prefill_tokens: int, prefill_context: float, decode_seqs: int,
@@ -62,7 +92,9 @@ class RooflineModel:
         tokens = prefill_tokens + decode_seqs
         sampled = decode_seqs + (1 if prefill_tokens else 0)
         return {
-            "overhead": self.gpu.step_overhead_s,
+            "overhead": self.host_fixed,
+            "host_per_seq": self.host_per_seq_s * sampled,
+            "launch": self.eager_launch_s() if decode_seqs and not prefill_tokens else 0.0,
             "gemm": layers * self.layer_gemms(tokens) if tokens else 0.0,
             "elementwise": self.elementwise(tokens),
             "prefill_attention": layers * self.prefill_attention(prefill_tokens, prefill_context),
@@ -73,7 +105,7 @@ class RooflineModel:
 
     def roofline(self, flops: float, nbytes: float, mfu: float) -> float:
         gpu = self.gpu
-        return max(flops / (gpu.peak_flops * mfu), nbytes / (gpu.hbm_bytes_per_s * gpu.hbm_share))
+        return max(flops / (gpu.flops_for(self.dtype) * mfu), nbytes / (gpu.hbm_bytes_per_s * gpu.hbm_share))
 
     def gemm(self, tokens: int, k: int, n: int, out_bytes: int = 0) -> float:
         """(tokens x k) @ (k x n): weights read once, activations in and out."""

@@ -44,11 +44,21 @@ class SimConfig:
     # applied in one event each run instead of one a step: the same results, several times faster.
     # false steps one at a time (the reference the runs are tested against).
     decode_runs: bool = True
+    # A real engine's front end, per request, before the request reaches the scheduler: its HTTP
+    # server, tokenising, the hop to the scheduler process (what a benchmark client's TTFT holds
+    # and the engine's step times do not). Added to every request's dispatch.
+    frontend_latency_s: float = 0.0
+    # Multi-step scheduling (vLLM --num-scheduler-steps): a decode-only step opens a window of this
+    # many decode steps; inside it nothing waiting is admitted (new requests wait for its end) and
+    # the window's tokens reach the client together at its end. A step with prefill is one step.
+    num_scheduler_steps: int = 1
 
     def validate(self) -> "SimConfig":
-        for key in ("dispatch_latency_s", "step_gap_s", "report_latency_s"):
+        for key in ("dispatch_latency_s", "step_gap_s", "report_latency_s", "frontend_latency_s"):
             if getattr(self, key) is not None and getattr(self, key) < 0:
                 raise ConfigError(f"sim.{key} must be >= 0 (got {getattr(self, key)})")
+        if self.num_scheduler_steps < 1:
+            raise ConfigError(f"sim.num_scheduler_steps must be >= 1 (got {self.num_scheduler_steps})")
         for key in ROLE_KEYS.values():
             spec = getattr(self, key)
             if spec is None or is_gpu(spec) or is_run_spec(spec) or spec.endswith(".json") or Path(spec).is_file():

@@ -59,9 +59,12 @@ def resolve_role(cfg: Config, role: str, profile: Optional[Mapping] = None) -> R
     given = profile is not None and cfg.sim.key(role) == "sim.profile"
     if spec is not None and is_gpu(spec) and not given:
         dtype_bytes = gpu_dtype_bytes(cfg.model.dtype)
-        model, label = analytical(spec, args, dtype_bytes)
+        model, label = analytical(spec, args, dtype_bytes, **cfg.engine.host_terms(cfg.model.dtype))
         return RoleProfile(model, label, dtype_bytes)
     name = "given" if given else spec or f"shipped:{cfg.model.name}_cpu.json"
+    if cfg.engine.sets_host:
+        raise ConfigError(f"engine.host_overhead_s / engine.host_overhead_per_seq_s are an analytical GPU's host "
+                          f"terms; {cfg.sim.key(role)} is a measured profile ({name}), whose step times hold its own")
     try:
         loaded = profile if given else cfg.sim.load(cfg.model.name, role)
         model, label = measured(loaded, args, name)

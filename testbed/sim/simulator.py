@@ -27,6 +27,7 @@ from testbed.control.transfers import TransferLog
 from testbed.engine.kv_store import HashStore, StoreView, store_blocks
 from testbed.engine.policies import ROLE_OF
 from testbed.engine.sequence import check_fits
+from testbed.errors import ConfigError
 from testbed.metrics.events import RequestLog
 from testbed.metrics.steps import StepLog
 from testbed.sim.devices import resolve_roles, role_blocks, transfer_time
@@ -57,8 +58,12 @@ class Simulation:
         store = HashStore(slots) if slots > 0 else None
         self.workers = [SimWorker(p.rank, p.role, blocks[ROLE_OF[p.role]], cfg.engine, cfg.scheduler,
                                   cfg.kv_transfer.max_pending, cfg.follows_caches, cfg.kv_transfer.multiturn == "incremental",
-                                  StoreView(store, block_bytes) if store else None, cfg.kv_store.gbps)
+                                  StoreView(store, block_bytes) if store else None, cfg.kv_store.gbps,
+                                  cfg.sim.num_scheduler_steps)
                         for p in self.plans]
+        if cfg.sim.num_scheduler_steps > 1 and cfg.mode == "disagg":
+            raise ConfigError("sim.num_scheduler_steps > 1 (multi-step scheduling) is modelled for mixed workers "
+                              "(mode=colocated or chunked), not mode=disagg")
         self.workload = build_workload(cfg.workload, seed=cfg.seed, vocab_size=self.args.vocab_size,
                                        max_model_len=self.args.max_model_len)
         self.log = RequestLog(0.0)
@@ -69,7 +74,10 @@ class Simulation:
         self.host = HostSide.of(cfg.sim.host_model(next(filter(None, measured), None)), measured, cfg.seed)
         # quiet decode steps in one event (testbed/sim/decode_run.py); not where the router follows
         # the caches, whose changes each step reports, nor with a store, which each step fills
-        self.runs = cfg.sim.decode_runs and not cfg.follows_caches and store is None
+        # nor under multi-step scheduling, whose windows step one at a time
+        self.runs = (cfg.sim.decode_runs and not cfg.follows_caches and store is None
+                     and cfg.sim.num_scheduler_steps == 1)
+        self.frontend_s = cfg.sim.frontend_latency_s
         self.paused: set[int] = set()  # workers in their gap between steps
         self.queue: list = []
         self.counter = 0
@@ -137,7 +145,7 @@ class Simulation:
         if tracked is None:
             return
         check_fits(request.input_len, request.output_len, self.args.max_model_len)  # as Engine.add refuses it
-        delay = self.host.router.sample(self.host.model.dispatch)
+        delay = self.host.router.sample(self.host.model.dispatch) + self.frontend_s
         if delay > 0:
             self.push(self.now + delay, DELIVER, tracked)
         else:
@@ -165,13 +173,22 @@ class Simulation:
         cached = worker.block_manager.drain_changes() if self.book.index is not None else None  # before the hand-offs
         for seq in result.handoff:
             self._send_when_ready(rank, worker.handoff(seq, now))
-        for tracked in self.book.step_report(rank, record.start, result.by_id(), now,
-                                             now + draws.sample(self.host.model.report),
-                                             worker.block_manager.num_free_blocks, self._reserve, cached, result.hits):
-            follow_up = self.workload.next_turn(tracked.request, tracked.output, now)
+        worker.deferred.append((record.start, result.by_id(), now, worker.block_manager.num_free_blocks, cached,
+                                result.hits))
+        if not worker.window_open():  # a multi-step window's tokens leave together at its end
+            received = now + draws.sample(self.host.model.report)
+            reports, worker.deferred = worker.deferred, []
+            for start, report, worker_t, free, changes, hits in reports:
+                self._report(rank, start, report, worker_t, received, free, changes, hits)
+        self._pause(rank, now + draws.sample(self.host.model.step_gap))
+
+    def _report(self, rank: int, start: float, report: tuple, worker_t: float, received: float, free: int,
+                cached, hits) -> None:
+        for tracked in self.book.step_report(rank, start, report, worker_t, received, free, self._reserve, cached,
+                                             hits):
+            follow_up = self.workload.next_turn(tracked.request, tracked.output, self.now)
             if follow_up is not None:
                 self.push(follow_up.arrival_s, ARRIVE, follow_up)
-        self._pause(rank, now + draws.sample(self.host.model.step_gap))
 
     def _pause(self, rank: int, resume_at: float) -> None:
         if resume_at > self.now:  # the worker reports, reads its inbox and polls its KV before its next step

@@ -9,6 +9,7 @@ engine. The simulation (testbed/sim/simulator.py) moves time and messages.
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Optional
 
 from testbed.control.ledger import Incoming, Outgoing, ReceiveLedger, SendLedger
@@ -30,7 +31,7 @@ SAMPLED_TOKEN = 0  # greedy content is irrelevant to timing
 class SimWorker:
     def __init__(self, rank: int, role: str, num_blocks: int, engine: EngineConfig, scheduler: SchedulerConfig,
                  max_pending: int, report_cache: bool = False, incremental: bool = False, store=None,
-                 store_gbps: float = 25.0):
+                 store_gbps: float = 25.0, num_scheduler_steps: int = 1):
         scheduler.validate(role)
         self.rank, self.role, self.max_pending = rank, role, max_pending
         self.incremental = incremental  # D reserves onto its cached prefix; P sends only the rest
@@ -48,6 +49,11 @@ class SimWorker:
         self.receiver: ReceiveLedger[Incoming] = ReceiveLedger()
         self.link_free_at = 0.0  # P's sends go one at a time
         self.run: Optional[DecodeRun] = None  # quiet decode steps planned ahead
+        # multi-step scheduling: decode steps left in the current window after the one in flight,
+        # and the window's step reports, held until its end (its tokens leave together)
+        self.num_scheduler_steps = num_scheduler_steps
+        self.window_left = 0
+        self.deferred: list = []
 
     # -- stepping -------------------------------------------------------------------------------
     def can_step(self) -> bool:
@@ -59,13 +65,42 @@ class SimWorker:
 
     def start_step(self, now: float, cost: StepCostModel) -> Optional[float]:
         """Schedule a batch; its duration, or None when nothing is admissible."""
-        batch = self.scheduler.schedule()
+        batch = self._schedule()
         if not batch.items:
             return None
         self._begin(batch, now)
         prefill, decodes, _, chunks, context = self.shape
         return cost.step_time(prefill, cost.prefill_context(chunks) if chunks else 0.0, decodes, context) + \
             self._store_time()
+
+    def _schedule(self):
+        """The next batch. Multi-step scheduling: inside a window only the running decodes step
+        (the waiting queue is out of the scheduler's sight); a decode-only batch outside one opens
+        a window of num_scheduler_steps steps; a batch with prefill is a window of one."""
+        scheduler = self.scheduler
+        if self.window_left and not any(not seq.in_prefill for seq in scheduler.running):
+            self.window_left = 0  # every decode of the window finished
+        if not self.window_left:
+            batch = scheduler.schedule()
+        else:
+            waiting, scheduler.waiting = scheduler.waiting, deque()
+            try:
+                batch = scheduler.schedule()
+            finally:  # a sequence preempted in the window goes back to the head of the queue
+                waiting.extendleft(reversed(scheduler.waiting))
+                scheduler.waiting = waiting
+        if self.num_scheduler_steps > 1 and batch.items:
+            if batch.num_prefill_tokens:
+                self.window_left = 0
+            else:
+                self.window_left = (self.window_left or self.num_scheduler_steps) - 1
+        return batch
+
+    def window_open(self) -> bool:
+        """The step just finished is inside a multi-step window that goes on (its report waits)."""
+        if self.window_left and not any(not seq.in_prefill for seq in self.scheduler.running):
+            self.window_left = 0
+        return self.window_left > 0
 
     def _store_time(self) -> float:
         """Store traffic since the last step (the last one's write-through, this one's fetches)

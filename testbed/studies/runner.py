@@ -198,6 +198,10 @@ def run(cfg: Config, out_dir: Path, explicit: set[str] = frozenset(), session=No
         from testbed.studies.profile import run_profile
 
         return run_profile(cfg, out_dir)
+    if name == "replay":
+        from testbed.studies.replay import run_replay
+
+        return run_replay(cfg, out_dir, run_point)
     build, aggregate = STUDIES[name]
     sweep = Sweep(cfg, with_repeats(build(cfg), cfg), out_dir, partial(run_point, session=session), tracker)
     sweep.sizing = sizing

@@ -1,0 +1,204 @@
+"""The validation set: every case of a manifest (tests/data/replay/cases.yaml) replayed, the
+engine's host side fitted per engine on its calibration cases, the error reported on the
+held-out cases.
+
+    python -m testbed.studies.replay_validation tests/data/replay/cases.yaml [--out DIR] [--markdown]
+
+Calibration fits three numbers per group (an engine at a version on a GPU), each a stated term
+of the simulator, on the group's calibration cases only:
+- the cost model's per-step host time (engine.host_overhead_s, the setup's host_overhead_s),
+  from HOST_GRID_S, and its part per sequence sampled (engine.host_overhead_per_seq_s), from
+  PER_SEQ_GRID_S: every pair is replayed;
+- the front end per request (sim.frontend_latency_s), which delays every request by the same
+  time, so it shifts TTFT and E2E by exactly that and changes nothing else: for each pair it is
+  found on the replayed figures (FRONTEND_GRID_S), not replayed again.
+The triple whose mean absolute error over the calibration cases' figures is least wins (ties:
+the smaller values). Everything else (the GPU profile, the roofline) is as shipped; the setup's
+own knobs (multi-step scheduling, CUDA graphs, the running cap) are the engine's settings, not
+fitted. The held-out cases run at their group's fitted values.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+from typing import Callable, Optional
+
+import yaml
+
+from testbed.config import Config
+from testbed.errors import ConfigError
+from testbed.interop.reference import relative_error
+from testbed.studies.replay import FITTED, mape, replay
+from testbed.tracking.results import write_json, write_text
+
+log = logging.getLogger("testbed")
+
+HOST_GRID_S = (0.0, 1e-3, 2e-3, 3e-3, 4e-3, 6e-3)
+PER_SEQ_GRID_S = (0.0, 25e-6, 50e-6, 100e-6, 200e-6)
+FRONTEND_GRID_S = tuple(i * 0.5e-3 for i in range(201))  # 0 to 100 ms
+SHIFTED = ("ttft_", "e2e_")  # the figures a fixed front-end delay moves
+# the issue's headline figures; a case without one (a published median only) counts its median
+HEADLINE = {"ttft": ("ttft_mean", "ttft_p50"), "tpot": ("tpot_p50",), "e2e": ("e2e_mean", "e2e_p50")}
+THROUGHPUT = ("throughput_requests_per_s", "throughput_output_tokens_per_s")
+
+
+def load_manifest(path) -> tuple[Path, list[dict]]:
+    path = Path(path)
+    data = yaml.safe_load(path.read_text()) or {}
+    cases = data.get("cases") or []
+    for case in cases:
+        missing = [k for k in ("name", "setup", "group", "role") if k not in case]
+        if missing or case["role"] not in ("calibrate", "held_out"):
+            raise ConfigError(f"{path}: case {case.get('name')!r} needs name, setup, group and role "
+                              f"(calibrate | held_out)")
+    return path.parent, cases
+
+
+def headline(rows: list[dict]) -> dict:
+    """Per headline figure, the (figure name, relative error) the case has: the mean where
+    published, else the median; throughput for a case that reports only throughput."""
+    by_name = {r["figure"]: r["error"] for r in rows}
+    out = {}
+    for key, names in HEADLINE.items():
+        found = next(((n, by_name[n]) for n in names if by_name.get(n) is not None), None)
+        if found:
+            out[key] = found
+    for name in THROUGHPUT:
+        if by_name.get(name) is not None:
+            out[name.replace("throughput_", "")] = (name, by_name[name])
+    return out
+
+
+def shifted(rows: list[dict], seconds: float) -> list[dict]:
+    """The rows as a replay with every request `seconds` later into the engine would give them:
+    TTFT and E2E figures grow by it, the rest are unchanged."""
+    out = []
+    for row in rows:
+        if row["figure"].startswith(SHIFTED) and row["sim"] is not None and seconds:
+            sim = row["sim"] + seconds
+            row = {**row, "sim": sim, "error": relative_error(sim, row["real"])}
+        out.append(row)
+    return out
+
+
+def fit_frontend(runs: list[list[dict]], grid=FRONTEND_GRID_S) -> tuple[float, Optional[float]]:
+    """(the front-end delay, the mean of the runs' MAPEs at it): least, ties to the smaller delay."""
+    best: tuple[float, Optional[float]] = (0.0, None)
+    for seconds in grid:
+        errors = [e for e in (mape(shifted(rows, seconds)) for rows in runs) if e is not None]
+        score = sum(errors) / len(errors) if errors else None
+        if score is not None and (best[1] is None or score < best[1] - 1e-12):
+            best = (seconds, score)
+    return best
+
+
+def fit_overhead(scores: dict) -> tuple:
+    """The key (host_overhead_s, host_overhead_per_seq_s) with the least score (ties: smaller values)."""
+    scored = [(key, value["score"]) for key, value in scores.items() if value["score"] is not None]
+    if not scored:
+        return (0.0, 0.0)
+    return min(scored, key=lambda item: (item[1], item[0]))[0]
+
+
+def table_mape(results: list[dict], keys=("ttft", "tpot", "e2e")) -> dict:
+    """Per headline key, the mean absolute error over the results that have it, and the count."""
+    out = {}
+    for key in keys:
+        errors = [abs(r["headline"][key][1]) for r in results if key in r["headline"]]
+        out[key] = {"mape": sum(errors) / len(errors) if errors else None, "cases": len(errors)}
+    return out
+
+
+def validate(manifest, out_dir, cfg: Config, run_point: Callable, grid=HOST_GRID_S,
+             per_seq_grid=PER_SEQ_GRID_S) -> dict:
+    base, cases = load_manifest(manifest)
+    out_dir = Path(out_dir)
+    fitted, results = {}, []
+    for group in dict.fromkeys(c["group"] for c in cases):
+        calibration = [c for c in cases if c["group"] == group and c["role"] == "calibrate"]
+        scores = {}
+        for fixed in grid:
+            for per_seq in per_seq_grid:
+                knobs = {"host_overhead_s": fixed, "host_overhead_per_seq_s": per_seq, "frontend_latency_s": 0.0}
+                runs = [replay(cfg, base / f"{c['name']}.jsonl", base / c["setup"], out_dir / "fit" / group /
+                               f"{fixed * 1000:g}ms_{per_seq * 1e6:g}us" / c["name"], run_point, knobs=knobs,
+                               quiet=True)["rows"] for c in calibration]
+                frontend, score = fit_frontend(runs)
+                scores[(fixed, per_seq)] = {"frontend_latency_s": frontend, "score": score}
+        best = fit_overhead(scores)
+        fitted[group] = {"host_overhead_s": best[0], "host_overhead_per_seq_s": best[1],
+                         "frontend_latency_s": scores[best]["frontend_latency_s"] if best in scores else 0.0,
+                         "score": (scores.get(best) or {}).get("score"),
+                         "scores": [{"host_overhead_s": k[0], "host_overhead_per_seq_s": k[1], **v}
+                                    for k, v in scores.items()]}
+        log.info("%s: host %.1f ms + %.0f us per sequence, front end %.1f ms (calibration MAPE %s)", group,
+                 best[0] * 1000, best[1] * 1e6, fitted[group]["frontend_latency_s"] * 1000,
+                 _pct(fitted[group]["score"]))
+    for case in cases:
+        knobs = {key: fitted[case["group"]][key] for key in FITTED}
+        run = replay(cfg, base / f"{case['name']}.jsonl", base / case["setup"], out_dir / "cases" / case["name"],
+                     run_point, knobs=knobs, quiet=True)
+        results.append({"name": case["name"], "group": case["group"], "role": case["role"], "knobs": knobs,
+                        "rows": run["rows"], "notes": run["notes"], "headline": headline(run["rows"])})
+    summary = {"fitted": fitted, "cases": results,
+               "held_out": table_mape([r for r in results if r["role"] == "held_out"],
+                                      ("ttft", "tpot", "e2e", "requests_per_s", "output_tokens_per_s")),
+               "calibration": table_mape([r for r in results if r["role"] == "calibrate"])}
+    write_json(out_dir / "validation.json", summary)
+    write_text(out_dir / "validation.md", markdown(summary))
+    return summary
+
+
+def _pct(value: Optional[float]) -> str:
+    return "-" if value is None else f"{100 * value:+.1f}%"
+
+
+def _knobs(knobs: dict) -> str:
+    """The fitted host terms, short: '2 ms + 50 us/seq, front end 10 ms'."""
+    fixed, per_seq, front = (knobs.get(k) for k in FITTED)
+    text = "table" if fixed is None else f"{fixed * 1000:g} ms"
+    if per_seq:
+        text += f" + {per_seq * 1e6:g} us/seq"
+    return text + (f", front end {front * 1000:g} ms" if front else "")
+
+
+def markdown(summary: dict) -> str:
+    """The per-case table of docs/validation.md: real, sim and error of each published figure."""
+    lines = ["| case | role | host terms | figure | real | sim | error |", "|---|---|---|---|---|---|---|"]
+    for case in summary["cases"]:
+        for row in case["rows"]:
+            if row["real"] is None:
+                continue
+            scale = 1.0 if row["figure"].startswith("throughput") else 1000.0
+            sim = "-" if row["sim"] is None else f"{row['sim'] * scale:.2f}"
+            lines.append(f"| {case['name']} | {case['role']} | {_knobs(case['knobs'])} | {row['figure']} "
+                         f"| {row['real'] * scale:.2f} | {sim} | {_pct(row['error'])} |")
+    lines += ["", "| set | figure | MAPE | cases |", "|---|---|---|---|"]
+    for role in ("calibration", "held_out"):
+        for key, value in summary[role].items():
+            mape_text = "-" if value["mape"] is None else f"{100 * value['mape']:.1f}%"
+            lines.append(f"| {role} | {key} | {mape_text} | {value['cases']} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    from testbed.config import Config as Root, with_overrides
+    from testbed.studies.runner import run_point
+
+    parser = argparse.ArgumentParser(prog="python -m testbed.studies.replay_validation", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("manifest", help="the validation set's cases.yaml")
+    parser.add_argument("--out", default="outputs/replay_validation", help="where the runs and tables go")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    logging.getLogger("testbed.sim").setLevel(logging.WARNING)
+    cfg = with_overrides(Root(), {"experiment.name": "replay", "experiment.repeats": 1})
+    summary = validate(args.manifest, args.out, cfg, run_point)
+    print(markdown(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
