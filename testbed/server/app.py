@@ -279,7 +279,8 @@ class HttpServer:
     def doors(self) -> dict:
         """What the server turned away, by HTTP status (never in requests.parquet: no request began)."""
         return {"http_refused": {str(status): n for status, n in sorted(self.doorman.refused.items())},
-                "http_connections_closed_idle": self.doorman.closed_idle}
+                "http_connections_closed_idle": self.doorman.closed_idle,
+                "http_clients_gone": self.doorman.clients_gone}
 
 
 class GuardedSite(web.SockSite):

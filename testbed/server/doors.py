@@ -83,6 +83,7 @@ class Doorman:
         self.open: OrderedDict[Handler, None] = OrderedDict()
         self.refused: Counter = Counter()
         self.closed_idle = 0  # connections closed to make room for a newer one
+        self.clients_gone = 0  # responses cut because the client hung up: not a refusal
         self.say = Throttled()
 
     def enter(self, handler: "Handler") -> bool:
@@ -164,8 +165,12 @@ class Handler(RequestHandler):
     def handle_error(self, request, status: int = 500, exc: Optional[BaseException] = None,
                      message: Optional[str] = None) -> web.StreamResponse:
         """A request aiohttp could not parse (4xx) or a handler that raised (500): JSON, counted, and
-        one line in the log naming the kind of error, never the client's bytes."""
-        self.doorman.refused[status] += 1
+        one line in the log naming the kind of error, never the client's bytes. A client that hung
+        up mid-response was not refused: it is counted apart."""
+        if isinstance(exc, ConnectionResetError):
+            self.doorman.clients_gone += 1
+        else:
+            self.doorman.refused[status] += 1
         kind = type(exc).__name__ if exc is not None else "error"
         if status >= 500:
             self.doorman.say.warn(f"500 {kind}", f"a request failed inside the server: {kind}{_where(exc)}")
