@@ -127,8 +127,6 @@ def _is_loopback(host: str) -> bool:
 
 def connect_store(world: World, timeout_s: float):
     """A client (or, for rank 0 when torchrun's agent does not host it, the server) of the store."""
-    import torch.distributed as dist
-
     if world.rank == 0 and not world.agent_store:
         return host_store(world.master_addr, world.master_port, world.world_size, timeout_s)
     return store_client(world.master_addr, world.master_port, timeout_s)
