@@ -42,17 +42,20 @@ def detect_format(path) -> str:
         if (path / "summary.json").is_file():
             return "testbed"
         raise InteropError(f"{path}: a directory but not a results directory (no summary.json)")
-    last = load_runs(path)[-1]
-    if is_guidellm(last):
-        return "guidellm"
-    if is_inference_perf(last):
-        return "inference_perf"
-    if is_vllm(last):
-        return "vllm"
-    if is_sglang(last):
-        return "sglang"
-    raise InteropError(f"{path}: neither a vLLM nor an SGLang result (no total_token_throughput, model_id, "
-                       f"total_throughput or dataset_name key); name the format: one of {', '.join(FORMATS)}")
+    found = format_of(load_runs(path)[-1])
+    if found is None:
+        raise InteropError(f"{path}: neither a vLLM nor an SGLang result (no total_token_throughput, model_id, "
+                           f"total_throughput or dataset_name key); name the format: one of {', '.join(FORMATS)}")
+    return found
+
+
+def format_of(run: dict):
+    """The benchmark client that wrote one run's record, by its keys; None when none matches."""
+    for name, looks_like in (("guidellm", is_guidellm), ("inference_perf", is_inference_perf), ("vllm", is_vllm),
+                             ("sglang", is_sglang)):
+        if looks_like(run):
+            return name
+    return None
 
 
 def import_run(path, out_dir, *, fmt: Optional[str] = None, slo: SLOConfig, metrics: Optional[MetricsConfig] = None,

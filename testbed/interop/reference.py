@@ -40,12 +40,13 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
-from testbed.interop.guidellm import is_guidellm, read_guidellm
-from testbed.interop.inference_perf import is_inference_perf, read_inference_perf
-from testbed.interop.sglang import is_sglang, read_sglang_result
+from testbed.interop.guidellm import read_guidellm
+from testbed.interop.inference_perf import read_inference_perf
+from testbed.interop.points import format_of
+from testbed.interop.sglang import read_sglang_result
 from testbed.interop.summary import METRICS, STATISTICS, is_summary_only, number, parse_rate
 from testbed.interop.table import InteropError, load_runs, pick_run
-from testbed.interop.vllm import is_vllm, read_vllm_result, scalars
+from testbed.interop.vllm import read_vllm_result, scalars
 from testbed.metrics.config import MetricsConfig, SLOConfig
 from testbed.metrics.summary import summarize
 
@@ -84,15 +85,12 @@ class Reference:
 
 
 def detect(data: dict, path) -> str:
-    if is_guidellm(data):
-        return "guidellm"
-    if is_inference_perf(data):
-        return "inference_perf"
-    if is_vllm(data):
-        return "vllm"
-    if is_sglang(data) or data.get("backend") in ("sglang", "vllm") and "median_e2e_latency_ms" in data:
-        return "sglang"
-    raise InteropError(f"{path}: not a vLLM, SGLang, inference-perf or GuideLLM benchmark result")
+    # a summary line of bench_serving names its backend without SGLang's own keys
+    found = format_of(data) or ("sglang" if data.get("backend") in ("sglang", "vllm")
+                                and "median_e2e_latency_ms" in data else None)
+    if found is None:
+        raise InteropError(f"{path}: not a vLLM, SGLang, inference-perf or GuideLLM benchmark result")
+    return found
 
 
 def read_reference(path, *, fmt: Optional[str] = None, run: int = -1) -> Reference:
