@@ -27,7 +27,10 @@ def _profile(sampled: bool) -> dict:
         spread = lambda lo, hi: list(np.linspace(lo, hi, 101))  # noqa: E731
         profile["host"] = {"dispatch": spread(0, 3e-4), "step_gap": spread(0, 2e-4), "report": spread(1e-5, 5e-4),
                            "step_scale": spread(0.8, 1.6), "step_scale_prefill": spread(0.9, 1.3),
-                           "step_scale_rho": 0.8}  # contention in phases: a run must restore the phase it cut
+                           "step_scale_after_prefill": spread(1.0, 2.0), "step_gap_prefill": spread(0, 4e-4),
+                           "report_first": spread(1e-5, 8e-4), "release": spread(0, 5e-4), "handoff": spread(0, 1e-3),
+                           "step_scale_rho": 0.9,  # contention in phases: a run must restore the phase it cut
+                           "step_scale_weight": 0.7}  # and each step's own jitter: two uniforms a step
     return profile
 
 

@@ -197,7 +197,7 @@ def test_sim_validate_simulates_on_a_calibration_run_of_its_own(tmp_path):
 @pytest.mark.slow
 def test_sim_validate_with_repeats_fits_each_repeat_on_the_others(tmp_path):
     """With repeats, a simulated repeat runs on a profile fitted on the real runs of the other
-    repeats (every rate, pooled), never on the real run it is compared with."""
+    repeats of its own cell (run just before or after it), never on the real run it is compared with."""
     out = tmp_path / "validate"
     result = run_study("sim_validate", out, "experiment.rates=[10,20]", "experiment.modes=[chunked]",
                        "workload.num_requests=12", "experiment.repeats=2", "hardware.emulate=null",
@@ -208,10 +208,35 @@ def test_sim_validate_with_repeats_fits_each_repeat_on_the_others(tmp_path):
     for repeat, other in ((0, 1), (1, 0)):
         summary = json.loads((out / "points" / f"chunked_rate10_sim_r{repeat}" / "summary.json").read_text())
         spec = summary["sim"]["profile"]["name"]
-        assert spec == f"run:{out / 'points' / f'chunked_rate*_real_r[!{repeat}]'}"
+        assert spec == f"run:{out / 'points' / f'chunked_rate10_real_r[!{repeat}]'}"
         matched = sorted(p.name for p in (out / "points").glob(spec.split("/")[-1]))
-        assert matched == [f"chunked_rate10_real_r{other}", f"chunked_rate20_real_r{other}"]
+        assert matched == [f"chunked_rate10_real_r{other}"]
     assert summary["sim"]["host_delays"]["sampled"]
+
+
+@pytest.mark.slow
+def test_sim_validate_errors_have_no_systematic_sign(tmp_path):
+    """The shape of the calibrated simulator's error, not only its size: over mixed and P/D cells
+    its medians are not biased one way (TTFT p50 came out low in 9 of 9 cells while the path to
+    the first token lacked the router's lateness, the first token's slower report and P's
+    hand-off), and the signed errors of TTFT and TPOT at p50 and p99 are not all of one sign (the
+    TPOT tail all low while contention forgot its phase within five steps). On a quiet two-core
+    machine the shipped study's medians are within 6%; the bounds here leave room for a busy one."""
+    out = tmp_path / "validate"
+    result = run_study("sim_validate", out, "experiment.rates=[20,40]", "experiment.modes=[colocated,disagg]",
+                       "workload.num_requests=40", "experiment.repeats=2", "hardware.emulate=null",
+                       "hardware.emulate_model=null")
+    errors = pd.DataFrame(result["aggregate"]["errors"])
+    assert len(errors) == 4, errors
+    for metric in ("ttft_p50", "tpot_p50"):
+        signed = errors[f"{metric}_error"]
+        assert abs(signed.mean()) < 0.15, (metric, errors)  # no bias
+        assert signed.abs().max() < 0.35, (metric, errors)
+    signed = errors[[f"{m}_error" for m in ("ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99")]].to_numpy().ravel()
+    assert (signed > 0).any() and (signed < 0).any(), errors
+    delays = result["aggregate"]["host_delays"]
+    assert all(d["release_s"] > 0 and d["report_first_s"] > d["report_s"] for d in delays.values()), delays
+    assert delays["1P1D"]["handoff_s"] > 0, delays
 
 
 @pytest.mark.slow

@@ -129,6 +129,9 @@ class CostModel:
     causal_attention: bool = True  # how prefill_context counts a chunk's own keys (see above)
     ipc_latency_s: Optional[float] = None
     ipc_bytes_per_s: Optional[float] = None
+    # a step that prefills: its fixed cost beyond `overhead_s` (fitted in situ, testbed/sim/in_situ.py;
+    # 0 in a profile measured by +experiment=profile)
+    prefill_overhead_s: float = 0.0
 
     @classmethod
     def from_profile(cls, profile: Mapping) -> "CostModel":
@@ -136,7 +139,8 @@ class CostModel:
         fitted = profile.get("cost_model") or fit_profile(profile)[0]
         numbers = {k: float(fitted[k]) for k in STEP_TERMS}
         links = {k: float(fitted[k]) for terms in TRANSFER_TERMS.values() for k in terms if fitted.get(k) is not None}
-        return cls(**numbers, **links, causal_attention=bool(fitted.get("causal_attention", True)))
+        return cls(**numbers, **links, causal_attention=bool(fitted.get("causal_attention", True)),
+                   prefill_overhead_s=float(fitted.get("prefill_overhead_s") or 0.0))
 
     @property
     def transports(self) -> tuple[str, ...]:
@@ -147,7 +151,8 @@ class CostModel:
         return attended_context(chunks, self.causal_attention)
 
     def step_time(self, prefill_tokens: int, prefill_context: float, decode_seqs: int, decode_context: int) -> float:
-        return (self.overhead_s + self.per_prefill_token_s * prefill_tokens
+        return (self.overhead_s + (self.prefill_overhead_s if prefill_tokens else 0.0)
+                + self.per_prefill_token_s * prefill_tokens
                 + self.per_attended_pair_s * prefill_tokens * prefill_context
                 + self.per_decode_seq_s * decode_seqs + self.per_decode_context_token_s * decode_context)
 

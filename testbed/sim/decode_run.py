@@ -34,7 +34,7 @@ class DecodeRun:
     taken: list[list[float]] = field(default_factory=list)  # each step's uniforms: scale, report, gap
     phases: list[float] = field(default_factory=list)  # the contention phase after each step's draw
     phase: float = 0.0  # the contention phase before the run
-    scale_sampled: bool = False  # the first of a step's uniforms is its contention draw
+    scale_draws: int = 0  # the first uniforms of a step's are its contention draw's (Draws.scale_draws)
     valid: int = 0  # steps that stand (all planned ones until a cut)
 
     @property
@@ -78,7 +78,7 @@ class DecodeRun:
         begun = bisect_left(self.starts, t)
         in_flight = begun > 0 and (self.ends[begun - 1] > t or begun > self.quiet.steps)
         done = begun - in_flight
-        back = self.taken[done][int(self.scale_sampled):] if in_flight else []
+        back = self.taken[done][self.scale_draws:] if in_flight else []
         for taken in self.taken[begun:]:
             back.extend(taken)
         phase = self.phases[done - (not in_flight)] if self.phases and (in_flight or done) else self.phase
@@ -91,7 +91,7 @@ def time_run(now: float, quiet: QuietRun, cost: StepCostModel, scale: Delay, hos
              draws: Draws) -> DecodeRun:
     """The run's steps from `now`, timed as Simulation steps them one at a time: the step's cost
     times its contention draw, then the report and gap draws."""
-    run = DecodeRun(quiet, scale_sampled=not scale.is_fixed, valid=quiet.steps)
+    run = DecodeRun(quiet, scale_draws=draws.scale_draws(scale), valid=quiet.steps)
     steps = quiet.steps + quiet.finishes
     if scale.is_fixed and host.report.is_fixed and host.step_gap.is_fixed:
         return _time_fixed(run, steps, now, cost, scale.quantiles[0], host.report.quantiles[0],

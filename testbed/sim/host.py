@@ -1,8 +1,15 @@
 """The host around the engine: delays and contention a real run has and a cost model lacks.
 
+    release      arrival -> the router lets the request in: its loop's lateness (busy with
+                 reports, or waking from its wait); the client's clock runs from the arrival
     dispatch     router -> worker: the request's message and the worker's wake-up
-    step_gap     a busy worker's gap between two steps: its report, inbox and KV polling
+    step_gap     a busy worker's gap between two steps: its report, inbox and KV polling; after
+                 a step that prefilled apart (step_gap_prefill: twice the others' here), else `step_gap`
     report       worker -> router: a step's tokens until the router reads them (harness delay)
+    report_first the same for a step that carries a request's first token (about twice as long
+                 on this machine: the router is more often asleep in its wait), else `report`
+    handoff      P's first token stamped -> its KV on the link (disagg): the router binds D on
+                 the report, D reserves and answers Ready, P reads it between its steps
     step_scale   a real step's time over the cost model's prediction for its shape: processes
                  sharing cores make the same batch take different times (one per role: P and D
                  contend differently)
@@ -77,24 +84,51 @@ class HostModel:
     dispatch: Delay = field(default_factory=Delay)
     step_gap: Delay = field(default_factory=Delay)
     report: Delay = field(default_factory=Delay)
+    release: Delay = field(default_factory=Delay)  # measured in situ only (the testbed's own router)
+    report_first: Optional[Delay] = None  # None: as `report`
+    handoff: Delay = field(default_factory=Delay)
+    step_gap_prefill: Optional[Delay] = None  # the gap after a step that prefilled; None: as `step_gap`
 
     @classmethod
     def from_dict(cls, measured: Mapping, fixed: Mapping[str, Optional[float]]) -> "HostModel":
-        """Measured quantiles ({name: [q0..q100]}), each replaced by a fixed value where one is set."""
+        """Measured quantiles ({name: [q0..q100]}), each replaced by a fixed value where one is set
+        (a fixed report is every report's, the first token's too)."""
         delays = {name: Delay(tuple(measured[name])) if measured.get(name) else Delay()
-                  for name in ("dispatch", "step_gap", "report")}
+                  for name in ("dispatch", "step_gap", "report", "release", "handoff")}
+        if measured.get("report_first") and fixed.get("report") is None:
+            delays["report_first"] = Delay(tuple(measured["report_first"]))
+        if measured.get("step_gap_prefill") and fixed.get("step_gap") is None:
+            delays["step_gap_prefill"] = Delay(tuple(measured["step_gap_prefill"]))
         delays.update({name: Delay.fixed(v) for name, v in fixed.items() if v is not None})
         return cls(**delays)
 
+    @property
+    def first_report(self) -> Delay:
+        """The report delay of a step that carries a request's first token."""
+        return self.report if self.report_first is None else self.report_first
+
+    def gap_after(self, prefilled: bool) -> Delay:
+        """A busy worker's gap after a step (`prefilled`: one that prefilled)."""
+        return self.step_gap_prefill if prefilled and self.step_gap_prefill is not None else self.step_gap
+
     def as_dict(self) -> dict:
         """Medians, for summary.json (a fixed value is its own median)."""
+        delays = (self.dispatch, self.step_gap, self.report, self.release, self.first_report, self.handoff)
         return {"dispatch_s": self.dispatch.median, "step_gap_s": self.step_gap.median, "report_s": self.report.median,
-                "sampled": not all(d.is_fixed for d in (self.dispatch, self.step_gap, self.report))}
+                "release_s": self.release.median, "report_first_s": self.first_report.median,
+                "handoff_s": self.handoff.median, "sampled": not all(d.is_fixed for d in delays)}
 
 
 def contention_rho(measured: Optional[Mapping]) -> float:
-    """How strongly a role's contention persists from a step to the next (in-situ profiles)."""
+    """How strongly a role's contention phase persists from a step to the next (in-situ profiles)."""
     return float(((measured or {}).get("host") or {}).get("step_scale_rho") or 0.0)
+
+
+def contention_weight(measured: Optional[Mapping]) -> float:
+    """The share of a role's contention (log-variance) that comes in phases; the rest is each
+    step's own (1: all in phases, as profiles written before the share was fitted)."""
+    found = ((measured or {}).get("host") or {}).get("step_scale_weight")
+    return 1.0 if found is None else float(found)
 
 
 def step_scale(measured: Optional[Mapping], prefill: bool = False) -> Delay:
@@ -104,21 +138,38 @@ def step_scale(measured: Optional[Mapping], prefill: bool = False) -> Delay:
     return Delay(tuple(found)) if found else Delay.fixed(1.0)
 
 
+def step_scale_after_prefill(measured: Optional[Mapping]) -> Delay:
+    """A role's contention on the decode step right after one that prefilled (its caches cold:
+    1.5x the others' median here), else as on any decode step."""
+    found = ((measured or {}).get("host") or {}).get("step_scale_after_prefill")
+    return Delay(tuple(found)) if found else step_scale(measured)
+
+
 class Draws:
     """One worker's (or the router's) uniform draws for its delays. A decode run draws ahead for
     steps it may not run; cut short, it gives those back (`give_back`), next one out first, so
     the stream goes on where stepping one at a time would have left it.
 
-    Contention comes in phases: a slow step is followed by slow steps (a real run's lag-1
-    correlation of step time over the model's is 0.7-0.8 on this machine). So a worker's
-    contention draws follow an AR(1) Gaussian copula of correlation `rho`: each keeps its
-    measured distribution, and a request's decode steps share the phase they fall in."""
+    Contention comes in phases: a slow step is followed by slow steps. On this machine the
+    correlation of log(step time over the model's) is 0.6 a step apart but still 0.25 sixteen
+    steps apart and 0.1 at 32: a long phase under each step's own jitter, which one AR(1) cannot
+    hold (fitted on lag 1 it forgets the phase within 5 steps, so no request decodes through a
+    slow phase, and the TPOT tail came out 15-35% low). So a worker's contention draws follow a
+    Gaussian copula z = sqrt(w) s + sqrt(1 - w) e: s an AR(1) phase of correlation `rho`, e
+    each step's own, `weight` w the phase's share; each draw keeps its measured distribution,
+    and a request's decode steps share the phase they fall in. weight=1: one AR(1), one uniform
+    a step (`scale_draws`)."""
 
-    def __init__(self, seed: int, rho: float = 0.0):
+    def __init__(self, seed: int, rho: float = 0.0, weight: float = 1.0):
         self.rng = random.Random(seed)
         self.returned: list[float] = []  # a stack: the next draw on top
         self.rho = rho
+        self.weight = weight if rho else 1.0
         self.z = 0.0  # the contention phase: a standard normal state
+
+    def scale_draws(self, delay: Delay) -> int:
+        """How many uniforms a contention draw of `delay` takes."""
+        return 0 if delay.is_fixed else 1 if self.weight >= 1 else 2
 
     def sample(self, delay: Delay, taken: Optional[list] = None) -> float:
         """A value of `delay`; a sampled one's uniform is appended to `taken` when given."""
@@ -134,7 +185,11 @@ class Draws:
         if self.rho:
             innovation = _NORMAL.inv_cdf(min(max(u, 1e-12), 1 - 1e-12))
             self.z = self.rho * self.z + math.sqrt(1 - self.rho * self.rho) * innovation
-            u = min(_NORMAL.cdf(self.z), 1 - 1e-12)
+            z = self.z
+            if self.weight < 1:  # the step's own jitter on top of the phase
+                own = _NORMAL.inv_cdf(min(max(self._uniform(taken), 1e-12), 1 - 1e-12))
+                z = math.sqrt(self.weight) * z + math.sqrt(1 - self.weight) * own
+            u = min(_NORMAL.cdf(z), 1 - 1e-12)
         return delay.sample(u)
 
     def _uniform(self, taken: Optional[list]) -> float:
@@ -157,7 +212,7 @@ _NORMAL = NormalDist()
 class HostSide:
     """A simulation's host: the delays, and by rank each worker's contention and draws."""
     model: HostModel
-    scales: list  # by rank: (a decode step's contention, a step with prefill's)
+    scales: list  # by rank: (a decode step's contention, a step with prefill's, a decode step's after one)
     router: Draws
     draws: list  # by rank
 
@@ -165,5 +220,6 @@ class HostSide:
     def of(cls, model: HostModel, measured: Sequence[Optional[Mapping]], seed: int) -> "HostSide":
         """`measured`: each worker's in-situ profile (by rank), None where it has none."""
         base = seed * 1_000_003
-        return cls(model, [(step_scale(m), step_scale(m, prefill=True)) for m in measured], Draws(base),
-                   [Draws(base + 1 + rank, contention_rho(m)) for rank, m in enumerate(measured)])
+        return cls(model, [(step_scale(m), step_scale(m, prefill=True), step_scale_after_prefill(m)) for m in measured],
+                   Draws(base),
+                   [Draws(base + 1 + rank, contention_rho(m), contention_weight(m)) for rank, m in enumerate(measured)])

@@ -5,11 +5,15 @@ taken by `+experiment=profile` on a quiet engine in one process: every step's wa
 the worker processes and the router sharing the machine (contention included), the KV
 transfers as they went, and the host-side delays the cost model cannot see:
 
+    release      arrival -> dispatched: the router's lateness letting a request in
     dispatch     router -> worker: dispatched -> the first step holding the request, over the
                  requests that reached an idle worker (so no step was in the way)
     step_gap     a worker's gap between a step and the next when work was waiting: its report,
-                 inbox and KV polling
-    report       a token stamped on the worker -> read by the router (the harness delay)
+                 inbox and KV polling (after a step that prefilled apart: step_gap_prefill)
+    report       a token stamped on the worker -> read by the router (the harness delay); a
+                 request's first token apart (report_first: about twice the others' here)
+    handoff      P's first token stamped -> its KV transfer's start (disagg: bind, Reserve,
+                 Ready, P between its steps)
     step_scale   real step time / the fitted model's time for its shape: contention (for decode
                  steps and for steps with prefill apart: the linear fit errs differently on each)
 
@@ -34,7 +38,7 @@ from testbed.metrics.results_dir import read_results
 from testbed.model.config import ModelConfig
 from testbed.perf.attention import attended_context
 from testbed.sim.host import Delay
-from testbed.perf.measured import (SHAPE_KEYS, STEP_INPUTS, STEP_TERMS, TRANSFER_TERMS, fit_step, fit_transfer,
+from testbed.perf.measured import (SHAPE_KEYS, STEP_INPUTS, STEP_TERMS, TRANSFER_TERMS, fit_transfer, relative_fit,
                                    step_features)
 
 PREFIX = "run:"
@@ -103,25 +107,36 @@ def profile_from_results(config: dict, device: str, fit_on: pd.DataFrame, steps:
 def best_step_fit(steps: pd.DataFrame) -> tuple[dict, dict, bool, dict]:
     """Coefficients for the kernel's way of counting prefill keys that fits the steps better
     (a causal kernel, or torch SDPA's dense masked one), and the quantiles of real / fitted step
-    time: the contention the shape alone does not explain."""
+    time: the contention the shape alone does not explain.
+
+    A step that prefills has a fixed cost of its own (on this machine a 30-token chunk takes
+    1.6 ms where a decode step takes 0.4): `prefill_overhead_s`, fitted beside the shared
+    overhead. Without it the thousands of decode steps set the overhead, the prefill tokens'
+    slope took the rest, small chunks came out 2x fast and large ones slow, and the ratio
+    distribution that carries contention took that misfit as noise (a prefill step's p90 at
+    2-3x its median where the real one is at 1.2-1.3x)."""
     fits = []
     for causal in (False, True):
         samples = [{"prefill_tokens": row.prefill_tokens, "decode_seqs": row.decode_seqs,
                     "decode_context": row.decode_context, "seconds": row.end_s - row.start_s,
                     "prefill_context": attended_context([tuple(c) for c in row.prefill_chunks], causal)}
                    for row in steps.itertuples() if row.end_s > row.start_s]
-        coefficients, error = fit_step(samples)
-        fits.append((error["mean"], causal, coefficients, error, samples))
-    _, causal, coefficients, error, samples = min(fits, key=lambda f: f[0])
-    model = [coefficients[k] for k in STEP_TERMS]
-    ratios = np.array([sample["seconds"] / max(float(np.dot(model, step_features(*(sample[k] for k in STEP_INPUTS)))),
-                                                1e-9) for sample in samples])
+        features = np.array([step_features(*(float(sample[k]) for k in STEP_INPUTS)) +
+                             [float(sample["prefill_tokens"] > 0)] for sample in samples])
+        coef, error = relative_fit(features, np.array([sample["seconds"] for sample in samples]))
+        coefficients = {**dict(zip(STEP_TERMS, map(float, coef))), "prefill_overhead_s": float(coef[-1])}
+        fits.append((error["mean"], causal, coefficients, error, features, coef))
+    _, causal, coefficients, error, features, coef = min(fits, key=lambda f: f[0])
+    ratios = np.array([sample["seconds"] for sample in samples]) / np.maximum(features @ coef, 1e-9)
     ran = steps[steps["end_s"] > steps["start_s"]]  # the samples' rows, in order
     prefill = (ran["prefill_tokens"] > 0).to_numpy()  # the fit errs apart on decode steps and those with prefill
     everything = list(ratios)
     scales = {"step_scale": quantiles(ratios[~prefill] if (~prefill).sum() >= MIN_STEPS else everything),
               "step_scale_prefill": quantiles(ratios[prefill] if prefill.sum() >= MIN_STEPS else everything),
-              "step_scale_rho": phase_correlation(ran["worker"].to_numpy(), ran["start_s"].to_numpy(), prefill, ratios)}
+              **phase_memory(ran["worker"].to_numpy(), ran["start_s"].to_numpy(), prefill, ratios)}
+    after = after_prefill(ran["worker"].to_numpy(), ran["start_s"].to_numpy(), prefill)
+    if after.sum() >= MIN_STEPS:
+        scales["step_scale_after_prefill"] = quantiles(ratios[after])
     return coefficients, {"step_relative_error": error}, causal, scales
 
 
@@ -140,6 +155,54 @@ def phase_correlation(workers: np.ndarray, starts: np.ndarray, prefill: np.ndarr
         return 0.0
     rho = np.corrcoef(log_ratio[:-1][same], log_ratio[1:][same])[0, 1]
     return float(np.clip(rho, 0.0, 0.99)) if np.isfinite(rho) else 0.0
+
+
+def after_prefill(workers: np.ndarray, starts: np.ndarray, prefill: np.ndarray) -> np.ndarray:
+    """Decode-only steps whose worker's previous step prefilled (a step's caches are cold after
+    a prefill: 1.5x a decode step's median time on this machine)."""
+    order = np.lexsort((starts, workers))
+    previous = np.zeros(len(order), dtype=bool)
+    same = workers[order][1:] == workers[order][:-1]
+    previous[order[1:]] = prefill[order][:-1] & same
+    return previous & ~prefill
+
+
+PHASE_LAGS = (1, 2, 4, 8, 16, 32)  # steps apart: a request decodes through 16-64 of them
+
+
+def phase_memory(workers: np.ndarray, starts: np.ndarray, prefill: np.ndarray, ratios: np.ndarray) -> dict:
+    """How long contention lasts, as testbed/sim/host.py's Draws draws it: the correlation of
+    log(real / fitted step time) between a worker's steps k apart, fitted at PHASE_LAGS by
+    w x rho^k (a phase of step-to-step correlation rho carrying a share w of the variance, the
+    rest each step's own). {"step_scale_rho": rho, "step_scale_weight": w}; (0, 1) when too few
+    steps follow one another."""
+    order = np.lexsort((starts, workers))
+    workers, prefill = workers[order], prefill[order]
+    log_ratio = np.log(np.maximum(ratios[order], 1e-12))
+    for kind in (False, True):
+        if (prefill == kind).any():
+            log_ratio[prefill == kind] -= log_ratio[prefill == kind].mean()
+    lags, acf = [], []
+    for lag in PHASE_LAGS:
+        same = workers[lag:] == workers[:-lag]
+        if same.sum() < MIN_STEPS or np.std(log_ratio) == 0:
+            break
+        a = np.corrcoef(log_ratio[:-lag][same], log_ratio[lag:][same])[0, 1]
+        if not np.isfinite(a):
+            break
+        lags.append(lag)
+        acf.append(a)
+    if not lags or acf[0] <= 0:
+        return {"step_scale_rho": 0.0, "step_scale_weight": 1.0}
+    lags, acf = np.array(lags, dtype=float), np.array(acf)
+    best = (np.inf, 0.0, 1.0)
+    for rho in np.linspace(0.0, 0.99, 199)[1:]:
+        powers = rho ** lags
+        weight = float(np.clip(np.dot(acf, powers) / np.dot(powers, powers), 0.0, 1.0))
+        error = float(np.sum((acf - weight * powers) ** 2))
+        if error < best[0]:
+            best = (error, float(rho), weight)
+    return {"step_scale_rho": best[1], "step_scale_weight": best[2]}
 
 
 def transfer_fit(transfers: pd.DataFrame, backend: str) -> dict:
@@ -165,22 +228,39 @@ def dtype_bytes(dtype: str, device: str) -> int:
 
 # -- host-side delays: each as quantiles (testbed/sim/host.py samples them) -------------------------
 def host_delays(steps: pd.DataFrame, requests: pd.DataFrame) -> dict:
-    return {"dispatch": quantiles(dispatch_delays(steps, requests)), "step_gap": quantiles(step_gaps(steps)),
-            "report": quantiles(report_delays(requests))}
+    after_decode, after_prefill = step_gaps(steps, prefilled=False), step_gaps(steps, prefilled=True)
+    return {"dispatch": quantiles(dispatch_delays(steps, requests)),
+            "step_gap": quantiles(after_decode if len(after_decode) >= MIN_STEPS else step_gaps(steps)),
+            "step_gap_prefill": quantiles(after_prefill) if len(after_prefill) >= MIN_STEPS else [],
+            "report": quantiles(report_delays(requests, first=False)),
+            "report_first": quantiles(report_delays(requests, first=True)),
+            "release": quantiles(requests["dispatched_s"] - requests["arrival_s"]),
+            "handoff": quantiles(handoff_delays(requests))}
 
 
-def report_delays(requests: pd.DataFrame) -> np.ndarray:
-    """Per step report: the receipt of its first token less its stamp on the worker."""
-    gaps = [np.asarray(c) - np.asarray(w) for c, w in zip(requests["token_times"], requests["token_worker_times"])
-            if len(c) and len(c) == len(w)]
+def report_delays(requests: pd.DataFrame, first: bool = False) -> np.ndarray:
+    """Per token: its receipt less its stamp on the worker; of each request's first token only
+    (`first`), or of the others."""
+    gaps = [(np.asarray(c) - np.asarray(w))[:1] if first else (np.asarray(c) - np.asarray(w))[1:]
+            for c, w in zip(requests["token_times"], requests["token_worker_times"]) if len(c) and len(c) == len(w)]
     return np.concatenate(gaps) if gaps else np.zeros(0)
 
 
-def step_gaps(steps: pd.DataFrame) -> np.ndarray:
-    """A worker's next step start less this step's end, where the step left work behind."""
+def handoff_delays(requests: pd.DataFrame) -> np.ndarray:
+    """P's first token stamped -> the start of its KV transfer (disagg runs; empty otherwise)."""
+    if "kv_transfer_start_s" not in requests or "prefill_end_s" not in requests:
+        return np.zeros(0)
+    return (requests["kv_transfer_start_s"] - requests["prefill_end_s"]).dropna().to_numpy(dtype=float)
+
+
+def step_gaps(steps: pd.DataFrame, prefilled: Optional[bool] = None) -> np.ndarray:
+    """A worker's next step start less this step's end, where the step left work behind; after
+    steps that prefilled only, or after decode-only steps only (`prefilled`), or after any."""
     gaps = [np.zeros(0)]
     for _, own in steps.sort_values("start_s").groupby("worker"):
         busy = (own["num_waiting"] + own["num_running"]).to_numpy()[:-1] > 0
+        if prefilled is not None:
+            busy &= (own["prefill_tokens"].to_numpy()[:-1] > 0) == prefilled
         gaps.append((own["start_s"].to_numpy()[1:] - own["end_s"].to_numpy()[:-1])[busy])
     return np.concatenate(gaps)
 

@@ -38,7 +38,7 @@ from testbed.workload import Request, build_workload
 if TYPE_CHECKING:  # annotations only: the root config is composed above the executors and handed in
     from testbed.config import Config
 
-ARRIVE, DELIVER, STEP_END, KV_SENT, RESUME, RUN_END, FREE = range(7)
+ARRIVE, DELIVER, STEP_END, KV_SENT, RESUME, RUN_END, FREE, RELEASE, SEND = range(9)
 
 
 class Simulation:
@@ -79,6 +79,7 @@ class Simulation:
                      and cfg.sim.num_scheduler_steps == 1)
         self.frontend_s = cfg.sim.frontend_latency_s
         self.paused: set[int] = set()  # workers in their gap between steps
+        self.handing_off: set[tuple[int, int]] = set()  # (P, request): KV sends waiting out their hand-off
         self.queue: list = []
         self.counter = 0
         self.now = 0.0
@@ -99,7 +100,8 @@ class Simulation:
         # a local, not an attribute: bound methods held by the simulation would make it a cycle,
         # freed only by a full collection over its millions of objects
         handlers = {ARRIVE: self._arrive, DELIVER: self._deliver, STEP_END: self._step_end, KV_SENT: self._kv_sent,
-                    RESUME: self._resume, RUN_END: self._run_end, FREE: self._free}
+                    RESUME: self._resume, RUN_END: self._run_end, FREE: self._free, RELEASE: self._release,
+                    SEND: self._handed_off}
         queue = self.queue
         while queue:
             self.now, _, kind, payload = heapq.heappop(queue)
@@ -130,9 +132,10 @@ class Simulation:
             for i, free in run.free_changes(worker.block_manager.num_blocks, self.book.free_blocks(rank)):
                 self.push(run.ends[i], FREE, (rank, run, i, free))
             return
+        after_prefill = worker.after_prefill  # the last step prefilled: this one runs on cold caches
         duration = worker.start_step(self.now, cost)
         if duration is not None:
-            scale = scales[worker.shape[0] > 0]  # decode step, or one with prefill
+            scale = scales[1] if worker.shape[0] > 0 else scales[2] if after_prefill else scales[0]
             self.push(self.now + duration * draws.contention(scale), STEP_END, rank)
 
     def _resume(self, rank: int) -> None:
@@ -141,6 +144,14 @@ class Simulation:
 
     # -- admission and dispatch --------------------------------------------------------------------
     def _arrive(self, request: Request) -> None:
+        """The request's arrival: the router lets it in after its lateness (in-situ: measured)."""
+        late = self.host.router.sample(self.host.model.release)
+        if late > 0:
+            self.push(self.now + late, RELEASE, request)
+        else:
+            self._release(request)
+
+    def _release(self, request: Request) -> None:
         tracked = self.book.admit(request, self.now)
         if tracked is None:
             return
@@ -176,11 +187,12 @@ class Simulation:
         worker.deferred.append((record.start, result.by_id(), now, worker.block_manager.num_free_blocks, cached,
                                 result.hits))
         if not worker.window_open():  # a multi-step window's tokens leave together at its end
-            received = now + draws.sample(self.host.model.report)
+            model = self.host.model
+            received = now + draws.sample(model.first_report if worker.first_token else model.report)
             reports, worker.deferred = worker.deferred, []
             for start, report, worker_t, free, changes, hits in reports:
                 self._report(rank, start, report, worker_t, received, free, changes, hits)
-        self._pause(rank, now + draws.sample(self.host.model.step_gap))
+        self._pause(rank, now + draws.sample(self.host.model.gap_after(worker.shape[0] > 0)))
 
     def _report(self, rank: int, start: float, report: tuple, worker_t: float, received: float, free: int,
                 cached, hits) -> None:
@@ -226,6 +238,24 @@ class Simulation:
     def _send_when_ready(self, rank: int, entry: Optional[Outgoing]) -> None:
         if entry is None or not entry.sendable or entry.start is not None:
             return
+        key = (rank, entry.seq.seq_id)
+        if key in self.handing_off:
+            return
+        # bind, Reserve, Ready, P between its steps: the send waits that long, the link does not
+        wait = self.host.draws[rank].sample(self.host.model.handoff)
+        if wait > 0:
+            self.handing_off.add(key)
+            self.push(self.now + wait, SEND, (rank, entry))
+        else:
+            self._send(rank, entry)
+
+    def _handed_off(self, payload: tuple) -> None:
+        rank, entry = payload
+        self.handing_off.discard((rank, entry.seq.seq_id))
+        if entry.sendable and entry.start is None:
+            self._send(rank, entry)
+
+    def _send(self, rank: int, entry: Outgoing) -> None:
         seconds = transfer_time(self.roles[rank], self.roles[entry.decode_rank], self._kv_bytes(entry), self.kv_backend)
         self.push(self.workers[rank].start_send(entry, self.now, seconds), KV_SENT, (rank, entry.seq.seq_id))
 

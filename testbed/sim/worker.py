@@ -54,6 +54,8 @@ class SimWorker:
         self.num_scheduler_steps = num_scheduler_steps
         self.window_left = 0
         self.deferred: list = []
+        self.first_token = False  # the step just finished completed a prefill: a first token (its report)
+        self.after_prefill = False  # the step just finished prefilled: the next one is stepped on its own
 
     # -- stepping -------------------------------------------------------------------------------
     def can_step(self) -> bool:
@@ -124,8 +126,10 @@ class SimWorker:
         """Postprocess the batch in flight with dummy tokens; the result and the step's record."""
         batch, self.batch = self.batch, None
         sampled = [SAMPLED_TOKEN if seq.num_computed_tokens + n == seq.num_tokens else None for seq, n in batch.items]
+        self.first_token = any(token is not None and seq.in_prefill for token, (seq, _) in zip(sampled, batch.items))
         result = self.scheduler.postprocess(batch, sampled)
         prefill, decodes, batched, chunks, context = self.shape
+        self.after_prefill = prefill > 0
         record = StepRecord(self.step_start, now, self.role, prefill, decodes, batched,
                             self.block_manager.num_used_blocks, len(self.scheduler.waiting),
                             len(self.scheduler.running), 0.0, 0.0, now - self.step_start, 0.0, 0.0, chunks, context,
@@ -136,6 +140,8 @@ class SimWorker:
     def start_run(self, now: float, cost: StepCostModel, scale: Delay, host: HostModel,
                   draws: Draws) -> Optional[DecodeRun]:
         """Plan the quiet decode steps ahead as one run, or None when there are too few."""
+        if self.after_prefill:  # the step after a prefill has its own contention: stepped on its own
+            return None
         quiet = self.scheduler.quiet_run()
         if quiet is None or quiet.steps + quiet.finishes < MIN_STEPS:
             return None

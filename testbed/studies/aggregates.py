@@ -266,7 +266,7 @@ def burstiness(table, cfg, out_dir) -> dict:
 VALIDATED = ("ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99")
 
 
-HOST_DELAYS = ("dispatch_s", "step_gap_s", "report_s")
+HOST_DELAYS = ("dispatch_s", "step_gap_s", "report_s", "release_s", "report_first_s", "handoff_s")
 
 
 def sim_validate(table, cfg, out_dir) -> dict:

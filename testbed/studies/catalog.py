@@ -251,10 +251,12 @@ CALIBRATION_REQUESTS = 3  # x workload.num_requests: enough steps for the fit's 
 def sim_validate(cfg: Config) -> list[Point]:
     """The same workload run for real and simulated, per mode and rate. The simulator runs on a
     profile fitted in situ (testbed/sim/in_situ.py), never on the run it is compared with: with
-    repeats, on the real runs of the other repeats at every rate, pooled (so the fit covers the
-    batch shapes of every rate, measured while the machine was in the state the compared runs
-    saw; all real points run first); with one repeat, on a calibration run of its own seed at
-    the middle rate. With hardware.emulate it runs on the very cost model that paces the real
+    repeats, on the real runs of the other repeats of the same cell, pooled (a cell's repeats run
+    one after the other, so the fit was measured while the machine was in the state the compared
+    run saw: a shared two-core machine's step times drift by a third over tens of seconds, the
+    gap between two rates' cells, and fitting across rates carried that drift into every cell;
+    all real points run first); with one repeat, on a calibration run of its own seed at the
+    middle rate. With hardware.emulate it runs on the very cost model that paces the real
     workers instead, so what differs is the control plane alone; an explicit sim.profile is kept."""
     calibrate = not emulated_sim(cfg) and cfg.sim.profile is None
     cells = rate_sweep(cfg)
@@ -272,7 +274,7 @@ def sim_validate(cfg: Config) -> list[Point]:
     for point in cells:
         label = point.knobs["label"]
         profile = {"sim.profile": f"run:{{points}}/calibrate_{label}" if calibration else
-                   f"run:{{points}}/{label}_rate*_real_r{OTHER_REPEATS}"} if calibrate else emulated_sim(cfg)
+                   f"run:{{points}}/{point.name}_real_r{OTHER_REPEATS}"} if calibrate else emulated_sim(cfg)
         sims.append(Point(f"{point.name}_sim", {**point.overrides, **profile, "executor": "sim"},
                           {**point.knobs, "executor": "sim"}))
     return calibration + real + sims
