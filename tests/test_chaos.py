@@ -20,6 +20,7 @@ import zmq
 from testbed.net import wire
 from testbed.net.messages import Stop
 from tests.test_torchrun import DEADLINE_S, WORKLOAD, finish, torchrun
+from tests.paths import error_lines
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="Linux /proc")]
 SCOPE = "none-0"  # torchrun's run id under a static rendezvous, restart 0
@@ -136,7 +137,7 @@ def test_a_message_connection_reset_mid_run_is_survived_or_one_line(tmp_path):
             pytest.skip(f"this kernel cannot reset a connection from outside: {reset.stderr.strip()}")
     finally:
         codes = finish(nodes)
-    errors = [line for line in (tmp_path / "node0.err").read_text().splitlines() if line.startswith("error:")]
+    errors = error_lines((tmp_path / "node0.err").read_text())
     if codes == [0, 0]:
         requests = pd.read_parquet(tmp_path / "run" / "requests.parquet")
         assert len(requests) == 240 and (requests.status == "ok").sum() + (requests.reason != "").sum() == 240

@@ -20,7 +20,7 @@ import pandas as pd
 import pytest
 from aiohttp import web
 
-from tests.paths import ROOT
+from tests.paths import ROOT, error_lines
 from tests.stub_server import served
 
 pytestmark = pytest.mark.slow
@@ -124,7 +124,7 @@ def test_a_file_size_limit_keeps_the_primary_results_and_is_one_line(tmp_path):
     run = subprocess.run([*command, f"hydra.run.dir={out}"], cwd=ROOT, capture_output=True, text=True,
                          timeout=HANG_S, preexec_fn=limit_file_size(limit))
     assert run.returncode != 0 and "Traceback" not in run.stderr, run.stderr[-3000:]
-    errors = [line for line in run.stderr.splitlines() if line.startswith("error:")]
+    errors = error_lines(run.stderr)
     assert len(errors) == 1 and "File too large" in errors[0], run.stderr[-3000:]
     kept = pd.read_parquet(out / "requests.parquet")
     assert kept.equals(pd.read_parquet(tmp_path / "whole" / "requests.parquet"))

@@ -19,6 +19,7 @@ import zmq
 
 from testbed.model import cpu_ops
 from testbed.ports import free_port
+from tests.paths import error_lines
 
 CPU_BACKEND = "cpu" if cpu_ops.supports("cpu", torch.float32) else "torch"  # what auto takes here
 ROOT = Path(__file__).resolve().parents[1]
@@ -155,7 +156,7 @@ def test_a_killed_rank_fails_the_run_naming_it_and_leaves_nothing_running(tmp_pa
     os.kill(rank1[0], signal.SIGKILL)
     codes = finish(nodes)
     assert codes[0] != 0 and codes[1] != 0
-    errors = [line for line in (tmp_path / "node0.err").read_text().splitlines() if line.startswith("error:")]
+    errors = error_lines((tmp_path / "node0.err").read_text())
     assert len(errors) == 1 and "rank 1 (decode_only) on node 1, host" in errors[0], errors
     assert not left_running(family)
     assert not (tmp_path / "run" / "summary.json").exists()  # a failed point is not written as finished
