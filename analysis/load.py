@@ -1,5 +1,5 @@
 """Saved results -> tidy DataFrames. Nothing here reruns anything: it reads the results contract
-(DESIGN.md) of single runs and the sweep layout of studies:
+(docs/design.md) of single runs and the sweep layout of studies:
 
     <sweep>/sweep.parquet, sweep.json ("experiment", "points", "aggregate"): one row per point
     <sweep>/intervals.parquet one row per cell (a point's repeats together) with 95% intervals

@@ -55,3 +55,14 @@ def test_the_docs_site_builds_strict(tmp_path):
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert (tmp_path / "site" / "index.html").is_file()
+
+
+def test_no_doc_docstring_or_test_names_a_folder_outside_the_repository():
+    """A user's clone has only the repository: nothing may point to a folder beside it."""
+    root = Path(__file__).resolve().parents[1]
+    files = [p for d in ("testbed", "analysis", "tests", "docs", "conf", "scripts", "experiments")
+             for p in (root / d).rglob("*") if p.suffix in (".py", ".md", ".yaml", ".toml") and p.is_file()]
+    outside = "../" + "shared"  # spelled apart so this file does not name it
+    found = [f"{p.relative_to(root)}" for p in [root / "README.md", *files]
+             if outside in p.read_text(errors="replace") or ("shared" + "/traces") in p.read_text(errors="replace")]
+    assert not found, found

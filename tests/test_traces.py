@@ -14,13 +14,13 @@ TINY = dict(vocab_size=512, max_model_len=2048)
 
 @pytest.fixture(scope="module")
 def traces() -> Path:
-    folder = Path(__file__).resolve().parents[2] / "shared" / "traces"
+    folder = Path(__file__).resolve().parents[1] / "traces"
     if not folder.is_dir():
-        pytest.skip(f"shared traces not found at {folder}")
+        pytest.skip(f"full traces not found at {folder}")
     return folder
 
 
-# Rows and mean input/output lengths as in shared/traces/README.md (which rounds to the token).
+# Rows and mean input/output lengths of the full traces (their README rounds to the token).
 @pytest.mark.parametrize("name,rows,mean_in,mean_out", [
     ("azure_conv_2023.csv", 19_366, 1_155, 211),
     ("azure_code_2023.csv", 8_819, 2_048, 28),

@@ -1,5 +1,5 @@
 """A point in and out: export what a point ran for vLLM and SGLang to replay, and import their
-runs (or another testbed run) as results directories by the results contract (DESIGN.md)."""
+runs (or another testbed run) as results directories by the results contract (docs/design.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Reading a run's results directory (DESIGN.md, Results contract): its files back as dicts and
+"""Reading a run's results directory (docs/design.md, Results contract): its files back as dicts and
 DataFrames. Below the executors and the tracking layer that writes the directory, so that a
 simulator fitted on a real run's results (testbed/sim/in_situ.py) reads them without the writer.
 

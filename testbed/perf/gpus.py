@@ -8,7 +8,7 @@ number carries its source. Sources named here:
 - [H100-DS] NVIDIA H100 datasheet, SXM5: bf16 1,979 TFLOP/s with 2:4 sparsity, so 989 dense, fp16
   the same; FP32 67 TFLOP/s; HBM3 3.35 TB/s; NVLink 900 GB/s both directions.
 - [H200-DS] NVIDIA H200 datasheet, SXM: 141 GB HBM3e at 4.8 TB/s, NVLink 900 GB/s, the H100's
-  compute (also ../shared/notes/roofline-cost-models.md, hardware table).
+  compute.
 - [NVSMI] total memory nvidia-smi reports: A100-SXM4-40GB 40,960 MiB; A100-SXM4-80GB 81,920 MiB;
   H100 80GB HBM3 81,559 MiB; H200 143,771 MiB.
 - [BLIS] inference-sim roofline v2, lesson 1: achievable HBM bandwidth is about 0.8 of peak

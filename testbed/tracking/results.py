@@ -1,4 +1,4 @@
-"""The results directory of one run (DESIGN.md, Results contract), written atomically.
+"""The results directory of one run (docs/design.md, Results contract), written atomically.
 
 config.yaml, meta.json, requests.parquet, steps.parquet, kv_transfers.parquet,
 telemetry.parquet (only when given), summary.json. Each file is written to a temporary file in

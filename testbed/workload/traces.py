@@ -53,10 +53,10 @@ class TraceRecords:
 
 def resolve_trace_path(path: str) -> Path:
     """The path as given (relative to the current dir), then beside the checkout, then in the
-    shared traces folder next to it (`../shared/traces/<name>`), and last the 1,000-request
-    slice bundled with the package (testbed/workload/traces/)."""
+    checkout's `traces/` folder (where the full traces go), and last the 1,000-request slice
+    bundled with the package (testbed/workload/traces/)."""
     given = Path(path).expanduser()
-    candidates = [given, CHECKOUT / given, CHECKOUT.parent / "shared" / "traces" / given.name,
+    candidates = [given, CHECKOUT / given, CHECKOUT / "traces" / given.name,
                   Path(__file__).parent / "traces" / given.name]
     for candidate in candidates:
         if candidate.is_file():
