@@ -144,17 +144,30 @@ def phase_correlation(workers: np.ndarray, starts: np.ndarray, prefill: np.ndarr
     """The lag-1 correlation of log(real / fitted step time) between a worker's consecutive
     steps (each kind, decode or with prefill, centred on its own mean): how long contention
     lasts. 0 when too few steps follow one another."""
+    workers, log_ratio = centred_log_ratio(workers, starts, prefill, ratios)
+    rho = lag_correlation(workers, log_ratio, 1)
+    return float(np.clip(rho, 0.0, 0.99)) if np.isfinite(rho) else 0.0
+
+
+def centred_log_ratio(workers: np.ndarray, starts: np.ndarray, prefill: np.ndarray,
+                      ratios: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(workers, log(real / fitted step time)) in each worker's step order, each kind of step
+    (decode, with prefill) centred on its own mean."""
     order = np.lexsort((starts, workers))
     workers, prefill = workers[order], prefill[order]
     log_ratio = np.log(np.maximum(ratios[order], 1e-12))
     for kind in (False, True):
         if (prefill == kind).any():
             log_ratio[prefill == kind] -= log_ratio[prefill == kind].mean()
-    same = workers[1:] == workers[:-1]
+    return workers, log_ratio
+
+
+def lag_correlation(workers: np.ndarray, log_ratio: np.ndarray, lag: int) -> float:
+    """The correlation between a worker's steps `lag` apart; NaN when too few follow one another."""
+    same = workers[lag:] == workers[:-lag]
     if same.sum() < MIN_STEPS or np.std(log_ratio) == 0:
-        return 0.0
-    rho = np.corrcoef(log_ratio[:-1][same], log_ratio[1:][same])[0, 1]
-    return float(np.clip(rho, 0.0, 0.99)) if np.isfinite(rho) else 0.0
+        return float("nan")
+    return float(np.corrcoef(log_ratio[:-lag][same], log_ratio[lag:][same])[0, 1])
 
 
 def after_prefill(workers: np.ndarray, starts: np.ndarray, prefill: np.ndarray) -> np.ndarray:
@@ -176,18 +189,10 @@ def phase_memory(workers: np.ndarray, starts: np.ndarray, prefill: np.ndarray, r
     w x rho^k (a phase of step-to-step correlation rho carrying a share w of the variance, the
     rest each step's own). {"step_scale_rho": rho, "step_scale_weight": w}; (0, 1) when too few
     steps follow one another."""
-    order = np.lexsort((starts, workers))
-    workers, prefill = workers[order], prefill[order]
-    log_ratio = np.log(np.maximum(ratios[order], 1e-12))
-    for kind in (False, True):
-        if (prefill == kind).any():
-            log_ratio[prefill == kind] -= log_ratio[prefill == kind].mean()
+    workers, log_ratio = centred_log_ratio(workers, starts, prefill, ratios)
     lags, acf = [], []
     for lag in PHASE_LAGS:
-        same = workers[lag:] == workers[:-lag]
-        if same.sum() < MIN_STEPS or np.std(log_ratio) == 0:
-            break
-        a = np.corrcoef(log_ratio[:-lag][same], log_ratio[lag:][same])[0, 1]
+        a = lag_correlation(workers, log_ratio, lag)
         if not np.isfinite(a):
             break
         lags.append(lag)
