@@ -9,12 +9,12 @@ import pytest
 
 from testbed.control.config import ClusterConfig, KVTransferConfig
 from testbed.control.book import RequestBook
-from testbed.control.request import BACK_EDGES, FRONT_EDGES, Back, Front
+from testbed.control.request import BACK_EDGES, FRONT_EDGES, Back, Front, WorkerStep
 from testbed.control.ledger import ReceiveLedger, SendLedger
 from testbed.engine.block_manager import BlockManager
 from testbed.engine.config import SchedulerConfig
 from testbed.engine.policies import make_policy
-from testbed.engine.scheduler import Scheduler
+from testbed.engine.scheduler import Scheduler, StepReport
 from testbed.engine.sequence import EDGES, Sequence, SequenceStatus
 from testbed.errors import StateError
 from testbed.metrics.events import RequestLog
@@ -55,7 +55,8 @@ def loads_balanced(b: RequestBook) -> None:
 
 
 def step(b: RequestBook, worker: int, tokens=(), finished=(), handoff=(), t: float = 1.0):
-    return b.on_step(worker, t, [], list(tokens), list(finished), list(handoff), t, t + 0.001, 100)
+    report = StepReport([], list(tokens), list(finished), list(handoff), [])
+    return b.on_step(WorkerStep(worker, t, t, 100, report), t + 0.001)
 
 
 # -- the request book --------------------------------------------------------------------------------

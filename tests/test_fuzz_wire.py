@@ -10,7 +10,6 @@ import typing
 import pytest
 from hypothesis import given, strategies as st
 
-from testbed.metrics.record import StepRecord
 from testbed.net import limits, wire
 from tests.fuzzing import fuzz_selected, long, quick  # noqa: F401 - fuzz_selected is a fixture
 
@@ -28,8 +27,8 @@ def of(hint) -> st.SearchStrategy:
     simple = {int: st.integers(), float: st.floats(allow_nan=False), bool: st.booleans(), str: st.text(max_size=30),
               dict: st.dictionaries(st.text(max_size=8), JSON, max_size=4), tuple: DEEP_TUPLE,
               list: st.lists(st.tuples(st.integers(), st.integers()), max_size=4)}
-    if hint is StepRecord:
-        return st.builds(StepRecord, *[of(h) for h in typing.get_type_hints(StepRecord).values()])
+    if isinstance(hint, type) and issubclass(hint, tuple) and hasattr(hint, "_fields"):  # StepRecord, StepReport
+        return st.builds(hint, *[of(h) for h in typing.get_type_hints(hint).values()])
     if hint in simple:
         return simple[hint]
     if origin is typing.Union:
@@ -86,7 +85,7 @@ def test_deep_nesting_is_refused_before_it_is_parsed(frame):
 def test_an_oversized_frame_is_refused_before_it_is_parsed(monkeypatch):
     monkeypatch.setattr(wire, "MAX_FRAME", 100)
     with pytest.raises(wire.BadMessage) as refused:
-        wire.decode(b'{"v": 1, "pad": "' + b"x" * 200 + b'"}', TOKEN)
+        wire.decode(b'{"v": 2, "pad": "' + b"x" * 200 + b'"}', TOKEN)
     assert refused.value.reason == "oversized" and "limit is 100" in str(refused.value)
 
 
@@ -95,7 +94,7 @@ def test_an_oversized_frame_is_refused_before_it_is_parsed(monkeypatch):
                                           ({"rid": 7, "prompt": 5, "max_tokens": 2}, "bad field"),
                                           ({"rid": True, "prompt": [1], "max_tokens": 2}, "bad field")])
 def test_a_field_of_the_wrong_type_is_refused(body, reason):
-    frame = json.dumps({"v": 1, "token": TOKEN, "type": "Serve", "body": body}).encode()
+    frame = json.dumps({"v": 2, "token": TOKEN, "type": "Serve", "body": body}).encode()
     with pytest.raises(wire.BadMessage) as refused:
         wire.decode(frame, TOKEN)
     assert refused.value.reason == reason

@@ -17,9 +17,10 @@ import torch
 
 from testbed.bench import gpu as bench_gpu
 from testbed.cluster import completion, worker
+from testbed.control.config import ClusterConfig
 from testbed.engine import Engine, EngineConfig, SchedulerConfig, Sequence, kv_pool, model_runner
+from testbed.engine.engine import ForwardClock
 from testbed.engine.model_runner import ModelRunner, cuda_memory, decode_graphs_wanted
-from testbed.engine.record import ForwardClock
 from testbed.errors import ConfigError
 from testbed.model import attention, loader
 from testbed.model.config import PRESETS
@@ -235,7 +236,7 @@ def test_a_polled_transfer_that_never_completes_fails_after_the_kv_timeout(monke
 def test_an_nccl_watchdog_timeout_aborts_the_communicator_not_the_worker(monkeypatch):
     monkeypatch.setattr(worker.os, "environ", {})
     monkeypatch.setattr(worker.dist, "init_process_group", lambda *a, **k: None)
-    spec = SimpleNamespace(start_timeout_s=5.0, rendezvous=None, port=1, rank=0, world_size=2)
+    spec = SimpleNamespace(cluster=ClusterConfig(start_timeout_s=5.0), rendezvous=None, port=1, rank=0, world_size=2)
     worker._init_group(spec, "nccl")
     assert os.environ == {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "2"}
     os.environ.clear()

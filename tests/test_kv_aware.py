@@ -9,8 +9,10 @@ from testbed.control.config import ClusterConfig, KVTransferConfig
 from testbed.control.book import RequestBook
 from testbed.control.dispatch import Dispatcher, WorkerLoad
 from testbed.control.kv_index import KVIndex
+from testbed.control.request import WorkerStep
 from testbed.engine import BlockManager, Sequence
 from testbed.engine.prefix import cacheable_blocks, prompt_hashes
+from testbed.engine.scheduler import StepReport
 from testbed.errors import ConfigError
 from testbed.metrics.events import RequestLog
 from testbed.workload import Request
@@ -192,8 +194,8 @@ def test_a_later_turn_goes_to_the_decode_worker_holding_its_session_and_ends_the
     tracked = b.admit(later, 0.0)
     assert (tracked.worker, tracked.local, tracked.decode_worker) == (2, True, None)  # no transfer, no binding
     loads_balanced(b)
-    b.on_step(2, 1.0, [(1, 48, True)], [(1, 0, 5)], [], [], 1.0, 1.0, 100)
-    news = b.on_step(2, 2.0, [(1, 1, False)], [(1, 1, 6)], [1], [], 2.0, 2.0, 100)
+    b.on_step(WorkerStep(2, 1.0, 1.0, 100, StepReport([(1, 48, True)], [(1, 0, 5)], [], [], [])), 1.0)
+    news = b.on_step(WorkerStep(2, 2.0, 2.0, 100, StepReport([(1, 1, False)], [(1, 1, 6)], [1], [], [])), 2.0)
     assert [t.rid for t in news.finished] == [1] and b.loads[2].bound_sequences == 0
     loads_balanced(b)
     table = b.log.table().set_index("request_id")

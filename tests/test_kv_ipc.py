@@ -12,14 +12,13 @@ import torch
 from testbed import LLM
 from testbed.cluster import connector, receiver
 from testbed.cluster.kv_ipc import BlockCopier, attach_pool, block_runs, release, shared_pool
-from testbed.control.config import KVFailurePolicy
 from testbed.control.layout import WorkerPlan, check_kv_backend
 from testbed.engine import Sequence
 from testbed.errors import ConfigError
-from testbed.net.faults import KVFaults
+from testbed.net.faults import FaultsConfig, KVFaults
 from testbed.net.messages import (KVArrived, KVBegin, KVDone, KVFence, KVPoolAttached, KVPoolExport, Ready,
                                   Reserve)
-from tests.test_kv_lifecycle import Box, Clock, FakeTracker, prefill
+from tests.test_kv_lifecycle import Box, Clock, FakeTracker, kv_config, prefill
 
 P, D = 0, 1
 PROMPT = tuple(range(3, 60))  # 57 tokens: a partial last block
@@ -63,9 +62,9 @@ def pair(monkeypatch):
         d.runner.adopt_pool(pool)
         inboxes, events = [Box(), Box()], Box()
         clock = Clock()
-        sender = connector.KVSender(p, P, inboxes, events, "request", 1.0, 1 << 20, KVFaults(0.0, 0.0, 0),
-                                    KVFailurePolicy(), clock, direct=True)
-        rx = receiver.KVReceiver(d, D, inboxes, events, 1.0, KVFailurePolicy(), 1 << 20, clock, direct=True)
+        kv = kv_config(backend="ipc")
+        sender = connector.KVSender(p, P, inboxes, events, kv, KVFaults(FaultsConfig(), seed=0), clock)
+        rx = receiver.KVReceiver(d, D, inboxes, events, kv, clock)
         sender.attach(KVPoolExport(D, handle))
         assert inboxes[D].take(KVPoolAttached) == [KVPoolAttached(P)]
         yield p, d, sender, rx, inboxes, events

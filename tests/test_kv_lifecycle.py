@@ -17,7 +17,7 @@ from testbed.control.config import KVFailurePolicy, KVTransferConfig
 from testbed.control.transfers import TransferLog
 from testbed.engine import Sequence
 from testbed.errors import ConfigError
-from testbed.net.faults import KVFaults
+from testbed.net.faults import FaultsConfig, KVFaults
 from testbed.net.messages import (Failed, KVAck, KVArrived, KVAttemptFailed, KVBegin, KVDone, KVPart, KVSent,
                                   Ready, Reserve)
 
@@ -98,15 +98,21 @@ def engines():
     return LLM("tiny", policy="prefill_only", **options).engine, LLM("tiny", policy="decode_only", **options).engine
 
 
+def kv_config(policy: KVFailurePolicy = KVFailurePolicy(), **more) -> KVTransferConfig:
+    """kv_transfer as the tests' pair runs it: their lease, 1 MiB pieces, `policy` on a failed attempt."""
+    return KVTransferConfig(timeout_s=TIMEOUT_S, piece_kib=1024, on_failure=policy.on_failure,
+                            max_retries=policy.max_retries, retry_fallback=policy.retry_fallback, **more)
+
+
 def make_receiver(engine, policy: KVFailurePolicy, clock: Clock):
     inboxes, events = [Box(), Box()], Box()
-    return receiver.KVReceiver(engine, D, inboxes, events, TIMEOUT_S, policy, 1 << 20, clock), inboxes, events
+    return receiver.KVReceiver(engine, D, inboxes, events, kv_config(policy), clock), inboxes, events
 
 
 def make_sender(engine, policy: KVFailurePolicy, clock: Clock, drop: float = 0.0):
     inboxes, events = [Box(), Box()], Box()
-    sender = connector.KVSender(engine, P, inboxes, events, "request", TIMEOUT_S, 1 << 20, KVFaults(drop, 0.0, 0),
-                                policy, clock)
+    faults = KVFaults(FaultsConfig(drop_kv_probability=drop), seed=0)
+    sender = connector.KVSender(engine, P, inboxes, events, kv_config(policy), faults, clock)
     return sender, inboxes, events
 
 

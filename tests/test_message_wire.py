@@ -13,9 +13,10 @@ import time
 import pytest
 import zmq
 
-from testbed.cluster.layout import plan_ranks, plan_workers
+from testbed.cluster.layout import plan_on_this_box, plan_ranks
 from testbed.config import HardwareConfig
 from testbed.control.config import ClusterConfig, device_ref
+from testbed.engine.scheduler import StepReport
 from testbed.errors import ConfigError
 from testbed.metrics.record import StepRecord
 from testbed.net import wire
@@ -30,8 +31,9 @@ TOKEN = "a" * 32
 def step_events() -> StepEvents:
     record = StepRecord(1.0, 2.0, "decode_only", 0, 2, 2, 6, 0, 2, 1e-4, 2e-4, 3e-3, 1e-4, 1e-4, ((16, 32),), 80,
                         modelled_s=0.004)
-    return StepEvents(worker=1, t=2.5, record=record, scheduled=[(3, 1, False)], tokens=[(3, 4, 1234)], finished=[3],
-                      handoff=[], free_blocks=10, num_running=2, cached=((11, 12), (9,)), hits=[(3, 16)], sent=2.6)
+    report = StepReport(scheduled=[(3, 1, False)], tokens=[(3, 4, 1234)], finished=[3], handoff=[], hits=[(3, 16)])
+    return StepEvents(worker=1, t=2.5, record=record, report=report, free_blocks=10, num_running=2,
+                      cached=((11, 12), (9,)), sent=2.6)
 
 
 @pytest.mark.parametrize("msg", [
@@ -53,12 +55,12 @@ def test_a_nan_in_a_step_record_survives():
 @pytest.mark.parametrize("frame, why", [
     (b"\x80\x04\x95garbage", "not JSON"),
     (pickle.dumps(Stop()), "not JSON"),
-    (b'{"v": 2, "token": "' + TOKEN.encode() + b'", "type": "Stop", "body": {}}', "version"),
-    (b'{"v": 1, "token": "nope", "type": "Stop", "body": {}}', "token"),
-    (b'{"v": 1, "type": "Stop", "body": {}}', "token"),
-    (b'{"v": 1, "token": "' + TOKEN.encode() + b'", "type": "Popen", "body": {}}', "unknown message type"),
-    (b'{"v": 1, "token": "' + TOKEN.encode() + b'", "type": "Stop", "body": {"cmd": "rm"}}', "no fields"),
-    (b'{"v": 1, "token": "' + TOKEN.encode() + b'", "type": "Serve", "body": {"rid": 1}}', "Serve"),
+    (b'{"v": 1, "token": "' + TOKEN.encode() + b'", "type": "Stop", "body": {}}', "version"),  # the old one
+    (b'{"v": 2, "token": "nope", "type": "Stop", "body": {}}', "token"),
+    (b'{"v": 2, "type": "Stop", "body": {}}', "token"),
+    (b'{"v": 2, "token": "' + TOKEN.encode() + b'", "type": "Popen", "body": {}}', "unknown message type"),
+    (b'{"v": 2, "token": "' + TOKEN.encode() + b'", "type": "Stop", "body": {"cmd": "rm"}}', "no fields"),
+    (b'{"v": 2, "token": "' + TOKEN.encode() + b'", "type": "Serve", "body": {"rid": 1}}', "Serve"),
     (b"[1, 2]", "envelope")])
 def test_a_frame_that_is_not_a_message_of_this_run_is_refused(frame, why):
     with pytest.raises(wire.BadMessage, match=why):
@@ -86,7 +88,7 @@ def test_stray_connections_change_nothing_and_are_logged(tmp_path, caplog):
     stray.connect(box.address)
     stray.send(pickle.dumps(Evil(marker)))
     stray.send(pickle.dumps(Stop()))
-    stray.send(b'{"v": 1, "token": "guess", "type": "Stop", "body": {}}')
+    stray.send(b'{"v": 2, "token": "guess", "type": "Stop", "body": {}}')
     good = Outbox(ctx, box.address, TOKEN, 0.5)
     good.put(Heartbeat(3, 1.0))
     def logged() -> list[str]:
@@ -153,8 +155,8 @@ def test_a_layout_that_does_not_fill_the_ranks_is_one_line(cluster, message):
 
 def test_one_box_refuses_other_nodes_and_bad_device_names():
     with pytest.raises(ConfigError, match="torchrun"):
-        plan_workers("disagg", ClusterConfig(prefill_devices=["0:0"], decode_devices=["1:0"]),
-                     HardwareConfig(name="cpu"))
+        plan_on_this_box("disagg", ClusterConfig(prefill_devices=["0:0"], decode_devices=["1:0"]),
+                         HardwareConfig(name="cpu"))
     with pytest.raises(ConfigError, match="node:device"):
         ClusterConfig(prefill_devices=["gpu0"]).validate()
 

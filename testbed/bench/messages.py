@@ -20,8 +20,10 @@ from datetime import timedelta
 
 import numpy as np
 
+from testbed.engine.scheduler import StepReport
 from testbed.metrics.record import StepRecord
-from testbed.net.messages import StepEvents
+from testbed.names import Role
+from testbed.net.messages import Started, StepEvents
 from testbed.net.rendezvous import host_store, store_client
 
 TOKEN = "b" * 32
@@ -30,11 +32,11 @@ TIMEOUT_S = 120  # an echo that died fails the benchmark instead of hanging it
 
 
 def report(batch: int = 16) -> StepEvents:
-    record = StepRecord(1.0, 1.01, "decode_only", 0, batch, batch, 40, 0, batch, 1e-4, 2e-4, 8e-3, 1e-4, 3e-4, (),
+    record = StepRecord(1.0, 1.01, Role.DECODE_ONLY, 0, batch, batch, 40, 0, batch, 1e-4, 2e-4, 8e-3, 1e-4, 3e-4, (),
                         batch * 300, modelled_s=0.01)
-    return StepEvents(worker=1, t=1.01, record=record, scheduled=[(i, 1, False) for i in range(batch)],
-                      tokens=[(i, 40, 1000 + i) for i in range(batch)], finished=[], handoff=[], free_blocks=200,
-                      num_running=batch, sent=1.011)
+    step = StepReport(scheduled=[(i, 1, False) for i in range(batch)], tokens=[(i, 40, 1000 + i) for i in range(batch)],
+                      finished=[], handoff=[], hits=[])
+    return StepEvents(worker=1, t=1.01, record=record, report=step, free_blocks=200, num_running=batch, sent=1.011)
 
 
 def join_gloo(store, rank: int) -> None:
@@ -58,9 +60,7 @@ def echo_zmq(back: str, count: int) -> None:
 
     ctx = zmq.Context()
     inbox, out = Inbox(ctx, "127.0.0.1", TOKEN, 2.0, "echo"), Outbox(ctx, back, TOKEN, 2.0)
-    # the echo's own address rides in a step report (the only payload the bench sends)
-    out.put(StepEvents(0, 0.0, report().record, [], [], [], [], 0, 0, sent=0.0, cached=((), ()),
-                       hits=[("addr", inbox.address)]))
+    out.put(Started(0, "echo", "cpu", 0, 0, host=inbox.address))  # the echo's own address: its first message
     for _ in range(count):
         out.put(inbox.get())
     out.close()
@@ -123,7 +123,7 @@ def time_zmq(count: int) -> list[float]:
     child = mp.get_context("spawn").Process(target=echo_zmq, args=(inbox.address, count + WARMUP), daemon=True)
     child.start()
     hello = inbox.get(timeout=TIMEOUT_S)
-    out = Outbox(zctx, hello.hits[0][1], TOKEN, 2.0)
+    out = Outbox(zctx, hello.host, TOKEN, 2.0)
     msg, times = report(), []
     for _ in range(count + WARMUP):
         start = time.perf_counter()

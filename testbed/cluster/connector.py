@@ -35,9 +35,10 @@ from typing import Callable, Optional
 from testbed.cluster.completion import BufferPool, CompletionTracker
 from testbed.cluster.kv_ipc import PeerPools, synchronize
 from testbed.cluster.kv_wire import Retired, WirePart, send_part
-from testbed.control.config import KVFailurePolicy
+from testbed.control.config import KVTransferConfig
 from testbed.control.ledger import Outgoing, SendLedger
 from testbed.engine import Engine, Sequence
+from testbed.names import Granularity
 from testbed.net.faults import FaultInjected, KVFaults
 from testbed.net.messages import KVAck, KVBegin, KVDone, KVFence, KVPart, KVPoolAttached, KVPoolExport, KVSent, Ready
 
@@ -68,24 +69,23 @@ class KVSender:
     """The P side. Blocks are freed once every part has left, or once D acknowledges the KV when
     the policy keeps it for resends."""
 
-    def __init__(self, engine: Engine, rank: int, inboxes, events, granularity: str, timeout_s: float,
-                 piece_bytes: int, faults: KVFaults, policy: KVFailurePolicy = KVFailurePolicy(),
-                 clock: Callable[[], float] = time.perf_counter, direct: bool = False):
-        self.engine, self.rank, self.inboxes, self.events = engine, rank, inboxes, events
-        self.direct = direct  # kv_transfer.backend=ipc: write into D's mapped pool
+    def __init__(self, engine: Engine, rank: int, inboxes, events, kv: KVTransferConfig, faults: KVFaults,
+                 clock: Callable[[], float] = time.perf_counter):
+        self.engine, self.rank, self.inboxes, self.events, self.kv = engine, rank, inboxes, events, kv
+        self.direct = kv.direct  # kv_transfer.backend=ipc: write into D's mapped pool
         self.pools = PeerPools()
-        self.granularity, self.piece_bytes = granularity, piece_bytes
-        self.faults, self.policy, self.clock = faults, policy, clock
-        self.lease_s = timeout_s  # D's lease (the same kv_transfer.timeout_s): renewed while a link holds
+        self.by_layer, self.piece_bytes = kv.granularity == Granularity.LAYER, kv.piece_bytes
+        self.faults, self.policy, self.clock = faults, kv.failure_policy(), clock
+        self.lease_s = kv.timeout_s  # D's lease (the same kv_transfer.timeout_s): renewed while a link holds
         self.ledger: SendLedger[WireOutgoing] = SendLedger(WireOutgoing)
-        self.completions = CompletionTracker(timeout_s)  # bounds every send: a dead peer fails it
+        self.completions = CompletionTracker(kv.timeout_s)  # bounds every send: a dead peer fails it
         self.buffers = BufferPool(engine.runner.device, engine.runner.dtype)
         self.retired = Retired(self.buffers)
         self.link = None  # an emulated device's link (testbed/cluster/pacing.py LinkPacer), set by the worker
 
     @property
     def num_parts(self) -> int:
-        return self.engine.args.num_layers if self.granularity == "layer" else 1
+        return self.engine.args.num_layers if self.by_layer else 1
 
     def attach(self, msg: KVPoolExport) -> None:
         """ipc: map a decode worker's pool, and say so (it removes its shared-memory file then)."""
@@ -176,7 +176,7 @@ class KVSender:
 
     def _send_part(self, entry: WireOutgoing, part: int) -> None:
         seq = entry.seq
-        layer = part if self.granularity == "layer" else None
+        layer = part if self.by_layer else None
         runner = self.engine.runner
         self._begin(entry)
         if self.direct:

@@ -17,12 +17,13 @@ from typing import Optional
 from testbed.cluster.pacing import LinkPacer, StepPacer
 from testbed.errors import ConfigError
 from testbed.model.config import PRESETS, ModelArgs, ModelConfig
+from testbed.names import Kind, KVBackend, Role
 from testbed.perf import GPUS, StepCostModel, cost_model, is_gpu
 from testbed.perf.measured import require_transport
 
 # bytes per KV element of the modelled device: `auto` is what a CUDA run picks (bfloat16)
 DTYPE_BYTES = {"auto": 2, "float32": 4, "bfloat16": 2, "float16": 2}
-ROLE_KEYS = {"prefill_only": "prefill", "decode_only": "decode"}
+ROLE_KEYS = {Role.PREFILL_ONLY: Kind.PREFILL, Role.DECODE_ONLY: Kind.DECODE}  # the roles paced apart (disagg)
 
 
 @dataclass(frozen=True)
@@ -47,7 +48,7 @@ class Emulation:
                    model=hardware.emulate_model, host=host)
 
     def spec_for(self, role: str) -> str:
-        spec = getattr(self, ROLE_KEYS.get(role, "mixed"))
+        spec = getattr(self, ROLE_KEYS.get(role, Kind.MIXED))
         if spec is None:
             raise ConfigError(f"{role} workers need hardware.emulate: hardware.emulate_prefill and "
                               f"hardware.emulate_decode pace the roles of mode=disagg only")
@@ -83,11 +84,11 @@ def resolve(spec: str, args: ModelArgs, dtype: str, key: str = "hardware.emulate
 
 
 def role_pacers(emulation: Emulation, role: str, model: ModelConfig, real_kv_bytes_per_token: int,
-                kv_backend: str = "process_group") -> tuple[StepPacer, LinkPacer]:
+                kv_backend: str = KVBackend.PROCESS_GROUP) -> tuple[StepPacer, LinkPacer]:
     """The step pacer of a worker of `role`, and the link pacer its KV sends (over kv_backend) follow."""
     args = modelled_args(emulation, model)
     paced = resolve(emulation.spec_for(role), args, model.dtype, host=emulation.host)
-    if role == "prefill_only":  # P's link paces the KV it sends
+    if role == Role.PREFILL_ONLY:  # P's link paces the KV it sends
         require_transport(paced.model, kv_backend, f"the emulated prefill device ({emulation.spec_for(role)})")
     scale = args.kv_bytes_per_token * paced.dtype_bytes / real_kv_bytes_per_token
     return StepPacer(paced.model), LinkPacer(paced.model, scale, kv_backend)
@@ -96,7 +97,7 @@ def role_pacers(emulation: Emulation, role: str, model: ModelConfig, real_kv_byt
 def check_link(emulation: Optional[Emulation], model: ModelConfig, kv_backend: str) -> None:
     """Before any worker loads its model: an emulated P has times for the transport its KV takes."""
     if emulation is not None:
-        spec = emulation.spec_for("prefill_only")
+        spec = emulation.spec_for(Role.PREFILL_ONLY)
         paced = resolve(spec, modelled_args(emulation, model), model.dtype)
         require_transport(paced.model, kv_backend, f"the emulated prefill device ({spec})")
 
@@ -106,7 +107,7 @@ def emulation_meta(emulation: Optional[Emulation], model: ModelConfig, disagg: b
     if emulation is None:
         return None
     args = modelled_args(emulation, model)
-    labels = {key: resolve(emulation.spec_for(role if disagg else "mixed"), args, model.dtype).label
+    labels = {key: resolve(emulation.spec_for(role if disagg else Kind.MIXED), args, model.dtype).label
               for role, key in ROLE_KEYS.items()}
     run_name = model.path or model.name
     return {**labels, "model": {"modelled": {"name": emulation.model or run_name, "shape": dataclasses.asdict(args)},

@@ -21,6 +21,7 @@ from testbed.cluster.memory import ModelMemory, plan_kv_memory
 from testbed.cluster.worker import WorkerSpec, worker_main
 from testbed.control.layout import WorkerPlan
 from testbed.errors import ConfigError
+from testbed.names import KVBackend, Role
 from testbed.net.channel import ReportReader, ReportWriter
 from testbed.net.messages import Audit, Started, Stop, WorkerError
 from testbed.net.rendezvous import host_store
@@ -154,14 +155,14 @@ class Cluster:
             hosts.setdefault(s.host, []).append(r)
         links = [{"prefill": p, "decode": d, "crosses_nodes": self.started[p].node != self.started[d].node,
                   "backend": self._link_backend(p)}
-                 for p, sp in sorted(self.started.items()) if sp.role == "prefill_only"
-                 for d, sd in sorted(self.started.items()) if sd.role == "decode_only"]
+                 for p, sp in sorted(self.started.items()) if sp.role == Role.PREFILL_ONLY
+                 for d, sd in sorted(self.started.items()) if sd.role == Role.DECODE_ONLY]
         return {"hosts": hosts, "ranks": ranks, "links": links}
 
     def _link_backend(self, prefill_rank: int) -> str:
         """How KV moves on a P -> D link: ipc (P writes into D's mapped pool), else the process group's."""
-        if self.template.kv_backend == "ipc":
-            return "ipc"
+        if self.template.kv.direct:
+            return KVBackend.IPC
         return "nccl" if self.started[prefill_rank].device.startswith("cuda") else "gloo"
 
     def stop(self, leftover_events: list) -> dict[int, int]:

@@ -55,9 +55,13 @@ def plan_ranks(mode: str, cluster: ClusterConfig, hardware, world) -> list[Worke
     return [by_rank[rank] for rank in sorted(by_rank)]
 
 
-def plan_workers(mode: str, cluster: ClusterConfig, hardware) -> list[WorkerPlan]:
-    """The workers of a run on this box, on the devices `hardware` finds (control/layout.py's rule)."""
+def plan_on_this_box(mode: str, cluster: ClusterConfig, hardware) -> list[WorkerPlan]:
+    """The workers of a run on this box, on the devices `hardware` finds (control/layout.py's rule);
+    under torchrun, `plan_ranks`."""
     kind, available = visible_devices(hardware)
     what = (f"CUDA devices visible: {', '.join(f'cuda:{i}' for i in range(available))}" if kind == "cuda"
             else f"hardware.num_devices={available} CPU workers")
-    return layout.plan_workers(mode, cluster, kind, available, what)
+    return layout.plan_on_devices(mode, cluster, kind, available, what)
+
+
+plan_workers = plan_on_this_box  # the name testbed/studies/serve.py still imports; to go once it moves

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from testbed.errors import ConfigError
+from testbed.names import Role
 
 
 def rss_bytes(pid: int) -> Optional[int]:
@@ -62,8 +63,8 @@ def role_shares(roles: list[str], prefill_share: float) -> list[float]:
     """Each worker's share of its device's KV memory: where prefill and decode workers share it, the
     prefill workers split `prefill_share` and the decode workers the rest; else all split it evenly."""
     counts = {role: roles.count(role) for role in roles}
-    if {"prefill_only", "decode_only"} <= counts.keys():
-        return [(prefill_share if r == "prefill_only" else 1 - prefill_share) / counts[r] for r in roles]
+    if {Role.PREFILL_ONLY, Role.DECODE_ONLY} <= counts.keys():
+        return [(prefill_share if r == Role.PREFILL_ONLY else 1 - prefill_share) / counts[r] for r in roles]
     return [1 / len(roles)] * len(roles)
 
 

@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Optional
 
+from testbed.names import KVBackend
 
 LATE_SHARE = 0.5  # a paced step that ends this share of its modelled time after due has lost the pace
 
@@ -75,7 +76,7 @@ class LinkPacer:
     """A prefill worker's link: one transfer at a time, each `transfer_time(bytes)` long (the
     simulator's link). `bytes_scale` turns the real KV bytes into the modelled shape's bytes."""
 
-    def __init__(self, model, bytes_scale: float = 1.0, backend: str = "process_group"):
+    def __init__(self, model, bytes_scale: float = 1.0, backend: str = KVBackend.PROCESS_GROUP):
         self.model, self.bytes_scale, self.backend = model, bytes_scale, backend
         self.free_at = -math.inf
         self.begin: dict[tuple[int, float], float] = {}  # (request, start) -> when it has the link

@@ -22,6 +22,7 @@ from testbed.engine.kv_pool import host_available_bytes, kv_block_shape
 from testbed.errors import KVLeakError
 from testbed.metrics.latency import distribution
 from testbed.model.loader import resolve_dtype
+from testbed.names import Kind, Mode, Role
 from testbed.net.messages import Audit
 
 if TYPE_CHECKING:
@@ -45,8 +46,8 @@ def emulated_engine(cfg: Config, engine):
     if emulation is None or cuda_count(cfg.hardware):
         return engine
     c = cfg.cluster
-    roles = (["prefill_only"] * c.num_prefill + ["decode_only"] * c.num_decode if cfg.mode == "disagg"
-             else ["mixed"] * c.num_workers)
+    roles = ([Role.PREFILL_ONLY] * c.num_prefill + [Role.DECODE_ONLY] * c.num_decode if cfg.mode == Mode.DISAGG
+             else [Kind.MIXED] * c.num_workers)
     args = cfg.model.args()
     real = args.kv_bytes_per_token * resolve_dtype(cfg.model.dtype, torch.device("cpu")).itemsize
     blocks, line = emulated_pool(emulation, cfg.model, engine, cfg.hardware, roles, real, host_available_bytes(),
@@ -87,17 +88,14 @@ _said: set = set()
 
 
 def worker_template(cfg: Config, store=None) -> WorkerSpec:
-    kv, engine = cfg.kv_transfer, emulated_engine(cfg, cfg.engine)
+    """Every worker's spec but its place (rank, role, device): the launcher fills that in."""
+    engine = emulated_engine(cfg, cfg.engine)
     if cfg.faults.exhaust_kv_pool:  # the least pool that still holds one request of max_model_len
         engine = dataclasses.replace(engine, num_kv_blocks=-(-cfg.model.args().max_model_len // engine.block_size))
     return WorkerSpec(rank=0, world_size=1, role="", device="cpu", port=0, model=cfg.model, engine=engine,
-                      scheduler=cfg.scheduler, granularity=kv.granularity, kv_timeout_s=kv.timeout_s,
-                      kv_failure=kv.failure_policy(), max_pending=kv.max_pending,
-                      piece_bytes=kv.piece_kib << 10, drop_kv_probability=cfg.faults.drop_kv_probability,
-                      delay_kv_s=cfg.faults.delay_kv_ms / 1000, seed=cfg.seed,
-                      heartbeat_s=cfg.cluster.heartbeat_s, start_timeout_s=cfg.cluster.start_timeout_s,
-                      emulation=Emulation.from_hardware(cfg.hardware, cfg.engine), report_cache=cfg.follows_caches,
-                      incremental=kv.multiturn == "incremental", kv_store=store, kv_backend=kv.backend)
+                      scheduler=cfg.scheduler, kv=cfg.kv_transfer, cluster=cfg.cluster, faults=cfg.faults,
+                      seed=cfg.seed, emulation=Emulation.from_hardware(cfg.hardware, cfg.engine),
+                      report_cache=cfg.follows_caches, kv_store=store)
 
 
 def harness_breakdown(rows: list[tuple[float, float, float]]) -> dict:

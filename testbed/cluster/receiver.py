@@ -23,9 +23,10 @@ from typing import Callable
 
 from testbed.cluster.completion import BufferPool, CompletionTracker
 from testbed.cluster.kv_wire import Retired, receive_part, unpack_arrived
-from testbed.control.config import KVFailurePolicy
+from testbed.control.config import KVTransferConfig
 from testbed.control.ledger import Incoming, ReceiveLedger
 from testbed.engine import Engine, Sequence
+from testbed.names import OnFailure
 from testbed.net.messages import (Failed, KVAck, KVArrived, KVAttemptFailed, KVBegin, KVDone, KVFence, KVPart,
                                   Ready, Reserve, Reserved)
 
@@ -50,17 +51,17 @@ class WireIncoming(Incoming):
 class KVReceiver:
     """The D side: reserve blocks (or queue the reservation), receive, hand to decode."""
 
-    def __init__(self, engine: Engine, rank: int, inboxes, events, timeout_s: float, policy: KVFailurePolicy,
-                 piece_bytes: int, clock: Callable[[], float] = time.perf_counter, share_prefix: bool = False,
-                 direct: bool = False):
-        self.engine, self.rank, self.inboxes, self.events = engine, rank, inboxes, events
-        self.timeout_s, self.policy, self.piece_bytes, self.clock = timeout_s, policy, piece_bytes, clock
-        self.completions = CompletionTracker(timeout_s)
+    def __init__(self, engine: Engine, rank: int, inboxes, events, kv: KVTransferConfig,
+                 clock: Callable[[], float] = time.perf_counter):
+        self.engine, self.rank, self.inboxes, self.events, self.kv = engine, rank, inboxes, events, kv
+        self.timeout_s, self.policy, self.clock = kv.timeout_s, kv.failure_policy(), clock
+        self.piece_bytes = kv.piece_bytes
+        self.completions = CompletionTracker(kv.timeout_s)
         self.buffers = BufferPool(engine.runner.device, engine.runner.dtype)
         self.retired = Retired(self.buffers)  # parts of abandoned attempts and of unknown requests
         self.ledger: ReceiveLedger[WireIncoming] = ReceiveLedger(WireIncoming)
-        self.share_prefix = share_prefix  # incremental: reserve onto cached blocks, receive only the rest
-        self.direct = direct  # kv_transfer.backend=ipc: P writes into the blocks Ready names
+        self.share_prefix = kv.incremental  # reserve onto cached blocks, receive only the rest
+        self.direct = kv.direct  # kv_transfer.backend=ipc: P writes into the blocks Ready names
         self.kept: set[int] = set()  # ended requests whose blocks P may still write (ipc)
 
     @property
@@ -155,7 +156,7 @@ class KVReceiver:
         attempt = entry.attempt
         self.events.put(KVAttemptFailed(rid, self.rank, entry.prefill_rank, attempt, outcome, now, reason))
         action = self.policy.after(attempt)
-        if action == "retry":
+        if action == OnFailure.RETRY:
             self.retired.add(entry.parts)
             self.ledger.retry(rid)
             self.inboxes[entry.prefill_rank].put(self._ready(entry.seq, entry.attempt))
@@ -164,7 +165,7 @@ class KVReceiver:
         self.retired.add(entry.parts)
         if self.policy.holds_until_ack:
             self.inboxes[entry.prefill_rank].put(KVAck(rid, attempt, installed=False))
-        if action == "recompute":
+        if action == OnFailure.RECOMPUTE:
             self.engine.recompute(rid, entry.first_token)
             self.events.put(Failed(rid, self.rank, f"{reason}: recomputing on the decode worker", now, "kv_recompute"))
         else:

@@ -20,10 +20,11 @@ from testbed.cluster.launcher import Cluster
 from testbed.cluster.memory import RssSampler
 from testbed.control.book import RequestBook
 from testbed.control.config import ClusterConfig, KVTransferConfig
-from testbed.control.request import Tracked
+from testbed.control.request import Tracked, WorkerStep
 from testbed.control.transfers import TransferLog
 from testbed.metrics.events import RequestLog
 from testbed.metrics.steps import StepLog
+from testbed.names import Mode
 from testbed.net.faults import FaultInjected, FaultsConfig, Stall
 from testbed.net.messages import (Abort, Failed, Heartbeat, KVArrived, KVAttemptFailed, KVSent, Pong, Reserve,
                                   Reserved, Serve, StepEvents, WorkerError)
@@ -37,9 +38,10 @@ class Router:
     def __init__(self, cluster: Cluster, workload: Workload, log: RequestLog, mode: str,
                  cluster_config: ClusterConfig, kv: KVTransferConfig, t0: float, faults: FaultsConfig = FaultsConfig(),
                  block_size: int = 16, tenants=()):
-        self.cluster, self.workload, self.log, self.t0, self.cfg = cluster, workload, log, t0, cluster_config
+        self.cluster, self.workload, self.log, self.t0 = cluster, workload, log, t0
+        self.cluster_config = cluster_config
         roles = {p.rank: p.role for p in cluster.plans}
-        self.book = RequestBook(cluster_config, kv, mode == "disagg", roles, log, block_size, tenants)
+        self.book = RequestBook(cluster_config, kv, mode == Mode.DISAGG, roles, log, block_size, tenants)
         self.pending = [(r.arrival_s, r.request_id, r) for r in workload.requests]
         heapq.heapify(self.pending)
         self.steps = StepLog()
@@ -161,9 +163,8 @@ class Router:
         read = getattr(self.cluster.events, "last_read", received)
         self.harness.append((ev.sent - ev.t, read - ev.sent, received - read))
         self.steps.add(ev.worker, ev.record)
-        for tracked in self.book.step_report(ev.worker, ev.record.start, (ev.scheduled, ev.tokens, ev.finished,
-                                             ev.handoff), ev.t, received, ev.free_blocks, self._reserve, ev.cached,
-                                             ev.hits):
+        step = WorkerStep(ev.worker, ev.record.start, ev.t, ev.free_blocks, ev.report, ev.cached)
+        for tracked in self.book.step_report(step, received, self._reserve):
             self._finished(tracked, received)
 
     def _on_failed(self, msg: Failed) -> None:
@@ -197,7 +198,7 @@ class Router:
                 self.cluster.inboxes[worker].put(Abort(rid, reason))
 
     def _check_workers(self, now: float) -> None:
-        silent_limit = 5 * self.cfg.heartbeat_s
+        silent_limit = 5 * self.cluster_config.heartbeat_s
         for rank, load in self.book.loads.items():
             if not load.alive:
                 continue
@@ -213,14 +214,15 @@ class Router:
     def _check_progress(self, now: float) -> None:
         """The run's own bound: when no step anywhere has run for stall_timeout_s while requests
         wait (a hang that still heartbeats), those requests fail instead of the run waiting."""
-        if self.book.active and now - self.last_progress > self.cfg.stall_timeout_s:
+        limit = self.cluster_config.stall_timeout_s
+        if self.book.active and now - self.last_progress > limit:
             for rid in list(self.book.active):
-                self._fail(rid, now, f"no worker reported for {self.cfg.stall_timeout_s:.0f} s (cluster.stall_timeout_s)")
+                self._fail(rid, now, f"no worker reported for {limit:.0f} s (cluster.stall_timeout_s)")
 
     def _lost(self, rid: int, reason: str, now: float) -> None:
         """A worker the request needs is gone: start it over on live workers (the client keeps
         the tokens it has) or fail it (cluster.on_worker_failure)."""
-        moved = self.book.redispatch(rid) if self.cfg.on_worker_failure == "redispatch" else None
+        moved = self.book.redispatch(rid) if self.cluster_config.on_worker_failure == "redispatch" else None
         if moved is None:
             self._fail(rid, now, reason)
             return

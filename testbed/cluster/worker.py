@@ -30,11 +30,12 @@ from testbed.cluster.emulation import Emulation, role_pacers
 from testbed.cluster.kv_ipc import PoolHandle, export_pool, release, shared_pool
 from testbed.cluster.pacing import hold
 from testbed.cluster.receiver import KVReceiver
-from testbed.control.config import KVFailurePolicy
+from testbed.control.config import ClusterConfig, KVTransferConfig
 from testbed.engine import Engine, EngineConfig, SchedulerConfig, Sequence, StepResult
 from testbed.errors import PeerLost, TestbedError
 from testbed.model.config import ModelConfig
-from testbed.net.faults import KVFaults, Stall
+from testbed.names import Granularity, Role
+from testbed.net.faults import FaultsConfig, KVFaults, Stall
 from testbed.net.messages import (Abort, Audit, Heartbeat, KVAck, KVBegin, KVDone, KVFence, KVPart, KVPoolAttached,
                                   KVPoolExport, Ping, Pong, Ready, Reserve, Serve, Started, StepEvents, Stop,
                                   WorkerError)
@@ -52,28 +53,24 @@ class RouterLost(PeerLost):
 
 @dataclass(frozen=True)
 class WorkerSpec:
+    """One worker's place in the run, and the configs it reads, whole (a new knob is read off them
+    where it is used: nothing is copied here)."""
+
     rank: int
     world_size: int
-    role: str  # scheduler policy
+    role: Role  # scheduler policy
     device: str  # "cpu" or "cuda:i"
     port: int
     model: ModelConfig
     engine: EngineConfig
     scheduler: SchedulerConfig
-    granularity: str = "request"
-    kv_timeout_s: float = 30.0
-    kv_failure: KVFailurePolicy = KVFailurePolicy()  # what D does when a KV transfer attempt fails
-    max_pending: int = 8
-    piece_bytes: int = 8 << 20
-    drop_kv_probability: float = 0.0
-    delay_kv_s: float = 0.0
-    seed: int = 0
-    heartbeat_s: float = 2.0
-    start_timeout_s: float = 300.0
+    kv: KVTransferConfig
+    cluster: ClusterConfig  # heartbeat_s, start_timeout_s
+    faults: FaultsConfig  # the KV faults P injects
+    seed: int  # the run's
     emulation: Optional[Emulation] = None  # pace steps and KV sends to an emulated device
     cpu_core: Optional[int] = None  # CPU workers: the core this worker is pinned to (None: not pinned)
     report_cache: bool = False  # step reports carry prefix-cache changes (KV-aware dispatch)
-    incremental: bool = False  # D reserves onto its cached prefix and P sends only the rest
     kv_store: Optional[object] = None  # the run's shared KV store (testbed/engine/host_store.py)
     # under torchrun: (store host, store port, key prefix of this point) of the rendezvous store the
     # process group forms through; None: the single-box launcher's tcp://127.0.0.1:port
@@ -81,11 +78,6 @@ class WorkerSpec:
     host: str = ""  # where the worker runs (meta.json's hosts and links)
     node: int = 0
     roles: tuple = ()  # every rank's role: P and D warm their links up before the run's clock starts
-    kv_backend: str = "process_group"  # process_group: KV over the process group; ipc: P writes into D's mapped pool
-
-    @property
-    def direct(self) -> bool:
-        return self.kv_backend == "ipc"
 
 
 def worker_main(spec: WorkerSpec, inboxes, events, lost_router=lambda: False) -> None:
@@ -120,7 +112,7 @@ def worker_main(spec: WorkerSpec, inboxes, events, lost_router=lambda: False) ->
 def _export_pool(spec: WorkerSpec, engine: Engine) -> Optional[PoolHandle]:
     """ipc, on a decode worker: the pool P writes into, exported once (on CPU moved into shared
     memory first; the KV in it is the warm-up's, which no request reads)."""
-    if not (spec.direct and spec.role == "decode_only"):
+    if not (spec.kv.direct and spec.role == Role.DECODE_ONLY):
         return None
     runner = engine.runner
     if runner.device.type == "cuda":
@@ -142,8 +134,8 @@ def _setup(spec: WorkerSpec) -> Engine:
         # 2 workers: nice 5 left a p99 harness delay of 2.4-2.7 ms, nice 19 0.5 ms, TPOT unchanged)
         os.nice(CPU_WORKER_NICE)
     # ipc moves no KV over the group, and NCCL cannot pair two ranks on one GPU (P and D may share one)
-    _init_group(spec, "nccl" if device.type == "cuda" and not spec.direct else "gloo")
-    if not spec.direct:
+    _init_group(spec, "nccl" if device.type == "cuda" and not spec.kv.direct else "gloo")
+    if not spec.kv.direct:
         warm_links(spec.rank, spec.roles, device)
     # model.max_model_len unset: fitted to this pool, which Started reports; the driver says it once
     # for every worker (testbed/studies/serve.py: fit_to_pools)
@@ -166,7 +158,7 @@ def _setup(spec: WorkerSpec) -> Engine:
 
 
 def _init_group(spec: WorkerSpec, backend: str) -> None:
-    timeout = timedelta(seconds=spec.start_timeout_s)
+    timeout = timedelta(seconds=spec.cluster.start_timeout_s)
     if backend == "nccl":
         # the KV transfers fail after kv_transfer.timeout_s on the host (completion.py); the NCCL
         # watchdog, at the group's timeout, then aborts only the communicator, not this process
@@ -177,7 +169,7 @@ def _init_group(spec: WorkerSpec, backend: str) -> None:
                                 world_size=spec.world_size, timeout=timeout)
         return
     host, port, prefix = spec.rendezvous
-    store = store_client(host, port, spec.start_timeout_s)
+    store = store_client(host, port, spec.cluster.start_timeout_s)
     dist.init_process_group(backend, store=dist.PrefixStore(f"{prefix}/group", store), rank=spec.rank,
                             world_size=spec.world_size, timeout=timeout)
 
@@ -185,8 +177,8 @@ def _init_group(spec: WorkerSpec, backend: str) -> None:
 def warm_links(rank: int, roles: tuple, device: torch.device) -> None:
     """One small message over every P -> D pair, so the run's first KV transfer does not pay the
     link's set-up (NCCL builds a communicator per pair on first use; gloo connects lazily)."""
-    pairs = [(p, d) for p, rp in enumerate(roles) if rp == "prefill_only"
-             for d, rd in enumerate(roles) if rd == "decode_only"]
+    pairs = [(p, d) for p, rp in enumerate(roles) if rp == Role.PREFILL_ONLY
+             for d, rd in enumerate(roles) if rd == Role.DECODE_ONLY]
     probe = torch.zeros(1, device=device)
     pending = [dist.isend(probe, dst=d) if rank == p else dist.irecv(torch.zeros(1, device=device), src=p)
                for p, d in pairs if rank in (p, d)]
@@ -205,25 +197,23 @@ class Worker:
                  pool: Optional[PoolHandle] = None):
         self.spec, self.engine, self.inbox, self.events = spec, engine, inboxes[spec.rank], events
         self.pool = pool  # ipc, D: this worker's exported pool, until every P has mapped it
-        self.unattached = {r for r, role in enumerate(spec.roles) if role == "prefill_only"} if pool else set()
+        self.unattached = {r for r, role in enumerate(spec.roles) if role == Role.PREFILL_ONLY} if pool else set()
         self.lost_router = lost_router
         self.last_watch = time.perf_counter()
         self.sender = self.receiver = None
-        if spec.role == "prefill_only":
-            faults = KVFaults(spec.drop_kv_probability, spec.delay_kv_s, seed=spec.seed * 1000 + spec.rank)
-            self.sender = KVSender(engine, spec.rank, inboxes, events, spec.granularity, spec.kv_timeout_s,
-                                   spec.piece_bytes, faults, spec.kv_failure, direct=spec.direct)
-            if spec.granularity == "layer":
+        if spec.role == Role.PREFILL_ONLY:
+            faults = KVFaults(spec.faults, seed=spec.seed * 1000 + spec.rank)
+            self.sender = KVSender(engine, spec.rank, inboxes, events, spec.kv, faults)
+            if spec.kv.granularity == Granularity.LAYER:
                 engine.after_layer = self.sender.stream_layer
-        if spec.role == "decode_only":
-            self.receiver = KVReceiver(engine, spec.rank, inboxes, events, spec.kv_timeout_s, spec.kv_failure,
-                                       spec.piece_bytes, share_prefix=spec.incremental, direct=spec.direct)
+        if spec.role == Role.DECODE_ONLY:
+            self.receiver = KVReceiver(engine, spec.rank, inboxes, events, spec.kv)
             for rank in self.unattached:
                 inboxes[rank].put(KVPoolExport(spec.rank, pool))
         self.pacer = self.link = None
         if spec.emulation is not None:
             real_kv_bytes = engine.args.kv_bytes_per_token * engine.runner.dtype.itemsize
-            self.pacer, self.link = role_pacers(spec.emulation, spec.role, spec.model, real_kv_bytes, spec.kv_backend)
+            self.pacer, self.link = role_pacers(spec.emulation, spec.role, spec.model, real_kv_bytes, spec.kv.backend)
             if self.sender is not None:
                 self.sender.link = self.link
         self.paced_until: Optional[float] = None  # the last paced step's end while work kept coming
@@ -239,7 +229,7 @@ class Worker:
             self._poll_transfers()
             if self._can_step():
                 self._step()
-            elif time.perf_counter() - self.last_report > self.spec.heartbeat_s:
+            elif time.perf_counter() - self.last_report > self.spec.cluster.heartbeat_s:
                 self._report(Heartbeat(self.spec.rank, time.perf_counter()))
             self._watch_router()
         if self.receiver is not None:
@@ -257,7 +247,7 @@ class Worker:
         """What this worker still holds at the end. Pieces still on the wire settle first (each
         within the transfer timeout: a dead peer fails them), so their buffers count as returned."""
         sides = [side for side in (self.sender, self.receiver) if side is not None]
-        deadline = time.perf_counter() + self.spec.kv_timeout_s
+        deadline = time.perf_counter() + self.spec.kv.timeout_s
         while any(side.in_flight for side in sides) and time.perf_counter() < deadline:
             time.sleep(IDLE_WAIT_S)
             self._poll_transfers()
@@ -266,7 +256,7 @@ class Worker:
                      self.engine.store_stats)
 
     def _can_step(self) -> bool:
-        if self.sender is not None and self.sender.blocked(self.spec.max_pending):
+        if self.sender is not None and self.sender.blocked(self.spec.kv.max_pending):
             return False  # back-pressure: prefilled KV waits for decode workers
         return self.engine.has_work()
 
@@ -356,10 +346,10 @@ class Worker:
         return record._replace(end=end, modelled_s=pace.modelled_s, pace_overrun=pace.lost(end))
 
     def _step_events(self, result: StepResult, record, t: float) -> StepEvents:
-        scheduled, tokens, finished, handoff = result.by_id()
-        return StepEvents(
-            worker=self.spec.rank, t=t, record=record, scheduled=scheduled, tokens=tokens, finished=finished,
-            handoff=handoff, cached=self.engine.cache_changes(), hits=result.hits, free_blocks=self.engine.num_free_blocks, num_running=self.engine.num_running, sent=time.perf_counter())
+        engine = self.engine
+        return StepEvents(worker=self.spec.rank, t=t, record=record, report=result.by_id(),
+                          cached=engine.cache_changes(), free_blocks=engine.num_free_blocks,
+                          num_running=engine.num_running, sent=time.perf_counter())
 
     def _report(self, msg) -> None:
         self.events.put(msg)

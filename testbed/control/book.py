@@ -17,11 +17,12 @@ from typing import Callable, Optional
 from testbed.control.dispatch import Dispatcher, WorkerLoad, admission_refusal
 from testbed.control.kv_index import KVIndex
 from testbed.control.limits import Routes, TenantLimits
-from testbed.control.request import BACK_EDGES, FRONT_EDGES, Back, Front, StepNews, Tracked
-from testbed.engine.policies import ROLE_OF
+from testbed.control.request import BACK_EDGES, FRONT_EDGES, Back, Front, RunReport, StepNews, Tracked, WorkerStep
 from testbed.engine.prefix import prompt_hashes
+from testbed.engine.scheduler import StepReport
 from testbed.errors import StateError
 from testbed.metrics.events import Event, RequestLog
+from testbed.names import KIND_OF, Binding, Role
 from testbed.workload import Request
 
 
@@ -32,17 +33,20 @@ def follows_caches(cluster, kv, disagg: bool) -> bool:
 
 
 class RequestBook:
-    def __init__(self, cluster, kv, disagg: bool, roles: dict[int, str], log: RequestLog, block_size: int = 16,
+    def __init__(self, cluster, kv, disagg: bool, roles: dict[int, Role], log: RequestLog, block_size: int = 16,
                  tenants=()):
-        self.cfg, self.kv, self.disagg, self.log = cluster, kv, disagg, log
+        self.cluster, self.kv, self.disagg, self.log = cluster, kv, disagg, log
+        # decided once: a step report asks for late binding on every call
+        self.binds_early = disagg and kv.decode_binding == Binding.EARLY
+        self.binds_late = disagg and kv.decode_binding == Binding.LATE
         self.loads = {rank: WorkerLoad() for rank in roles}
         self.roles = roles
         # where the prompt blocks are, from the workers' reports: only cache-following rules ask
         self.index = KVIndex(block_size, roles) if follows_caches(cluster, kv, disagg) else None
         weight = cluster.kv_aware_load_weight
-        self.front = Dispatcher(cluster.dispatch, [r for r, role in roles.items() if role != "decode_only"], self.loads,
-                                index=self.index, load_weight=weight)
-        self.back = Dispatcher(cluster.decode_dispatch, [r for r, role in roles.items() if role == "decode_only"],
+        self.front = Dispatcher(cluster.dispatch, [r for r, role in roles.items() if role != Role.DECODE_ONLY],
+                                self.loads, index=self.index, load_weight=weight)
+        self.back = Dispatcher(cluster.decode_dispatch, [r for r, role in roles.items() if role == Role.DECODE_ONLY],
                                self.loads, for_decode=True, index=self.index, load_weight=weight)
         self.active: dict[int, Tracked] = {}
         self.limits = TenantLimits(tenants)
@@ -59,7 +63,7 @@ class RequestBook:
         """Admit and dispatch a request (bound early to its decode worker when so configured),
         or refuse it: None."""
         self.log.register(request)
-        reason = admission_refusal(self.cfg, request, len(self.active)) or \
+        reason = admission_refusal(self.cluster, request, len(self.active)) or \
             self.limits.refusal(request.tenant, request.input_len, t)
         worker = None if reason else self._route(request)
         if worker is None:
@@ -67,12 +71,12 @@ class RequestBook:
                 self.limits.refund(request.tenant, request.input_len)
             self.log.reject(request, t, reason or "no live worker to serve it")
             return None
-        tracked = Tracked(request, worker, local=self.disagg and self.roles[worker] == "decode_only")
+        tracked = Tracked(request, worker, local=self.disagg and self.roles[worker] == Role.DECODE_ONLY)
         self.active[request.request_id] = tracked
         self._count_front(tracked)
         self.log.event(request.request_id, Event.DISPATCHED, t, worker=worker)
-        self.log.prefilled_on(request.request_id, ROLE_OF[self.roles[worker]])
-        if self.disagg and self.kv.decode_binding == "early" and not tracked.local:
+        self.log.prefilled_on(request.request_id, KIND_OF[self.roles[worker]])
+        if self.binds_early and not tracked.local:
             self.bind_decode(tracked)
         return tracked
 
@@ -124,14 +128,13 @@ class RequestBook:
         return worker
 
     # -- step reports ----------------------------------------------------------------------
-    def on_step(self, worker: int, start: float, scheduled, tokens, finished, handoff, worker_t: float,
-                received_t: float, free_blocks: int) -> StepNews:
-        """One step of `worker`: scheduled (rid, new tokens, was prefill), tokens (rid, output
-        index, token), finished and handed-off rids; stamped on the worker and on receipt."""
+    def on_step(self, step: WorkerStep, received_t: float) -> StepNews:
+        """One step of a worker (its tokens stamped on the worker and, `received_t`, on receipt)."""
         news = StepNews()
-        self.loads[worker].free_blocks = free_blocks
+        worker, start, worker_t, report = step.worker, step.start, step.end, step.report
+        self.loads[worker].free_blocks = step.free_blocks
         active = self.active  # the loops below run once per sequence per step: locals, no calls
-        for rid, _, was_prefill in scheduled:
+        for rid, _, was_prefill in report.scheduled:
             if was_prefill:
                 self.log.event(rid, Event.PREFILL_START, start, worker=worker)
                 self.log.event(rid, Event.PREFILL_CHUNK, start, worker=worker)
@@ -140,7 +143,7 @@ class RequestBook:
             if tracked is not None and not tracked.decode_started:  # later decode steps change nothing
                 tracked.decode_started = True
                 self.log.event(rid, Event.DECODE_START, start, worker=worker)
-        for rid, index, token in tokens:
+        for rid, index, token in report.tokens:
             tracked = active.get(rid)
             if tracked is not None and index == len(tracked.output) and index and tracked.front is not Front.QUEUED \
                     and not tracked.early and not tracked.finished_early:  # _in_order, inlined: the common case
@@ -149,12 +152,12 @@ class RequestBook:
                 tracked.received_times.append(received_t)
             elif tracked is not None:
                 self._token(tracked, index, token, worker, worker_t, received_t, news)
-        if self.disagg and self.kv.decode_binding == "late":
-            for rid in handoff:
+        if self.binds_late:
+            for rid in report.handoff:
                 tracked = self.active.get(rid)
                 if tracked is not None and tracked.back is Back.NONE and self.bind_decode(tracked) is not None:
                     news.bound.append(tracked)
-        for rid in finished:
+        for rid in report.finished:
             tracked = self.active.get(rid)
             if tracked is not None and len(tracked.output) < tracked.request.output_len:
                 tracked.finished_early = True  # D's report overtook P's tokens: wait for them
@@ -162,44 +165,41 @@ class RequestBook:
                 news.finished.append(self.finish(rid, received_t))
         return news
 
-    def on_run(self, worker: int, seqs, starts: list[float], ends: list[float], received: list[float],
-               free_blocks: list[int], token: int) -> None:
+    def on_run(self, worker: int, seqs, run: RunReport, token: int) -> None:
         """Quiet decode steps of `worker` reported at once (the simulator's decode runs): each
-        of `seqs`, (rid, output tokens it had), got `token` a step and none finished; the
-        steps' starts, worker and receipt stamps and free blocks. As on_step, step by step."""
-        if not starts:
+        of `seqs`, (rid, output tokens it had), got `token` a step and none finished. As on_step,
+        step by step."""
+        if not run.starts:
             return
         found = [self.active.get(rid) for rid, _ in seqs]
         if not all(tracked is not None and _in_order(tracked, had) for tracked, (_, had) in zip(found, seqs)):
-            for i, start in enumerate(starts):  # out of order somewhere: the general path
-                self.on_step(worker, start, [(rid, 1, False) for rid, _ in seqs],
-                             [(rid, had + i, token) for rid, had in seqs], [], [], ends[i], received[i], free_blocks[i])
+            for i, start in enumerate(run.starts):  # out of order somewhere: the general path
+                report = StepReport([(rid, 1, False) for rid, _ in seqs], [(rid, had + i, token) for rid, had in seqs],
+                                    [], [], [])
+                self.on_step(WorkerStep(worker, start, run.ends[i], run.free_blocks[i], report), run.received[i])
             return
-        self.report_free(worker, free_blocks[-1])
-        tokens = [token] * len(starts)
+        self.report_free(worker, run.free_blocks[-1])
+        tokens = [token] * len(run.starts)
         for tracked in found:
             if not tracked.decode_started:
                 tracked.decode_started = True
-                self.log.event(tracked.rid, Event.DECODE_START, starts[0], worker=worker)
+                self.log.event(tracked.rid, Event.DECODE_START, run.starts[0], worker=worker)
             tracked.output.extend(tokens)
-            tracked.worker_times.extend(ends)
-            tracked.received_times.extend(received)
+            tracked.worker_times.extend(run.ends)
+            tracked.received_times.extend(run.received)
 
     def report_free(self, worker: int, free_blocks: int) -> None:
         """A step's report of the worker's free KV blocks (decode dispatch breaks ties on them)."""
         self.loads[worker].free_blocks = free_blocks
 
-    def step_report(self, worker: int, start: float, report: tuple, worker_t: float, received_t: float,
-                    free_blocks: int, reserve: Callable[[Tracked], None], cached: Optional[tuple] = None,
-                    hits=()) -> list[Tracked]:
-        """A worker's step report, taken in the order every executor keeps: its prefix-cache changes
-        (`cached`: hashes registered, evicted; None: not collected) and hits, then the step itself
-        (`report`: on_step's scheduled, tokens, finished, handoff); a decode worker bound by it
-        reserves (`reserve`). Returns the requests that finished."""
-        if cached is not None:
-            self.cache_report(worker, *cached)
-        self.prefix_hits(hits)
-        news = self.on_step(worker, start, *report, worker_t, received_t, free_blocks)
+    def step_report(self, step: WorkerStep, received_t: float, reserve: Callable[[Tracked], None]) -> list[Tracked]:
+        """A worker's step report, received at `received_t`, taken in the order every executor keeps:
+        its prefix-cache changes and hits, then the step itself; a decode worker bound by it reserves
+        (`reserve`). Returns the requests that finished."""
+        if step.cached is not None:
+            self.cache_report(step.worker, *step.cached)
+        self.prefix_hits(step.report.hits)
+        news = self.on_step(step, received_t)
         for tracked in news.bound:
             reserve(tracked)
         return news.finished
@@ -330,9 +330,9 @@ class RequestBook:
         tracked.worker = worker
         tracked.decode_started = False
         tracked.local = False  # over again through a front worker
-        self.log.prefilled_on(rid, ROLE_OF[self.roles[worker]])
+        self.log.prefilled_on(rid, KIND_OF[self.roles[worker]])
         self._front(tracked, Front.QUEUED)
-        if self.disagg and self.kv.decode_binding == "early":
+        if self.binds_early:
             self.bind_decode(tracked)
         return tracked, old
 

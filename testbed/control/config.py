@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, List, Optional
 
 from testbed.errors import ConfigError
+from testbed.names import Binding, Granularity, KVBackend, Multiturn, OnFailure
 
 DISPATCH = ("round_robin", "least_loaded", "session_affinity", "kv_aware")
 
@@ -85,12 +86,11 @@ def device_ref(entry, key: str = "cluster.prefill_devices") -> tuple[int, int]:
     return ref
 
 
-# the KV failure settings' defaults: kv_transfer's, and the policy's it hands the workers (one set)
-ON_FAILURE, MAX_RETRIES, RETRY_FALLBACK = "fail", 2, "recompute"
-# kv_transfer.backend: the KV over torch.distributed's process group (NCCL between GPUs, gloo on
-# CPU), or ipc; a value's old name (results written before its rename still read) -> its name
-KV_BACKENDS = ("process_group", "ipc")
-RENAMED_BACKENDS = {"auto": "process_group"}
+# the KV failure settings' defaults: kv_transfer's, and the policy's it hands the workers (one set).
+# A config's defaults are the plain strings (`.value`): config.yaml is written with yaml.safe_dump.
+ON_FAILURE, MAX_RETRIES, RETRY_FALLBACK = OnFailure.FAIL.value, 2, OnFailure.RECOMPUTE.value
+# kv_transfer.backend: a value's old name (results written before its rename still read) -> its name
+RENAMED_BACKENDS = {"auto": KVBackend.PROCESS_GROUP.value}
 
 
 @dataclass(frozen=True)
@@ -104,22 +104,22 @@ class KVFailurePolicy:
 
     def after(self, attempt: int) -> str:
         """`retry`, `recompute` or `fail` once attempt number `attempt` (from 1) has failed."""
-        if self.on_failure != "retry":
+        if self.on_failure != OnFailure.RETRY:
             return self.on_failure
-        return "retry" if attempt <= self.max_retries else self.retry_fallback
+        return OnFailure.RETRY if attempt <= self.max_retries else self.retry_fallback
 
     @property
     def holds_until_ack(self) -> bool:
         """P keeps the KV until D acknowledges it, so that it can send it again."""
-        return self.on_failure == "retry"
+        return self.on_failure == OnFailure.RETRY
 
 
 @dataclass(frozen=True)
 class KVTransferConfig:
-    granularity: str = "request"  # request: one message after prefill; layer: one per layer, streamed
+    granularity: str = Granularity.REQUEST.value  # request: one message after prefill; layer: one per layer, streamed
     # when the decode worker is bound: late, when prefill ends; early, at arrival (D pre-allocates).
     # Formerly kv_transfer.binding (a name too near cluster.bind, an address)
-    decode_binding: str = "late"
+    decode_binding: str = Binding.LATE.value
     # a lease: it starts when P begins to send an attempt and every arriving piece renews it; an
     # attempt silent for this long has failed (D's reservation while P queues is not timed)
     timeout_s: float = 30.0
@@ -131,17 +131,31 @@ class KVTransferConfig:
     # a session's later turns: resend (through P, the whole prompt's KV again), incremental (through
     # P, which sends only the blocks D's cache lacks) or ppd (straight to the decode worker whose
     # cache holds the most of the prompt, which prefills only the rest)
-    multiturn: str = "resend"
+    multiturn: str = Multiturn.RESEND.value
     ppd_max_append_tokens: int = 512  # ppd: a longer uncached part goes through P
     local_prefill_max_tokens: int = 0  # prompts (or uncached parts) this short prefill on D; 0: off
     # how the KV moves: process_group (torch.distributed's process group: NCCL between GPUs, gloo on
     # CPU) or ipc (P writes into D's blocks through D's mapped pool: one box; P and D may share one GPU)
-    backend: str = "process_group"
+    backend: str = KVBackend.PROCESS_GROUP.value
 
     @property
     def follows_caches(self) -> bool:
         """Some routing rule of the hand-off asks where prompts are cached."""
-        return self.multiturn != "resend" or self.local_prefill_max_tokens > 0
+        return self.multiturn != Multiturn.RESEND or self.local_prefill_max_tokens > 0
+
+    @property
+    def piece_bytes(self) -> int:
+        return self.piece_kib << 10
+
+    @property
+    def incremental(self) -> bool:
+        """D reserves onto its cached prefix and P sends only the rest."""
+        return self.multiturn == Multiturn.INCREMENTAL
+
+    @property
+    def direct(self) -> bool:
+        """ipc: P writes into D's mapped pool, no KV over the process group."""
+        return self.backend == KVBackend.IPC
 
     def prefills_on_decode(self, turn: int, prompt_tokens: int, cached_tokens: int) -> bool:
         """Whether a decode worker whose cache holds `cached_tokens` of the prompt prefills the
@@ -150,19 +164,20 @@ class KVTransferConfig:
         uncached = prompt_tokens - cached_tokens
         if self.local_prefill_max_tokens > 0 and uncached <= self.local_prefill_max_tokens:
             return True  # 0 turns it off, for a fully cached prompt (nothing uncached) too
-        return self.multiturn == "ppd" and turn > 0 and cached_tokens > 0 and uncached <= self.ppd_max_append_tokens
+        ppd = self.multiturn == Multiturn.PPD
+        return ppd and turn > 0 and cached_tokens > 0 and uncached <= self.ppd_max_append_tokens
 
     def failure_policy(self) -> KVFailurePolicy:
         return KVFailurePolicy(self.on_failure, self.max_retries, self.retry_fallback)
 
     def validate(self) -> "KVTransferConfig":
-        choices = {"granularity": ("request", "layer"), "decode_binding": ("early", "late"),
-                   "on_failure": ("fail", "recompute", "retry"), "retry_fallback": ("recompute", "fail"),
-                   "multiturn": ("resend", "incremental", "ppd"), "backend": KV_BACKENDS}
+        choices = {"granularity": tuple(Granularity), "decode_binding": tuple(Binding), "on_failure": tuple(OnFailure),
+                   "retry_fallback": (OnFailure.RECOMPUTE, OnFailure.FAIL), "multiturn": tuple(Multiturn),
+                   "backend": tuple(KVBackend)}
         for key, allowed in choices.items():
             if getattr(self, key) not in allowed:
                 raise ConfigError(f"kv_transfer.{key}={getattr(self, key)!r} is not one of {', '.join(allowed)}")
-        if self.granularity == "layer" and self.decode_binding != "early":
+        if self.granularity == Granularity.LAYER and self.decode_binding != Binding.EARLY:
             raise ConfigError("kv_transfer.granularity=layer needs kv_transfer.decode_binding=early "
                               "(D must have blocks before the prefill streams into them)")
         for key in ("ppd_max_append_tokens", "local_prefill_max_tokens"):

@@ -11,19 +11,20 @@ from typing import Optional
 
 from testbed.control.config import ClusterConfig, device_ref
 from testbed.errors import ConfigError
+from testbed.names import KVBackend, Mode, Role
 
-ROLES_OF_MODE = {"colocated": "colocated", "chunked": "chunked"}
+ROLES_OF_MODE = {Mode.COLOCATED: Role.COLOCATED, Mode.CHUNKED: Role.CHUNKED}  # a mixed mode's one role
 
 
 @dataclass(frozen=True)
 class WorkerPlan:
     rank: int
-    role: str
+    role: Role
     device: str
     node: int = 0  # under torchrun: the node (torchrun's GROUP_RANK) the rank runs on
 
 
-def node_roles(mode: str, cluster: ClusterConfig, per_node: int | None = None) -> list[tuple[str, int, int]]:
+def node_roles(mode: str, cluster: ClusterConfig, per_node: int | None = None) -> list[tuple[Role, int, int]]:
     """(scheduler policy, node, device index) per worker, in rank order: P workers before D workers.
     Devices not named go in order: on this box, or node by node (`per_node` devices each)."""
     def place(i: int) -> tuple[int, int]:
@@ -35,10 +36,10 @@ def node_roles(mode: str, cluster: ClusterConfig, per_node: int | None = None) -
                else [place(i) for i in range(cluster.num_prefill)])
     decode = ([device_ref(d, "cluster.decode_devices") for d in cluster.decode_devices] if cluster.decode_devices
               else [place(i) for i in range(len(prefill), len(prefill) + cluster.num_decode)])
-    return [("prefill_only", *ref) for ref in prefill] + [("decode_only", *ref) for ref in decode]
+    return [(Role.PREFILL_ONLY, *ref) for ref in prefill] + [(Role.DECODE_ONLY, *ref) for ref in decode]
 
 
-def worker_roles(mode: str, cluster: ClusterConfig) -> list[tuple[str, int]]:
+def worker_roles(mode: str, cluster: ClusterConfig) -> list[tuple[Role, int]]:
     """(scheduler policy, device index) per worker on one box; a node other than 0 needs torchrun."""
     roles = node_roles(mode, cluster)
     beyond = sorted({node for _, node, _ in roles if node})
@@ -48,10 +49,11 @@ def worker_roles(mode: str, cluster: ClusterConfig) -> list[tuple[str, int]]:
     return [(role, device) for role, _, device in roles]
 
 
-def plan_workers(mode: str, cluster: ClusterConfig, kind: str, available: Optional[int], what: str) -> list[WorkerPlan]:
+def plan_on_devices(mode: str, cluster: ClusterConfig, kind: str, available: Optional[int],
+                    what: str) -> list[WorkerPlan]:
     """One plan per worker on one box, ranks in the cluster's order (P before D), on `available`
-    devices of `kind`: "cuda" (cuda:N), "cpu" (CPU processes standing for devices) or "sim" (the
-    simulator's sim:N); None: as many as the plan needs. `what` names the devices for the error."""
+    numbered devices of `kind`: "cuda" (cuda:N), "cpu" (CPU processes standing for devices) or "sim"
+    (the simulator's sim:N); None: as many as the plan needs. `what` names the devices for the error."""
     roles = worker_roles(mode, cluster)
     needed = max(d for _, d in roles) + 1
     if available is not None and needed > available:
@@ -62,12 +64,12 @@ def plan_workers(mode: str, cluster: ClusterConfig, kind: str, available: Option
 def check_kv_backend(plans: list[WorkerPlan], backend: str, across_hosts: bool = False) -> None:
     """ipc maps D's pool into P's process: one box. NCCL cannot pair two ranks on one GPU, so a P
     and a D that share a GPU need ipc."""
-    if backend == "ipc" and across_hosts:
+    if backend == KVBackend.IPC and across_hosts:
         raise ConfigError("kv_transfer.backend=ipc maps the decode worker's KV pool into the prefill worker: "
                           "one box only; under torchrun use kv_transfer.backend=process_group (NCCL)")
-    shared = sorted({p.device for p in plans if p.role == "prefill_only" and p.device.startswith("cuda")}
-                    & {p.device for p in plans if p.role == "decode_only"})
-    if backend != "ipc" and shared:
+    shared = sorted({p.device for p in plans if p.role == Role.PREFILL_ONLY and p.device.startswith("cuda")}
+                    & {p.device for p in plans if p.role == Role.DECODE_ONLY})
+    if backend != KVBackend.IPC and shared:
         raise ConfigError(f"prefill and decode workers share {shared[0]}: NCCL cannot pair two ranks on one GPU; "
                           "set kv_transfer.backend=ipc (or put them on different devices)")
 

@@ -17,9 +17,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Optional
+from typing import NamedTuple, Optional
 
+from testbed.engine.scheduler import StepReport
 from testbed.workload import Request
+
 
 class Front(Enum):
     QUEUED = "queued"
@@ -56,6 +58,27 @@ class Tracked:
     @property
     def rid(self) -> int:
         return self.request.request_id
+
+
+class WorkerStep(NamedTuple):
+    """A worker's step report as the request book reads it: the router builds it from a StepEvents,
+    the simulator at the step's end. Times are on the worker's clock (rebased to the router's)."""
+
+    worker: int
+    start: float  # the step's start
+    end: float  # its end: its tokens' worker stamp
+    free_blocks: int  # the worker's free KV blocks after it
+    report: StepReport
+    cached: Optional[tuple] = None  # prefix-cache block hashes (registered, evicted); None: not collected
+
+
+class RunReport(NamedTuple):
+    """Quiet decode steps of one worker reported at once (the simulator's decode runs), per step."""
+
+    starts: list[float]
+    ends: list[float]  # the tokens' worker stamps
+    received: list[float]  # their receipts
+    free_blocks: list[int]  # after each step
 
 
 @dataclass

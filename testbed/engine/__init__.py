@@ -2,12 +2,12 @@
 
 from testbed.engine.block_manager import BlockManager
 from testbed.engine.config import EngineConfig, SchedulerConfig
-from testbed.engine.scheduler import Batch, Scheduler, StepResult
+from testbed.engine.scheduler import Batch, Scheduler, StepReport, StepResult
 from testbed.engine.sequence import Sequence, SequenceStatus
 
 # what a step reports (StepRecord, a row of steps.parquet) is imported from testbed/metrics/record.py
 __all__ = ["Batch", "BlockManager", "Engine", "EngineConfig", "Scheduler", "SchedulerConfig", "Sequence",
-           "SequenceStatus", "StepResult"]
+           "SequenceStatus", "StepReport", "StepResult"]
 
 
 def __getattr__(name: str):

@@ -7,6 +7,7 @@ from typing import Optional
 
 from testbed.errors import ConfigError
 from testbed.model.kv_layout import ATTENTION_BACKENDS, default_block_size
+from testbed.names import Role
 
 
 @dataclass(frozen=True)
@@ -26,7 +27,7 @@ class SchedulerConfig:
                 raise ConfigError(f"scheduler.{name} must be >= 1 (got {getattr(self, name)})")
         # a chunked step schedules every running decode first (one token each), so a chunk smaller
         # than max_running would leave decodes out of a step
-        if policy == "chunked" and self.chunk_size < self.max_running:
+        if policy == Role.CHUNKED and self.chunk_size < self.max_running:
             raise ConfigError(f"scheduler.chunk_size={self.chunk_size} must be >= scheduler.max_running="
                               f"{self.max_running} so every running decode fits in a chunked step")
         return self

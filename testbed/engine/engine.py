@@ -12,15 +12,15 @@ from testbed.engine.config import EngineConfig, SchedulerConfig
 from testbed.engine.kv_store import StoreView
 from testbed.engine.model_runner import ModelRunner
 from testbed.engine.policies import make_policy
-from testbed.engine.record import ForwardClock, cost_shape, hit_tokens
 from testbed.engine.scheduler import Scheduler, StepResult
 from testbed.engine.sequence import Sequence, check_fits
+from testbed.engine.step_shape import StepShape, hit_tokens, step_shape
 from testbed.metrics.record import StepRecord
 from testbed.model.attention import jit_compiles
 from testbed.model.config import ModelArgs
 from testbed.model.llama import Transformer
 from testbed.model.loader import build_model, resolve_dtype
-
+from testbed.names import Role
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +34,7 @@ class Engine:
         # leaves room for the largest step any policy schedules
         s = scheduler_config
         self.runner = ModelRunner(model, engine_config, device, fit_max_model_len, s.max_running,
-                                  s.max_running + max(s.max_batched_tokens, s.chunk_size), policy != "prefill_only")
+                                  s.max_running + max(s.max_batched_tokens, s.chunk_size), policy != Role.PREFILL_ONLY)
         if self.runner.config.cuda_graphs and self.runner.backend.name == "torch":
             log.warning("engine.cuda_graphs: off with the torch attention backend (flash-attn or triton replays)")
         if self.runner.graphs_wanted:
@@ -43,7 +43,7 @@ class Engine:
         self.block_manager = BlockManager(self.runner.num_blocks, self.runner.block_size,
                                           engine_config.enable_prefix_caching)
         self.scheduler = Scheduler(make_policy(policy), self.block_manager, scheduler_config)
-        self.role = policy
+        self.role = str(policy)  # a plain str: every step report pickles it (a member unpickles by lookup)
         self.clock = ForwardClock(device)
         # after_layer(layer, sequences whose prefill completes this step): the KV streaming hook
         self.after_layer = None
@@ -74,7 +74,7 @@ class Engine:
         batch = self.scheduler.schedule()
         if not batch.items:
             return StepResult(), None
-        shape = (batch.num_prefill_tokens, batch.num_decodes, batch.num_tokens, *cost_shape(batch))
+        shape = step_shape(batch)
         t1 = time.perf_counter()
         order, ids, pos, meta, rows = self.runner.prepare(batch)
         t2, began = time.perf_counter(), self.clock.mark()
@@ -95,14 +95,15 @@ class Engine:
         finishing = [seq for seq, n in batch.items if seq.in_prefill and seq.num_computed_tokens + n == seq.num_tokens]
         return (lambda layer: self.after_layer(layer, finishing)) if finishing else None
 
-    def _record(self, shape: tuple, times: tuple[float, ...], split: tuple[float, float], hits: int,
+    def _record(self, shape: StepShape, times: tuple[float, ...], split: tuple[float, float], hits: int,
                 compiles: int) -> StepRecord:
         t0, t1, t2, t4, t5 = times
         return StepRecord(
-            start=t0, end=t5, role=self.role, prefill_tokens=shape[0], decode_seqs=shape[1], batched_tokens=shape[2],
-            kv_blocks_used=self.block_manager.num_used_blocks, num_waiting=len(self.scheduler.waiting),
-            num_running=len(self.scheduler.running), schedule_s=t1 - t0, prepare_s=t2 - t1, forward_s=split[0],
-            sample_s=split[1], postprocess_s=t5 - t4, prefill_chunks=shape[3], decode_context=shape[4],
+            start=t0, end=t5, role=self.role, prefill_tokens=shape.prefill_tokens, decode_seqs=shape.decode_seqs,
+            batched_tokens=shape.batched_tokens, kv_blocks_used=self.block_manager.num_used_blocks,
+            num_waiting=len(self.scheduler.waiting), num_running=len(self.scheduler.running), schedule_s=t1 - t0,
+            prepare_s=t2 - t1, forward_s=split[0], sample_s=split[1], postprocess_s=t5 - t4,
+            prefill_chunks=shape.prefill_chunks, decode_context=shape.decode_context,
             kv_blocks_total=self.block_manager.num_blocks, prefix_hit_tokens=hits, jit_compiles=compiles)
 
     def run_until_done(self) -> list[StepRecord]:
@@ -121,7 +122,7 @@ class Engine:
         prompt_len = min(prompt_len, self.args.max_model_len - 4)
         seq = Sequence(-1, [i % self.args.vocab_size for i in range(prompt_len)], 3)
         policy = self.scheduler.policy
-        self.scheduler.policy = make_policy("chunked" if policy.name == "chunked" else "colocated")
+        self.scheduler.policy = make_policy(Role.CHUNKED if policy.name == Role.CHUNKED else Role.COLOCATED)
         try:
             self.add(seq)
             self.run_until_done()
@@ -190,3 +191,31 @@ class Engine:
     @property
     def num_running(self) -> int:
         return len(self.scheduler.running)
+
+
+class ForwardClock:
+    """The forward's time where the device runs it asynchronously. On CUDA the host's stamp after
+    the forward shows only its launches, and the sampled tokens' sync absorbs the GPU work, so
+    CUDA events around the forward time it on the stream; the forward and the sampling keep their
+    sum (the host's). Elsewhere the host's stamps are the times."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+
+    def mark(self):
+        """An event recorded on the current stream (CUDA), else None."""
+        if not self.cuda:
+            return None
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    @staticmethod
+    def split(start, end, forward_s: float, sample_s: float) -> tuple[float, float]:
+        """(forward_s, sample_s): the events' span as the forward, when the step has synced since
+        `end` was recorded (the sampled tokens), at most the two together."""
+        if start is None:
+            return forward_s, sample_s
+        total = forward_s + sample_s
+        device_s = min(max(start.elapsed_time(end) / 1e3, forward_s), total)
+        return device_s, total - device_s

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 from testbed.engine.scheduler import Batch, Scheduler
 from testbed.errors import ConfigError
+from testbed.names import Role
 
 
 class PrefillFirst:
     """vLLM v0 / Orca style: a prefill batch runs alone and the decodes wait (the interference)."""
 
-    name = "colocated"
+    name = Role.COLOCATED
     hands_off_after_prefill = False
 
     def token_budget(self, s: Scheduler) -> int:
@@ -34,7 +35,7 @@ class PrefillFirst:
 class Chunked:
     """Sarathi-Serve / vLLM v1: decodes first, prefill chunks fill the rest of the budget."""
 
-    name = "chunked"
+    name = Role.CHUNKED
     hands_off_after_prefill = False
 
     def token_budget(self, s: Scheduler) -> int:
@@ -50,7 +51,7 @@ class Chunked:
 class PrefillOnly(PrefillFirst):
     """Disaggregated prefill: the first token is sampled here, then the KV moves on."""
 
-    name = "prefill_only"
+    name = Role.PREFILL_ONLY
     hands_off_after_prefill = True
 
 
@@ -59,7 +60,7 @@ class DecodeOnly:
     sequence whose KV never came (kv_transfer.on_failure=recompute) waits here and is prefilled
     alongside the decodes, chunked, as in `chunked`."""
 
-    name = "decode_only"
+    name = Role.DECODE_ONLY
     hands_off_after_prefill = False
 
     def token_budget(self, s: Scheduler) -> int:
@@ -74,8 +75,6 @@ class DecodeOnly:
 
 
 POLICIES = {p.name: p for p in (PrefillFirst, Chunked, PrefillOnly, DecodeOnly)}
-# the kind of worker each policy makes: a simulated device per kind, and where a prompt was prefilled
-ROLE_OF = {"colocated": "mixed", "chunked": "mixed", "prefill_only": "prefill", "decode_only": "decode"}
 
 
 def make_policy(name: str):

@@ -10,8 +10,8 @@ touches the queues.
 from __future__ import annotations
 
 from collections import deque
-from itertools import accumulate
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import NamedTuple
 
 from testbed.engine.block_manager import BlockManager
@@ -52,6 +52,17 @@ class QuietRun(NamedTuple):
     used: list[int]  # the pool's used blocks after each step
 
 
+class StepReport(NamedTuple):
+    """One step by request id, as the request book reads it (StepResult.by_id); it travels whole in
+    a worker's StepEvents."""
+
+    scheduled: list[tuple[int, int, bool]]  # (rid, new tokens, was prefill)
+    tokens: list[tuple[int, int, int]]  # (rid, output index, token)
+    finished: list[int]
+    handoff: list[int]  # prefilled here, its KV to move on
+    hits: list[tuple[int, int]]  # (rid, prompt tokens its first prefill found cached)
+
+
 @dataclass
 class StepResult:
     """What one step changed: the work done ((sequence, new tokens, was it prefill) per item),
@@ -63,12 +74,11 @@ class StepResult:
     handoff: list[Sequence] = field(default_factory=list)
     hits: list[tuple[int, int]] = field(default_factory=list)  # (rid, prompt tokens its first prefill found cached)
 
-    def by_id(self) -> tuple[list, list, list, list]:
-        """The step as the request book reads it: scheduled (rid, new tokens, was prefill), tokens
-        (rid, output index, token), finished rids, handed-off rids."""
-        return ([(seq.seq_id, n, was_prefill) for seq, n, was_prefill in self.scheduled],
-                [(seq.seq_id, seq.num_output_tokens - 1, token) for seq, token in self.tokens],
-                [seq.seq_id for seq in self.finished], [seq.seq_id for seq in self.handoff])
+    def by_id(self) -> StepReport:
+        """The step as the request book reads it."""
+        return StepReport([(seq.seq_id, n, was_prefill) for seq, n, was_prefill in self.scheduled],
+                          [(seq.seq_id, seq.num_output_tokens - 1, token) for seq, token in self.tokens],
+                          [seq.seq_id for seq in self.finished], [seq.seq_id for seq in self.handoff], self.hits)
 
 
 class Scheduler:

@@ -1,6 +1,7 @@
 """One row of steps.parquet, for a real step and a simulated one alike: a named tuple, since a
 long simulation makes millions of them (a frozen dataclass cost 40x more to build). The engine
-fills it (testbed/engine/record.py), the simulator models it, metrics/steps.py tables it."""
+fills it (testbed/engine/engine.py; the batch's shape from testbed/engine/step_shape.py), the
+simulator models it, metrics/steps.py tables it."""
 
 from __future__ import annotations
 

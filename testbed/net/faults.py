@@ -38,6 +38,10 @@ class FaultsConfig:
                 raise ConfigError(f"faults.{key} must be >= 0 (got {getattr(self, key)})")
         return self
 
+    @property
+    def delay_kv_s(self) -> float:
+        return self.delay_kv_ms / 1000
+
     def timed(self) -> list[tuple[float, str, int]]:
         """(time, kind, worker) of the faults the router injects, in time order."""
         out = []
@@ -68,8 +72,8 @@ class FaultInjected:
 class KVFaults:
     """The prefill worker's side: which sends to drop, how long to hold them. Seeded per rank."""
 
-    def __init__(self, drop_probability: float, delay_s: float, seed: int):
-        self.drop_probability, self.delay_s = drop_probability, delay_s
+    def __init__(self, faults: FaultsConfig, seed: int):
+        self.drop_probability, self.delay_s = faults.drop_kv_probability, faults.delay_kv_s
         self.rng = random.Random(seed)
 
     def drop(self) -> bool:

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
+from testbed.engine.scheduler import StepReport
 from testbed.metrics.record import StepRecord
 
 
@@ -141,14 +142,10 @@ class StepEvents:
     worker: int
     t: float  # end of the step, on the worker
     record: StepRecord
-    scheduled: list[tuple[int, int, bool]]  # (rid, new tokens, was prefill)
-    tokens: list[tuple[int, int, int]]  # (rid, output index, token id)
-    finished: list[int]
-    handoff: list[int]
+    report: StepReport  # the step by request id: scheduled, tokens, finished, handed off, prefix hits
     free_blocks: int
     num_running: int
     cached: tuple = ((), ())  # prefix-cache block hashes (registered, evicted) since the last report
-    hits: list = field(default_factory=list)  # (rid, prompt tokens served by the prefix cache)
     sent: float = 0.0  # when the worker had built this report and was about to send it
 
 

@@ -8,7 +8,7 @@ it is parsed), not JSON, of another version or type, without the run's token, or
 type does not have or of another type is refused with `BadMessage` (the receiver drops it and
 counts it by its `reason`); `decode` raises nothing else, whatever the bytes. Nothing from the
 network is ever unpickled or executed. Tuples travel as JSON arrays and come back as tuples where
-the field is declared a tuple; StepRecord (a NamedTuple) travels as the array of its fields.
+the field is declared a tuple; a NamedTuple (StepRecord, StepReport) travels as the array of its fields.
 Across hosts every frame travels inside CURVE (testbed/net/curve.py): the token is never in clear.
 """
 
@@ -19,12 +19,10 @@ import hmac
 import json
 import typing
 
-from testbed.metrics.record import StepRecord
-from testbed.net import messages
-from testbed.net import limits
+from testbed.net import limits, messages
 from testbed.net.faults import FaultInjected, Stall
 
-VERSION = 1
+VERSION = 2  # 2: step reports carry a StepReport whole
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,11 +116,20 @@ def _deep_tuple(value):
     return tuple(_deep_tuple(v) for v in value) if isinstance(value, list) else value
 
 
-def _record(value) -> StepRecord:
-    """StepRecord travels as the array of its fields (a NamedTuple is a tuple to JSON)."""
-    if not isinstance(value, list) or len(value) > len(StepRecord._fields):
-        raise TypeError("StepRecord must be an array of its fields")
-    return StepRecord(*[RECORD[name](v) for name, v in zip(StepRecord._fields, value)])
+def _named(cls):
+    """A NamedTuple travels as the array of its fields (a tuple to JSON); trailing ones with
+    defaults may be left out. Its fields' converters are resolved once."""
+    fields = [(name, _converter(hint)) for name, hint in typing.get_type_hints(cls).items()]
+
+    def convert(value):
+        if not isinstance(value, list) or len(value) > len(fields):
+            raise TypeError(f"{cls.__name__} must be an array of its fields")
+        return cls(*[field(v) for (_, field), v in zip(fields, value)])
+    return convert
+
+
+def _is_named(hint) -> bool:
+    return isinstance(hint, type) and issubclass(hint, tuple) and hasattr(hint, "_fields")
 
 
 SCALARS = {int: (int,), float: (int, float), bool: (bool,), str: (str,)}  # JSON's types each may arrive as
@@ -151,11 +158,11 @@ def _mapping(value) -> dict:
 
 
 def _converter(hint):
-    """JSON value -> the field's declared shape (StepRecord, tuples where tuples are declared),
+    """JSON value -> the field's declared shape (NamedTuples, tuples where tuples are declared),
     TypeError when the value is not of that shape."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if hint is StepRecord:
-        return _record
+    if _is_named(hint):
+        return _named(hint)
     if hint in SCALARS:
         return _scalar_of(hint)
     if origin is typing.Union:  # Optional[X]
@@ -193,7 +200,6 @@ def _same(value):
     return value
 
 
-RECORD = {f: _converter(h) for f, h in typing.get_type_hints(StepRecord).items()}
 # each message type's fields and how each comes back from JSON, resolved once (annotations are strings)
 FIELDS = {name: {f: _converter(h) for f, h in typing.get_type_hints(cls).items()}
           for name, cls in MESSAGE_TYPES.items()}

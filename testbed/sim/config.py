@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Optional
 
 from testbed.errors import ConfigError
+from testbed.names import Kind
 from testbed.perf.gpus import GPUS
 from testbed.perf.measured import load_profile
 from testbed.perf.resolve import is_gpu
@@ -19,7 +20,7 @@ SHIPPED = Path(__file__).parent / "profiles"
 def shipped_profile(model_name: str) -> Path:
     """The measured CPU profile shipped for a model preset: what a role with no profile set simulates on."""
     return SHIPPED / f"{model_name}_cpu.json"
-ROLE_KEYS = {"mixed": "profile", "prefill": "prefill_profile", "decode": "decode_profile"}
+ROLE_KEYS = {Kind.MIXED: "profile", Kind.PREFILL: "prefill_profile", Kind.DECODE: "decode_profile"}
 
 
 @dataclass(frozen=True)
@@ -90,7 +91,7 @@ class SimConfig:
         path = shipped_profile(model_name) if spec is None else Path(spec)
         return None if (spec is not None and is_gpu(spec)) or not path.is_file() else path
 
-    def load(self, model_name: str, role: str = "mixed") -> Optional[dict]:
+    def load(self, model_name: str, role: str = Kind.MIXED) -> Optional[dict]:
         """The measured profile a role runs on; None when its spec names a GPU (analytical)."""
         spec = self.spec(role)
         if spec is not None and is_gpu(spec):

@@ -17,6 +17,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from dataclasses import dataclass, field
 
+from testbed.control.request import RunReport
 from testbed.engine.scheduler import QuietRun
 from testbed.perf.resolve import StepCostModel
 from testbed.sim.host import Delay, Draws, HostModel
@@ -64,12 +65,11 @@ class DecodeRun:
                     postprocess_s=0.0, prefill_chunks=(), decode_context=list(range(context, context + n * done, n)),
                     kv_blocks_total=num_blocks, prefix_hit_tokens=0)
 
-    def report(self, done: int, num_blocks: int) -> tuple[list, list, list, list]:
-        """What the first `done` steps report (RequestBook.on_run): their starts, their ends (the
-        tokens' worker stamps), the tokens' receipts and the free blocks after each."""
+    def report(self, done: int, num_blocks: int) -> RunReport:
+        """What the first `done` steps report (RequestBook.on_run)."""
         ends = self.ends[:done]
-        return (self.starts[:done], ends, [end + report for end, report in zip(ends, self.reports)],
-                [num_blocks - used for used in self.quiet.used[:done]])
+        return RunReport(self.starts[:done], ends, [end + report for end, report in zip(ends, self.reports)],
+                         [num_blocks - used for used in self.quiet.used[:done]])
 
     def cut(self, t: float, draws: Draws) -> tuple[int, bool]:
         """Keep the steps begun before `t`: (how many quiet steps ended by `t`, whether one more

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Mapping, Optional
 from testbed.engine.config import EngineConfig
 from testbed.errors import ConfigError
 from testbed.model.config import ModelArgs
+from testbed.names import Kind, KVBackend
 from testbed.perf.measured import require_transport
 from testbed.perf.resolve import StepCostModel, analytical, is_gpu, measured
 from testbed.sim.pools import gpu_pool_blocks, pool_blocks
@@ -44,7 +45,7 @@ def resolve_roles(cfg: Config, roles: set[str], profile: Optional[Mapping] = Non
     """A RoleProfile per role in `roles`; `profile`, when given, is a loaded measured profile
     standing for sim.profile (P's and D's own settings still apply)."""
     out = {role: resolve_role(cfg, role, profile) for role in sorted(roles)}
-    if {"prefill", "decode"} <= roles:
+    if {Kind.PREFILL, Kind.DECODE} <= roles:
         check_transport(cfg, out)
     sizes = {role: r.dtype_bytes for role, r in out.items()}
     if len(set(sizes.values())) > 1:
@@ -111,13 +112,14 @@ def gpu_dtype_bytes(dtype: str) -> int:
     return GPU_DTYPE_BYTES[dtype]
 
 
-def transfer_time(sender: RoleProfile, receiver: RoleProfile, nbytes: int, backend: str = "process_group") -> float:
+def transfer_time(sender: RoleProfile, receiver: RoleProfile, nbytes: int,
+                  backend: str = KVBackend.PROCESS_GROUP) -> float:
     """A KV transfer runs at the slower link of its two ends (backend: kv_transfer.backend)."""
     return max(sender.cost.transfer_time(nbytes, backend), receiver.cost.transfer_time(nbytes, backend))
 
 
 def check_transport(cfg: Config, roles: dict[str, RoleProfile]) -> None:
     """P -> D transfers over kv_transfer.backend need times for it on both ends."""
-    for role in ("prefill", "decode"):
+    for role in (Kind.PREFILL, Kind.DECODE):
         name = roles[role].label.get("name")
         require_transport(roles[role].cost, cfg.kv_transfer.backend, f"the {role} profile ({name})")

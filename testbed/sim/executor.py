@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Mapping, Optional
 from testbed.metrics.slo import tenant_slos
 from testbed.metrics.steps import steps_table
 from testbed.metrics.summary import summarize
+from testbed.names import Executor
 from testbed.sim.host import contention_rho, step_scale
 from testbed.sim.simulator import Simulation
 
@@ -50,7 +51,7 @@ def simulate(cfg: Config, profile: Optional[Mapping] = None, *, num_devices: Opt
     summary["workers"] = {f"worker{p.rank}": {"role": p.role, "device": p.device, "alive_at_end": True}
                           for p in sim.plans}
     summary["workload_report"] = sim.workload.report
-    summary["executor"] = "sim"
+    summary["executor"] = Executor.SIM
     summary["sim"] = {"events": sim.num_events, "loop_s": loop_s, "unfinished": len(sim.book),
                       "profile": sim.roles[0].label,  # the first worker's (P's in disagg)
                       "profiles": {role: r.label for role, r in sim.profiles.items()},

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Mapping, Optional
 
 import numpy as np
 
+from testbed.names import Kind
 from testbed.perf.resolve import StepCostModel
 from testbed.sim.devices import resolve_roles
 from testbed.workload import build_workload
@@ -43,11 +44,11 @@ def analytical_split(cfg: Config, profile: Optional[Mapping], num_devices: int) 
     workload = build_workload(cfg.workload, seed=cfg.seed, vocab_size=args.vocab_size, max_model_len=args.max_model_len)
     inputs = np.array([r.input_len for r in workload.requests], dtype=float)
     outputs = np.array([r.output_len for r in workload.requests], dtype=float)
-    roles = resolve_roles(cfg, {"prefill", "decode"}, profile)
+    roles = resolve_roles(cfg, {Kind.PREFILL, Kind.DECODE}, profile)
     out = {"num_devices": num_devices}
     for stat, pick in (("mean", np.mean), ("p95", lambda x: np.percentile(x, 95))):
-        rates = worker_rates(roles["prefill"].cost, pick(inputs), pick(outputs), cfg.scheduler.max_batched_tokens,
-                             cfg.scheduler.max_running, roles["decode"].cost)
+        rates = worker_rates(roles[Kind.PREFILL].cost, pick(inputs), pick(outputs), cfg.scheduler.max_batched_tokens,
+                             cfg.scheduler.max_running, roles[Kind.DECODE].cost)
         prefill_load = pick(inputs) / rates["prefill_tokens_per_s"]  # device-seconds per request
         decode_load = pick(outputs) / rates["decode_tokens_per_s"]
         share = prefill_load / (prefill_load + decode_load)

@@ -20,16 +20,16 @@ import heapq
 from typing import TYPE_CHECKING, Mapping, Optional
 
 from testbed.control.book import RequestBook
-from testbed.control.layout import plan_workers
+from testbed.control.layout import plan_on_devices
 from testbed.control.ledger import Outgoing
-from testbed.control.request import Tracked
+from testbed.control.request import Tracked, WorkerStep
 from testbed.control.transfers import TransferLog
 from testbed.engine.kv_store import HashStore, StoreView, store_blocks
-from testbed.engine.policies import ROLE_OF
 from testbed.engine.sequence import check_fits
 from testbed.errors import ConfigError
 from testbed.metrics.events import RequestLog
 from testbed.metrics.steps import StepLog
+from testbed.names import KIND_OF, Mode, Role
 from testbed.sim.devices import resolve_roles, role_blocks, transfer_time
 from testbed.sim.host import HostSide
 from testbed.sim.worker import SAMPLED_TOKEN, SimWorker
@@ -46,28 +46,27 @@ class Simulation:
         cfg.validate()
         self.args = cfg.model.args()
         available = num_devices if num_devices is not None else cfg.hardware.num_devices
-        self.plans = plan_workers(cfg.mode, cfg.cluster, "sim", available,
-                                  f"the simulation was given num_devices={available}")
-        self.profiles = resolve_roles(cfg, {ROLE_OF[p.role] for p in self.plans}, profile)
-        self.roles = [self.profiles[ROLE_OF[p.role]] for p in self.plans]  # by rank
+        self.plans = plan_on_devices(cfg.mode, cfg.cluster, "sim", available,
+                                     f"the simulation was given num_devices={available}")
+        self.profiles = resolve_roles(cfg, {KIND_OF[p.role] for p in self.plans}, profile)
+        self.roles = [self.profiles[KIND_OF[p.role]] for p in self.plans]  # by rank
         self.kv_backend = cfg.kv_transfer.backend
         self.kv_bytes_per_token = self.args.kv_bytes_per_token * next(iter(self.profiles.values())).dtype_bytes
         blocks = role_blocks(cfg, self.profiles)
         block_bytes = self.kv_bytes_per_token * cfg.engine.block_size
         slots = store_blocks(cfg.kv_store.capacity_mib, block_bytes)  # 0 (off, or not one block): as the real run
         store = HashStore(slots) if slots > 0 else None
-        self.workers = [SimWorker(p.rank, p.role, blocks[ROLE_OF[p.role]], cfg.engine, cfg.scheduler,
-                                  cfg.kv_transfer.max_pending, cfg.follows_caches, cfg.kv_transfer.multiturn == "incremental",
-                                  StoreView(store, block_bytes) if store else None, cfg.kv_store.gbps,
-                                  cfg.sim.num_scheduler_steps)
+        self.workers = [SimWorker(p.rank, p.role, blocks[KIND_OF[p.role]], cfg.engine, cfg.scheduler, cfg.kv_transfer,
+                                  cfg.kv_store, cfg.sim, cfg.follows_caches,
+                                  StoreView(store, block_bytes) if store else None)
                         for p in self.plans]
-        if cfg.sim.num_scheduler_steps > 1 and cfg.mode == "disagg":
+        if cfg.sim.num_scheduler_steps > 1 and cfg.mode == Mode.DISAGG:
             raise ConfigError("sim.num_scheduler_steps > 1 (multi-step scheduling) is modelled for mixed workers "
                               "(mode=colocated or chunked), not mode=disagg")
         self.workload = build_workload(cfg.workload, seed=cfg.seed, vocab_size=self.args.vocab_size,
                                        max_model_len=self.args.max_model_len)
         self.log = RequestLog(0.0)
-        self.book = RequestBook(cfg.cluster, cfg.kv_transfer, cfg.mode == "disagg",
+        self.book = RequestBook(cfg.cluster, cfg.kv_transfer, cfg.mode == Mode.DISAGG,
                                 {p.rank: p.role for p in self.plans}, self.log, cfg.engine.block_size,
                                 cfg.workload.tenants)
         measured = [r.measured for r in self.roles]
@@ -114,9 +113,10 @@ class Simulation:
     def _wake(self) -> None:
         """Idle workers with news look for their next step (D first reserves what it can)."""
         ranks, self.dirty = sorted(self.dirty), set()
+        decode_only = Role.DECODE_ONLY  # a local: a member read off its class costs more than the compare
         for rank in ranks:
             worker = self.workers[rank]
-            if worker.role == "decode_only":
+            if worker.role == decode_only:
                 for entry in worker.admit(self.now):
                     sender = self.workers[entry.prefill_rank]
                     self._send_when_ready(sender.rank, sender.ready(entry.seq.seq_id, rank, self.now,
@@ -135,7 +135,7 @@ class Simulation:
         after_prefill = worker.after_prefill  # the last step prefilled: this one runs on cold caches
         duration = worker.start_step(self.now, cost)
         if duration is not None:
-            scale = scales[1] if worker.shape[0] > 0 else scales[2] if after_prefill else scales[0]
+            scale = scales[1] if worker.shape.prefill_tokens > 0 else scales[2] if after_prefill else scales[0]
             self.push(self.now + duration * draws.contention(scale), STEP_END, rank)
 
     def _resume(self, rank: int) -> None:
@@ -184,20 +184,18 @@ class Simulation:
         cached = worker.block_manager.drain_changes() if self.book.index is not None else None  # before the hand-offs
         for seq in result.handoff:
             self._send_when_ready(rank, worker.handoff(seq, now))
-        worker.deferred.append((record.start, result.by_id(), now, worker.block_manager.num_free_blocks, cached,
-                                result.hits))
+        worker.deferred.append(WorkerStep(rank, record.start, now, worker.block_manager.num_free_blocks,
+                                          result.by_id(), cached))
         if not worker.window_open():  # a multi-step window's tokens leave together at its end
             model = self.host.model
             received = now + draws.sample(model.first_report if worker.first_token else model.report)
-            reports, worker.deferred = worker.deferred, []
-            for start, report, worker_t, free, changes, hits in reports:
-                self._report(rank, start, report, worker_t, received, free, changes, hits)
-        self._pause(rank, now + draws.sample(self.host.model.gap_after(worker.shape[0] > 0)))
+            steps, worker.deferred = worker.deferred, []
+            for step in steps:
+                self._report(step, received)
+        self._pause(rank, now + draws.sample(self.host.model.gap_after(worker.shape.prefill_tokens > 0)))
 
-    def _report(self, rank: int, start: float, report: tuple, worker_t: float, received: float, free: int,
-                cached, hits) -> None:
-        for tracked in self.book.step_report(rank, start, report, worker_t, received, free, self._reserve, cached,
-                                             hits):
+    def _report(self, step: WorkerStep, received: float) -> None:
+        for tracked in self.book.step_report(step, received, self._reserve):
             follow_up = self.workload.next_turn(tracked.request, tracked.output, self.now)
             if follow_up is not None:
                 self.push(follow_up.arrival_s, ARRIVE, follow_up)
@@ -224,7 +222,7 @@ class Simulation:
             return
         run, done, in_flight = worker.end_run(self.now, self.host.draws[rank])
         self.steps.add_many(rank, done, **run.step_fields(done, worker.role, worker.block_manager.num_blocks))
-        self.book.on_run(rank, run.quiet.seqs, *run.report(done, worker.block_manager.num_blocks), SAMPLED_TOKEN)
+        self.book.on_run(rank, run.quiet.seqs, run.report(done, worker.block_manager.num_blocks), SAMPLED_TOKEN)
         if in_flight and run.ends[done] == self.now:  # the run's finishing step ends now
             self._step_end(rank)
         elif in_flight:

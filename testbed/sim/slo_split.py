@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Mapping, Optional
 import numpy as np
 
 from testbed.errors import ConfigError
+from testbed.names import Kind
 from testbed.perf.resolve import StepCostModel
 from testbed.sim.devices import RoleProfile, resolve_roles, transfer_time
 from testbed.workload import build_workload
@@ -125,7 +126,7 @@ def hand_off_s(cfg: Config, roles: dict[str, RoleProfile], nbytes: int) -> float
     hw = cfg.hardware
     if hw.num_nodes > 1:
         return hw.internode_latency_s + nbytes / (hw.internode_gbps * 1e9)
-    return transfer_time(roles["prefill"], roles["decode"], nbytes, cfg.kv_transfer.backend)
+    return transfer_time(roles[Kind.PREFILL], roles[Kind.DECODE], nbytes, cfg.kv_transfer.backend)
 
 
 def demand_of(cfg: Config, roles: dict[str, RoleProfile]) -> Demand:
@@ -133,14 +134,14 @@ def demand_of(cfg: Config, roles: dict[str, RoleProfile]) -> Demand:
     workload = build_workload(cfg.workload, seed=cfg.seed, vocab_size=args.vocab_size, max_model_len=args.max_model_len)
     inputs = np.array([max(r.input_len, 1) for r in workload.requests])
     outputs = np.array([r.output_len for r in workload.requests], dtype=float)
-    budget, cost = cfg.scheduler.max_batched_tokens, roles["prefill"].cost
+    budget, cost = cfg.scheduler.max_batched_tokens, roles[Kind.PREFILL].cost
     lengths, counts = np.unique(inputs, return_counts=True)  # one cost call per distinct length
     service = np.array([prefill_time(cost, int(n), budget) for n in lengths])
     weights = counts / counts.sum()
     prompt, out = float(np.percentile(inputs, PERCENTILE)), float(np.percentile(outputs, PERCENTILE))
-    kv_bytes = int(math.ceil(prompt)) * args.kv_bytes_per_token * roles["prefill"].dtype_bytes
+    kv_bytes = int(math.ceil(prompt)) * args.kv_bytes_per_token * roles[Kind.PREFILL].dtype_bytes
     per_seq = -(-int(prompt + out) // cfg.engine.block_size)
-    cap = min(cfg.scheduler.max_running, roles["decode"].pool_blocks(args, cfg.engine) // max(per_seq, 1))
+    cap = min(cfg.scheduler.max_running, roles[Kind.DECODE].pool_blocks(args, cfg.engine) // max(per_seq, 1))
     return Demand(prompt, out, float(weights @ service), float(weights @ service ** 2),
                   prefill_time(cost, int(math.ceil(prompt)), budget), hand_off_s(cfg, roles, kv_bytes), int(cap))
 
@@ -149,17 +150,17 @@ def slo_split(cfg: Config, num_devices: int, rate: Optional[float] = None, profi
     """Per split: estimates at `rate` (when given) and the largest SLO-feasible rate; the best split."""
     if num_devices % cfg.hardware.num_nodes:
         raise ConfigError(f"{num_devices} devices do not divide over hardware.num_nodes={cfg.hardware.num_nodes}")
-    roles = resolve_roles(cfg, {"prefill", "decode"}, profile)
+    roles = resolve_roles(cfg, {Kind.PREFILL, Kind.DECODE}, profile)
     demand = demand_of(cfg, roles)
     context = demand.prompt_len + demand.output_len / 2  # a decoding sequence's mean context
     out = {}
     for p in range(1, num_devices):
         d = num_devices - p
-        best_rate = max_rate(demand, roles["decode"], context, p, d, cfg.slo.ttft_s, cfg.slo.tpot_s)
+        best_rate = max_rate(demand, roles[Kind.DECODE], context, p, d, cfg.slo.ttft_s, cfg.slo.tpot_s)
         row = {"max_rate": best_rate, "rate_per_device": best_rate / num_devices,
                **placement(p, num_devices, cfg.hardware.num_nodes)}
         if rate is not None:
-            e = estimate(demand, roles["decode"], context, p, d, rate)
+            e = estimate(demand, roles[Kind.DECODE], context, p, d, rate)
             row.update(e, rate=rate, feasible=within(e, cfg.slo.ttft_s, cfg.slo.tpot_s))
         out[f"{p}P{d}D"] = row
     best = max(out, key=lambda k: out[k]["max_rate"])

@@ -10,40 +10,49 @@ engine. The simulation (testbed/sim/simulator.py) moves time and messages.
 from __future__ import annotations
 
 from collections import deque
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
+from testbed.control.config import KVTransferConfig
 from testbed.control.ledger import Incoming, Outgoing, ReceiveLedger, SendLedger
 from testbed.engine.block_manager import BlockManager
-from testbed.engine.config import EngineConfig, SchedulerConfig
+from testbed.engine.config import EngineConfig, KVStoreConfig, SchedulerConfig
 from testbed.engine.policies import make_policy
-from testbed.engine.record import cost_shape, hit_tokens
 from testbed.engine.scheduler import Batch, Scheduler, StepResult
 from testbed.engine.sequence import Sequence
+from testbed.engine.step_shape import StepShape, hit_tokens, step_shape
 from testbed.metrics.record import StepRecord
+from testbed.names import Role
 from testbed.perf.resolve import StepCostModel
 from testbed.sim.decode_run import MIN_STEPS, DecodeRun, time_run
 from testbed.sim.host import Delay, Draws, HostModel
 from testbed.workload import Request
 
+if TYPE_CHECKING:  # the type only: sim.config loads the in-situ fitting code
+    from testbed.sim.config import SimConfig
+
 SAMPLED_TOKEN = 0  # greedy content is irrelevant to timing
 
 
 class SimWorker:
-    def __init__(self, rank: int, role: str, num_blocks: int, engine: EngineConfig, scheduler: SchedulerConfig,
-                 max_pending: int, report_cache: bool = False, incremental: bool = False, store=None,
-                 store_gbps: float = 25.0, num_scheduler_steps: int = 1):
+    """The configs it reads come whole (a new knob is read off them here); `store`: a StoreView on
+    the run's shared store, or None."""
+
+    def __init__(self, rank: int, role: Role, num_blocks: int, engine: EngineConfig, scheduler: SchedulerConfig,
+                 kv: KVTransferConfig, kv_store: KVStoreConfig, sim: SimConfig, report_cache: bool = False,
+                 store=None):
         scheduler.validate(role)
-        self.rank, self.role, self.max_pending = rank, role, max_pending
-        self.incremental = incremental  # D reserves onto its cached prefix; P sends only the rest
+        self.rank, self.role, self.max_pending = rank, role, kv.max_pending
+        self.is_prefill = role == Role.PREFILL_ONLY  # asked at every wake
+        self.incremental = kv.incremental  # D reserves onto its cached prefix; P sends only the rest
         self.block_manager = BlockManager(num_blocks, engine.block_size, engine.enable_prefix_caching)
         if report_cache:  # step reports carry prefix-cache changes (KV-aware dispatch)
             self.block_manager.track_changes()
-        self.block_manager.store = store  # a StoreView on the run's shared store, or None
-        self.store_bytes_per_s = store_gbps * 1e9
+        self.block_manager.store = store
+        self.store_bytes_per_s = kv_store.gbps * 1e9
         self.store_charged = 0  # store bytes already counted in a step's time
         self.scheduler = Scheduler(make_policy(role), self.block_manager, scheduler)
         self.batch: Optional[Batch] = None  # the step in flight
-        self.shape: tuple = ()
+        self.shape: Optional[StepShape] = None  # its shape
         self.step_start = 0.0
         self.sender: SendLedger[Outgoing] = SendLedger()
         self.receiver: ReceiveLedger[Incoming] = ReceiveLedger()
@@ -51,7 +60,7 @@ class SimWorker:
         self.run: Optional[DecodeRun] = None  # quiet decode steps planned ahead
         # multi-step scheduling: decode steps left in the current window after the one in flight,
         # and the window's step reports, held until its end (its tokens leave together)
-        self.num_scheduler_steps = num_scheduler_steps
+        self.num_scheduler_steps = sim.num_scheduler_steps
         self.window_left = 0
         self.deferred: list = []
         self.first_token = False  # the step just finished completed a prefill: a first token (its report)
@@ -61,7 +70,7 @@ class SimWorker:
     def can_step(self) -> bool:
         if self.batch is not None or self.run is not None:
             return False
-        if self.role == "prefill_only" and self.sender.blocked(self.max_pending):
+        if self.is_prefill and self.sender.blocked(self.max_pending):
             return False
         return self.scheduler.has_work()
 
@@ -71,9 +80,10 @@ class SimWorker:
         if not batch.items:
             return None
         self._begin(batch, now)
-        prefill, decodes, _, chunks, context = self.shape
-        return cost.step_time(prefill, cost.prefill_context(chunks) if chunks else 0.0, decodes, context) + \
-            self._store_time()
+        shape = self.shape
+        chunks = shape.prefill_chunks
+        return cost.step_time(shape.prefill_tokens, cost.prefill_context(chunks) if chunks else 0.0, shape.decode_seqs,
+                              shape.decode_context) + self._store_time()
 
     def _schedule(self):
         """The next batch. Multi-step scheduling: inside a window only the running decodes step
@@ -116,11 +126,7 @@ class SimWorker:
         return seconds
 
     def _begin(self, batch: Batch, now: float) -> None:
-        chunks, context = cost_shape(batch)
-        prefill = sum(n for n, _ in chunks)
-        decodes = len(batch.items) - len(chunks)
-        self.batch, self.step_start = batch, now
-        self.shape = (prefill, decodes, prefill + decodes, chunks, context)
+        self.batch, self.step_start, self.shape = batch, now, step_shape(batch)
 
     def finish_step(self, now: float) -> tuple[StepResult, StepRecord]:
         """Postprocess the batch in flight with dummy tokens; the result and the step's record."""
@@ -128,12 +134,13 @@ class SimWorker:
         sampled = [SAMPLED_TOKEN if seq.num_computed_tokens + n == seq.num_tokens else None for seq, n in batch.items]
         self.first_token = any(token is not None and seq.in_prefill for token, (seq, _) in zip(sampled, batch.items))
         result = self.scheduler.postprocess(batch, sampled)
-        prefill, decodes, batched, chunks, context = self.shape
-        self.after_prefill = prefill > 0
-        record = StepRecord(self.step_start, now, self.role, prefill, decodes, batched,
-                            self.block_manager.num_used_blocks, len(self.scheduler.waiting),
-                            len(self.scheduler.running), 0.0, 0.0, now - self.step_start, 0.0, 0.0, chunks, context,
-                            kv_blocks_total=self.block_manager.num_blocks, prefix_hit_tokens=hit_tokens(result.hits))
+        shape = self.shape
+        self.after_prefill = shape.prefill_tokens > 0
+        record = StepRecord(self.step_start, now, self.role, shape.prefill_tokens, shape.decode_seqs,
+                            shape.batched_tokens, self.block_manager.num_used_blocks, len(self.scheduler.waiting),
+                            len(self.scheduler.running), 0.0, 0.0, now - self.step_start, 0.0, 0.0,
+                            shape.prefill_chunks, shape.decode_context, kv_blocks_total=self.block_manager.num_blocks,
+                            prefix_hit_tokens=hit_tokens(result.hits))
         return result, record
 
     # -- decode runs (testbed/sim/decode_run.py) --------------------------------------------
@@ -162,7 +169,7 @@ class SimWorker:
     def serve(self, request: Request, decode_rank: Optional[int]) -> None:
         seq = sequence(request)
         self.scheduler.add(seq)
-        if self.role == "prefill_only":
+        if self.is_prefill:
             self.sender.serve(seq, decode_rank)
 
     def handoff(self, seq: Sequence, now: float) -> Outgoing:
