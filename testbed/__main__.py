@@ -1,5 +1,6 @@
 """python -m testbed [+experiment=NAME] [key=value ...], or the `testbed` command"""
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -32,13 +33,27 @@ def main(cfg: DictConfig) -> None:
     hydra_cfg = HydraConfig.get()
     out_dir = Path(cfg.output_dir or hydra_cfg.runtime.output_dir)
     try:
-        run_job(to_config(cfg), out_dir, override_keys(hydra_cfg.overrides.task))
+        config = to_config(cfg)
+        subdir = hydra_cfg.output_subdir  # None under torchrun's other ranks: they keep no record
+        record_decided(config.decided, Path(hydra_cfg.runtime.output_dir) / subdir if subdir else None)
+        run_job(config, out_dir, override_keys(hydra_cfg.overrides.task))
     except TestbedError as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(error.exit_code)
     except KeyboardInterrupt as stop:
         print(f"interrupted: {interrupted_note(cfg.experiment.name, out_dir, stop)}", file=sys.stderr)
         sys.exit(130)
+
+
+def record_decided(decided: dict, hydra_dir: Path | None) -> None:
+    """Print what the configuration chose for itself and keep it beside Hydra's record
+    (`.hydra/decided.yaml`), so what ran is what the record says."""
+    if not decided:
+        return
+    print("decided: " + ", ".join(f"{key}={value} ({why})" for key, (value, why) in decided.items()))
+    if hydra_dir is not None and hydra_dir.is_dir():
+        lines = [f"{key}: {json.dumps(value)}  # {why}" for key, (value, why) in decided.items()]
+        (hydra_dir / "decided.yaml").write_text("\n".join(lines) + "\n")
 
 
 def quiet_rank_args(argv: list[str], env=os.environ) -> list[str]:

@@ -150,11 +150,21 @@ class Config:
         return follows_caches(self.cluster, self.kv_transfer, self.mode == "disagg")
 
     def __post_init__(self) -> None:
+        decided = {}  # what the configuration decided for itself: printed by the entry point, kept in .hydra/
         wants_cache = self.follows_caches or self.kv_store.capacity_mib > 0  # routes to, or fills, the caches
         if wants_cache and not self.engine.enable_prefix_caching:
             object.__setattr__(self, "engine", replace(self.engine, enable_prefix_caching=True))
+            decided["engine.enable_prefix_caching"] = (True, "routing follows the caches or kv_store fills them")
         if self.engine.block_size is None:  # one block size for the workers, the simulator and the split estimates
             object.__setattr__(self, "engine", replace(self.engine, block_size=self._default_block_size()))
+            decided["engine.block_size"] = (self.engine.block_size, "flash-attn's page size where it runs, else 16")
+        object.__setattr__(self, "_decided", decided)  # not a field: results and round trips keep the values only
+
+    @property
+    def decided(self) -> dict:
+        """{key: (value, why)} for each value the configuration chose itself (engine.block_size
+        when unset, prefix caching where routing or the KV store needs it)."""
+        return dict(getattr(self, "_decided", {}))
 
     def _default_block_size(self) -> int:
         """flash-attn's page size where real workers will run it, else 16. flash-attn is looked
