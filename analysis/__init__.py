@@ -10,7 +10,8 @@
     bounds        error bars and bands drawn from an interval's bounds
     captions      caption text whose numbers come from the plotted data
     style         the paper style: sizes, one colour and marker per configuration, save()
-    studies       study_figures(name, sweep_dir), run_figures(run_dir), draw(name, sweep)
+    standard_figures  study_figures(name, sweep_dir), run_figures(run_dir), draw(name, sweep);
+                      MAKERS: one maker per figure, by name
     plotted       what figures plotted, as JSON (a notebook's `plotted`)
 
 `python -m analysis RESULTS_DIR` regenerates the figures of a sweep or of one run.

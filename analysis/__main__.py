@@ -10,7 +10,7 @@ from pathlib import Path
 
 from analysis.load import is_run, is_sweep, load_sweep
 from analysis.multirun import is_multirun, merge
-from analysis.studies import run_figures, study_figures
+from analysis.standard_figures import run_figures, study_figures
 from testbed.errors import TestbedError
 
 

@@ -9,7 +9,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from testbed.config import CONF_DIR, check_overrides, override_keys, register_configs, to_config
+from testbed.config import CONF_DIR, check_overrides, register_configs, to_config
 from testbed.errors import TestbedError
 from testbed.stopping import StopOnce
 
@@ -19,7 +19,7 @@ register_configs()
 def draw_study_figures(name: str, sweep_dir: Path) -> list[Path]:
     """The analysis layer's figures of a study, handed to the studies layer (matplotlib loads only
     when a study draws)."""
-    from analysis.studies import study_figures
+    from analysis.standard_figures import study_figures
 
     return study_figures(name, sweep_dir)
 
@@ -36,7 +36,7 @@ def main(cfg: DictConfig) -> None:
         config = to_config(cfg)
         subdir = hydra_cfg.output_subdir  # None under torchrun's other ranks: they keep no record
         record_decided(config.decided, Path(hydra_cfg.runtime.output_dir) / subdir if subdir else None)
-        run_job(config, out_dir, override_keys(hydra_cfg.overrides.task))
+        run_job(config, out_dir)
     except TestbedError as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(error.exit_code)
@@ -65,9 +65,27 @@ def quiet_rank_args(argv: list[str], env=os.environ) -> list[str]:
     return [a for a in argv if not a.startswith(("hydra.run.dir=", "hydra.output_subdir="))] + ours
 
 
+def with_size(argv: list[str]) -> list[str]:
+    """The study's size added to the command line (testbed/sizing.py), said in one line. A command
+    line that does not compose is left as it is: check_overrides says what is wrong with it."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from testbed.sizing import sized_args
+
+    try:
+        argv, sizing = sized_args(argv)
+    except (HydraException, OmegaConfBaseException, ValueError, TestbedError):
+        return argv
+    if sizing is not None and sizing.values:
+        print(f"size={sizing.choice} ({sizing.why}; size=gpu runs the study's GPU size, a key set here wins): "
+              + " ".join(sizing.values), file=sys.stderr)
+    return argv
+
+
 def cli() -> None:
     StopOnce().install()  # SIGINT/SIGTERM: workers stopped, finished requests and points kept; later signals wait
-    sys.argv[1:] = quiet_rank_args(sys.argv[1:])
+    sys.argv[1:] = with_size(quiet_rank_args(sys.argv[1:]))
     problem = check_overrides(sys.argv[1:])
     if problem:
         print(f"error: {problem}", file=sys.stderr)

@@ -21,7 +21,7 @@ from testbed.control.book import follows_caches
 from testbed.control.config import RENAMED_BACKENDS, ClusterConfig, KVTransferConfig
 from testbed.engine.config import EngineConfig, KVStoreConfig, SchedulerConfig
 from testbed.errors import ConfigError, TestbedError
-from testbed.experiment import ExperimentConfig
+from testbed.experiment import ONE_POINT, SIZES, ExperimentConfig
 from testbed.http.config import HttpConfig
 from testbed.metrics.config import MetricsConfig, SLOConfig
 from testbed.model.config import PRESETS, ModelConfig
@@ -38,6 +38,13 @@ EXECUTORS = ("real", "sim", "http")
 _PACKAGED = Path(__file__).resolve().parent / "conf"
 CONF_DIR = _PACKAGED if (_PACKAGED / "config.yaml").is_file() else Path(__file__).resolve().parents[1] / "conf"
 HARDWARE = ("auto", "cpu", "gpu")
+
+
+@lru_cache(maxsize=1)
+def study_names() -> tuple[str, ...]:
+    """What experiment.name may say: the one point, and each conf/experiment/NAME.yaml (the studies
+    layer's catalog holds one record per name: tests/test_study_catalog.py)."""
+    return ONE_POINT, *sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
 
 
 @dataclass(frozen=True)
@@ -142,6 +149,7 @@ class Config:
     sim: SimConfig = field(default_factory=SimConfig)
     http: HttpConfig = field(default_factory=HttpConfig)
     output_dir: Optional[str] = None  # default: Hydra's run directory
+    size: str = "gpu"  # gpu | cpu | tiny: the study's size that ran (chosen by testbed/sizing.py where unset)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
 
     @property
@@ -187,6 +195,8 @@ class Config:
             raise ConfigError(f"executor={self.executor!r} is not one of {', '.join(EXECUTORS)}")
         if self.mode not in MODES:
             raise ConfigError(f"mode={self.mode!r} is not one of {', '.join(MODES)}")
+        if self.size not in SIZES:
+            raise ConfigError(f"size={self.size!r} is not one of {', '.join(SIZES)}")
         check_values(self)
         args = self.model.args()
         self.engine.validate()
@@ -200,7 +210,7 @@ class Config:
         self.slo.validate()
         self.metrics.validate()
         self.tracker.validate()
-        self.experiment.validate()
+        self.experiment.validate(study_names())
         self.sim.validate()
         self.http.validate()
         self.limits.validate()
@@ -280,9 +290,8 @@ def _span_keys(workload) -> str:
 
 def worker_bytes(cfg: "Config", args) -> float:
     """Weights and explicit KV pools of the real executor's CPU workers (hardware=cpu: on `auto` a
-    GPU may hold them). A study's base with experiment.cpu_overrides is not what runs on CPU: each
-    point is checked again once they apply."""
-    if cfg.executor != "real" or cfg.hardware.name != "cpu" or cfg.experiment.cpu_overrides:
+    GPU may hold them)."""
+    if cfg.executor != "real" or cfg.hardware.name != "cpu":
         return 0.0
     workers = cfg.cluster.num_prefill + cfg.cluster.num_decode if cfg.mode == "disagg" else cfg.cluster.num_workers
     weights = _parameters(args) * 4  # float32 on CPU; a GPU load builds in float32 on the host first

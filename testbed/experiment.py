@@ -4,17 +4,19 @@ values that differ from the defaults here."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 from testbed.errors import ConfigError
 
-STUDIES = ("serve", "ratio_sweep", "mode_compare", "rate_sweep", "slo_scale", "interference", "chunk_sweep",
-           "input_buckets", "burstiness", "multiturn", "kv_bandwidth", "profile", "sim_validate", "plan", "replay")
+ONE_POINT = "serve"  # the study without a conf/experiment file: one point with the config as it is
+# A study's sizes (`size=NAME`, testbed/sizing.py): gpu is its file's top level, cpu its
+# experiment.sizes.cpu on top, tiny (the least that exercises it) its catalog record's on top of cpu.
+SIZES = ("gpu", "cpu", "tiny")
 
 
 @dataclass(frozen=True)
 class ExperimentConfig:
-    name: str = "serve"  # serve: one point with the config as it is
+    name: str = ONE_POINT
     modes: List[str] = field(default_factory=lambda: ["colocated", "chunked", "disagg"])
     rates: List[float] = field(default_factory=list)  # empty: workload.rate alone
     chunk_sizes: List[int] = field(default_factory=lambda: [256, 512, 1024, 2048, 4096, 8192])
@@ -27,8 +29,9 @@ class ExperimentConfig:
     message_mib: int = 1024  # kv_bandwidth: the largest message
     measured_sweep: Optional[str] = None  # plan: a real ratio_sweep directory to compare with
     quick_profile: bool = False  # profile: fewer shapes and repeats
-    # Applied when no CUDA device is visible: the same study at a size two CPU cores finish.
-    cpu_overrides: Dict[str, Any] = field(default_factory=dict)
+    # {"cpu": {dotted key: value}}: the same study at a size two CPU cores finish, added to the
+    # command line as overrides by `size=cpu` (chosen where no GPU will run: testbed/sizing.py)
+    sizes: Dict[str, Dict[str, Any]] = field(default_factory=dict)
     figures: bool = True
     # Each point runs this many times, with seeds seed, seed+1, ...: the intervals across repeats
     # are what lets a study say that one configuration beats another (1: no interval).
@@ -53,9 +56,13 @@ class ExperimentConfig:
     setup: Optional[str] = None
     replay_emulate: bool = False
 
-    def validate(self) -> "ExperimentConfig":
-        if self.name not in STUDIES:
-            raise ConfigError(f"experiment.name={self.name!r} is not one of {', '.join(STUDIES)}")
+    def validate(self, studies: Sequence[str]) -> "ExperimentConfig":
+        """`studies`: the names experiment.name may say (the config layer reads them from conf/)."""
+        if self.name not in studies:
+            raise ConfigError(f"experiment.name={self.name!r} is not one of {', '.join(studies)}")
+        if set(self.sizes) - {"cpu"}:
+            raise ConfigError(f"experiment.sizes has {sorted(set(self.sizes) - {'cpu'})}; allowed: cpu (gpu is the "
+                              f"study file's top level, tiny its catalog record)")
         bad = [m for m in self.modes if m not in ("colocated", "chunked", "disagg")]
         if bad:
             raise ConfigError(f"experiment.modes has {bad}; allowed: colocated, chunked, disagg")

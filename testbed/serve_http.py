@@ -14,6 +14,7 @@ from omegaconf import DictConfig
 
 from testbed.config import CONF_DIR, check_overrides, register_configs, to_config
 from testbed.errors import ConfigError, TestbedError
+from testbed.experiment import ONE_POINT
 from testbed.net.rendezvous import torchrun_world
 from testbed.stopping import StopOnce
 
@@ -27,7 +28,7 @@ def main(cfg: DictConfig) -> None:
     out_dir = Path(cfg.output_dir or HydraConfig.get().runtime.output_dir)
     try:
         config = to_config(cfg)
-        if config.experiment.name != "serve":
+        if config.experiment.name != ONE_POINT:
             raise ConfigError(f"experiment={config.experiment.name}: the server runs one serving configuration; "
                               f"drop +experiment (studies replay against it with executor=http)")
         if torchrun_world() is not None:

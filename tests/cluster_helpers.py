@@ -5,19 +5,15 @@ from __future__ import annotations
 import queue
 import time
 
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from testbed.config import Config, register_configs, to_config
-from tests.paths import CONF
-
-register_configs()
+from testbed.config import Config
+from testbed.sizing import compose_sized
 
 
 def make_config(*overrides: str) -> Config:
-    with initialize_config_dir(version_base="1.3", config_dir=str(CONF)):
-        cfg = compose("config", overrides=list(overrides))
-    return to_config(cfg)
+    """The Config the command line `python -m testbed OVERRIDES` runs here, its size included."""
+    return compose_sized(list(overrides))
 
 
 def small_workload(n: int = 10, rate: float = 40.0) -> list[str]:

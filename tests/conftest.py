@@ -10,7 +10,7 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 
 
 def draw_study_figures(name, sweep_dir):
-    from analysis.studies import study_figures  # matplotlib only when a study draws
+    from analysis.standard_figures import study_figures  # matplotlib only when a study draws
 
     return study_figures(name, sweep_dir)
 

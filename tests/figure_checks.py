@@ -1,7 +1,7 @@
 """What a study's figures plotted, held to what its sweep saved: sweep.json's aggregate,
 intervals.parquet (one row per cell, with 95% intervals) and the points' own results, read here
-straight from the files. The plotted data comes from analysis.studies.draw or, read back as JSON,
-from a notebook's `plotted`; both give {figure stem: what the figure returned}."""
+straight from the files. The plotted data comes from analysis.standard_figures.draw or, read
+back as JSON, from a notebook's `plotted`; both give {figure stem: what the figure returned}."""
 
 from __future__ import annotations
 

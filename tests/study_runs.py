@@ -5,25 +5,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hydra import compose, initialize_config_dir
-
-from analysis.render import COMMON, SMALL
-from testbed.config import override_keys, register_configs, to_config
+from testbed.experiment import ONE_POINT
+from testbed.sizing import compose_sized
+from testbed.studies import catalog
 from testbed.studies.runner import run
-from tests.paths import CONF
 
-register_configs()
-
-STUDIES = SMALL  # one table: the notebooks are rendered from the same sizes (python -m analysis.render)
+# every study but the one point (it has no conf/experiment file), at its tiny size (Study.tiny):
+# the notebooks are rendered from the same sizes (python -m analysis.render)
+STUDIES = [s.name for s in catalog.STUDIES if s.name != ONE_POINT]
 
 
 def compose_study(name: str, *extra: str):
-    overrides = [f"+experiment={name}", *COMMON, *STUDIES[name], *extra]
-    with initialize_config_dir(version_base="1.3", config_dir=str(CONF)):
-        cfg = compose("config", overrides=overrides)
-    return to_config(cfg), override_keys(overrides)
+    """The study at size=tiny, `extra` winning over its values."""
+    return compose_sized(catalog.tiny_overrides(name, *extra))
 
 
 def run_study(name: str, out_dir: Path, *extra: str) -> dict:
-    cfg, explicit = compose_study(name, *extra)
-    return run(cfg, out_dir, explicit)
+    return run(compose_study(name, *extra), out_dir)

@@ -19,15 +19,17 @@ from analysis import bounds, captions, figures, style, system
 from analysis.__main__ import main as cli
 from analysis.load import Sweep, by_label, load_run, load_runs, load_sweep, served
 from analysis.plotted import dumps
-from analysis.studies import FIGURES, draw, run_figures, run_telemetry, study_figures, ttft_by_turn
+from analysis.standard_figures import draw, run_figures, run_telemetry, study_figures, ttft_by_turn
 from testbed.metrics.config import MetricsConfig
 from testbed.metrics.interference import background_gaps, injection_window
 from testbed.metrics.latency import pooled_itl
 from testbed.metrics.summary import measured
+from testbed.studies.catalog import STUDIES
 from tests.figure_checks import check_study
 
 pytestmark = pytest.mark.slow
 MS = 1e3
+DRAWN = {s.name: s.figures for s in STUDIES if s.figures}  # study -> the figures it draws
 
 
 def close(a, b) -> bool:
@@ -73,7 +75,7 @@ def assert_band(ax, name: str, x, low, high) -> None:
 
 @pytest.fixture(scope="module")
 def sweeps(study_results):
-    return {name: load_sweep(path) for name, path in study_results.items() if name in FIGURES}
+    return {name: load_sweep(path) for name, path in study_results.items() if name in DRAWN}
 
 
 @pytest.fixture(scope="module")
@@ -127,7 +129,7 @@ def test_every_figure_plots_the_saved_results(sweeps, study_results, repeated, r
     for name, sweep, directory in [*runs, ("ratio_sweep", repeated, repeated_results)]:
         with style.paper():
             plotted = {stem: data for stem, _, _, data in draw(name, sweep)}
-        assert len(check_study(plotted, directory)) >= len(FIGURES[name]) - 1, name  # no telemetry on CPU
+        assert len(check_study(plotted, directory)) >= len(DRAWN[name]) - 1, name  # no telemetry on CPU
         check_study(json.loads(dumps(plotted)), directory)  # what a notebook prints reads back the same
 
 
@@ -469,14 +471,14 @@ def test_ttft_buckets_pool_a_cells_repeats(repeated):
 
 
 def test_study_figures_write_pdf_png_and_caption(study_results, repeated_results):
-    assert set(FIGURES) <= set(study_results)  # every study with figures has a tiny run to draw
+    assert set(DRAWN) <= set(study_results)  # every study with figures has a tiny run to draw
     for name, directory in [*study_results.items(), ("ratio_sweep", repeated_results)]:
-        if name not in FIGURES:
+        if name not in DRAWN:
             assert study_figures(name, directory) == []
             continue
         paths = study_figures(name, directory, strict=True)
         stems = {p.stem for p in paths}
-        assert len(stems) >= len(FIGURES[name]) - 1, name  # telemetry is skipped on CPU
+        assert len(stems) >= len(DRAWN[name]) - 1, name  # telemetry is skipped on CPU
         for stem in stems:
             pdf, png = directory / "figures" / f"{stem}.pdf", directory / "figures" / f"{stem}.png"
             assert pdf in paths and png in paths

@@ -143,16 +143,17 @@ COMPOSE = ["+experiment=ratio_sweep", "model=small", "workload=azure_conv", "mod
 
 
 def test_the_checkout_composes_the_top_level_conf():
-    """`python -m testbed` in the checkout reads conf/ beside testbed/ (nothing of it under testbed/)."""
-    from hydra import compose, initialize_config_dir
+    """`python -m testbed` in the checkout reads conf/ beside testbed/ (nothing of it under testbed/),
+    and `--cfg job` shows what runs: on this GPU-less machine the study's CPU size (size=cpu)."""
     from omegaconf import OmegaConf
 
-    from testbed.config import CONF_DIR, register_configs
+    from testbed.config import CONF_DIR
+    from testbed.sizing import compose_raw, sized
 
     assert CONF_DIR == ROOT / "conf" and not (ROOT / "testbed" / "conf" / "config.yaml").exists()
-    register_configs()
-    with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
-        expected = OmegaConf.to_yaml(compose("config", overrides=COMPOSE))
+    expected = OmegaConf.to_yaml(compose_raw(sized(COMPOSE)))
+    assert "size: cpu" in expected and "num_devices: 3" in expected  # ratio_sweep's experiment.sizes.cpu
+    assert "name: small" in expected  # the command line's model wins over the size's tiny one
     assert composed([sys.executable, "-m", "testbed"], ROOT) == expected
 
 

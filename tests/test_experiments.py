@@ -19,7 +19,7 @@ def test_every_experiment_has_a_tiny_run():
 
 @pytest.mark.parametrize("name", EXPERIMENTS)
 def test_experiment_composes(name):
-    cfg, _ = compose_study(name)
+    cfg = compose_study(name)
     assert cfg.experiment.name == name
 
 

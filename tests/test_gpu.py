@@ -63,7 +63,7 @@ def test_llm_on_cuda_matches_cpu_tokens_in_float32():
 
 @pytest.mark.multigpu
 def test_disagg_over_nccl_produces_the_colocated_tokens(tmp_path):
-    from testbed.studies.serve import serve
+    from testbed.studies.real_point import serve
     from tests.cluster_helpers import make_config
 
     common = ["workload.num_requests=8", "workload.rate=20", "model.max_model_len=512", "engine.num_kv_blocks=128",
@@ -125,7 +125,7 @@ def test_a_memory_sized_pool_leaves_room_for_its_largest_step():
 
 @pytest.mark.gpu
 def test_disagg_on_one_gpu_over_ipc_produces_the_colocated_tokens(tmp_path):
-    from testbed.studies.serve import serve
+    from testbed.studies.real_point import serve
     from tests.cluster_helpers import make_config
 
     common = ["workload.num_requests=8", "workload.rate=20", "model.max_model_len=512", "engine.num_kv_blocks=128",

@@ -1,7 +1,7 @@
 """Every study's GPU sizing (the top level of conf/experiment/NAME.yaml) as a GPU box composes it:
 a 7-8B model whose bf16 weights and the KV of one max_model_len sequence fit an 80 GB GPU, with
 every request of the workload within that context; the same study on a CPU box (its
-experiment.cpu_overrides applied) runs the tiny model. Simulated studies on a GPU box run on a
+size=cpu chosen) runs the tiny model. Simulated studies on a GPU box run on a
 GPU's profile, never on the shipped CPU one. CUDA is pretended (catalog.cuda_count)."""
 
 from __future__ import annotations
@@ -10,36 +10,30 @@ import dataclasses
 import json
 
 import pytest
-from hydra import compose, initialize_config_dir
 
-from testbed.config import override_keys, register_configs, to_config, with_overrides
+from testbed.cluster import layout
 from testbed.errors import ConfigError
-from testbed.experiment import STUDIES
+from testbed.experiment import ONE_POINT
 from testbed.perf import weight_params
 from testbed.perf.resolve import table_gpu
 from testbed.sim.config import SHIPPED
+from testbed.sizing import compose_sized
 from testbed.studies import catalog
-from testbed.studies.runner import cpu_sizing, run
+from testbed.studies.runner import run
 from testbed.workload.lengths import scale_lengths
 from testbed.workload.traces import read_trace, resolve_trace_path, select
-from tests.paths import CONF
 
-register_configs()
-
-NAMES = [name for name in STUDIES if name != "serve"]
+NAMES = [s.name for s in catalog.STUDIES if s.name != ONE_POINT]
 GPU_BYTES = 80e9
 BF16 = 2
 CPU_PROFILE = str(SHIPPED / "tiny_cpu.json")
 
 
 def compose_study(monkeypatch, name: str, *extra: str, gpus: int):
-    """The study as runner.run sees it on a box with `gpus` CUDA devices (CPU sizing applied on none)."""
+    """The study as the command line composes it on a box with `gpus` CUDA devices (size=cpu on none)."""
     monkeypatch.setattr(catalog, "cuda_count", lambda hardware: gpus)
-    overrides = [f"+experiment={name}", *extra]
-    with initialize_config_dir(version_base="1.3", config_dir=str(CONF)):
-        cfg = to_config(compose("config", overrides=overrides))
-    sizing = cpu_sizing(cfg, override_keys(overrides))
-    return with_overrides(cfg, sizing) if sizing else cfg
+    monkeypatch.setattr(layout, "cuda_count", lambda hardware: gpus)
+    return compose_sized([f"+experiment={name}", *extra])
 
 
 def longest_request(cfg) -> int:
@@ -82,7 +76,7 @@ def test_plan_on_a_gpu_box_without_a_gpu_profile_stops_in_one_line(monkeypatch, 
     monkeypatch.setattr(catalog, "gpu_here", lambda: "h100_sxm")
     cfg = compose_study(monkeypatch, "plan", gpus=8)
     with pytest.raises(ConfigError) as unset:
-        run(cfg, tmp_path, {"experiment"})
+        run(cfg, tmp_path)
     message = str(unset.value)
     assert "\n" not in message and message.startswith("sim.profile is unset"), message
     assert "`python -m testbed +experiment=profile model=llama3_8b model.max_model_len=32768`" in message
@@ -129,7 +123,7 @@ def test_profile_on_a_gpu_box_measures_the_gpu_sizing_on_cuda(monkeypatch, tmp_p
 
     monkeypatch.setattr(profile_study, "profile_engine", fake_engine)
     monkeypatch.setattr(profile_study, "cuda_count", lambda hardware: 1)
-    result = run(compose_study(monkeypatch, "profile", gpus=1), tmp_path, {"experiment"})
+    result = run(compose_study(monkeypatch, "profile", gpus=1), tmp_path)
     assert measured["device"] == "cuda:0" and result["path"] == tmp_path / "profile.json"
     assert (measured["model"].name, measured["model"].max_model_len) == ("llama3_8b", 32768)
 
@@ -153,8 +147,8 @@ def test_profile_stages_the_kv_the_device_holds(free_gib, tokens):
     # Llama-3-8B in bf16 (16 GB of weights): an 80 GB GPU leaves about 63 GiB, a 141 GB one about 124
     import torch
 
-    from testbed.model.config import PRESETS
     from testbed.bench.step_profile import kv_token_budget
+    from testbed.model.config import PRESETS
 
     args = dataclasses.replace(PRESETS["llama3_8b"], max_model_len=32768)
     budget = kv_token_budget(args, torch.bfloat16, 16, free_gib << 30, quick=False)
@@ -167,8 +161,8 @@ def test_profile_stages_the_kv_the_device_holds(free_gib, tokens):
 def test_profile_on_a_gpu_too_full_for_its_context_stops_in_one_line():
     import torch
 
-    from testbed.model.config import PRESETS
     from testbed.bench.step_profile import kv_token_budget
+    from testbed.model.config import PRESETS
 
     with pytest.raises(ConfigError, match="lower model.max_model_len"):
         kv_token_budget(PRESETS["llama3_8b"], torch.bfloat16, 16, 2 << 30, quick=False)

@@ -246,7 +246,7 @@ def test_an_api_key_is_required_when_set(tmp_path):
 @pytest.mark.parametrize("serving", [["mode=disagg", "cluster.num_prefill=1", "cluster.num_decode=1"],
                                      ["mode=chunked", "cluster.num_workers=1"]], ids=["1P1D", "chunked"])
 def test_executor_http_gives_the_in_process_runs_tokens(serving, tmp_path):
-    from testbed.studies.serve import serve
+    from testbed.studies.real_point import serve
 
     workload = [*small_workload(8, 10.0), "workload.turns=2", "workload.think_time_s=0.05"]
     reference = serve(make_config(*workload, "mode=colocated", "cluster.num_workers=1"), tmp_path / "ref",

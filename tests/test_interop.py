@@ -28,7 +28,7 @@ from testbed.metrics.events import request_table
 from testbed.metrics.latency import pooled_itl
 from testbed.metrics.slo import meets_slo
 from testbed.metrics.summary import summarize
-from testbed.studies.merge import SUPPORTED, add_point, rewrite
+from testbed.studies.merge import MERGEABLE, add_point, rewrite
 from testbed.studies.sweep import flatten
 from testbed.tracking.results import write_json, write_results
 from testbed.workload.traces import read_mooncake_jsonl
@@ -309,7 +309,7 @@ def make_sweep(directory: Path, study: str, rates: list[float]) -> Config:
 
 def drawn(study: str, directory: Path) -> dict:
     from analysis.load import load_sweep
-    from analysis.studies import draw
+    from analysis.standard_figures import draw
     from tests.figure_checks import check_study
 
     plotted = {stem: data for stem, _, _, data in draw(study, load_sweep(directory))}
@@ -364,7 +364,7 @@ def test_add_refuses_what_it_cannot_draw(tmp_path):
     assert not [p for p in (tmp_path / "rates" / "points").iterdir() if p.name.startswith(".")]
     body = json.loads((tmp_path / "rates" / "sweep.json").read_text()) | {"experiment": "chunk_sweep"}
     (tmp_path / "rates" / "sweep.json").write_text(json.dumps(body))
-    with pytest.raises(InteropError, match=", ".join(SUPPORTED)):
+    with pytest.raises(InteropError, match=", ".join(MERGEABLE)):
         add_point(tmp_path / "rates", VLLM, label="vllm", figures=False)
 
 

@@ -268,7 +268,7 @@ def test_simulated_incremental_transfer_moves_only_what_the_decode_worker_lacks(
 
 @pytest.mark.slow
 def test_real_cache_aware_runs_give_the_tokens_of_a_run_without_any_cache(tmp_path):
-    from testbed.studies.serve import serve
+    from testbed.studies.real_point import serve
     small = [*SESSIONS[:3], "workload.num_requests=4", "workload.turns=3", "model.max_model_len=512",
              "engine.num_kv_blocks=256"]
     reference = serve(make_config(*small, "mode=colocated", "cluster.num_workers=1"), tmp_path / "ref", progress=False)

@@ -19,7 +19,7 @@ from testbed.model import linear
 from testbed.model.config import ModelConfig
 from testbed.model.llama import Rotary, checkpoint_tensors
 from testbed.model.loader import build_model
-from testbed.studies.serve import serve
+from testbed.studies.real_point import serve
 from testbed.workload import build_workload
 from tests.cluster_helpers import make_config
 from tests.hf_checkpoints import (KINDS, LLAMA3_ROPE, copy_with_config, hf_greedy, old_layout, random_prompts,

@@ -21,11 +21,10 @@ import statistics
 
 import numpy as np
 import pytest
-from hydra import compose, initialize_config_dir
 
-from testbed.config import override_keys, register_configs, to_config
+from testbed.config import register_configs
+from testbed.sizing import compose_sized
 from testbed.studies.runner import run
-from tests.paths import CONF
 
 register_configs()
 
@@ -38,9 +37,7 @@ LONG_PROMPTS = ["workload=poisson", "workload.input_len.dist=uniform", "workload
 
 def simulate(name: str, out, *extra: str) -> dict:
     overrides = [f"+experiment={name}", *GPU_SIM, *extra]
-    with initialize_config_dir(version_base="1.3", config_dir=str(CONF)):
-        cfg = compose("config", overrides=overrides)
-    return run(to_config(cfg), out, override_keys(overrides))
+    return run(compose_sized(overrides), out)
 
 
 def column(result: dict, axis: str, figure: str, label: str | None = None) -> list[float]:

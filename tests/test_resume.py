@@ -1,5 +1,5 @@
 """Resuming a sweep keeps a finished point only when it ran the configuration asked for now; the
-CPU sizing a study applied is said and stored."""
+CPU size a study ran at is stored."""
 
 from __future__ import annotations
 
@@ -41,15 +41,14 @@ def test_a_resumed_sweep_skips_same_points_and_refuses_changed_ones(tmp_path):
     assert config["slo"]["ttft_s"] == 0.25
 
 
-def test_the_cpu_sizing_applied_is_stored_with_the_sweep(tmp_path):
+def test_the_cpu_size_is_composed_and_stored_with_the_sweep(tmp_path):
     from testbed.studies.runner import run
 
     cfg = make_config("+experiment=mode_compare", *SIM, "experiment.repeats=1", "experiment.figures=false")
-    run(cfg, tmp_path, explicit={"experiment", "executor", "workload.num_requests"})
-    sizing = json.loads((tmp_path / "sweep.json").read_text())["sizing"]
-    assert sizing["model.name"] == "tiny"  # the study's CPU sizing applied...
-    assert "workload.num_requests" not in sizing  # ...but the command line's num_requests wins over it
-    assert yaml.safe_load((tmp_path / ".hydra" / "sizing.yaml").read_text()) == sizing
+    assert cfg.size == "cpu" and cfg.model.name == "tiny"  # the study's CPU size, chosen here (no GPU)...
+    assert cfg.workload.num_requests == 12  # ...but the command line's num_requests wins over it
+    run(cfg, tmp_path)
+    assert json.loads((tmp_path / "sweep.json").read_text())["size"] == "cpu"
 
 
 # -- damaged points: checked, cleared and run again, each said with its reason ------------------------

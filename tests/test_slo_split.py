@@ -11,9 +11,10 @@ from types import SimpleNamespace
 import pytest
 from hydra import compose, initialize_config_dir
 
-from testbed.config import override_keys, register_configs, to_config
+from testbed.config import register_configs, to_config
 from testbed.errors import ConfigError
 from testbed.sim.slo_split import Demand, decode_batch, estimate, max_rate, pk_wait, placement, prefill_time, slo_split
+from testbed.sizing import compose_sized
 from testbed.studies.runner import run
 from tests.paths import CONF
 
@@ -106,9 +107,7 @@ def test_best_split_agrees_with_the_simulated_search(tmp_path):
                  "workload.input_len.min=3000", "workload.input_len.max=6000", "workload.output_len.min=4",
                  "workload.output_len.max=16", "experiment.rates=[16,32,64,128,256]", "experiment.chunk_sizes=[512]",
                  "slo.ttft_s=1.0", "slo.tpot_s=0.05"]
-    with initialize_config_dir(version_base="1.3", config_dir=str(CONF)):
-        cfg = to_config(compose("config", overrides=overrides))
-    aggregate = run(cfg, tmp_path, override_keys(overrides))["aggregate"]
+    aggregate = run(compose_sized(overrides), tmp_path)["aggregate"]
     simulated = {k: v["goodput_per_gpu"] for k, v in aggregate["simulated"]["goodput"].items() if "P" in k}
     best = max(simulated, key=simulated.get)
     assert abs(split_p(aggregate["slo_plan"]["best"]) - split_p(best)) <= 1, (aggregate["slo_plan"]["best"], simulated)

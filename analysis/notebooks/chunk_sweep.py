@@ -32,7 +32,7 @@ write_figures = False  # True: also write PDF/PNG/caption files into <results_di
 from IPython.display import Image, display
 
 from analysis import load_sweep, style
-from analysis.studies import draw, study_figures
+from analysis.standard_figures import draw, study_figures
 
 sweep = load_sweep(results_dir)
 sweep.summary("ttft_p50", "ttft_p99", "itl_p99", "slo_attainment")

@@ -34,7 +34,7 @@ import pandas as pd
 from IPython.display import Image, display
 
 from analysis import load_sweep, style
-from analysis.studies import draw, study_figures
+from analysis.standard_figures import draw, study_figures
 
 sweep = load_sweep(results_dir)
 pd.DataFrame(sweep.aggregate["errors"])

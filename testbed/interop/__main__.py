@@ -82,7 +82,7 @@ def import_file(args) -> None:
 def add(args) -> None:
     # an entry point, on top of the layers like python -m testbed: it runs the studies layer and
     # hands it the analysis layer's figures
-    from analysis.studies import study_figures
+    from analysis.standard_figures import study_figures
     from testbed.studies import figures
     from testbed.studies.merge import add_point
 

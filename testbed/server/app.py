@@ -31,7 +31,7 @@ from testbed.http.protocol import (DONE, BadRequest, Completion, body_limit, chu
 from testbed.metrics.events import RequestLog
 from testbed.server.doors import Doorman, accept_errors, connection_cap, json_error
 from testbed.server.live import LiveRouter
-from testbed.studies.serve import start_cluster, write_point
+from testbed.studies.real_point import start_cluster, write_point
 from testbed.tracking.telemetry import start_telemetry
 from testbed.workload import Request
 

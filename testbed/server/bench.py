@@ -31,7 +31,7 @@ def one_repeat(cfg: Config, root: Path) -> tuple:
     """(in-process requests, HTTP requests) of one seed."""
     from testbed.server.app import HttpServer
     from testbed.studies.points import http_point
-    from testbed.studies.serve import serve
+    from testbed.studies.real_point import serve
 
     local = serve(cfg, root / "local", progress=False)["requests"]
     with HttpServer(cfg) as server:

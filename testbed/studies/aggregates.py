@@ -17,6 +17,9 @@ from testbed.metrics.summary import decode_itl_samples, measured
 from testbed.metrics.uncertainty import ratio_interval, request_units, sample_interval, share_interval
 from testbed.studies.repeats import goodput_interval, per_repeat
 
+# the figures of a sweep's printed table, and what the by-label aggregates tabulate
+TABLE = ["ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99", "itl_p99", "slo_attainment", "throughput_requests_per_s"]
+
 
 def finished(table: pd.DataFrame) -> pd.DataFrame:
     """The points that count: run (or found finished), and paced at the emulated device's speed

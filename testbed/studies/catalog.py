@@ -1,17 +1,28 @@
-"""The catalog of studies: for each, the points it runs and what it computes across them.
+"""The catalog of studies: one `Study` record per study (STUDIES, at the end: its points, its
+aggregate, its figures, what can run it, its tiny size), and the point builders it names.
 
 Every study runs on the same N devices (hardware.num_devices, or every visible GPU) so that its
 configurations compare at equal hardware: colocated and chunked use N mixed workers, and a
 disaggregated split pP:dD has p + d = N.
+
+A new study is three files: conf/experiment/NAME.yaml, a module with its points builder and
+aggregate, and its record in STUDIES (tests/test_study_catalog.py holds the three together).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Callable, Optional
+
 from testbed.cluster.layout import cuda_count
 from testbed.config import Config
 from testbed.errors import ConfigError
+from testbed.experiment import ONE_POINT
+from testbed.studies import aggregates
+from testbed.studies.aggregates import TABLE
 from testbed.studies.repeats import OTHER_REPEATS
 from testbed.studies.sweep import Point
+from testbed.tracking.results import CHECKOUT
 
 
 def num_devices(cfg: Config) -> int:
@@ -23,16 +34,12 @@ def num_devices(cfg: Config) -> int:
     return 2
 
 
-# What executor=http can run: studies whose points differ in traffic and SLOs. The others vary the
-# testbed's own engine (splits, chunk sizes, hand-offs) or measure this machine.
-OVER_HTTP = ("serve", "ratio_sweep", "rate_sweep", "mode_compare", "slo_scale", "input_buckets", "burstiness")
-
-
 def check_executor(cfg: Config) -> None:
-    """What runs the study can run it here: over HTTP only the traffic studies; simulated on a GPU
-    box only on a GPU's profile (check_profiles)."""
-    if cfg.executor == "http" and cfg.experiment.name not in OVER_HTTP:
-        raise ConfigError(f"executor=http runs {', '.join(OVER_HTTP)}; experiment={cfg.experiment.name} varies or "
+    """What runs the study can run it here: over HTTP only the traffic studies (Study.over_http);
+    simulated on a GPU box only on a GPU's profile (check_profiles)."""
+    if cfg.executor == "http" and not study(cfg.experiment.name).over_http:
+        over_http = ", ".join(s.name for s in STUDIES if s.over_http)
+        raise ConfigError(f"executor=http runs {over_http}; experiment={cfg.experiment.name} varies or "
                           f"measures the testbed's own engine")
     check_profiles(cfg)
 
@@ -53,7 +60,7 @@ def check_profiles(cfg: Config) -> None:
 
     for role in ROLES:
         spec = cfg.sim.spec(role)
-        if spec is None and cfg.experiment.name == "sim_validate":
+        if spec is None and study(cfg.experiment.name).fits_in_situ:
             continue
         if spec is None or profile_device(spec) == "cpu":
             raise ConfigError(missing_profile(cfg, cfg.sim.key(role), spec))
@@ -61,7 +68,8 @@ def check_profiles(cfg: Config) -> None:
 
 def simulates(cfg: Config) -> bool:
     """The study's points run in the simulator: executor=sim, plan, or sim_validate's half."""
-    return cfg.executor == "sim" or cfg.experiment.name in ("plan", "sim_validate")
+    chosen = study(cfg.experiment.name)
+    return cfg.executor == "sim" or chosen.simulated or chosen.fits_in_situ
 
 
 def missing_profile(cfg: Config, key: str, spec: str | None) -> str:
@@ -306,3 +314,137 @@ def plan(cfg: Config) -> list[Point]:
     for point in points:
         point.overrides["executor"] = "sim"
     return points
+
+
+# -- the studies ---------------------------------------------------------------------------------
+Builder = Callable[[Config], list[Point]]
+Aggregate = Callable[..., dict]  # (sweep table, cfg, out_dir) -> sweep.json's aggregate
+Runs = Callable[..., dict]  # (cfg, out_dir, run_point) -> the study's results
+
+
+@dataclass(frozen=True)
+class Study:
+    """What `+experiment=NAME` runs, and what reads its results. A sweep has `points` and an
+    `aggregate`; a study that is no sweep `runs` itself; with neither, it is the one point."""
+
+    name: str  # its conf/experiment/NAME.yaml (ONE_POINT has none)
+    description: str  # one line
+    points: Optional[Builder] = None
+    aggregate: Optional[Aggregate] = None
+    runs: Optional[Runs] = None
+    figures: tuple[str, ...] = ()  # figure makers by name (analysis/standard_figures.py MAKERS)
+    searches_goodput: bool = False  # after the grid, a goodput search per configuration (goodput_search.py)
+    over_http: bool = False  # its points differ in traffic and SLOs only: executor=http can run it
+    one_box: bool = False  # it measures this machine: never under torchrun
+    simulated: bool = False  # every point runs in the simulator, whatever the executor
+    fits_in_situ: bool = False  # half its points simulated, on profiles fitted to the other, real half
+    mergeable: bool = False  # merge.py can draw an outside run beside it: its aggregate groups by label
+    rate_axis: bool = False  # merge.py: an outside run's point is <label>_rate<R>, so its rate must be known
+    needs_requests: bool = False  # merge.py: its aggregate needs requests; summary-only imports stay out
+    tiny: tuple[str, ...] = ()  # size=tiny: on its CPU size and TINY_BASE, the least that exercises it
+
+    @property
+    def sweeps(self) -> bool:
+        return self.points is not None
+
+
+# Studies that are no sweep, imported when they run: kv_bandwidth and profile load torch.
+def _kv_bandwidth(cfg: Config, out_dir, run_point) -> dict:
+    from testbed.studies.kv_bandwidth import run_kv_bandwidth
+
+    return run_kv_bandwidth(cfg, out_dir)
+
+
+def _profile(cfg: Config, out_dir, run_point) -> dict:
+    from testbed.studies.profile import run_profile
+
+    return run_profile(cfg, out_dir)
+
+
+def _replay(cfg: Config, out_dir, run_point) -> dict:
+    from testbed.studies.replay import run_replay
+
+    return run_replay(cfg, out_dir, run_point)
+
+
+BUCKETS = [f"ttft_by_bucket_{b}_{s}" for b in ("0-1K", "1K-4K", "4K-16K", "16K+") for s in ("p50", "p99")]
+REPLAYED = CHECKOUT / "tests" / "data" / "replay"
+
+STUDIES = (
+    Study(ONE_POINT, "one point with the config as it is", over_http=True),
+    Study("ratio_sweep", "goodput per GPU of every P:D split beside colocated and chunked, over rates",
+          ratio_sweep, aggregates.goodput_study, figures=("goodput_per_gpu", "attainment_vs_rate", "latency_vs_rate"),
+          searches_goodput=True, over_http=True, mergeable=True, rate_axis=True, needs_requests=True,
+          tiny=("experiment.rates=[20,40]",)),
+    Study("rate_sweep", "each mode's SLO attainment and latency over offered rates, and its goodput",
+          rate_sweep, aggregates.goodput_study, figures=("attainment_vs_rate", "latency_vs_rate"),
+          searches_goodput=True, over_http=True, mergeable=True, rate_axis=True, needs_requests=True,
+          tiny=("experiment.rates=[20,40]", "experiment.modes=[chunked,disagg]")),
+    Study("mode_compare", "every mode once at workload.rate: latency, attainment and throughput side by side",
+          one_rate, aggregates.by_label(TABLE), figures=("latency_summary", "latency_cdfs", "timelines", "telemetry"),
+          over_http=True, mergeable=True),
+    Study("slo_scale", "each mode's SLO attainment as the SLOs scale tighter or looser",
+          one_rate, aggregates.slo_scale, figures=("attainment_vs_scale", "latency_cdfs"),
+          over_http=True, mergeable=True, needs_requests=True, tiny=("experiment.modes=[colocated,disagg]",)),
+    Study("interference", "how much prefills of each length slow a decoding background (ITL inflation)",
+          interference, aggregates.interference, figures=("itl_inflation",),
+          # probes 0.2 s apart: the background is decoding when the first arrives, on a loaded CPU too
+          tiny=("experiment.modes=[colocated,disagg]", "experiment.prefill_lengths=[256]",
+                "workload.background_requests=4", "workload.background_output_len=48", "workload.num_requests=3",
+                "workload.rate=5", "experiment.background_margin=1")),
+    Study("chunk_sweep", "chunked prefill's chunk size: TTFT against TPOT",
+          chunk_sweep, aggregates.by_label(["chunk", *TABLE]), figures=("chunk_tradeoff",),
+          tiny=("experiment.chunk_sizes=[32,256]", "hardware.num_devices=1")),
+    Study("input_buckets", "each mode's TTFT by prompt-length bucket",
+          one_rate, aggregates.by_label(BUCKETS), figures=("ttft_by_bucket",),
+          over_http=True, mergeable=True, needs_requests=True,
+          tiny=("experiment.modes=[chunked,disagg]", "workload.input_len.max=6000")),
+    Study("burstiness", "SLO attainment and TTFT as arrivals get burstier (gamma shape)",
+          burstiness, aggregates.burstiness, figures=("burstiness",), over_http=True,
+          tiny=("experiment.burstiness=[0.5,2.0]", "experiment.modes=[chunked]")),
+    Study("multiturn", "multi-turn sessions: dispatch policies and how later turns' KV is handed over",
+          multiturn, aggregates.multiturn, figures=("ttft_by_turn", "kv_bytes_by_turn", "decode_itl_with_appends"),
+          tiny=("workload.num_requests=2", "workload.turns=3", "workload.think_time_s=0.05",
+                "experiment.modes=[chunked,disagg]", "experiment.dispatch=[kv_aware]")),
+    Study("kv_bandwidth", "the KV connector's bandwidth against a raw copy, by message size",
+          runs=_kv_bandwidth, figures=("kv_bandwidth",), one_box=True, tiny=("experiment.message_mib=1",)),
+    Study("profile", "this machine's step times, fitted to the cost model the simulator runs on",
+          runs=_profile, one_box=True, tiny=("experiment.quick_profile=true",)),
+    Study("sim_validate", "the simulator against real runs of the same workload, per mode and rate",
+          sim_validate, aggregates.sim_validate, figures=("sim_vs_real",), fits_in_situ=True,
+          # a tiny paced run on a shared CPU exercises the study, it measures no fidelity: kept in its
+          # tables however many steps overran (tests/test_experiments.py judges the pace itself)
+          tiny=("experiment.rates=[20]", "experiment.modes=[chunked]", "hardware.emulate=h100_sxm",
+                "hardware.emulate_model=llama3_8b", "hardware.max_overrun_share=1")),
+    Study("plan", "a simulated search of splits and chunk sizes for the most goodput per GPU",
+          plan, aggregates.plan, figures=("plan_goodput",), searches_goodput=True, simulated=True,
+          tiny=("experiment.rates=[20,80]", "experiment.chunk_sizes=[64]", "hardware.num_devices=3",
+                "workload.num_requests=40")),
+    # a published GPU run replayed in the simulator (its workload is the reference's, not TINY_BASE's)
+    Study("replay", "a published engine's run replayed in the simulator, compared figure by figure",
+          runs=_replay, tiny=(f"experiment.reference={REPLAYED / 'sglang030_a100_llama31_8b_rps4.jsonl'}",
+                              f"experiment.setup={REPLAYED / 'sglang030_a100.setup.yaml'}")),
+)
+BY_NAME = {s.name: s for s in STUDIES}
+
+# what every tiny run shares: two CPU workers, one repeat, a handful of requests, no figures
+TINY_BASE = ("hardware=cpu", "hardware.num_devices=2", "experiment.figures=false", "experiment.repeats=1",
+             "experiment.search_points=1", "experiment.background_margin=0", "workload.num_requests=6",
+             "slo.ttft_s=0.5", "slo.tpot_s=0.05")
+
+
+def study(name: str) -> Study:
+    if name not in BY_NAME:
+        raise ConfigError(f"experiment.name={name!r} is not one of {', '.join(BY_NAME)}")
+    return BY_NAME[name]
+
+
+def tiny_values(chosen: Study) -> list[str]:
+    """What `size=tiny` adds on top of the study's CPU size (testbed/sizing.py)."""
+    return [*TINY_BASE, *chosen.tiny]
+
+
+def tiny_overrides(name: str, *extra: str) -> list[str]:
+    """The command line of the study's tiny run (the tests' and `python -m analysis.render`'s),
+    before testbed/sizing.py adds the size's values."""
+    return [f"+experiment={name}", "size=tiny", *extra]

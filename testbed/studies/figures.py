@@ -13,7 +13,7 @@ _drawer: Optional[Drawer] = None
 
 
 def draw_with(drawer: Optional[Drawer]) -> None:
-    """Hand in what draws a study's figures (analysis.studies.study_figures); None: draw nothing."""
+    """Hand in what draws a study's figures (analysis.standard_figures.study_figures); None: draw nothing."""
     global _drawer
     _drawer = drawer
 

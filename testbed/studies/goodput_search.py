@@ -1,4 +1,4 @@
-"""The goodput search of a goodput study (ratio_sweep, rate_sweep, plan): after the grid, each
+"""The goodput search of a goodput study (Study.searches_goodput): after the grid, each
 configuration and repeat adds rates until its 90%-attainment crossing is bracketed tightly
 (testbed/metrics/rate_search.py decides each next rate; this module only runs them).
 
@@ -14,8 +14,6 @@ import pandas as pd
 from testbed.metrics.rate_search import RateSearch, next_rate
 from testbed.studies.sweep import Point, Sweep
 
-SEARCHED = ("ratio_sweep", "rate_sweep", "plan")
-
 
 def rate_search(cfg) -> RateSearch:
     e = cfg.experiment
@@ -27,7 +25,7 @@ def rate_search(cfg) -> RateSearch:
 def search_goodput(sweep: Sweep, cfg) -> pd.DataFrame:
     """Run rounds of search points (one per configuration and repeat still searching) until
     every search has ended; the sweep's table after them."""
-    if cfg.experiment.name not in SEARCHED or cfg.experiment.search_points == 0 or cfg.executor == "http":
+    if cfg.experiment.search_points == 0 or cfg.executor == "http":
         return sweep.table()
     search, grid = rate_search(cfg), [p for p in sweep.points if "rate" in p.knobs]
     for round_ in range(cfg.experiment.search_points):

@@ -27,15 +27,15 @@ from testbed.interop.table import InteropError
 from testbed.metrics.results_dir import read_config
 from testbed.metrics.slo import tenant_slos
 from testbed.studies.aggregates import finished
+from testbed.studies.catalog import BY_NAME, STUDIES, Study
 from testbed.studies.figures import study_figures
-from testbed.studies.runner import STUDIES, cell_table
+from testbed.studies.runner import cell_table
 from testbed.studies.sweep import EXTERNAL, Sweep, flatten
 from testbed.tracking.results import write_parquet
 
-# Studies whose aggregate groups points by label alone; the others need knobs (chunk, burstiness,
-# prefill length, hand-off) or engine steps an outside run does not have.
-SUPPORTED = ("rate_sweep", "ratio_sweep", "mode_compare", "slo_scale", "input_buckets")
-RATE_STUDIES = ("rate_sweep", "ratio_sweep")
+# Studies whose aggregate groups points by label alone (Study.mergeable); the others need knobs
+# (chunk, burstiness, prefill length, hand-off) or engine steps an outside run does not have.
+MERGEABLE = tuple(s.name for s in STUDIES if s.mergeable)
 
 
 def add_point(sweep_dir, run, *, label: str, knobs: Optional[dict] = None, fmt: Optional[str] = None,
@@ -45,9 +45,9 @@ def add_point(sweep_dir, run, *, label: str, knobs: Optional[dict] = None, fmt: 
     it) and any other column to show. Returns {"point", "dir", "row", "aggregate", "figures"}."""
     sweep_dir, knobs = Path(sweep_dir), dict(knobs or {})
     name, table = load_table(sweep_dir)
-    if name not in SUPPORTED:
+    if name not in MERGEABLE:
         raise InteropError(f"{sweep_dir}: study {name!r} cannot draw an outside run; add works for "
-                           f"{', '.join(SUPPORTED)}")
+                           f"{', '.join(MERGEABLE)}")
     _check_label(table, label)
     cfg = sweep_config(sweep_dir, table)
     num_gpus = int(knobs.pop("num_gpus", 1))
@@ -58,7 +58,7 @@ def add_point(sweep_dir, run, *, label: str, knobs: Optional[dict] = None, fmt: 
                               label=label, run=run_index, trace=trace, slowdown=slowdown,
                               tenants=tenant_slos(cfg.workload.tenants, cfg.slo))
         rate = float(knobs.pop("rate", imported["rate"]))
-        point = _point_name(name, label, rate, imported["rate"], table, run)
+        point = _point_name(BY_NAME[name], label, rate, imported["rate"], table, run)
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
         raise
@@ -74,13 +74,13 @@ def add_point(sweep_dir, run, *, label: str, knobs: Optional[dict] = None, fmt: 
     return {"point": point, "dir": sweep_dir / "points" / point, "row": row, "aggregate": aggregate, "figures": drawn}
 
 
-def _point_name(study: str, label: str, rate: float, recorded, table: pd.DataFrame, run) -> str:
+def _point_name(study: Study, label: str, rate: float, recorded, table: pd.DataFrame, run) -> str:
     """points/<label> (rate studies: <label>_rate<R>, as the runner names its points); never one
     of the sweep's own points."""
-    if study in RATE_STUDIES and not (math.isfinite(rate) and rate > 0):
-        raise InteropError(f"{run}: its request rate is not known (request_rate={recorded}); {study} needs "
+    if study.rate_axis and not (math.isfinite(rate) and rate > 0):
+        raise InteropError(f"{run}: its request rate is not known (request_rate={recorded}); {study.name} needs "
                            f"the rate it was offered: pass --rate R")
-    point = f"{slug(label)}_rate{rate:g}" if study in RATE_STUDIES else slug(label)
+    point = f"{slug(label)}_rate{rate:g}" if study.rate_axis else slug(label)
     own = table[table["mode"] != EXTERNAL] if "mode" in table.columns else table
     if point in set(own["point"]):
         raise InteropError(f"--label {label!r}: its point {point!r} is one of the sweep's own; choose another label")
@@ -113,8 +113,6 @@ def sweep_config(sweep_dir: Path, table: pd.DataFrame) -> Config:
     raise InteropError(f"{sweep_dir}: no finished point of the sweep has a config.yaml to take its SLOs from")
 
 
-# studies whose aggregate needs SLO attainment or per-request figures: summary-only points stay out of it
-NEEDS_REQUESTS = ("rate_sweep", "ratio_sweep", "slo_scale", "input_buckets")
 # a summary-only point's cell carries the file's own figures (no interval: the requests are not there)
 SUMMARY_FIGURES = [f"{m}_{p}" for m in ("ttft", "tpot", "itl", "e2e") for p in ("mean", "p50", "p90", "p95", "p99", "max")]
 
@@ -129,18 +127,18 @@ def summary_only(table: pd.DataFrame) -> pd.Series:
 def rewrite(sweep_dir: Path, name: str, table: pd.DataFrame, cfg: Config) -> dict:
     """intervals.parquet, the aggregate and sweep.parquet / sweep.json, as the runner writes them.
     Summary-only points keep their own figures in their cells and stay out of aggregates that need
-    SLO attainment or requests (the aggregate's `left_out` names them)."""
-    only = summary_only(table)
+    SLO attainment or requests (Study.needs_requests; the aggregate's `left_out` names them)."""
+    study, only = BY_NAME[name], summary_only(table)
     write_parquet(sweep_dir / "intervals.parquet", _summary_cells(cell_table(table, cfg, sweep_dir), table[only]))
-    aggregated = table[~only] if name in NEEDS_REQUESTS else table
-    aggregate = STUDIES[name][1](aggregated, cfg, sweep_dir)
-    if only.any() and name in NEEDS_REQUESTS:
+    aggregated = table[~only] if study.needs_requests else table
+    aggregate = study.aggregate(aggregated, cfg, sweep_dir)
+    if only.any() and study.needs_requests:
         aggregate = {**aggregate, "left_out": {
             "points": sorted(table.loc[only, "point"]),
             "why": "summary-only imports (result files without per-request lists): no SLO attainment, goodput or "
                    "interval without the requests; their latency and throughput figures are in the table"}}
     writer = Sweep(cfg, [], sweep_dir, None, None)
-    writer.name, writer.sizing = name, _saved_sizing(sweep_dir)
+    writer.name, writer.size = name, _saved_size(sweep_dir, writer.size)
     writer.rows = table.to_dict(orient="records")
     writer.write(aggregate)
     return aggregate
@@ -162,9 +160,9 @@ def _summary_cells(cells: pd.DataFrame, rows: pd.DataFrame) -> pd.DataFrame:
     return cells
 
 
-def _saved_sizing(sweep_dir: Path) -> dict:
+def _saved_size(sweep_dir: Path, default: str) -> str:
     path = sweep_dir / "sweep.json"
-    return json.loads(path.read_text()).get("sizing") or {} if path.is_file() else {}
+    return json.loads(path.read_text()).get("size") or default if path.is_file() else default
 
 
 def _check_label(table: pd.DataFrame, label: str) -> None:

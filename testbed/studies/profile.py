@@ -15,7 +15,7 @@ log = logging.getLogger("testbed")
 
 
 def run_profile(cfg: Config, out_dir: Path) -> dict:
-    # the rule the study's sizing went by (runner.cpu_sizing): a GPU box measures its first GPU
+    # the rule the study's sizing went by (testbed/sizing.py): a GPU box measures its first GPU
     device = "cuda:0" if cuda_count(cfg.hardware) else "cpu"
     profile = profile_engine(cfg.model, cfg.engine, device, quick=cfg.experiment.quick_profile)
     out_dir.mkdir(parents=True, exist_ok=True)

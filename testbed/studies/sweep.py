@@ -61,7 +61,7 @@ class Sweep:
     def __init__(self, cfg: Config, points: list[Point], out_dir: Path, run_point: Callable, tracker):
         self.cfg, self.points, self.out_dir, self.run_point, self.tracker = cfg, points, out_dir, run_point, tracker
         self.rows: list[dict] = []
-        self.sizing: dict = {}  # the study's CPU sizing as applied (runner.cpu_sizing)
+        self.size = cfg.size  # which of the study's sizes ran (testbed/sizing.py)
         self.name = cfg.experiment.name  # the study (a merged sweep's points may say "serve")
         names = [p.name for p in points]
         assert len(set(names)) == len(names), f"duplicate point names in {names}"
@@ -162,7 +162,7 @@ class Sweep:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         table = self.table()
         write_parquet(self.out_dir / "sweep.parquet", table)
-        body = {"experiment": self.name, "sizing": self.sizing,
+        body = {"experiment": self.name, "size": self.size,
                 "points": table.to_dict(orient="records")}
         if aggregate is not None:
             body["aggregate"] = aggregate

@@ -3,6 +3,9 @@
 plotted data) and returns the PDF and PNG paths. `run_figures(run_dir)` does the same for one run.
 `draw(name, sweep)` builds them without saving: (stem, figure, caption, what it plotted) each,
 which is what a notebook shows and what the tests hold to the saved summaries.
+
+MAKERS holds one maker per figure, by name; a study's record (testbed/studies/catalog.py,
+Study.figures) names the figures it draws.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from matplotlib.figure import Figure
 
 from analysis import captions, figures, style, system
 from analysis.load import Sweep, by_label, load_run, load_sweep, served
+from testbed.studies.catalog import BY_NAME
 
 Made = list[tuple[str, Figure, str, object]]  # (file stem, figure, caption, what it plotted)
 TIMELINE_REQUESTS = 40  # the first requests by arrival: enough to see the pattern, few enough to read
@@ -168,25 +172,21 @@ def sim_vs_real(sweep: Sweep) -> Made:
     return [("sim_vs_real", fig, text, plotted)]
 
 
-FIGURES: dict[str, list[Callable[[Sweep], Made]]] = {
-    "ratio_sweep": [goodput_per_gpu, attainment_vs_rate, latency_vs_rate],
-    "rate_sweep": [attainment_vs_rate, latency_vs_rate],
-    "mode_compare": [latency_summary, latency_cdfs, timelines, telemetry],
-    "slo_scale": [attainment_vs_scale, latency_cdfs],
-    "interference": [itl_inflation],
-    "chunk_sweep": [chunk_tradeoff],
-    "input_buckets": [ttft_by_bucket],
-    "burstiness": [burstiness],
-    "multiturn": [ttft_by_turn, kv_bytes_by_turn, decode_itl_with_appends],
-    "kv_bandwidth": [kv_bandwidth],
-    "plan": [plan_goodput],
-    "sim_validate": [sim_vs_real],
-}
+MAKERS: dict[str, Callable[[Sweep], Made]] = {make.__name__: make for make in (
+    goodput_per_gpu, attainment_vs_rate, latency_vs_rate, latency_cdfs, latency_summary, timelines, telemetry,
+    attainment_vs_scale, itl_inflation, chunk_tradeoff, ttft_by_bucket, burstiness, ttft_by_turn, kv_bytes_by_turn,
+    decode_itl_with_appends, kv_bandwidth, plan_goodput, sim_vs_real)}
+
+
+def makers(name: str) -> list[Callable[[Sweep], Made]]:
+    """The makers of the figures the study's record names ([] for a study without figures)."""
+    study = BY_NAME.get(name)
+    return [MAKERS[figure] for figure in study.figures] if study else []
 
 
 def draw(name: str, sweep: Sweep) -> Made:
     """Every standard figure of a study, built but not saved (notebooks display them)."""
-    return [made for make in FIGURES[name] for made in make(sweep)]
+    return [made for make in makers(name) for made in make(sweep)]
 
 
 # -- one run ---------------------------------------------------------------------------------------
@@ -285,15 +285,15 @@ def leaving_out(make: Callable, sweep: Sweep) -> Callable:
 
 def study_figures(name: str, sweep_dir, strict: bool = False) -> list[Path]:
     """Write a study's standard figures into <sweep_dir>/figures/; returns the PDF and PNG paths
-    (none for a study without figures in FIGURES, or without finished points)."""
-    if name not in FIGURES:  # a study added since (the runner calls this after every sweep)
-        print(f"{name}: no standard figures defined (analysis.studies.FIGURES)", file=sys.stderr)
+    (none for a study without figures, or without finished points)."""
+    if not makers(name):  # the runner calls this after every sweep
+        print(f"{name}: no standard figures defined (Study.figures in testbed/studies/catalog.py)", file=sys.stderr)
         return []
     sweep = load_sweep(sweep_dir)
     if sweep.finished().empty:
         print(f"{name}: no finished points in {sweep_dir}, no figures", file=sys.stderr)
         return []
-    return _write([leaving_out(make, sweep) for make in FIGURES[name]], sweep, Path(sweep_dir) / "figures", strict)
+    return _write([leaving_out(make, sweep) for make in makers(name)], sweep, Path(sweep_dir) / "figures", strict)
 
 
 def run_figures(run_dir, strict: bool = False) -> list[Path]:

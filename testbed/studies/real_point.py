@@ -1,4 +1,5 @@
-"""One serving point: start the workers (`start_cluster`, the one checked start of a real cluster: this
+"""One serving point on the real cluster (executor=real; the simulator's and a remote server's are in
+points.py): start the workers (`start_cluster`, the one checked start of a real cluster: this
 command, torchrun's rank 0 and the HTTP server take it), replay the workload, audit KV, write one
 results directory (`write_point`)."""
 
