@@ -51,13 +51,13 @@ def study_names() -> tuple[str, ...]:
 class HardwareConfig:
     """`auto` takes the GPUs when CUDA is present, else CPU workers standing for GPUs."""
 
-    name: str = "auto"
+    name: str = "auto"  # auto (GPUs when CUDA is present, else CPU workers) | cpu | gpu
     num_devices: Optional[int] = None  # CPU: worker processes that stand for GPUs; GPU: GPUs to use
     # emulated devices: real workers paced to a GPU's analytical model or a profile file's
     # (testbed/cluster/emulation.py); per-role overrides for heterogeneous P and D pools
     emulate: Optional[str] = None
-    emulate_prefill: Optional[str] = None
-    emulate_decode: Optional[str] = None
+    emulate_prefill: Optional[str] = None  # P workers' emulated device (disagg), overriding emulate
+    emulate_decode: Optional[str] = None  # D workers' emulated device (disagg), overriding emulate
     emulate_model: Optional[str] = None  # the preset whose shape the pacing models (default: the run's)
     # an emulated point whose steps overran their modelled time in more than this share of steps
     # measured the CPU, not the device: marked, left out of verdicts, and named at the end
@@ -65,12 +65,12 @@ class HardwareConfig:
     # the emulated device's KV pool: its memory (GiB) when a profile does not say; the share of the
     # machine's available memory a CPU may give it before the pool is capped (and the cap is said)
     emulate_memory_gib: Optional[float] = None
-    emulate_pool_share: float = 0.25
+    emulate_pool_share: float = 0.25  # share of this machine's available memory the emulated KV pools may take, (0, 1]
     # nodes the devices spread over (num_devices / num_nodes each); a KV transfer between nodes
     # crosses the inter-node network (default 200 Gb/s InfiniBand) instead of the intra-node link
     num_nodes: int = 1
     internode_gbps: float = 25.0  # GB/s (bytes, not bits): 200 Gb/s
-    internode_latency_s: float = 10e-6
+    internode_latency_s: float = 10e-6  # inter-node KV link's latency per transfer (s)
 
     def validate(self) -> "HardwareConfig":
         if self.name not in HARDWARE:
@@ -130,8 +130,8 @@ class LimitsConfig:
 
 @dataclass(frozen=True)
 class Config:
-    mode: str = "chunked"
-    seed: int = 0
+    mode: str = "chunked"  # colocated | chunked | disagg (separate prefill and decode workers)
+    seed: int = 0  # everything random derives from it; an integer in [0, 2^32 - 1]
     model: ModelConfig = field(default_factory=ModelConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)

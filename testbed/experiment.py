@@ -16,13 +16,19 @@ SIZES = ("gpu", "cpu", "tiny")
 
 @dataclass(frozen=True)
 class ExperimentConfig:
-    name: str = ONE_POINT
+    name: str = ONE_POINT  # the study: serve (one point, the config as it is) or a conf/experiment/NAME.yaml
+    # serving modes a study lays out (rate_sweep, mode_compare, slo_scale, burstiness, interference, multiturn, ...)
     modes: List[str] = field(default_factory=lambda: ["colocated", "chunked", "disagg"])
     rates: List[float] = field(default_factory=list)  # empty: workload.rate alone
+    # chunk_sweep and plan: the scheduler.chunk_size values tried (tokens)
     chunk_sizes: List[int] = field(default_factory=lambda: [256, 512, 1024, 2048, 4096, 8192])
+    # burstiness study: the gamma shapes (workload.burstiness) swept
     burstiness: List[float] = field(default_factory=lambda: [0.25, 0.5, 1.0, 2.0, 4.0])
+    # slo_scale: the factors both SLOs are scaled by
     slo_scales: List[float] = field(default_factory=lambda: [0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0])
+    # interference: the injected prefills' prompt lengths (tokens)
     prefill_lengths: List[int] = field(default_factory=lambda: [512, 2048, 8192, 32768])
+    # multiturn: the cluster.dispatch policies compared
     dispatch: List[str] = field(default_factory=lambda: ["session_affinity", "round_robin"])
     # multiturn: how disaggregated layouts move a session's later turns (kv_transfer.multiturn)
     handoffs: List[str] = field(default_factory=lambda: ["resend", "incremental", "ppd"])
@@ -32,7 +38,7 @@ class ExperimentConfig:
     # {"cpu": {dotted key: value}}: the same study at a size two CPU cores finish, added to the
     # command line as overrides by `size=cpu` (chosen where no GPU will run: testbed/sizing.py)
     sizes: Dict[str, Dict[str, Any]] = field(default_factory=dict)
-    figures: bool = True
+    figures: bool = True  # draw the study's figures when it ends
     # Each point runs this many times, with seeds seed, seed+1, ...: the intervals across repeats
     # are what lets a study say that one configuration beats another (1: no interval).
     repeats: int = 3
@@ -41,8 +47,8 @@ class ExperimentConfig:
     # extra points (0: the grid alone), until the search error is within search_tolerance of the
     # goodput, within [lowest rate / search_span, highest rate * search_span]
     search_points: int = 5
-    search_tolerance: float = 0.1
-    search_span: float = 8.0
+    search_tolerance: float = 0.1  # goodput search ends when its error is within this share of the goodput, (0, 1)
+    search_span: float = 8.0  # goodput search stays within [lowest rate / this, highest rate * this] (>= 1)
     # interference: the background's output length is sized to outlast the injections, this many
     # times the cost model's estimate (a model's estimate: err long); 0 keeps the configured length
     background_margin: float = 2.0
@@ -53,8 +59,8 @@ class ExperimentConfig:
     # run's setup YAML (GPU, model, engine knobs: testbed/studies/replay.py), and whether to run
     # the workload in emulation too (small synthetic workloads only: it runs in real time)
     reference: Optional[str] = None
-    setup: Optional[str] = None
-    replay_emulate: bool = False
+    setup: Optional[str] = None  # replay: the reference run's setup YAML (GPU, model, engine knobs)
+    replay_emulate: bool = False  # replay: also run the workload in emulation (small synthetic workloads only)
 
     def validate(self, studies: Sequence[str]) -> "ExperimentConfig":
         """`studies`: the names experiment.name may say (the config layer reads them from conf/)."""

@@ -16,6 +16,7 @@ from typing import Callable, NamedTuple
 from omegaconf import DictConfig, OmegaConf
 
 from testbed.config import CONF_DIR, Config, ConfigError, override_keys, register_configs, to_config
+from testbed.errors import TestbedError
 from testbed.experiment import SIZES
 
 Compose = Callable[[list[str]], DictConfig]
@@ -119,11 +120,22 @@ def simulates_gpu(cfg: Config) -> bool:
     """A simulated study (executor=sim, or plan, whose points all are) on a GPU of the analytical
     table or a profile measured on a GPU: it keeps its GPU size, the model included, which a
     GPU's profile describes."""
-    from testbed.perf.resolve import is_gpu, profile_device
+    from testbed.perf.resolve import is_gpu
 
     specs = [s for s in (cfg.sim.profile, cfg.sim.prefill_profile, cfg.sim.decode_profile) if s is not None]
     simulated = cfg.executor == "sim" or cfg.experiment.name == "plan"
-    return simulated and any(is_gpu(spec) or profile_device(spec) == "cuda" for spec in specs)
+    return simulated and any(is_gpu(spec) or measured_on_gpu(spec) for spec in specs)
+
+
+def measured_on_gpu(spec: str) -> bool:
+    """A profile file measured on CUDA; a damaged one is no GPU here: the run's own checks refuse
+    it in one line, naming the file."""
+    from testbed.perf.resolve import profile_device
+
+    try:
+        return profile_device(spec) == "cuda"
+    except (OSError, TestbedError):
+        return False
 
 
 def size_values(composed: DictConfig, choice: str) -> list[str]:

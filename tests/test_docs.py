@@ -63,6 +63,31 @@ def test_no_doc_docstring_or_test_names_a_folder_outside_the_repository():
     files = [p for d in ("testbed", "analysis", "tests", "docs", "conf", "scripts", "experiments")
              for p in (root / d).rglob("*") if p.suffix in (".py", ".md", ".yaml", ".toml") and p.is_file()]
     outside = "../" + "shared"  # spelled apart so this file does not name it
+    as_parts = re.compile(r"(parent|parents\[\d\])\s*/\s*[\"']" + "shared")  # the same folder built from parts
     found = [f"{p.relative_to(root)}" for p in [root / "README.md", *files]
-             if outside in p.read_text(errors="replace") or ("shared" + "/traces") in p.read_text(errors="replace")]
+             if outside in p.read_text(errors="replace") or ("shared" + "/traces") in p.read_text(errors="replace")
+             or as_parts.search(p.read_text(errors="replace"))]
     assert not found, found
+
+
+# paths the docs and docstrings name: checked against the tree; these stand for what a run or an
+# install makes (a study's results folder, the wheel's conf/) or for any module (testbed/X)
+MADE_LATER = re.compile(r"experiments/\w+/results|testbed/conf\b|testbed/X\b")
+TOP = ("testbed", "analysis", "tests", "docs", "conf", "scripts", "experiments", ".ci")
+NAMED = re.compile(r"(?<![\w./-])((?:%s)/[\w./-]*\w)" % "|".join(re.escape(t) for t in TOP))
+
+
+def test_every_path_the_docs_and_docstrings_name_exists():
+    """A path in the README, a doc page, a docstring or a comment is a file or folder of the
+    checkout (placeholders such as NAME, <file> and globs aside): a rename leaves none behind."""
+    files = [ROOT / "README.md", *[p for d in TOP for p in (ROOT / d).rglob("*") if p.suffix in (".py", ".md")
+                                   and p.is_file() and "notebooks" not in p.parts and ".venv" not in p.parts]]
+    missing = set()
+    for f in files:
+        for path in NAMED.findall(f.read_text(errors="replace")):
+            path = path.rstrip(".")
+            if any(mark in path for mark in ("NAME", "<", "*", "{")) or MADE_LATER.match(path):
+                continue
+            if not (ROOT / path).exists():
+                missing.add(f"{f.relative_to(ROOT)} names {path}")
+    assert not missing, sorted(missing)

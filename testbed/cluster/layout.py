@@ -64,4 +64,3 @@ def plan_on_this_box(mode: str, cluster: ClusterConfig, hardware) -> list[Worker
     return layout.plan_on_devices(mode, cluster, kind, available, what)
 
 
-plan_workers = plan_on_this_box  # the name testbed/studies/serve.py still imports; to go once it moves

@@ -17,19 +17,19 @@ class ClusterConfig:
     """colocated / chunked: `num_workers` mixed workers. disagg: `num_prefill` P + `num_decode` D
     workers. Devices: P on the first devices and D on the next unless given explicitly."""
 
-    num_workers: int = 1
-    num_prefill: int = 1
-    num_decode: int = 1
+    num_workers: int = 1  # mixed workers (colocated, chunked)
+    num_prefill: int = 1  # prefill (P) workers (disagg)
+    num_decode: int = 1  # decode (D) workers (disagg)
     # a device index (this node), or "node:device" under torchrun across hosts ("1:0": node 1's first GPU)
     prefill_devices: Optional[List[Any]] = None
-    decode_devices: Optional[List[Any]] = None
+    decode_devices: Optional[List[Any]] = None  # D workers' devices, as prefill_devices; None: the devices after P's
     dispatch: str = "round_robin"  # requests to mixed / prefill workers
     decode_dispatch: str = "least_loaded"  # KV to decode workers (late binding, or at arrival when early)
     kv_aware_load_weight: float = 1.0  # kv_aware: cached prompt tokens worth one token of load
     # routing by input length: prompts of at least this many tokens go to long_prompt_workers
     # (front ranks), shorter ones to the other front workers; None: off
     long_prompt_min_tokens: Optional[int] = None
-    long_prompt_workers: List[int] = field(default_factory=list)
+    long_prompt_workers: List[int] = field(default_factory=list)  # front worker ranks (mixed or P) for long prompts
     max_prompt_len: Optional[int] = None  # admission control: longer prompts are rejected
     max_outstanding: Optional[int] = None  # admission control: requests in the system at once
     start_timeout_s: float = 300.0  # workers up and process group formed

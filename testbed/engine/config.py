@@ -15,9 +15,10 @@ class SchedulerConfig:
     """Per-step limits. `max_batched_tokens` bounds a prefill step (colocated, prefill-only);
     `chunk_size` is the whole step's token budget in chunked mode (Sarathi-Serve's chunk size)."""
 
+    # token budget of a prefill step (colocated mode, disagg prefill workers, a decode worker's recomputed prompts)
     max_batched_tokens: int = 2048
-    chunk_size: int = 256
-    max_running: int = 64
+    chunk_size: int = 256  # token budget of a whole chunked-mode step, decodes first (must be >= max_running)
+    max_running: int = 64  # sequences resident at once per worker (vLLM's max_num_seqs)
 
     def validate(self, policy: Optional[str] = None) -> "SchedulerConfig":
         """`policy`: the scheduling policy these limits will run under (None: any), for the rules
@@ -45,6 +46,7 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.85
     num_kv_blocks: Optional[int] = None  # an explicit pool size overrides every budget
     attention_backend: str = "auto"  # one of kv_layout.ATTENTION_BACKENDS: auto | flash | triton | cpu | torch
+    # share identical prompt blocks between requests (LRU); forced on where routing or kv_store needs it
     enable_prefix_caching: bool = False
     # decode replayed from CUDA graphs captured per batch-size bucket; None: on where CUDA is (and on
     # an analytical GPU of the simulator or emulation, whose decode steps pay eager launches when off)
@@ -53,7 +55,7 @@ class EngineConfig:
     # roofline.py): per-step host time (None: the GPU table's step overhead) and more per sequence
     # a step samples for. A real engine's own host time is what it measures, not these.
     host_overhead_s: Optional[float] = None
-    host_overhead_per_seq_s: float = 0.0
+    host_overhead_per_seq_s: float = 0.0  # host time per sequence a step samples for (s, analytical GPU only)
     # the share of the host's available memory (after the weights) for the KV pools of all CPU
     # workers together, each pool capped at what max_running requests of max_model_len hold
     cpu_memory_utilization: float = 0.1
@@ -109,7 +111,7 @@ class KVStoreConfig:
     """A KV store in host memory shared by the run's workers (testbed/engine/kv_store.py):
     `capacity_mib` of blocks, LRU; 0 turns it off. It needs prefix caching, which it turns on."""
 
-    capacity_mib: float = 0.0
+    capacity_mib: float = 0.0  # size of the host-memory KV store shared by all workers (MiB; 0: off)
     gbps: float = 25.0  # the simulator's link to the store (GB/s: PCIe 4.0 x16 as measured, about)
 
     def validate(self) -> "KVStoreConfig":

@@ -22,16 +22,16 @@ CLIENT_KEY_ENV, SERVER_KEY_ENV = "OPENAI_API_KEY", "TESTBED_API_KEY"
 class HttpConfig:
     # -- executor=http: the endpoint the workload is replayed against -------------------------
     url: Optional[str] = None  # base URL, e.g. http://127.0.0.1:8000 (the path below is appended)
-    endpoint: str = "/v1/completions"
+    endpoint: str = "/v1/completions"  # path appended to url: an OpenAI-style completions endpoint
     model: Optional[str] = None  # the `model` field sent; None: the first id of GET /v1/models
     prompt: str = "ids"  # ids: prompts as token ids; text: text of the workload's lengths
     tokenizer: Optional[str] = None  # a tokenizer directory for prompt=text (default: model.path)
     max_concurrency: int = 256  # requests in flight at once; later arrivals wait (their TTFT grows)
     timeout_s: float = 600.0  # one request, from sending to its last chunk
     stall_timeout_s: float = 60.0  # the longest silence between two chunks of a stream
-    connect_timeout_s: float = 10.0
+    connect_timeout_s: float = 10.0  # the longest wait to open a connection (s)
     ignore_eos: bool = True  # vLLM/SGLang extensions that make the output length the workload's
-    min_tokens: bool = True
+    min_tokens: bool = True  # send min_tokens = the request's output length (vLLM/SGLang extension)
     token_ids: bool = True  # ask for the generated ids (`return_token_ids`, vLLM); else count chunks
     label: str = "http"  # the configuration's name in a study's tables and figures
     num_gpus: int = 1  # GPUs behind the endpoint: the per-GPU figures divide by it

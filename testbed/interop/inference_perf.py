@@ -9,14 +9,14 @@ The file (inference_perf/reportgen/base.py, `summarize_requests`): `load_summary
 `output_len`), `failures` (`count`, ...). Each latency is {mean, min, max, median, p0.1 ... p99.9}
 in seconds over the successful requests of the stage (or of the whole run).
 
-The client's definitions (docs/metrics.md and the code), and how each becomes the testbed's:
+The client's definitions (its metrics page and its code), and how each becomes the testbed's:
 - E2E (`request_latency`): the request's send to the end of its stream. As the testbed's, except
   that the send is the client's actual dispatch: `load_summary.schedule_delay` (how late that was
   against the load schedule) is in no latency. A large delay means the offered rate was not sent.
 - TTFT (`time_to_first_token`): the send to the first output timestamp. Versions up to about
   v0.2 (2025) stamp every server-sent event, content or not (a chat stream's first, role-only
   delta stops the clock); later ones re-tokenize each chunk and stamp only chunks with text, as
-  docs/metrics.md defines it ("first non empty output token"). Compared as is.
+  its metrics page defines it ("first non empty output token"). Compared as is.
 - TPOT (`time_per_output_token`): (last output timestamp - first) / (output tokens - 1), the
   output tokens the client's re-tokenization of the streamed text (the server's usage count with
   `use_server_output_tokens`): per token, the testbed's TPOT, up to the tokenizer's count (older

@@ -12,8 +12,8 @@ from testbed.errors import ConfigError
 class SLOConfig:
     """Latency objectives: a request meets them when TTFT <= ttft_s and TPOT <= tpot_s."""
 
-    ttft_s: float = 1.0
-    tpot_s: float = 0.1
+    ttft_s: float = 1.0  # time-to-first-token SLO (s)
+    tpot_s: float = 0.1  # time-per-output-token SLO (s per token after the first)
 
     def validate(self) -> "SLOConfig":
         for key in ("ttft_s", "tpot_s"):
@@ -27,9 +27,9 @@ class MetricsConfig:
     """warm-up: the first `warmup_requests` (by arrival) and those arriving before `warmup_s`
     are left out of summaries; a decode stall is an ITL above stall_factor x the median ITL."""
 
-    warmup_requests: int = 0
-    warmup_s: float = 0.0
-    stall_factor: float = 5.0
+    warmup_requests: int = 0  # first requests (by arrival) left out of summaries, aggregates and figures
+    warmup_s: float = 0.0  # requests arriving before this (s) are left out of summaries, aggregates and figures
+    stall_factor: float = 5.0  # a decode stall is an ITL above this many times the median ITL (> 1)
 
     def validate(self) -> "MetricsConfig":
         if self.warmup_requests < 0:

@@ -84,22 +84,22 @@ class ModelConfig:
     """`model=<preset>` picks a row of PRESETS; any field set here overrides it; `path` loads a
     local Hugging Face directory (config.json + *.safetensors) whose config.json gives the shape."""
 
-    name: str = "tiny"
-    path: Optional[str] = None
+    name: str = "tiny"  # preset shape: tiny | small | llama3_8b | llama2_7b | qwen2_5_7b (unused when path is set)
+    path: Optional[str] = None  # local Hugging Face dir (config.json + *.safetensors); None: preset, dummy weights
     dtype: str = "auto"  # auto: float32 on CPU, bfloat16 on CUDA
     seed: int = 0  # dummy weights
-    vocab_size: Optional[int] = None
-    hidden_size: Optional[int] = None
-    intermediate_size: Optional[int] = None
-    num_layers: Optional[int] = None
-    num_heads: Optional[int] = None
-    num_kv_heads: Optional[int] = None
-    max_model_len: Optional[int] = None
-    rope_theta: Optional[float] = None
-    rms_norm_eps: Optional[float] = None
-    tie_embeddings: Optional[bool] = None
-    qkv_bias: Optional[bool] = None
-    head_dim: Optional[int] = None
+    vocab_size: Optional[int] = None  # vocabulary size in tokens; None: the preset's
+    hidden_size: Optional[int] = None  # model width; None: the preset's
+    intermediate_size: Optional[int] = None  # MLP hidden width; None: the preset's
+    num_layers: Optional[int] = None  # decoder layers; None: the preset's
+    num_heads: Optional[int] = None  # query heads (divide hidden_size unless head_dim); None: the preset's
+    num_kv_heads: Optional[int] = None  # KV heads (must divide num_heads); None: the preset's
+    max_model_len: Optional[int] = None  # max prompt + output tokens; None: preset's, lowered if the KV pool holds less
+    rope_theta: Optional[float] = None  # RoPE base frequency (> 0); None: the preset's
+    rms_norm_eps: Optional[float] = None  # RMSNorm epsilon (> 0); None: the preset's
+    tie_embeddings: Optional[bool] = None  # LM head shares the token embedding's weights; None: the preset's
+    qkv_bias: Optional[bool] = None  # biases on the q/k/v projection (Qwen2); None: the preset's
+    head_dim: Optional[int] = None  # per-head dimension (even); None: hidden_size / num_heads
 
     def args(self) -> ModelArgs:
         overrides = {k: getattr(self, k) for k in _SHAPE_FIELDS if getattr(self, k) is not None}

@@ -21,14 +21,14 @@ from testbed.errors import ConfigError
 
 @dataclass(frozen=True)
 class FaultsConfig:
-    kill_worker: Optional[int] = None
-    kill_at_s: float = 1.0
-    stall_worker: Optional[int] = None
-    stall_at_s: float = 1.0
-    stall_ms: float = 500.0
-    drop_kv_probability: float = 0.0
-    delay_kv_ms: float = 0.0
-    exhaust_kv_pool: bool = False
+    kill_worker: Optional[int] = None  # rank of the worker the router kills at kill_at_s; None: none
+    kill_at_s: float = 1.0  # when to kill kill_worker (s after the run's start)
+    stall_worker: Optional[int] = None  # rank of the worker that stalls at stall_at_s; None: none
+    stall_at_s: float = 1.0  # when stall_worker stalls (s after the run's start)
+    stall_ms: float = 500.0  # how long stall_worker sleeps, unresponsive (ms)
+    drop_kv_probability: float = 0.0  # chance in [0, 1] that a KV send attempt sends nothing (D's lease runs out)
+    delay_kv_ms: float = 0.0  # every KV send starts this much later (ms)
+    exhaust_kv_pool: bool = False  # shrink every worker's KV pool to the least that holds one max_model_len request
 
     def validate(self) -> "FaultsConfig":
         if not 0 <= self.drop_kv_probability <= 1:

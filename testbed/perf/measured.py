@@ -184,9 +184,16 @@ def load_profile(path: Path, key: str = "sim.profile") -> dict:
         raise ConfigError(f"{key}: {path} not found; profile this model with `python -m testbed +experiment=profile` "
                           f"and pass {key}=<its profile.json>")
     try:
-        return json.loads(path.read_text())
+        profile = json.loads(path.read_bytes().decode("utf-8"))
     except json.JSONDecodeError as error:
         raise ConfigError(f"{key}: {path} is not valid JSON (line {error.lineno})") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{key}: {path} is not UTF-8 text") from None
+    except RecursionError:
+        raise ConfigError(f"{key}: {path} nests its JSON too deeply to be a profile") from None
+    if not isinstance(profile, dict):
+        raise ConfigError(f"{key}: {path} holds a JSON {type(profile).__name__}, not a profile's object")
+    return profile
 
 
 def check_profile(args: ModelArgs, profile: Mapping) -> None:

@@ -31,16 +31,17 @@ class SimConfig:
     Unset: the profile shipped for the model preset, `testbed/sim/profiles/<model>_cpu.json`.
     `prefill_profile` / `decode_profile`: P's and D's own device (heterogeneous pools); unset, sim.profile."""
 
+    # simulated device: a GPU of the analytical table, a profile .json, or run:<results dir>; None: the shipped profile
     profile: Optional[str] = None
-    prefill_profile: Optional[str] = None
-    decode_profile: Optional[str] = None
+    prefill_profile: Optional[str] = None  # P workers' own device, as profile; None: sim.profile
+    decode_profile: Optional[str] = None  # D workers' own device, as profile; None: sim.profile
     # The router -> worker hop of a real run (a queue and a process wake-up), which the engine
     # profile cannot see: sim_validate reports the measured value (prefill_queue_s p50 at low load).
     # A busy worker's gap between two steps, and the worker -> router report of a token (the
     # harness delay). Unset (None): what an in-situ profile (sim.profile=run:<dir>) measured, else 0.
     dispatch_latency_s: Optional[float] = None
-    step_gap_s: Optional[float] = None
-    report_latency_s: Optional[float] = None
+    step_gap_s: Optional[float] = None  # a busy worker's gap between two steps (s); None: in-situ measured, else 0
+    report_latency_s: Optional[float] = None  # worker -> router report of a token (s); None: in-situ measured, else 0
     # Quiet decode steps (all running sequences decode, none finishes, nothing waits) planned and
     # applied in one event each run instead of one a step: the same results, several times faster.
     # false steps one at a time (the reference the runs are tested against).

@@ -2,7 +2,7 @@
 
 The router's control plane on a virtual clock: the same request book (testbed/control/book.py)
 and, in each `SimWorker`, the same hand-off ledger, Scheduler and BlockManager, with the forward
-pass replaced by its role's step time (testbed/sim/profiles.py: a measured profile or an
+pass replaced by its role's step time (testbed/sim/devices.py: a measured profile or an
 analytical GPU). Open-loop arrivals, closed-loop session turns. A KV transfer takes
 `transfer_time(bytes)` of the slower link of its two ends, one at a time per prefill worker.
 Events at one instant are all delivered before idle workers look for their next step, as a

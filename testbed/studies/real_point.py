@@ -13,7 +13,7 @@ from tqdm import tqdm
 
 from testbed.cluster.emulation import Emulation, check_link, emulation_meta
 from testbed.cluster.launcher import Cluster
-from testbed.cluster.layout import plan_ranks, plan_workers
+from testbed.cluster.layout import plan_on_this_box, plan_ranks
 from testbed.cluster.pacing import pace_summary
 from testbed.cluster.point import (audit_summary, check_audit, fit_to_pools, harness_breakdown, kv_store, stop_cluster,
                                    worker_template)
@@ -86,7 +86,7 @@ def start_cluster(cfg: Config, session=None) -> Cluster:
                           "start it under torchrun --nnodes=N (docs/torchrun.md), or leave num_nodes to "
                           "the planner and simulator (executor=sim, +experiment=plan)")
     if session is None:
-        plans = plan_workers(cfg.mode, cfg.cluster, cfg.hardware)
+        plans = plan_on_this_box(cfg.mode, cfg.cluster, cfg.hardware)
         check_kv_backend(plans, cfg.kv_transfer.backend)
         check_emulated_link(cfg)
         return Cluster(plans, worker_template(cfg, kv_store(cfg, plans)), cfg.cluster.start_timeout_s)

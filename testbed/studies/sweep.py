@@ -32,7 +32,7 @@ from testbed.tracking.results import stored_config, write_json, write_parquet
 
 WRITE_EVERY_S = 5.0  # simulated points end in milliseconds: the sweep's table is rewritten at most this often
 log = logging.getLogger("testbed")
-EXTERNAL = "external"  # the mode of a point drawn in from another engine or run (experiments/merge.py)
+EXTERNAL = "external"  # the mode of a point drawn in from another engine or run (testbed/studies/merge.py)
 
 
 @dataclass(frozen=True)

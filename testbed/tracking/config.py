@@ -32,13 +32,13 @@ class TrackerConfig:
     beyond ~10k points per key).
     """
 
-    name: str = "none"
-    mode: Optional[str] = None
-    project: Optional[str] = None
-    entity: Optional[str] = None
-    dir: Optional[str] = None
-    max_table_rows: int = 10000
-    tags: List[str] = field(default_factory=list)
+    name: str = "none"  # none (results directory only) | wandb
+    mode: Optional[str] = None  # W&B mode: offline | online | disabled; None: WANDB_MODE, else offline
+    project: Optional[str] = None  # W&B project; None: WANDB_PROJECT, else "testbed"
+    entity: Optional[str] = None  # W&B entity (user or team) passed to wandb.init; None: W&B's default
+    dir: Optional[str] = None  # W&B's directory; None: WANDB_DIR, else the results directory
+    max_table_rows: int = 10000  # most rows logged per table or time series
+    tags: List[str] = field(default_factory=list)  # tags given to each W&B run
 
     def validate(self) -> "TrackerConfig":
         if self.mode in MODE_ALIASES:

@@ -35,14 +35,14 @@ class LengthConfig:
     uniform draws from `values`.
     """
 
-    dist: str = "uniform"
-    mean: float = 128.0
-    std: float = 32.0
-    sigma: float = 0.5
-    alpha: float = 1.5
-    min: int = 1
-    max: int = 2048
-    values: List[int] = field(default_factory=list)
+    dist: str = "uniform"  # fixed | uniform | normal | lognormal | zipf | pareto | empirical
+    mean: float = 128.0  # mean length in tokens (fixed: the length; normal, lognormal, pareto)
+    std: float = 32.0  # normal's standard deviation in tokens (dist=normal)
+    sigma: float = 0.5  # lognormal's sigma, of the log (dist=lognormal)
+    alpha: float = 1.5  # zipf's exponent (> 0) or pareto's shape (> 1) (dist=zipf, pareto)
+    min: int = 1  # shortest length in tokens (>= 1): uniform's and zipf's low end; every draw is clipped to it
+    max: int = 2048  # longest length in tokens: uniform's and zipf's high end; every draw is clipped to it
+    values: List[int] = field(default_factory=list)  # lengths drawn uniformly from (dist=empirical)
 
     def validate(self, key: str) -> None:
         if self.dist not in LENGTH_DISTS:
@@ -78,9 +78,9 @@ class RateLimitConfig:
     """A tenant's admission limit: token buckets on requests and on prompt tokens, each refilling
     at its rate and holding `burst_s` seconds of it. None: no limit on that count."""
 
-    requests_per_s: Optional[float] = None
-    prompt_tokens_per_s: Optional[float] = None
-    burst_s: float = 1.0
+    requests_per_s: Optional[float] = None  # request bucket's refill rate (requests/s); None: no limit
+    prompt_tokens_per_s: Optional[float] = None  # prompt-token bucket's refill rate (tokens/s); None: no limit
+    burst_s: float = 1.0  # each bucket holds this many seconds of its rate
 
 
 @dataclass
@@ -88,14 +88,14 @@ class TenantConfig:
     """One traffic class of a mixed workload: its share, its lengths, its own SLOs, its admission
     limit, and the front workers (ranks) that serve it (empty: any)."""
 
-    name: str = "default"
-    weight: float = 1.0
-    input_len: LengthConfig = field(default_factory=_default_input)
-    output_len: LengthConfig = field(default_factory=_default_output)
-    ttft_s: Optional[float] = None
-    tpot_s: Optional[float] = None
-    rate_limit: RateLimitConfig = field(default_factory=RateLimitConfig)
-    workers: List[int] = field(default_factory=list)
+    name: str = "default"  # the tenant's label on its requests (unique)
+    weight: float = 1.0  # share of the arrivals, relative to the other tenants' weights
+    input_len: LengthConfig = field(default_factory=_default_input)  # its prompt (and later turns' message) lengths
+    output_len: LengthConfig = field(default_factory=_default_output)  # its output lengths
+    ttft_s: Optional[float] = None  # its own TTFT SLO (s); None: slo.ttft_s
+    tpot_s: Optional[float] = None  # its own TPOT SLO (s); None: slo.tpot_s
+    rate_limit: RateLimitConfig = field(default_factory=RateLimitConfig)  # its admission limit (token buckets)
+    workers: List[int] = field(default_factory=list)  # front worker ranks that serve it; empty: any
 
 
 @dataclass
@@ -103,41 +103,41 @@ class WorkloadConfig:
     """Traffic for one run. `num_requests` counts open-loop arrivals (first turns of sessions);
     0 means no cap (a trace's whole window, or synthetic arrivals until `duration_s`)."""
 
-    name: str = "poisson"
-    arrival: str = "poisson"
-    rate: float = 4.0
-    burstiness: float = 1.0
-    num_requests: int = 64
-    duration_s: Optional[float] = None
+    name: str = "poisson"  # the workload preset's name (conf/workload/NAME.yaml)
+    arrival: str = "poisson"  # poisson | gamma | constant | onoff | ramp | trace (the trace file's own times)
+    rate: float = 4.0  # mean arrivals per second (ramp: the rate it rises to)
+    burstiness: float = 1.0  # gamma's shape: < 1 burstier than Poisson, 1 Poisson (arrival=gamma)
+    num_requests: int = 64  # open-loop arrivals (first turns); 0: no cap
+    duration_s: Optional[float] = None  # arrivals after this many s are dropped; None: no limit
     input_len: LengthConfig = field(default_factory=_default_input)
     output_len: LengthConfig = field(default_factory=_default_output)
-    overlength: str = "clip"
+    overlength: str = "clip"  # clip (shorten the output, then the prompt, to fit max_model_len) | reject (refuse it)
     # Trace: lengths (and hash ids) come from the file; arrivals too when arrival == "trace",
     # else from the synthetic process at `rate` (real lengths at a controlled load).
     path: Optional[str] = None
-    format: Optional[str] = None
-    length_scale: float = 1.0
-    speedup: float = 1.0
-    start_s: float = 0.0
-    window_s: Optional[float] = None
-    prefix_block_tokens: int = 512
+    format: Optional[str] = None  # azure_csv | mooncake_jsonl | native_jsonl; None: detected from the file
+    length_scale: float = 1.0  # trace lengths (and prefix_block_tokens) times this, rounded, >= 1 token
+    speedup: float = 1.0  # trace replay's time compression (2.0: twice the rate; arrival=trace)
+    start_s: float = 0.0  # trace time (s) where the replayed window starts; offsets count from it
+    window_s: Optional[float] = None  # length of the replayed trace window (s of trace time); None: to the end
+    prefix_block_tokens: int = 512  # tokens per trace hash id (a shared prefix block), times length_scale
     # onoff: Poisson bursts of on_s seconds separated by off_s of silence; `rate` is the mean.
     on_s: float = 2.0
-    off_s: float = 2.0
+    off_s: float = 2.0  # seconds of silence after each burst (arrival=onoff)
     # ramp: the rate rises linearly from ramp_start_rate to `rate` over ramp_s, then holds.
     ramp_start_rate: float = 0.5
-    ramp_s: float = 10.0
+    ramp_s: float = 10.0  # seconds the rate rises over (arrival=ramp)
     # Sessions (closed loop after the first turn).
-    turns: int = 1
-    think_time_s: float = 1.0
-    think_time_dist: str = "fixed"
-    system_prompt_len: int = 0
-    tenants: List[TenantConfig] = field(default_factory=list)
+    turns: int = 1  # turns per session (1: single requests)
+    think_time_s: float = 1.0  # wait from a turn's end to the session's next turn (s; the mean when exponential)
+    think_time_dist: str = "fixed"  # fixed | exponential: how think_time_s is drawn
+    system_prompt_len: int = 0  # tokens of one system prompt every synthetic request starts with (added to input_len)
+    tenants: List[TenantConfig] = field(default_factory=list)  # mixed workload's traffic classes; empty: one, "default"
     # A decode background (interference studies): requests with short prompts and long outputs,
     # all arriving at t=0, tagged tenant "background", ahead of the arrivals above.
     background_requests: int = 0
-    background_input_len: int = 16
-    background_output_len: int = 256
+    background_input_len: int = 16  # prompt tokens of each background request
+    background_output_len: int = 256  # output tokens of each background request
 
     def validate(self) -> "WorkloadConfig":
         """Raise WorkloadError (one line, naming the key) on the first bad value."""
