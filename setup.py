@@ -4,5 +4,6 @@ as the package testbed.conf, so a wheel carries its configs. Everything else is 
 
 from setuptools import find_packages, setup
 
-setup(packages=[*find_packages(include=["testbed*", "analysis*"]), "testbed.conf"],
-      package_dir={"testbed.conf": "conf"})
+setup(
+    packages=[*find_packages(include=["testbed*", "analysis*"]), "testbed.conf"], package_dir={"testbed.conf": "conf"}
+)

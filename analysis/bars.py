@@ -27,8 +27,7 @@ def grouped_bars(ax, groups: Sequence[str], values: Mapping[str, Mapping[str, tu
     width = 0.8 / max(len(labels), 1)
     for i, label in enumerate(labels):
         at = np.arange(len(groups)) + (i - (len(labels) - 1) / 2) * width
-        heights, low, high = (np.array([values[label].get(g, NAN3)[k] for g in groups], dtype=float)
-                              for k in range(3))
+        heights, low, high = (np.array([values[label].get(g, NAN3)[k] for g in groups], dtype=float) for k in range(3))
         ax.bar(at, np.nan_to_num(heights), width, color=style.colour(label), label=label, **BAR)
         error_bars(ax, at, low, high, "black", label)
     ax.set_xticks(range(len(groups)), list(groups))
@@ -39,26 +38,38 @@ def goodput_by_split(ax, goodputs: Mapping[str, Mapping]) -> dict[str, dict]:
     with its interval across repeats, the colocated and chunked baselines as horizontal lines
     with theirs shaded. A censored goodput (a bound) is drawn hatched with its ">=" or "<" written
     over it, never as a value. {label: {"goodput_per_gpu", "low", "high", "censored"} as plotted}."""
-    plotted = {label: {"goodput_per_gpu": float(g["goodput_per_gpu"]), "low": as_float(g.get("goodput_per_gpu_low")),
-                       "high": as_float(g.get("goodput_per_gpu_high")), "censored": g.get("goodput_censored") or ""}
-               for label, g in goodputs.items()}
+    plotted = {
+        label: {
+            "goodput_per_gpu": float(g["goodput_per_gpu"]),
+            "low": as_float(g.get("goodput_per_gpu_low")),
+            "high": as_float(g.get("goodput_per_gpu_high")),
+            "censored": g.get("goodput_censored") or "",
+        }
+        for label, g in goodputs.items()
+    }
     splits = [label for label in style.order(goodputs) if style.split_of(label)]
     at = np.arange(len(splits))
-    ax.bar(at, [plotted[s]["goodput_per_gpu"] for s in splits], width=0.6, color=[style.colour(s) for s in splits],
-           **BAR)
+    ax.bar(
+        at, [plotted[s]["goodput_per_gpu"] for s in splits], width=0.6, color=[style.colour(s) for s in splits], **BAR
+    )
     for x, label in zip(at, splits):
         error_bars(ax, [x], [plotted[label]["low"]], [plotted[label]["high"]], "black", label)
         if plotted[label]["censored"]:
             ax.patches[list(splits).index(label)].set_hatch("//")
-            ax.annotate(bound_text(plotted[label]), (x, plotted[label]["goodput_per_gpu"]), ha="center",
-                        va="bottom", fontsize=8)
+            ax.annotate(
+                bound_text(plotted[label]), (x, plotted[label]["goodput_per_gpu"]), ha="center", va="bottom", fontsize=8
+            )
     ax.set_xticks(at, splits)
     for label in style.order(goodputs):
         if label not in splits:
             line = plotted[label]
             censored = line["censored"]
-            ax.axhline(line["goodput_per_gpu"], color=style.colour(label), linestyle=":" if censored else "--",
-                       label=f"{label} ({bound_text(line)})" if censored else label)
+            ax.axhline(
+                line["goodput_per_gpu"],
+                color=style.colour(label),
+                linestyle=":" if censored else "--",
+                label=f"{label} ({bound_text(line)})" if censored else label,
+            )
             span(ax, line["low"], line["high"], style.colour(label), label)
     ax.set(xlabel="P:D split", ylabel="goodput per GPU (req/s)")
     style.legend(ax)
@@ -78,11 +89,18 @@ def ttft_by_bucket(ax, buckets: pd.DataFrame, percentile: str = "p50") -> dict[s
     for label in style.order(buckets["label"]):
         rows = buckets[buckets["label"] == label]
         low, high = column_bounds(rows, percentile, MS)
-        plotted[label] = {row["bucket"]: {"ms": float(row[percentile]) * MS, "low": lo, "high": hi,
-                                          "count": int(row["count"])}
-                          for row, lo, hi in zip(rows.to_dict("records"), low, high)}
-    grouped_bars(ax, names, {label: {b: (v["ms"], v["low"], v["high"]) for b, v in by_bucket.items()}
-                             for label, by_bucket in plotted.items()})
+        plotted[label] = {
+            row["bucket"]: {"ms": float(row[percentile]) * MS, "low": lo, "high": hi, "count": int(row["count"])}
+            for row, lo, hi in zip(rows.to_dict("records"), low, high)
+        }
+    grouped_bars(
+        ax,
+        names,
+        {
+            label: {b: (v["ms"], v["low"], v["high"]) for b, v in by_bucket.items()}
+            for label, by_bucket in plotted.items()
+        },
+    )
     ax.set(xlabel="input length (tokens)", ylabel=f"{percentile} TTFT (ms)")
     style.legend(ax, above=True)
     return plotted
@@ -92,7 +110,7 @@ SUMMARY_METRICS = ("ttft_p50", "ttft_p99", "itl_p50", "itl_p99")
 
 
 def metric_name(metric: str) -> str:
-    """"ttft_p99" -> "TTFT p99"."""
+    """ "ttft_p99" -> "TTFT p99"."""
     what, _, stat = metric.rpartition("_")
     return f"{what.upper()} {stat}"
 
@@ -108,8 +126,10 @@ def latency_summary(ax, cells: pd.DataFrame, metrics: Sequence[str] = SUMMARY_ME
             (low,), (high,) = column_bounds(row, metric, MS)
             plotted[label][metric] = {"ms": float(row[metric].iloc[0]) * MS, "low": float(low), "high": float(high)}
     names = {m: metric_name(m) for m in metrics}
-    bars = {label: {names[m]: (v["ms"], v["low"], v["high"]) for m, v in by_metric.items()}
-            for label, by_metric in plotted.items()}
+    bars = {
+        label: {names[m]: (v["ms"], v["low"], v["high"]) for m, v in by_metric.items()}
+        for label, by_metric in plotted.items()
+    }
     grouped_bars(ax, list(names.values()), bars)
     ax.set_yscale("log")
     style.plain_ticks(ax.yaxis)

@@ -20,10 +20,12 @@ NAN = float("nan")
 def column_bounds(table: pd.DataFrame, column: str, scale: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
     """(low, high) of a column's interval (`<column>_low`, `<column>_high`) scaled like the
     column; NaN where the table has none (a sweep saved without intervals)."""
+
     def side(name: str) -> np.ndarray:
         if name not in table.columns:
             return np.full(len(table), np.nan)
         return pd.to_numeric(table[name], errors="coerce").to_numpy(dtype=float) * scale
+
     return side(f"{column}_low"), side(f"{column}_high")
 
 

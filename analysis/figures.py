@@ -59,8 +59,9 @@ def itl_cdf(ax, itls: Mapping[str, np.ndarray]) -> dict:
     return plotted
 
 
-def metric_by_label(ax, table: pd.DataFrame, x: str, y: str, scale: float = 1.0, linestyle: str = "-",
-                    legend: bool = True) -> dict[str, dict]:
+def metric_by_label(
+    ax, table: pd.DataFrame, x: str, y: str, scale: float = 1.0, linestyle: str = "-", legend: bool = True
+) -> dict[str, dict]:
     """One line per label of table[y] * scale against table[x], its interval (`<y>_low`,
     `<y>_high`) shaded: {label: {"x", "y", "low", "high"} as plotted}."""
     plotted = {}
@@ -75,19 +76,27 @@ def metric_by_label(ax, table: pd.DataFrame, x: str, y: str, scale: float = 1.0,
     return plotted
 
 
-def latency_vs_rate(ax, cells: pd.DataFrame, metric: str = "ttft", percentiles=("p50", "p99"),
-                    x: str = "rate", slo_s: float | None = None) -> dict[str, dict]:
+def latency_vs_rate(
+    ax,
+    cells: pd.DataFrame,
+    metric: str = "ttft",
+    percentiles=("p50", "p99"),
+    x: str = "rate",
+    slo_s: float | None = None,
+) -> dict[str, dict]:
     """p50 (solid) and p99 (dashed) of a latency metric against the rate, per label, each with its
     interval, and the metric's SLO as a horizontal line where given:
     {percentile: {label: {"x", "y", "low", "high"} (ms)}}."""
     plotted = {}
     for i, p in enumerate(percentiles):
-        plotted[p] = metric_by_label(ax, cells, x, f"{metric}_{p}", MS, style.PERCENTILE_STYLES.get(p, ":"),
-                                     legend=i == 0)
+        plotted[p] = metric_by_label(
+            ax, cells, x, f"{metric}_{p}", MS, style.PERCENTILE_STYLES.get(p, ":"), legend=i == 0
+        )
     if slo_s:
         ax.axhline(slo_s * MS, color="black", linewidth=0.7, linestyle=":")
-        ax.annotate(f"SLO {slo_s * MS:g} ms", (0.01, slo_s * MS), xycoords=("axes fraction", "data"), fontsize=6,
-                    va="bottom")
+        ax.annotate(
+            f"SLO {slo_s * MS:g} ms", (0.01, slo_s * MS), xycoords=("axes fraction", "data"), fontsize=6, va="bottom"
+        )
     ax.set(xlabel="request rate (req/s)" if x == "rate" else x, ylabel=f"{metric.upper()} (ms)")
     ax.set_yscale("log")
     style.plain_ticks(ax.yaxis)
@@ -95,8 +104,13 @@ def latency_vs_rate(ax, cells: pd.DataFrame, metric: str = "ttft", percentiles=(
     return plotted
 
 
-def attainment_vs_rate(ax, cells: pd.DataFrame, goodputs: Mapping[str, Mapping] | None = None,
-                       threshold: float = THRESHOLD, points: pd.DataFrame | None = None) -> dict[str, dict]:
+def attainment_vs_rate(
+    ax,
+    cells: pd.DataFrame,
+    goodputs: Mapping[str, Mapping] | None = None,
+    threshold: float = THRESHOLD,
+    points: pd.DataFrame | None = None,
+) -> dict[str, dict]:
     """SLO attainment against rate per label: every point its repeats ran (grid and search:
     `points`, the sweep's finished rows) as a dot, the monotone fit of them all (weighted by
     requests, as each repeat's goodput is read) as the line, the grid cells' 95% intervals
@@ -104,23 +118,42 @@ def attainment_vs_rate(ax, cells: pd.DataFrame, goodputs: Mapping[str, Mapping] 
     (`goodputs`, sweep.json "goodput"; else the crossing of the drawn curve). {label: {"rate",
     "attainment", "low", "high", "points_rate", "points_attainment", "goodput", "goodput_low",
     "goodput_high"}}."""
-    lines = (_fitted_lines(ax, points) if points is not None and len(points) else {})
+    lines = _fitted_lines(ax, points) if points is not None and len(points) else {}
     bands = metric_by_label(ax, cells, "rate", "slo_attainment") if not lines else _grid_bars(ax, cells)
     plotted = {}
     for label, band_line in bands.items():
         line = lines.get(label, {"x": band_line["x"], "y": band_line["y"], "dots": (np.array([]), np.array([]))})
         known = (goodputs or {}).get(label)
-        value, low, high = ((float(known["goodput"]), as_float(known.get("goodput_low")),
-                             as_float(known.get("goodput_high"))) if known is not None
-                            else (goodput(line["x"], line["y"], threshold), np.nan, np.nan))
+        value, low, high = (
+            (float(known["goodput"]), as_float(known.get("goodput_low")), as_float(known.get("goodput_high")))
+            if known is not None
+            else (goodput(line["x"], line["y"], threshold), np.nan, np.nan)
+        )
         if value > 0:  # 0 means no swept rate meets the threshold: nothing on the curve to mark
-            ax.plot([value], [threshold], marker="*", markersize=9, color=style.colour(label), linestyle="none",
-                    markeredgecolor="black", markeredgewidth=0.4, label="_nolegend_")
+            ax.plot(
+                [value],
+                [threshold],
+                marker="*",
+                markersize=9,
+                color=style.colour(label),
+                linestyle="none",
+                markeredgecolor="black",
+                markeredgewidth=0.4,
+                label="_nolegend_",
+            )
             error_bars(ax, [threshold], [low], [high], style.colour(label), f"{label}:goodput", horizontal=True)
-        plotted[label] = {"rate": line["x"], "attainment": line["y"], "low": band_line["low"],
-                          "high": band_line["high"], "grid_rate": band_line["x"], "points_rate": line["dots"][0],
-                          "points_attainment": line["dots"][1], "goodput": value, "goodput_low": low,
-                          "goodput_high": high}
+        plotted[label] = {
+            "rate": line["x"],
+            "attainment": line["y"],
+            "low": band_line["low"],
+            "high": band_line["high"],
+            "grid_rate": band_line["x"],
+            "points_rate": line["dots"][0],
+            "points_attainment": line["dots"][1],
+            "goodput": value,
+            "goodput_low": low,
+            "goodput_high": high,
+        }
     ax.axhline(threshold, color="black", linewidth=0.7, linestyle=":")
     ax.set(xlabel="request rate (req/s)", ylabel="SLO attainment", ylim=(0, 1.05))
     ax.set_xscale("log")
@@ -149,15 +182,29 @@ def _fitted_lines(ax, points: pd.DataFrame) -> dict[str, dict]:
     out = {}
     for label in style.order(points["label"]):
         rows = points[points["label"] == label]
-        weights = (rows["num_requests_total"] - rows.get("num_requests_rejected", 0)).to_numpy(float) \
-            if "num_requests_total" in rows.columns else None
+        weights = (
+            (rows["num_requests_total"] - rows.get("num_requests_rejected", 0)).to_numpy(float)
+            if "num_requests_total" in rows.columns
+            else None
+        )
         curve = monotone_fit(rows["rate"].to_numpy(float), rows["slo_attainment"].to_numpy(float), weights)
         colour = style.colour(label)
-        ax.plot(rows["rate"], rows["slo_attainment"], marker="o", markersize=2.5, linestyle="none", color=colour,
-                alpha=0.5, label="_nolegend_")
+        ax.plot(
+            rows["rate"],
+            rows["slo_attainment"],
+            marker="o",
+            markersize=2.5,
+            linestyle="none",
+            color=colour,
+            alpha=0.5,
+            label="_nolegend_",
+        )
         ax.plot(curve.rates, curve.fitted, **style.line_style(label))
-        out[label] = {"x": curve.rates, "y": curve.fitted,
-                      "dots": (rows["rate"].to_numpy(float), rows["slo_attainment"].to_numpy(float))}
+        out[label] = {
+            "x": curve.rates,
+            "y": curve.fitted,
+            "dots": (rows["rate"].to_numpy(float), rows["slo_attainment"].to_numpy(float)),
+        }
     return out
 
 
@@ -183,10 +230,23 @@ def attainment_vs_scale(ax, curves: Mapping[str, Mapping], threshold: float = TH
         band(ax, scales, low, high, style.colour(label), f"{label}:slo_attainment")
         tightest = tightest_scale(scales, attainment, threshold)
         if np.isfinite(tightest):
-            ax.plot([tightest], [threshold], marker="*", markersize=9, color=style.colour(label),
-                    linestyle="none", markeredgecolor="black", markeredgewidth=0.4)
-        plotted[label] = {"scales": scales, "attainment": attainment, "low": low, "high": high,
-                          "tightest_scale": tightest}
+            ax.plot(
+                [tightest],
+                [threshold],
+                marker="*",
+                markersize=9,
+                color=style.colour(label),
+                linestyle="none",
+                markeredgecolor="black",
+                markeredgewidth=0.4,
+            )
+        plotted[label] = {
+            "scales": scales,
+            "attainment": attainment,
+            "low": low,
+            "high": high,
+            "tightest_scale": tightest,
+        }
     ax.axhline(threshold, color="black", linewidth=0.7, linestyle=":")
     ax.set(xlabel="SLO scale (x both SLOs)", ylabel="SLO attainment", ylim=(0, 1.05))
     ax.yaxis.set_major_formatter(PercentFormatter(1.0))
@@ -208,8 +268,15 @@ def chunk_tradeoff(ax, cells: pd.DataFrame, ttft: str = "ttft_p50") -> dict[str,
     for xi, yi, c in zip(x, y, chunks):
         ax.annotate(f"{int(c)}", (xi, yi), textcoords="offset points", xytext=(3, 3), fontsize=6)
     ax.set(xlabel="p99 ITL (ms)", ylabel=f"{ttft.split('_')[-1]} TTFT (ms)")
-    return {"chunk": chunks, "itl_p99": x, "itl_p99_low": x_low, "itl_p99_high": x_high,
-            "ttft": y, "ttft_low": y_low, "ttft_high": y_high}
+    return {
+        "chunk": chunks,
+        "itl_p99": x,
+        "itl_p99_low": x_low,
+        "itl_p99_high": x_high,
+        "ttft": y,
+        "ttft_low": y_low,
+        "ttft_high": y_high,
+    }
 
 
 def ttft_by_turn(ax, turns: Mapping[str, Mapping], cells: pd.DataFrame) -> dict[str, dict]:
@@ -225,8 +292,9 @@ def kv_bytes_by_turn(ax, turns: Mapping[str, Mapping], cells: pd.DataFrame) -> d
     return by_turn(ax, turns, cells, "kv_bytes", "mean KV moved per request (KiB)", 1 / 1024, y="kv_kib")
 
 
-def by_turn(ax, turns: Mapping[str, Mapping], cells: pd.DataFrame, name: str, ylabel: str, scale: float,
-            y: str = "") -> dict[str, dict]:
+def by_turn(
+    ax, turns: Mapping[str, Mapping], cells: pd.DataFrame, name: str, ylabel: str, scale: float, y: str = ""
+) -> dict[str, dict]:
     """`{name}_mean_by_turn` of each cell of multiturn's aggregate with its interval, times `scale`."""
     knobs = cells.set_index("cell")
     dashes = {d: s for d, s in zip(sorted(set(cells.get("dispatch", []))), ["-", "--", ":", "-."])}
@@ -236,12 +304,20 @@ def by_turn(ax, turns: Mapping[str, Mapping], cells: pd.DataFrame, name: str, yl
         if key not in body:
             continue
         turn = np.array(sorted(int(t) for t in body[key]), dtype=float)
-        values, low, high = (np.array([as_float(body.get(k, {}).get(str(int(t)))) for t in turn]) * scale
-                             for k in (key, f"{key}_low", f"{key}_high"))
+        values, low, high = (
+            np.array([as_float(body.get(k, {}).get(str(int(t)))) for t in turn]) * scale
+            for k in (key, f"{key}_low", f"{key}_high")
+        )
         label, dispatch = knobs.loc[cell, "label"], knobs.loc[cell].get("dispatch", "")
         marker = handoffs.get(knobs.loc[cell].get("handoff"), style.marker(label))
-        ax.plot(turn, values, color=style.colour(label), marker=marker,
-                linestyle=dashes.get(dispatch, "-"), label=f"{label} {dispatch}".strip())
+        ax.plot(
+            turn,
+            values,
+            color=style.colour(label),
+            marker=marker,
+            linestyle=dashes.get(dispatch, "-"),
+            label=f"{label} {dispatch}".strip(),
+        )
         band(ax, turn, low, high, style.colour(label), cell)
         plotted[cell] = {"turn": turn, y or name: values, "low": low, "high": high}
     ax.set(xlabel="turn", ylabel=ylabel)
@@ -256,9 +332,12 @@ def decode_itl_with_appends(ax, itl: Mapping[str, Mapping], cells: pd.DataFrame)
     as bars per cell. {"with appends" | "decode only": {cell label: (ms, low, high)}}."""
     knobs = cells.set_index("cell")
     groups = [f"{knobs.loc[c, 'label']} {knobs.loc[c].get('dispatch', '')}".strip() for c in itl]
-    values = {kind.replace("_", " "): {g: tuple(as_float(v) * MS for v in body.get(kind) or (np.nan,) * 3)
-                                       for g, body in zip(groups, itl.values())}
-              for kind in ("with_appends", "decode_only")}
+    values = {
+        kind.replace("_", " "): {
+            g: tuple(as_float(v) * MS for v in body.get(kind) or (np.nan,) * 3) for g, body in zip(groups, itl.values())
+        }
+        for kind in ("with_appends", "decode_only")
+    }
     grouped_bars(ax, groups, values)
     ax.set(ylabel="p99 step time per token on D (ms)")
     for tick in ax.get_xticklabels():
@@ -284,9 +363,16 @@ def sim_vs_real(ax, cells: pd.DataFrame, metrics=("ttft_p50", "ttft_p99", "tpot_
         colour = points.get_facecolor()[0]
         error_bars(ax, y, x_low, x_high, colour, f"{metric}:real", horizontal=True)
         error_bars(ax, x, y_low, y_high, colour, f"{metric}:sim")
-        plotted[metric] = {"label": [str(k[0]) for k in both], "rate": np.array([k[1] for k in both], dtype=float),
-                           "real": x, "real_low": x_low, "real_high": x_high,
-                           "sim": y, "sim_low": y_low, "sim_high": y_high}
+        plotted[metric] = {
+            "label": [str(k[0]) for k in both],
+            "rate": np.array([k[1] for k in both], dtype=float),
+            "real": x,
+            "real_low": x_low,
+            "real_high": x_high,
+            "sim": y,
+            "sim_low": y_low,
+            "sim_high": y_high,
+        }
     values = np.concatenate([np.ones(0), *(np.concatenate([v["real"], v["sim"]]) for v in plotted.values())])
     finite = values[np.isfinite(values) & (values > 0)]
     low, high = (finite.min() / 1.5, finite.max() * 1.5) if len(finite) else (0.1, 10.0)

@@ -38,8 +38,10 @@ def itl_inflation(ax, interference: Mapping[str, Mapping]) -> dict[str, dict]:
     plotted = {}
     for label in style.order(interference):
         lengths, entries = _injected(interference, label)
-        inflation, low, high = (np.array([as_float(e.get(key)) for e in entries])
-                                for key in ("inflation", "inflation_low", "inflation_high"))
+        inflation, low, high = (
+            np.array([as_float(e.get(key)) for e in entries])
+            for key in ("inflation", "inflation_low", "inflation_high")
+        )
         ax.plot(lengths, inflation, **style.line_style(label))
         error_bars(ax, lengths, low, high, style.colour(label), f"{label}:inflation")
         plotted[label] = {"prefill_len": lengths, "inflation": inflation, "low": low, "high": high}
@@ -57,11 +59,20 @@ def decode_step_times(ax, interference: Mapping[str, Mapping]) -> dict[str, dict
     plotted = {}
     for label in style.order(interference):
         lengths, entries = _injected(interference, label)
-        with_prefill, without = (np.array([as_float(e.get(key)) for e in entries]) * MS
-                                 for key in ("decode_step_s_with_prefill", "decode_step_s_without_prefill"))
+        with_prefill, without = (
+            np.array([as_float(e.get(key)) for e in entries]) * MS
+            for key in ("decode_step_s_with_prefill", "decode_step_s_without_prefill")
+        )
         ax.plot(lengths, with_prefill, **style.line_style(label))
-        ax.plot(lengths, without, color=style.colour(label), marker=style.marker(label), markerfacecolor="none",
-                linestyle="--", label="_nolegend_")
+        ax.plot(
+            lengths,
+            without,
+            color=style.colour(label),
+            marker=style.marker(label),
+            markerfacecolor="none",
+            linestyle="--",
+            label="_nolegend_",
+        )
         plotted[label] = {"prefill_len": lengths, "with_prefill_ms": with_prefill, "without_prefill_ms": without}
     _length_axis(ax, plotted)
     ax.set_ylabel("mean decode step (ms)")

@@ -174,8 +174,9 @@ def load_sweep(directory) -> Sweep:
     return Sweep(directory, body.get("experiment", directory.name), table, body.get("aggregate") or {})
 
 
-def load_runs(directories: Iterable, tags: Optional[Iterable[Mapping]] = None,
-              only_served: bool = True) -> pd.DataFrame:
+def load_runs(
+    directories: Iterable, tags: Optional[Iterable[Mapping]] = None, only_served: bool = True
+) -> pd.DataFrame:
     """Per-request rows of several runs, concatenated, each tagged with point (the directory
     name unless a tag says), label, mode, and cell where the tags give one. only_served keeps
     what the summaries count."""
@@ -188,9 +189,14 @@ def load_runs(directories: Iterable, tags: Optional[Iterable[Mapping]] = None,
         if only_served:
             requests = served(requests, config)
         cell = {"cell": tag["cell"]} if "cell" in tag else {}  # the point a repeat belongs to
-        frames.append(requests.assign(point=tag.get("point", directory.name),
-                                      label=tag.get("label", label_of(config)),
-                                      mode=tag.get("mode", config.get("mode")), **cell))
+        frames.append(
+            requests.assign(
+                point=tag.get("point", directory.name),
+                label=tag.get("label", label_of(config)),
+                mode=tag.get("mode", config.get("mode")),
+                **cell,
+            )
+        )
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["point", "label", "mode"])
 
 

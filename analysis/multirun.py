@@ -38,7 +38,9 @@ def jobs(directory: Path) -> list[tuple[int, Path, dict]]:
             given = yaml.safe_load(overrides.read_text()) or []
             found.append((int(job.name), job, dict(o.lstrip("+").split("=", 1) for o in given if "=" in o)))
     if not found:
-        raise TestbedError(f"{directory}: a multirun directory without finished jobs (no <n>/summary.json or sweep.json)")
+        raise TestbedError(
+            f"{directory}: a multirun directory without finished jobs (no <n>/summary.json or sweep.json)"
+        )
     return found
 
 
@@ -88,7 +90,9 @@ def _studies(found, out: Path) -> tuple[str, pd.DataFrame]:
         table["label"] = [f"{label} [{labels[number] or f'job{number}'}]" for label in table["label"]]
         tables.append(table)
     if len(names) > 1:
-        raise TestbedError(f"{out.parent}: its jobs are different studies ({', '.join(sorted(names))}); merge one study")
+        raise TestbedError(
+            f"{out.parent}: its jobs are different studies ({', '.join(sorted(names))}); merge one study"
+        )
     return names.pop(), pd.concat(tables, ignore_index=True)
 
 
@@ -102,10 +106,21 @@ def _runs(found, out: Path) -> tuple[str, pd.DataFrame]:
         _link(out, point, job)
         # nothing but the rate varies: one line, named by its mode
         label = labels[number] or config.get("mode", "run")
-        rows.append({"point": point, "label": label, "mode": config.get("mode", ""),
-                     "rate": float((config.get("workload") or {}).get("rate", float("nan"))),
-                     "num_gpus": summary.get("num_gpus", 1), "error": "", "cell": point, "repeat": 0,
-                     "seed": config.get("seed", 0), "status": "ok", **flatten(summary)})
+        rows.append(
+            {
+                "point": point,
+                "label": label,
+                "mode": config.get("mode", ""),
+                "rate": float((config.get("workload") or {}).get("rate", float("nan"))),
+                "num_gpus": summary.get("num_gpus", 1),
+                "error": "",
+                "cell": point,
+                "repeat": 0,
+                "seed": config.get("seed", 0),
+                "status": "ok",
+                **flatten(summary),
+            }
+        )
     table = pd.DataFrame(rows)
     several_rates = (table.groupby("label")["rate"].nunique() > 1).any()
     return ("rate_sweep" if several_rates else "mode_compare"), table

@@ -40,8 +40,9 @@ def execute(notebook: Path, results_dir: Path):
     nb = nbformat.read(notebook, as_version=4)
     path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     env = {**os.environ, "TESTBED_RESULTS_DIR": str(results_dir), "PYTHONPATH": path}
-    client = nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",
-                                     resources={"metadata": {"path": str(notebook.parent)}})
+    client = nbclient.NotebookClient(
+        nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(notebook.parent)}}
+    )
     client.execute(env=env)
     return nb
 

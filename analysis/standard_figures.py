@@ -45,11 +45,14 @@ def attainment_vs_rate(sweep: Sweep) -> Made:
 def latency_vs_rate(sweep: Sweep) -> Made:
     fig, axes = style.figure("double", cols=2)
     slo = sweep.slo()
-    plotted = {m: figures.latency_vs_rate(ax, sweep.cells(), m, slo_s=slo.get(f"{m}_s")) for ax, m in
-               zip(axes, ("ttft", "tpot"))}
+    plotted = {
+        m: figures.latency_vs_rate(ax, sweep.cells(), m, slo_s=slo.get(f"{m}_s"))
+        for ax, m in zip(axes, ("ttft", "tpot"))
+    }
     runs = sweep.finished()
-    return [("latency_vs_rate", fig, " ".join(captions.latency_vs_rate(v, m, runs) for m, v in plotted.items()),
-             plotted)]
+    return [
+        ("latency_vs_rate", fig, " ".join(captions.latency_vs_rate(v, m, runs) for m, v in plotted.items()), plotted)
+    ]
 
 
 def latency_cdfs(sweep: Sweep) -> Made:
@@ -119,8 +122,12 @@ def burstiness(sweep: Sweep) -> Made:
     for ax in axes:
         ax.set_xscale("log", base=2)
     axes[1].set_xlabel("burstiness (gamma shape; 1 = Poisson)")
-    text = " ".join([captions.by_knob(attainment, "SLO attainment", "burstiness", better="higher"),
-                     captions.by_knob(ttft["p99"], "p99 TTFT (ms)", "burstiness", better="lower")])
+    text = " ".join(
+        [
+            captions.by_knob(attainment, "SLO attainment", "burstiness", better="higher"),
+            captions.by_knob(ttft["p99"], "p99 TTFT (ms)", "burstiness", better="lower"),
+        ]
+    )
     return [("burstiness", fig, text, {"attainment": attainment, "ttft": ttft})]
 
 
@@ -133,8 +140,14 @@ def ttft_by_turn(sweep: Sweep) -> Made:
 def kv_bytes_by_turn(sweep: Sweep) -> Made:
     fig, ax = style.figure()
     plotted = figures.kv_bytes_by_turn(ax, sweep.aggregate["turns"], sweep.cells())
-    return [("kv_bytes_by_turn", fig, captions.by_knob(plotted, "mean KV moved per request (KiB)", "turn", x="turn",
-                                                        y="kv_kib"), plotted)]
+    return [
+        (
+            "kv_bytes_by_turn",
+            fig,
+            captions.by_knob(plotted, "mean KV moved per request (KiB)", "turn", x="turn", y="kv_kib"),
+            plotted,
+        )
+    ]
 
 
 def decode_itl_with_appends(sweep: Sweep) -> Made:
@@ -167,15 +180,36 @@ def sim_vs_real(sweep: Sweep) -> Made:
     fig, ax = style.figure()
     plotted = figures.sim_vs_real(ax, sweep.cells())
     worst = ", ".join(f"{k} {v:.0%}" for k, v in sweep.aggregate["worst_abs_error"].items() if v is not None and v == v)
-    text = (f"Simulated against measured latency per cell, error bars: 95% intervals; worst relative error: "
-            f"{worst or 'n/a'}.")
+    text = (
+        f"Simulated against measured latency per cell, error bars: 95% intervals; worst relative error: "
+        f"{worst or 'n/a'}."
+    )
     return [("sim_vs_real", fig, text, plotted)]
 
 
-MAKERS: dict[str, Callable[[Sweep], Made]] = {make.__name__: make for make in (
-    goodput_per_gpu, attainment_vs_rate, latency_vs_rate, latency_cdfs, latency_summary, timelines, telemetry,
-    attainment_vs_scale, itl_inflation, chunk_tradeoff, ttft_by_bucket, burstiness, ttft_by_turn, kv_bytes_by_turn,
-    decode_itl_with_appends, kv_bandwidth, plan_goodput, sim_vs_real)}
+MAKERS: dict[str, Callable[[Sweep], Made]] = {
+    make.__name__: make
+    for make in (
+        goodput_per_gpu,
+        attainment_vs_rate,
+        latency_vs_rate,
+        latency_cdfs,
+        latency_summary,
+        timelines,
+        telemetry,
+        attainment_vs_scale,
+        itl_inflation,
+        chunk_tradeoff,
+        ttft_by_bucket,
+        burstiness,
+        ttft_by_turn,
+        kv_bytes_by_turn,
+        decode_itl_with_appends,
+        kv_bandwidth,
+        plan_goodput,
+        sim_vs_real,
+    )
+}
 
 
 def makers(name: str) -> list[Callable[[Sweep], Made]]:
@@ -206,7 +240,7 @@ def run_telemetry(run: dict, stem: str = "telemetry") -> Made:
     fig, axes = style.figure("double", rows=-(-len(metrics) // 2), cols=2)
     plotted = {metric: system.gpu_telemetry(ax, data, metric) for ax, metric in zip(axes, metrics)}
     text = [captions.telemetry(v, system.TELEMETRY[m][0]) for m, v in plotted.items()]
-    for ax in axes[len(metrics):]:
+    for ax in axes[len(metrics) :]:
         ax.set_visible(False)
     return [(stem, fig, " ".join(text), plotted)]
 
@@ -235,15 +269,26 @@ def _write(makers, source, out: Path, strict: bool) -> list[Path]:
             except Exception:
                 if strict:
                     raise
-                print(f"figure {make.__name__} failed (results are saved; rerun python -m analysis {out.parent}):\n"
-                      f"{traceback.format_exc()}", file=sys.stderr)
+                print(
+                    f"figure {make.__name__} failed (results are saved; rerun python -m analysis {out.parent}):\n"
+                    f"{traceback.format_exc()}",
+                    file=sys.stderr,
+                )
     return paths
 
 
 # figures drawn from requests or SLO attainment, which a summary-only import (a vLLM or SGLang result
 # file without per-request lists) does not have: they leave such points out and say so in the caption
-NEEDS_REQUESTS = {"goodput_per_gpu", "attainment_vs_rate", "latency_summary", "latency_cdfs", "timelines",
-                  "telemetry", "attainment_vs_scale", "ttft_by_bucket"}
+NEEDS_REQUESTS = {
+    "goodput_per_gpu",
+    "attainment_vs_rate",
+    "latency_summary",
+    "latency_cdfs",
+    "timelines",
+    "telemetry",
+    "attainment_vs_scale",
+    "ttft_by_bucket",
+}
 
 
 @dataclass(frozen=True)
@@ -270,11 +315,17 @@ def leaving_out(make: Callable, sweep: Sweep) -> Callable:
     left = summary_only_cells(sweep) if make.__name__ in NEEDS_REQUESTS else ()
     if not left:
         return make
-    kept = RequestsOnly(sweep.dir, sweep.experiment, sweep.table[~sweep.table["cell" if "cell" in sweep.table.columns
-                                                                              else "point"].isin(left)],
-                        sweep.aggregate, left)
-    note = (f" Left out: {', '.join(left)} (summary-only imports: the result file has no per-request lists, "
-            f"so no SLO attainment or distribution to draw).")
+    kept = RequestsOnly(
+        sweep.dir,
+        sweep.experiment,
+        sweep.table[~sweep.table["cell" if "cell" in sweep.table.columns else "point"].isin(left)],
+        sweep.aggregate,
+        left,
+    )
+    note = (
+        f" Left out: {', '.join(left)} (summary-only imports: the result file has no per-request lists, "
+        f"so no SLO attainment or distribution to draw)."
+    )
 
     def made(_source):
         return [(stem, fig, caption + note, plotted) for stem, fig, caption, plotted in make(kept)]

@@ -10,11 +10,10 @@ notebook keeps its own backend).
 from __future__ import annotations
 
 import contextlib
+import io
 import re
 from pathlib import Path
 from typing import Iterator
-
-import io
 
 from matplotlib import colors as mcolors
 from matplotlib import rc_context
@@ -57,8 +56,14 @@ MODE_COLOURS = {"colocated": "#E69F00", "chunked": "#56B4E9", "disagg": "#009E73
 MODE_MARKERS = {"colocated": "o", "chunked": "s", "disagg": "^"}
 SPLIT_MARKERS = ["^", "v", "D", "P", "X", "*", "h"]  # by the number of prefill workers
 PERCENTILE_STYLES = {"p50": "-", "p90": "-.", "p99": "--"}
-PHASE_COLOURS = {"queue": "#BBBBBB", "prefill": "#E69F00", "transfer_wait": "#F2C6DE", "transfer": "#CC79A7",
-                 "decode_queue": "#F0E442", "decode": "#0072B2"}
+PHASE_COLOURS = {
+    "queue": "#BBBBBB",
+    "prefill": "#E69F00",
+    "transfer_wait": "#F2C6DE",
+    "transfer": "#CC79A7",
+    "decode_queue": "#F0E442",
+    "decode": "#0072B2",
+}
 # Other labels (an imported engine, a dispatch policy, a tenant): colours no mode or split takes.
 FALLBACK = ["#D55E00", "#000000", "#0072B2", "#999999", "#F0E442"]
 SPLIT = re.compile(r"^(\d+)P(\d+)D$")
@@ -101,6 +106,7 @@ def line_style(label: str) -> dict:
 
 def order(labels) -> list[str]:
     """Baselines first, then splits by prefill share: the reading order of every legend."""
+
     def key(label: str):
         split = split_of(label)
         if label in MODE_COLOURS and not split:
@@ -108,6 +114,7 @@ def order(labels) -> list[str]:
         if split:
             return (1, split[0] / sum(split), split[0])
         return (2, 0, label)
+
     return sorted(set(labels), key=key)
 
 

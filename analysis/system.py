@@ -15,15 +15,22 @@ from analysis import style
 # A request's phases, as (name, start column, end column) of the requests table. transfer_wait:
 # prefill done, KV not yet moving (the connector's queue). The decode queue starts when the KV
 # is ready on D: decode_queued_s, else the end of the transfer.
-PHASES = [("queue", "arrival_s", "prefill_start_s"),
-          ("prefill", "prefill_start_s", "prefill_end_s"),
-          ("transfer_wait", "prefill_end_s", "kv_transfer_start_s"),
-          ("transfer", "kv_transfer_start_s", "kv_transfer_end_s"),
-          ("decode_queue", "decode_ready_s", "decode_start_s"),
-          ("decode", "decode_start_s", "finished_s")]
-TELEMETRY = {"util_pct": ("GPU utilization (%)", 1.0), "mem_used_bytes": ("memory used (GiB)", 1 / 2**30),
-             "power_w": ("power (W)", 1.0), "sm_clock_mhz": ("SM clock (MHz)", 1.0),
-             "nvlink_tx_bytes_s": ("NVLink TX (GB/s)", 1e-9), "nvlink_rx_bytes_s": ("NVLink RX (GB/s)", 1e-9)}
+PHASES = [
+    ("queue", "arrival_s", "prefill_start_s"),
+    ("prefill", "prefill_start_s", "prefill_end_s"),
+    ("transfer_wait", "prefill_end_s", "kv_transfer_start_s"),
+    ("transfer", "kv_transfer_start_s", "kv_transfer_end_s"),
+    ("decode_queue", "decode_ready_s", "decode_start_s"),
+    ("decode", "decode_start_s", "finished_s"),
+]
+TELEMETRY = {
+    "util_pct": ("GPU utilization (%)", 1.0),
+    "mem_used_bytes": ("memory used (GiB)", 1 / 2**30),
+    "power_w": ("power (W)", 1.0),
+    "sm_clock_mhz": ("SM clock (MHz)", 1.0),
+    "nvlink_tx_bytes_s": ("NVLink TX (GB/s)", 1e-9),
+    "nvlink_rx_bytes_s": ("NVLink RX (GB/s)", 1e-9),
+}
 
 
 def phase_segments(requests: pd.DataFrame) -> pd.DataFrame:
@@ -33,8 +40,15 @@ def phase_segments(requests: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for name, start, end in PHASES:
         worker = "prefill_worker" if name in ("queue", "prefill", "transfer_wait", "transfer") else "decode_worker"
-        part = pd.DataFrame({"request_id": requests["request_id"], "phase": name, "start_s": requests[start],
-                             "end_s": requests[end], "worker": requests[worker]})
+        part = pd.DataFrame(
+            {
+                "request_id": requests["request_id"],
+                "phase": name,
+                "start_s": requests[start],
+                "end_s": requests[end],
+                "worker": requests[worker],
+            }
+        )
         rows.append(part[part["start_s"].notna() & part["end_s"].notna() & (part["end_s"] >= part["start_s"])])
     return pd.concat(rows, ignore_index=True)
 
@@ -56,8 +70,15 @@ def request_timeline(ax, requests: pd.DataFrame, max_requests: int = 40) -> pd.D
     for name, _, _ in PHASES:
         part = segments[segments["phase"] == name]
         if len(part):
-            ax.barh(part["row"], part["end_s"] - part["start_s"], left=part["start_s"], height=0.7,
-                    color=style.PHASE_COLOURS[name], label=name.replace("_", " "), linewidth=0)
+            ax.barh(
+                part["row"],
+                part["end_s"] - part["start_s"],
+                left=part["start_s"],
+                height=0.7,
+                color=style.PHASE_COLOURS[name],
+                label=name.replace("_", " "),
+                linewidth=0,
+            )
     ax.set_yticks(range(len(shown)), [_request_label(r) for r in shown.itertuples()], fontsize=5)
     ax.invert_yaxis()  # the first request on top, time reads left to right
     ax.set(xlabel="time since run start (s)")
@@ -82,8 +103,9 @@ def gpu_telemetry(ax, telemetry: pd.DataFrame, metric: str = "util_pct") -> dict
     return plotted
 
 
-def kv_bandwidth(ax, rows: pd.DataFrame, ceiling_bytes_s: float | None = None,
-                 ipc: dict | None = None) -> dict[str, np.ndarray]:
+def kv_bandwidth(
+    ax, rows: pd.DataFrame, ceiling_bytes_s: float | None = None, ipc: dict | None = None
+) -> dict[str, np.ndarray]:
     """kv_bandwidth's table (bytes, raw_gbps, connector_gbps, ratio): the connector's bandwidth
     and a raw contiguous send (its ceiling on this link) against message size, plus the
     device-to-device copy ceiling on GPUs, and the ipc transport beside a copy of the same bytes
@@ -96,10 +118,19 @@ def kv_bandwidth(ax, rows: pd.DataFrame, ceiling_bytes_s: float | None = None,
     plotted = {"bytes": size, "raw_gbps": raw, "connector_gbps": connector}
     if ipc and ipc.get("rows"):
         table = pd.DataFrame(ipc["rows"]).sort_values("bytes")
-        plotted |= {"ipc_bytes": table["bytes"].to_numpy(dtype=float), "ipc_gbps": table["ipc_gbps"].to_numpy(dtype=float),
-                    "copy_gbps": table["copy_gbps"].to_numpy(dtype=float)}
-        ax.plot(plotted["ipc_bytes"], plotted["copy_gbps"], color="grey", marker="s", linestyle="--",
-                label=f"{ipc.get('copy', 'copy')}")
+        plotted |= {
+            "ipc_bytes": table["bytes"].to_numpy(dtype=float),
+            "ipc_gbps": table["ipc_gbps"].to_numpy(dtype=float),
+            "copy_gbps": table["copy_gbps"].to_numpy(dtype=float),
+        }
+        ax.plot(
+            plotted["ipc_bytes"],
+            plotted["copy_gbps"],
+            color="grey",
+            marker="s",
+            linestyle="--",
+            label=f"{ipc.get('copy', 'copy')}",
+        )
         ax.plot(plotted["ipc_bytes"], plotted["ipc_gbps"], color="tab:green", marker="^", label="ipc (into D's blocks)")
         size = np.union1d(size, plotted["ipc_bytes"])
     if ceiling_bytes_s:
@@ -131,5 +162,8 @@ def telemetry_metrics(telemetry: pd.DataFrame) -> Sequence[str]:
 def phase_totals(segments: pd.DataFrame) -> Mapping[str, float]:
     """Mean seconds per phase over the requests drawn (for the timeline's caption)."""
     spans = segments.assign(span=segments["end_s"] - segments["start_s"])
-    return {name: float(spans.loc[spans["phase"] == name, "span"].mean())
-            for name, _, _ in PHASES if (spans["phase"] == name).any()}
+    return {
+        name: float(spans.loc[spans["phase"] == name, "span"].mean())
+        for name, _, _ in PHASES
+        if (spans["phase"] == name).any()
+    }

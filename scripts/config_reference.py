@@ -31,8 +31,11 @@ def field_docs(cls) -> dict[str, str]:
     else the comment lines directly above it."""
     source = textwrap.dedent(inspect.getsource(cls))
     lines = source.splitlines()
-    comments = {tok.start[0]: tok.string.lstrip("#").strip()
-                for tok in tokenize.generate_tokens(io.StringIO(source).readline) if tok.type == tokenize.COMMENT}
+    comments = {
+        tok.start[0]: tok.string.lstrip("#").strip()
+        for tok in tokenize.generate_tokens(io.StringIO(source).readline)
+        if tok.type == tokenize.COMMENT
+    }
     docs = {}
     for node in ast.parse(source).body[0].body:
         if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
@@ -78,7 +81,9 @@ def flatten(node, prefix: str = "") -> dict:
         return {prefix.rstrip("."): node}
     out = {}
     for key, value in node.items():
-        out.update(flatten(value, f"{prefix}{key}.") if isinstance(value, dict) and value else {f"{prefix}{key}": value})
+        out.update(
+            flatten(value, f"{prefix}{key}.") if isinstance(value, dict) and value else {f"{prefix}{key}": value}
+        )
     return out
 
 
@@ -118,8 +123,9 @@ def main(argv: list[str]) -> int:
     new = written(page)
     if "--check" in argv:
         if new != page:
-            print(f"{PAGE.relative_to(ROOT)} is not up to date: run python scripts/config_reference.py",
-                  file=sys.stderr)
+            print(
+                f"{PAGE.relative_to(ROOT)} is not up to date: run python scripts/config_reference.py", file=sys.stderr
+            )
             return 1
         return 0
     PAGE.write_text(new)

@@ -18,8 +18,13 @@ from pathlib import Path
 
 PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
 # pip name -> the module it installs, where the two differ
-IMPORT_NAMES = {"hydra-core": "hydra", "nvidia-ml-py": "pynvml", "pyzmq": "zmq", "antlr4-python3-runtime": "antlr4",
-                "pyyaml": "yaml"}
+IMPORT_NAMES = {
+    "hydra-core": "hydra",
+    "nvidia-ml-py": "pynvml",
+    "pyzmq": "zmq",
+    "antlr4-python3-runtime": "antlr4",
+    "pyyaml": "yaml",
+}
 # a PyTorch GPU image has these, and their wheels are too large to carry (tens of MB each)
 STOCK = {"torch", "numpy", "pandas", "pyarrow", "matplotlib", "scipy"}
 EXTRA = [
@@ -62,8 +67,11 @@ def carried() -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    commands = {"missing": lambda: " ".join(missing()), "carried": lambda: "\n".join(carried()),
-                "stock": lambda: " ".join(sorted(STOCK))}
+    commands = {
+        "missing": lambda: " ".join(missing()),
+        "carried": lambda: "\n".join(carried()),
+        "stock": lambda: " ".join(sorted(STOCK)),
+    }
     if len(argv) != 1 or argv[0] not in commands:
         print(f"gpu_deps: unknown arguments {' '.join(argv)!r} (allowed: {', '.join(commands)})", file=sys.stderr)
         return 2

@@ -6,7 +6,8 @@ only names a type for annotations and loads nothing, is left out unless --type-c
 (as import-linter does with exclude_type_checking_imports).
 A "package" is a direct child of testbed: a subpackage (testbed.cluster) or a top-level
 module (testbed.config); analysis/ counts as one, and a package's __main__ (python -m
-testbed.interop) as an entry point of its own, as the import contracts have it. Prints the edges, the package cycles (strongly connected components
+testbed.interop) as an entry point of its own, as the import contracts have it. Prints the edges, the package
+cycles (strongly connected components
 of more than one package), and the depth (the number of layers in the longest path of the
 condensed graph).
 

@@ -78,8 +78,11 @@ def with_size(argv: list[str]) -> list[str]:
     except (HydraException, OmegaConfBaseException, ValueError, TestbedError):
         return argv
     if sizing is not None and sizing.values:
-        print(f"size={sizing.choice} ({sizing.why}; size=gpu runs the study's GPU size, a key set here wins): "
-              + " ".join(sizing.values), file=sys.stderr)
+        print(
+            f"size={sizing.choice} ({sizing.why}; size=gpu runs the study's GPU size, a key set here wins): "
+            + " ".join(sizing.values),
+            file=sys.stderr,
+        )
     return argv
 
 

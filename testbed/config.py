@@ -85,27 +85,34 @@ class HardwareConfig:
         if self.num_nodes < 1:
             raise ConfigError(f"hardware.num_nodes must be >= 1 (got {self.num_nodes})")
         if self.num_devices is not None and self.num_devices % self.num_nodes:
-            raise ConfigError(f"hardware.num_devices={self.num_devices} does not divide over "
-                              f"hardware.num_nodes={self.num_nodes}")
+            raise ConfigError(
+                f"hardware.num_devices={self.num_devices} does not divide over hardware.num_nodes={self.num_nodes}"
+            )
         if self.internode_gbps <= 0 or self.internode_latency_s < 0:
-            raise ConfigError(f"hardware.internode_gbps must be > 0 and hardware.internode_latency_s >= 0 "
-                              f"(got {self.internode_gbps}, {self.internode_latency_s})")
+            raise ConfigError(
+                f"hardware.internode_gbps must be > 0 and hardware.internode_latency_s >= 0 "
+                f"(got {self.internode_gbps}, {self.internode_latency_s})"
+            )
 
     def _validate_emulation(self) -> None:
         for key in ("emulate", "emulate_prefill", "emulate_decode"):
             if getattr(self, key) is not None:
                 check_spec(f"hardware.{key}", getattr(self, key))
         if self.emulate is None and (self.emulate_prefill is None) != (self.emulate_decode is None):
-            raise ConfigError("hardware.emulate_prefill and hardware.emulate_decode: set both, or set hardware.emulate "
-                              "for the role left out (a paced role beside an unpaced one mixes two clocks)")
+            raise ConfigError(
+                "hardware.emulate_prefill and hardware.emulate_decode: set both, or set hardware.emulate "
+                "for the role left out (a paced role beside an unpaced one mixes two clocks)"
+            )
         if not 0 <= self.max_overrun_share <= 1:
             raise ConfigError(f"hardware.max_overrun_share must be in [0, 1] (got {self.max_overrun_share})")
         if not 0 < self.emulate_pool_share <= 1:
             raise ConfigError(f"hardware.emulate_pool_share must be in (0, 1] (got {self.emulate_pool_share})")
         if self.emulate_model is not None:
             if self.emulate is None and self.emulate_prefill is None:
-                raise ConfigError(f"hardware.emulate_model={self.emulate_model} needs hardware.emulate (or the "
-                                  f"per-role emulate_prefill and emulate_decode)")
+                raise ConfigError(
+                    f"hardware.emulate_model={self.emulate_model} needs hardware.emulate (or the "
+                    f"per-role emulate_prefill and emulate_decode)"
+                )
             if self.emulate_model not in PRESETS:
                 raise ConfigError(f"hardware.emulate_model={self.emulate_model!r} is not one of {', '.join(PRESETS)}")
 
@@ -187,8 +194,9 @@ class Config:
         return default_block_size("cuda" if cuda else "cpu", flash, self.model.dtype, self.engine.attention_backend)
 
     def validate(self) -> "Config":
-        problem = renamed_value({key: getattr(getattr(self, key.split(".")[0]), key.split(".")[1])
-                                 for key in RENAMED_VALUES})
+        problem = renamed_value(
+            {key: getattr(getattr(self, key.split(".")[0]), key.split(".")[1]) for key in RENAMED_VALUES}
+        )
         if problem:
             raise ConfigError(problem)
         if self.executor not in EXECUTORS:
@@ -220,8 +228,13 @@ class Config:
 
 # ranges the per-package checks leave open: {dotted key: (lowest, highest)}, both allowed; None: no
 # bound on that side. Every other number must be finite (floats) and fit in 64 bits (ints).
-BOUNDS = {"seed": (0, 2**32 - 1), "model.seed": (0, 2**32 - 1),  # numpy's and torch's seeds
-          "faults.kill_worker": (0, None), "faults.stall_worker": (0, None), "experiment.message_mib": (1, None)}
+BOUNDS = {
+    "seed": (0, 2**32 - 1),
+    "model.seed": (0, 2**32 - 1),  # numpy's and torch's seeds
+    "faults.kill_worker": (0, None),
+    "faults.stall_worker": (0, None),
+    "experiment.message_mib": (1, None),
+}
 POSITIVE = ("cluster.start_timeout_s", "hardware.emulate_memory_gib", "model.rms_norm_eps", "model.rope_theta")
 CHOICES = {"model.dtype": ("auto", "float32", "bfloat16", "float16")}
 INT64 = (-(2**63), 2**63 - 1)
@@ -270,16 +283,20 @@ def check_budget(cfg: "Config", args, workers: float = 0.0) -> None:
     above `limits` with the key to raise."""
     span = arrival_span_s(cfg.workload)
     if cfg.executor != "sim" and span is not None and span > cfg.limits.max_run_s:
-        raise ConfigError(f"the workload's arrivals span about {span:.3g} s ({_span_keys(cfg.workload)}), above "
-                          f"limits.max_run_s={cfg.limits.max_run_s:g}; raise limits.max_run_s to run it")
+        raise ConfigError(
+            f"the workload's arrivals span about {span:.3g} s ({_span_keys(cfg.workload)}), above "
+            f"limits.max_run_s={cfg.limits.max_run_s:g}; raise limits.max_run_s to run it"
+        )
     workload = host_bytes(cfg.workload, args.max_model_len)
     cap = cfg.limits.max_memory_gb
     cap_gb = cap if cap is not None else 0.8 * physical_memory() / GB
     if (workload + workers) / GB > cap_gb:
         shown = "" if cap is not None else " (80% of this machine's memory)"
-        raise ConfigError(f"the run needs about {(workload + workers) / GB:.3g} GB of host memory (requests "
-                          f"{workload / GB:.3g} GB, workers {workers / GB:.3g} GB), above limits.max_memory_gb="
-                          f"{cap_gb:.3g}{shown}; raise limits.max_memory_gb to run it")
+        raise ConfigError(
+            f"the run needs about {(workload + workers) / GB:.3g} GB of host memory (requests "
+            f"{workload / GB:.3g} GB, workers {workers / GB:.3g} GB), above limits.max_memory_gb="
+            f"{cap_gb:.3g}{shown}; raise limits.max_memory_gb to run it"
+        )
 
 
 def _span_keys(workload) -> str:
@@ -482,7 +499,8 @@ def check_overrides(argv: list[str]) -> str | None:
         return problem
     overrides = [a for a in argv if not a.startswith("hydra.")]
     problem = renamed_key(sorted(override_keys(overrides))) or renamed_value(
-        dict(o.lstrip("+~").split("=", 1) for o in overrides if "=" in o))
+        dict(o.lstrip("+~").split("=", 1) for o in overrides if "=" in o)
+    )
     if problem:
         return problem
     try:
@@ -532,8 +550,11 @@ def output_dir_problem(argv: list[str]) -> str | None:
 def _one_line(error: BaseException) -> str:
     parts = []
     while error is not None and len(parts) < 3:
-        text = " ".join(line.strip() for line in str(error).splitlines() if line.strip()
-                        and not line.strip().startswith(("full_key", "object_type", "reference_type")))
+        text = " ".join(
+            line.strip()
+            for line in str(error).splitlines()
+            if line.strip() and not line.strip().startswith(("full_key", "object_type", "reference_type"))
+        )
         text = text.split(" Config search path:")[0]
         if text and text not in parts:
             parts.append(text)

@@ -13,7 +13,7 @@ import sys
 from typing import Iterator
 
 Item = tuple[str, str]
-GIB = 1024 ** 3
+GIB = 1024**3
 
 
 def python_items() -> Iterator[Item]:
@@ -93,7 +93,7 @@ def cpu_attention() -> str:
 
 
 def nvml_items() -> Iterator[Item]:
-    from testbed.tracking.telemetry import gpu_inventory
+    from testbed.tracking.nvml import gpu_inventory
 
     inventory = gpu_inventory()
     if not inventory.get("available"):

@@ -67,8 +67,10 @@ class ExperimentConfig:
         if self.name not in studies:
             raise ConfigError(f"experiment.name={self.name!r} is not one of {', '.join(studies)}")
         if set(self.sizes) - {"cpu"}:
-            raise ConfigError(f"experiment.sizes has {sorted(set(self.sizes) - {'cpu'})}; allowed: cpu (gpu is the "
-                              f"study file's top level, tiny its catalog record)")
+            raise ConfigError(
+                f"experiment.sizes has {sorted(set(self.sizes) - {'cpu'})}; allowed: cpu (gpu is the "
+                f"study file's top level, tiny its catalog record)"
+            )
         bad = [m for m in self.modes if m not in ("colocated", "chunked", "disagg")]
         if bad:
             raise ConfigError(f"experiment.modes has {bad}; allowed: colocated, chunked, disagg")
@@ -83,8 +85,10 @@ class ExperimentConfig:
         if self.on_changed not in ("refuse", "rerun"):
             raise ConfigError(f"experiment.on_changed must be refuse or rerun (got {self.on_changed!r})")
         if self.search_points < 0 or not 0 < self.search_tolerance < 1 or self.search_span < 1:
-            raise ConfigError(f"experiment.search_points must be >= 0, search_tolerance in (0, 1) and search_span "
-                              f">= 1 (got {self.search_points}, {self.search_tolerance}, {self.search_span})")
+            raise ConfigError(
+                f"experiment.search_points must be >= 0, search_tolerance in (0, 1) and search_span "
+                f">= 1 (got {self.search_points}, {self.search_tolerance}, {self.search_span})"
+            )
         if self.repeats < 1:
             raise ConfigError(f"experiment.repeats must be >= 1 (got {self.repeats})")
         return self

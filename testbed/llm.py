@@ -1,8 +1,8 @@
 """`LLM`: the engine as a library, for notebooks and scripts.
 
-    from testbed import LLM
-    llm = LLM(model="tiny", device="cpu")
-    outputs = llm.generate([[1, 2, 3], [4, 5]], max_new_tokens=8)   # greedy token ids per prompt
+from testbed import LLM
+llm = LLM(model="tiny", device="cpu")
+outputs = llm.generate([[1, 2, 3], [4, 5]], max_new_tokens=8)   # greedy token ids per prompt
 """
 
 from __future__ import annotations
@@ -27,18 +27,28 @@ class LLM:
     def __init__(self, model: str = "tiny", device: str = "cpu", policy: str = "chunked", **options):
         unknown = set(options) - _ENGINE_FIELDS - _SCHEDULER_FIELDS - _MODEL_FIELDS
         if unknown:
-            raise TypeError(f"unknown LLM option(s) {sorted(unknown)}; allowed: "
-                            f"{sorted(_ENGINE_FIELDS | _SCHEDULER_FIELDS | _MODEL_FIELDS)}")
+            raise TypeError(
+                f"unknown LLM option(s) {sorted(unknown)}; allowed: "
+                f"{sorted(_ENGINE_FIELDS | _SCHEDULER_FIELDS | _MODEL_FIELDS)}"
+            )
         pick = lambda names: {k: v for k, v in options.items() if k in names}  # noqa: E731
         is_path = Path(model).is_dir()
-        model_config = ModelConfig(name="tiny" if is_path else model, path=model if is_path else None,
-                                   **pick(_MODEL_FIELDS))
+        model_config = ModelConfig(
+            name="tiny" if is_path else model, path=model if is_path else None, **pick(_MODEL_FIELDS)
+        )
         # a length the caller did not ask for (a checkpoint's max_position_embeddings can exceed
         # the default pool) is lowered to what the pool holds; an explicit one the pool cannot hold is an error
-        self.engine = Engine.build(model_config.args(), EngineConfig(**pick(_ENGINE_FIELDS)),
-                                   SchedulerConfig(**offline_scheduler(pick(_SCHEDULER_FIELDS))), policy, device,
-                                   dtype=model_config.dtype, path=model_config.path, seed=model_config.seed,
-                                   fit_max_model_len=model_config.max_model_len is None)
+        self.engine = Engine.build(
+            model_config.args(),
+            EngineConfig(**pick(_ENGINE_FIELDS)),
+            SchedulerConfig(**offline_scheduler(pick(_SCHEDULER_FIELDS))),
+            policy,
+            device,
+            dtype=model_config.dtype,
+            path=model_config.path,
+            seed=model_config.seed,
+            fit_max_model_len=model_config.max_model_len is None,
+        )
         self._next_id = 0
 
     def generate(self, prompt_token_ids: list[list[int]], max_new_tokens: int | list[int] = 16) -> list[list[int]]:

@@ -40,8 +40,12 @@ class Kind(StrEnum):
     DECODE = "decode"
 
 
-KIND_OF = {Role.COLOCATED: Kind.MIXED, Role.CHUNKED: Kind.MIXED, Role.PREFILL_ONLY: Kind.PREFILL,
-           Role.DECODE_ONLY: Kind.DECODE}
+KIND_OF = {
+    Role.COLOCATED: Kind.MIXED,
+    Role.CHUNKED: Kind.MIXED,
+    Role.PREFILL_ONLY: Kind.PREFILL,
+    Role.DECODE_ONLY: Kind.DECODE,
+}
 
 
 class Executor(StrEnum):

@@ -29,17 +29,24 @@ def main(cfg: DictConfig) -> None:
     try:
         config = to_config(cfg)
         if config.experiment.name != ONE_POINT:
-            raise ConfigError(f"experiment={config.experiment.name}: the server runs one serving configuration; "
-                              f"drop +experiment (studies replay against it with executor=http)")
+            raise ConfigError(
+                f"experiment={config.experiment.name}: the server runs one serving configuration; "
+                f"drop +experiment (studies replay against it with executor=http)"
+            )
         if torchrun_world() is not None:
-            raise ConfigError("the HTTP server runs its workers on one box; across hosts run "
-                              "torchrun ... -m testbed (README, Across hosts)")
+            raise ConfigError(
+                "the HTTP server runs its workers on one box; across hosts run "
+                "torchrun ... -m testbed (README, Across hosts)"
+            )
         tokenizer = load_tokenizer(config.http.tokenizer or config.model.path)
         with HttpServer(config, out_dir, **tokenizer) as server:
             STOP.first = lambda: None  # serving: the first signal ends the wait below, nothing is raised
             if not STOP.requested.is_set():  # one that came while starting up stops it here
-                print(f"serving mode={config.mode} model={config.model.name} on {server.url}/v1/completions "
-                      f"(Ctrl-C stops; results go to {out_dir})", flush=True)
+                print(
+                    f"serving mode={config.mode} model={config.model.name} on {server.url}/v1/completions "
+                    f"(Ctrl-C stops; results go to {out_dir})",
+                    flush=True,
+                )
             while not STOP.requested.wait(timeout=1.0):
                 pass
         print(f"stopped; the requests served are in {out_dir}", file=sys.stderr)

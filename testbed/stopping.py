@@ -47,8 +47,11 @@ class StopOnce:
             self.first()
             return
         # os.write, not print: the handler may run while the main thread is inside a print to stderr
-        os.write(2, f"{signal.Signals(signum).name} ignored: already stopping, the finished requests are being "
-                    f"written (SIGKILL ends at once and loses them)\n".encode())
+        os.write(
+            2,
+            f"{signal.Signals(signum).name} ignored: already stopping, the finished requests are being "
+            f"written (SIGKILL ends at once and loses them)\n".encode(),
+        )
 
 
 class Stopped(KeyboardInterrupt):

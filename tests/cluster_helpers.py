@@ -18,9 +18,17 @@ def make_config(*overrides: str) -> Config:
 
 def small_workload(n: int = 10, rate: float = 40.0) -> list[str]:
     """Short prompts and outputs at a high rate, so steps batch several requests together."""
-    return [f"workload.num_requests={n}", f"workload.rate={rate}", "workload.input_len.min=20",
-            "workload.input_len.max=120", "workload.output_len.min=6", "workload.output_len.max=20",
-            "hardware=cpu", "model.max_model_len=256", "engine.num_kv_blocks=256"]
+    return [
+        f"workload.num_requests={n}",
+        f"workload.rate={rate}",
+        "workload.input_len.min=20",
+        "workload.input_len.max=120",
+        "workload.output_len.min=6",
+        "workload.output_len.max=20",
+        "hardware=cpu",
+        "model.max_model_len=256",
+        "engine.num_kv_blocks=256",
+    ]
 
 
 def read_until(box, until, limit_s: float = 60) -> list:

@@ -57,8 +57,14 @@ def study_results(tmp_path_factory):
 
 # ratio_sweep in the simulator (seconds), two repeats per point and rates that cross the SLOs, so
 # goodput differs between repeats: figures whose intervals come from across repeats have some.
-REPEATED = ["executor=sim", "experiment.repeats=2", "experiment.rates=[20,80,320]", "workload.num_requests=40",
-            "slo.ttft_s=0.05", "slo.tpot_s=0.01"]
+REPEATED = [
+    "executor=sim",
+    "experiment.repeats=2",
+    "experiment.rates=[20,80,320]",
+    "workload.num_requests=40",
+    "slo.ttft_s=0.05",
+    "slo.tpot_s=0.01",
+]
 
 
 @pytest.fixture(scope="session")

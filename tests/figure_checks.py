@@ -43,8 +43,9 @@ def num(value) -> float:
 
 def expect(plotted, saved, what: str) -> None:
     a, b = np.asarray(plotted, dtype=float), np.asarray(saved, dtype=float)
-    assert a.shape == b.shape and np.allclose(a, b, rtol=1e-9, atol=1e-12, equal_nan=True), \
+    assert a.shape == b.shape and np.allclose(a, b, rtol=1e-9, atol=1e-12, equal_nan=True), (
         f"{what}: plotted {a.tolist()} != saved {b.tolist()}"
+    )
 
 
 def expect_bounds(line, rows: pd.DataFrame, column: str, scale: float, what: str) -> None:
@@ -79,8 +80,11 @@ def attainment_vs_rate(plotted, saved: Saved) -> None:
         expect(line["rate"], np.unique(points["rate"]), f"{label} fitted rates")
         assert np.all(np.diff(line["attainment"]) <= 1e-12), f"{label}: the fitted curve rises"
         g = saved.aggregate["goodput"][label]
-        expect([line["goodput"], line["goodput_low"], line["goodput_high"]],
-               [g["goodput"], num(g.get("goodput_low")), num(g.get("goodput_high"))], f"{label} goodput")
+        expect(
+            [line["goodput"], line["goodput_low"], line["goodput_high"]],
+            [g["goodput"], num(g.get("goodput_low")), num(g.get("goodput_high"))],
+            f"{label} goodput",
+        )
 
 
 def latency_lines(plotted, saved: Saved, metric: str, x: str = "rate") -> None:
@@ -113,8 +117,11 @@ def latency_summary(plotted, saved: Saved) -> None:
     for label, by_metric in plotted.items():
         row = saved.cell(label=label)
         for metric, bar in by_metric.items():
-            expect([bar["ms"], bar["low"], bar["high"]],
-                   [row[metric] * MS, row[f"{metric}_low"] * MS, row[f"{metric}_high"] * MS], f"{label} {metric}")
+            expect(
+                [bar["ms"], bar["low"], bar["high"]],
+                [row[metric] * MS, row[f"{metric}_low"] * MS, row[f"{metric}_high"] * MS],
+                f"{label} {metric}",
+            )
             if metric in points[row["cell"]]:  # the aggregate tabulates some of them
                 expect(bar["ms"], points[row["cell"]][metric] * MS, f"{label} {metric} aggregate")
 
@@ -122,8 +129,10 @@ def latency_summary(plotted, saved: Saved) -> None:
 def timeline(plotted, saved: Saved, point: str) -> None:
     requests = read_results(saved.dir / "points" / point)["requests"].set_index("request_id")
     segments = pd.DataFrame(plotted)
-    for phase, start, end in [("prefill", "prefill_start_s", "prefill_end_s"),
-                              ("decode", "decode_start_s", "finished_s")]:
+    for phase, start, end in [
+        ("prefill", "prefill_start_s", "prefill_end_s"),
+        ("decode", "decode_start_s", "finished_s"),
+    ]:
         rows = segments[segments["phase"] == phase]
         assert len(rows), phase
         expect(rows["start_s"], requests.loc[rows["request_id"], start], f"{point} {phase} start")
@@ -156,8 +165,9 @@ def chunk_tradeoff(plotted, saved: Saved) -> None:
     rows = saved.cells.sort_values("chunk")
     expect(plotted["chunk"], rows["chunk"], "chunks")
     for key, column in (("itl_p99", "itl_p99"), ("ttft", "ttft_p50")):
-        expect_bounds({"y": plotted[key], "low": plotted[f"{key}_low"], "high": plotted[f"{key}_high"]}, rows, column,
-                      MS, key)
+        expect_bounds(
+            {"y": plotted[key], "low": plotted[f"{key}_low"], "high": plotted[f"{key}_high"]}, rows, column, MS, key
+        )
         expect(plotted[key], [saved.aggregate["points"][c][column] * MS for c in rows["cell"]], f"{key} aggregate")
 
 
@@ -176,8 +186,11 @@ def ttft_by_bucket(plotted, saved: Saved) -> None:
                 expect(bar["count"], len(ttft), f"{label} {bucket} count")
                 expect(bar["ms"], np.percentile(ttft, int(p[1:])) * MS, f"{label} {bucket} {p}")
                 interval = sample_interval([u["ttft"].to_numpy(float) for u in request_units(inside)], p)
-                expect([bar["low"], bar["high"]], np.asarray([interval.low, interval.high]) * MS,
-                       f"{label} {bucket} {p} bounds")
+                expect(
+                    [bar["low"], bar["high"]],
+                    np.asarray([interval.low, interval.high]) * MS,
+                    f"{label} {bucket} {p} bounds",
+                )
                 if row["repeats"] == 1:
                     saved_value = saved.aggregate["points"][row["cell"]][f"ttft_by_bucket_{bucket}_{p}"]
                     expect(bar["ms"], num(saved_value) * MS, f"{label} {bucket} {p} aggregate")
@@ -238,8 +251,11 @@ def sim_vs_real(plotted, saved: Saved) -> None:
             for executor in ("real", "sim"):
                 row = saved.cell(label=label, rate=rate, executor=executor)
                 saved_values = [row[metric] * MS, row[f"{metric}_low"] * MS, row[f"{metric}_high"] * MS]
-                expect([points[executor][i], points[f"{executor}_low"][i], points[f"{executor}_high"][i]],
-                       saved_values, f"{metric} {executor}")
+                expect(
+                    [points[executor][i], points[f"{executor}_low"][i], points[f"{executor}_high"][i]],
+                    saved_values,
+                    f"{metric} {executor}",
+                )
 
 
 CHECKS = {
@@ -268,7 +284,7 @@ def check_study(plotted: dict, directory: Path) -> list[str]:
     saved = Saved(directory)
     for stem, data in plotted.items():
         if stem.startswith("timeline_"):
-            timeline(data, saved, stem[len("timeline_"):])
+            timeline(data, saved, stem[len("timeline_") :])
         elif stem.startswith("telemetry_"):
             assert data, stem  # drawn only where NVML recorded something
         else:

@@ -15,8 +15,11 @@ from hypothesis import HealthCheck, settings
 
 QUICK = int(os.environ.get("TESTBED_QUICK_EXAMPLES", "60"))
 FUZZ = int(os.environ.get("TESTBED_FUZZ_EXAMPLES", "3000"))
-COMMON = dict(deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                                                      HealthCheck.function_scoped_fixture])
+COMMON = dict(
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture],
+)
 
 
 def quick(test, examples: int = QUICK):

@@ -15,11 +15,27 @@ from pathlib import Path
 import torch
 
 INIT_STD = 0.3
-COMMON = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-              num_key_value_heads=2, vocab_size=512, initializer_range=INIT_STD, rms_norm_eps=1e-6,
-              bos_token_id=None, eos_token_id=None, pad_token_id=None)
-LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
-               "high_freq_factor": 4.0, "original_max_position_embeddings": 32}
+COMMON = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=512,
+    initializer_range=INIT_STD,
+    rms_norm_eps=1e-6,
+    bos_token_id=None,
+    eos_token_id=None,
+    pad_token_id=None,
+)
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "rope_theta": 500000.0,
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 32,
+}
 
 # name -> (transformers class names, config keywords)
 KINDS = {
@@ -27,15 +43,32 @@ KINDS = {
     "llama": ("Llama", dict(max_position_embeddings=4096, rope_parameters={"rope_type": "default", "rope_theta": 1e6})),
     # 4 KV heads x 16 x 2 layers x K,V x float32 = 1 KiB per token: 64 MiB holds 65536 < 131072 positions
     "llama3": ("Llama", dict(num_key_value_heads=4, max_position_embeddings=131072, rope_parameters=LLAMA3_ROPE)),
-    "qwen2": ("Qwen2", dict(max_position_embeddings=4096, tie_word_embeddings=True,
-                            rope_parameters={"rope_type": "default", "rope_theta": 1e6})),
+    "qwen2": (
+        "Qwen2",
+        dict(
+            max_position_embeddings=4096,
+            tie_word_embeddings=True,
+            rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+        ),
+    ),
     # 512 wide: projections large enough for the CPU's packed GEMM (testbed.model.linear)
-    "wide": ("Llama", dict(hidden_size=512, intermediate_size=1024, num_attention_heads=8, num_key_value_heads=4,
-                           initializer_range=0.05, max_position_embeddings=4096,
-                           rope_parameters={"rope_type": "default", "rope_theta": 1e6})),
+    "wide": (
+        "Llama",
+        dict(
+            hidden_size=512,
+            intermediate_size=1024,
+            num_attention_heads=8,
+            num_key_value_heads=4,
+            initializer_range=0.05,
+            max_position_embeddings=4096,
+            rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+        ),
+    ),
     # GQA with head_dim 32 != hidden 64 / 4 heads
-    "gqa": ("Llama", dict(head_dim=32, max_position_embeddings=4096,
-                          rope_parameters={"rope_type": "default", "rope_theta": 2e5})),
+    "gqa": (
+        "Llama",
+        dict(head_dim=32, max_position_embeddings=4096, rope_parameters={"rope_type": "default", "rope_theta": 2e5}),
+    ),
 }
 
 
@@ -57,9 +90,14 @@ def write_checkpoint(kind: str, directory: Path, seed: int = 0):
 
 
 def hf_greedy(model, prompt: list[int], max_new_tokens: int) -> list[int]:
-    out = model.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False,
-                         pad_token_id=0, attention_mask=torch.ones(1, len(prompt), dtype=torch.long))
-    return out[0, len(prompt):].tolist()
+    out = model.generate(
+        torch.tensor([prompt]),
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        pad_token_id=0,
+        attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+    )
+    return out[0, len(prompt) :].tolist()
 
 
 def random_prompts(lengths: tuple[int, ...], vocab_size: int, seed: int = 1) -> list[list[int]]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from testbed.control.config import ClusterConfig, KVTransferConfig
 from testbed.control.book import RequestBook
+from testbed.control.config import ClusterConfig, KVTransferConfig
 from testbed.control.limits import Routes, TenantLimits, TokenBucket
 from testbed.errors import ConfigError
 from testbed.metrics.events import RequestLog
@@ -16,8 +16,9 @@ from tests.cluster_helpers import make_config
 
 
 def request(rid: int, tenant: str = "chat", input_len: int = 10) -> Request:
-    return Request(request_id=rid, arrival_s=0.0, prompt_token_ids=tuple(range(1, input_len + 1)), output_len=2,
-                   tenant=tenant)
+    return Request(
+        request_id=rid, arrival_s=0.0, prompt_token_ids=tuple(range(1, input_len + 1)), output_len=2, tenant=tenant
+    )
 
 
 def test_a_bucket_starts_full_refills_at_its_rate_and_never_past_its_capacity():
@@ -28,9 +29,14 @@ def test_a_bucket_starts_full_refills_at_its_rate_and_never_past_its_capacity():
 
 
 def test_a_tenant_over_either_limit_is_refused_and_takes_nothing():
-    limits = TenantLimits([TenantConfig(name="chat", rate_limit=RateLimitConfig(requests_per_s=2, prompt_tokens_per_s=100,
-                                                                                 burst_s=1.0)),
-                           TenantConfig(name="batch")])
+    limits = TenantLimits(
+        [
+            TenantConfig(
+                name="chat", rate_limit=RateLimitConfig(requests_per_s=2, prompt_tokens_per_s=100, burst_s=1.0)
+            ),
+            TenantConfig(name="batch"),
+        ]
+    )
     assert limits.refusal("chat", 60, 0.0) is None
     assert "100 prompt tokens/s" in limits.refusal("chat", 60, 0.0)  # 40 tokens left
     assert limits.refusal("chat", 40, 0.0) is None  # the refusal took nothing: a request is still left
@@ -55,10 +61,13 @@ def test_routes_by_tenant_pool_and_by_input_length():
 
 def test_the_book_refuses_with_the_reason_and_routes_within_the_pool():
     roles = {0: "colocated", 1: "colocated", 2: "colocated"}
-    tenants = [TenantConfig(name="chat", rate_limit=RateLimitConfig(requests_per_s=1)),
-               TenantConfig(name="vip", workers=[2])]
-    b = RequestBook(ClusterConfig(dispatch="round_robin"), KVTransferConfig(), False, roles, RequestLog(0.0),
-                    tenants=tenants)
+    tenants = [
+        TenantConfig(name="chat", rate_limit=RateLimitConfig(requests_per_s=1)),
+        TenantConfig(name="vip", workers=[2]),
+    ]
+    b = RequestBook(
+        ClusterConfig(dispatch="round_robin"), KVTransferConfig(), False, roles, RequestLog(0.0), tenants=tenants
+    )
     assert b.admit(request(0), 0.0) is not None
     assert b.admit(request(1), 0.1) is None
     assert [b.admit(request(i, "vip"), 0.1).worker for i in range(2, 5)] == [2, 2, 2]
@@ -70,9 +79,16 @@ def test_the_book_refuses_with_the_reason_and_routes_within_the_pool():
 def test_a_simulated_run_refuses_a_limited_tenant_and_counts_the_refusals_as_misses():
     from testbed.sim.executor import simulate
     from tests.test_sim import PROFILE
-    cfg = make_config("workload=mixed_tenants", "workload.num_requests=60", "workload.rate=40", "hardware=cpu",
-                      "mode=chunked", "cluster.num_workers=2",
-                      "+workload.tenants.1.rate_limit.requests_per_s=2")
+
+    cfg = make_config(
+        "workload=mixed_tenants",
+        "workload.num_requests=60",
+        "workload.rate=40",
+        "hardware=cpu",
+        "mode=chunked",
+        "cluster.num_workers=2",
+        "+workload.tenants.1.rate_limit.requests_per_s=2",
+    )
     result = simulate(cfg, PROFILE, num_devices=2)
     requests = result["requests"]
     refused = requests[requests.status == "rejected"]
@@ -83,8 +99,12 @@ def test_a_simulated_run_refuses_a_limited_tenant_and_counts_the_refusals_as_mis
 
 
 def test_a_slow_limit_still_admits_and_a_prompt_larger_than_the_bucket_goes_in_debt():
-    limits = TenantLimits([TenantConfig(name="slow", rate_limit=RateLimitConfig(requests_per_s=0.5)),
-                           TenantConfig(name="tokens", rate_limit=RateLimitConfig(prompt_tokens_per_s=100))])
+    limits = TenantLimits(
+        [
+            TenantConfig(name="slow", rate_limit=RateLimitConfig(requests_per_s=0.5)),
+            TenantConfig(name="tokens", rate_limit=RateLimitConfig(prompt_tokens_per_s=100)),
+        ]
+    )
     assert limits.refusal("slow", 10, 0.0) is None  # the bucket holds one request, not half of one
     assert "0.5 requests/s" in limits.refusal("slow", 10, 1.0)
     assert limits.refusal("slow", 10, 2.0) is None  # two seconds a request

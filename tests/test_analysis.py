@@ -10,8 +10,6 @@ import json
 import shutil
 
 import numpy as np
-
-from testbed.metrics.uncertainty import mean_interval
 import pandas as pd
 import pytest
 
@@ -24,6 +22,7 @@ from testbed.metrics.config import MetricsConfig
 from testbed.metrics.interference import background_gaps, injection_window
 from testbed.metrics.latency import pooled_itl
 from testbed.metrics.summary import measured
+from testbed.metrics.uncertainty import mean_interval
 from testbed.studies.catalog import STUDIES
 from tests.figure_checks import check_study
 
@@ -99,8 +98,14 @@ def test_load_sweep_cells_and_runs(sweeps, study_results, repeated):
     cells = repeated.cells()
     assert set(cells["repeats"]) == {2} and len(cells) * 2 == len(repeated.finished())
     summary = repeated.summary("slo_attainment", "ttft_p99")
-    assert list(summary.columns[-6:]) == ["slo_attainment", "slo_attainment_low", "slo_attainment_high",
-                                          "ttft_p99", "ttft_p99_low", "ttft_p99_high"]
+    assert list(summary.columns[-6:]) == [
+        "slo_attainment",
+        "slo_attainment_low",
+        "slo_attainment_high",
+        "ttft_p99",
+        "ttft_p99_low",
+        "ttft_p99_high",
+    ]
 
 
 def test_cells_of_a_sweep_saved_without_intervals(repeated_results, tmp_path):
@@ -152,21 +157,26 @@ def test_goodput_bars_carry_their_intervals_and_the_verdict(repeated):
     assert heights == [plotted[s]["goodput_per_gpu"] for s in splits]
     widths = []
     for label, g in goodputs.items():
-        assert close([plotted[label][k] for k in ("goodput_per_gpu", "low", "high")],
-                     [g["goodput_per_gpu"], g["goodput_per_gpu_low"], g["goodput_per_gpu_high"]])
+        assert close(
+            [plotted[label][k] for k in ("goodput_per_gpu", "low", "high")],
+            [g["goodput_per_gpu"], g["goodput_per_gpu_low"], g["goodput_per_gpu_high"]],
+        )
         if label in splits:
             (bar,) = segments(ax, label)
             assert close(bar[:, 1], [g["goodput_per_gpu_low"], g["goodput_per_gpu_high"]])
         else:
             (shade,) = bounds.drawn(ax, label)  # the baseline's interval: a band across the axes
-            assert close([shade.get_y(), shade.get_y() + shade.get_height()],
-                         [g["goodput_per_gpu_low"], g["goodput_per_gpu_high"]])
+            assert close(
+                [shade.get_y(), shade.get_y() + shade.get_height()],
+                [g["goodput_per_gpu_low"], g["goodput_per_gpu_high"]],
+            )
         widths.append(g["goodput_per_gpu_high"] - g["goodput_per_gpu_low"])
     assert max(widths) > 0  # the repeats disagree somewhere: the bars are not decoration
     text = captions.goodput_per_gpu(plotted, repeated.aggregate["best"])
     assert repeated.aggregate["best"]["line"] in text
-    assert all(f"{label} {captions.rate(v['goodput_per_gpu'], v['low'], v['high'])}" in text
-               for label, v in plotted.items())
+    assert all(
+        f"{label} {captions.rate(v['goodput_per_gpu'], v['low'], v['high'])}" in text for label, v in plotted.items()
+    )
 
 
 def test_attainment_vs_rate_bands_and_goodput_interval(repeated):
@@ -179,8 +189,10 @@ def test_attainment_vs_rate_bands_and_goodput_interval(repeated):
         assert close(lines[label].get_xdata(), rows["rate"]) and close(lines[label].get_ydata(), rows["slo_attainment"])
         assert_band(ax, f"{label}:slo_attainment", rows["rate"], *bounds.column_bounds(rows, "slo_attainment"))
         g = goodputs[label]
-        assert close([line["goodput"], line["goodput_low"], line["goodput_high"]],
-                     [g["goodput"], g["goodput_low"], g["goodput_high"]])
+        assert close(
+            [line["goodput"], line["goodput_low"], line["goodput_high"]],
+            [g["goodput"], g["goodput_low"], g["goodput_high"]],
+        )
         if g["goodput"] > 0:  # the star's interval lies on the threshold line
             (bar,) = segments(ax, f"{label}:goodput")
             assert close(bar, [[g["goodput_low"], 0.9], [g["goodput_high"], 0.9]])
@@ -262,8 +274,10 @@ def test_latency_summary_bars_and_intervals(sweeps):
         row = cells.set_index("label").loc[label]
         bars = segments(ax, label)
         for metric, bar in by_metric.items():
-            assert close([bar["ms"], bar["low"], bar["high"]],
-                         [row[metric] * MS, row[f"{metric}_low"] * MS, row[f"{metric}_high"] * MS])
+            assert close(
+                [bar["ms"], bar["low"], bar["high"]],
+                [row[metric] * MS, row[f"{metric}_low"] * MS, row[f"{metric}_high"] * MS],
+            )
         assert close(bars[:, :, 1], known([[b["low"], b["high"]] for b in by_metric.values()]))
     assert "lowest ttft p99" in captions.latency_summary(plotted)
 
@@ -297,13 +311,22 @@ def test_itl_inflation_and_the_step_level_view(sweeps):
         entries = [agg[label][str(int(n))] for n in line["prefill_len"]]
         assert close(lines_by_label(inflation_ax)[label].get_ydata(), [e["inflation"] for e in entries])
         bars = segments(inflation_ax, f"{label}:inflation")
-        pairs = [[np.nan if e["inflation_low"] is None else e["inflation_low"],
-                  np.nan if e["inflation_high"] is None else e["inflation_high"]] for e in entries]
+        pairs = [
+            [
+                np.nan if e["inflation_low"] is None else e["inflation_low"],
+                np.nan if e["inflation_high"] is None else e["inflation_high"],
+            ]
+            for e in entries
+        ]
         assert close(bars[:, :, 1], known(pairs))
         steps = plotted["decode_step"][label]
-        assert close(lines_by_label(step_ax)[label].get_ydata(),
-                     [np.nan if e["decode_step_s_with_prefill"] is None else e["decode_step_s_with_prefill"] * MS
-                      for e in entries])
+        assert close(
+            lines_by_label(step_ax)[label].get_ydata(),
+            [
+                np.nan if e["decode_step_s_with_prefill"] is None else e["decode_step_s_with_prefill"] * MS
+                for e in entries
+            ],
+        )
         assert close(steps["without_prefill_ms"], [e["decode_step_s_without_prefill"] * MS for e in entries])
         rows = sweep.finished()[sweep.finished()["label"] == label].set_index("prefill_len")
         for n, value in zip(line["prefill_len"], line["inflation"]):  # recomputed from the point's own tables
@@ -363,9 +386,11 @@ def test_request_timeline_matches_requests(sweeps):
     fig, ax = style.figure("double")
     segments_drawn = system.request_timeline(ax, requests)
     bars = {c.get_label(): c for c in ax.containers}
-    for phase, start, end in [("prefill", "prefill_start_s", "prefill_end_s"),
-                              ("transfer", "kv_transfer_start_s", "kv_transfer_end_s"),
-                              ("decode", "decode_start_s", "finished_s")]:
+    for phase, start, end in [
+        ("prefill", "prefill_start_s", "prefill_end_s"),
+        ("transfer", "kv_transfer_start_s", "kv_transfer_end_s"),
+        ("decode", "decode_start_s", "finished_s"),
+    ]:
         rows = requests.dropna(subset=[start, end])
         drawn = bars[phase].patches
         assert close([b.get_x() for b in drawn], rows[start])
@@ -375,10 +400,18 @@ def test_request_timeline_matches_requests(sweeps):
 
 
 def test_gpu_telemetry_draws_a_given_frame_and_cpu_runs_skip(sweeps):
-    frame = pd.DataFrame({"t_s": [0.0, 0.1, 0.2, 0.0, 0.1, 0.2], "gpu": [0, 0, 0, 1, 1, 1],
-                          "util_pct": [10.0, 50.0, 90.0, 0.0, 5.0, 7.0], "mem_used_bytes": [2**30] * 6,
-                          "power_w": [100.0] * 6, "sm_clock_mhz": [1980.0] * 6,
-                          "nvlink_tx_bytes_s": [np.nan] * 6, "nvlink_rx_bytes_s": [np.nan] * 6})
+    frame = pd.DataFrame(
+        {
+            "t_s": [0.0, 0.1, 0.2, 0.0, 0.1, 0.2],
+            "gpu": [0, 0, 0, 1, 1, 1],
+            "util_pct": [10.0, 50.0, 90.0, 0.0, 5.0, 7.0],
+            "mem_used_bytes": [2**30] * 6,
+            "power_w": [100.0] * 6,
+            "sm_clock_mhz": [1980.0] * 6,
+            "nvlink_tx_bytes_s": [np.nan] * 6,
+            "nvlink_rx_bytes_s": [np.nan] * 6,
+        }
+    )
     fig, ax = style.figure()
     plotted = system.gpu_telemetry(ax, frame, "util_pct")
     assert close(ax.get_lines()[1].get_ydata(), [0.0, 5.0, 7.0]) and close(plotted[0][1], [10.0, 50.0, 90.0])
@@ -401,18 +434,33 @@ def test_ttft_by_turn_and_burstiness_match(sweeps):
     lines = figures.metric_by_label(ax, burst.cells(), "burstiness", "slo_attainment")
     for label, line in lines.items():
         assert close(line["y"], [burst.aggregate[label][str(float(b))] for b in line["x"]])
-        assert close(np.c_[line["low"], line["high"]], [burst.aggregate[f"{label}_interval"][str(float(b))]
-                                                       for b in line["x"]])
+        assert close(
+            np.c_[line["low"], line["high"]], [burst.aggregate[f"{label}_interval"][str(float(b))] for b in line["x"]]
+        )
 
 
 def test_ttft_by_turn_reads_cells_of_repeated_points(tmp_path):
     """With repeats, the aggregate's turns are keyed by cell, and the sweep rows are its repeats."""
-    table = pd.DataFrame({"point": ["chunked_rr_r0", "chunked_rr_r1"], "cell": ["chunked_rr"] * 2,
-                          "repeat": [0, 1], "seed": [0, 1], "label": ["chunked"] * 2, "mode": ["chunked"] * 2,
-                          "dispatch": ["round_robin"] * 2, "status": ["ok"] * 2, "ttft_p50": [0.01, 0.03]})
-    turns = {"chunked_rr": {"ttft_mean_by_turn": {"0": 0.02, "1": 0.01},
-                            "ttft_mean_by_turn_low": {"0": 0.015, "1": 0.008},
-                            "ttft_mean_by_turn_high": {"0": 0.025, "1": 0.012}}}
+    table = pd.DataFrame(
+        {
+            "point": ["chunked_rr_r0", "chunked_rr_r1"],
+            "cell": ["chunked_rr"] * 2,
+            "repeat": [0, 1],
+            "seed": [0, 1],
+            "label": ["chunked"] * 2,
+            "mode": ["chunked"] * 2,
+            "dispatch": ["round_robin"] * 2,
+            "status": ["ok"] * 2,
+            "ttft_p50": [0.01, 0.03],
+        }
+    )
+    turns = {
+        "chunked_rr": {
+            "ttft_mean_by_turn": {"0": 0.02, "1": 0.01},
+            "ttft_mean_by_turn_low": {"0": 0.015, "1": 0.008},
+            "ttft_mean_by_turn_high": {"0": 0.025, "1": 0.012},
+        }
+    }
     sweep = Sweep(tmp_path, "multiturn", table, {"turns": turns})
     ((stem, fig, caption, plotted),) = ttft_by_turn(sweep)
     assert close(plotted["chunked_rr"]["ttft"], [20.0, 10.0]) and close(plotted["chunked_rr"]["low"], [15.0, 8.0])
@@ -421,16 +469,19 @@ def test_ttft_by_turn_reads_cells_of_repeated_points(tmp_path):
 
 def test_captions_name_a_leader_only_when_separated():
     clear = {"chunked": (10.0, 9.0, 11.0), "colocated": (20.0, 18.0, 22.0)}
-    assert captions.leader(clear, "p99 TTFT", lower=True) == ("lowest p99 TTFT: chunked, clear of colocated "
-                                                              "(unpaired intervals)")
+    assert captions.leader(clear, "p99 TTFT", lower=True) == (
+        "lowest p99 TTFT: chunked, clear of colocated (unpaired intervals)"
+    )
     tied = {"chunked": (10.0, 9.0, 15.0), "colocated": (12.0, 11.0, 14.0), "1P1D": (30.0, 25.0, 35.0)}
     text = captions.leader(tied, "p99 TTFT", lower=True)
     assert "not separated (chunked, colocated: 95% intervals overlap)" in text and "1P1D" not in text
     unknown = {"chunked": (10.0, np.nan, np.nan), "colocated": (20.0, np.nan, np.nan)}
     assert "no interval to tell them apart" in captions.leader(unknown, "goodput")
     assert captions.leader({"chunked": (1.0, 0.5, 2.0)}, "goodput") == ""
-    plotted = {"colocated": {"goodput_per_gpu": 4.0, "low": 3.0, "high": 6.0},
-               "1P1D": {"goodput_per_gpu": 5.0, "low": 4.5, "high": 5.5}}
+    plotted = {
+        "colocated": {"goodput_per_gpu": 4.0, "low": 3.0, "high": 6.0},
+        "1P1D": {"goodput_per_gpu": 5.0, "low": 4.5, "high": 5.5},
+    }
     assert "no paired verdict" in captions.goodput_per_gpu(plotted)  # never a leader from unpaired overlap
     assert captions.goodput_per_gpu(plotted, {"line": "best configuration: 1P1D"}).endswith("best configuration: 1P1D.")
 
@@ -440,8 +491,13 @@ def test_a_caption_names_the_leader_the_paired_verdict_names_where_unpaired_inte
     paired verdict separates, and the caption follows the verdict."""
     import pandas as pd
 
-    runs = pd.DataFrame({"label": ["chunked"] * 3 + ["colocated"] * 3, "seed": [0, 1, 2] * 2,
-                         "ttft_p99": [0.10, 0.14, 0.12, 0.105, 0.145, 0.125]})
+    runs = pd.DataFrame(
+        {
+            "label": ["chunked"] * 3 + ["colocated"] * 3,
+            "seed": [0, 1, 2] * 2,
+            "ttft_p99": [0.10, 0.14, 0.12, 0.105, 0.145, 0.125],
+        }
+    )
     unpaired = {k: tuple(mean_interval(g["ttft_p99"].tolist())) for k, g in runs.groupby("label")}
     assert "not separated" in captions.leader(unpaired, "p99 TTFT", lower=True)
     text = captions.paired_leader(runs, "ttft_p99", "p99 TTFT", lower=True)
@@ -453,8 +509,15 @@ def test_a_caption_names_the_leader_the_paired_verdict_names_where_unpaired_inte
 def test_attainment_caption_notes_follow_the_goodput_not_the_pooled_curve():
     """With repeats the curve is a pooled estimate and the goodput a mean over repeats: a repeat
     that met 90% gives a goodput even where the pooled curve stays under it."""
-    line = {"rate": np.array([20.0, 80.0]), "attainment": np.array([0.85, 0.4]), "low": np.array([0.8, 0.3]),
-            "high": np.array([0.9, 0.5]), "goodput": 11.9, "goodput_low": 0.0, "goodput_high": 160.0}
+    line = {
+        "rate": np.array([20.0, 80.0]),
+        "attainment": np.array([0.85, 0.4]),
+        "low": np.array([0.8, 0.3]),
+        "high": np.array([0.9, 0.5]),
+        "goodput": 11.9,
+        "goodput_low": 0.0,
+        "goodput_high": 160.0,
+    }
     text = captions.attainment_vs_rate({"1P1D": line}, pd.DataFrame())
     assert "1P1D 11.9 [0, 160] req/s" in text and "no swept rate" not in text
     assert "no swept rate meets 90%" in captions.attainment_vs_rate({"1P1D": {**line, "goodput": 0.0}}, pd.DataFrame())
@@ -493,7 +556,8 @@ def test_cli_regenerates_a_run_and_a_sweep(study_results, capsys, tmp_path):
     out = capsys.readouterr().out
     assert "latency_cdf.pdf" in out and "timeline.png" in out and "chunk_tradeoff.pdf" in out
     assert sorted(p.name for p in run_figures(point_dir)) == sorted(
-        f"{s}.{e}" for s in ("latency_cdf", "timeline") for e in ("pdf", "png"))
+        f"{s}.{e}" for s in ("latency_cdf", "timeline") for e in ("pdf", "png")
+    )
     with pytest.raises(SystemExit):
         cli([str(tmp_path)])
 
@@ -510,13 +574,32 @@ def test_a_multirun_directory_merges_its_jobs_into_one_study(tmp_path):
     from analysis.__main__ import main
     from tests.paths import ROOT
 
-    done = subprocess.run([sys.executable, "-m", "testbed", "-m", "executor=sim", "mode=chunked,disagg",
-                           "workload.rate=4,8", "workload.num_requests=10", f"hydra.sweep.dir={tmp_path}"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "testbed",
+            "-m",
+            "executor=sim",
+            "mode=chunked,disagg",
+            "workload.rate=4,8",
+            "workload.num_requests=10",
+            f"hydra.sweep.dir={tmp_path}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr
     assert main([str(tmp_path)]) == 0
     table = pd.read_parquet(tmp_path / "merged" / "sweep.parquet")
-    assert sorted(zip(table.label, table.rate)) == [("chunked", 4.0), ("chunked", 8.0), ("disagg", 4.0), ("disagg", 8.0)]
+    assert sorted(zip(table.label, table.rate)) == [
+        ("chunked", 4.0),
+        ("chunked", 8.0),
+        ("disagg", 4.0),
+        ("disagg", 8.0),
+    ]
     assert (tmp_path / "merged" / "figures" / "attainment_vs_rate.png").is_file()
     assert main([str(tmp_path / "0")]) == 0  # one job alone is still a run
 

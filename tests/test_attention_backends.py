@@ -59,21 +59,26 @@ def batch(q_lens, kv_lens, seed=0, block_major=False):
     slots = [tab[p // BS] * stride + p % BS for tab, ql, kl in zip(tables, q_lens, kv_lens) for p in range(kl - ql, kl)]
     width = max(len(x) for x in tables)
     meta = AttentionMetadata(
-        q_lens=list(q_lens), kv_lens=list(kv_lens), num_single=sum(1 for x in q_lens if x == 1),
-        slot_mapping=torch.tensor(slots), block_tables=torch.tensor([x + [0] * (width - len(x)) for x in tables],
-                                                                    dtype=torch.int32),
+        q_lens=list(q_lens),
+        kv_lens=list(kv_lens),
+        num_single=sum(1 for x in q_lens if x == 1),
+        slot_mapping=torch.tensor(slots),
+        block_tables=torch.tensor([x + [0] * (width - len(x)) for x in tables], dtype=torch.int32),
         kv_lens_t=torch.tensor(kv_lens, dtype=torch.int32),
         cu_q=torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32),
-        cu_kv=torch.tensor([0, *torch.tensor(kv_lens).cumsum(0).tolist()], dtype=torch.int32))
+        cu_kv=torch.tensor([0, *torch.tensor(kv_lens).cumsum(0).tolist()], dtype=torch.int32),
+    )
     write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
     return q, k, v, k_cache, v_cache, meta, tables
 
 
 # decodes first, then: fresh chunks of two lengths, chunks after cached KV of different lengths
-CASES = {"decodes": ([1, 1, 1], [5, 1, 9]),
-         "fresh": ([1, 6, 6, 3], [7, 6, 6, 3]),
-         "after-cache": ([1, 5, 2, 7], [4, 13, 2, 9]),
-         "mixed": ([1, 1, 4, 4, 3, 1], [2, 8, 4, 11, 3, 6])}
+CASES = {
+    "decodes": ([1, 1, 1], [5, 1, 9]),
+    "fresh": ([1, 6, 6, 3], [7, 6, 6, 3]),
+    "after-cache": ([1, 5, 2, 7], [4, 13, 2, 9]),
+    "mixed": ([1, 1, 4, 4, 3, 1], [2, 8, 4, 11, 3, 6]),
+}
 
 
 @pytest.mark.parametrize("block_major", [False, True], ids=["own-cache", "block-major-pool"])
@@ -133,14 +138,16 @@ def test_flash_backend_calls_match_the_torch_backend(case, monkeypatch):
     order = sorted(range(len(q_lens)), key=lambda i: q_lens[i] != 1)
     q_lens, kv_lens = [q_lens[i] for i in order], [kv_lens[i] for i in order]
     q, k, v, k_cache, v_cache, meta, _ = batch(q_lens, kv_lens)
-    torch.testing.assert_close(FlashAttention()(q, k_cache, v_cache, meta, k=k, v=v),
-                               TorchAttention()(q, k_cache, v_cache, meta, k=k, v=v))
+    torch.testing.assert_close(
+        FlashAttention()(q, k_cache, v_cache, meta, k=k, v=v), TorchAttention()(q, k_cache, v_cache, meta, k=k, v=v)
+    )
 
 
 def test_backend_and_block_size_per_device(monkeypatch):
     cpu = torch.device("cpu")
-    assert select_backend("auto", cpu, torch.float32, 16, 16).name == ("cpu" if cpu_ops.supports(cpu, torch.float32)
-                                                                       else "torch")
+    assert select_backend("auto", cpu, torch.float32, 16, 16).name == (
+        "cpu" if cpu_ops.supports(cpu, torch.float32) else "torch"
+    )
     assert select_backend("auto", cpu, torch.bfloat16, 16, 16).name == "torch"  # the C kernel is float32 only
     assert select_backend("auto", cpu, torch.float32, 16, 24).name == "torch"  # no variant for head_dim 24
     assert default_block_size("cpu", flash_importable=True) == 16
@@ -158,10 +165,15 @@ def test_backend_and_block_size_per_device(monkeypatch):
 
 
 # docs/gpu-readiness.md's table: (device, flash-attn imports, dtype) -> auto's backend, block size
-BLOCK_TABLE = [("cuda", True, torch.bfloat16, "flash", 256), ("cuda", True, torch.float16, "flash", 256),
-               ("cuda", True, torch.float32, "triton", 16), ("cuda", False, torch.bfloat16, "triton", 16),
-               ("cuda", False, torch.float32, "triton", 16), ("cpu", True, torch.float32, "cpu", 16),
-               ("cpu", True, torch.bfloat16, "torch", 16)]
+BLOCK_TABLE = [
+    ("cuda", True, torch.bfloat16, "flash", 256),
+    ("cuda", True, torch.float16, "flash", 256),
+    ("cuda", True, torch.float32, "triton", 16),
+    ("cuda", False, torch.bfloat16, "triton", 16),
+    ("cuda", False, torch.float32, "triton", 16),
+    ("cpu", True, torch.float32, "cpu", 16),
+    ("cpu", True, torch.bfloat16, "torch", 16),
+]
 
 
 @pytest.mark.parametrize("device, flash, dtype, backend, block", BLOCK_TABLE)
@@ -182,8 +194,11 @@ def test_the_documented_block_size_table_is_the_rule():
     from tests.paths import ROOT
 
     text = (ROOT / "docs" / "gpu-readiness.md").read_text()
-    rows = [[c.strip(" `") for c in line.strip("|").split("|")] for line in text.splitlines()
-            if line.startswith("| cuda") or line.startswith("| cpu")]
+    rows = [
+        [c.strip(" `") for c in line.strip("|").split("|")]
+        for line in text.splitlines()
+        if line.startswith("| cuda") or line.startswith("| cpu")
+    ]
     yes = {"yes": True, "no": False}
     documented = {(r[0], yes[r[1]], r[2], r[3], int(r[4])) for r in rows}
     assert documented == {(d, f, str(t).removeprefix("torch."), b, n) for d, f, t, b, n in BLOCK_TABLE}

@@ -32,6 +32,7 @@ def test_prefill_flops_count_weights_and_causal_attention():
                     @staticmethod
                     def parameters():
                         import torch
+
                         return [torch.zeros(100)]  # the layers' 100; embedding and head apart
 
     # the layers for every token, the head (10 x 4) for the one sampled, causal attention

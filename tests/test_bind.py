@@ -39,7 +39,7 @@ def listening(pids: list[int]) -> list[tuple[str, int]]:
 
 def _address(hex_address: str) -> str:
     """/proc/net's hex form (each 32-bit word in host order, little-endian here) as an address."""
-    raw = b"".join(bytes.fromhex(hex_address[i:i + 8])[::-1] for i in range(0, len(hex_address), 8))
+    raw = b"".join(bytes.fromhex(hex_address[i : i + 8])[::-1] for i in range(0, len(hex_address), 8))
     return str(ipaddress.ip_address(raw))
 
 
@@ -95,8 +95,11 @@ def test_the_benchmarks_host_their_rendezvous_on_the_loopback_alone(monkeypatch)
 
     monkeypatch.setattr(torch.multiprocessing, "start_processes", start)
     monkeypatch.setattr(multiprocessing, "get_context", lambda method: Spawn())
-    for bench in (lambda: kv_transfer.measure(1, 1, ipc=False), lambda: messages.time_store(1),
-                  lambda: messages.time_gloo(1)):
+    for bench in (
+        lambda: kv_transfer.measure(1, 1, ipc=False),
+        lambda: messages.time_store(1),
+        lambda: messages.time_gloo(1),
+    ):
         with pytest.raises(ChildStarts):
             bench()
     assert [name for name, _, _ in handed] == ["run_rank", "echo_store", "echo_gloo"]

@@ -62,8 +62,13 @@ def outputs(tmp_path_factory):
         return run_cases()
     path = tmp_path_factory.mktemp("block_copy") / "outputs.pt"
     code = f"from tests.test_block_copy import run_cases; run_cases({str(path)!r})"
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**os.environ, "TRITON_INTERPRET": "1"},
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env={**os.environ, "TRITON_INTERPRET": "1"},
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return torch.load(path)
 
@@ -81,13 +86,16 @@ def test_cpu_pools_take_torch_copies():
     assert not BlockCopier(src, dst).kernel  # the interpreter is for tests
 
 
-@pytest.mark.parametrize("src_ids, dst_ids, layer, message", [
-    ([0, 9], [1, 2], None, r"source blocks 0..9 outside 0..8"),
-    ([0, 1], [1, 13], None, r"destination blocks 1..13 outside 0..12"),
-    ([0, -1], [1, 2], None, r"source blocks -1..0 outside"),
-    ([0], [1, 2], None, r"1 source and 2 destination blocks"),
-    ([0], [1], 2, r"layer 2 of 2"),
-])
+@pytest.mark.parametrize(
+    "src_ids, dst_ids, layer, message",
+    [
+        ([0, 9], [1, 2], None, r"source blocks 0..9 outside 0..8"),
+        ([0, 1], [1, 13], None, r"destination blocks 1..13 outside 0..12"),
+        ([0, -1], [1, 2], None, r"source blocks -1..0 outside"),
+        ([0], [1, 2], None, r"1 source and 2 destination blocks"),
+        ([0], [1], 2, r"layer 2 of 2"),
+    ],
+)
 def test_a_wrong_block_or_layer_is_refused_before_any_write(src_ids, dst_ids, layer, message):
     src, dst, _, _ = case(SHAPES["small-chunk"])
     with pytest.raises(ValueError, match=message):

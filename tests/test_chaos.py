@@ -19,20 +19,23 @@ import zmq
 
 from testbed.net import wire
 from testbed.net.messages import Stop
-from tests.test_torchrun import DEADLINE_S, WORKLOAD, finish, torchrun
 from tests.paths import error_lines
+from tests.test_torchrun import DEADLINE_S, WORKLOAD, finish, torchrun
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="Linux /proc")]
 SCOPE = "none-0"  # torchrun's run id under a static rendezvous, restart 0
 LONG = [o for o in WORKLOAD if not o.startswith(("workload.num_requests", "workload.rate"))] + [
-    "workload.num_requests=240", "workload.rate=24"]
+    "workload.num_requests=240",
+    "workload.rate=24",
+]
 
 
 def store_client(port: int):
     import torch.distributed as dist
 
-    return dist.TCPStore("127.0.0.1", port, None, is_master=False, timeout=timedelta(seconds=DEADLINE_S),
-                         wait_for_workers=False)
+    return dist.TCPStore(
+        "127.0.0.1", port, None, is_master=False, timeout=timedelta(seconds=DEADLINE_S), wait_for_workers=False
+    )
 
 
 def read(store, key: str) -> str:
@@ -84,15 +87,19 @@ def test_a_stranger_on_every_message_port_changes_nothing(tmp_path):
     cwd = tmp_path / "cwd"
     cwd.mkdir()
     port = free_port()
-    nodes = [torchrun(n, port, cwd, tmp_path, f"hydra.run.dir={tmp_path / 'run'}", "mode=disagg", *LONG)
-             for n in (0, 1)]
+    nodes = [
+        torchrun(n, port, cwd, tmp_path, f"hydra.run.dir={tmp_path / 'run'}", "mode=disagg", *LONG) for n in (0, 1)
+    ]
     try:
         store = store_client(port)
         keys = {rank: read(store, f"curve/{rank}").encode() for rank in (0, 1)}
-        ports = {"router": (read(store, "point1/events"), keys[0]),  # first: read while the point runs
-                 "worker0": (read(store, "point1/inbox/0"), keys[0]),
-                 "worker1": (read(store, "point1/inbox/1"), keys[1]),
-                 "driver": (read(store, "driver"), keys[0]), "agent1": (read(store, "agent/1"), keys[1])}
+        ports = {
+            "router": (read(store, "point1/events"), keys[0]),  # first: read while the point runs
+            "worker0": (read(store, "point1/inbox/0"), keys[0]),
+            "worker1": (read(store, "point1/inbox/1"), keys[1]),
+            "driver": (read(store, "driver"), keys[0]),
+            "agent1": (read(store, "agent/1"), keys[1]),
+        }
         for address, key in ports.values():
             attack(address, key)
     finally:
@@ -124,15 +131,17 @@ def test_a_message_connection_reset_mid_run_is_survived_or_one_line(tmp_path):
     cwd = tmp_path / "cwd"
     cwd.mkdir()
     port = free_port()
-    nodes = [torchrun(n, port, cwd, tmp_path, f"hydra.run.dir={tmp_path / 'run'}", "mode=disagg", *LONG)
-             for n in (0, 1)]
+    nodes = [
+        torchrun(n, port, cwd, tmp_path, f"hydra.run.dir={tmp_path / 'run'}", "mode=disagg", *LONG) for n in (0, 1)
+    ]
     try:
         inbox = read(store_client(port), "point1/inbox/1")
         wait_for(tmp_path / "node0.err", "disagg requests")  # the router is replaying the workload
         family = descendants(nodes[0].pid) | descendants(nodes[1].pid)
         target = inbox.removeprefix("tcp://").rsplit(":", 1)[1]
-        reset = subprocess.run(["ss", "-K", "-t", "dst", "127.0.0.1", "dport", "=", f":{target}"],
-                               capture_output=True, text=True)
+        reset = subprocess.run(
+            ["ss", "-K", "-t", "dst", "127.0.0.1", "dport", "=", f":{target}"], capture_output=True, text=True
+        )
         if "ESTAB" not in reset.stdout:
             pytest.skip(f"this kernel cannot reset a connection from outside: {reset.stderr.strip()}")
     finally:

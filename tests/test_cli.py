@@ -17,16 +17,27 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def cli(*overrides, tmp_path):
-    return subprocess.run([sys.executable, "-m", "testbed", f"hydra.run.dir={tmp_path}", *overrides],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "testbed", f"hydra.run.dir={tmp_path}", *overrides],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 @pytest.mark.slow
 def test_default_job_writes_the_results_contract(tmp_path):
     out = cli("workload.num_requests=12", "workload.rate=20", tmp_path=tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
-    for name in ("config.yaml", "meta.json", "requests.parquet", "steps.parquet", "kv_transfers.parquet",
-                 "summary.json"):
+    for name in (
+        "config.yaml",
+        "meta.json",
+        "requests.parquet",
+        "steps.parquet",
+        "kv_transfers.parquet",
+        "summary.json",
+    ):
         assert (tmp_path / name).is_file(), name
     requests = pd.read_parquet(tmp_path / "requests.parquet")
     assert len(requests) == 12 and (requests.status == "ok").all()
@@ -38,25 +49,33 @@ def test_default_job_writes_the_results_contract(tmp_path):
     assert "ttft ms" in out.stdout and "throughput" in out.stdout
 
 
-@pytest.mark.parametrize("override, message", [
-    ("foo=1", "Could not override 'foo'"),
-    ("scheduler.chunk_size=abc", "Value 'abc' of type 'str' could not be converted to Integer"),
-    ("model=gpt5", "Could not find 'model/gpt5' Available options in 'model': hf llama2_7b llama3_8b"),
-    ("workload.rate=-1", "workload.rate must be > 0 (got -1.0)"),
-    ("mode=disagg hardware=cpu hardware.num_devices=1", "needs 2 devices; hardware.num_devices=1 CPU workers"),
-    ("engine.attention_backend=flash", "engine.attention_backend=flash needs flash-attn"),
-    ("workload.path=/no/such/trace.csv", "trace file '/no/such/trace.csv' not found"),
-    ("kv_transfer.granularity=layer kv_transfer.decode_binding=late", "kv_transfer.granularity=layer needs"),
-    ("faults.drop_kv_probability=2", "faults.drop_kv_probability must be in [0, 1]"),
-    ("model.name=gpt5", "model.name='gpt5' is not a preset"),
-    ("model.num_heads=5", "model.num_heads=5 must divide model.hidden_size=64"),
-    ("model.max_model_len=2048 engine.kv_cache_mib=0.01", "cannot hold one request of max_model_len=2048"),
-    ("mode=chunked scheduler.chunk_size=8", "scheduler.chunk_size=8 must be >= scheduler.max_running=64"),
-    ("kv_transfer.binding=early", "kv_transfer.binding was renamed kv_transfer.decode_binding: set "
-                                  "kv_transfer.decode_binding instead"),
-    ("kv_transfer.backend=auto", "kv_transfer.backend=auto was renamed kv_transfer.backend=process_group: set "
-                                 "kv_transfer.backend=process_group instead"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("foo=1", "Could not override 'foo'"),
+        ("scheduler.chunk_size=abc", "Value 'abc' of type 'str' could not be converted to Integer"),
+        ("model=gpt5", "Could not find 'model/gpt5' Available options in 'model': hf llama2_7b llama3_8b"),
+        ("workload.rate=-1", "workload.rate must be > 0 (got -1.0)"),
+        ("mode=disagg hardware=cpu hardware.num_devices=1", "needs 2 devices; hardware.num_devices=1 CPU workers"),
+        ("engine.attention_backend=flash", "engine.attention_backend=flash needs flash-attn"),
+        ("workload.path=/no/such/trace.csv", "trace file '/no/such/trace.csv' not found"),
+        ("kv_transfer.granularity=layer kv_transfer.decode_binding=late", "kv_transfer.granularity=layer needs"),
+        ("faults.drop_kv_probability=2", "faults.drop_kv_probability must be in [0, 1]"),
+        ("model.name=gpt5", "model.name='gpt5' is not a preset"),
+        ("model.num_heads=5", "model.num_heads=5 must divide model.hidden_size=64"),
+        ("model.max_model_len=2048 engine.kv_cache_mib=0.01", "cannot hold one request of max_model_len=2048"),
+        ("mode=chunked scheduler.chunk_size=8", "scheduler.chunk_size=8 must be >= scheduler.max_running=64"),
+        (
+            "kv_transfer.binding=early",
+            "kv_transfer.binding was renamed kv_transfer.decode_binding: set kv_transfer.decode_binding instead",
+        ),
+        (
+            "kv_transfer.backend=auto",
+            "kv_transfer.backend=auto was renamed kv_transfer.backend=process_group: set "
+            "kv_transfer.backend=process_group instead",
+        ),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(tmp_path, override, message):
     out = cli(*override.split(), tmp_path=tmp_path)
     assert out.returncode == 2
@@ -71,8 +90,10 @@ def test_a_renamed_value_is_refused_in_one_line_and_stored_results_read_under_th
     from testbed.config import Config, config_from_dict, upgraded, with_overrides
     from testbed.errors import ConfigError
 
-    message = ("kv_transfer.backend=auto was renamed kv_transfer.backend=process_group: "
-               "set kv_transfer.backend=process_group instead")
+    message = (
+        "kv_transfer.backend=auto was renamed kv_transfer.backend=process_group: "
+        "set kv_transfer.backend=process_group instead"
+    )
     assert Config().kv_transfer.backend == "process_group"
     with pytest.raises(ConfigError) as info:
         with_overrides(Config(), {"kv_transfer.backend": "auto"})
@@ -106,25 +127,37 @@ def test_unwritable_output_dir_fails_before_running(tmp_path):
     blocker.write_text("")
     out = cli(f"output_dir={blocker}/results", tmp_path=tmp_path / "run")
     assert out.returncode == 2
-    assert out.stderr.strip() == (f"error: output_dir={blocker}/results cannot be written (Not a directory); "
-                                  f"name a writable directory")
+    assert out.stderr.strip() == (
+        f"error: output_dir={blocker}/results cannot be written (Not a directory); name a writable directory"
+    )
 
 
 def test_unwritable_hydra_run_dir_is_one_line_not_a_traceback(tmp_path):
     """Hydra creates hydra.run.dir itself and fails with a traceback: the directory is checked first."""
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    out = subprocess.run([sys.executable, "-m", "testbed", f"hydra.run.dir={blocker}/run"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-m", "testbed", f"hydra.run.dir={blocker}/run"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
-    assert out.stderr.strip() == (f"error: hydra.run.dir={blocker}/run cannot be written (Not a directory); "
-                                  f"name a writable directory")
+    assert out.stderr.strip() == (
+        f"error: hydra.run.dir={blocker}/run cannot be written (Not a directory); name a writable directory"
+    )
 
 
 @pytest.mark.slow
 def test_overlength_prompts_are_rejected_with_a_reason(tmp_path):
-    out = cli("workload.num_requests=6", "workload.rate=50", "model.max_model_len=128", "workload.overlength=reject",
-              tmp_path=tmp_path)
+    out = cli(
+        "workload.num_requests=6",
+        "workload.rate=50",
+        "model.max_model_len=128",
+        "workload.overlength=reject",
+        tmp_path=tmp_path,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     requests = pd.read_parquet(tmp_path / "requests.parquet")
     rejected = requests[requests.status == "rejected"]
@@ -133,8 +166,9 @@ def test_overlength_prompts_are_rejected_with_a_reason(tmp_path):
 
 def composed(command: list[str], cwd: Path, env=None) -> str:
     """The job config `command` composes (Hydra's --cfg job: composed and printed, nothing run)."""
-    out = subprocess.run([*command, "--cfg", "job", *COMPOSE], cwd=cwd, env=env, capture_output=True, text=True,
-                         timeout=300)
+    out = subprocess.run(
+        [*command, "--cfg", "job", *COMPOSE], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     return out.stdout
 
@@ -164,8 +198,23 @@ def test_a_plain_install_carries_its_configs_and_the_testbed_command(tmp_path):
     same configs as the checkout, and the default job composes and serves."""
     import zipfile
 
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
-                    str(tmp_path / "wheel"), str(ROOT)], check=True, capture_output=True, timeout=600)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(tmp_path / "wheel"),
+            str(ROOT),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
     wheel = next((tmp_path / "wheel").glob("testbed-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
     shipped = {n.split("testbed/conf/", 1)[1] for n in names if n.startswith("testbed/conf/") and n.endswith(".yaml")}
@@ -174,15 +223,31 @@ def test_a_plain_install_carries_its_configs_and_the_testbed_command(tmp_path):
     entry = next(n for n in names if n.endswith("entry_points.txt"))
     assert "testbed = testbed.__main__:cli" in zipfile.ZipFile(wheel).read(entry).decode()
     site = tmp_path / "site"  # a non-editable install of the wheel alone; its dependencies are this interpreter's
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target", str(site),
-                    str(wheel)], check=True, capture_output=True, timeout=600)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target", str(site), str(wheel)],
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
     env = {**os.environ, "PYTHONPATH": str(site)}  # ahead of the checkout's editable install
-    where = subprocess.run([sys.executable, "-c", "import testbed.config as c; print(c.CONF_DIR)"], cwd=tmp_path,
-                           env=env, capture_output=True, text=True, timeout=300)
+    where = subprocess.run(
+        [sys.executable, "-c", "import testbed.config as c; print(c.CONF_DIR)"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert where.stdout.strip() == str(site / "testbed" / "conf"), where.stdout + where.stderr
     command = [str(site / "bin" / "testbed")]
     assert composed(command, tmp_path, env) == composed([sys.executable, "-m", "testbed"], ROOT)
-    out = subprocess.run([*command, "workload.num_requests=2", f"hydra.run.dir={tmp_path / 'run'}"],
-                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        [*command, "workload.num_requests=2", f"hydra.run.dir={tmp_path / 'run'}"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "run" / "summary.json").is_file()

@@ -22,14 +22,23 @@ MODES = {
 for p, d in [(1, 1), (1, 2), (2, 1)]:
     for granularity, binding in [("request", "late"), ("request", "early"), ("layer", "early")]:
         MODES[f"disagg-{p}P{d}D-{granularity}-{binding}"] = [
-            "mode=disagg", f"cluster.num_prefill={p}", f"cluster.num_decode={d}",
-            f"kv_transfer.granularity={granularity}", f"kv_transfer.decode_binding={binding}",
-            "kv_transfer.piece_kib=8"]  # 8 KiB pieces: most transfers travel as several pieces
+            "mode=disagg",
+            f"cluster.num_prefill={p}",
+            f"cluster.num_decode={d}",
+            f"kv_transfer.granularity={granularity}",
+            f"kv_transfer.decode_binding={binding}",
+            "kv_transfer.piece_kib=8",
+        ]  # 8 KiB pieces: most transfers travel as several pieces
 # ipc: P writes into D's shared-memory pool (one box): whole requests, streamed layers, two of each side
 for p, d, granularity, binding in [(1, 1, "request", "late"), (2, 1, "layer", "early"), (1, 2, "request", "early")]:
     MODES[f"disagg-{p}P{d}D-ipc-{granularity}-{binding}"] = [
-        "mode=disagg", f"cluster.num_prefill={p}", f"cluster.num_decode={d}", "kv_transfer.backend=ipc",
-        f"kv_transfer.granularity={granularity}", f"kv_transfer.decode_binding={binding}"]
+        "mode=disagg",
+        f"cluster.num_prefill={p}",
+        f"cluster.num_decode={d}",
+        "kv_transfer.backend=ipc",
+        f"kv_transfer.granularity={granularity}",
+        f"kv_transfer.decode_binding={binding}",
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -37,8 +46,9 @@ def reference_tokens():
     cfg = make_config(*small_workload())
     workload = build_workload(cfg.workload, seed=cfg.seed, vocab_size=512, max_model_len=256)
     llm = LLM("tiny", max_model_len=256, num_kv_blocks=256)
-    outputs = llm.generate([list(r.prompt_token_ids) for r in workload.requests],
-                           [r.output_len for r in workload.requests])
+    outputs = llm.generate(
+        [list(r.prompt_token_ids) for r in workload.requests], [r.output_len for r in workload.requests]
+    )
     return {r.request_id: out for r, out in zip(workload.requests, outputs)}
 
 
@@ -54,17 +64,27 @@ def test_same_greedy_tokens_in_every_mode(name, tmp_path, reference_tokens):
     if cfg.mode == "disagg":
         transfers = result["transfers"]
         assert len(transfers) == sum(1 for out in reference_tokens.values() if len(out) > 1)
-        assert set(requests.decode_worker.dropna().astype(int)) <= set(range(cfg.cluster.num_prefill,
-                                                                             cfg.cluster.num_prefill + cfg.cluster.num_decode))
+        assert set(requests.decode_worker.dropna().astype(int)) <= set(
+            range(cfg.cluster.num_prefill, cfg.cluster.num_prefill + cfg.cluster.num_decode)
+        )
         links = json.loads((tmp_path / "meta.json").read_text())["links"]
         assert {link["backend"] for link in links} == {"ipc" if cfg.kv_transfer.backend == "ipc" else "gloo"}
 
 
 @pytest.mark.parametrize("mode", ["colocated", "chunked", "disagg"])
 def test_trace_slice_end_to_end(mode, tmp_path):
-    cfg = make_config("workload=azure_conv", "workload.num_requests=12", "workload.length_scale=0.05",
-                      "workload.arrival=poisson", "workload.rate=20", "hardware=cpu", f"mode={mode}",
-                      "cluster.num_workers=2", "scheduler.max_running=16", "scheduler.chunk_size=64")
+    cfg = make_config(
+        "workload=azure_conv",
+        "workload.num_requests=12",
+        "workload.length_scale=0.05",
+        "workload.arrival=poisson",
+        "workload.rate=20",
+        "hardware=cpu",
+        f"mode={mode}",
+        "cluster.num_workers=2",
+        "scheduler.max_running=16",
+        "scheduler.chunk_size=64",
+    )
     result = serve(cfg, tmp_path, progress=False)
     requests = result["requests"]
     assert len(requests) == 12 and (requests.status == "ok").all()
@@ -80,9 +100,16 @@ def test_trace_slice_end_to_end(mode, tmp_path):
 
 def test_decode_worker_killed_mid_run(tmp_path):
     # long outputs keep every decode worker busy when the kill lands
-    cfg = make_config(*small_workload(n=30, rate=40), "workload.output_len.min=100", "workload.output_len.max=130",
-                      "mode=disagg", "cluster.num_prefill=1", "cluster.num_decode=2",
-                      "cluster.decode_dispatch=round_robin", "kv_transfer.timeout_s=3")
+    cfg = make_config(
+        *small_workload(n=30, rate=40),
+        "workload.output_len.min=100",
+        "workload.output_len.max=130",
+        "mode=disagg",
+        "cluster.num_prefill=1",
+        "cluster.num_decode=2",
+        "cluster.decode_dispatch=round_robin",
+        "kv_transfer.timeout_s=3",
+    )
 
     def kill_later(cluster):
         victim = cluster.processes[2]  # the second decode worker
@@ -107,11 +134,23 @@ def test_early_binding_outlasts_a_prefill_queue_longer_than_the_timeout(tmp_path
     small model took 12 s (0.17 s alone), past the 10 s of silence (5 x heartbeat_s=2) that declares a worker
     lost; heartbeat_s=5 allows 25 s."""
     timeout_s = 1.0
-    cfg = make_config("workload.num_requests=10", "workload.rate=1000", "workload.input_len.min=300",
-                      "workload.input_len.max=400", "workload.output_len.min=4", "workload.output_len.max=8",
-                      "hardware=cpu", "model=small", "model.max_model_len=512", "engine.num_kv_blocks=512",
-                      "scheduler.max_batched_tokens=512", "mode=disagg", "kv_transfer.decode_binding=early",
-                      f"kv_transfer.timeout_s={timeout_s}", "cluster.heartbeat_s=5")
+    cfg = make_config(
+        "workload.num_requests=10",
+        "workload.rate=1000",
+        "workload.input_len.min=300",
+        "workload.input_len.max=400",
+        "workload.output_len.min=4",
+        "workload.output_len.max=8",
+        "hardware=cpu",
+        "model=small",
+        "model.max_model_len=512",
+        "engine.num_kv_blocks=512",
+        "scheduler.max_batched_tokens=512",
+        "mode=disagg",
+        "kv_transfer.decode_binding=early",
+        f"kv_transfer.timeout_s={timeout_s}",
+        "cluster.heartbeat_s=5",
+    )
     result = serve(cfg, tmp_path, progress=False)
     requests, transfers = result["requests"], result["transfers"]
     assert (requests.status == "ok").all(), requests.reason.unique()

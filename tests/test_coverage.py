@@ -37,8 +37,14 @@ from testbed.metrics.latency import pooled_itl
 from testbed.metrics.rate_search import Goodput, RateSearch, goodput_of, next_rate
 from testbed.metrics.slo import slo_attainment
 from testbed.metrics.summary import measured
-from testbed.metrics.uncertainty import (jackknife, order_interval, point_intervals, sample_interval, share_interval,
-                                         statistic)
+from testbed.metrics.uncertainty import (
+    jackknife,
+    order_interval,
+    point_intervals,
+    sample_interval,
+    share_interval,
+    statistic,
+)
 from testbed.studies.repeats import goodput_interval
 from tests.paths import CONF
 
@@ -79,7 +85,7 @@ RUN_SD, RHO, PER_RUN = 0.15, 0.8, 300
 def model_run(rng) -> np.ndarray:
     z = np.empty(PER_RUN)
     z[0] = rng.normal()
-    shocks = rng.normal(size=PER_RUN) * math.sqrt(1 - RHO ** 2)
+    shocks = rng.normal(size=PER_RUN) * math.sqrt(1 - RHO**2)
     for i in range(1, PER_RUN):
         z[i] = RHO * z[i - 1] + shocks[i]
     return np.exp(rng.normal(0, RUN_SD) + 0.5 * z)
@@ -89,8 +95,11 @@ def model_run(rng) -> np.ndarray:
 def model_truth() -> dict[str, float]:
     rng = np.random.default_rng(99)
     everything = np.concatenate([model_run(rng) for _ in range(4000)])
-    return {"p50": float(np.percentile(everything, 50)), "p99": float(np.percentile(everything, 99)),
-            "share": float(np.mean(everything <= 2.0))}
+    return {
+        "p50": float(np.percentile(everything, 50)),
+        "p99": float(np.percentile(everything, 99)),
+        "share": float(np.mean(everything <= 2.0)),
+    }
 
 
 def old_quantile_interval(units, name: str):
@@ -106,12 +115,18 @@ def old_quantile_interval(units, name: str):
 def test_quantile_and_share_intervals_cover_within_the_band_in_a_model_with_a_known_truth(repeats):
     rng, truth = np.random.default_rng(repeats), model_truth()
     groups = [[model_run(rng) for _ in range(repeats)] for _ in range(2 * GROUPS)]
-    methods = {"p50": lambda g: sample_interval(g, "p50"), "p99": lambda g: sample_interval(g, "p99"),
-               "share": lambda g: share_interval([u <= 2.0 for u in g])}
+    methods = {
+        "p50": lambda g: sample_interval(g, "p50"),
+        "p99": lambda g: sample_interval(g, "p99"),
+        "share": lambda g: share_interval([u <= 2.0 for u in g]),
+    }
     scores = {name: scored([m(g) for g in groups], truth[name], repeats) for name, m in methods.items()}
     old = scored([old_quantile_interval(g, "p99") for g in groups], truth["p99"], repeats)
-    print(f"\nR={repeats}: " + ", ".join(f"{k} {c:.3f} (width {w:.2f}x)" for k, (c, w) in scores.items())
-          + f"; old p99 {old[0]:.3f}")
+    print(
+        f"\nR={repeats}: "
+        + ", ".join(f"{k} {c:.3f} (width {w:.2f}x)" for k, (c, w) in scores.items())
+        + f"; old p99 {old[0]:.3f}"
+    )
     assert all(in_band(c) and w <= WIDTH for c, w in scores.values()), scores
     assert not in_band(old[0]), old  # the old p99 interval falls short of the band
 
@@ -127,12 +142,29 @@ def test_an_interval_that_covers_everything_fails_the_width_check():
 # -- the testbed's own pipeline on simulated runs of one loaded cell ------------------------------
 # a loaded colocated cell (attainment near 90%, so every figure moves between seeds): an
 # analytical H100 serving the Llama-3-8B shape, long-tailed (lognormal) prompts and outputs
-CELL = ["executor=sim", "sim.profile=h100_sxm", "model=llama3_8b", "hardware=cpu", "hardware.num_devices=1",
-        "mode=colocated", "cluster.num_workers=1", "workload=poisson", "workload.rate=4",
-        "workload.input_len.dist=lognormal", "workload.input_len.mean=2000", "workload.input_len.sigma=1.0",
-        "workload.input_len.min=16", "workload.input_len.max=16000", "workload.output_len.dist=lognormal",
-        "workload.output_len.mean=100", "workload.output_len.sigma=0.8", "workload.output_len.min=2",
-        "workload.output_len.max=1500", "slo.ttft_s=0.3", "slo.tpot_s=0.012"]
+CELL = [
+    "executor=sim",
+    "sim.profile=h100_sxm",
+    "model=llama3_8b",
+    "hardware=cpu",
+    "hardware.num_devices=1",
+    "mode=colocated",
+    "cluster.num_workers=1",
+    "workload=poisson",
+    "workload.rate=4",
+    "workload.input_len.dist=lognormal",
+    "workload.input_len.mean=2000",
+    "workload.input_len.sigma=1.0",
+    "workload.input_len.min=16",
+    "workload.input_len.max=16000",
+    "workload.output_len.dist=lognormal",
+    "workload.output_len.mean=100",
+    "workload.output_len.sigma=0.8",
+    "workload.output_len.min=2",
+    "workload.output_len.max=1500",
+    "slo.ttft_s=0.3",
+    "slo.tpot_s=0.012",
+]
 POOL, PER_POINT = 100, 200  # runs in the pool; requests per run (R = 3 leaves 400 for a p99)
 
 
@@ -169,8 +201,10 @@ def figure_of(requests, figure: str) -> float:
 def test_every_cell_figure_covers_the_all_runs_figure_within_the_band(repeats):
     runs = list(cell_runs())
     truth = {f: figure_of(pd.concat(runs, ignore_index=True), f) for f in FIGURES}
-    intervals = [point_intervals(pd.concat([runs[i] for i in g], ignore_index=True), base_config().slo)
-                 for g in random_groups(POOL, repeats, seed=repeats)]
+    intervals = [
+        point_intervals(pd.concat([runs[i] for i in g], ignore_index=True), base_config().slo)
+        for g in random_groups(POOL, repeats, seed=repeats)
+    ]
     scores = {f: scored([i[f] for i in intervals], truth[f], repeats) for f in FIGURES}
     print(f"\nR={repeats}, {GROUPS} groups: " + ", ".join(f"{f} {c:.3f} ({w:.2f}x)" for f, (c, w) in scores.items()))
     assert all(in_band(c) and w <= WIDTH for c, w in scores.values()), scores
@@ -192,7 +226,7 @@ def expected_attainment(rate: float, crossing: float) -> float:
 
 def true_goodput(crossing: float = CROSSING) -> float:
     """The mean over repeats of the rate where each repeat's expected curve crosses 90%."""
-    return crossing * math.exp(RUN_EFFECT ** 2 / 2)
+    return crossing * math.exp(RUN_EFFECT**2 / 2)
 
 
 def searched(rng, crossing: float = CROSSING, grid=GRID) -> Goodput:
@@ -201,7 +235,7 @@ def searched(rng, crossing: float = CROSSING, grid=GRID) -> Goodput:
     measure = lambda r: rng.binomial(REQUESTS, expected_attainment(r, own)) / REQUESTS  # noqa: E731
     rates = list(grid)
     found = [measure(r) for r in rates]
-    while (rate := next_rate(rates, found, SEARCH, len(rates) - len(grid), weights=[REQUESTS] * len(rates))):
+    while rate := next_rate(rates, found, SEARCH, len(rates) - len(grid), weights=[REQUESTS] * len(rates)):
         rates.append(rate)
         found.append(measure(rate))
     return goodput_of(rates, found, weights=[REQUESTS] * len(rates))
@@ -255,8 +289,10 @@ def test_goodput_intervals_cover_the_expected_curves_crossing(repeats):
     error = float(np.mean([g.error for g in goodputs]))
     widths = [i["high"] - i["low"] for i in intervals]
     limit = WIDTH * ideal_width([i["mean"] for i in intervals], repeats) + 2 * error
-    print(f"\nR={repeats}: goodput coverage {coverage:.3f}, search error {error / truth:.1%} of the goodput, "
-          f"median width {np.median(widths):.2f} (limit {limit:.2f})")
+    print(
+        f"\nR={repeats}: goodput coverage {coverage:.3f}, search error {error / truth:.1%} of the goodput, "
+        f"median width {np.median(widths):.2f} (limit {limit:.2f})"
+    )
     assert not any(g.censored for g in goodputs) and max(g.error / g.value for g in goodputs) <= 0.1
     assert BAND[0] <= coverage and float(np.median(widths)) <= limit
 

@@ -14,8 +14,9 @@ from testbed.errors import ConfigError
 from testbed.model import cpu_ops
 from testbed.model.attention import select_backend
 
-pytestmark = pytest.mark.skipif(not cpu_ops.supports("cpu", torch.float32),
-                                reason=f"C kernel unavailable: {cpu_ops.unavailable_reason()}")
+pytestmark = pytest.mark.skipif(
+    not cpu_ops.supports("cpu", torch.float32), reason=f"C kernel unavailable: {cpu_ops.unavailable_reason()}"
+)
 BS = 4
 
 
@@ -54,8 +55,9 @@ def test_an_empty_sequence_yields_zeros_and_reads_no_block():
     gen = torch.Generator().manual_seed(0)
     k_cache, v_cache = pool_views(4, 2, 16, gen)
     tables = torch.tensor([[3], [10**6]], dtype=torch.int32)  # the second table is never read
-    out = cpu_ops.paged_decode(torch.randn(2, 4, 16, generator=gen), k_cache, v_cache, tables,
-                                  torch.tensor([2, 0], dtype=torch.int32))
+    out = cpu_ops.paged_decode(
+        torch.randn(2, 4, 16, generator=gen), k_cache, v_cache, tables, torch.tensor([2, 0], dtype=torch.int32)
+    )
     assert out[1].abs().max() == 0 and out[0].abs().max() > 0
 
 
@@ -108,9 +110,13 @@ def test_elementwise_kernels_match_transformers_own_modules():
         norm.weight.copy_(torch.randn(64, generator=gen))
         torch.testing.assert_close(cpu_ops.rms_norm(x, norm.weight, 1e-5), norm(x), rtol=1e-6, atol=1e-6)
 
-    config = transformers.LlamaConfig(hidden_size=96, num_attention_heads=6, num_key_value_heads=2,
-                                      max_position_embeddings=256, rope_parameters={"rope_type": "default",
-                                                                                    "rope_theta": 1e4})
+    config = transformers.LlamaConfig(
+        hidden_size=96,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e4},
+    )
     positions = torch.randint(0, 256, (37,), generator=gen)
     q, k = torch.randn(1, 6, 37, 16, generator=gen), torch.randn(1, 2, 37, 16, generator=gen)
     cos, sin = hf.LlamaRotaryEmbedding(config)(q, positions[None])
@@ -120,8 +126,9 @@ def test_elementwise_kernels_match_transformers_own_modules():
     torch.testing.assert_close(out, torch.cat((q_ref[0], k_ref[0])).transpose(0, 1), rtol=1e-5, atol=1e-5)
 
     gate_up = torch.randn(37, 2 * 48, generator=gen)
-    torch.testing.assert_close(cpu_ops.silu_mul(gate_up), ACT2FN["silu"](gate_up[:, :48]) * gate_up[:, 48:],
-                               rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(
+        cpu_ops.silu_mul(gate_up), ACT2FN["silu"](gate_up[:, :48]) * gate_up[:, 48:], rtol=1e-6, atol=1e-6
+    )
 
 
 # -- bounds: one line, never a read out of bounds --------------------------------------------------
@@ -210,8 +217,7 @@ def test_block_size_0_and_wrapping_int64_ids_are_refused_never_a_crash():
 
     from tests.paths import ROOT
 
-    run = subprocess.run([sys.executable, "-c", ARGUMENT_CASES], cwd=ROOT, capture_output=True, text=True,
-                         timeout=300)
+    run = subprocess.run([sys.executable, "-c", ARGUMENT_CASES], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, f"exit {run.returncode}: {run.stdout[-2000:]}{run.stderr[-2000:]}"
     lines = dict(line.split(": ", 1) for line in run.stdout.splitlines())
     assert "block_size and KV heads must be >= 1" in lines["block_size 0"]
@@ -229,7 +235,9 @@ def test_loading_the_kernels_leaves_the_floating_point_mode_alone():
 
     from tests.paths import ROOT
 
-    check = ("import sys, numpy; from testbed.model import cpu_ops; assert cpu_ops._library()[0] is not None; "
-             "print(float(numpy.float32(1e-40)) != 0.0 and sys.float_info.min / 2 > 0)")
+    check = (
+        "import sys, numpy; from testbed.model import cpu_ops; assert cpu_ops._library()[0] is not None; "
+        "print(float(numpy.float32(1e-40)) != 0.0 and sys.float_info.min / 2 > 0)"
+    )
     run = subprocess.run([sys.executable, "-c", check], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert run.stdout.strip() == "True", run.stdout + run.stderr[-2000:]

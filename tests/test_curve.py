@@ -44,9 +44,15 @@ def test_only_the_runs_keys_connect_and_no_strangers_frame_reaches_a_handler():
     earlier.sock.send(wire.encode(Stop(), "d" * 32))  # a frame recorded in an earlier run, replayed by a rank
     member = Outbox(ctx, box.address, TOKEN, 0.5, "rank 1", ours[1], 0)
     member.put(Heartbeat(1, 2.0))
-    got = read_until(box, lambda got: got and box.refused_by["authentication failed"] >= 1
-                   and box.refused_by["wrong or missing run token"] >= 1
-                   and sum(box.refused_by.values()) >= 3)
+    got = read_until(
+        box,
+        lambda got: (
+            got
+            and box.refused_by["authentication failed"] >= 1
+            and box.refused_by["wrong or missing run token"] >= 1
+            and sum(box.refused_by.values()) >= 3
+        ),
+    )
     assert got == [Heartbeat(1, 2.0)], got  # the run's one message, nothing of the others
     assert box.refused_by["authentication failed"] >= 1 and box.refused_by["wrong or missing run token"] == 1
     assert sum(box.refused_by.values()) >= 3, box.refused_by  # the plain one fails its handshake too

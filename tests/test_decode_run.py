@@ -10,12 +10,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from testbed.bench.sim import TINY_CPU, bench_config
 from testbed.engine.block_manager import BlockManager
 from testbed.engine.config import SchedulerConfig
 from testbed.engine.policies import make_policy
 from testbed.engine.scheduler import Scheduler
 from testbed.engine.sequence import Sequence
-from testbed.bench.sim import TINY_CPU, bench_config
 from testbed.sim.decode_run import time_run
 from testbed.sim.executor import simulate
 from testbed.sim.host import Delay, Draws, HostModel
@@ -25,12 +25,20 @@ def _profile(sampled: bool) -> dict:
     profile = json.loads(TINY_CPU.read_text())
     if sampled:  # an in-situ profile's host section: every delay and contention drawn
         spread = lambda lo, hi: list(np.linspace(lo, hi, 101))  # noqa: E731
-        profile["host"] = {"dispatch": spread(0, 3e-4), "step_gap": spread(0, 2e-4), "report": spread(1e-5, 5e-4),
-                           "step_scale": spread(0.8, 1.6), "step_scale_prefill": spread(0.9, 1.3),
-                           "step_scale_after_prefill": spread(1.0, 2.0), "step_gap_prefill": spread(0, 4e-4),
-                           "report_first": spread(1e-5, 8e-4), "release": spread(0, 5e-4), "handoff": spread(0, 1e-3),
-                           "step_scale_rho": 0.9,  # contention in phases: a run must restore the phase it cut
-                           "step_scale_weight": 0.7}  # and each step's own jitter: two uniforms a step
+        profile["host"] = {
+            "dispatch": spread(0, 3e-4),
+            "step_gap": spread(0, 2e-4),
+            "report": spread(1e-5, 5e-4),
+            "step_scale": spread(0.8, 1.6),
+            "step_scale_prefill": spread(0.9, 1.3),
+            "step_scale_after_prefill": spread(1.0, 2.0),
+            "step_gap_prefill": spread(0, 4e-4),
+            "report_first": spread(1e-5, 8e-4),
+            "release": spread(0, 5e-4),
+            "handoff": spread(0, 1e-3),
+            "step_scale_rho": 0.9,  # contention in phases: a run must restore the phase it cut
+            "step_scale_weight": 0.7,
+        }  # and each step's own jitter: two uniforms a step
     return profile
 
 
@@ -44,13 +52,21 @@ def _tables(overrides: list[str], requests: int, rate: float, sampled: bool, run
 CASES = {
     "disagg": (["workload=poisson"], 300, 100.0, False),
     "disagg-sampled-host": (["workload=poisson"], 300, 100.0, True),
-    "disagg-saturated-small-pool": (["workload=poisson", "engine.num_kv_blocks=140", "model.max_model_len=1024"],
-                                    300, 1000.0, True),
+    "disagg-saturated-small-pool": (
+        ["workload=poisson", "engine.num_kv_blocks=140", "model.max_model_len=1024"],
+        300,
+        1000.0,
+        True,
+    ),
     "early-binding": (["workload=poisson", "kv_transfer.decode_binding=early"], 300, 300.0, False),
     "colocated": (["workload=poisson", "mode=colocated"], 200, 100.0, True),
     "chunked": (["workload=poisson", "mode=chunked"], 200, 100.0, False),
-    "multiturn-prefix-cache": (["workload=multiturn", "engine.enable_prefix_caching=true",
-                                "cluster.dispatch=session_affinity"], 200, 100.0, True),
+    "multiturn-prefix-cache": (
+        ["workload=multiturn", "engine.enable_prefix_caching=true", "cluster.dispatch=session_affinity"],
+        200,
+        100.0,
+        True,
+    ),
 }
 
 
@@ -68,8 +84,11 @@ def test_runs_write_the_tables_of_stepping_one_at_a_time(case):
 # -- the scheduler's side ---------------------------------------------------------------------
 def _decoding(lengths: list[tuple[int, int]], num_blocks: int = 64, block_size: int = 4) -> Scheduler:
     """A decode worker's scheduler with sequences (prompt, max tokens) installed and decoding."""
-    scheduler = Scheduler(make_policy("decode_only"), BlockManager(num_blocks, block_size),
-                          SchedulerConfig(max_running=8, max_batched_tokens=64))
+    scheduler = Scheduler(
+        make_policy("decode_only"),
+        BlockManager(num_blocks, block_size),
+        SchedulerConfig(max_running=8, max_batched_tokens=64),
+    )
     for rid, (prompt, max_tokens) in enumerate(lengths):
         seq = Sequence(rid, list(range(1, prompt + 1)), max_tokens)
         assert scheduler.reserve(seq)
@@ -78,8 +97,9 @@ def _decoding(lengths: list[tuple[int, int]], num_blocks: int = 64, block_size: 
 
 
 def _state(scheduler: Scheduler) -> list:
-    return [(s.seq_id, s.token_ids, s.num_computed_tokens, s.block_table, s.status) for s in scheduler.running] + \
-        [list(scheduler.block_manager.free_ids)]
+    return [(s.seq_id, s.token_ids, s.num_computed_tokens, s.block_table, s.status) for s in scheduler.running] + [
+        list(scheduler.block_manager.free_ids)
+    ]
 
 
 def test_quiet_run_stops_before_the_first_finish_and_advance_equals_stepping():

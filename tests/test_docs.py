@@ -31,8 +31,11 @@ def test_the_readme_has_two_commands_split_by_purpose():
 
 def test_ci_runs_the_readmes_installs_and_test_command():
     first, second = readme_commands()
-    ci = [line.strip() for line in (ROOT / ".ci/run").read_text().splitlines()
-          if line.strip() and not line.lstrip().startswith("#")]
+    ci = [
+        line.strip()
+        for line in (ROOT / ".ci/run").read_text().splitlines()
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
     install = re.search(r"(pip install [^&]*?)\s*&&", first).group(1)
     install_dev = re.search(r"(pip install [^&]*?)\s*&&", second).group(1)
     tests = second.rsplit("&& ", 1)[1]
@@ -51,8 +54,13 @@ def test_the_readme_is_a_five_minute_read_with_its_figure():
 def test_the_docs_site_builds_strict(tmp_path):
     if shutil.which("mkdocs") is None and subprocess.run([sys.executable, "-c", "import mkdocs"]).returncode:
         pytest.skip("mkdocs is in the dev extra")
-    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert (tmp_path / "site" / "index.html").is_file()
 
@@ -60,13 +68,21 @@ def test_the_docs_site_builds_strict(tmp_path):
 def test_no_doc_docstring_or_test_names_a_folder_outside_the_repository():
     """A user's clone has only the repository: nothing may point to a folder beside it."""
     root = Path(__file__).resolve().parents[1]
-    files = [p for d in ("testbed", "analysis", "tests", "docs", "conf", "scripts", "experiments")
-             for p in (root / d).rglob("*") if p.suffix in (".py", ".md", ".yaml", ".toml") and p.is_file()]
+    files = [
+        p
+        for d in ("testbed", "analysis", "tests", "docs", "conf", "scripts", "experiments")
+        for p in (root / d).rglob("*")
+        if p.suffix in (".py", ".md", ".yaml", ".toml") and p.is_file()
+    ]
     outside = "../" + "shared"  # spelled apart so this file does not name it
     as_parts = re.compile(r"(parent|parents\[\d\])\s*/\s*[\"']" + "shared")  # the same folder built from parts
-    found = [f"{p.relative_to(root)}" for p in [root / "README.md", *files]
-             if outside in p.read_text(errors="replace") or ("shared" + "/traces") in p.read_text(errors="replace")
-             or as_parts.search(p.read_text(errors="replace"))]
+    found = [
+        f"{p.relative_to(root)}"
+        for p in [root / "README.md", *files]
+        if outside in p.read_text(errors="replace")
+        or ("shared" + "/traces") in p.read_text(errors="replace")
+        or as_parts.search(p.read_text(errors="replace"))
+    ]
     assert not found, found
 
 
@@ -80,8 +96,15 @@ NAMED = re.compile(r"(?<![\w./-])((?:%s)/[\w./-]*\w)" % "|".join(re.escape(t) fo
 def test_every_path_the_docs_and_docstrings_name_exists():
     """A path in the README, a doc page, a docstring or a comment is a file or folder of the
     checkout (placeholders such as NAME, <file> and globs aside): a rename leaves none behind."""
-    files = [ROOT / "README.md", *[p for d in TOP for p in (ROOT / d).rglob("*") if p.suffix in (".py", ".md")
-                                   and p.is_file() and "notebooks" not in p.parts and ".venv" not in p.parts]]
+    files = [
+        ROOT / "README.md",
+        *[
+            p
+            for d in TOP
+            for p in (ROOT / d).rglob("*")
+            if p.suffix in (".py", ".md") and p.is_file() and "notebooks" not in p.parts and ".venv" not in p.parts
+        ],
+    ]
     missing = set()
     for f in files:
         for path in NAMED.findall(f.read_text(errors="replace")):

@@ -25,8 +25,15 @@ from tests.cluster_helpers import make_config, small_workload
 from tests.paths import ROOT
 
 TINY_PROFILE = ROOT / "testbed" / "sim" / "profiles" / "tiny_cpu.json"
-ZERO = dict(overhead_s=0.0, per_prefill_token_s=0.0, per_attended_pair_s=0.0, per_decode_seq_s=0.0,
-            per_decode_context_token_s=0.0, transfer_latency_s=0.0, transfer_bytes_per_s=1e9)
+ZERO = dict(
+    overhead_s=0.0,
+    per_prefill_token_s=0.0,
+    per_attended_pair_s=0.0,
+    per_decode_seq_s=0.0,
+    per_decode_context_token_s=0.0,
+    transfer_latency_s=0.0,
+    transfer_bytes_per_s=1e9,
+)
 
 
 def cost(**terms) -> CostModel:
@@ -34,10 +41,24 @@ def cost(**terms) -> CostModel:
 
 
 def record(start=0.0, end=0.001, chunks=(), decodes=0, context=0) -> StepRecord:
-    return StepRecord(start=start, end=end, role="chunked", prefill_tokens=sum(n for n, _ in chunks),
-                      decode_seqs=decodes, batched_tokens=0, kv_blocks_used=0, num_waiting=0, num_running=0,
-                      schedule_s=0, prepare_s=0, forward_s=end - start, sample_s=0, postprocess_s=0,
-                      prefill_chunks=tuple(chunks), decode_context=context)
+    return StepRecord(
+        start=start,
+        end=end,
+        role="chunked",
+        prefill_tokens=sum(n for n, _ in chunks),
+        decode_seqs=decodes,
+        batched_tokens=0,
+        kv_blocks_used=0,
+        num_waiting=0,
+        num_running=0,
+        schedule_s=0,
+        prepare_s=0,
+        forward_s=end - start,
+        sample_s=0,
+        postprocess_s=0,
+        prefill_chunks=tuple(chunks),
+        decode_context=context,
+    )
 
 
 class FakeClock:
@@ -53,8 +74,13 @@ class FakeClock:
 
 
 def test_modelled_step_time_reads_the_batch_shape():
-    model = cost(overhead_s=0.01, per_prefill_token_s=1e-4, per_attended_pair_s=1e-7, per_decode_seq_s=1e-3,
-                 per_decode_context_token_s=1e-6)
+    model = cost(
+        overhead_s=0.01,
+        per_prefill_token_s=1e-4,
+        per_attended_pair_s=1e-7,
+        per_decode_seq_s=1e-3,
+        per_decode_context_token_s=1e-6,
+    )
     chunks = [(100, 0), (50, 200)]
     expected = model.step_time(150, model.prefill_context(chunks), 3, 900)
     assert StepPacer(model).modelled_s(record(chunks=chunks, decodes=3, context=900)) == pytest.approx(expected)
@@ -111,8 +137,10 @@ def test_link_runs_one_transfer_at_a_time_at_the_modelled_rate():
 def test_pace_summary_counts_overruns():
     import pandas as pd
 
-    rows = [record(0, real)._replace(modelled_s=0.02, pace_overrun=real > 0.02)._asdict()
-            for real in (0.001, 0.03, 0.005, 0.04)]
+    rows = [
+        record(0, real)._replace(modelled_s=0.02, pace_overrun=real > 0.02)._asdict()
+        for real in (0.001, 0.03, 0.005, 0.04)
+    ]
     summary = pace_summary(pd.DataFrame(rows))
     assert summary["steps"] == 4 and summary["overrun_steps"] == 2 and summary["overrun_share"] == 0.5
     assert summary["modelled_s_mean"] == pytest.approx(0.02)
@@ -132,13 +160,16 @@ def test_step_record_holds_the_cost_shape():
     assert third.prefill_chunks == () and third.decode_seqs == 1 and third.decode_context == 41
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["hardware.emulate=missing/profile.json"], "neither a GPU of the analytical table"),
-    (["hardware.emulate=h100"], "h100_sxm"),
-    (["hardware.emulate_prefill=PROFILE"], "set both"),
-    (["hardware.emulate_model=llama3_8b"], "needs hardware.emulate"),
-    (["hardware.emulate=PROFILE", "hardware.emulate_model=huge"], "is not one of"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["hardware.emulate=missing/profile.json"], "neither a GPU of the analytical table"),
+        (["hardware.emulate=h100"], "h100_sxm"),
+        (["hardware.emulate_prefill=PROFILE"], "set both"),
+        (["hardware.emulate_model=llama3_8b"], "needs hardware.emulate"),
+        (["hardware.emulate=PROFILE", "hardware.emulate_model=huge"], "is not one of"),
+    ],
+)
 def test_bad_emulation_settings_are_one_line(overrides, message):
     with pytest.raises(ConfigError, match=message) as error:
         make_config(*[o.replace("PROFILE", str(TINY_PROFILE)) for o in overrides])
@@ -182,8 +213,16 @@ def test_an_ipc_link_is_paced_by_the_ipc_times(tmp_path):
     with pytest.raises(ConfigError, match="no ipc transfer samples") as refused:
         serve(cfg, tmp_path / "run", progress=False)
     assert "\n" not in str(refused.value) and not (tmp_path / "run" / "requests.parquet").exists()
-    serve(make_config(f"hardware.emulate={tmp_path / 'old.json'}", "mode=colocated", "kv_transfer.backend=ipc",
-                      *small_workload(n=2)), tmp_path / "colocated", progress=False)  # no KV moves: runs
+    serve(
+        make_config(
+            f"hardware.emulate={tmp_path / 'old.json'}",
+            "mode=colocated",
+            "kv_transfer.backend=ipc",
+            *small_workload(n=2),
+        ),
+        tmp_path / "colocated",
+        progress=False,
+    )  # no KV moves: runs
 
 
 def test_a_gpu_name_paces_the_emulated_shape_and_its_kv_bytes():
@@ -238,14 +277,24 @@ def write_profile(path, **terms) -> str:
 
 @pytest.mark.slow
 def test_emulated_disagg_run_is_paced_and_keeps_its_tokens(tmp_path):
-    p_profile = write_profile(tmp_path / "p.json", overhead_s=0.02, per_prefill_token_s=5e-5,
-                              transfer_latency_s=0.03, transfer_bytes_per_s=2e7)
+    p_profile = write_profile(
+        tmp_path / "p.json",
+        overhead_s=0.02,
+        per_prefill_token_s=5e-5,
+        transfer_latency_s=0.03,
+        transfer_bytes_per_s=2e7,
+    )
     d_profile = write_profile(tmp_path / "d.json", overhead_s=0.01, per_decode_seq_s=1e-3)
-    cfg = make_config(*small_workload(8, rate=20.0), "mode=disagg", f"hardware.emulate={p_profile}",
-                      f"hardware.emulate_decode={d_profile}")
+    cfg = make_config(
+        *small_workload(8, rate=20.0),
+        "mode=disagg",
+        f"hardware.emulate={p_profile}",
+        f"hardware.emulate_decode={d_profile}",
+    )
     workload = build_workload(cfg.workload, seed=cfg.seed, vocab_size=512, max_model_len=256)
     expected = LLM("tiny", max_model_len=256, num_kv_blocks=256).generate(
-        [list(r.prompt_token_ids) for r in workload.requests], [r.output_len for r in workload.requests])
+        [list(r.prompt_token_ids) for r in workload.requests], [r.output_len for r in workload.requests]
+    )
     affinity = {}
 
     def pinned(cluster):
@@ -264,8 +313,9 @@ def test_emulated_disagg_run_is_paced_and_keeps_its_tokens(tmp_path):
     for _, step in steps.iterrows():
         model = p if step.role == "prefill_only" else d
         chunks = [tuple(c) for c in step.prefill_chunks]
-        modelled = model.step_time(step.prefill_tokens, model.prefill_context(chunks) if chunks else 0.0,
-                                   step.decode_seqs, step.decode_context)
+        modelled = model.step_time(
+            step.prefill_tokens, model.prefill_context(chunks) if chunks else 0.0, step.decode_seqs, step.decode_context
+        )
         assert step.modelled_s == pytest.approx(modelled)
     # each worker's step ends its modelled time after the previous step's end at the earliest (the
     # host's work between steps counts in its pace); a step marked overrun ran past that, and an

@@ -23,8 +23,15 @@ from tests.cluster_helpers import make_config
 from tests.study_runs import run_study
 
 GIB = 2**30
-ZERO = dict(overhead_s=0.0, per_prefill_token_s=0.0, per_attended_pair_s=0.0, per_decode_seq_s=0.0,
-            per_decode_context_token_s=0.0, transfer_latency_s=0.0, transfer_bytes_per_s=1e12)
+ZERO = dict(
+    overhead_s=0.0,
+    per_prefill_token_s=0.0,
+    per_attended_pair_s=0.0,
+    per_decode_seq_s=0.0,
+    per_decode_context_token_s=0.0,
+    transfer_latency_s=0.0,
+    transfer_bytes_per_s=1e12,
+)
 
 
 def write_profile(path, **terms) -> str:
@@ -55,15 +62,17 @@ def test_a_pool_the_cpu_cannot_hold_is_capped_in_one_line_and_never_past_what_th
     share = cfg.hardware.emulate_pool_share
     assert blocks == int(share * GIB / 2) // (512 * cfg.engine.block_size)
     assert "\n" not in line and "capped" in line and "emulate_pool_share" in line
-    filled, line = emulated_pool(emulation, cfg.model, cfg.engine, cfg.hardware, ["mixed"], 512, 64 * GIB,
-                                 fill_tokens=64 * 2048)
+    filled, line = emulated_pool(
+        emulation, cfg.model, cfg.engine, cfg.hardware, ["mixed"], 512, 64 * GIB, fill_tokens=64 * 2048
+    )
     assert filled == 64 * 2048 // cfg.engine.block_size and line == ""
 
 
 def test_a_cpu_profile_without_a_memory_figure_keeps_the_configured_pool(tmp_path):
     cfg = make_config(f"hardware.emulate={write_profile(tmp_path / 'p.json', overhead_s=0.01)}")
-    assert emulated_pool(Emulation.from_hardware(cfg.hardware), cfg.model, cfg.engine, cfg.hardware, ["mixed"],
-                         512, 64 * GIB) == (None, "")
+    assert emulated_pool(
+        Emulation.from_hardware(cfg.hardware), cfg.model, cfg.engine, cfg.hardware, ["mixed"], 512, 64 * GIB
+    ) == (None, "")
 
 
 # -- a point that overran is marked and left out ---------------------------------------------------
@@ -75,8 +84,15 @@ def test_a_point_that_could_not_keep_the_modelled_pace_is_marked_and_left_out(tm
 
     fast = write_profile(tmp_path / "fast.json", overhead_s=1e-6)
     with caplog.at_level(logging.INFO, logger="testbed"):
-        result = run_study("rate_sweep", tmp_path / "run", f"hardware.emulate={fast}", "experiment.modes=[chunked]",
-                           "hardware.num_devices=1", "experiment.rates=[20]", "experiment.search_points=0")
+        result = run_study(
+            "rate_sweep",
+            tmp_path / "run",
+            f"hardware.emulate={fast}",
+            "experiment.modes=[chunked]",
+            "hardware.num_devices=1",
+            "experiment.rates=[20]",
+            "experiment.search_points=0",
+        )
     table = result["table"]
     assert table["overrun"].all() and (table["pacing_overrun_share"] > 0.05).all()
     saved = json.loads((tmp_path / "run" / "sweep.json").read_text())
@@ -92,8 +108,9 @@ def test_a_point_that_could_not_keep_the_modelled_pace_is_marked_and_left_out(tm
 # prefill costs 80 us a token (a 2048-token prompt: 0.16 s more) and a step 30 ms or more: the tiny
 # model's real steps take a millisecond or two, so a worker kept off its core for 25 ms (two busy
 # jobs beside two workers on two cores) still keeps the pace
-PACED = dict(overhead_s=0.03, per_prefill_token_s=8e-5, per_decode_seq_s=4e-4,
-             transfer_latency_s=0.002, transfer_bytes_per_s=1e9)
+PACED = dict(
+    overhead_s=0.03, per_prefill_token_s=8e-5, per_decode_seq_s=4e-4, transfer_latency_s=0.002, transfer_bytes_per_s=1e9
+)
 SEEDS = ["experiment.repeats=3"]
 
 
@@ -129,17 +146,29 @@ def tail_paced(rows) -> bool:
 def test_emulated_interference_rises_with_prefill_length_only_where_phases_share_a_device(tmp_path):
     """Colocated decodes stall behind a long prefill on their own worker; disaggregated ones do
     not (checked where the machine kept the pace, see kept_at_pace): over 3 seeds, colocated
-    inflation at 2048 tokens exceeds that at 128 and 1.5 times 1P1D's. 1P1D's is only bounded loosely: on a loaded two-core machine P's real prefill compute still
+    inflation at 2048 tokens exceeds that at 128 and 1.5 times 1P1D's. 1P1D's is only bounded loosely: on a
+    loaded two-core machine P's real prefill compute still
     competes with D for a core (1.4 was measured beside a busy loop)."""
     profile = paced_profile(tmp_path)
-    result = run_study("interference", tmp_path / "run", f"hardware.emulate={profile}", *SEEDS,
-                       "experiment.prefill_lengths=[128,2048]", "workload.background_requests=4",
-                       "workload.background_output_len=50", "workload.num_requests=3", "workload.rate=4",
-                       "experiment.background_margin=0", "model.max_model_len=2304")
+    result = run_study(
+        "interference",
+        tmp_path / "run",
+        f"hardware.emulate={profile}",
+        *SEEDS,
+        "experiment.prefill_lengths=[128,2048]",
+        "workload.background_requests=4",
+        "workload.background_output_len=50",
+        "workload.num_requests=3",
+        "workload.rate=4",
+        "experiment.background_margin=0",
+        "model.max_model_len=2304",
+    )
     if not kept_at_pace(result):
         return
-    inflation = {label: {int(k): v["inflation"] for k, v in lengths.items() if k != "0"}
-                 for label, lengths in result["aggregate"]["interference"].items()}
+    inflation = {
+        label: {int(k): v["inflation"] for k, v in lengths.items() if k != "0"}
+        for label, lengths in result["aggregate"]["interference"].items()
+    }
     table = result["table"]
     if tail_paced(table[table["prefill_len"] > 0]):
         assert inflation["colocated"][2048] > inflation["colocated"][128], inflation
@@ -153,10 +182,19 @@ def test_emulated_chunk_budget_trades_ttft_for_itl(tmp_path):
     """Sarathi-Serve on a paced device, 3 seeds: a larger chunk budget prefills prompts in fewer
     steps (TTFT falls) and puts more prefill beside each decode step (ITL p99 rises)."""
     profile = paced_profile(tmp_path)
-    result = run_study("chunk_sweep", tmp_path / "run", f"hardware.emulate={profile}", *SEEDS,
-                       "experiment.chunk_sizes=[64,1024]", "workload.num_requests=12", "workload.rate=6",
-                       "workload.input_len.min=600", "workload.input_len.max=1000",
-                       "workload.output_len.min=16", "workload.output_len.max=32")
+    result = run_study(
+        "chunk_sweep",
+        tmp_path / "run",
+        f"hardware.emulate={profile}",
+        *SEEDS,
+        "experiment.chunk_sizes=[64,1024]",
+        "workload.num_requests=12",
+        "workload.rate=6",
+        "workload.input_len.min=600",
+        "workload.input_len.max=1000",
+        "workload.output_len.min=16",
+        "workload.output_len.max=32",
+    )
     if not kept_at_pace(result):
         return
     table = result["table"]

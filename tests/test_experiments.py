@@ -96,10 +96,24 @@ def test_resume_runs_only_the_missing_points(tmp_path):
 def test_ratio_sweep_command_line_writes_every_split(tmp_path):
     """The main job as a user types it (CPU defaults of the study), shortened to one rate and one
     rate of goodput search: every configuration and repeat tries a second rate beside the grid's."""
-    out = subprocess.run([sys.executable, "-m", "testbed", "+experiment=ratio_sweep", f"hydra.run.dir={tmp_path}",
-                          "experiment.rates=[20]", "workload.num_requests=8", "experiment.figures=false",
-                          "experiment.repeats=2", "experiment.search_points=1"], cwd=ROOT, capture_output=True,
-                         text=True, timeout=600)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "testbed",
+            "+experiment=ratio_sweep",
+            f"hydra.run.dir={tmp_path}",
+            "experiment.rates=[20]",
+            "workload.num_requests=8",
+            "experiment.figures=false",
+            "experiment.repeats=2",
+            "experiment.search_points=1",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     table = pd.read_parquet(tmp_path / "sweep.parquet")
     assert set(table["label"]) == {"colocated", "chunked", "1P2D", "2P1D"}  # 3 CPU workers
@@ -130,8 +144,14 @@ def test_plan_lines_up_a_measured_ratio_sweep(study_results, tmp_path):
     included, has its simulated counterpart."""
     from tests.study_runs import run_study
 
-    out = run_study("plan", tmp_path / "plan", "experiment.rates=[20,40]", "hardware.num_devices=2",
-                    "workload.num_requests=6", f"experiment.measured_sweep={study_results['ratio_sweep']}")
+    out = run_study(
+        "plan",
+        tmp_path / "plan",
+        "experiment.rates=[20,40]",
+        "hardware.num_devices=2",
+        "workload.num_requests=6",
+        f"experiment.measured_sweep={study_results['ratio_sweep']}",
+    )
     measured, simulated = out["aggregate"]["measured"]["goodput"], out["aggregate"]["simulated"]["goodput"]
     assert set(measured) == {"colocated", "chunked", "1P1D"} and set(measured) <= set(simulated)
 
@@ -182,8 +202,15 @@ def test_sim_validate_simulates_on_a_calibration_run_of_its_own(tmp_path):
     seed): host delays sampled, contention measured. On the shipped profile the median TPOT came
     out 66% low (the simulator 2-4x too fast); calibrated, it may not be half the real one."""
     out = tmp_path / "validate"
-    result = run_study("sim_validate", out, "experiment.rates=[20]", "experiment.modes=[chunked]",
-                       "workload.num_requests=20", "hardware.emulate=null", "hardware.emulate_model=null")
+    result = run_study(
+        "sim_validate",
+        out,
+        "experiment.rates=[20]",
+        "experiment.modes=[chunked]",
+        "workload.num_requests=20",
+        "hardware.emulate=null",
+        "hardware.emulate_model=null",
+    )
     points = result["table"].set_index("point")
     assert points.loc["calibrate_chunked", "executor"] == "calibration" and points.loc["calibrate_chunked", "seed"] != 0
     summary = json.loads((out / "points" / "chunked_rate20_sim" / "summary.json").read_text())
@@ -199,9 +226,16 @@ def test_sim_validate_with_repeats_fits_each_repeat_on_the_others(tmp_path):
     """With repeats, a simulated repeat runs on a profile fitted on the real runs of the other
     repeats of its own cell (run just before or after it), never on the real run it is compared with."""
     out = tmp_path / "validate"
-    result = run_study("sim_validate", out, "experiment.rates=[10,20]", "experiment.modes=[chunked]",
-                       "workload.num_requests=12", "experiment.repeats=2", "hardware.emulate=null",
-                       "hardware.emulate_model=null")
+    result = run_study(
+        "sim_validate",
+        out,
+        "experiment.rates=[10,20]",
+        "experiment.modes=[chunked]",
+        "workload.num_requests=12",
+        "experiment.repeats=2",
+        "hardware.emulate=null",
+        "hardware.emulate_model=null",
+    )
     points = result["table"]
     assert "calibration" not in set(points["executor"])
     assert list(points["executor"]) == ["real"] * 4 + ["sim"] * 4  # every real run before the first simulated one
@@ -223,9 +257,16 @@ def test_sim_validate_errors_have_no_systematic_sign(tmp_path):
     TPOT tail all low while contention forgot its phase within five steps). On a quiet two-core
     machine the shipped study's medians are within 6%; the bounds here leave room for a busy one."""
     out = tmp_path / "validate"
-    result = run_study("sim_validate", out, "experiment.rates=[20,40]", "experiment.modes=[colocated,disagg]",
-                       "workload.num_requests=40", "experiment.repeats=2", "hardware.emulate=null",
-                       "hardware.emulate_model=null")
+    result = run_study(
+        "sim_validate",
+        out,
+        "experiment.rates=[20,40]",
+        "experiment.modes=[colocated,disagg]",
+        "workload.num_requests=40",
+        "experiment.repeats=2",
+        "hardware.emulate=null",
+        "hardware.emulate_model=null",
+    )
     errors = pd.DataFrame(result["aggregate"]["errors"])
     assert len(errors) == 4, errors
     for metric in ("ttft_p50", "tpot_p50"):
@@ -245,8 +286,14 @@ def test_sim_validate_errors_have_no_systematic_sign(tmp_path):
 def test_wandb_offline_run_per_point_and_figures(tmp_path):
     """tracker=wandb: one offline run per point under its results directory, and one with the figures."""
     out = tmp_path / "sweep"
-    result = run_study("burstiness", out, "experiment.burstiness=[1.0]", "tracker=wandb", "tracker.mode=offline",
-                       "experiment.figures=true")
+    result = run_study(
+        "burstiness",
+        out,
+        "experiment.burstiness=[1.0]",
+        "tracker=wandb",
+        "tracker.mode=offline",
+        "experiment.figures=true",
+    )
     assert result["figures"] and all(p.is_file() for p in result["figures"])
     assert list((out / "points" / "chunked_burstiness1" / "wandb").glob("offline-run-*"))
     assert list((out / "wandb").glob("offline-run-*"))

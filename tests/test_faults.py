@@ -22,9 +22,16 @@ def assert_no_leaks(summary, dead=()):
 
 
 def test_killed_prefill_worker_requests_are_redispatched(tmp_path):
-    cfg = make_config(*small_workload(n=24, rate=30), *LONG, "mode=disagg", "cluster.num_prefill=2",
-                      "cluster.num_decode=1", "faults.kill_worker=0", "faults.kill_at_s=0.3",
-                      "cluster.on_worker_failure=redispatch")
+    cfg = make_config(
+        *small_workload(n=24, rate=30),
+        *LONG,
+        "mode=disagg",
+        "cluster.num_prefill=2",
+        "cluster.num_decode=1",
+        "faults.kill_worker=0",
+        "faults.kill_at_s=0.3",
+        "cluster.on_worker_failure=redispatch",
+    )
     result = serve(cfg, tmp_path, progress=False)
     requests, summary = result["requests"], result["summary"]
     assert (requests.status == "ok").all(), requests.reason.unique()
@@ -36,10 +43,17 @@ def test_killed_prefill_worker_requests_are_redispatched(tmp_path):
 def test_killed_mixed_worker_fails_its_requests(tmp_path):
     # arrivals over 2.4 s, each request decoding 100+ tokens: the victim still holds requests when a
     # loaded router injects the kill a second or more late
-    cfg = make_config(*small_workload(n=24, rate=10), "workload.output_len.min=100", "workload.output_len.max=130",
-                      "mode=chunked", "cluster.num_workers=2",
-                      "scheduler.chunk_size=64", "scheduler.max_running=16", "faults.kill_worker=1",
-                      "faults.kill_at_s=0.3")
+    cfg = make_config(
+        *small_workload(n=24, rate=10),
+        "workload.output_len.min=100",
+        "workload.output_len.max=130",
+        "mode=chunked",
+        "cluster.num_workers=2",
+        "scheduler.chunk_size=64",
+        "scheduler.max_running=16",
+        "faults.kill_worker=1",
+        "faults.kill_at_s=0.3",
+    )
     result = serve(cfg, tmp_path, progress=False)
     requests = result["requests"]
     failed = requests[requests.status == "failed"]
@@ -53,8 +67,14 @@ def test_killed_mixed_worker_fails_its_requests(tmp_path):
 
 @pytest.mark.parametrize("on_failure", ["fail", "recompute"])
 def test_dropped_kv_times_out_and_is_failed_or_recomputed(tmp_path, on_failure):
-    cfg = make_config(*small_workload(n=12, rate=30), "mode=disagg", "faults.drop_kv_probability=0.3",
-                      "kv_transfer.timeout_s=1", f"kv_transfer.on_failure={on_failure}", "seed=1")
+    cfg = make_config(
+        *small_workload(n=12, rate=30),
+        "mode=disagg",
+        "faults.drop_kv_probability=0.3",
+        "kv_transfer.timeout_s=1",
+        f"kv_transfer.on_failure={on_failure}",
+        "seed=1",
+    )
     result = serve(cfg, tmp_path, progress=False)
     requests, summary = result["requests"], result["summary"]
     drops = [f["request_id"] for f in summary["faults"] if f["kind"] == "drop_kv"]
@@ -72,9 +92,15 @@ def test_dropped_kv_times_out_and_is_failed_or_recomputed(tmp_path, on_failure):
 
 
 def test_retry_resends_dropped_kv_until_it_arrives(tmp_path):
-    cfg = make_config(*small_workload(n=12, rate=30), "mode=disagg", "faults.drop_kv_probability=0.3",
-                      "kv_transfer.timeout_s=1", "kv_transfer.on_failure=retry", "kv_transfer.max_retries=3",
-                      "seed=1")
+    cfg = make_config(
+        *small_workload(n=12, rate=30),
+        "mode=disagg",
+        "faults.drop_kv_probability=0.3",
+        "kv_transfer.timeout_s=1",
+        "kv_transfer.on_failure=retry",
+        "kv_transfer.max_retries=3",
+        "seed=1",
+    )
     result = serve(cfg, tmp_path, progress=False)
     requests, summary, transfers = result["requests"], result["summary"], result["transfers"]
     assert (requests.status == "ok").all(), requests.reason.unique()  # no request lost
@@ -93,9 +119,15 @@ def test_retry_resends_dropped_kv_until_it_arrives(tmp_path):
 
 @pytest.mark.parametrize("fallback", ["recompute", "fail"])
 def test_retries_exhausted_fall_back_to_recompute_or_fail(tmp_path, fallback):
-    cfg = make_config(*small_workload(n=6, rate=30), "mode=disagg", "faults.drop_kv_probability=1",
-                      "kv_transfer.timeout_s=0.5", "kv_transfer.on_failure=retry", "kv_transfer.max_retries=1",
-                      f"kv_transfer.retry_fallback={fallback}")
+    cfg = make_config(
+        *small_workload(n=6, rate=30),
+        "mode=disagg",
+        "faults.drop_kv_probability=1",
+        "kv_transfer.timeout_s=0.5",
+        "kv_transfer.on_failure=retry",
+        "kv_transfer.max_retries=1",
+        f"kv_transfer.retry_fallback={fallback}",
+    )
     result = serve(cfg, tmp_path, progress=False)
     requests, transfers = result["requests"], result["transfers"]
     assert sorted(transfers.groupby("request_id").attempt.apply(sorted)) == [[1, 2]] * len(requests)
@@ -111,10 +143,21 @@ def test_decode_worker_killed_with_kv_on_the_wire_fails_for_its_death_only(tmp_p
     """Worker 2 stops reading (stalled) while P's sends to it wait on the wire, then dies: those
     sends break on P (or P drops them when the router ends their requests first: which comes first
     is a race), and the requests fail because worker 2 died, not as transfer errors."""
-    cfg = make_config(*small_workload(n=30, rate=40), *LONG, "mode=disagg", "cluster.num_prefill=1",
-                      "cluster.num_decode=2", "cluster.decode_dispatch=round_robin", "kv_transfer.decode_binding=early",
-                      "faults.delay_kv_ms=200", "faults.stall_worker=2", "faults.stall_at_s=0.3",
-                      "faults.stall_ms=3000", "faults.kill_worker=2", "faults.kill_at_s=0.8")
+    cfg = make_config(
+        *small_workload(n=30, rate=40),
+        *LONG,
+        "mode=disagg",
+        "cluster.num_prefill=1",
+        "cluster.num_decode=2",
+        "cluster.decode_dispatch=round_robin",
+        "kv_transfer.decode_binding=early",
+        "faults.delay_kv_ms=200",
+        "faults.stall_worker=2",
+        "faults.stall_at_s=0.3",
+        "faults.stall_ms=3000",
+        "faults.kill_worker=2",
+        "faults.kill_at_s=0.8",
+    )
     result = serve(cfg, tmp_path, progress=False)
     requests, transfers = result["requests"], result["transfers"]
     failed = requests[requests.status == "failed"]
@@ -139,10 +182,19 @@ def test_delayed_kv_shows_in_transfer_times(tmp_path):
 
 
 def test_stalled_worker_past_its_heartbeat_is_declared_lost(tmp_path):
-    cfg = make_config(*small_workload(n=20, rate=20), *LONG, "mode=chunked", "cluster.num_workers=2",
-                      "scheduler.chunk_size=64", "scheduler.max_running=16", "faults.stall_worker=1",
-                      "faults.stall_at_s=0.3", "faults.stall_ms=3000", "cluster.heartbeat_s=0.1",
-                      "cluster.on_worker_failure=redispatch")
+    cfg = make_config(
+        *small_workload(n=20, rate=20),
+        *LONG,
+        "mode=chunked",
+        "cluster.num_workers=2",
+        "scheduler.chunk_size=64",
+        "scheduler.max_running=16",
+        "faults.stall_worker=1",
+        "faults.stall_at_s=0.3",
+        "faults.stall_ms=3000",
+        "cluster.heartbeat_s=0.1",
+        "cluster.on_worker_failure=redispatch",
+    )
     result = serve(cfg, tmp_path, progress=False)
     requests, summary = result["requests"], result["summary"]
     assert "stall_worker" in kinds(summary) and "redispatch" in kinds(summary)
@@ -151,8 +203,14 @@ def test_stalled_worker_past_its_heartbeat_is_declared_lost(tmp_path):
 
 
 def test_exhausted_kv_pool_preempts_but_completes(tmp_path):
-    cfg = make_config(*small_workload(n=16, rate=100), *LONG, "mode=chunked", "scheduler.chunk_size=64",
-                      "scheduler.max_running=16", "faults.exhaust_kv_pool=true")
+    cfg = make_config(
+        *small_workload(n=16, rate=100),
+        *LONG,
+        "mode=chunked",
+        "scheduler.chunk_size=64",
+        "scheduler.max_running=16",
+        "faults.exhaust_kv_pool=true",
+    )
     result = serve(cfg, tmp_path, progress=False)
     assert (result["requests"].status == "ok").all()
     assert result["steps"].kv_blocks_used.max() <= 16  # max_model_len 256 / block 16
@@ -162,8 +220,14 @@ def test_exhausted_kv_pool_preempts_but_completes(tmp_path):
 def test_soak_above_capacity_stays_flat(tmp_path):
     """Thousands of requests faster than one tiny worker serves them: admission control rejects
     the excess, every admitted request completes, and no process grows."""
-    cfg = make_config(*small_workload(n=3000, rate=1000), *LONG, "mode=chunked", "scheduler.chunk_size=64",
-                      "scheduler.max_running=16", "cluster.max_outstanding=32")
+    cfg = make_config(
+        *small_workload(n=3000, rate=1000),
+        *LONG,
+        "mode=chunked",
+        "scheduler.chunk_size=64",
+        "scheduler.max_running=16",
+        "cluster.max_outstanding=32",
+    )
     result = serve(cfg, tmp_path, progress=False)
     requests, summary = result["requests"], result["summary"]
     rejected = requests[requests.status == "rejected"]
@@ -178,10 +242,19 @@ def test_soak_above_capacity_stays_flat(tmp_path):
 def test_a_hang_that_outlasts_the_stall_timeout_fails_what_waits(tmp_path):
     """One worker frozen for 3 s, too briefly to be declared lost (heartbeat 100 s): the run's own
     bound (cluster.stall_timeout_s) fails the waiting requests and the run still ends."""
-    cfg = make_config(*small_workload(n=20, rate=20), *LONG, "mode=chunked", "cluster.num_workers=1",
-                      "scheduler.chunk_size=64", "scheduler.max_running=16", "faults.stall_worker=0",
-                      "faults.stall_at_s=0.3", "faults.stall_ms=3000", "cluster.heartbeat_s=100",
-                      "cluster.stall_timeout_s=1")
+    cfg = make_config(
+        *small_workload(n=20, rate=20),
+        *LONG,
+        "mode=chunked",
+        "cluster.num_workers=1",
+        "scheduler.chunk_size=64",
+        "scheduler.max_running=16",
+        "faults.stall_worker=0",
+        "faults.stall_at_s=0.3",
+        "faults.stall_ms=3000",
+        "cluster.heartbeat_s=100",
+        "cluster.stall_timeout_s=1",
+    )
     result = serve(cfg, tmp_path, progress=False)
     requests = result["requests"]
     failed = requests[requests.status == "failed"]

@@ -7,8 +7,8 @@ import json
 import logging
 import socket
 import subprocess
-import urllib.request
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -24,17 +24,24 @@ def refusing_url():
 
 
 def run_testbed(*args, tmp_path, module="testbed", timeout=300):
-    return subprocess.run([sys.executable, "-m", module, f"hydra.run.dir={tmp_path}", *args],
-                          cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", module, f"hydra.run.dir={tmp_path}", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
-@pytest.mark.parametrize("study", [[], ["+experiment=rate_sweep", "experiment.rates=[1,2]"]],
-                         ids=["serve", "rate_sweep"])
+@pytest.mark.parametrize(
+    "study", [[], ["+experiment=rate_sweep", "experiment.rates=[1,2]"]], ids=["serve", "rate_sweep"]
+)
 def test_a_missing_server_is_one_line_and_a_non_zero_exit_even_with_http_model_set(tmp_path, study):
     sock, url = refusing_url()
     with sock:
-        done = run_testbed(*study, "executor=http", f"http.url={url}", "http.model=m", "workload.num_requests=4",
-                       tmp_path=tmp_path)
+        done = run_testbed(
+            *study, "executor=http", f"http.url={url}", "http.model=m", "workload.num_requests=4", tmp_path=tmp_path
+        )
     # a study's progress bar aside (it redraws one terminal line), the error is the one line printed
     lines = [line for line in done.stderr.replace("\r", "\n").splitlines() if line.strip() and "point/s" not in line]
     assert done.returncode == 1, done.stderr[-2000:]
@@ -67,9 +74,18 @@ def lowered_lines(text: str) -> list[str]:
 
 @pytest.mark.slow
 def test_the_cli_runs_a_checkpoint_the_default_pool_cannot_hold_with_one_line(long_checkpoint, tmp_path):
-    small = ["engine.kv_cache_mib=8", "hardware=cpu", "hardware.num_devices=2", "mode=disagg",
-             "workload.num_requests=6", "workload.rate=50", "workload.input_len.min=16", "workload.input_len.max=64", "workload.output_len.min=2",
-             "workload.output_len.max=8"]
+    small = [
+        "engine.kv_cache_mib=8",
+        "hardware=cpu",
+        "hardware.num_devices=2",
+        "mode=disagg",
+        "workload.num_requests=6",
+        "workload.rate=50",
+        "workload.input_len.min=16",
+        "workload.input_len.max=64",
+        "workload.output_len.min=2",
+        "workload.output_len.max=8",
+    ]
     done = run_testbed("model=hf", f"model.path={long_checkpoint}", *small, tmp_path=tmp_path / "fitted")
     assert done.returncode == 0, done.stderr[-3000:]
     [line] = lowered_lines(done.stdout + done.stderr)  # one line for both workers
@@ -78,27 +94,47 @@ def test_the_cli_runs_a_checkpoint_the_default_pool_cannot_hold_with_one_line(lo
     summary = json.loads((tmp_path / "fitted" / "summary.json").read_text())
     assert summary["num_requests"]["ok"] == 6
     # an explicit length keeps the error, in one line
-    done = run_testbed("model=hf", f"model.path={long_checkpoint}", f"model.max_model_len={LONG}", *small,
-                   tmp_path=tmp_path / "explicit")
+    done = run_testbed(
+        "model=hf",
+        f"model.path={long_checkpoint}",
+        f"model.max_model_len={LONG}",
+        *small,
+        tmp_path=tmp_path / "explicit",
+    )
     assert done.returncode == 2 and f"cannot hold one request of max_model_len={LONG}" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
 
 
 @pytest.mark.slow
 def test_the_cli_runs_the_checkpoint_with_no_option_but_its_path(long_checkpoint, tmp_path):
-    done = run_testbed("model=hf", f"model.path={long_checkpoint}", "workload.num_requests=4", "workload.rate=50",
-                   "workload.input_len.min=16", "workload.input_len.max=64", "workload.output_len.min=2", "workload.output_len.max=8", tmp_path=tmp_path)
+    done = run_testbed(
+        "model=hf",
+        f"model.path={long_checkpoint}",
+        "workload.num_requests=4",
+        "workload.rate=50",
+        "workload.input_len.min=16",
+        "workload.input_len.max=64",
+        "workload.output_len.min=2",
+        "workload.output_len.max=8",
+        tmp_path=tmp_path,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert len(lowered_lines(done.stdout + done.stderr)) <= 1  # lowered only where the pool cannot hold it
 
 
 @pytest.mark.slow
 def test_the_server_lowers_an_unset_length_to_its_pool_and_serves(long_checkpoint, tmp_path, caplog):
-    from tests.cluster_helpers import make_config
     from testbed.server.app import HttpServer
+    from tests.cluster_helpers import make_config
 
-    cfg = make_config("model=hf", f"model.path={long_checkpoint}", "engine.kv_cache_mib=8", "hardware=cpu",
-                      "cluster.num_workers=1", "http.port=0")
+    cfg = make_config(
+        "model=hf",
+        f"model.path={long_checkpoint}",
+        "engine.kv_cache_mib=8",
+        "hardware=cpu",
+        "cluster.num_workers=1",
+        "http.port=0",
+    )
     with caplog.at_level(logging.WARNING, logger="testbed"), HttpServer(cfg, tmp_path) as server:
         with urllib.request.urlopen(server.url + "/v1/models", timeout=60) as response:
             [model] = json.loads(response.read())["data"]
@@ -107,8 +143,14 @@ def test_the_server_lowers_an_unset_length_to_its_pool_and_serves(long_checkpoin
         with urllib.request.urlopen(request, timeout=120) as response:
             answer = json.loads(response.read())
     assert model["max_model_len"] == 8192
-    assert len(answer["choices"][0]["token_ids"] if "token_ids" in answer["choices"][0] else
-               answer["choices"][0]["text"].split()) == 4
+    assert (
+        len(
+            answer["choices"][0]["token_ids"]
+            if "token_ids" in answer["choices"][0]
+            else answer["choices"][0]["text"].split()
+        )
+        == 4
+    )
     assert len([r for r in caplog.records if "lowered from 131072 to 8192" in r.getMessage()]) == 1
 
 

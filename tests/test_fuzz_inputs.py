@@ -9,8 +9,8 @@ import json
 import tempfile
 from pathlib import Path
 
-import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from testbed import errors
 from testbed.http.protocol import FIELDS, BadRequest, parse_completion
@@ -18,10 +18,20 @@ from testbed.workload.config import WorkloadError
 from testbed.workload.traces import read_trace
 from tests.fuzzing import FUZZ, QUICK, fuzz_selected, long, quick  # noqa: F401 - fuzz_selected is a fixture
 
-SCALAR = (st.none() | st.booleans() | st.integers() | st.integers(-3, 300) | st.floats() | st.text(max_size=12)
-          | st.sampled_from(["", "1", "x", "-1", "1e309", "2023-11-16 18:15:46.6805900"]))
-JSON = st.recursive(SCALAR, lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=6), inner,
-                                                                                      max_size=4), max_leaves=24)
+SCALAR = (
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.integers(-3, 300)
+    | st.floats()
+    | st.text(max_size=12)
+    | st.sampled_from(["", "1", "x", "-1", "1e309", "2023-11-16 18:15:46.6805900"])
+)
+JSON = st.recursive(
+    SCALAR,
+    lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
+    max_leaves=24,
+)
 
 
 # -- the HTTP request parser ------------------------------------------------------------------------
@@ -33,7 +43,8 @@ def one_request(body: bytes):
 
 
 REQUESTS = st.dictionaries(st.sampled_from(FIELDS) | st.text(max_size=6), JSON, max_size=6).map(
-    lambda d: json.dumps(d).encode())
+    lambda d: json.dumps(d).encode()
+)
 BODIES = st.binary(max_size=300) | REQUESTS | st.builds(lambda d, cut: d[:cut], REQUESTS, st.integers(0, 200))
 
 test_any_request_body_is_parsed_or_refused_with_a_4xx = quick(given(BODIES)(one_request))
@@ -52,34 +63,78 @@ def one_trace(trace: tuple[bytes, str]):
             assert str(path) in str(refused) and "\n" not in str(refused), str(refused)
 
 
-ROW = st.dictionaries(st.sampled_from(["timestamp", "input_length", "output_length", "hash_ids", "arrival_s",
-                                       "input_len", "output_len", "prompt_token_ids", "tenant"]), JSON, max_size=6)
+ROW = st.dictionaries(
+    st.sampled_from(
+        [
+            "timestamp",
+            "input_length",
+            "output_length",
+            "hash_ids",
+            "arrival_s",
+            "input_len",
+            "output_len",
+            "prompt_token_ids",
+            "tenant",
+        ]
+    ),
+    JSON,
+    max_size=6,
+)
 JSONL = st.lists(ROW, min_size=1, max_size=4).map(lambda rows: "\n".join(json.dumps(r) for r in rows).encode())
-CSV_FIELD = st.sampled_from(["", "7", "-1", "1.5", "2023-11-16 18:15:46.68", "2023-11-16T18:15:46+01:00", '"a,b"',
-                             "x" * 300]) | st.text(max_size=10)
+CSV_FIELD = st.sampled_from(
+    ["", "7", "-1", "1.5", "2023-11-16 18:15:46.68", "2023-11-16T18:15:46+01:00", '"a,b"', "x" * 300]
+) | st.text(max_size=10)
 CSV = st.lists(st.lists(CSV_FIELD, min_size=1, max_size=4), max_size=4).map(
-    lambda rows: ("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "\n".join(",".join(r) for r in rows)).encode())
-TRACES = st.tuples(st.binary(max_size=300) | JSONL, st.just(".jsonl")) | st.tuples(st.binary(max_size=300) | CSV,
-                                                                                   st.just(".csv"))
+    lambda rows: ("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "\n".join(",".join(r) for r in rows)).encode()
+)
+TRACES = st.tuples(st.binary(max_size=300) | JSONL, st.just(".jsonl")) | st.tuples(
+    st.binary(max_size=300) | CSV, st.just(".csv")
+)
 
 test_any_trace_file_is_read_or_refused_naming_it = quick(given(TRACES)(one_trace))
 test_any_trace_file_is_read_or_refused_naming_it_fuzz = long(given(TRACES)(one_trace))
 
 
 # -- the configuration ---------------------------------------------------------------------------------
-KEYS = ["workload.rate", "workload.num_requests", "scheduler.max_batched_tokens", "scheduler.chunk_size",
-        "engine.block_size", "model.max_model_len", "cluster.num_prefill", "cluster.num_decode", "slo.ttft_s",
-        "kv_transfer.granularity", "kv_transfer.decode_binding", "engine.num_kv_blocks", "http.max_streams",
-        "cluster.heartbeat_s", "workload.burstiness", "seed", "hardware.num_devices", "engine.attention_backend"]
+KEYS = [
+    "workload.rate",
+    "workload.num_requests",
+    "scheduler.max_batched_tokens",
+    "scheduler.chunk_size",
+    "engine.block_size",
+    "model.max_model_len",
+    "cluster.num_prefill",
+    "cluster.num_decode",
+    "slo.ttft_s",
+    "kv_transfer.granularity",
+    "kv_transfer.decode_binding",
+    "engine.num_kv_blocks",
+    "http.max_streams",
+    "cluster.heartbeat_s",
+    "workload.burstiness",
+    "seed",
+    "hardware.num_devices",
+    "engine.attention_backend",
+]
 GROUPS = ["mode", "model", "workload"]  # config groups: a name (a number here is the xfail below)
 # a name Hydra reads as a string (a number, inf, nan, true or null given for a group: the xfail below)
 NAME = st.from_regex(r"[a-z][a-z0-9._-]{0,7}", fullmatch=True).filter(
-    lambda v: v.lower() not in ("inf", "nan", "true", "false", "null"))
-VALUE = (st.integers(-5, 10**6).map(str) | st.floats().map(repr) | st.sampled_from(["null", "true", "[1,2]", "{}",
-                                                                                    "nan", "inf", "-0", "''"]) | NAME)
-OVERRIDES = st.tuples(st.dictionaries(st.sampled_from(KEYS), VALUE, max_size=3),
-                      st.dictionaries(st.sampled_from(GROUPS), NAME, max_size=1)).filter(lambda t: t[0] or t[1]).map(
-    lambda t: [f"{k}={v}" for k, v in {**t[0], **t[1]}.items()])
+    lambda v: v.lower() not in ("inf", "nan", "true", "false", "null")
+)
+VALUE = (
+    st.integers(-5, 10**6).map(str)
+    | st.floats().map(repr)
+    | st.sampled_from(["null", "true", "[1,2]", "{}", "nan", "inf", "-0", "''"])
+    | NAME
+)
+OVERRIDES = (
+    st.tuples(
+        st.dictionaries(st.sampled_from(KEYS), VALUE, max_size=3),
+        st.dictionaries(st.sampled_from(GROUPS), NAME, max_size=1),
+    )
+    .filter(lambda t: t[0] or t[1])
+    .map(lambda t: [f"{k}={v}" for k, v in {**t[0], **t[1]}.items()])
+)
 
 
 def one_config(overrides: list[str]):

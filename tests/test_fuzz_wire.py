@@ -8,25 +8,36 @@ import json
 import typing
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from testbed.net import limits, wire
 from tests.fuzzing import fuzz_selected, long, quick  # noqa: F401 - fuzz_selected is a fixture
 
 TOKEN = "b" * 32
 SCALAR = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20)
-JSON = st.recursive(SCALAR, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
-                                                                                      max_size=4), max_leaves=20)
-DEEP_TUPLE = st.recursive(st.integers() | st.text(max_size=8), lambda inner: st.lists(inner, max_size=4).map(tuple),
-                          max_leaves=12).filter(lambda v: isinstance(v, tuple))
+JSON = st.recursive(
+    SCALAR,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=20,
+)
+DEEP_TUPLE = st.recursive(
+    st.integers() | st.text(max_size=8), lambda inner: st.lists(inner, max_size=4).map(tuple), max_leaves=12
+).filter(lambda v: isinstance(v, tuple))
 
 
 def of(hint) -> st.SearchStrategy:
     """Values of a message field's declared type, as the engine makes them."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
-    simple = {int: st.integers(), float: st.floats(allow_nan=False), bool: st.booleans(), str: st.text(max_size=30),
-              dict: st.dictionaries(st.text(max_size=8), JSON, max_size=4), tuple: DEEP_TUPLE,
-              list: st.lists(st.tuples(st.integers(), st.integers()), max_size=4)}
+    simple = {
+        int: st.integers(),
+        float: st.floats(allow_nan=False),
+        bool: st.booleans(),
+        str: st.text(max_size=30),
+        dict: st.dictionaries(st.text(max_size=8), JSON, max_size=4),
+        tuple: DEEP_TUPLE,
+        list: st.lists(st.tuples(st.integers(), st.integers()), max_size=4),
+    }
     if isinstance(hint, type) and issubclass(hint, tuple) and hasattr(hint, "_fields"):  # StepRecord, StepReport
         return st.builds(hint, *[of(h) for h in typing.get_type_hints(hint).values()])
     if hint in simple:
@@ -42,8 +53,9 @@ def of(hint) -> st.SearchStrategy:
     raise AssertionError(f"no strategy for {hint}: add one (a new field type on the wire)")
 
 
-MESSAGES = st.one_of([st.builds(cls, **{f: of(h) for f, h in typing.get_type_hints(cls).items()})
-                      for cls in wire.MESSAGE_TYPES.values()])
+MESSAGES = st.one_of(
+    [st.builds(cls, **{f: of(h) for f, h in typing.get_type_hints(cls).items()}) for cls in wire.MESSAGE_TYPES.values()]
+)
 
 
 def round_trip(msg):
@@ -58,12 +70,17 @@ def only_bad_message(frame: bytes):
         assert refused.reason and "\n" not in str(refused)
 
 
-ENVELOPES = st.builds(lambda name, body, v: json.dumps({"v": v, "token": TOKEN, "type": name, "body": body}).encode(),
-                      st.sampled_from(sorted(wire.MESSAGE_TYPES)) | st.text(max_size=10),
-                      st.dictionaries(st.sampled_from(sorted({f for fs in wire.FIELDS.values() for f in fs})), JSON,
-                                      max_size=8) | JSON, st.sampled_from([1, 1.0, True, 2, None, "1"]))
+ENVELOPES = st.builds(
+    lambda name, body, v: json.dumps({"v": v, "token": TOKEN, "type": name, "body": body}).encode(),
+    st.sampled_from(sorted(wire.MESSAGE_TYPES)) | st.text(max_size=10),
+    st.dictionaries(st.sampled_from(sorted({f for fs in wire.FIELDS.values() for f in fs})), JSON, max_size=8) | JSON,
+    st.sampled_from([1, 1.0, True, 2, None, "1"]),
+)
 FRAMES = st.tuples(MESSAGES, st.integers(0, 10_000), st.binary(max_size=8)).map(
-    lambda t: (lambda f: f[: t[1] % (len(f) + 1)] + t[2] + f[t[1] % (len(f) + 1) + len(t[2]):])(wire.encode(t[0], TOKEN)))
+    lambda t: (lambda f: f[: t[1] % (len(f) + 1)] + t[2] + f[t[1] % (len(f) + 1) + len(t[2]) :])(
+        wire.encode(t[0], TOKEN)
+    )
+)
 
 test_every_message_type_round_trips = quick(given(MESSAGES)(round_trip))
 test_every_message_type_round_trips_fuzz = long(given(MESSAGES)(round_trip))
@@ -89,10 +106,15 @@ def test_an_oversized_frame_is_refused_before_it_is_parsed(monkeypatch):
     assert refused.value.reason == "oversized" and "limit is 100" in str(refused.value)
 
 
-@pytest.mark.parametrize("body, reason", [({"rid": "7", "prompt": [1], "max_tokens": 2}, "bad field"),
-                                          ({"rid": 7, "prompt": [1, "x"], "max_tokens": 2}, "bad field"),
-                                          ({"rid": 7, "prompt": 5, "max_tokens": 2}, "bad field"),
-                                          ({"rid": True, "prompt": [1], "max_tokens": 2}, "bad field")])
+@pytest.mark.parametrize(
+    "body, reason",
+    [
+        ({"rid": "7", "prompt": [1], "max_tokens": 2}, "bad field"),
+        ({"rid": 7, "prompt": [1, "x"], "max_tokens": 2}, "bad field"),
+        ({"rid": 7, "prompt": 5, "max_tokens": 2}, "bad field"),
+        ({"rid": True, "prompt": [1], "max_tokens": 2}, "bad field"),
+    ],
+)
 def test_a_field_of_the_wrong_type_is_refused(body, reason):
     frame = json.dumps({"v": 2, "token": TOKEN, "type": "Serve", "body": body}).encode()
     with pytest.raises(wire.BadMessage) as refused:

@@ -17,10 +17,12 @@ from testbed.model.loader import build_model
 def _paged_vs_dense(device: str, dtype: torch.dtype, backend: str, block_size: int, tolerance: float) -> None:
     args = dataclasses.replace(PRESETS["tiny"], max_model_len=1024)
     model = build_model(args, torch.device(device), dtype, seed=3)
-    runner = ModelRunner(model, EngineConfig(block_size=block_size, num_kv_blocks=64, attention_backend=backend),
-                         torch.device(device))
-    scheduler = Scheduler(make_policy("chunked"), BlockManager(64, block_size), SchedulerConfig(chunk_size=96,
-                                                                                               max_running=4))
+    runner = ModelRunner(
+        model, EngineConfig(block_size=block_size, num_kv_blocks=64, attention_backend=backend), torch.device(device)
+    )
+    scheduler = Scheduler(
+        make_policy("chunked"), BlockManager(64, block_size), SchedulerConfig(chunk_size=96, max_running=4)
+    )
     for i, length in enumerate((300, 17, 130)):
         scheduler.add(Sequence(i, [(7 * i + j) % 512 for j in range(length)], 6))
     while scheduler.has_work():
@@ -29,7 +31,7 @@ def _paged_vs_dense(device: str, dtype: torch.dtype, backend: str, block_size: i
         rows = iter(logits)
         for (seq, n), token in zip(batch.items, sampled):
             if token is not None:
-                tokens = torch.tensor(seq.token_ids[:seq.num_computed_tokens + n], device=device)
+                tokens = torch.tensor(seq.token_ids[: seq.num_computed_tokens + n], device=device)
                 ref = model.dense_forward(tokens)[-1]
                 err = (next(rows) - ref).abs().max().item() / ref.abs().max().item()
                 assert err < tolerance, f"relative error {err:.2e} on {device} {dtype} {backend}"
@@ -66,11 +68,20 @@ def test_disagg_over_nccl_produces_the_colocated_tokens(tmp_path):
     from testbed.studies.real_point import serve
     from tests.cluster_helpers import make_config
 
-    common = ["workload.num_requests=8", "workload.rate=20", "model.max_model_len=512", "engine.num_kv_blocks=128",
-              "hardware=gpu", "model.dtype=float32"]
+    common = [
+        "workload.num_requests=8",
+        "workload.rate=20",
+        "model.max_model_len=512",
+        "engine.num_kv_blocks=128",
+        "hardware=gpu",
+        "model.dtype=float32",
+    ]
     colocated = serve(make_config(*common, "mode=colocated"), tmp_path / "colocated", progress=False)["requests"]
-    disagg = serve(make_config(*common, "mode=disagg", "kv_transfer.granularity=layer", "kv_transfer.decode_binding=early"),
-                   tmp_path / "disagg", progress=False)
+    disagg = serve(
+        make_config(*common, "mode=disagg", "kv_transfer.granularity=layer", "kv_transfer.decode_binding=early"),
+        tmp_path / "disagg",
+        progress=False,
+    )
     assert (disagg["requests"].status == "ok").all()
     assert list(disagg["requests"].output_token_ids.map(list)) == list(colocated.output_token_ids.map(list))
     assert all(v == 0 for v in disagg["summary"]["kv_blocks_leaked"].values())
@@ -111,8 +122,14 @@ def test_a_memory_sized_pool_leaves_room_for_its_largest_step():
 
     torch.cuda.empty_cache()
     args = dataclasses.replace(PRESETS["small"], max_model_len=4096)
-    engine = Engine.build(args, EngineConfig(), SchedulerConfig(max_batched_tokens=16384, max_running=16),
-                          "colocated", "cuda:0", dtype="bfloat16")
+    engine = Engine.build(
+        args,
+        EngineConfig(),
+        SchedulerConfig(max_batched_tokens=16384, max_running=16),
+        "colocated",
+        "cuda:0",
+        dtype="bfloat16",
+    )
     assert engine.runner.num_blocks * engine.runner.block_size >= args.max_model_len
     for i in range(4):  # four prompts of 4000 tokens: one step near max_batched_tokens
         engine.add(Sequence(i, [(i + j) % 4000 + 1 for j in range(4000)], 2))
@@ -128,11 +145,26 @@ def test_disagg_on_one_gpu_over_ipc_produces_the_colocated_tokens(tmp_path):
     from testbed.studies.real_point import serve
     from tests.cluster_helpers import make_config
 
-    common = ["workload.num_requests=8", "workload.rate=20", "model.max_model_len=512", "engine.num_kv_blocks=128",
-              "hardware=gpu", "model.dtype=float32"]
+    common = [
+        "workload.num_requests=8",
+        "workload.rate=20",
+        "model.max_model_len=512",
+        "engine.num_kv_blocks=128",
+        "hardware=gpu",
+        "model.dtype=float32",
+    ]
     colocated = serve(make_config(*common, "mode=colocated"), tmp_path / "colocated", progress=False)["requests"]
-    disagg = serve(make_config(*common, "mode=disagg", "kv_transfer.backend=ipc", "cluster.prefill_devices=[0]",
-                               "cluster.decode_devices=[0]"), tmp_path / "disagg", progress=False)
+    disagg = serve(
+        make_config(
+            *common,
+            "mode=disagg",
+            "kv_transfer.backend=ipc",
+            "cluster.prefill_devices=[0]",
+            "cluster.decode_devices=[0]",
+        ),
+        tmp_path / "disagg",
+        progress=False,
+    )
     assert (disagg["requests"].status == "ok").all()
     assert list(disagg["requests"].output_token_ids.map(list)) == list(colocated.output_token_ids.map(list))
     assert all(v == 0 for v in disagg["summary"]["kv_blocks_leaked"].values())

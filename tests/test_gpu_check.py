@@ -19,8 +19,9 @@ STEPS = ["deps", "gpu_tests", "engine", "parity", "disagg_ipc", "kv_ipc"]
 
 def gpu_check(out: Path, *args: str, python: str = sys.executable, **env) -> subprocess.CompletedProcess:
     env = {**os.environ, "OUT": str(out), "PYTHON": python, **env}
-    return subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check"), *args], env=env, cwd=ROOT,
-                          capture_output=True, text=True)
+    return subprocess.run(
+        ["bash", str(ROOT / "scripts" / "gpu_check"), *args], env=env, cwd=ROOT, capture_output=True, text=True
+    )
 
 
 def rows(out: Path) -> list[list[str]]:
@@ -33,12 +34,26 @@ def test_smoke_runs_every_step_and_summarises_them(tmp_path):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert [r[0] for r in rows(tmp_path)] == STEPS and all(r[1] == "0" for r in rows(tmp_path)), rows(tmp_path)
     summary = done.stdout.split("== gpu_check summary", 1)[1]
-    for expected in ["of ideal", "attention vs SDPA", "torch/16/decode", "4 of 4 requests ok",
-                     "KV blocks leaked 0, staging buffers leaked 0", "ipc vs memcpy", "gpu tests: 0 ran"]:
+    for expected in [
+        "of ideal",
+        "attention vs SDPA",
+        "torch/16/decode",
+        "4 of 4 requests ok",
+        "KV blocks leaked 0, staging buffers leaked 0",
+        "ipc vs memcpy",
+        "gpu tests: 0 ran",
+    ]:
         assert expected in summary, f"{expected!r} missing from the summary:\n{summary}"
     assert (tmp_path / "summary.txt").read_text() == "\n== gpu_check summary" + summary
-    for name in ["engine.json", "parity.json", "kv_ipc.json", "disagg_ipc/summary.json", "device.txt",
-                 "gpu_tests.xml", *(f"{step}.log" for step in STEPS)]:
+    for name in [
+        "engine.json",
+        "parity.json",
+        "kv_ipc.json",
+        "disagg_ipc/summary.json",
+        "device.txt",
+        "gpu_tests.xml",
+        *(f"{step}.log" for step in STEPS),
+    ]:
         assert (tmp_path / name).exists(), name
     assert "every dependency imports" in (tmp_path / "deps.log").read_text()
 
@@ -66,8 +81,12 @@ def test_gpu_paths_get_one_line_each_and_an_absent_flash_attn_is_not_installed(t
     done = gpu_check(tmp_path / "out", "--smoke", GPU_CHECK_STEPS="gpu_tests")
     assert done.returncode == 0, done.stdout[-3000:]
     summary = (tmp_path / "out" / "summary.txt").read_text()
-    for line in ["flash bf16: paged engine = dense, 256-token blocks", "CUDA graphs bf16: the eager tokens",
-                 "memory-sized KV pool bf16: its largest step runs", "triton bf16: paged engine = dense, 16-token"]:
+    for line in [
+        "flash bf16: paged engine = dense, 256-token blocks",
+        "CUDA graphs bf16: the eager tokens",
+        "memory-sized KV pool bf16: its largest step runs",
+        "triton bf16: paged engine = dense, 16-token",
+    ]:
         assert line in summary, summary
     flash = next(x for x in summary.splitlines() if "flash bf16" in x)
     assert flash.endswith("not installed (flash-attn)"), flash
@@ -77,8 +96,9 @@ def test_gpu_paths_get_one_line_each_and_an_absent_flash_attn_is_not_installed(t
 def test_flash_attn_that_imports_with_its_test_skipped_fails(tmp_path):
     fake = tmp_path / "site" / "flash_attn"
     fake.mkdir(parents=True)
-    (fake / "__init__.py").write_text("def flash_attn_varlen_func(*a, **k): pass\n"
-                                      "def flash_attn_with_kvcache(*a, **k): pass\n")
+    (fake / "__init__.py").write_text(
+        "def flash_attn_varlen_func(*a, **k): pass\ndef flash_attn_with_kvcache(*a, **k): pass\n"
+    )
     done = gpu_check(tmp_path / "out", "--smoke", GPU_CHECK_STEPS="gpu_tests", PYTHONPATH=str(tmp_path / "site"))
     assert done.returncode != 0
     log = (tmp_path / "out" / "gpu_tests.log").read_text()
@@ -119,8 +139,9 @@ def test_an_unknown_argument_is_refused_in_one_line(tmp_path, args):
 def test_an_unknown_step_is_refused_in_one_line(tmp_path):
     done = gpu_check(tmp_path, "--smoke", GPU_CHECK_STEPS="engine bogus")
     assert done.returncode == 2
-    assert done.stderr.strip() == ("gpu_check: unknown step 'bogus' in GPU_CHECK_STEPS (allowed: deps gpu_tests "
-                                   "engine parity disagg_ipc kv_ipc)")
+    assert done.stderr.strip() == (
+        "gpu_check: unknown step 'bogus' in GPU_CHECK_STEPS (allowed: deps gpu_tests engine parity disagg_ipc kv_ipc)"
+    )
 
 
 def load_gpu_deps():
@@ -137,8 +158,13 @@ def third_party_imports() -> set[str]:
     found = set()
     for path in (ROOT / "testbed").rglob("*.py"):
         for node in ast.parse(path.read_text()).body:
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-                [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 else []
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module]
+                if isinstance(node, ast.ImportFrom) and node.level == 0
+                else []
+            )
             found |= {n.split(".")[0] for n in names}
     return found - set(sys.stdlib_module_names) - {"testbed", "__future__"}
 

@@ -54,8 +54,15 @@ class FakeCuda:
     def __init__(self, monkeypatch, context=GIB // 2):
         self.total, self.context = 80 * GIB, context
         self.allocated, self.reserved, self.peak = 15 * GIB, 30 * GIB, 15 * GIB
-        for name in ("empty_cache", "memory_reserved", "memory_allocated", "reset_peak_memory_stats",
-                     "max_memory_allocated", "mem_get_info", "synchronize"):
+        for name in (
+            "empty_cache",
+            "memory_reserved",
+            "memory_allocated",
+            "reset_peak_memory_stats",
+            "max_memory_allocated",
+            "mem_get_info",
+            "synchronize",
+        ):
             monkeypatch.setattr(torch.cuda, name, getattr(self, name))
 
     def empty_cache(self):
@@ -90,11 +97,18 @@ def test_a_gpu_pool_is_sized_against_reserved_memory_less_a_profiled_step(monkey
     config = EngineConfig(block_size=16)
     # before: allocated memory against the free figure, with the fp32 build's cache still reserved
     with pytest.raises(ConfigError, match="other processes hold the rest"):
-        kv_pool.pool_blocks(config, block, device_type="cuda", free_bytes=cuda.mem_get_info()[0],
-                            total_bytes=cuda.total, used_bytes=cuda.allocated)
+        kv_pool.pool_blocks(
+            config,
+            block,
+            device_type="cuda",
+            free_bytes=cuda.mem_get_info()[0],
+            total_bytes=cuda.total,
+            used_bytes=cuda.allocated,
+        )
     memory = cuda_memory("cuda:0", [lambda: cuda.step(3 * GIB)])
-    assert memory == dict(free_bytes=80 * GIB - 15 * GIB - GIB // 2, total_bytes=80 * GIB, used_bytes=15 * GIB,
-                          reserve_bytes=3 * GIB)
+    assert memory == dict(
+        free_bytes=80 * GIB - 15 * GIB - GIB // 2, total_bytes=80 * GIB, used_bytes=15 * GIB, reserve_bytes=3 * GIB
+    )
     blocks = kv_pool.pool_blocks(config, block, device_type="cuda", **memory)
     assert blocks == (int(0.85 * 80 * GIB) - 15 * GIB - 3 * GIB) // block  # room left for the step
 
@@ -110,8 +124,11 @@ def test_a_pool_and_its_step_that_do_not_fit_what_is_free_are_refused(monkeypatc
 def test_a_memory_sized_cuda_pool_profiles_the_largest_step_first(monkeypatch, role, graph_profile):
     """The largest step any policy schedules (max_running + the larger token budget), and, where the
     worker will capture decode graphs, the largest bucket's decode beside it."""
-    runner = ModelRunner(loader.build_model(TINY, torch.device("cpu"), torch.float32), EngineConfig(num_kv_blocks=64),
-                         torch.device("cpu"))
+    runner = ModelRunner(
+        loader.build_model(TINY, torch.device("cpu"), torch.float32),
+        EngineConfig(num_kv_blocks=64),
+        torch.device("cpu"),
+    )
     runner.config = dataclasses.replace(runner.config, num_kv_blocks=None)
     runner.device = SimpleNamespace(type="cuda")
     runner.graphs_wanted = graph_profile
@@ -131,8 +148,11 @@ def test_a_memory_sized_cuda_pool_profiles_the_largest_step_first(monkeypatch, r
 
 
 def test_the_profiled_step_runs_prompts_longer_than_a_sequence_on_cpu():
-    runner = ModelRunner(loader.build_model(TINY, torch.device("cpu"), torch.float32), EngineConfig(num_kv_blocks=64),
-                         torch.device("cpu"))
+    runner = ModelRunner(
+        loader.build_model(TINY, torch.device("cpu"), torch.float32),
+        EngineConfig(num_kv_blocks=64),
+        torch.device("cpu"),
+    )
     runner.profile_step(3 * 256 + 5, 4)  # three prompts of max_model_len and a short one, one forward
     assert runner.kv_cache.abs().sum() == 0  # the pool is untouched: the profile writes a scratch block
 
@@ -146,9 +166,13 @@ def test_the_engine_asks_for_room_for_its_largest_step(monkeypatch):
         real(self, *args, **kwargs)
 
     monkeypatch.setattr(ModelRunner, "__init__", spy)
-    Engine(loader.build_model(TINY, torch.device("cpu"), torch.float32), EngineConfig(num_kv_blocks=64),
-           SchedulerConfig(max_batched_tokens=4096, chunk_size=256, max_running=8), "prefill_only",
-           torch.device("cpu"))
+    Engine(
+        loader.build_model(TINY, torch.device("cpu"), torch.float32),
+        EngineConfig(num_kv_blocks=64),
+        SchedulerConfig(max_batched_tokens=4096, chunk_size=256, max_running=8),
+        "prefill_only",
+        torch.device("cpu"),
+    )
     assert seen["args"][-3:] == (8, 8 + 4096, False)  # max_running, step tokens, decodes
 
 
@@ -183,8 +207,12 @@ def test_a_step_record_carries_the_device_time_of_its_forward():
 # -- 5. chunk indices once a step ---------------------------------------------------------------
 def test_chunk_indices_are_built_once_a_step_not_once_a_layer(monkeypatch):
     args = dataclasses.replace(TINY, num_layers=4)
-    engine = Engine.build(args, EngineConfig(num_kv_blocks=64, enable_prefix_caching=True),
-                          SchedulerConfig(chunk_size=64, max_running=4), "chunked")
+    engine = Engine.build(
+        args,
+        EngineConfig(num_kv_blocks=64, enable_prefix_caching=True),
+        SchedulerConfig(chunk_size=64, max_running=4),
+        "chunked",
+    )
     assert isinstance(engine.runner.backend, attention.TorchAttention)
     built = []
     real = model_runner.chunk_plan
@@ -279,8 +307,9 @@ def test_only_workers_that_decode_capture_graphs():
 @pytest.mark.parametrize("role", ["prefill_only", "decode_only", "colocated"])
 def test_a_prefill_only_engine_captures_no_graphs(monkeypatch, role):
     real = EngineConfig.for_device
-    monkeypatch.setattr(EngineConfig, "for_device",
-                        lambda self, *a: dataclasses.replace(real(self, *a), cuda_graphs=True))  # as on CUDA
+    monkeypatch.setattr(
+        EngineConfig, "for_device", lambda self, *a: dataclasses.replace(real(self, *a), cuda_graphs=True)
+    )  # as on CUDA
     captured = []
     monkeypatch.setattr(ModelRunner, "enable_graphs", lambda self, max_batch, capture=True: captured.append(max_batch))
     engine = Engine.build(TINY, EngineConfig(num_kv_blocks=64), SchedulerConfig(max_running=4), role)

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import tomllib
 
 import pytest
+import tomllib
 
 from testbed.cluster import memory
 from testbed.cluster.launcher import Cluster
@@ -38,8 +38,13 @@ def test_p_and_d_on_one_gpu_split_its_memory_by_role():
     kv = engine.gpu_memory_utilization * total - 2 * model.weight_bytes
     assert mib == pytest.approx([0.2 * kv / 2**20, 0.8 * kv / 2**20])
     # each worker's pool as its engine sizes it from the planned size: together they fit the device's share
-    pools = [kv_pool.pool_blocks(dataclasses.replace(engine, kv_cache_mib=m), model.block_bytes, device_type="cuda",
-                                 free_bytes=total) * model.block_bytes for m in mib]
+    pools = [
+        kv_pool.pool_blocks(
+            dataclasses.replace(engine, kv_cache_mib=m), model.block_bytes, device_type="cuda", free_bytes=total
+        )
+        * model.block_bytes
+        for m in mib
+    ]
     assert sum(pools) + 2 * model.weight_bytes <= engine.gpu_memory_utilization * total
     assert pools[1] > 3 * pools[0] > 0
 
@@ -58,18 +63,22 @@ def test_workers_alone_on_their_devices_size_their_own_pools():
 
 
 def test_a_plan_that_cannot_fit_is_refused_in_one_line_before_any_worker_starts(monkeypatch):
-    from tests.cluster_helpers import make_config
     from testbed.cluster.point import worker_template
+    from tests.cluster_helpers import make_config
 
     # the share scripts/gpu_check once hard-coded, on an 80 GB GPU: 28 GiB cannot hold two copies of the weights
-    cfg = make_config("model=llama3_8b", "model.max_model_len=4096", "mode=disagg", "engine.gpu_memory_utilization=0.35")
+    cfg = make_config(
+        "model=llama3_8b", "model.max_model_len=4096", "mode=disagg", "engine.gpu_memory_utilization=0.35"
+    )
     monkeypatch.setattr(memory, "device_bytes", lambda device: 80 * GIB)
     with pytest.raises(ConfigError) as refused:
         Cluster(ONE_GPU_1P1D, worker_template(cfg), 10.0)  # no process is started before __enter__
     message = str(refused.value)
     assert "\n" not in message
-    assert message.startswith("cuda:0 (2 workers: prefill_only, decode_only) cannot fit: "
-                              "engine.gpu_memory_utilization=0.35 of 80.0 GiB with weights of 2 x 14.96 GiB"), message
+    assert message.startswith(
+        "cuda:0 (2 workers: prefill_only, decode_only) cannot fit: "
+        "engine.gpu_memory_utilization=0.35 of 80.0 GiB with weights of 2 x 14.96 GiB"
+    ), message
     assert "model.max_model_len=4096" in message
 
 
@@ -90,12 +99,14 @@ def test_explicit_pools_are_kept_but_checked_against_the_device():
 def test_a_lone_gpu_worker_takes_the_utilised_share_of_the_whole_device():
     config, block = EngineConfig(), 2 * 2**20
     weights, total = 15 * GIB, 80 * GIB
-    blocks = kv_pool.pool_blocks(config, block, device_type="cuda", free_bytes=total - weights - GIB,
-                                 total_bytes=total, used_bytes=weights)
+    blocks = kv_pool.pool_blocks(
+        config, block, device_type="cuda", free_bytes=total - weights - GIB, total_bytes=total, used_bytes=weights
+    )
     assert blocks == int(0.85 * total - weights) // block
     with pytest.raises(ConfigError, match="only 20.00 GiB is free"):  # another process holds the rest
-        kv_pool.pool_blocks(config, block, device_type="cuda", free_bytes=20 * GIB, total_bytes=total,
-                            used_bytes=weights)
+        kv_pool.pool_blocks(
+            config, block, device_type="cuda", free_bytes=20 * GIB, total_bytes=total, used_bytes=weights
+        )
     assert kv_pool.pool_blocks(EngineConfig(num_kv_blocks=7), block, device_type="cuda") == 7
 
 
@@ -103,8 +114,10 @@ def test_cpu_pool_is_sized_from_the_available_memory():
     block = 8 * 2**10
     assert kv_pool.pool_blocks(EngineConfig(), block, device_type="cpu", free_bytes=GIB) == int(0.1 * GIB) // block
     assert kv_pool.pool_blocks(EngineConfig(), block, device_type="cpu", free_bytes=GIB, max_blocks=500) == 500
-    assert kv_pool.pool_blocks(EngineConfig(cpu_memory_utilization=0.5), block, device_type="cpu",
-                               free_bytes=GIB) == GIB // 2 // block
+    assert (
+        kv_pool.pool_blocks(EngineConfig(cpu_memory_utilization=0.5), block, device_type="cpu", free_bytes=GIB)
+        == GIB // 2 // block
+    )
     for explicit in (EngineConfig(num_kv_blocks=9), EngineConfig(kv_cache_mib=9 * 8 / 1024)):
         assert kv_pool.pool_blocks(explicit, block, device_type="cpu", free_bytes=GIB) == 9  # explicit wins
 

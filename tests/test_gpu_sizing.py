@@ -42,8 +42,9 @@ def longest_request(cfg) -> int:
     w = cfg.workload
     if w.path:
         records = select(read_trace(resolve_trace_path(w.path), w.format), w.start_s, w.window_s, w.num_requests)
-        return int((scale_lengths(records.input_len, w.length_scale)
-                    + scale_lengths(records.output_len, w.length_scale)).max())
+        return int(
+            (scale_lengths(records.input_len, w.length_scale) + scale_lengths(records.output_len, w.length_scale)).max()
+        )
     prompt = max(cfg.experiment.prefill_lengths) if cfg.experiment.name == "interference" else w.input_len.max
     session = w.system_prompt_len + w.turns * (prompt + w.output_len.max)
     background = w.background_input_len + w.background_output_len if w.background_requests else 0
@@ -99,8 +100,16 @@ def test_other_simulated_studies_on_a_gpu_box_need_a_gpu_profile(monkeypatch):
     with pytest.raises(ConfigError, match=r"sim.profile is unset.*experiment=rate_sweep"):
         catalog.check_executor(cfg)
     with pytest.raises(ConfigError, match=r"sim.decode_profile=.*tiny_cpu.json was measured on a CPU"):
-        catalog.check_executor(compose_study(monkeypatch, "rate_sweep", "executor=sim", "sim.profile=h100_sxm",
-                                             f"sim.decode_profile={CPU_PROFILE}", gpus=2))
+        catalog.check_executor(
+            compose_study(
+                monkeypatch,
+                "rate_sweep",
+                "executor=sim",
+                "sim.profile=h100_sxm",
+                f"sim.decode_profile={CPU_PROFILE}",
+                gpus=2,
+            )
+        )
 
 
 def test_sim_validate_on_a_gpu_box_fits_its_profile_on_this_gpus_runs(monkeypatch):
@@ -172,7 +181,10 @@ def test_the_profiler_s_command_line_reports_bad_input_in_one_line(tmp_path):
     import subprocess
     import sys
 
-    done = subprocess.run([sys.executable, "-m", "testbed.bench.step_profile", "--model", "nope", "--out",
-                           str(tmp_path / "p.json")], capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "testbed.bench.step_profile", "--model", "nope", "--out", str(tmp_path / "p.json")],
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 2 and not (tmp_path / "p.json").exists()
     assert done.stderr.strip().splitlines() == [done.stderr.strip()] and "is not a preset" in done.stderr

@@ -14,9 +14,19 @@ from tests.study_runs import run_study
 
 pytestmark = pytest.mark.slow
 
-OVERLOAD = ["hardware=cpu", "mode=colocated", "cluster.num_workers=1", "workload.num_requests=40",
-            "workload.rate=400", "workload.input_len.min=64", "workload.input_len.max=128",
-            "workload.output_len.min=16", "workload.output_len.max=32", "slo.ttft_s=2.0", "slo.tpot_s=0.2"]
+OVERLOAD = [
+    "hardware=cpu",
+    "mode=colocated",
+    "cluster.num_workers=1",
+    "workload.num_requests=40",
+    "workload.rate=400",
+    "workload.input_len.min=64",
+    "workload.input_len.max=128",
+    "workload.output_len.min=16",
+    "workload.output_len.max=32",
+    "slo.ttft_s=2.0",
+    "slo.tpot_s=0.2",
+]
 
 
 def test_admission_control_cannot_raise_attainment(tmp_path):
@@ -39,9 +49,17 @@ def test_aggregates_apply_the_warmup_and_tenant_slos_like_the_summary(tmp_path):
     """slo_scale re-reads every point's requests: at scale 1 its curve must equal the point's own
     summary, which leaves out the warm-up and judges each tenant by its SLOs."""
     out = tmp_path / "slo"
-    result = run_study("slo_scale", out, "workload=mixed_tenants", "workload.num_requests=30", "workload.rate=40",
-                       "metrics.warmup_requests=8", "experiment.slo_scales=[1.0]", "experiment.modes=[chunked]",
-                       "executor=sim")
+    result = run_study(
+        "slo_scale",
+        out,
+        "workload=mixed_tenants",
+        "workload.num_requests=30",
+        "workload.rate=40",
+        "metrics.warmup_requests=8",
+        "experiment.slo_scales=[1.0]",
+        "experiment.modes=[chunked]",
+        "executor=sim",
+    )
     (point,) = result["table"]["point"]
     summary = json.loads((out / "points" / point / "summary.json").read_text())
     assert summary["warmup_excluded"] == 8
@@ -53,8 +71,14 @@ def test_aggregates_apply_the_warmup_and_tenant_slos_like_the_summary(tmp_path):
 
 def test_repeats_give_intervals_and_a_winner_only_when_separated(tmp_path):
     out = tmp_path / "ratio"
-    result = run_study("ratio_sweep", out, "executor=sim", "experiment.repeats=3", "experiment.rates=[10,40,160]",
-                       "workload.num_requests=30")
+    result = run_study(
+        "ratio_sweep",
+        out,
+        "executor=sim",
+        "experiment.repeats=3",
+        "experiment.rates=[10,40,160]",
+        "workload.num_requests=30",
+    )
     table = result["table"]
     assert set(table["repeat"]) == {0, 1, 2} and set(table["seed"]) == {0, 1, 2}
     grid = table[table["stage"].fillna("grid") != "search"]
@@ -62,8 +86,10 @@ def test_repeats_give_intervals_and_a_winner_only_when_separated(tmp_path):
     cells = pd.read_parquet(out / "intervals.parquet")
     assert len(cells) == len(grid) // 3 and (cells["repeats"] == 3).all()  # the grid's cells; searches aside
     finite = cells.dropna(subset=["ttft_p50_low"])
-    assert len(finite) and ((finite["ttft_p50_low"] <= finite["ttft_p50"])
-                            & (finite["ttft_p50"] <= finite["ttft_p50_high"])).all()
+    assert (
+        len(finite)
+        and ((finite["ttft_p50_low"] <= finite["ttft_p50"]) & (finite["ttft_p50"] <= finite["ttft_p50_high"])).all()
+    )
     assert (cells["ttft_p99_note"] == "not estimable").all()  # 90 requests a cell cannot bound a p99
     goodput, best = result["aggregate"]["goodput"], result["aggregate"]["best"]
     for g in goodput.values():
@@ -73,8 +99,11 @@ def test_repeats_give_intervals_and_a_winner_only_when_separated(tmp_path):
     rows = best["comparisons"]
     assert rows and best["separated"] == all(r["separated"] for r in rows)
     for r in rows:
-        seeds = [goodput[r["leader"]]["goodput_per_repeat"][i] / goodput[r["leader"]]["num_gpus"]
-                 - goodput[r["other"]]["goodput_per_repeat"][i] / goodput[r["other"]]["num_gpus"] for i in range(3)]
+        seeds = [
+            goodput[r["leader"]]["goodput_per_repeat"][i] / goodput[r["leader"]]["num_gpus"]
+            - goodput[r["other"]]["goodput_per_repeat"][i] / goodput[r["other"]]["num_gpus"]
+            for i in range(3)
+        ]
         assert r["difference"] == pytest.approx(np.mean(seeds))
         if r["separated"]:
             assert r["difference_low"] > 0 and not r["censored_against"]

@@ -31,32 +31,45 @@ def parse(body) -> object:
 
 # -- the protocol --------------------------------------------------------------------------------
 def test_a_well_formed_request_is_read_with_defaults():
-    spec = parse({"model": "testbed", "prompt": [1, 2, 3], "stream": True, "stream_options": {"include_usage": True},
-                  "temperature": 0.0, "ignore_eos": True, "min_tokens": 4, "max_tokens": 4})
+    spec = parse(
+        {
+            "model": "testbed",
+            "prompt": [1, 2, 3],
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "temperature": 0.0,
+            "ignore_eos": True,
+            "min_tokens": 4,
+            "max_tokens": 4,
+        }
+    )
     assert (spec.prompt_token_ids, spec.max_tokens, spec.stream, spec.include_usage) == ((1, 2, 3), 4, True, True)
     assert parse({"prompt": [[5, 6]]}).max_tokens == 16  # a batch of one; OpenAI's default length
 
 
-@pytest.mark.parametrize("body, says", [
-    (b"{not json", "not valid JSON"),
-    ([1, 2], "JSON object"),
-    ({"prompt": [1], "colour": "red"}, "unknown field(s) colour"),
-    ({"prompt": [1], "\n": None}, 'unknown field(s) "\\n"'),  # found by the fuzz run: a name is shown escaped
-    ({"prompt": [1] * 64}, "the prompt has 64 tokens"),
-    ({"prompt": [1] * 10, "max_tokens": 55}, "max_tokens=55 is out of range; allowed: 1..54"),
-    ({"prompt": [1], "max_tokens": 0}, "max_tokens=0"),
-    ({"prompt": [1], "max_tokens": True}, "max_tokens=true"),
-    ({"prompt": [1], "temperature": 0.7}, "temperature=0.7 is not supported"),
-    ({"prompt": [1], "n": 2}, "n=2"),
-    ({"prompt": [[1], [2]]}, "batches of several prompts"),
-    ({"prompt": "hello"}, "no tokenizer"),
-    ({"prompt": [1, 100]}, "[0, 100)"),
-    ({"prompt": [1], "stream": "yes"}, "stream must be true or false"),
-    ({"prompt": [1], "min_tokens": 40, "max_tokens": 8}, "min_tokens=40"),
-    (b'{"prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "nests 100001 levels deep; the limit is 8"),
-    ({"prompt": [[[1]]]}, "integers in [0, 100)"),
-    (b'{"prompt": [1], "user": "' + b"[" * 5000 + b'", "n": 2}', "n=2"),  # brackets in a string do not nest
-])
+@pytest.mark.parametrize(
+    "body, says",
+    [
+        (b"{not json", "not valid JSON"),
+        ([1, 2], "JSON object"),
+        ({"prompt": [1], "colour": "red"}, "unknown field(s) colour"),
+        ({"prompt": [1], "\n": None}, 'unknown field(s) "\\n"'),  # found by the fuzz run: a name is shown escaped
+        ({"prompt": [1] * 64}, "the prompt has 64 tokens"),
+        ({"prompt": [1] * 10, "max_tokens": 55}, "max_tokens=55 is out of range; allowed: 1..54"),
+        ({"prompt": [1], "max_tokens": 0}, "max_tokens=0"),
+        ({"prompt": [1], "max_tokens": True}, "max_tokens=true"),
+        ({"prompt": [1], "temperature": 0.7}, "temperature=0.7 is not supported"),
+        ({"prompt": [1], "n": 2}, "n=2"),
+        ({"prompt": [[1], [2]]}, "batches of several prompts"),
+        ({"prompt": "hello"}, "no tokenizer"),
+        ({"prompt": [1, 100]}, "[0, 100)"),
+        ({"prompt": [1], "stream": "yes"}, "stream must be true or false"),
+        ({"prompt": [1], "min_tokens": 40, "max_tokens": 8}, "min_tokens=40"),
+        (b'{"prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "nests 100001 levels deep; the limit is 8"),
+        ({"prompt": [[[1]]]}, "integers in [0, 100)"),
+        (b'{"prompt": [1], "user": "' + b"[" * 5000 + b'", "n": 2}', "n=2"),  # brackets in a string do not nest
+    ],
+)
 def test_a_bad_request_is_one_line_naming_the_field(body, says):
     with pytest.raises(BadRequest) as refused:
         parse(body)
@@ -122,8 +135,11 @@ def open_stream(url: str, prompt: list[int], max_tokens: int) -> socket.socket:
     host, port = url.removeprefix("http://").split(":")
     body = json.dumps({"prompt": prompt, "max_tokens": max_tokens, "stream": True}).encode()
     sock = socket.create_connection((host, int(port)), timeout=120)
-    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                 + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    sock.sendall(
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Content-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
     return sock
 
 
@@ -200,8 +216,14 @@ def test_a_large_body_is_parsed_off_the_event_loop(server, monkeypatch):
 def test_too_many_streams_get_429_and_dropped_clients_leave_no_kv(tmp_path):
     """Two streams long enough (2000 tokens) that the drops land mid-stream on a loaded machine too; a
     stream whose end the engine reached but whose client left first is still recorded as dropped."""
-    cfg = make_config(*small_workload(), "http.port=0", "http.max_streams=2", "cluster.num_workers=1",
-                      "model.max_model_len=2048", "engine.num_kv_blocks=512")
+    cfg = make_config(
+        *small_workload(),
+        "http.port=0",
+        "http.max_streams=2",
+        "cluster.num_workers=1",
+        "model.max_model_len=2048",
+        "engine.num_kv_blocks=512",
+    )
     with HttpServer(cfg, tmp_path) as running:
         first, second = (open_stream(running.url, [7] * 30, LONG) for _ in range(2))
         try:
@@ -235,22 +257,28 @@ def test_an_api_key_is_required_when_set(tmp_path):
         status, body = post(running.url, {"prompt": [1, 2], "max_tokens": 2})
         assert status == 401 and "API key" in body["error"]["message"]
         body = json.dumps({"prompt": [1, 2], "max_tokens": 2}).encode()
-        head = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                b"Authorization: Bearer \xff\xfe\xc3(sesame\r\nContent-Length: %d" % len(body))
+        head = (
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Authorization: Bearer \xff\xfe\xc3(sesame\r\nContent-Length: %d" % len(body)
+        )
         assert raw_status(running.url, head, body) == 401  # a header that is not UTF-8: no key, not a 500
         assert post(running.url, {"prompt": [1, 2], "max_tokens": 2}, key="sesame")[0] == 200
 
 
 # -- the executor against the project's server ----------------------------------------------------
 @pytest.mark.slow
-@pytest.mark.parametrize("serving", [["mode=disagg", "cluster.num_prefill=1", "cluster.num_decode=1"],
-                                     ["mode=chunked", "cluster.num_workers=1"]], ids=["1P1D", "chunked"])
+@pytest.mark.parametrize(
+    "serving",
+    [["mode=disagg", "cluster.num_prefill=1", "cluster.num_decode=1"], ["mode=chunked", "cluster.num_workers=1"]],
+    ids=["1P1D", "chunked"],
+)
 def test_executor_http_gives_the_in_process_runs_tokens(serving, tmp_path):
     from testbed.studies.real_point import serve
 
     workload = [*small_workload(8, 10.0), "workload.turns=2", "workload.think_time_s=0.05"]
-    reference = serve(make_config(*workload, "mode=colocated", "cluster.num_workers=1"), tmp_path / "ref",
-                      progress=False)
+    reference = serve(
+        make_config(*workload, "mode=colocated", "cluster.num_workers=1"), tmp_path / "ref", progress=False
+    )
     cfg = make_config(*workload, *serving, "http.port=0")
     with HttpServer(cfg, tmp_path / "server") as running:
         client = make_config(*workload, "executor=http", f"http.url={running.url}")
@@ -303,8 +331,13 @@ def misbehaving():
 
 
 def test_failures_are_recorded_per_request_and_the_run_ends(misbehaving, tmp_path):
-    cfg = make_config(*small_workload(10, 50.0), "executor=http", f"http.url={misbehaving}",
-                      "http.stall_timeout_s=0.5", "http.max_concurrency=4")
+    cfg = make_config(
+        *small_workload(10, 50.0),
+        "executor=http",
+        f"http.url={misbehaving}",
+        "http.stall_timeout_s=0.5",
+        "http.max_concurrency=4",
+    )
     result = http_point(cfg, tmp_path, progress=False)
     table = result["requests"].sort_values("request_id")
     reasons = dict(zip(table.request_id, table.reason))
@@ -344,17 +377,40 @@ def test_serve_http_serves_a_study_and_stops_cleanly_on_sigterm(tmp_path):
     from tests.paths import ROOT
     from tests.study_runs import run_study
 
-    server = subprocess.Popen([sys.executable, "-m", "testbed.serve_http", f"hydra.run.dir={tmp_path / 'server'}",
-                               "http.port=0", "hardware=cpu", "cluster.num_workers=1", "model.max_model_len=512"],
-                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              start_new_session=True)
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "testbed.serve_http",
+            f"hydra.run.dir={tmp_path / 'server'}",
+            "http.port=0",
+            "hardware=cpu",
+            "cluster.num_workers=1",
+            "model.max_model_len=512",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         line = server.stdout.readline()
         assert " on http://" in line, line + server.stderr.read()
         url = line.split(" on ")[1].split("/v1/")[0]
-        result = run_study("rate_sweep", tmp_path / "sweep", "executor=http", f"http.url={url}", "model=tiny",
-                           "experiment.figures=true", "workload.input_len.min=20", "workload.input_len.max=200",
-                           "workload.output_len.min=4", "workload.output_len.max=32", "http.label=served")
+        result = run_study(
+            "rate_sweep",
+            tmp_path / "sweep",
+            "executor=http",
+            f"http.url={url}",
+            "model=tiny",
+            "experiment.figures=true",
+            "workload.input_len.min=20",
+            "workload.input_len.max=200",
+            "workload.output_len.min=4",
+            "workload.output_len.max=32",
+            "http.label=served",
+        )
         table = result["table"]
         assert table.label.tolist() == ["served", "served"] and (table.status == "ok").all()
         assert (table.num_requests_ok == 6).all() and result["figures"]
@@ -399,10 +455,19 @@ def test_text_prompts_reach_the_server_at_the_lengths_recorded(tmp_path):
     PreTrainedTokenizerFast(tokenizer_object=words, unk_token="[UNK]").save_pretrained(tmp_path / "tok")
     tokenizer = AutoTokenizer.from_pretrained(tmp_path / "tok")
     cfg = make_config(*small_workload(6), "http.port=0", "cluster.num_workers=1")
-    with HttpServer(cfg, tmp_path / "server", text=tokenizer.decode,
-                    encode=lambda text: tokenizer.encode(text, add_special_tokens=False)) as running:
-        client = make_config(*small_workload(6), "executor=http", f"http.url={running.url}", "http.prompt=text",
-                             f"http.tokenizer={tmp_path / 'tok'}")
+    with HttpServer(
+        cfg,
+        tmp_path / "server",
+        text=tokenizer.decode,
+        encode=lambda text: tokenizer.encode(text, add_special_tokens=False),
+    ) as running:
+        client = make_config(
+            *small_workload(6),
+            "executor=http",
+            f"http.url={running.url}",
+            "http.prompt=text",
+            f"http.tokenizer={tmp_path / 'tok'}",
+        )
         ours = http_point(client, tmp_path / "client", progress=False)["requests"]
     served = running.result["requests"]
     assert (ours.status == "ok").all() and len(ours) == 6

@@ -8,12 +8,17 @@ import os
 import shutil
 import subprocess
 import sys
+
 import tomllib
 
 from tests.paths import ROOT
 
-LINT = [sys.executable, "-c", "import sys; from importlinter.cli import lint_imports_command; sys.exit(lint_imports_command())",
-        "--no-cache"]
+LINT = [
+    sys.executable,
+    "-c",
+    "import sys; from importlinter.cli import lint_imports_command; sys.exit(lint_imports_command())",
+    "--no-cache",
+]
 
 
 def lint(cwd, *args: str) -> subprocess.CompletedProcess:

@@ -36,8 +36,10 @@ def test_fixed_settings_win_over_what_was_measured():
     assert step_scale(None).quantiles == (1.0,) and step_scale({"host": {"step_scale": [1.0, 3.0]}}).median == 2.0
 
 
-@pytest.mark.parametrize("mode", [["mode=chunked", "cluster.num_workers=2"],
-                                  ["mode=disagg", "cluster.num_prefill=1", "cluster.num_decode=1"]])
+@pytest.mark.parametrize(
+    "mode",
+    [["mode=chunked", "cluster.num_workers=2"], ["mode=disagg", "cluster.num_prefill=1", "cluster.num_decode=1"]],
+)
 def test_a_fit_on_a_run_recovers_its_delays_and_reproduces_it(tmp_path, mode):
     """A simulated run with known fixed delays stands for a measured one: the in-situ profile
     recovers the delays and the step model, and a simulation on it reproduces the run."""
@@ -50,8 +52,10 @@ def test_a_fit_on_a_run_recovers_its_delays_and_reproduces_it(tmp_path, mode):
     assert host.step_gap.median == pytest.approx(0.002, abs=1e-9)
     assert host.dispatch.median == pytest.approx(0.003, rel=0.05)
     assert step_scale(profile).median == pytest.approx(1.0, abs=0.05)  # a simulated step is its model
-    again = simulate_point(make_config(*small_workload(60, 30.0), *mode, "hardware=cpu",
-                                       f"sim.profile=run:{tmp_path / 'run'}"), tmp_path / "again")
+    again = simulate_point(
+        make_config(*small_workload(60, 30.0), *mode, "hardware=cpu", f"sim.profile=run:{tmp_path / 'run'}"),
+        tmp_path / "again",
+    )
     for metric in ("ttft", "tpot"):
         assert again["summary"][metric]["p50"] == pytest.approx(original["summary"][metric]["p50"], rel=0.1)
 
@@ -67,8 +71,12 @@ def test_a_run_over_ipc_gives_ipc_times_only(tmp_path):
     moved = original["transfers"]
     assert np.allclose([cost.transfer_time(n, "ipc") for n in moved.kv_bytes], moved.end_s - moved.start_s, rtol=1e-3)
     with pytest.raises(ConfigError, match="transfer times for ipc only"):
-        simulate_point(make_config(*small_workload(10, 30.0), "mode=disagg", "hardware=cpu",
-                                   f"sim.profile=run:{tmp_path / 'run'}"), tmp_path / "wire")
+        simulate_point(
+            make_config(
+                *small_workload(10, 30.0), "mode=disagg", "hardware=cpu", f"sim.profile=run:{tmp_path / 'run'}"
+            ),
+            tmp_path / "wire",
+        )
 
 
 def test_a_run_spec_must_name_a_finished_run(tmp_path):
@@ -80,8 +88,17 @@ def test_runs_pooled_by_a_glob_keep_each_run_apart(tmp_path):
     """run:<glob> fits on several runs: their workers and requests renumbered apart, so a
     worker's gaps are never taken across two runs."""
     for seed in (0, 1):
-        simulate_point(make_config(*small_workload(30, 30.0), "mode=chunked", "cluster.num_workers=2", *DELAYS,
-                                   "hardware=cpu", f"seed={seed}"), tmp_path / f"run_r{seed}")
+        simulate_point(
+            make_config(
+                *small_workload(30, 30.0),
+                "mode=chunked",
+                "cluster.num_workers=2",
+                *DELAYS,
+                "hardware=cpu",
+                f"seed={seed}",
+            ),
+            tmp_path / f"run_r{seed}",
+        )
     pooled = read_runs(f"run:{tmp_path / 'run_r*'}", "sim.profile")
     assert sorted(pooled["steps"]["worker"].unique()) == [0, 1, RUN_STRIDE, RUN_STRIDE + 1]
     assert pooled["requests"]["request_id"].is_unique and len(pooled["requests"]) == 60
@@ -101,8 +118,9 @@ def test_contention_in_phases_keeps_its_distribution_and_its_correlation():
     n = 3000  # a worker's steps, each its real / fitted time as drawn, listed out of time order
     order = np.random.default_rng(0).permutation(n)
     starts = np.cumsum(np.full(n, 0.01))[order]
-    assert phase_correlation(np.zeros(n, int), starts, np.zeros(n, bool), values[:n][order]) == \
-        pytest.approx(0.8, abs=0.05)
+    assert phase_correlation(np.zeros(n, int), starts, np.zeros(n, bool), values[:n][order]) == pytest.approx(
+        0.8, abs=0.05
+    )
 
 
 def test_one_stall_in_thousands_keeps_its_weight_when_sampled():

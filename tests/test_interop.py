@@ -19,8 +19,18 @@ import pandas as pd
 import pytest
 
 from testbed.config import Config, with_overrides
-from testbed.interop import (InteropError, bench_result, block_hash_ids, export_point, export_run, import_run,
-                             read_sglang_result, read_vllm_result, write_mooncake_jsonl, write_vllm_custom_jsonl)
+from testbed.interop import (
+    InteropError,
+    bench_result,
+    block_hash_ids,
+    export_point,
+    export_run,
+    import_run,
+    read_sglang_result,
+    read_vllm_result,
+    write_mooncake_jsonl,
+    write_vllm_custom_jsonl,
+)
 from testbed.interop.__main__ import main
 from testbed.interop.points import offered_rows
 from testbed.metrics.config import SLOConfig
@@ -34,15 +44,45 @@ from testbed.tracking.results import write_json, write_results
 from testbed.workload.traces import read_mooncake_jsonl
 
 DATA = Path(__file__).parent / "data" / "interop"
-VLLM, VLLM_OLD, SGLANG = DATA / "vllm_bench_serve.json", DATA / "vllm_benchmark_serving_old.json", \
-    DATA / "sglang_bench_serving.jsonl"
+VLLM, VLLM_OLD, SGLANG = (
+    DATA / "vllm_bench_serve.json",
+    DATA / "vllm_benchmark_serving_old.json",
+    DATA / "sglang_bench_serving.jsonl",
+)
 SLO = SLOConfig(ttft_s=0.1, tpot_s=0.03)
 # what `vllm bench serve --save-result --save-detailed` writes (vllm/benchmarks/serve.py)
-VLLM_KEYS = ["date", "endpoint_type", "backend", "label", "model_id", "tokenizer_id", "num_prompts", "request_rate",
-             "burstiness", "max_concurrency", "duration", "completed", "failed", "total_input_tokens",
-             "total_output_tokens", "request_throughput", "request_goodput", "output_throughput",
-             "total_token_throughput", "input_lens", "output_lens", "ttfts", "itls", "latencies", "start_times",
-             "queue_times", "generated_texts", "errors", "max_output_tokens_per_s", "max_concurrent_requests"]
+VLLM_KEYS = [
+    "date",
+    "endpoint_type",
+    "backend",
+    "label",
+    "model_id",
+    "tokenizer_id",
+    "num_prompts",
+    "request_rate",
+    "burstiness",
+    "max_concurrency",
+    "duration",
+    "completed",
+    "failed",
+    "total_input_tokens",
+    "total_output_tokens",
+    "request_throughput",
+    "request_goodput",
+    "output_throughput",
+    "total_token_throughput",
+    "input_lens",
+    "output_lens",
+    "ttfts",
+    "itls",
+    "latencies",
+    "start_times",
+    "queue_times",
+    "generated_texts",
+    "errors",
+    "max_output_tokens_per_s",
+    "max_concurrent_requests",
+]
 
 
 def tokens(first: float, gaps: list[float]) -> list[float]:
@@ -52,16 +92,45 @@ def tokens(first: float, gaps: list[float]) -> list[float]:
 def hand_made() -> pd.DataFrame:
     """Served requests (one with two tokens in one message), a failure after one token, a
     refusal by admission control and one the workload's overlength filter dropped."""
-    served = [(0, 0.10, 700, tokens(0.15, [0.02, 0.0, 0.03])), (1, 0.30, 90, tokens(0.50, [0.05, 0.01])),
-              (2, 0.35, 2000, [0.41]), (6, 0.60, 300, tokens(0.64, [0.02, 0.02]))]
-    rows = [{"request_id": i, "arrival_s": a, "input_len": n, "output_len": len(t), "token_times": t}
-            for i, a, n, t in served]
-    rows += [{"request_id": 3, "arrival_s": 0.40, "input_len": 50, "output_len": 5, "status": "failed",
-              "reason": "worker died", "token_times": [0.47]},
-             {"request_id": 4, "arrival_s": 0.45, "input_len": 60, "output_len": 5, "status": "rejected",
-              "reason": "queue full", "refused_by": "admission"},
-             {"request_id": 5, "arrival_s": 0.50, "input_len": 99999, "output_len": 5, "status": "rejected",
-              "reason": "too long", "refused_by": "workload"}]
+    served = [
+        (0, 0.10, 700, tokens(0.15, [0.02, 0.0, 0.03])),
+        (1, 0.30, 90, tokens(0.50, [0.05, 0.01])),
+        (2, 0.35, 2000, [0.41]),
+        (6, 0.60, 300, tokens(0.64, [0.02, 0.02])),
+    ]
+    rows = [
+        {"request_id": i, "arrival_s": a, "input_len": n, "output_len": len(t), "token_times": t}
+        for i, a, n, t in served
+    ]
+    rows += [
+        {
+            "request_id": 3,
+            "arrival_s": 0.40,
+            "input_len": 50,
+            "output_len": 5,
+            "status": "failed",
+            "reason": "worker died",
+            "token_times": [0.47],
+        },
+        {
+            "request_id": 4,
+            "arrival_s": 0.45,
+            "input_len": 60,
+            "output_len": 5,
+            "status": "rejected",
+            "reason": "queue full",
+            "refused_by": "admission",
+        },
+        {
+            "request_id": 5,
+            "arrival_s": 0.50,
+            "input_len": 99999,
+            "output_len": 5,
+            "status": "rejected",
+            "reason": "too long",
+            "refused_by": "workload",
+        },
+    ]
     return request_table(sorted(rows, key=lambda r: r["request_id"]))
 
 
@@ -69,8 +138,11 @@ def test_bench_result_round_trips_through_vllms_file(tmp_path):
     requests = hand_made()
     result = bench_result(requests, slo_ttft_s=SLO.ttft_s, slo_tpot_s=SLO.tpot_s, model_id="tiny", request_rate=4.0)
     assert [k for k in VLLM_KEYS if k not in result] == []
-    assert {f"{s}_{m}_ms" for m in ("ttft", "tpot", "itl", "e2el") for s in ("mean", "median", "std", "p50", "p90",
-                                                                              "p95", "p99")} <= set(result)
+    assert {
+        f"{s}_{m}_ms"
+        for m in ("ttft", "tpot", "itl", "e2el")
+        for s in ("mean", "median", "std", "p50", "p90", "p95", "p99")
+    } <= set(result)
     write_json(tmp_path / "r.json", result)
     back = read_vllm_result(tmp_path / "r.json")
     offered = requests[requests["refused_by"] != "workload"].reset_index(drop=True)
@@ -96,12 +168,25 @@ def test_bench_result_round_trips_through_vllms_file(tmp_path):
 def test_mooncake_export_keeps_times_lengths_and_exactly_the_shared_prefixes(tmp_path):
     rng = np.random.default_rng(0)
     system, turn0 = rng.integers(0, 1000, 600).tolist(), rng.integers(0, 1000, 1100).tolist()
-    prompts = [turn0, system + rng.integers(0, 1000, 700).tolist(), turn0 + rng.integers(0, 1000, 600).tolist(),
-               system + rng.integers(0, 1000, 100).tolist(), None, turn0[:512] + [7] * 10]
-    rows = pd.DataFrame({"request_id": range(6), "arrival_s": [0.5, 0.0123, 1.7, 2.25, 2.5, 3.0],
-                         "input_len": [len(p) if p else 900 for p in prompts], "output_len": [5, 6, 7, 8, 9, 10],
-                         "session_id": [0, 1, 0, 2, 3, 4], "turn": [0, 0, 1, 0, 0, 0],
-                         "prompt_token_ids": pd.Series(prompts, dtype=object)})
+    prompts = [
+        turn0,
+        system + rng.integers(0, 1000, 700).tolist(),
+        turn0 + rng.integers(0, 1000, 600).tolist(),
+        system + rng.integers(0, 1000, 100).tolist(),
+        None,
+        turn0[:512] + [7] * 10,
+    ]
+    rows = pd.DataFrame(
+        {
+            "request_id": range(6),
+            "arrival_s": [0.5, 0.0123, 1.7, 2.25, 2.5, 3.0],
+            "input_len": [len(p) if p else 900 for p in prompts],
+            "output_len": [5, 6, 7, 8, 9, 10],
+            "session_id": [0, 1, 0, 2, 3, 4],
+            "turn": [0, 0, 1, 0, 0, 0],
+            "prompt_token_ids": pd.Series(prompts, dtype=object),
+        }
+    )
     trace = read_mooncake_jsonl(write_mooncake_jsonl(rows, tmp_path / "t.jsonl"))
     order = rows.sort_values("arrival_s", kind="stable")
     np.testing.assert_allclose(trace.timestamps_s, np.round(order["arrival_s"] * 1000) / 1000)
@@ -112,17 +197,28 @@ def test_mooncake_export_keeps_times_lengths_and_exactly_the_shared_prefixes(tmp
         assert len(ids) == -(-length // 512)
         for j in range(i):
             for k in range(min(len(ids), len(hashes[j]))):
-                same = prompt is not None and prompts[j] is not None and \
-                    prompt[:512 * (k + 1)] == prompts[j][:512 * (k + 1)]
+                same = (
+                    prompt is not None
+                    and prompts[j] is not None
+                    and prompt[: 512 * (k + 1)] == prompts[j][: 512 * (k + 1)]
+                )
                 assert (ids[k] == hashes[j][k]) == same, (i, j, k)
     assert sorted(set(sum(map(list, hashes), []))) == list(range(len(set(sum(map(list, hashes), [])))))
     assert block_hash_ids([[1, 2, 3]], [3], block_size=2) == [[0, 1]]
 
 
 def test_vllm_custom_dataset_lines(tmp_path):
-    rows = pd.DataFrame({"request_id": [0, 1], "arrival_s": [1.0, 0.5], "input_len": [2, 3], "output_len": [7, 9],
-                         "session_id": [None, None], "turn": [0, 0],
-                         "prompt_token_ids": pd.Series([[1, 2], [3, 4, 5]], dtype=object)})
+    rows = pd.DataFrame(
+        {
+            "request_id": [0, 1],
+            "arrival_s": [1.0, 0.5],
+            "input_len": [2, 3],
+            "output_len": [7, 9],
+            "session_id": [None, None],
+            "turn": [0, 0],
+            "prompt_token_ids": pd.Series([[1, 2], [3, 4, 5]], dtype=object),
+        }
+    )
     path = write_vllm_custom_jsonl(rows, tmp_path / "c.jsonl", lambda ids: " ".join(map(str, ids)))
     lines = [json.loads(line) for line in path.read_text().splitlines()]
     assert lines == [{"prompt": "3 4 5", "output_tokens": 9}, {"prompt": "1 2", "output_tokens": 7}]
@@ -139,7 +235,8 @@ def test_vllm_file_imports_with_its_send_times_and_figures():
     np.testing.assert_allclose(table.loc[ok, "ttft"], (np.array(data["ttfts"]) + queue)[ok])
     assert table.loc[ok, "num_tokens"].tolist() == np.array(data["output_lens"])[ok].tolist()
     assert table.loc[~ok, "reason"].tolist() == [
-        "aiohttp.client_exceptions.ServerDisconnectedError: Server disconnected"]  # a traceback's last line
+        "aiohttp.client_exceptions.ServerDisconnectedError: Server disconnected"
+    ]  # a traceback's last line
     summary = summarize(table, slo=SLO)
     assert summary["num_requests"]["ok"] == data["completed"] and summary["num_requests"]["failed"] == data["failed"]
     assert summary["tpot"]["p99"] * 1e3 == pytest.approx(data["p99_tpot_ms"])  # chunks of several tokens: vLLM's TPOT
@@ -203,8 +300,13 @@ def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
     assert "no_details.json: no 'duration'" in err and len(err.strip().splitlines()) == 1
     assert main(["import", "vllm", str(SGLANG), str(tmp_path / "out")]) == 2
     assert "is a sglang result, not vllm" in capsys.readouterr().err
-    done = subprocess.run([sys.executable, "-m", "testbed.interop", "add", str(tmp_path), str(VLLM), "--label", "x"],
-                          capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1], timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "testbed.interop", "add", str(tmp_path), str(VLLM), "--label", "x"],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parents[1],
+        timeout=120,
+    )
     assert done.returncode == 2 and done.stderr.startswith("error: ") and "Traceback" not in done.stderr
 
 
@@ -219,16 +321,19 @@ def vllm_with(tmp_path, **changes) -> Path:
     return path
 
 
-@pytest.mark.parametrize("changes, message", [
-    ({"ttfts": -0.5}, "request 1: ttfts=-0.5 must be a finite number of seconds >= 0"),
-    ({"ttfts": math.nan}, "request 1: ttfts=nan must be a finite number of seconds >= 0"),
-    ({"latencies": 0.01}, "request 1: ttfts=0.1527 is above its latencies=0.01"),
-    ({"itls": [0.02, -1.0]}, "request 1: itls=-1.0 must be a finite number of seconds >= 0"),
-    ({"queue_times": -2.0}, "request 1: queue_times=-2.0 must be a finite number of seconds >= 0"),
-    ({"start_times": math.inf}, "request 1: start_times=inf must be a finite number of seconds"),
-    ({"output_lens": 10**8}, "request 1: output_lens=100000000 must be a whole number of tokens in [0, 10000000]"),
-    ({"input_lens": -3}, "request 1: input_lens=-3 must be a whole number of tokens"),
-])
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"ttfts": -0.5}, "request 1: ttfts=-0.5 must be a finite number of seconds >= 0"),
+        ({"ttfts": math.nan}, "request 1: ttfts=nan must be a finite number of seconds >= 0"),
+        ({"latencies": 0.01}, "request 1: ttfts=0.1527 is above its latencies=0.01"),
+        ({"itls": [0.02, -1.0]}, "request 1: itls=-1.0 must be a finite number of seconds >= 0"),
+        ({"queue_times": -2.0}, "request 1: queue_times=-2.0 must be a finite number of seconds >= 0"),
+        ({"start_times": math.inf}, "request 1: start_times=inf must be a finite number of seconds"),
+        ({"output_lens": 10**8}, "request 1: output_lens=100000000 must be a whole number of tokens in [0, 10000000]"),
+        ({"input_lens": -3}, "request 1: input_lens=-3 must be a whole number of tokens"),
+    ],
+)
 def test_an_imported_file_with_impossible_figures_is_refused_naming_file_and_request(tmp_path, changes, message):
     """Negative, NaN and inconsistent times were imported without a word; a 10^8-token output
     allocated gigabytes of token times before failing."""
@@ -255,8 +360,11 @@ def test_a_fifo_a_device_or_an_oversized_file_is_refused_before_reading(tmp_path
 
     fifo = tmp_path / "result.json"
     os.mkfifo(fifo)
-    for path, message in ((fifo, "not a regular file (a FIFO)"), (Path("/dev/zero"), "not a regular file"),
-                          (tmp_path, "not a regular file (a directory)")):
+    for path, message in (
+        (fifo, "not a regular file (a FIFO)"),
+        (Path("/dev/zero"), "not a regular file"),
+        (tmp_path, "not a regular file (a directory)"),
+    ):
         with pytest.raises(InteropError, match=re.escape(f"{path}: {message}")):
             table.load_runs(path)
     monkeypatch.setattr(table, "MAX_FILE_BYTES", 100)
@@ -268,9 +376,13 @@ def test_the_cli_refuses_a_fifo_in_one_line_without_hanging(tmp_path):
     import os
 
     os.mkfifo(tmp_path / "fifo.json")
-    done = subprocess.run([sys.executable, "-m", "testbed.interop", "import", "vllm", str(tmp_path / "fifo.json"),
-                           str(tmp_path / "out")], capture_output=True, text=True, timeout=120,
-                          cwd=Path(__file__).resolve().parents[1])
+    done = subprocess.run(
+        [sys.executable, "-m", "testbed.interop", "import", "vllm", str(tmp_path / "fifo.json"), str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).resolve().parents[1],
+    )
     assert done.returncode == 2 and "not a regular file (a FIFO)" in done.stderr and "Traceback" not in done.stderr
 
 
@@ -281,17 +393,35 @@ def synthetic_run(rate: float, gap: float, n: int = 24, seed: int = 0) -> pd.Dat
     for i in range(n):
         arrival = i / rate
         first = arrival + 0.05 + gap * rng.uniform(0, 20)
-        rows.append({"request_id": i, "arrival_s": arrival, "input_len": int(rng.integers(50, 5000)), "output_len": 6,
-                     "prefill_start_s": arrival + 0.01, "prefill_end_s": first, "decode_start_s": first,
-                     "finished_s": first + 5 * gap, "token_times": tokens(first, [gap] * 5),
-                     "output_token_ids": list(range(6))})
+        rows.append(
+            {
+                "request_id": i,
+                "arrival_s": arrival,
+                "input_len": int(rng.integers(50, 5000)),
+                "output_len": 6,
+                "prefill_start_s": arrival + 0.01,
+                "prefill_end_s": first,
+                "decode_start_s": first,
+                "finished_s": first + 5 * gap,
+                "token_times": tokens(first, [gap] * 5),
+                "output_token_ids": list(range(6)),
+            }
+        )
     return request_table(rows)
 
 
 def make_sweep(directory: Path, study: str, rates: list[float]) -> Config:
     """A saved sweep of two configurations, written the way the runner writes one."""
-    cfg = with_overrides(Config(), {"experiment.name": study, "experiment.repeats": 1, "slo.ttft_s": 0.3,
-                                    "slo.tpot_s": 0.03, "workload.rate": rates[0]})
+    cfg = with_overrides(
+        Config(),
+        {
+            "experiment.name": study,
+            "experiment.repeats": 1,
+            "slo.ttft_s": 0.3,
+            "slo.tpot_s": 0.03,
+            "workload.rate": rates[0],
+        },
+    )
     rows = []
     for label, gap in (("colocated", 0.02), ("chunked", 0.035)):
         for rate in rates:
@@ -299,10 +429,28 @@ def make_sweep(directory: Path, study: str, rates: list[float]) -> Config:
             requests = synthetic_run(rate, gap * rate / rates[0])
             summary = summarize(requests, slo=cfg.slo, metrics=cfg.metrics, num_gpus=2)
             point_cfg = with_overrides(cfg, {"mode": label, "workload.rate": rate})
-            write_results(directory / "points" / point, requests=requests, config=dataclasses.asdict(point_cfg),
-                          meta={}, summary=summary)
-            rows.append({"point": point, "label": label, "mode": label, "rate": rate, "cell": point, "repeat": 0,
-                         "seed": 0, "num_gpus": 2, "error": "", "status": "ok", **flatten(summary)})
+            write_results(
+                directory / "points" / point,
+                requests=requests,
+                config=dataclasses.asdict(point_cfg),
+                meta={},
+                summary=summary,
+            )
+            rows.append(
+                {
+                    "point": point,
+                    "label": label,
+                    "mode": label,
+                    "rate": rate,
+                    "cell": point,
+                    "repeat": 0,
+                    "seed": 0,
+                    "num_gpus": 2,
+                    "error": "",
+                    "status": "ok",
+                    **flatten(summary),
+                }
+            )
     rewrite(directory, study, pd.DataFrame(rows), cfg)
     return cfg
 
@@ -342,8 +490,9 @@ def test_runs_added_to_a_rate_sweep_become_one_more_line(tmp_path):
 def test_a_testbed_run_and_an_sglang_run_added_to_mode_compare(tmp_path):
     sweep = tmp_path / "sweep"
     make_sweep(sweep, "mode_compare", [4.0])
-    write_results(tmp_path / "other", requests=synthetic_run(4.0, 0.01, seed=3), config={"mode": "chunked"},
-                  meta={}, summary={})
+    write_results(
+        tmp_path / "other", requests=synthetic_run(4.0, 0.01, seed=3), config={"mode": "chunked"}, meta={}, summary={}
+    )
     add_point(sweep, tmp_path / "other", label="chunked-next", figures=False)
     done = add_point(sweep, SGLANG, label="sglang 0.5", figures=True)
     assert done["point"] == "sglang_0.5" and any(p.suffix == ".png" for p in done["figures"])
@@ -415,8 +564,14 @@ def test_a_vllm_summary_file_imports_as_a_summary_only_point(tmp_path):
     done = import_run(written(tmp_path, "v.json", data), tmp_path / "out", slo=SLO, num_gpus=2)
     summary = done["summary"]
     assert summary["summary_only"] is True and done["meta"]["summary_only"] is True and done["requests"].empty
-    assert summary["num_requests"] == {"ok": 4, "failed": 1, "rejected": 0, "refused": 0, "total": 5,
-                                       "failed_known": True}
+    assert summary["num_requests"] == {
+        "ok": 4,
+        "failed": 1,
+        "rejected": 0,
+        "refused": 0,
+        "total": 5,
+        "failed_known": True,
+    }
     for ours, theirs in (("ttft", "ttft"), ("tpot", "tpot"), ("itl", "itl"), ("e2e", "e2el")):
         assert summary[ours]["p99"] == pytest.approx(data[f"p99_{theirs}_ms"] / 1e3)
         assert summary[ours]["p50"] == pytest.approx(data[f"median_{theirs}_ms"] / 1e3)
@@ -443,8 +598,9 @@ def test_an_sglang_summary_line_imports_with_its_own_keys(tmp_path):
     assert summary["throughput"]["total_tokens_per_s"] == pytest.approx(data["total_throughput"])
 
 
-@pytest.mark.parametrize("text, rate", [('"inf"', math.inf), ("Infinity", math.inf), ("8", 8.0), ("2.5", 2.5),
-                                        ("null", math.nan)])
+@pytest.mark.parametrize(
+    "text, rate", [('"inf"', math.inf), ("Infinity", math.inf), ("8", 8.0), ("2.5", 2.5), ("null", math.nan)]
+)
 def test_request_rate_as_each_version_writes_it(tmp_path, text, rate):
     data = without_details(json.loads(VLLM.read_text()))
     body = json.dumps({**data, "request_rate": "RATE"}).replace('"RATE"', text)
@@ -471,8 +627,15 @@ def test_old_vllm_summaries_goodput_null_and_everything_failed(tmp_path):
     assert all(v is None for m in ("ttft", "tpot", "itl", "e2e") for v in summary[m].values())  # not 0 ms
     detailed = json.loads(VLLM.read_text())
     n = len(detailed["ttfts"])
-    every_failed = {**detailed, "completed": 0, "failed": n, "ttfts": [0.0] * n, "itls": [[] for _ in range(n)],
-                    "output_lens": [0] * n, "errors": ["Server disconnected"] * n}
+    every_failed = {
+        **detailed,
+        "completed": 0,
+        "failed": n,
+        "ttfts": [0.0] * n,
+        "itls": [[] for _ in range(n)],
+        "output_lens": [0] * n,
+        "errors": ["Server disconnected"] * n,
+    }
     run = import_run(written(tmp_path, "all_failed.json", every_failed), tmp_path / "c", slo=SLO)
     assert run["summary"]["num_requests"]["failed"] == n and run["summary"]["slo_attainment"] == 0
 
@@ -488,8 +651,11 @@ def test_a_file_with_send_times_but_no_queue_times_says_so(tmp_path):
 
 def test_the_export_writes_only_keys_vllm_writes(tmp_path):
     result = bench_result(hand_made(), slo_ttft_s=0.1, slo_tpot_s=0.03, model_id="tiny", request_rate=4.0)
-    stats = {f"{s}_{m}_ms" for m in ("ttft", "tpot", "itl", "e2el") for s in ("mean", "median", "std", "p50", "p90",
-                                                                           "p95", "p99")}
+    stats = {
+        f"{s}_{m}_ms"
+        for m in ("ttft", "tpot", "itl", "e2el")
+        for s in ("mean", "median", "std", "p50", "p90", "p95", "p99")
+    }
     assert set(result) <= set(VLLM_KEYS) | stats | {"rtfx"}
 
 
@@ -513,16 +679,43 @@ def test_a_summary_only_point_joins_a_rate_sweep_and_the_figures_say_what_they_l
 
 # Hypothesis: whatever a file holds, an import is a results directory or one InteropError naming the file.
 # No subnormal floats: a library loaded earlier in the process may have set flush-to-zero (-ffast-math)
-from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
 
-JSON = st.recursive(st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.floats(allow_nan=True, allow_subnormal=False)
-                    | st.text(max_size=8),
-                    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
-                    max_leaves=12)
-SUMMARY_KEYS = ("completed", "failed", "num_prompts", "duration", "request_rate", "request_throughput",
-                "request_goodput", "output_throughput", "total_token_throughput", "p99_ttft_ms", "median_tpot_ms",
-                "mean_itl_ms", "p95_itl_ms", "ttfts", "itls", "input_lens", "output_lens", "errors", "start_times",
-                "queue_times", "model_id", "dataset_name", "mean_e2e_latency_ms")
+JSON = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(10**6), 10**6)
+    | st.floats(allow_nan=True, allow_subnormal=False)
+    | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
+)
+SUMMARY_KEYS = (
+    "completed",
+    "failed",
+    "num_prompts",
+    "duration",
+    "request_rate",
+    "request_throughput",
+    "request_goodput",
+    "output_throughput",
+    "total_token_throughput",
+    "p99_ttft_ms",
+    "median_tpot_ms",
+    "mean_itl_ms",
+    "p95_itl_ms",
+    "ttfts",
+    "itls",
+    "input_lens",
+    "output_lens",
+    "errors",
+    "start_times",
+    "queue_times",
+    "model_id",
+    "dataset_name",
+    "mean_e2e_latency_ms",
+)
 FILE_SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
@@ -534,8 +727,10 @@ def import_or_one_line(path: Path, out: Path, fmt) -> None:
 
 
 @FILE_SETTINGS
-@given(body=st.one_of(JSON, st.dictionaries(st.sampled_from(SUMMARY_KEYS), JSON, max_size=10)),
-       fmt=st.sampled_from([None, "vllm", "sglang"]))
+@given(
+    body=st.one_of(JSON, st.dictionaries(st.sampled_from(SUMMARY_KEYS), JSON, max_size=10)),
+    fmt=st.sampled_from([None, "vllm", "sglang"]),
+)
 def test_any_json_imports_or_is_one_line_naming_the_file(tmp_path, body, fmt):
     path = tmp_path / "r.json"
     path.write_text(json.dumps(body))
@@ -543,8 +738,9 @@ def test_any_json_imports_or_is_one_line_naming_the_file(tmp_path, body, fmt):
 
 
 @FILE_SETTINGS
-@given(source=st.sampled_from([VLLM, VLLM_OLD, SGLANG]), key=st.sampled_from(SUMMARY_KEYS), value=JSON,
-       drop=st.booleans())
+@given(
+    source=st.sampled_from([VLLM, VLLM_OLD, SGLANG]), key=st.sampled_from(SUMMARY_KEYS), value=JSON, drop=st.booleans()
+)
 def test_a_real_file_with_one_field_broken_imports_or_is_one_line(tmp_path, source, key, value, drop):
     from testbed.interop.table import load_runs
 
@@ -559,19 +755,42 @@ def test_a_real_file_with_one_field_broken_imports_or_is_one_line(tmp_path, sour
 
 
 @FILE_SETTINGS
-@given(completed=st.integers(0, 10**6), failed=st.integers(0, 10**6),
-       rate=st.one_of(st.floats(0.001, 1e4, allow_subnormal=False), st.just("inf"), st.just(math.inf)),
-       p99=st.floats(0, 1e7, allow_subnormal=False), median=st.floats(0, 1e7, allow_subnormal=False),
-       throughput=st.floats(0, 1e6, allow_subnormal=False), sglang=st.booleans())
+@given(
+    completed=st.integers(0, 10**6),
+    failed=st.integers(0, 10**6),
+    rate=st.one_of(st.floats(0.001, 1e4, allow_subnormal=False), st.just("inf"), st.just(math.inf)),
+    p99=st.floats(0, 1e7, allow_subnormal=False),
+    median=st.floats(0, 1e7, allow_subnormal=False),
+    throughput=st.floats(0, 1e6, allow_subnormal=False),
+    sglang=st.booleans(),
+)
 def test_a_valid_summary_keeps_its_figures(tmp_path, completed, failed, rate, p99, median, throughput, sglang):
     if sglang:
-        data = {"backend": "sglang", "dataset_name": "random", "request_rate": rate, "completed": completed,
-                "duration": 10.0, "request_throughput": throughput, "p99_ttft_ms": p99, "median_ttft_ms": median,
-                "total_throughput": 1.0}
+        data = {
+            "backend": "sglang",
+            "dataset_name": "random",
+            "request_rate": rate,
+            "completed": completed,
+            "duration": 10.0,
+            "request_throughput": throughput,
+            "p99_ttft_ms": p99,
+            "median_ttft_ms": median,
+            "total_throughput": 1.0,
+        }
     else:
-        data = {"backend": "vllm", "model_id": "m", "request_rate": rate, "completed": completed, "failed": failed,
-                "duration": 10.0, "request_throughput": throughput, "p99_ttft_ms": p99, "median_ttft_ms": median,
-                "request_goodput": None, "total_token_throughput": 1.0}
+        data = {
+            "backend": "vllm",
+            "model_id": "m",
+            "request_rate": rate,
+            "completed": completed,
+            "failed": failed,
+            "duration": 10.0,
+            "request_throughput": throughput,
+            "p99_ttft_ms": p99,
+            "median_ttft_ms": median,
+            "request_goodput": None,
+            "total_token_throughput": 1.0,
+        }
     path = tmp_path / "r.json"
     path.write_text(json.dumps(data))
     done = import_run(path, tmp_path / "out", slo=SLO)
@@ -581,6 +800,8 @@ def test_a_valid_summary_keeps_its_figures(tmp_path, completed, failed, rate, p9
     assert summary["throughput"]["requests_per_s"] == pytest.approx(throughput)
     assert done["rate"] == (math.inf if rate in ("inf", math.inf) else pytest.approx(rate))
     if completed:
-        assert summary["ttft"]["p99"] == pytest.approx(p99 / 1e3) and summary["ttft"]["p50"] == pytest.approx(median / 1e3)
+        assert summary["ttft"]["p99"] == pytest.approx(p99 / 1e3) and summary["ttft"]["p50"] == pytest.approx(
+            median / 1e3
+        )
     else:
         assert summary["ttft"]["p99"] is None

@@ -97,8 +97,11 @@ def test_the_replay_reads_both_as_references():
 def test_the_formats_are_told_apart_and_a_prometheus_summary_is_refused(tmp_path):
     assert detect_format(GUIDELLM_05) == "guidellm" and detect_format(INFERENCE_PERF) == "inference_perf"
     server = tmp_path / "summary_prometheus_metrics.json"
-    server.write_text(json.dumps({"successes": {"count": 3, "time_to_first_token": {"mean": 0.1}},
-                                  "load_summary": {}, "failures": {}}))
+    server.write_text(
+        json.dumps(
+            {"successes": {"count": 3, "time_to_first_token": {"mean": 0.1}}, "load_summary": {}, "failures": {}}
+        )
+    )
     with pytest.raises(InteropError, match="Prometheus"):
         read_inference_perf(server)
 

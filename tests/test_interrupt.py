@@ -15,9 +15,17 @@ from tests.paths import ROOT
 pytestmark = pytest.mark.slow
 
 # three points of about two seconds each (12 requests arriving over 1.2 s, and the workers' start)
-ARGS = ["+experiment=burstiness", "experiment.burstiness=[0.5,1.0,2.0]", "experiment.modes=[chunked]",
-        "hardware=cpu", "hardware.num_devices=2", "workload.num_requests=12", "workload.rate=10",
-        "experiment.figures=false", "experiment.repeats=1"]
+ARGS = [
+    "+experiment=burstiness",
+    "experiment.burstiness=[0.5,1.0,2.0]",
+    "experiment.modes=[chunked]",
+    "hardware=cpu",
+    "hardware.num_devices=2",
+    "workload.num_requests=12",
+    "workload.rate=10",
+    "experiment.figures=false",
+    "experiment.repeats=1",
+]
 
 
 def descendants(pid: int) -> list[int]:
@@ -73,8 +81,7 @@ def complete_results(directory, served: int) -> None:
     summary = json.loads((directory / "summary.json").read_text())
     requests = pd.read_parquet(directory / "requests.parquet")
     assert summary["num_requests"]["ok"] == served == (requests.status == "ok").sum()
-    assert not [p.name for p in directory.iterdir() if p.name.startswith(".") and p.suffix == ".tmp"
-                or "tmp" in p.name]
+    assert not [p.name for p in directory.iterdir() if p.name.startswith(".") and p.suffix == ".tmp" or "tmp" in p.name]
 
 
 @pytest.mark.parametrize("delay_s", [0.0, 0.2, 1.0])
@@ -85,18 +92,32 @@ def test_serve_http_keeps_what_it_served_through_a_second_signal(tmp_path, delay
     import urllib.request
 
     out = tmp_path / "server"
-    server = subprocess.Popen([sys.executable, "-m", "testbed.serve_http", f"hydra.run.dir={out}", "http.port=0",
-                               "hardware=cpu", "cluster.num_workers=1", "model.max_model_len=256"],
-                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              start_new_session=True)
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "testbed.serve_http",
+            f"hydra.run.dir={out}",
+            "http.port=0",
+            "hardware=cpu",
+            "cluster.num_workers=1",
+            "model.max_model_len=256",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         line = server.stdout.readline()
         assert " on http://" in line, line + server.stderr.read()
         url = line.split(" on ")[1].split("/v1/")[0]
         for _ in range(3):
             body = json.dumps({"prompt": [1, 2, 3], "max_tokens": 4}).encode()
-            request = urllib.request.Request(url + "/v1/completions", data=body,
-                                             headers={"Content-Type": "application/json"})
+            request = urllib.request.Request(
+                url + "/v1/completions", data=body, headers={"Content-Type": "application/json"}
+            )
             with urllib.request.urlopen(request, timeout=120) as response:
                 assert response.status == 200
         server.send_signal(signal.SIGTERM)
@@ -116,8 +137,9 @@ def test_serve_http_keeps_what_it_served_through_a_second_signal(tmp_path, delay
 
 def test_a_second_signal_into_a_sweeps_shutdown_keeps_its_finished_points(tmp_path):
     command = [sys.executable, "-m", "testbed", *ARGS, f"hydra.run.dir={tmp_path}"]
-    proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     first = tmp_path / "points" / "chunked_burstiness0.5" / "summary.json"
     deadline = time.monotonic() + 120
     while not first.exists():

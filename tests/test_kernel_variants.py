@@ -22,8 +22,12 @@ H100_SMS = 132
 
 def test_default_splits_stay_in_the_buckets(monkeypatch):
     monkeypatch.setattr(pd, "_multiprocessors", lambda device: H100_SMS)
-    seen = {pd.default_splits(n, kv, max_len, torch.device("cuda"))
-            for n in range(1, 80) for kv in (1, 2, 8) for max_len in (16, 256, 1000, 4096, 32768)}
+    seen = {
+        pd.default_splits(n, kv, max_len, torch.device("cuda"))
+        for n in range(1, 80)
+        for kv in (1, 2, 8)
+        for max_len in (16, 256, 1000, 4096, 32768)
+    }
     assert seen <= set(pd.SPLIT_BUCKETS) and len(seen) > 2, seen
     assert [pd.bucket(s) for s in (0, 1, 3, 5, 15, 16, 40)] == [1, 1, 2, 4, 8, 16, 16]
 
@@ -61,8 +65,12 @@ def warm_engine_run(path=None) -> dict:
     before, keys_before = pd.jit_compiles(), set(pd._launched)  # in-process, earlier tests' variants
     try:
         args = PRESETS["tiny"]
-        engine = Engine.build(args, EngineConfig(num_kv_blocks=160, attention_backend="triton"),
-                              SchedulerConfig(max_batched_tokens=1200, chunk_size=1200, max_running=8), "chunked")
+        engine = Engine.build(
+            args,
+            EngineConfig(num_kv_blocks=160, attention_backend="triton"),
+            SchedulerConfig(max_batched_tokens=1200, chunk_size=1200, max_running=8),
+            "chunked",
+        )
         engine.warmup()
         after_warmup = pd.jit_compiles()
         lengths = [1100, 700, 300, 130, 40, 9]  # contexts across split choices 1..4, batches 1..6
@@ -71,9 +79,14 @@ def warm_engine_run(path=None) -> dict:
         records = engine.run_until_done()
     finally:
         pd._multiprocessors = real
-    result = {"warmup": after_warmup - before, "after_warmup": after_warmup, "end": pd.jit_compiles(),
-              "records": [r.jit_compiles for r in records], "decode_batches": sorted({r.decode_seqs for r in records}),
-              "launched": sorted(k[-1] for k in pd._launched - keys_before)}
+    result = {
+        "warmup": after_warmup - before,
+        "after_warmup": after_warmup,
+        "end": pd.jit_compiles(),
+        "records": [r.jit_compiles for r in records],
+        "decode_batches": sorted({r.decode_seqs for r in records}),
+        "launched": sorted(k[-1] for k in pd._launched - keys_before),
+    }
     if path:
         torch.save(result, path)
     return result
@@ -86,8 +99,13 @@ def warm_run(tmp_path_factory):
         return warm_engine_run()
     path = tmp_path_factory.mktemp("variants") / "run.pt"
     code = f"from tests.test_kernel_variants import warm_engine_run; warm_engine_run({str(path)!r})"
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**os.environ, "TRITON_INTERPRET": "1"},
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env={**os.environ, "TRITON_INTERPRET": "1"},
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return torch.load(path)
 
@@ -112,9 +130,14 @@ def test_no_timed_step_compiles_on_cuda_after_warmup():
 
     args = PRESETS["tiny"]
     for graphs in (False, True):
-        engine = Engine.build(args, EngineConfig(num_kv_blocks=512, attention_backend="triton", cuda_graphs=graphs),
-                              SchedulerConfig(max_batched_tokens=4096, chunk_size=4096, max_running=48), "chunked",
-                              device="cuda:0", dtype="bfloat16")
+        engine = Engine.build(
+            args,
+            EngineConfig(num_kv_blocks=512, attention_backend="triton", cuda_graphs=graphs),
+            SchedulerConfig(max_batched_tokens=4096, chunk_size=4096, max_running=48),
+            "chunked",
+            device="cuda:0",
+            dtype="bfloat16",
+        )
         engine.warmup()
         before = pd.jit_compiles()
         for i in range(40):

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from testbed.control.config import ClusterConfig, KVTransferConfig
 from testbed.control.book import RequestBook
+from testbed.control.config import ClusterConfig, KVTransferConfig
 from testbed.control.dispatch import Dispatcher, WorkerLoad
 from testbed.control.kv_index import KVIndex
 from testbed.control.request import WorkerStep
@@ -82,6 +82,7 @@ def test_an_incremental_reservation_shares_the_cached_prefix_and_expects_only_th
     from testbed.engine.config import SchedulerConfig
     from testbed.engine.policies import make_policy
     from testbed.engine.scheduler import Scheduler
+
     bm = BlockManager(16, BS, enable_prefix_caching=True)
     cached = prefill(bm, 0, range(1, 10))  # blocks [1..4], [5..8] registered
     held = list(cached.block_table)
@@ -181,7 +182,8 @@ def test_when_a_decode_worker_prefills_a_request_itself():
 
 
 def test_a_later_turn_goes_to_the_decode_worker_holding_its_session_and_ends_there():
-    from tests.test_control import loads_balanced
+    from tests.test_control_book import loads_balanced
+
     roles = {0: "prefill_only", 1: "decode_only", 2: "decode_only"}
     kv = KVTransferConfig(multiturn="ppd", decode_binding="early")
     b = RequestBook(ClusterConfig(), kv, True, roles, RequestLog(0.0), block_size=BS)
@@ -189,8 +191,9 @@ def test_a_later_turn_goes_to_the_decode_worker_holding_its_session_and_ends_the
     b.cache_report(2, prompt_hashes(history, BS), [])
     first = b.admit(request(0, history[:20]), 0.0)  # turn 0: through P, bound early
     assert (first.worker, first.local, first.decode_worker is not None) == (0, False, True)
-    later = Request(request_id=1, arrival_s=0.0, prompt_token_ids=tuple(history + [7] * 8), output_len=2,
-                    session_id=0, turn=1)
+    later = Request(
+        request_id=1, arrival_s=0.0, prompt_token_ids=tuple(history + [7] * 8), output_len=2, session_id=0, turn=1
+    )
     tracked = b.admit(later, 0.0)
     assert (tracked.worker, tracked.local, tracked.decode_worker) == (2, True, None)  # no transfer, no binding
     loads_balanced(b)
@@ -208,8 +211,9 @@ SESSIONS = ["workload=multiturn", "workload.num_requests=16", "hardware=cpu", "e
 
 
 def _sim(*overrides):
-    from tests.test_sim import PROFILE  # the shipped CPU profile
     from testbed.sim.executor import simulate
+    from tests.test_sim import PROFILE  # the shipped CPU profile
+
     return simulate(make_config(*SESSIONS, *overrides), PROFILE, num_devices=4)
 
 
@@ -230,16 +234,26 @@ def test_simulated_kv_aware_routing_finds_more_of_each_prompt_cached_than_round_
 
 
 def test_simulated_disagg_with_kv_aware_decode_dispatch_leaks_nothing():
-    result = _sim("mode=disagg", "cluster.num_prefill=2", "cluster.num_decode=2", "cluster.dispatch=kv_aware",
-                  "cluster.decode_dispatch=kv_aware")
+    result = _sim(
+        "mode=disagg",
+        "cluster.num_prefill=2",
+        "cluster.num_decode=2",
+        "cluster.dispatch=kv_aware",
+        "cluster.decode_dispatch=kv_aware",
+    )
     assert (result["requests"].status == "ok").all()
     assert sum(result["summary"]["kv_blocks_leaked"].values()) == 0
     assert result["summary"]["kv_blocks_cached"]["worker2"] + result["summary"]["kv_blocks_cached"]["worker3"] > 0
 
 
 def test_simulated_ppd_appends_later_turns_on_the_decode_worker_and_moves_no_kv_for_them():
-    disagg = ["mode=disagg", "cluster.num_prefill=1", "cluster.num_decode=2", "cluster.dispatch=kv_aware",
-              "cluster.decode_dispatch=kv_aware"]
+    disagg = [
+        "mode=disagg",
+        "cluster.num_prefill=1",
+        "cluster.num_decode=2",
+        "cluster.dispatch=kv_aware",
+        "cluster.decode_dispatch=kv_aware",
+    ]
     resend = _sim(*disagg)
     ppd = _sim(*disagg, "kv_transfer.multiturn=ppd")
     assert set(resend["requests"].prefilled_on) == {"prefill"}
@@ -255,12 +269,19 @@ def test_simulated_ppd_appends_later_turns_on_the_decode_worker_and_moves_no_kv_
 
 
 def test_simulated_incremental_transfer_moves_only_what_the_decode_worker_lacks():
-    disagg = ["mode=disagg", "cluster.num_prefill=1", "cluster.num_decode=2", "cluster.dispatch=kv_aware",
-              "cluster.decode_dispatch=kv_aware"]
+    disagg = [
+        "mode=disagg",
+        "cluster.num_prefill=1",
+        "cluster.num_decode=2",
+        "cluster.dispatch=kv_aware",
+        "cluster.decode_dispatch=kv_aware",
+    ]
     resend = _sim(*disagg)
     incremental = _sim(*disagg, "kv_transfer.multiturn=incremental")
-    sent = {name: r["requests"].set_index("request_id").kv_bytes for name, r in
-            (("resend", resend), ("incremental", incremental))}
+    sent = {
+        name: r["requests"].set_index("request_id").kv_bytes
+        for name, r in (("resend", resend), ("incremental", incremental))
+    }
     assert (sent["incremental"] <= sent["resend"]).all() and sent["incremental"].sum() < sent["resend"].sum() / 2
     assert (incremental["requests"].status == "ok").all()
     assert sum(incremental["summary"]["kv_blocks_leaked"].values()) == 0
@@ -269,22 +290,52 @@ def test_simulated_incremental_transfer_moves_only_what_the_decode_worker_lacks(
 @pytest.mark.slow
 def test_real_cache_aware_runs_give_the_tokens_of_a_run_without_any_cache(tmp_path):
     from testbed.studies.real_point import serve
-    small = [*SESSIONS[:3], "workload.num_requests=4", "workload.turns=3", "model.max_model_len=512",
-             "engine.num_kv_blocks=256"]
+
+    small = [
+        *SESSIONS[:3],
+        "workload.num_requests=4",
+        "workload.turns=3",
+        "model.max_model_len=512",
+        "engine.num_kv_blocks=256",
+    ]
     reference = serve(make_config(*small, "mode=colocated", "cluster.num_workers=1"), tmp_path / "ref", progress=False)
     expected = reference["requests"].set_index("request_id").output_token_ids
-    runs = {"chunked-2": ["mode=chunked", "cluster.num_workers=2", "cluster.dispatch=kv_aware"],
-            "disagg-1P2D": ["mode=disagg", "cluster.num_prefill=1", "cluster.num_decode=2", "hardware.num_devices=3",
-                            "cluster.dispatch=kv_aware", "cluster.decode_dispatch=kv_aware"],
-            "ppd-1P2D": ["mode=disagg", "cluster.num_prefill=1", "cluster.num_decode=2", "hardware.num_devices=3",
-                         "kv_transfer.multiturn=ppd", "kv_transfer.decode_binding=early"],
-            "conditional-1P1D": ["mode=disagg", "kv_transfer.local_prefill_max_tokens=160"],
-            "incremental-1P2D": ["mode=disagg", "cluster.num_prefill=1", "cluster.num_decode=2",
-                                 "hardware.num_devices=3", "cluster.decode_dispatch=kv_aware",
-                                 "kv_transfer.multiturn=incremental"],
-            "store-chunked-2": ["mode=chunked", "cluster.num_workers=2", "kv_store.capacity_mib=16"],
-            "incremental-1P1D-layer": ["mode=disagg", "kv_transfer.multiturn=incremental", "kv_transfer.granularity=layer",
-                                       "kv_transfer.decode_binding=early", "kv_transfer.piece_kib=8"]}
+    runs = {
+        "chunked-2": ["mode=chunked", "cluster.num_workers=2", "cluster.dispatch=kv_aware"],
+        "disagg-1P2D": [
+            "mode=disagg",
+            "cluster.num_prefill=1",
+            "cluster.num_decode=2",
+            "hardware.num_devices=3",
+            "cluster.dispatch=kv_aware",
+            "cluster.decode_dispatch=kv_aware",
+        ],
+        "ppd-1P2D": [
+            "mode=disagg",
+            "cluster.num_prefill=1",
+            "cluster.num_decode=2",
+            "hardware.num_devices=3",
+            "kv_transfer.multiturn=ppd",
+            "kv_transfer.decode_binding=early",
+        ],
+        "conditional-1P1D": ["mode=disagg", "kv_transfer.local_prefill_max_tokens=160"],
+        "incremental-1P2D": [
+            "mode=disagg",
+            "cluster.num_prefill=1",
+            "cluster.num_decode=2",
+            "hardware.num_devices=3",
+            "cluster.decode_dispatch=kv_aware",
+            "kv_transfer.multiturn=incremental",
+        ],
+        "store-chunked-2": ["mode=chunked", "cluster.num_workers=2", "kv_store.capacity_mib=16"],
+        "incremental-1P1D-layer": [
+            "mode=disagg",
+            "kv_transfer.multiturn=incremental",
+            "kv_transfer.granularity=layer",
+            "kv_transfer.decode_binding=early",
+            "kv_transfer.piece_kib=8",
+        ],
+    }
     for name, overrides in runs.items():
         result = serve(make_config(*small, *overrides), tmp_path / name, progress=False)
         requests = result["requests"].set_index("request_id")

@@ -16,8 +16,7 @@ from testbed.control.layout import WorkerPlan, check_kv_backend
 from testbed.engine import Sequence
 from testbed.errors import ConfigError
 from testbed.net.faults import FaultsConfig, KVFaults
-from testbed.net.messages import (KVArrived, KVBegin, KVDone, KVFence, KVPoolAttached, KVPoolExport, Ready,
-                                  Reserve)
+from testbed.net.messages import KVArrived, KVBegin, KVDone, KVFence, KVPoolAttached, KVPoolExport, Ready, Reserve
 from tests.test_kv_lifecycle import Box, Clock, FakeTracker, kv_config, prefill
 
 P, D = 0, 1

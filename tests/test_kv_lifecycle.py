@@ -18,8 +18,18 @@ from testbed.control.transfers import TransferLog
 from testbed.engine import Sequence
 from testbed.errors import ConfigError
 from testbed.net.faults import FaultsConfig, KVFaults
-from testbed.net.messages import (Failed, KVAck, KVArrived, KVAttemptFailed, KVBegin, KVDone, KVPart, KVSent,
-                                  Ready, Reserve)
+from testbed.net.messages import (
+    Failed,
+    KVAck,
+    KVArrived,
+    KVAttemptFailed,
+    KVBegin,
+    KVDone,
+    KVPart,
+    KVSent,
+    Ready,
+    Reserve,
+)
 
 P, D = 0, 1
 TIMEOUT_S = 1.0
@@ -78,8 +88,11 @@ def wire(monkeypatch):
     monkeypatch.setattr(receiver, "CompletionTracker", FakeTracker)
     monkeypatch.setattr(connector, "CompletionTracker", FakeTracker)
     monkeypatch.setattr(receiver, "receive_part", lambda shape, src, pool, *rest: wire.post(shape, pool))
-    monkeypatch.setattr(connector, "send_part", lambda runner, table, n, layer, dst, pool, *rest, **kw:
-                        wire.post(runner.kv_shape(n, layer), pool))
+    monkeypatch.setattr(
+        connector,
+        "send_part",
+        lambda runner, table, n, layer, dst, pool, *rest, **kw: wire.post(runner.kv_shape(n, layer), pool),
+    )
     monkeypatch.setattr(receiver, "unpack_arrived", _unpack_without_writing)
     return wire
 
@@ -100,8 +113,14 @@ def engines():
 
 def kv_config(policy: KVFailurePolicy = KVFailurePolicy(), **more) -> KVTransferConfig:
     """kv_transfer as the tests' pair runs it: their lease, 1 MiB pieces, `policy` on a failed attempt."""
-    return KVTransferConfig(timeout_s=TIMEOUT_S, piece_kib=1024, on_failure=policy.on_failure,
-                            max_retries=policy.max_retries, retry_fallback=policy.retry_fallback, **more)
+    return KVTransferConfig(
+        timeout_s=TIMEOUT_S,
+        piece_kib=1024,
+        on_failure=policy.on_failure,
+        max_retries=policy.max_retries,
+        retry_fallback=policy.retry_fallback,
+        **more,
+    )
 
 
 def make_receiver(engine, policy: KVFailurePolicy, clock: Clock):
@@ -325,7 +344,11 @@ def test_transfer_rows_join_both_ends_and_number_attempts_across_bindings():
     log.sent(6, P, D, 1, 64, 15.0, 15.1, 0.0)  # the request failed before D's verdict
     table = log.table()
     assert list(zip(table.request_id, table.attempt, table.outcome)) == [
-        (5, 1, "dropped"), (5, 2, "ok"), (5, 3, "error"), (6, 1, "aborted")]
+        (5, 1, "dropped"),
+        (5, 2, "ok"),
+        (5, 3, "error"),
+        (6, 1, "aborted"),
+    ]
     assert table.end_s.tolist() == pytest.approx([2.0, 3.5, 4.1, 5.1])
     assert table.start_s.tolist() == pytest.approx([1.0, 3.0, 4.0, 5.0])
 
@@ -338,13 +361,15 @@ def test_failure_policy_after_each_attempt():
     assert recompute.after(1) == "recompute" and not recompute.holds_until_ack
 
 
-@pytest.mark.parametrize("override, message", [
-    ({"retry_fallback": "retry"}, "kv_transfer.retry_fallback='retry' is not one of recompute, fail"),
-    ({"on_failure": "resend"}, "kv_transfer.on_failure='resend' is not one of fail, recompute, retry"),
-    ({"max_retries": -1}, "kv_transfer.max_retries must be >= 0 (got -1)"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ({"retry_fallback": "retry"}, "kv_transfer.retry_fallback='retry' is not one of recompute, fail"),
+        ({"on_failure": "resend"}, "kv_transfer.on_failure='resend' is not one of fail, recompute, retry"),
+        ({"max_retries": -1}, "kv_transfer.max_retries must be >= 0 (got -1)"),
+    ],
+)
 def test_bad_retry_settings_are_one_line(override, message):
     with pytest.raises(ConfigError) as error:
         KVTransferConfig(**override).validate()
     assert str(error.value) == message
-

@@ -35,8 +35,14 @@ def test_a_pool_that_evicted_a_prefix_fetches_it_back_from_the_store():
     assert reader.can_allocate(turn, turn.num_tokens)
     reader.allocate(turn, turn.num_tokens)
     assert turn.num_cached_tokens == 3 * BS  # fetched, not recomputed
-    assert reader.store.stats.as_dict() == {"lookups": 3, "hits": 3, "puts": 0, "bytes_fetched": 300,
-                                            "bytes_put": 0, "misses": 0}
+    assert reader.store.stats.as_dict() == {
+        "lookups": 3,
+        "hits": 3,
+        "puts": 0,
+        "bytes_fetched": 300,
+        "bytes_put": 0,
+        "misses": 0,
+    }
     reader.check_invariants([turn])
 
 
@@ -55,8 +61,17 @@ def test_the_shared_store_keeps_the_kv_and_evicts_the_least_recently_used_slot()
 def test_a_simulated_store_serves_what_a_small_pool_evicted():
     from testbed.sim.executor import simulate
     from tests.test_sim import PROFILE
-    base = ["workload=multiturn", "workload.num_requests=16", "hardware=cpu", "mode=chunked", "cluster.num_workers=2",
-            "model.max_model_len=1024", "engine.num_kv_blocks=64", "engine.enable_prefix_caching=true"]
+
+    base = [
+        "workload=multiturn",
+        "workload.num_requests=16",
+        "hardware=cpu",
+        "mode=chunked",
+        "cluster.num_workers=2",
+        "model.max_model_len=1024",
+        "engine.num_kv_blocks=64",
+        "engine.enable_prefix_caching=true",
+    ]
     off = simulate(make_config(*base), PROFILE, num_devices=2)
     on = simulate(make_config(*base, "kv_store.capacity_mib=64"), PROFILE, num_devices=2)
     assert on["summary"]["prefix_cache"]["hit_rate"] > off["summary"]["prefix_cache"]["hit_rate"]
@@ -74,16 +89,36 @@ def test_a_session_outlives_its_dead_worker_through_the_store(tmp_path):
     """Worker 1 dies between two turns: its sessions' next turns go to worker 0, which never saw
     their history, and fetch the KV worker 1 computed from the store instead of recomputing it."""
     from testbed.studies.real_point import serve
-    sessions = ["workload=multiturn", "workload.num_requests=4", "workload.turns=2", "workload.rate=20",
-                "workload.think_time_s=3.0", "workload.think_time_dist=fixed", "hardware=cpu",
-                "model.max_model_len=512", "engine.num_kv_blocks=256"]
+
+    sessions = [
+        "workload=multiturn",
+        "workload.num_requests=4",
+        "workload.turns=2",
+        "workload.rate=20",
+        "workload.think_time_s=3.0",
+        "workload.think_time_dist=fixed",
+        "hardware=cpu",
+        "model.max_model_len=512",
+        "engine.num_kv_blocks=256",
+    ]
     # the kill lands in the think time: every turn 0 is done well before 1.5 s, every turn 1 arrives after 3 s
-    killed = ["mode=chunked", "cluster.num_workers=2", "cluster.dispatch=round_robin", "faults.kill_worker=1",
-              "faults.kill_at_s=1.5"]
-    reference = serve(make_config(*sessions, "mode=colocated", "cluster.num_workers=1"), tmp_path / "ref",
-                      progress=False)["requests"].set_index("request_id")
-    runs = {name: serve(make_config(*sessions, *killed, *extra), tmp_path / name, progress=False)
-            for name, extra in (("store", ["kv_store.capacity_mib=16"]), ("no_store", ["engine.enable_prefix_caching=true"]))}
+    killed = [
+        "mode=chunked",
+        "cluster.num_workers=2",
+        "cluster.dispatch=round_robin",
+        "faults.kill_worker=1",
+        "faults.kill_at_s=1.5",
+    ]
+    reference = serve(
+        make_config(*sessions, "mode=colocated", "cluster.num_workers=1"), tmp_path / "ref", progress=False
+    )["requests"].set_index("request_id")
+    runs = {
+        name: serve(make_config(*sessions, *killed, *extra), tmp_path / name, progress=False)
+        for name, extra in (
+            ("store", ["kv_store.capacity_mib=16"]),
+            ("no_store", ["engine.enable_prefix_caching=true"]),
+        )
+    }
     hits = {}
     for name, result in runs.items():
         requests = result["requests"].set_index("request_id")
@@ -91,8 +126,10 @@ def test_a_session_outlives_its_dead_worker_through_the_store(tmp_path):
         for rid, tokens in reference.output_token_ids.items():
             assert list(requests.loc[rid, "output_token_ids"]) == list(tokens), f"request {rid} in {name}"
         assert result["summary"]["kv_blocks_leaked"] == {"worker0": 0}, name
-        orphans = requests[(requests.turn == 1) & requests.session_id.isin(
-            requests[(requests.turn == 0) & (requests.prefill_worker == 1)].session_id)]
+        orphans = requests[
+            (requests.turn == 1)
+            & requests.session_id.isin(requests[(requests.turn == 0) & (requests.prefill_worker == 1)].session_id)
+        ]
         assert len(orphans) and (orphans.prefill_worker == 0).all(), name
         hits[name] = orphans.prefix_hit_tokens
     # without the store worker 0 finds only the shared system prompt; with it, the whole history it fetched

@@ -22,8 +22,13 @@ import pytest
 from tests.paths import ROOT
 
 PACKAGE = ROOT / "testbed"
-PROCESS_CODE = ("testbed.cluster.launcher", "testbed.cluster.router", "testbed.cluster.connector",
-                "testbed.cluster.receiver", "testbed.cluster.worker")
+PROCESS_CODE = (
+    "testbed.cluster.launcher",
+    "testbed.cluster.router",
+    "testbed.cluster.connector",
+    "testbed.cluster.receiver",
+    "testbed.cluster.worker",
+)
 BELOW_STUDIES = ("testbed.studies", *PROCESS_CODE)  # what sim, control and the plan helpers may not load
 ENGINE = ("testbed.cluster", "testbed.sim", "testbed.studies")  # the engine knows no cluster and no simulator
 LAYERS = {"testbed.sim": BELOW_STUDIES, "testbed.control": BELOW_STUDIES, "testbed.engine": ENGINE}
@@ -107,8 +112,13 @@ def imports() -> dict[str, dict]:
     """{module: {"error", "loaded"}} for every case, from one forking subprocess."""
     if not hasattr(os, "fork"):
         pytest.skip("the per-module import check forks (POSIX only)")
-    out = subprocess.run([sys.executable, "-c", CHILD, json.dumps(PRELOAD), json.dumps(CASES)], cwd=ROOT,
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, json.dumps(PRELOAD), json.dumps(CASES)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
     return {row["module"]: row for row in rows}
@@ -126,8 +136,9 @@ def test_module_imports_point_down(imports, module):
 def test_no_module_level_torch_multiprocessing(module):
     path = source_of(module)
     names = module_level_imports(ast.parse(path.read_text())) if path.is_file() else []  # namespace package
-    assert not [n for n in names if n == "torch.multiprocessing" or n.startswith("torch.multiprocessing.")], \
+    assert not [n for n in names if n == "torch.multiprocessing" or n.startswith("torch.multiprocessing.")], (
         f"{module} imports torch.multiprocessing at import time: import it inside the function that spawns"
+    )
 
 
 def test_discovery_finds_the_layers():

@@ -22,8 +22,17 @@ from testbed.model.loader import build_model
 from testbed.studies.real_point import serve
 from testbed.workload import build_workload
 from tests.cluster_helpers import make_config
-from tests.hf_checkpoints import (KINDS, LLAMA3_ROPE, copy_with_config, hf_greedy, old_layout, random_prompts,
-                                  read_config, write_checkpoint, write_config)
+from tests.hf_checkpoints import (
+    KINDS,
+    LLAMA3_ROPE,
+    copy_with_config,
+    hf_greedy,
+    old_layout,
+    random_prompts,
+    read_config,
+    write_checkpoint,
+    write_config,
+)
 
 NEW_TOKENS = 32
 PROMPT_LENGTHS = (1, 9, 40, 95)
@@ -41,6 +50,7 @@ def reference(tmp_path_factory):
             prompts = random_prompts(PROMPT_LENGTHS, model.config.vocab_size)
             cache[kind] = directory, prompts, [hf_greedy(model, p, NEW_TOKENS) for p in prompts], model
         return cache[kind][:3]
+
     get.model = lambda kind: cache[kind][3]
     return get
 
@@ -65,10 +75,13 @@ def test_written_configs_use_the_current_layout(reference):
     assert "model.layers.0.self_attn.q_proj.bias" in qwen and "lm_head.weight" not in qwen  # biased, tied
 
 
-@pytest.mark.parametrize("kind, wrong_rope", [
-    ("llama", None),  # the defect: no rope_parameters read, theta falls back to 10000
-    ("llama3", {"rope_type": "default", "rope_theta": 500000.0}),  # the llama3 scaling left out
-])
+@pytest.mark.parametrize(
+    "kind, wrong_rope",
+    [
+        ("llama", None),  # the defect: no rope_parameters read, theta falls back to 10000
+        ("llama3", {"rope_type": "default", "rope_theta": 500000.0}),  # the llama3 scaling left out
+    ],
+)
 def test_a_wrong_rope_changes_the_tokens(kind, wrong_rope, reference, tmp_path):
     directory, prompts, expected = reference(kind)
     config = {k: v for k, v in read_config(directory).items() if k != "rope_parameters"}
@@ -85,8 +98,16 @@ def test_llama3_frequencies_equal_transformers_for_llama31_settings(tmp_path):
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
     rope = {**LLAMA3_ROPE, "original_max_position_embeddings": 8192}
-    config = LlamaConfig(hidden_size=4096, num_attention_heads=32, num_key_value_heads=8, intermediate_size=64,
-                         num_hidden_layers=1, vocab_size=8, max_position_embeddings=131072, rope_parameters=rope)
+    config = LlamaConfig(
+        hidden_size=4096,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        vocab_size=8,
+        max_position_embeddings=131072,
+        rope_parameters=rope,
+    )
     config.save_pretrained(tmp_path)
     args = ModelConfig(path=str(tmp_path)).args()
     ours = Rotary(128, args.rope_theta, 16, args.rope_scaling)
@@ -106,9 +127,16 @@ def test_older_layout_reads_the_same_shape(kind, type_key, reference, tmp_path):
 @pytest.mark.parametrize("layout", ["current", "older"])
 @pytest.mark.parametrize("rope_type", ["yarn", "linear", "dynamic"])
 def test_other_rope_types_are_refused_by_name(layout, rope_type, tmp_path):
-    config = {"model_type": "llama", "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128,
-              "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-              "rope_parameters": {"rope_type": rope_type, "rope_theta": 1e6, "factor": 4.0}}
+    config = {
+        "model_type": "llama",
+        "vocab_size": 512,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "rope_parameters": {"rope_type": rope_type, "rope_theta": 1e6, "factor": 4.0},
+    }
     if layout == "older":
         config = old_layout(config, type_key="type")
     write_config(tmp_path, config)
@@ -117,8 +145,9 @@ def test_other_rope_types_are_refused_by_name(layout, rope_type, tmp_path):
     assert "\n" not in str(error.value)
 
 
-@pytest.mark.parametrize("key, value", [("attention_bias", True), ("mlp_bias", True), ("hidden_act", "gelu"),
-                                        ("partial_rotary_factor", 0.5)])
+@pytest.mark.parametrize(
+    "key, value", [("attention_bias", True), ("mlp_bias", True), ("hidden_act", "gelu"), ("partial_rotary_factor", 0.5)]
+)
 def test_options_the_model_lacks_are_refused_by_name(key, value, reference, tmp_path):
     directory = reference("llama")[0]
     write_config(tmp_path, {**read_config(directory), key: value})
@@ -144,10 +173,20 @@ def test_default_pool_caps_max_model_len_in_one_line(reference, caplog):
 @pytest.mark.slow
 def test_disagg_1p1d_matches_transformers_greedy(reference, tmp_path):
     directory, model = reference("gqa")[0], reference.model("gqa")
-    cfg = make_config("model=hf", f"model.path={directory}", "mode=disagg", "cluster.num_prefill=1",
-                      "cluster.num_decode=1", "hardware=cpu", "workload.num_requests=4", "workload.rate=40",
-                      "workload.input_len.min=5", "workload.input_len.max=80",
-                      f"workload.output_len.min={NEW_TOKENS}", f"workload.output_len.max={NEW_TOKENS}")
+    cfg = make_config(
+        "model=hf",
+        f"model.path={directory}",
+        "mode=disagg",
+        "cluster.num_prefill=1",
+        "cluster.num_decode=1",
+        "hardware=cpu",
+        "workload.num_requests=4",
+        "workload.rate=40",
+        "workload.input_len.min=5",
+        "workload.input_len.max=80",
+        f"workload.output_len.min={NEW_TOKENS}",
+        f"workload.output_len.max={NEW_TOKENS}",
+    )
     requests = serve(cfg, tmp_path / "run", progress=False)["requests"].set_index("request_id")
     assert (requests.status == "ok").all(), requests.reason.unique()
     args = cfg.model.args()
@@ -186,8 +225,11 @@ def test_missing_tensor_is_named(reference, tmp_path):
 def test_mismatched_shape_is_named(reference):
     directory = reference("llama")[0]
     wrong = dataclasses.replace(ModelConfig(path=str(directory)).args(), intermediate_size=96)
-    with pytest.raises(ConfigError, match=r"tensor model.layers.0.mlp.down_proj.weight has shape \(64, 128\), "
-                                          r"the model expects \(64, 96\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"tensor model.layers.0.mlp.down_proj.weight has shape \(64, 128\), "
+        r"the model expects \(64, 96\)",
+    ):
         build_model(wrong, torch.device("cpu"), torch.float32, path=str(directory))
 
 

@@ -61,7 +61,9 @@ class Progress:
 def stopped(command: list[str], delay_s: float, signum) -> tuple[int, str, int]:
     """Run `command`, signal it `delay_s` after its first finished request: (exit code, stderr,
     requests it had reported finished before the signal)."""
-    proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    proc = subprocess.Popen(
+        command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+    )
     progress = Progress(proc.stderr)
     try:
         progress.wait_for(proc, 1)
@@ -79,16 +81,35 @@ def no_temporaries(directory) -> None:
     assert not [p for p in directory.rglob("*") if p.name.endswith(".tmp")]
 
 
-@pytest.mark.parametrize("seed,signum,mode", [(0, signal.SIGTERM, "chunked"), (1, signal.SIGTERM, "chunked"),
-                                              (2, signal.SIGINT, "chunked"), (3, signal.SIGTERM, "disagg")])
+@pytest.mark.parametrize(
+    "seed,signum,mode",
+    [
+        (0, signal.SIGTERM, "chunked"),
+        (1, signal.SIGTERM, "chunked"),
+        (2, signal.SIGINT, "chunked"),
+        (3, signal.SIGTERM, "disagg"),
+    ],
+)
 def test_a_single_run_stopped_at_a_random_moment_keeps_every_finished_request(tmp_path, seed, signum, mode):
     delay_s = random.Random(seed).uniform(0.0, 3.0)  # after the first finished request: where the signal lands
     # disagg: requests that outlast the signal on D (at the default rate and lengths none is open by
     # then, and a decode worker never told of the cut ones kept their KV: issue 43)
-    args = RUN if mode != "disagg" else [*RUN, "mode=disagg", "cluster.num_prefill=1", "cluster.num_decode=1",
-                                         "workload.rate=40", "workload.output_len.min=100", "workload.output_len.max=200"]
-    code, stderr, reported = stopped([sys.executable, "-m", "testbed", *args, f"hydra.run.dir={tmp_path}"], delay_s,
-                                     signum)
+    args = (
+        RUN
+        if mode != "disagg"
+        else [
+            *RUN,
+            "mode=disagg",
+            "cluster.num_prefill=1",
+            "cluster.num_decode=1",
+            "workload.rate=40",
+            "workload.output_len.min=100",
+            "workload.output_len.max=200",
+        ]
+    )
+    code, stderr, reported = stopped(
+        [sys.executable, "-m", "testbed", *args, f"hydra.run.dir={tmp_path}"], delay_s, signum
+    )
     assert code == 130 and "Traceback" not in stderr, stderr[-3000:]
     requests = pd.read_parquet(tmp_path / "requests.parquet")
     summary = json.loads((tmp_path / "summary.json").read_text())
@@ -113,23 +134,35 @@ def test_a_file_size_limit_keeps_the_primary_results_and_is_one_line(tmp_path):
     """The limit lets requests.parquet and summary.json through but not every other file: they are
     written first, whole, and the run ends with one line and a non-zero exit."""
     command = [sys.executable, "-m", "testbed", "executor=sim", "workload.num_requests=200"]
-    whole = subprocess.run([*command, f"hydra.run.dir={tmp_path / 'whole'}"], cwd=ROOT, capture_output=True,
-                           text=True, timeout=HANG_S)
+    whole = subprocess.run(
+        [*command, f"hydra.run.dir={tmp_path / 'whole'}"], cwd=ROOT, capture_output=True, text=True, timeout=HANG_S
+    )
     assert whole.returncode == 0, whole.stderr[-2000:]
-    sizes = {p.relative_to(tmp_path / "whole").as_posix(): p.stat().st_size
-             for p in (tmp_path / "whole").rglob("*") if p.is_file()}
+    sizes = {
+        p.relative_to(tmp_path / "whole").as_posix(): p.stat().st_size
+        for p in (tmp_path / "whole").rglob("*")
+        if p.is_file()
+    }
     limit = max(sizes["requests.parquet"], sizes["summary.json"]) + 4096
     assert limit < max(sizes.values())  # the limit stops some file
     out = tmp_path / "limited"
-    run = subprocess.run([*command, f"hydra.run.dir={out}"], cwd=ROOT, capture_output=True, text=True,
-                         timeout=HANG_S, preexec_fn=limit_file_size(limit))
+    run = subprocess.run(
+        [*command, f"hydra.run.dir={out}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=HANG_S,
+        preexec_fn=limit_file_size(limit),
+    )
     assert run.returncode != 0 and "Traceback" not in run.stderr, run.stderr[-3000:]
     errors = error_lines(run.stderr)
     assert len(errors) == 1 and "File too large" in errors[0], run.stderr[-3000:]
     kept = pd.read_parquet(out / "requests.parquet")
     assert kept.equals(pd.read_parquet(tmp_path / "whole" / "requests.parquet"))
-    assert json.loads((out / "summary.json").read_text())["num_requests"] == \
-        json.loads((tmp_path / "whole" / "summary.json").read_text())["num_requests"]
+    assert (
+        json.loads((out / "summary.json").read_text())["num_requests"]
+        == json.loads((tmp_path / "whole" / "summary.json").read_text())["num_requests"]
+    )
     no_temporaries(out)
 
 
@@ -145,8 +178,14 @@ def test_a_failed_export_names_the_results_it_kept(tmp_path, monkeypatch):
 
     monkeypatch.setattr(points, "export_run", full_disk)
     with pytest.raises(ResultsError, match=r"No space left on device; the results .* are written in .*, its exports"):
-        points.write_files(make_config(), tmp_path, requests=request_table([{"request_id": 0}]),
-                           summary={"num_requests": {"ok": 1}}, prompts=None, meta={})
+        points.write_files(
+            make_config(),
+            tmp_path,
+            requests=request_table([{"request_id": 0}]),
+            summary={"num_requests": {"ok": 1}},
+            prompts=None,
+            meta={},
+        )
     assert len(read_results(tmp_path)["requests"]) == 1
 
 
@@ -188,9 +227,16 @@ def slow_server():
 
 
 # 200 requests at 10/s, each 6-20 tokens at 20 tokens/s: ~20 s of replay, so every delay below lands mid-way
-HTTP_RUN = ["executor=http", "workload.num_requests=200", "workload.rate=10", "workload.input_len.min=20",
-            "workload.input_len.max=120", "workload.output_len.min=6", "workload.output_len.max=20",
-            "model.max_model_len=256"]
+HTTP_RUN = [
+    "executor=http",
+    "workload.num_requests=200",
+    "workload.rate=10",
+    "workload.input_len.min=20",
+    "workload.input_len.max=120",
+    "workload.output_len.min=6",
+    "workload.output_len.max=20",
+    "model.max_model_len=256",
+]
 
 
 @pytest.mark.parametrize("seed,signum", [(0, signal.SIGTERM), (1, signal.SIGINT), (2, signal.SIGTERM)])
@@ -223,8 +269,14 @@ SIM_RUN = ["executor=sim", "workload.num_requests=30000"]  # ~30 s on a loaded t
 def test_a_simulation_stopped_at_a_random_moment_says_what_it_kept(tmp_path, seed):
     """Stopped in its loop a simulation keeps nothing and says so; stopped once its files are being
     written, it writes them whole and says they are complete. Either way the line is true."""
-    proc = subprocess.Popen([sys.executable, "-m", "testbed", *SIM_RUN, f"hydra.run.dir={tmp_path}"], cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "testbed", *SIM_RUN, f"hydra.run.dir={tmp_path}"],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     time.sleep(random.Random(seed).uniform(4.0, 30.0))  # seed 0: while written (26 s), seed 1: in the loop (7 s)
     proc.send_signal(signal.SIGTERM)
     try:
@@ -294,12 +346,20 @@ def test_a_signal_while_a_simulation_is_written_waits_for_its_files(tmp_path, mo
 def test_refusals_count_every_port_in_one_place():
     from testbed.studies.points import refusals
 
-    messages = {"0": {"driver": {"not JSON": 2}, "router": {"not a ZeroMQ peer": 1}, "worker0": {"too deep": 1}},
-                "1": {"rank1": {"authentication failed": 3}, "worker1": {"oversized": 1}},
-                "2": {"unknown": {"the rank did not report": 1}}}
+    messages = {
+        "0": {"driver": {"not JSON": 2}, "router": {"not a ZeroMQ peer": 1}, "worker0": {"too deep": 1}},
+        "1": {"rank1": {"authentication failed": 3}, "worker1": {"oversized": 1}},
+        "2": {"unknown": {"the rank did not report": 1}},
+    }
     assert refusals({"503": 1, "429": 4}, messages) == {
-        "http": {"429": 4, "503": 1}, "agent": 3, "driver": 2, "router": 1, "worker": 2, "total": 13,
-        "unreported_ranks": [2]}
+        "http": {"429": 4, "503": 1},
+        "agent": 3,
+        "driver": 2,
+        "router": 1,
+        "worker": 2,
+        "total": 13,
+        "unreported_ranks": [2],
+    }
     assert refusals() == {"http": {}, "agent": 0, "driver": 0, "router": 0, "worker": 0, "total": 0}
 
 

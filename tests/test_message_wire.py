@@ -29,17 +29,28 @@ TOKEN = "a" * 32
 
 
 def step_events() -> StepEvents:
-    record = StepRecord(1.0, 2.0, "decode_only", 0, 2, 2, 6, 0, 2, 1e-4, 2e-4, 3e-3, 1e-4, 1e-4, ((16, 32),), 80,
-                        modelled_s=0.004)
+    record = StepRecord(
+        1.0, 2.0, "decode_only", 0, 2, 2, 6, 0, 2, 1e-4, 2e-4, 3e-3, 1e-4, 1e-4, ((16, 32),), 80, modelled_s=0.004
+    )
     report = StepReport(scheduled=[(3, 1, False)], tokens=[(3, 4, 1234)], finished=[3], handoff=[], hits=[(3, 16)])
-    return StepEvents(worker=1, t=2.5, record=record, report=report, free_blocks=10, num_running=2,
-                      cached=((11, 12), (9,)), sent=2.6)
+    return StepEvents(
+        worker=1, t=2.5, record=record, report=report, free_blocks=10, num_running=2, cached=((11, 12), (9,)), sent=2.6
+    )
 
 
-@pytest.mark.parametrize("msg", [
-    Serve(7, (1, 2, 3), 16, None), Serve(8, (4,), 2, 1), KVPart(7, 3, (2, 16, 4, 8), "float32", 0, 2),
-    Audit(1, 0, 0, 0, 5, {"hits": 2}), Stop(), wire.Launch(3, {"mode": "disagg", "cluster": {"num_prefill": 1}}),
-    wire.Shutdown("ConfigError: bad"), step_events()])
+@pytest.mark.parametrize(
+    "msg",
+    [
+        Serve(7, (1, 2, 3), 16, None),
+        Serve(8, (4,), 2, 1),
+        KVPart(7, 3, (2, 16, 4, 8), "float32", 0, 2),
+        Audit(1, 0, 0, 0, 5, {"hits": 2}),
+        Stop(),
+        wire.Launch(3, {"mode": "disagg", "cluster": {"num_prefill": 1}}),
+        wire.Shutdown("ConfigError: bad"),
+        step_events(),
+    ],
+)
 def test_every_message_comes_back_as_it_left(msg):
     back = wire.decode(wire.encode(msg, TOKEN), TOKEN)
     assert back == msg and type(back) is type(msg)
@@ -52,16 +63,20 @@ def test_a_nan_in_a_step_record_survives():
     assert math.isnan(back.record.modelled_s)
 
 
-@pytest.mark.parametrize("frame, why", [
-    (b"\x80\x04\x95garbage", "not JSON"),
-    (pickle.dumps(Stop()), "not JSON"),
-    (b'{"v": 1, "token": "' + TOKEN.encode() + b'", "type": "Stop", "body": {}}', "version"),  # the old one
-    (b'{"v": 2, "token": "nope", "type": "Stop", "body": {}}', "token"),
-    (b'{"v": 2, "type": "Stop", "body": {}}', "token"),
-    (b'{"v": 2, "token": "' + TOKEN.encode() + b'", "type": "Popen", "body": {}}', "unknown message type"),
-    (b'{"v": 2, "token": "' + TOKEN.encode() + b'", "type": "Stop", "body": {"cmd": "rm"}}', "no fields"),
-    (b'{"v": 2, "token": "' + TOKEN.encode() + b'", "type": "Serve", "body": {"rid": 1}}', "Serve"),
-    (b"[1, 2]", "envelope")])
+@pytest.mark.parametrize(
+    "frame, why",
+    [
+        (b"\x80\x04\x95garbage", "not JSON"),
+        (pickle.dumps(Stop()), "not JSON"),
+        (b'{"v": 1, "token": "' + TOKEN.encode() + b'", "type": "Stop", "body": {}}', "version"),  # the old one
+        (b'{"v": 2, "token": "nope", "type": "Stop", "body": {}}', "token"),
+        (b'{"v": 2, "type": "Stop", "body": {}}', "token"),
+        (b'{"v": 2, "token": "' + TOKEN.encode() + b'", "type": "Popen", "body": {}}', "unknown message type"),
+        (b'{"v": 2, "token": "' + TOKEN.encode() + b'", "type": "Stop", "body": {"cmd": "rm"}}', "no fields"),
+        (b'{"v": 2, "token": "' + TOKEN.encode() + b'", "type": "Serve", "body": {"rid": 1}}', "Serve"),
+        (b"[1, 2]", "envelope"),
+    ],
+)
 def test_a_frame_that_is_not_a_message_of_this_run_is_refused(frame, why):
     with pytest.raises(wire.BadMessage, match=why):
         wire.decode(frame, TOKEN)
@@ -91,6 +106,7 @@ def test_stray_connections_change_nothing_and_are_logged(tmp_path, caplog):
     stray.send(b'{"v": 2, "token": "guess", "type": "Stop", "body": {}}')
     good = Outbox(ctx, box.address, TOKEN, 0.5)
     good.put(Heartbeat(3, 1.0))
+
     def logged() -> list[str]:
         return [r.getMessage() for r in caplog.records if r.name == "testbed.control"]
 
@@ -136,18 +152,29 @@ def test_node_device_names_place_workers_on_torchrun_ranks():
     cluster = ClusterConfig(num_prefill=2, num_decode=2, prefill_devices=["0:0", "0:1"], decode_devices=["1:0", "1:1"])
     plans = plan_ranks("disagg", cluster, HardwareConfig(name="cpu"), world())
     assert [(p.rank, p.role, p.node) for p in plans] == [
-        (0, "prefill_only", 0), (1, "prefill_only", 0), (2, "decode_only", 1), (3, "decode_only", 1)]
-    default = plan_ranks("disagg", ClusterConfig(num_prefill=1, num_decode=1), HardwareConfig(name="cpu"),
-                         world(2, 1))
+        (0, "prefill_only", 0),
+        (1, "prefill_only", 0),
+        (2, "decode_only", 1),
+        (3, "decode_only", 1),
+    ]
+    default = plan_ranks("disagg", ClusterConfig(num_prefill=1, num_decode=1), HardwareConfig(name="cpu"), world(2, 1))
     assert [(p.role, p.node) for p in default] == [("prefill_only", 0), ("decode_only", 1)]
 
 
-@pytest.mark.parametrize("cluster, message", [
-    (ClusterConfig(num_prefill=1, num_decode=1), "places 2 workers, but torchrun started 4 ranks"),
-    (ClusterConfig(num_prefill=2, num_decode=2, prefill_devices=["0:0", "0:0"], decode_devices=["1:0", "1:1"]),
-     "twice"),
-    (ClusterConfig(num_prefill=2, num_decode=2, prefill_devices=["0:0", "0:1"], decode_devices=["2:0", "1:1"]),
-     "outside 2 nodes x 2 ranks")])
+@pytest.mark.parametrize(
+    "cluster, message",
+    [
+        (ClusterConfig(num_prefill=1, num_decode=1), "places 2 workers, but torchrun started 4 ranks"),
+        (
+            ClusterConfig(num_prefill=2, num_decode=2, prefill_devices=["0:0", "0:0"], decode_devices=["1:0", "1:1"]),
+            "twice",
+        ),
+        (
+            ClusterConfig(num_prefill=2, num_decode=2, prefill_devices=["0:0", "0:1"], decode_devices=["2:0", "1:1"]),
+            "outside 2 nodes x 2 ranks",
+        ),
+    ],
+)
 def test_a_layout_that_does_not_fill_the_ranks_is_one_line(cluster, message):
     with pytest.raises(ConfigError, match=message):
         plan_ranks("disagg", cluster, HardwareConfig(name="cpu"), world())
@@ -155,17 +182,27 @@ def test_a_layout_that_does_not_fill_the_ranks_is_one_line(cluster, message):
 
 def test_one_box_refuses_other_nodes_and_bad_device_names():
     with pytest.raises(ConfigError, match="torchrun"):
-        plan_on_this_box("disagg", ClusterConfig(prefill_devices=["0:0"], decode_devices=["1:0"]),
-                         HardwareConfig(name="cpu"))
+        plan_on_this_box(
+            "disagg", ClusterConfig(prefill_devices=["0:0"], decode_devices=["1:0"]), HardwareConfig(name="cpu")
+        )
     with pytest.raises(ConfigError, match="node:device"):
         ClusterConfig(prefill_devices=["gpu0"]).validate()
 
 
 def test_torchrun_environment_and_bind_address():
     assert torchrun_world({}) is None
-    env = {"TORCHELASTIC_RUN_ID": "x", "RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
-           "GROUP_RANK": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500",
-           "TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_RESTART_COUNT": "2"}
+    env = {
+        "TORCHELASTIC_RUN_ID": "x",
+        "RANK": "3",
+        "WORLD_SIZE": "4",
+        "LOCAL_RANK": "1",
+        "LOCAL_WORLD_SIZE": "2",
+        "GROUP_RANK": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "29500",
+        "TORCHELASTIC_USE_AGENT_STORE": "True",
+        "TORCHELASTIC_RESTART_COUNT": "2",
+    }
     w = torchrun_world(env)
     assert (w.rank, w.node, w.num_nodes, w.agent_store, w.node_of(2), w.scope) == (3, 1, 2, True, 1, "x-2")
     with pytest.raises(ConfigError, match="MASTER_PORT"):
@@ -192,21 +229,21 @@ def test_message_bench_compares_the_transports():
     from testbed.bench.messages import main
 
     results = main(["--messages", "20"])
-    assert set(results) == {"pipe + pickle (one box)", "zeromq + json (torchrun)", "tcpstore set/get",
-                            "gloo send/recv"}
+    assert set(results) == {"pipe + pickle (one box)", "zeromq + json (torchrun)", "tcpstore set/get", "gloo send/recv"}
     assert all(r["p99_us"] >= r["p50_us"] > 0 for r in results.values())
 
 
 def test_worker_times_from_another_host_come_back_on_rank_0s_clock():
-    from testbed.net.messages import KVSent
     from testbed.net import clocks
+    from testbed.net.messages import KVSent
 
     # the worker's clock runs 1000 s ahead; the quickest of three pings decides (100 us round trip)
     offset = clocks.estimate([(10.0, 1010.004, 10.010), (20.0, 1020.00005, 20.0001), (30.0, 1030.1, 30.3)])
     assert offset.rtt_s == pytest.approx(1e-4) and offset.seconds == pytest.approx(1000.0, abs=1e-4)
     ev = clocks.rebase(step_events(), offset.seconds)
     assert (ev.t, ev.sent, ev.record.start, ev.record.end) == pytest.approx(
-        (2.5 - offset.seconds, 2.6 - offset.seconds, 1.0 - offset.seconds, 2.0 - offset.seconds))
+        (2.5 - offset.seconds, 2.6 - offset.seconds, 1.0 - offset.seconds, 2.0 - offset.seconds)
+    )
     assert ev.record.forward_s == step_events().record.forward_s  # durations are not times
     sent = KVSent(7, 0, 1, 4096, 1005.0, 1005.5, 0.01)
     assert clocks.sender(sent) == 0 and clocks.rebase(sent, 1000.0).start == pytest.approx(5.0)

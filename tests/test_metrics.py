@@ -8,17 +8,42 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from testbed.metrics import (Event, MetricsConfig, RequestLog, SLOConfig, attainment_by_tenant, attainment_curve,
-                             capacity, decode_stalls, distribution, goodput, interference_ratio, json_safe,
-                             mark_warmup, pooled_itl, request_table, slo_attainment, summarize, tenant_slos,
-                             throughput, ttft_by_bucket)
+from testbed.metrics import (
+    Event,
+    MetricsConfig,
+    RequestLog,
+    SLOConfig,
+    attainment_by_tenant,
+    attainment_curve,
+    capacity,
+    decode_stalls,
+    distribution,
+    goodput,
+    interference_ratio,
+    json_safe,
+    mark_warmup,
+    pooled_itl,
+    request_table,
+    slo_attainment,
+    summarize,
+    tenant_slos,
+    throughput,
+    ttft_by_bucket,
+)
 
 T0 = 100.0
 
 
 def req(request_id, arrival_s, input_len=100, output_len=4, tenant="default"):
-    return SimpleNamespace(request_id=request_id, arrival_s=arrival_s, input_len=input_len, output_len=output_len,
-                           session_id=None, turn=0, tenant=tenant)
+    return SimpleNamespace(
+        request_id=request_id,
+        arrival_s=arrival_s,
+        input_len=input_len,
+        output_len=output_len,
+        session_id=None,
+        turn=0,
+        tenant=tenant,
+    )
 
 
 @pytest.fixture
@@ -110,11 +135,13 @@ def test_attainment_curve_scales_both_slos(log):
 
 
 def test_tenant_slos_override():
-    t = request_table([
-        {"request_id": 0, "arrival_s": 0.0, "tenant": "chat", "token_times": [0.5, 0.6]},
-        {"request_id": 1, "arrival_s": 0.0, "tenant": "batch", "token_times": [3.0, 3.5]},
-        {"request_id": 2, "arrival_s": 0.0, "tenant": "batch", "token_times": [5.0, 5.1]},
-    ])
+    t = request_table(
+        [
+            {"request_id": 0, "arrival_s": 0.0, "tenant": "chat", "token_times": [0.5, 0.6]},
+            {"request_id": 1, "arrival_s": 0.0, "tenant": "batch", "token_times": [3.0, 3.5]},
+            {"request_id": 2, "arrival_s": 0.0, "tenant": "batch", "token_times": [5.0, 5.1]},
+        ]
+    )
     slo = SLOConfig(ttft_s=1.0, tpot_s=0.2)
     tenants = tenant_slos([SimpleNamespace(name="batch", ttft_s=4.0, tpot_s=None)], slo)
     assert tenants["batch"] == SLOConfig(ttft_s=4.0, tpot_s=0.2)
@@ -161,8 +188,12 @@ def test_interference_and_stalls():
 
 
 def test_ttft_by_input_bucket():
-    t = request_table([{"request_id": i, "arrival_s": 0.0, "input_len": n, "token_times": [ttft]}
-                       for i, (n, ttft) in enumerate([(100, 0.1), (1023, 0.3), (1024, 1.0), (5000, 2.0), (20000, 8.0)])])
+    t = request_table(
+        [
+            {"request_id": i, "arrival_s": 0.0, "input_len": n, "token_times": [ttft]}
+            for i, (n, ttft) in enumerate([(100, 0.1), (1023, 0.3), (1024, 1.0), (5000, 2.0), (20000, 8.0)])
+        ]
+    )
     buckets = ttft_by_bucket(t)
     assert buckets["0-1K"]["count"] == 2 and buckets["0-1K"]["mean"] == pytest.approx(0.2)
     assert buckets["1K-4K"]["count"] == 1 and buckets["1K-4K"]["max"] == pytest.approx(1.0)
@@ -205,10 +236,17 @@ def test_summarize(log):
 
 
 def test_summarize_with_warmup_steps_and_transfers(log):
-    steps = pd.DataFrame({"role": ["prefill", "decode", "decode"], "start_s": [0.0, 0.0, 1.0],
-                          "end_s": [0.5, 0.1, 1.3], "batched_tokens": [100, 2, 4]})
-    transfers = pd.DataFrame({"request_id": [0, 0], "kv_bytes": [600.0, 400.0], "start_s": [0.5, 0.6],
-                              "end_s": [0.6, 0.7]})
+    steps = pd.DataFrame(
+        {
+            "role": ["prefill", "decode", "decode"],
+            "start_s": [0.0, 0.0, 1.0],
+            "end_s": [0.5, 0.1, 1.3],
+            "batched_tokens": [100, 2, 4],
+        }
+    )
+    transfers = pd.DataFrame(
+        {"request_id": [0, 0], "kv_bytes": [600.0, 400.0], "start_s": [0.5, 0.6], "end_s": [0.6, 0.7]}
+    )
     s = summarize(log.table(), steps, transfers, slo=SLOConfig(), metrics=MetricsConfig(warmup_requests=1))
     assert s["warmup_excluded"] == 1 and s["num_requests"]["ok"] == 1
     assert s["steps_by_role"] == {"decode": 2, "prefill": 1}
@@ -224,5 +262,8 @@ def test_summarize_empty_table_does_not_crash():
 
 
 def test_json_safe():
-    assert json_safe({"a": np.float32(1.5), "b": float("nan"), 3: (np.int64(2), float("inf"))}) == \
-        {"a": 1.5, "b": None, "3": [2, None]}
+    assert json_safe({"a": np.float32(1.5), "b": float("nan"), 3: (np.int64(2), float("inf"))}) == {
+        "a": 1.5,
+        "b": None,
+        "3": [2, None],
+    }

@@ -15,8 +15,9 @@ RTOL = 1e-4
 # tiny with grouped-query attention (4 heads, 2 KV heads) plus a variant with q/k/v biases and tied embeddings
 ARGS = {
     "tiny": dataclasses.replace(PRESETS["tiny"], max_model_len=80),
-    "qwen_like": dataclasses.replace(PRESETS["tiny"], max_model_len=80, qkv_bias=True, tie_embeddings=True,
-                                     num_kv_heads=1),
+    "qwen_like": dataclasses.replace(
+        PRESETS["tiny"], max_model_len=80, qkv_bias=True, tie_embeddings=True, num_kv_heads=1
+    ),
 }
 
 
@@ -48,7 +49,7 @@ def drive(model, runner, scheduler, arrivals=None):
         for (seq, n), token in zip(batch.items, sampled):
             if token is None:
                 continue
-            ref = model.dense_forward(torch.tensor(seq.token_ids[:seq.num_computed_tokens + n]))[-1]
+            ref = model.dense_forward(torch.tensor(seq.token_ids[: seq.num_computed_tokens + n]))[-1]
             assert_close(next(rows), ref)
             checked += 1
         scheduler.postprocess(batch, sampled)
@@ -78,8 +79,11 @@ def test_chunked_prefill_then_20_decodes(chunk):
 @pytest.mark.parametrize("name", list(ARGS))
 def test_mixed_batch_of_sequences_at_different_stages(name):
     model, runner, sched = make(ARGS[name], "chunked", chunk_size=24, max_running=6)
-    arrivals = {0: [Sequence(0, prompt(50, 1), 20), Sequence(1, prompt(3, 2), 20)],
-                2: [Sequence(2, prompt(33, 3), 12)], 5: [Sequence(3, prompt(1, 4), 20), Sequence(4, prompt(60, 5), 5)]}
+    arrivals = {
+        0: [Sequence(0, prompt(50, 1), 20), Sequence(1, prompt(3, 2), 20)],
+        2: [Sequence(2, prompt(33, 3), 12)],
+        5: [Sequence(3, prompt(1, 4), 20), Sequence(4, prompt(60, 5), 5)],
+    }
     assert drive(model, runner, sched, arrivals) == 20 + 20 + 12 + 20 + 5
 
 
@@ -103,7 +107,13 @@ def test_prefix_cache_hits_share_blocks_and_keep_logits_exact():
 def test_equal_fresh_prompts_batched_beside_decodes_keep_logits_exact(name):
     # three 25-token prompts go through one causal SDPA, beside a 12-token prompt and a decode
     model, runner, sched = make(ARGS[name], "colocated", max_batched_tokens=512, max_running=8)
-    arrivals = {0: [Sequence(0, prompt(30, 1), 10)],
-                3: [Sequence(1, prompt(25, 2), 6), Sequence(2, prompt(25, 3), 6), Sequence(3, prompt(25, 4), 6),
-                    Sequence(4, prompt(12, 5), 6)]}
+    arrivals = {
+        0: [Sequence(0, prompt(30, 1), 10)],
+        3: [
+            Sequence(1, prompt(25, 2), 6),
+            Sequence(2, prompt(25, 3), 6),
+            Sequence(3, prompt(25, 4), 6),
+            Sequence(4, prompt(12, 5), 6),
+        ],
+    }
     assert drive(model, runner, sched, arrivals) == 10 + 4 * 6

@@ -45,8 +45,9 @@ def execute(notebook: Path, results_dir: Path) -> dict:
     # the same free port (jupyter_client frees the ports it probed before the kernel binds them)
     with tempfile.TemporaryDirectory(prefix="nb-") as sockets:
         km = KernelManager(kernel_name="python3", transport="ipc", ip=os.path.join(sockets, "kernel"))
-        client = nbclient.NotebookClient(nb, km=km, timeout=300, kernel_name="python3",
-                                         resources={"metadata": {"path": str(NOTEBOOKS)}})
+        client = nbclient.NotebookClient(
+            nb, km=km, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOKS)}}
+        )
         client.execute(env=env)
     return printed_json(nb.cells[-1])
 
@@ -99,7 +100,12 @@ def test_every_committed_notebook_shows_its_figures():
     page without running anything."""
     for notebook in sorted(NOTEBOOKS.glob("*.ipynb")):
         nb = json.loads(notebook.read_text())
-        images = [o for c in nb["cells"] if c["cell_type"] == "code" for o in c.get("outputs", [])
-                  if "image/png" in o.get("data", {})]
+        images = [
+            o
+            for c in nb["cells"]
+            if c["cell_type"] == "code"
+            for o in c.get("outputs", [])
+            if "image/png" in o.get("data", {})
+        ]
         assert images, f"{notebook.name} has no rendered figure: run python -m analysis.render {notebook.stem}"
         assert nb["metadata"]["rendered_from"].startswith(f"python -m analysis.render {notebook.stem}")

@@ -33,12 +33,15 @@ def nan_or(value):
 
 # ---- latency splits -----------------------------------------------------------------------------
 
+
 def test_ttft_by_tenant():
-    table = request_table([
-        {"request_id": 0, "arrival_s": 0.0, "tenant": "chat", "token_times": [0.1, 0.2]},
-        {"request_id": 1, "arrival_s": 1.0, "tenant": "chat", "token_times": [1.3]},
-        {"request_id": 2, "arrival_s": 2.0, "tenant": "batch", "token_times": [3.0, 3.5]},
-    ])
+    table = request_table(
+        [
+            {"request_id": 0, "arrival_s": 0.0, "tenant": "chat", "token_times": [0.1, 0.2]},
+            {"request_id": 1, "arrival_s": 1.0, "tenant": "chat", "token_times": [1.3]},
+            {"request_id": 2, "arrival_s": 2.0, "tenant": "batch", "token_times": [3.0, 3.5]},
+        ]
+    )
     split = ttft_by_tenant(table)
     assert list(split) == ["batch", "chat"]
     assert split["batch"]["count"] == 1 and split["batch"]["p50"] == pytest.approx(1.0)
@@ -52,8 +55,12 @@ def _evenly(n: int, gap: float, start: float = 1.0) -> list[float]:
 
 def test_tpot_and_itl_by_output_bucket():
     shapes = [(127, 0.01), (128, 0.02), (600, 0.03), (2048, 0.04), (5, 0.05)]  # (tokens, gap)
-    table = request_table([{"request_id": i, "arrival_s": 0.0, "output_len": n, "token_times": _evenly(n, gap)}
-                           for i, (n, gap) in enumerate(shapes)])
+    table = request_table(
+        [
+            {"request_id": i, "arrival_s": 0.0, "output_len": n, "token_times": _evenly(n, gap)}
+            for i, (n, gap) in enumerate(shapes)
+        ]
+    )
     split = by_output_bucket(table)
     tpot, itl = split["tpot_by_output_bucket"], split["itl_by_output_bucket"]
     assert list(tpot) == list(itl) == list(OUTPUT_BUCKETS) == ["0-128", "128-512", "512-2K", "2K+"]
@@ -68,29 +75,52 @@ def test_tpot_and_itl_by_output_bucket():
 
 # ---- the running batch at each token ------------------------------------------------------------
 
+
 def _step(worker, start, end, decodes=0, chunks=(), role="decode_only"):
-    return {"worker": worker, "role": role, "start_s": start, "end_s": end, "decode_seqs": decodes,
-            "prefill_tokens": sum(n for n, _ in chunks), "prefill_chunks": chunks}
+    return {
+        "worker": worker,
+        "role": role,
+        "start_s": start,
+        "end_s": end,
+        "decode_seqs": decodes,
+        "prefill_tokens": sum(n for n, _ in chunks),
+        "prefill_chunks": chunks,
+    }
 
 
 # P (worker 0) prefills; D (worker 1) decodes. A token is stamped by its worker after its step
 # ended and before the worker's next step started.
-STEPS = pd.DataFrame([
-    _step(0, 0.0, 0.1, chunks=((50, 0), (50, 0)), role="prefill_only"),  # 2 sequences
-    _step(1, 0.15, 0.2, decodes=1),
-    _step(0, 0.3, 0.4, chunks=((30, 0),), role="prefill_only"),  # 1 sequence
-    _step(1, 0.2, 0.25, decodes=2),  # rows out of time order: the join sorts a worker's steps
-    _step(1, 0.45, 0.5, decodes=2, chunks=((8, 16),)),  # 3 sequences (an append beside 2 decodes)
-])
+STEPS = pd.DataFrame(
+    [
+        _step(0, 0.0, 0.1, chunks=((50, 0), (50, 0)), role="prefill_only"),  # 2 sequences
+        _step(1, 0.15, 0.2, decodes=1),
+        _step(0, 0.3, 0.4, chunks=((30, 0),), role="prefill_only"),  # 1 sequence
+        _step(1, 0.2, 0.25, decodes=2),  # rows out of time order: the join sorts a worker's steps
+        _step(1, 0.45, 0.5, decodes=2, chunks=((8, 16),)),  # 3 sequences (an append beside 2 decodes)
+    ]
+)
 
 
 def _batch_requests():
-    worker = {0: [0.1005, 0.2, 0.25, 0.5],  # A: a stamp a little after its step's end
-              1: [0.1, 0.25, 0.5],  # B
-              2: [0.35]}  # C: stamped inside P's second step: no step of P fits it
-    return request_table([{"request_id": rid, "arrival_s": 0.0, "prefill_worker": 0, "decode_worker": 1,
-                           "output_len": len(times), "token_worker_times": times,
-                           "token_times": [t + 0.01 for t in times]} for rid, times in worker.items()])
+    worker = {
+        0: [0.1005, 0.2, 0.25, 0.5],  # A: a stamp a little after its step's end
+        1: [0.1, 0.25, 0.5],  # B
+        2: [0.35],
+    }  # C: stamped inside P's second step: no step of P fits it
+    return request_table(
+        [
+            {
+                "request_id": rid,
+                "arrival_s": 0.0,
+                "prefill_worker": 0,
+                "decode_worker": 1,
+                "output_len": len(times),
+                "token_worker_times": times,
+                "token_times": [t + 0.01 for t in times],
+            }
+            for rid, times in worker.items()
+        ]
+    )
 
 
 def test_each_token_gets_the_batch_of_the_step_that_produced_it():
@@ -120,18 +150,38 @@ def test_tpot_and_itl_by_concurrency():
 
 # ---- KV pool occupancy and prefix hit rate per step, per worker ---------------------------------
 
+
 def _record(start, prefill=0, decodes=0, used=0, total=20, hits=0):
-    return StepRecord(start=start, end=start + 0.01, role="chunked", prefill_tokens=prefill, decode_seqs=decodes,
-                      batched_tokens=prefill + decodes, kv_blocks_used=used, num_waiting=0, num_running=decodes,
-                      schedule_s=0.0, prepare_s=0.0, forward_s=0.01, sample_s=0.0, postprocess_s=0.0,
-                      kv_blocks_total=total, prefix_hit_tokens=hits)
+    return StepRecord(
+        start=start,
+        end=start + 0.01,
+        role="chunked",
+        prefill_tokens=prefill,
+        decode_seqs=decodes,
+        batched_tokens=prefill + decodes,
+        kv_blocks_used=used,
+        num_waiting=0,
+        num_running=decodes,
+        schedule_s=0.0,
+        prepare_s=0.0,
+        forward_s=0.01,
+        sample_s=0.0,
+        postprocess_s=0.0,
+        kv_blocks_total=total,
+        prefix_hit_tokens=hits,
+    )
 
 
 def _pool_steps():
-    return steps_table([(0, _record(10.0, prefill=60, used=5, hits=40)),
-                        (0, _record(10.1, decodes=3, used=10)),
-                        (1, _record(10.1, prefill=100, used=1, total=0)),  # a pool of unknown size
-                        (0, _record(10.2, prefill=30, decodes=2, used=15, hits=90))], 10.0)
+    return steps_table(
+        [
+            (0, _record(10.0, prefill=60, used=5, hits=40)),
+            (0, _record(10.1, decodes=3, used=10)),
+            (1, _record(10.1, prefill=100, used=1, total=0)),  # a pool of unknown size
+            (0, _record(10.2, prefill=30, decodes=2, used=15, hits=90)),
+        ],
+        10.0,
+    )
 
 
 def test_steps_table_has_occupancy_and_hit_rate_per_step():
@@ -158,18 +208,37 @@ def test_occupancy_and_hit_rate_p50_p99_per_worker():
 
 # ---- telemetry: counters and utilisation from a synthetic table ---------------------------------
 
+
 def _telemetry() -> pd.DataFrame:
     rows = []
     columns = {  # per GPU: four samples, t = 0..3
-        0: {"energy_mj": [1000, 3000, 5000, 9000], "nvlink_tx_kib": [0, 100, 300, 300], "nvlink_rx_kib": [0] * 4,
-            "util_pct": [10, 20, 30, 40], "mem_util_pct": [5, 5, 5, 5], "sm_util_pct": [NAN, 40, 60, 80],
-            "dram_bw_util_pct": [NAN, 10, 20, 30]},
-        1: {"energy_mj": [500, 1500, 100, 600],  # the counter was reset between t=1 and t=2
-            "nvlink_tx_kib": [10] * 4, "nvlink_rx_kib": [0, 100, 250, 300], "util_pct": [50, 50, NAN, 70],
-            "mem_util_pct": [60, 70, 80, 90], "sm_util_pct": [NAN] * 4, "dram_bw_util_pct": [NAN] * 4},
-        2: {"energy_mj": [0, 1e9, 2e9, 3e9], "nvlink_tx_kib": [0, 1e9, 2e9, 3e9], "nvlink_rx_kib": [0] * 4,
-            "util_pct": [100] * 4, "mem_util_pct": [100] * 4, "sm_util_pct": [100] * 4,
-            "dram_bw_util_pct": [100] * 4},  # a GPU no worker of the point uses
+        0: {
+            "energy_mj": [1000, 3000, 5000, 9000],
+            "nvlink_tx_kib": [0, 100, 300, 300],
+            "nvlink_rx_kib": [0] * 4,
+            "util_pct": [10, 20, 30, 40],
+            "mem_util_pct": [5, 5, 5, 5],
+            "sm_util_pct": [NAN, 40, 60, 80],
+            "dram_bw_util_pct": [NAN, 10, 20, 30],
+        },
+        1: {
+            "energy_mj": [500, 1500, 100, 600],  # the counter was reset between t=1 and t=2
+            "nvlink_tx_kib": [10] * 4,
+            "nvlink_rx_kib": [0, 100, 250, 300],
+            "util_pct": [50, 50, NAN, 70],
+            "mem_util_pct": [60, 70, 80, 90],
+            "sm_util_pct": [NAN] * 4,
+            "dram_bw_util_pct": [NAN] * 4,
+        },
+        2: {
+            "energy_mj": [0, 1e9, 2e9, 3e9],
+            "nvlink_tx_kib": [0, 1e9, 2e9, 3e9],
+            "nvlink_rx_kib": [0] * 4,
+            "util_pct": [100] * 4,
+            "mem_util_pct": [100] * 4,
+            "sm_util_pct": [100] * 4,
+            "dram_bw_util_pct": [100] * 4,
+        },  # a GPU no worker of the point uses
     }
     for gpu, values in columns.items():
         for i in reversed(range(4)):  # out of time order: the figures sort by t_s
@@ -197,8 +266,12 @@ def test_energy_nvlink_and_utilisation_per_role():
     assert t["energy_per_output_token_j"] == pytest.approx(9.5 / 19)
     assert t["nvlink_tx_bytes"] == 300 * 1024 and t["nvlink_rx_bytes"] == 300 * 1024
     p, d = t["by_role"]["prefill_only"], t["by_role"]["decode_only"]
-    assert (p["util_pct_mean"], p["mem_util_pct_mean"], p["sm_util_pct_mean"], p["dram_bw_util_pct_mean"]) == \
-        pytest.approx((25.0, 5.0, 60.0, 20.0))
+    assert (
+        p["util_pct_mean"],
+        p["mem_util_pct_mean"],
+        p["sm_util_pct_mean"],
+        p["dram_bw_util_pct_mean"],
+    ) == pytest.approx((25.0, 5.0, 60.0, 20.0))
     assert d["util_pct_mean"] == pytest.approx(170 / 3) and d["mem_util_pct_mean"] == pytest.approx(75.0)
     assert d["sm_util_pct_mean"] is None  # no GPM on that GPU: absent, not zero
     assert (p["energy_j"], d["energy_j"]) == pytest.approx((8.0, 1.5))
@@ -214,9 +287,11 @@ def test_a_gpu_without_a_counter_leaves_the_total_unknown():
 
 
 def test_without_nvml_every_figure_is_none_beside_the_marker():
-    for telemetry, roles, reason in ((None, {}, NOT_RECORDED),
-                                     (_telemetry(), {}, "no GPU among the point's workers"),
-                                     (None, {0: "prefill_only"}, NOT_RECORDED)):
+    for telemetry, roles, reason in (
+        (None, {}, NOT_RECORDED),
+        (_telemetry(), {}, "no GPU among the point's workers"),
+        (None, {0: "prefill_only"}, NOT_RECORDED),
+    ):
         t = telemetry_summary(telemetry, roles, output_tokens=10)
         assert t["available"] is False and t["reason"] == reason
         assert all(t[key] is None for key in ("energy_j", "energy_per_output_token_j", "nvlink_tx_bytes"))
@@ -224,8 +299,18 @@ def test_without_nvml_every_figure_is_none_beside_the_marker():
 
 
 def _served():
-    return request_table([{"request_id": i, "arrival_s": 0.1 * i, "input_len": 10, "output_len": 4,
-                           "token_times": _evenly(4, 0.01, 0.1 * i + 0.05)} for i in range(5)])
+    return request_table(
+        [
+            {
+                "request_id": i,
+                "arrival_s": 0.1 * i,
+                "input_len": 10,
+                "output_len": 4,
+                "token_times": _evenly(4, 0.01, 0.1 * i + 0.05),
+            }
+            for i in range(5)
+        ]
+    )
 
 
 def test_summary_and_sweep_row_carry_the_telemetry():
@@ -236,8 +321,14 @@ def test_summary_and_sweep_row_carry_the_telemetry():
     row = flatten(summary)
     assert row["telemetry_available"] == 1.0 and row["kv_transfer_nvlink_rx_bytes"] == 300 * 1024
     assert row["telemetry_by_role_decode_only_util_pct_mean"] == pytest.approx(170 / 3)
-    for key in ("ttft_by_tenant_default_p99", "tpot_by_output_bucket_0-128_p99", "itl_by_output_bucket_2K+_count",
-                "itl_by_concurrency_1_count", "tpot_by_concurrency_65+_p50", "concurrency_tokens_unjoined"):
+    for key in (
+        "ttft_by_tenant_default_p99",
+        "tpot_by_output_bucket_0-128_p99",
+        "itl_by_output_bucket_2K+_count",
+        "itl_by_concurrency_1_count",
+        "tpot_by_concurrency_65+_p50",
+        "concurrency_tokens_unjoined",
+    ):
         assert key in row, key
 
 
@@ -253,6 +344,7 @@ def test_on_cpu_the_summary_says_telemetry_is_absent():
 
 # ---- telemetry: the sampler against a fake NVML -------------------------------------------------
 
+
 def _fake_nvml(gpm: bool):
     nvml = types.ModuleType("pynvml")
 
@@ -267,25 +359,35 @@ def _fake_nvml(gpm: bool):
 
     def field_values(h, fields):
         reads[h] += 1
-        return [types.SimpleNamespace(nvmlReturn=0, value=types.SimpleNamespace(ullVal=100 * reads[h] + (f == 139)))
-                for f, _ in fields]
+        return [
+            types.SimpleNamespace(nvmlReturn=0, value=types.SimpleNamespace(ullVal=100 * reads[h] + (f == 139)))
+            for f, _ in fields
+        ]
 
     nvml.__dict__.update(
-        NVMLError=NVMLError, NVML_SUCCESS=0, NVML_CLOCK_SM=1,
-        NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX=138, NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX=139,
+        NVMLError=NVMLError,
+        NVML_SUCCESS=0,
+        NVML_CLOCK_SM=1,
+        NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX=138,
+        NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX=139,
         nvmlShutdown=lambda: None,
         nvmlDeviceGetUtilizationRates=lambda h: types.SimpleNamespace(gpu=70, memory=35),
         nvmlDeviceGetMemoryInfo=lambda h: types.SimpleNamespace(used=1 << 30),
-        nvmlDeviceGetPowerUsage=lambda h: 300_000, nvmlDeviceGetClockInfo=lambda h, clock: 1980,
-        nvmlDeviceGetTotalEnergyConsumption=total_energy, nvmlDeviceGetFieldValues=field_values)
+        nvmlDeviceGetPowerUsage=lambda h: 300_000,
+        nvmlDeviceGetClockInfo=lambda h, clock: 1980,
+        nvmlDeviceGetTotalEnergyConsumption=total_energy,
+        nvmlDeviceGetFieldValues=field_values,
+    )
     if gpm:
         pynvml = pytest.importorskip("pynvml")
         samples = []
 
         def metrics_get(request):
             assert request.version == pynvml.NVML_GPM_METRICS_GET_VERSION and request.numMetrics == 2
-            assert [request.metrics[i].metricId for i in range(2)] == [pynvml.NVML_GPM_METRIC_SM_UTIL,
-                                                                       pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL]
+            assert [request.metrics[i].metricId for i in range(2)] == [
+                pynvml.NVML_GPM_METRIC_SM_UTIL,
+                pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL,
+            ]
             request.metrics[0].value, request.metrics[1].value = 61.5, 23.25
             request.metrics[1].nvmlReturn = 0
             return request
@@ -297,8 +399,10 @@ def _fake_nvml(gpm: bool):
             NVML_GPM_METRIC_DRAM_BW_UTIL=pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL,
             nvmlGpmQueryDeviceSupport=lambda h: types.SimpleNamespace(isSupportedDevice=1),
             nvmlGpmSampleAlloc=lambda: samples.append(pynvml.c_nvmlGpmSample_t()) or samples[-1],
-            nvmlGpmSampleGet=lambda h, sample: sample, nvmlGpmMetricsGet=metrics_get,
-            nvmlGpmSampleFree=lambda sample: samples.remove(sample))
+            nvmlGpmSampleGet=lambda h, sample: sample,
+            nvmlGpmMetricsGet=metrics_get,
+            nvmlGpmSampleFree=lambda sample: samples.remove(sample),
+        )
         nvml.samples = samples
     return nvml
 
@@ -341,10 +445,17 @@ def test_a_binding_without_the_energy_call_gives_nan():
 
 # ---- the simulator and a real CPU cluster fill the new columns ----------------------------------
 
-SIM_LAYOUTS = {"chunked": ["mode=chunked", "cluster.num_workers=2"],
-               # D prefills later turns itself (PPD): their tokens come from D alone
-               "disagg-ppd": ["mode=disagg", "cluster.num_prefill=1", "cluster.num_decode=2",
-                              "cluster.dispatch=session_affinity", "kv_transfer.multiturn=ppd"]}
+SIM_LAYOUTS = {
+    "chunked": ["mode=chunked", "cluster.num_workers=2"],
+    # D prefills later turns itself (PPD): their tokens come from D alone
+    "disagg-ppd": [
+        "mode=disagg",
+        "cluster.num_prefill=1",
+        "cluster.num_decode=2",
+        "cluster.dispatch=session_affinity",
+        "kv_transfer.multiturn=ppd",
+    ],
+}
 
 
 @pytest.mark.parametrize("layout", list(SIM_LAYOUTS))
@@ -353,9 +464,18 @@ def test_the_simulator_fills_pool_and_prefix_columns_and_joins_every_token(layou
     from tests.cluster_helpers import make_config
     from tests.test_sim import PROFILE
 
-    result = simulate(make_config("workload=multiturn", "workload.num_requests=24", "workload.rate=50",
-                                  "workload.think_time_s=0.01", "engine.enable_prefix_caching=true",
-                                  "hardware=cpu", *SIM_LAYOUTS[layout]), PROFILE)
+    result = simulate(
+        make_config(
+            "workload=multiturn",
+            "workload.num_requests=24",
+            "workload.rate=50",
+            "workload.think_time_s=0.01",
+            "engine.enable_prefix_caching=true",
+            "hardware=cpu",
+            *SIM_LAYOUTS[layout],
+        ),
+        PROFILE,
+    )
     steps, requests, summary = result["steps"], result["requests"], result["summary"]
     assert (requests.status == "ok").all()
     assert layout != "disagg-ppd" or (requests.prefilled_on == "decode").any()
@@ -387,9 +507,18 @@ def test_a_real_disagg_run_fills_the_columns_and_joins_every_token(tmp_path):
 
 # ---- GPUs: NVML sees the run ---------------------------------------------------------------------
 
-GPU_RUN = ["workload.num_requests=16", "workload.rate=20", "model.max_model_len=2048", "engine.num_kv_blocks=512",
-           "workload.input_len.min=1000", "workload.input_len.max=1800", "workload.output_len.min=4",
-           "workload.output_len.max=8", "hardware=gpu", "model.dtype=float32"]
+GPU_RUN = [
+    "workload.num_requests=16",
+    "workload.rate=20",
+    "model.max_model_len=2048",
+    "engine.num_kv_blocks=512",
+    "workload.input_len.min=1000",
+    "workload.input_len.max=1800",
+    "workload.output_len.min=4",
+    "workload.output_len.max=8",
+    "hardware=gpu",
+    "model.dtype=float32",
+]
 
 
 def _skip_without_nvml():
@@ -404,8 +533,9 @@ def test_telemetry_of_a_gpu_run(tmp_path):
     from tests.cluster_helpers import make_config
 
     _skip_without_nvml()
-    summary = serve(make_config(*GPU_RUN, "mode=colocated", "cluster.num_workers=1"), tmp_path,
-                    progress=False)["summary"]
+    summary = serve(make_config(*GPU_RUN, "mode=colocated", "cluster.num_workers=1"), tmp_path, progress=False)[
+        "summary"
+    ]
     t = summary["telemetry"]
     assert t["available"] is True and t["gpus"] == 1 and t["samples"] > 0
     assert t["by_role"]["colocated"]["util_pct_mean"] is not None
@@ -420,8 +550,9 @@ def test_nvlink_bytes_cover_the_kv_bytes_of_a_1p1d_run(tmp_path):
     from tests.cluster_helpers import make_config
 
     _skip_without_nvml()
-    result = serve(make_config(*GPU_RUN, "mode=disagg", "cluster.num_prefill=1", "cluster.num_decode=1"), tmp_path,
-                   progress=False)
+    result = serve(
+        make_config(*GPU_RUN, "mode=disagg", "cluster.num_prefill=1", "cluster.num_decode=1"), tmp_path, progress=False
+    )
     kv = result["summary"]["kv_transfer"]
     if kv["nvlink_tx_bytes"] is None:
         pytest.skip("no NVLink counters between these GPUs (PCIe, or the driver lacks the fields)")

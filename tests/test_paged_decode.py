@@ -20,8 +20,9 @@ NAN = float("nan")
 TOL = {torch.float32: 1e-4, torch.bfloat16: 2e-2}  # bf16: inputs, p and the output rounded to 8 bits
 
 
-def make_case(lens, block_size, group, dtype, kv_heads=2, dim=64, device="cpu", seed=0, num_blocks=None,
-              block_major=False):
+def make_case(
+    lens, block_size, group, dtype, kv_heads=2, dim=64, device="cpu", seed=0, num_blocks=None, block_major=False
+):
     """Caches whose blocks are handed out shuffled; block 0 (where padded table entries point) and
     the slots past each sequence's last token hold NaN, which the kernel must never read. block_major:
     the caches are layer 1's views of a (blocks, 3 layers, 2, block_size, Hkv, D) pool, as the engine's."""
@@ -66,19 +67,31 @@ def check(out, ref, dtype):
 
 # name -> (make_case arguments, paged_decode arguments). Lengths off block multiples, one token, one
 # that ends a block early; then splits over the KV length (some empty), kv_len 0 and head_dim 40
-CASES = {
-    f"{str(dtype).removeprefix('torch.')}-block{bs}-group{g}":
-        (dict(lens=[1, bs + 5, 2 * bs - 3], block_size=bs, group=g, dtype=dtype), {})
-    for dtype in (torch.float32, torch.bfloat16) for bs in (16, 256) for g in (1, 4, 3)
-} | {
-    f"splits{s}-empty-dim40": (dict(lens=[0, 1, 37, 150], block_size=16, group=3, dtype=torch.float32, dim=40),
-                               dict(scale=0.3, num_splits=s))
-    for s in (1, 2, 5)
-} | {
-    f"block-major-{str(dtype).removeprefix('torch.')}": (
-        dict(lens=[1, 21, 29], block_size=16, group=3, dtype=dtype, block_major=True), {})
-    for dtype in (torch.float32, torch.bfloat16)
-}
+CASES = (
+    {
+        f"{str(dtype).removeprefix('torch.')}-block{bs}-group{g}": (
+            dict(lens=[1, bs + 5, 2 * bs - 3], block_size=bs, group=g, dtype=dtype),
+            {},
+        )
+        for dtype in (torch.float32, torch.bfloat16)
+        for bs in (16, 256)
+        for g in (1, 4, 3)
+    }
+    | {
+        f"splits{s}-empty-dim40": (
+            dict(lens=[0, 1, 37, 150], block_size=16, group=3, dtype=torch.float32, dim=40),
+            dict(scale=0.3, num_splits=s),
+        )
+        for s in (1, 2, 5)
+    }
+    | {
+        f"block-major-{str(dtype).removeprefix('torch.')}": (
+            dict(lens=[1, 21, 29], block_size=16, group=3, dtype=dtype, block_major=True),
+            {},
+        )
+        for dtype in (torch.float32, torch.bfloat16)
+    }
+)
 
 
 def run_cases(path=None):
@@ -119,8 +132,14 @@ def outputs(tmp_path_factory):
         return run_cases()
     path = tmp_path_factory.mktemp("paged_decode") / "outputs.pt"
     code = f"from tests.test_paged_decode import run_cases; run_cases({str(path)!r})"
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**os.environ, "TRITON_INTERPRET": "1"},
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env={**os.environ, "TRITON_INTERPRET": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return torch.load(path)
 

@@ -167,16 +167,28 @@ def test_decode_on_h200_beats_decode_on_h100():
 
 def test_an_analytical_pool_comes_from_the_gpu_memory():
     # no engine.num_kv_blocks; prefix caching keeps the whole pool (cached blocks outlive their requests)
-    cfg = make_config(*small_workload(4, 4.0)[:-1], "model=llama3_8b", "mode=disagg", "engine.enable_prefix_caching=true",
-                      "sim.prefill_profile=h100_sxm", "sim.decode_profile=h200")
+    cfg = make_config(
+        *small_workload(4, 4.0)[:-1],
+        "model=llama3_8b",
+        "mode=disagg",
+        "engine.enable_prefix_caching=true",
+        "sim.prefill_profile=h100_sxm",
+        "sim.decode_profile=h200",
+    )
     sim = Simulation(cfg)
     block_bytes = LLAMA.kv_bytes_per_token * 2 * cfg.engine.block_size
     for worker, gpu in zip(sim.workers, ("h100_sxm", "h200")):
         pool = GPUS[gpu].memory_bytes * cfg.engine.gpu_memory_utilization - weight_params(LLAMA) * 2
         assert worker.block_manager.num_blocks == int(pool // block_bytes)
     with pytest.raises(ConfigError, match="do not fit"):
-        Simulation(make_config(*small_workload(4, 4.0)[:-1], "model=llama3_8b", "sim.profile=a100_40g",
-                               "engine.gpu_memory_utilization=0.3"))
+        Simulation(
+            make_config(
+                *small_workload(4, 4.0)[:-1],
+                "model=llama3_8b",
+                "sim.profile=a100_40g",
+                "engine.gpu_memory_utilization=0.3",
+            )
+        )
 
 
 def test_a_small_model_on_a_big_gpu_builds_only_the_blocks_it_can_use():
@@ -187,12 +199,19 @@ def test_a_small_model_on_a_big_gpu_builds_only_the_blocks_it_can_use():
     assert all(w.block_manager.num_blocks == cap for w in sim.workers)  # not the GPU's millions
     capped = simulate(cfg)
     peak = int(capped["steps"].kv_blocks_used.max())
-    explicit = simulate(make_config(*small_workload(20, 40.0)[:-1], "mode=disagg", "sim.profile=h100_sxm",
-                                    f"engine.num_kv_blocks={max(peak + 1, 17)}"))
+    explicit = simulate(
+        make_config(
+            *small_workload(20, 40.0)[:-1],
+            "mode=disagg",
+            "sim.profile=h100_sxm",
+            f"engine.num_kv_blocks={max(peak + 1, 17)}",
+        )
+    )
     pool = ["kv_blocks_total", "kv_occupancy"]  # what describes the pool's size itself
     for table in ("requests", "steps", "transfers"):  # a pool that never fills: its size changes nothing else
-        pd.testing.assert_frame_equal(capped[table].drop(columns=pool, errors="ignore"),
-                                      explicit[table].drop(columns=pool, errors="ignore"))
+        pd.testing.assert_frame_equal(
+            capped[table].drop(columns=pool, errors="ignore"), explicit[table].drop(columns=pool, errors="ignore")
+        )
 
 
 def test_a_measured_cpu_profile_cannot_pair_with_a_gpu():

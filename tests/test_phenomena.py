@@ -30,8 +30,14 @@ register_configs()
 
 pytestmark = pytest.mark.slow
 
-GPU_SIM = ["executor=sim", "sim.profile=h100_sxm", "model=llama3_8b", "hardware=cpu", "experiment.repeats=1",
-           "experiment.figures=false"]
+GPU_SIM = [
+    "executor=sim",
+    "sim.profile=h100_sxm",
+    "model=llama3_8b",
+    "hardware=cpu",
+    "experiment.repeats=1",
+    "experiment.figures=false",
+]
 LONG_PROMPTS = ["workload=poisson", "workload.input_len.dist=uniform", "workload.output_len.dist=uniform"]
 
 
@@ -52,10 +58,17 @@ def falls(values, slack: float = 0.0) -> bool:
 
 
 def test_interference_rises_with_prefill_length_only_where_phases_share_a_device(tmp_path):
-    result = simulate("interference", tmp_path, "hardware.num_devices=2", "experiment.prefill_lengths=[512,2048,8192]",
-                      "workload.num_requests=6")
-    inflation = {label: {int(k): v["inflation"] for k, v in lengths.items() if k != "0"}
-                 for label, lengths in result["aggregate"]["interference"].items()}
+    result = simulate(
+        "interference",
+        tmp_path,
+        "hardware.num_devices=2",
+        "experiment.prefill_lengths=[512,2048,8192]",
+        "workload.num_requests=6",
+    )
+    inflation = {
+        label: {int(k): v["inflation"] for k, v in lengths.items() if k != "0"}
+        for label, lengths in result["aggregate"]["interference"].items()
+    }
     colocated = [inflation["colocated"][n] for n in (512, 2048, 8192)]
     assert colocated[0] < colocated[1] < colocated[2] and colocated[0] > 1.5, inflation
     assert inflation["chunked"][8192] < inflation["colocated"][8192], inflation
@@ -70,10 +83,21 @@ def test_chunk_budget_trades_ttft_for_itl(tmp_path):
 
 
 def test_rate_sweep_disaggregation_wins_goodput_at_a_tight_tpot_with_long_prompts(tmp_path):
-    result = simulate("rate_sweep", tmp_path, "hardware.num_devices=2", "experiment.modes=[colocated,disagg]",
-                      "experiment.rates=[2,8,32]", "workload.num_requests=100", *LONG_PROMPTS,
-                      "workload.input_len.min=2000", "workload.input_len.max=4000", "workload.output_len.min=64",
-                      "workload.output_len.max=256", "slo.ttft_s=1.0", "slo.tpot_s=0.012")
+    result = simulate(
+        "rate_sweep",
+        tmp_path,
+        "hardware.num_devices=2",
+        "experiment.modes=[colocated,disagg]",
+        "experiment.rates=[2,8,32]",
+        "workload.num_requests=100",
+        *LONG_PROMPTS,
+        "workload.input_len.min=2000",
+        "workload.input_len.max=4000",
+        "workload.output_len.min=64",
+        "workload.output_len.max=256",
+        "slo.ttft_s=1.0",
+        "slo.tpot_s=0.012",
+    )
     for label in ("colocated", "1P1D"):
         assert falls(column(result, "rate", "slo_attainment", label)), label
     goodput = result["aggregate"]["goodput"]
@@ -84,10 +108,22 @@ def test_disaggregation_holds_attainment_at_a_tight_tpot_where_colocated_loses_i
     """The gap is interference, not the SLO's arithmetic: at a tight TPOT colocated decodes stall
     behind long prefills and miss it while disaggregated ones meet it; loosen the SLOs fourfold and
     both meet them, so the gap closes."""
-    result = simulate("slo_scale", tmp_path, "hardware.num_devices=2", "experiment.modes=[colocated,disagg]",
-                      "workload.num_requests=100", "workload.rate=10", *LONG_PROMPTS, "workload.input_len.min=2000",
-                      "workload.input_len.max=4000", "workload.output_len.min=64", "workload.output_len.max=256",
-                      "slo.ttft_s=1.0", "slo.tpot_s=0.012", "experiment.slo_scales=[1.0,4.0]")
+    result = simulate(
+        "slo_scale",
+        tmp_path,
+        "hardware.num_devices=2",
+        "experiment.modes=[colocated,disagg]",
+        "workload.num_requests=100",
+        "workload.rate=10",
+        *LONG_PROMPTS,
+        "workload.input_len.min=2000",
+        "workload.input_len.max=4000",
+        "workload.output_len.min=64",
+        "workload.output_len.max=256",
+        "slo.ttft_s=1.0",
+        "slo.tpot_s=0.012",
+        "experiment.slo_scales=[1.0,4.0]",
+    )
     curves = {label: dict(zip(c["scales"], c["attainment"])) for label, c in result["aggregate"]["curves"].items()}
     assert curves["1P1D"][1.0] - curves["colocated"][1.0] >= 0.3, curves
     assert abs(curves["1P1D"][4.0] - curves["colocated"][4.0]) <= 0.05, curves
@@ -95,33 +131,69 @@ def test_disaggregation_holds_attainment_at_a_tight_tpot_where_colocated_loses_i
 
 # decode-heavy traffic on an H100 is bound by decode slots, not by the TPOT SLO (a step reads the
 # weights whatever the batch): with 8 running sequences per worker a split with fewer D queues
-PHASE = {"prefill": (["workload.input_len.min=3000", "workload.input_len.max=6000", "workload.output_len.min=4",
-                      "workload.output_len.max=16"], "[8,32]"),
-         "decode": (["workload.input_len.min=32", "workload.input_len.max=128", "workload.output_len.min=400",
-                     "workload.output_len.max=800", "scheduler.max_running=8"], "[2,8]")}
+PHASE = {
+    "prefill": (
+        [
+            "workload.input_len.min=3000",
+            "workload.input_len.max=6000",
+            "workload.output_len.min=4",
+            "workload.output_len.max=16",
+        ],
+        "[8,32]",
+    ),
+    "decode": (
+        [
+            "workload.input_len.min=32",
+            "workload.input_len.max=128",
+            "workload.output_len.min=400",
+            "workload.output_len.max=800",
+            "scheduler.max_running=8",
+        ],
+        "[2,8]",
+    ),
+}
 
 
 @pytest.mark.parametrize("shape,want", [("prefill", "more P"), ("decode", "more D")])
 def test_best_split_follows_the_heavier_phase_and_the_planner_agrees(tmp_path, shape, want):
     lengths, rates = PHASE[shape]
-    result = simulate("ratio_sweep", tmp_path, "hardware.num_devices=4", "workload.num_requests=80", *LONG_PROMPTS,
-                      *lengths, f"experiment.rates={rates}", "slo.ttft_s=1.0", "slo.tpot_s=0.05")
+    result = simulate(
+        "ratio_sweep",
+        tmp_path,
+        "hardware.num_devices=4",
+        "workload.num_requests=80",
+        *LONG_PROMPTS,
+        *lengths,
+        f"experiment.rates={rates}",
+        "slo.ttft_s=1.0",
+        "slo.tpot_s=0.05",
+    )
     goodput = {k: v for k, v in result["aggregate"]["goodput"].items() if "P" in k}
     assert not any(g["goodput_censored"] for g in goodput.values()), goodput  # a tie at a bound says nothing
     splits = {k: v["goodput_per_gpu"] for k, v in goodput.items()}
     best = max(splits, key=splits.get)
     p, d = (int(x) for x in best.rstrip("D").split("P"))
     assert (p > d) if want == "more P" else (d > p), splits
-    planned = simulate("plan", tmp_path / "plan", "hardware.num_devices=4", "workload.num_requests=80",
-                       *LONG_PROMPTS, *lengths, "experiment.rates=[8]", "experiment.chunk_sizes=[512]",
-                       "slo.ttft_s=1.0", "slo.tpot_s=0.05")
+    planned = simulate(
+        "plan",
+        tmp_path / "plan",
+        "hardware.num_devices=4",
+        "workload.num_requests=80",
+        *LONG_PROMPTS,
+        *lengths,
+        "experiment.rates=[8]",
+        "experiment.chunk_sizes=[512]",
+        "slo.ttft_s=1.0",
+        "slo.tpot_s=0.05",
+    )
     p, d = (int(x) for x in planned["aggregate"]["analytical"]["split"].rstrip("D").split("P"))
     assert (p > d) if want == "more P" else (d > p), planned["aggregate"]["analytical"]
 
 
 def test_ttft_rises_with_the_input_bucket(tmp_path):
-    result = simulate("input_buckets", tmp_path, "hardware.num_devices=2", "experiment.modes=[chunked]",
-                      "workload.num_requests=200")
+    result = simulate(
+        "input_buckets", tmp_path, "hardware.num_devices=2", "experiment.modes=[chunked]", "workload.num_requests=200"
+    )
     points = result["aggregate"]["points"]
     (cell,) = points.values()
     buckets = [cell.get(f"ttft_by_bucket_{b}_p50") for b in ("0-1K", "1K-4K", "4K-16K", "16K+")]
@@ -130,18 +202,37 @@ def test_ttft_rises_with_the_input_bucket(tmp_path):
 
 
 def test_tail_ttft_rises_with_burstiness(tmp_path):
-    result = simulate("burstiness", tmp_path, "hardware.num_devices=2", "experiment.modes=[chunked]",
-                      "experiment.burstiness=[4.0,1.0,0.25]", "workload.num_requests=200", "workload.rate=30")
+    result = simulate(
+        "burstiness",
+        tmp_path,
+        "hardware.num_devices=2",
+        "experiment.modes=[chunked]",
+        "experiment.burstiness=[4.0,1.0,0.25]",
+        "workload.num_requests=200",
+        "workload.rate=30",
+    )
     ttft = column(result, "burstiness", "ttft_p99")  # from burstiest (gamma shape 0.25) to smoothest
     assert falls(ttft, slack=0.05), ttft
 
 
 def test_prefix_caching_speeds_up_later_turns(tmp_path):
-    on = simulate("multiturn", tmp_path / "on", "hardware.num_devices=2", "experiment.modes=[chunked]",
-                  "experiment.dispatch=[session_affinity]", "workload.num_requests=16")
-    off = simulate("multiturn", tmp_path / "off", "hardware.num_devices=2", "experiment.modes=[chunked]",
-                   "experiment.dispatch=[session_affinity]", "workload.num_requests=16",
-                   "engine.enable_prefix_caching=false")
+    on = simulate(
+        "multiturn",
+        tmp_path / "on",
+        "hardware.num_devices=2",
+        "experiment.modes=[chunked]",
+        "experiment.dispatch=[session_affinity]",
+        "workload.num_requests=16",
+    )
+    off = simulate(
+        "multiturn",
+        tmp_path / "off",
+        "hardware.num_devices=2",
+        "experiment.modes=[chunked]",
+        "experiment.dispatch=[session_affinity]",
+        "workload.num_requests=16",
+        "engine.enable_prefix_caching=false",
+    )
     turns_on, turns_off = (next(iter(r["aggregate"]["turns"].values()))["ttft_mean_by_turn"] for r in (on, off))
     later = [t for t in turns_on if int(t) >= 2 and t in turns_off]
     assert later and all(turns_on[t] < turns_off[t] for t in later), (turns_on, turns_off)

@@ -10,7 +10,8 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from testbed.errors import ConfigError
 from testbed.sim.config import SHIPPED
@@ -25,9 +26,17 @@ def resolve(path: Path):
     return resolve_roles(make_config("executor=sim", "model=tiny", f"sim.profile={path}"), {"mixed"})
 
 
-@pytest.mark.parametrize("content", [b"\xff\xfe not text", b"[" * 100_000, b"[1, 2]", b'{"model": 3}',
-                                     json.dumps({**GOOD, "cost_model": {"step": "x"}}).encode(),
-                                     json.dumps({k: v for k, v in GOOD.items() if k != "dtype_bytes"}).encode()])
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"\xff\xfe not text",
+        b"[" * 100_000,
+        b"[1, 2]",
+        b'{"model": 3}',
+        json.dumps({**GOOD, "cost_model": {"step": "x"}}).encode(),
+        json.dumps({k: v for k, v in GOOD.items() if k != "dtype_bytes"}).encode(),
+    ],
+)
 def test_a_damaged_profile_is_one_line_naming_the_file(tmp_path, content):
     path = tmp_path / "profile.json"
     path.write_bytes(content)
@@ -38,11 +47,15 @@ def test_a_damaged_profile_is_one_line_naming_the_file(tmp_path, content):
 
 CONFIG = make_config("executor=sim", "model=tiny")
 SCALAR = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=6)
-JSON = st.recursive(SCALAR, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner,
-                                                                                      max_size=3), max_leaves=12)
+JSON = st.recursive(
+    SCALAR,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    max_leaves=12,
+)
 # the shipped profile with one of its sections (or one entry of a section) replaced by anything
 DAMAGED = st.tuples(st.sampled_from(sorted(GOOD)), st.text(max_size=6), JSON).map(
-    lambda t: {**GOOD, t[0]: {**GOOD[t[0]], t[1]: t[2]} if isinstance(GOOD[t[0]], dict) and t[1] else t[2]})
+    lambda t: {**GOOD, t[0]: {**GOOD[t[0]], t[1]: t[2]} if isinstance(GOOD[t[0]], dict) and t[1] else t[2]}
+)
 
 
 def one_profile(content: bytes):
@@ -50,8 +63,9 @@ def one_profile(content: bytes):
         path = Path(folder) / "profile.json"
         path.write_bytes(content)
         try:
-            resolve_roles(dataclasses.replace(CONFIG, sim=dataclasses.replace(CONFIG.sim, profile=str(path))),
-                          {"mixed"})
+            resolve_roles(
+                dataclasses.replace(CONFIG, sim=dataclasses.replace(CONFIG.sim, profile=str(path))), {"mixed"}
+            )
         except ConfigError as refused:
             assert "\n" not in str(refused) and "sim.profile" in str(refused)
 

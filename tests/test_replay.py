@@ -16,8 +16,15 @@ from testbed.config import Config, with_overrides
 from testbed.errors import ConfigError
 from testbed.interop.reference import read_reference, relative_error
 from testbed.studies.replay import error_table, load_setup, mape, replay
-from testbed.studies.replay_validation import (fit_frontend, fit_overhead, headline, load_manifest, markdown, shifted,
-                                               table_mape)
+from testbed.studies.replay_validation import (
+    fit_frontend,
+    fit_overhead,
+    headline,
+    load_manifest,
+    markdown,
+    shifted,
+    table_mape,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 REPLAY = Path(__file__).parent / "data" / "replay"
@@ -36,16 +43,27 @@ def _run_point(cfg, out_dir):
     return run_point(cfg, out_dir)
 
 
-SMALL_SETUP = {"engine": "sglang 0.5.2 (fixture)", "gpu": "a100_80g", "tp": 1, "model": "llama3_8b",
-               "dtype": "bf16", "policy": "colocated", "max_batched_tokens": 8192, "max_running": 64,
-               "prefix_caching": False}
+SMALL_SETUP = {
+    "engine": "sglang 0.5.2 (fixture)",
+    "gpu": "a100_80g",
+    "tp": 1,
+    "model": "llama3_8b",
+    "dtype": "bf16",
+    "policy": "colocated",
+    "max_batched_tokens": 8192,
+    "max_running": 64,
+    "prefix_caching": False,
+}
 
 
 # -- the importers' definitions, on the files ----------------------------------------------------
-@pytest.mark.parametrize("path, keys", [
-    (INTEROP / "sglang_bench_serving.jsonl", {"ttft": "ttft", "tpot": "tpot", "e2e": "e2e_latency"}),
-    (INTEROP / "vllm_bench_serve.json", {"ttft": "ttft", "tpot": "tpot", "e2e": "e2el"}),
-])
+@pytest.mark.parametrize(
+    "path, keys",
+    [
+        (INTEROP / "sglang_bench_serving.jsonl", {"ttft": "ttft", "tpot": "tpot", "e2e": "e2e_latency"}),
+        (INTEROP / "vllm_bench_serve.json", {"ttft": "ttft", "tpot": "tpot", "e2e": "e2el"}),
+    ],
+)
 def test_detailed_reference_recomputes_the_clients_own_figures(path, keys):
     """Per-request lists read by the testbed's definitions (TTFT from the send, TPOT per token over
     output_len - 1) give back the summary the client wrote beside them: the definitions agree."""
@@ -77,21 +95,33 @@ def test_error_arithmetic():
     assert relative_error(0.11, 0.10) == pytest.approx(0.10)
     assert relative_error(0.09, 0.10) == pytest.approx(-0.10)
     assert relative_error(None, 0.1) is None and relative_error(0.1, None) is None and relative_error(0.1, 0) is None
-    rows = [{"figure": "ttft_p50", "real": 0.1, "sim": 0.08, "error": -0.2},
-            {"figure": "tpot_p50", "real": 0.01, "sim": 0.011, "error": 0.1},
-            {"figure": "e2e_mean", "real": 2.0, "sim": 2.2, "error": 0.1},
-            {"figure": "e2e_p50", "real": None, "sim": 1.0, "error": None},
-            {"figure": "throughput_requests_per_s", "real": 20.0, "sim": 22.0, "error": 0.1}]
+    rows = [
+        {"figure": "ttft_p50", "real": 0.1, "sim": 0.08, "error": -0.2},
+        {"figure": "tpot_p50", "real": 0.01, "sim": 0.011, "error": 0.1},
+        {"figure": "e2e_mean", "real": 2.0, "sim": 2.2, "error": 0.1},
+        {"figure": "e2e_p50", "real": None, "sim": 1.0, "error": None},
+        {"figure": "throughput_requests_per_s", "real": 20.0, "sim": 22.0, "error": 0.1},
+    ]
     assert mape(rows) == pytest.approx((0.2 + 0.1 + 0.1 + 0.1) / 4)
     assert mape(rows, {"ttft_p50", "tpot_p50"}) == pytest.approx(0.15)
     # the headline takes the mean where published, else the median
-    assert headline(rows) == {"ttft": ("ttft_p50", -0.2), "tpot": ("tpot_p50", 0.1), "e2e": ("e2e_mean", 0.1),
-                              "requests_per_s": ("throughput_requests_per_s", 0.1)}
+    assert headline(rows) == {
+        "ttft": ("ttft_p50", -0.2),
+        "tpot": ("tpot_p50", 0.1),
+        "e2e": ("e2e_mean", 0.1),
+        "requests_per_s": ("throughput_requests_per_s", 0.1),
+    }
     cases = [{"headline": headline(rows)}, {"headline": {"ttft": ("ttft_mean", 0.4)}}]
     assert table_mape(cases)["ttft"] == {"mape": pytest.approx(0.3), "cases": 2}
     assert table_mape(cases)["tpot"] == {"mape": pytest.approx(0.1), "cases": 1}
-    assert fit_overhead({(0.0, 0.0): {"score": 0.3}, (0.001, 0.0): {"score": 0.1}, (0.002, 0.0): {"score": 0.1},
-                         (0.004, 0.0): {"score": None}}) == (0.001, 0.0)
+    assert fit_overhead(
+        {
+            (0.0, 0.0): {"score": 0.3},
+            (0.001, 0.0): {"score": 0.1},
+            (0.002, 0.0): {"score": 0.1},
+            (0.004, 0.0): {"score": None},
+        }
+    ) == (0.001, 0.0)
     # a front-end delay moves TTFT and E2E by itself and nothing else: fitted on the figures
     moved = {r["figure"]: r for r in shifted(rows, 0.02)}
     assert moved["ttft_p50"]["sim"] == pytest.approx(0.1) and moved["ttft_p50"]["error"] == pytest.approx(0.0)
@@ -99,9 +129,18 @@ def test_error_arithmetic():
     assert fit_frontend([rows])[0] == pytest.approx(0.02)
     text = error_table(rows)
     assert "-20.0%" in text and "100.00" in text and "+10.0%" in text
-    summary = {"cases": [{"name": "c", "role": "held_out", "rows": rows, "knobs": {
-        "host_overhead_s": 0.002, "host_overhead_per_seq_s": 5e-5, "frontend_latency_s": 0.01}}],
-               "calibration": {"ttft": {"mape": None, "cases": 0}}, "held_out": table_mape(cases)}
+    summary = {
+        "cases": [
+            {
+                "name": "c",
+                "role": "held_out",
+                "rows": rows,
+                "knobs": {"host_overhead_s": 0.002, "host_overhead_per_seq_s": 5e-5, "frontend_latency_s": 0.01},
+            }
+        ],
+        "calibration": {"ttft": {"mape": None, "cases": 0}},
+        "held_out": table_mape(cases),
+    }
     table = markdown(summary)
     assert "| c | held_out | 2 ms + 50 us/seq, front end 10 ms | ttft_p50 | 100.00 | 80.00 | -20.0% |" in table
     assert "| held_out | ttft | 30.0% | 2 |" in table and "e2e_p50" not in table  # no real figure: no row
@@ -110,8 +149,13 @@ def test_error_arithmetic():
 # -- the setup ------------------------------------------------------------------------------------
 def test_setup_refuses_what_cannot_be_replayed(tmp_path):
     path = tmp_path / "setup.yaml"
-    for bad, words in (({"tp": 4}, "tensor parallelism"), ({"gpu": "tpu"}, "gpu="), ({"knob": 1}, "unknown"),
-                       ({"policy": "disagg"}, "policy"), ({"dtype": "int3"}, "dtype")):
+    for bad, words in (
+        ({"tp": 4}, "tensor parallelism"),
+        ({"gpu": "tpu"}, "gpu="),
+        ({"knob": 1}, "unknown"),
+        ({"policy": "disagg"}, "policy"),
+        ({"dtype": "int3"}, "dtype"),
+    ):
         path.write_text(yaml.safe_dump({**SMALL_SETUP, **bad}))
         with pytest.raises(ConfigError, match=words):
             load_setup(path)
@@ -126,7 +170,9 @@ def test_validation_set_files_have_provenance():
         assert (base / f"{case['name']}.jsonl").is_file()
         load_setup(base / case["setup"])
         provenance = yaml.safe_load((base / f"{case['name']}.provenance.yaml").read_text())
-        assert set(provenance["source"]) == {"repository", "commit", "path"} and len(provenance["source"]["commit"]) == 40
+        assert (
+            set(provenance["source"]) == {"repository", "commit", "path"} and len(provenance["source"]["commit"]) == 40
+        )
         assert provenance["unknown"]
 
 
@@ -150,10 +196,21 @@ def test_replay_study_from_the_command_line(tmp_path):
     """`python -m testbed +experiment=replay` on a published case: the error table is printed and
     replay.json holds it; the setup's unset host terms leave the cost model as shipped."""
     out = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "testbed", "+experiment=replay",
-                           f"experiment.reference={SGLANG_RPS4}",
-                           f"experiment.setup={REPLAY / 'sglang030_a100.setup.yaml'}",
-                           f"hydra.run.dir={out}"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "testbed",
+            "+experiment=replay",
+            f"experiment.reference={SGLANG_RPS4}",
+            f"experiment.setup={REPLAY / 'sglang030_a100.setup.yaml'}",
+            f"hydra.run.dir={out}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "ttft_p50 ms" in proc.stdout and "31.98" in proc.stdout
     result = json.loads((out / "replay.json").read_text())

@@ -16,8 +16,9 @@ from testbed.tracking import collect_meta, write_results
 
 def small_table():
     log = RequestLog(10.0)
-    log.register(SimpleNamespace(request_id=0, arrival_s=0.0, input_len=3, output_len=2, session_id=4, turn=1,
-                                 tenant="chat"))
+    log.register(
+        SimpleNamespace(request_id=0, arrival_s=0.0, input_len=3, output_len=2, session_id=4, turn=1, tenant="chat")
+    )
     log.event(0, Event.PREFILL_START, 10.1, worker=0)
     log.tokens(0, [5, 6], [10.2, 10.2], 10.25)
     log.finish(0, 10.25)
@@ -31,9 +32,16 @@ def test_round_trip(tmp_path):
     summary = summarize(requests, slo=SLOConfig())
     steps = pd.DataFrame({"worker": [0], "role": ["mixed"], "start_s": [0.1], "end_s": [0.2]})
     telemetry = pd.DataFrame({"gpu": [0], "t_s": [0.0], "util": [55.0]})
-    out = write_results(tmp_path / "run", requests=requests, steps=steps, transfers=None, telemetry=telemetry,
-                        config={"workload": {"rate": 4.0, "name": "poisson"}, "seed": 1},
-                        meta={"seed": 1, "nan": float("nan")}, summary=summary)
+    out = write_results(
+        tmp_path / "run",
+        requests=requests,
+        steps=steps,
+        transfers=None,
+        telemetry=telemetry,
+        config={"workload": {"rate": 4.0, "name": "poisson"}, "seed": 1},
+        meta={"seed": 1, "nan": float("nan")},
+        summary=summary,
+    )
     back = read_results(out)
     assert back["config"] == {"workload": {"rate": 4.0, "name": "poisson"}, "seed": 1}
     assert back["meta"] == {"seed": 1, "nan": None}
@@ -53,19 +61,41 @@ def test_round_trip(tmp_path):
 
 
 def test_no_temp_files_left_and_empty_tables_have_columns(tmp_path):
-    out = write_results(tmp_path, requests=request_table([]), steps=None, transfers=None, telemetry=None,
-                        config={}, meta={}, summary=summarize(request_table([]), slo=SLOConfig()))
+    out = write_results(
+        tmp_path,
+        requests=request_table([]),
+        steps=None,
+        transfers=None,
+        telemetry=None,
+        config={},
+        meta={},
+        summary=summarize(request_table([]), slo=SLOConfig()),
+    )
     names = sorted(os.listdir(out))
-    assert names == ["config.yaml", "kv_transfers.parquet", "meta.json", "requests.parquet", "steps.parquet",
-                     "summary.json"]
+    assert names == [
+        "config.yaml",
+        "kv_transfers.parquet",
+        "meta.json",
+        "requests.parquet",
+        "steps.parquet",
+        "summary.json",
+    ]
     back = read_results(out)
     assert len(back["requests"]) == 0 and "token_times" in back["requests"].columns
     assert list(back["steps"].columns) == STEP_COLUMNS and back["telemetry"] is None
 
 
 def test_summary_json_is_strict_json_with_null_for_nan(tmp_path):
-    write_results(tmp_path, requests=small_table(), steps=None, transfers=None, telemetry=None, config={},
-                  meta={}, summary={"a": float("nan"), "b": [1.0, float("inf")]})
+    write_results(
+        tmp_path,
+        requests=small_table(),
+        steps=None,
+        transfers=None,
+        telemetry=None,
+        config={},
+        meta={},
+        summary={"a": float("nan"), "b": [1.0, float("inf")]},
+    )
     text = (tmp_path / "summary.json").read_text()
     assert "NaN" not in text and "Infinity" not in text
     assert json.loads(text) == {"a": None, "b": [1.0, None]}
@@ -73,8 +103,16 @@ def test_summary_json_is_strict_json_with_null_for_nan(tmp_path):
 
 def test_rewrite_replaces_files(tmp_path):
     for rate in (1.0, 2.0):
-        write_results(tmp_path, requests=small_table(), steps=None, transfers=None, telemetry=None,
-                      config={"rate": rate}, meta={}, summary={})
+        write_results(
+            tmp_path,
+            requests=small_table(),
+            steps=None,
+            transfers=None,
+            telemetry=None,
+            config={"rate": rate},
+            meta={},
+            summary={},
+        )
     assert read_results(tmp_path)["config"] == {"rate": 2.0}
     assert not [n for n in os.listdir(tmp_path) if n.endswith(".tmp")]
 
@@ -100,8 +138,16 @@ def test_unwritable_directory_is_a_one_line_error(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
     with pytest.raises(ResultsError) as info:
-        write_results(blocker / "run", requests=small_table(), steps=None, transfers=None, telemetry=None,
-                      config={}, meta={}, summary={})
+        write_results(
+            blocker / "run",
+            requests=small_table(),
+            steps=None,
+            transfers=None,
+            telemetry=None,
+            config={},
+            meta={},
+            summary={},
+        )
     assert str(blocker / "run") in str(info.value) and "\n" not in str(info.value)
 
 
@@ -109,5 +155,15 @@ def test_collect_meta():
     meta = collect_meta(7, extra={"mode": "disagg"})
     json.dumps(meta, allow_nan=False)
     assert meta["seed"] == 7 and meta["mode"] == "disagg"
-    for key in ("python", "numpy", "pandas", "torch", "hostname", "cpu_count", "cuda_devices", "git_commit", "time_utc"):
+    for key in (
+        "python",
+        "numpy",
+        "pandas",
+        "torch",
+        "hostname",
+        "cpu_count",
+        "cuda_devices",
+        "git_commit",
+        "time_utc",
+    ):
         assert key in meta

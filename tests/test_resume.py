@@ -59,8 +59,11 @@ def damage_points(points) -> dict[str, str]:
     requests.write_bytes(requests.read_bytes()[: requests.stat().st_size // 2])  # cut short
     (points / names[1] / "summary.json").write_text("{garbage")
     (points / names[2] / "config.yaml").unlink()
-    return {names[0]: "requests.parquet unreadable", names[1]: "summary.json does not parse",
-            names[2]: "config.yaml unreadable"}
+    return {
+        names[0]: "requests.parquet unreadable",
+        names[1]: "summary.json does not parse",
+        names[2]: "config.yaml unreadable",
+    }
 
 
 def test_a_resumed_sweep_reruns_each_damaged_point_and_says_why(tmp_path, caplog):

@@ -32,8 +32,12 @@ def test_integers_drawn_at_once_are_the_draws_one_by_one():
 
 @pytest.mark.parametrize("system_prompt_len", [0, 120])
 def test_synthetic_prompts_match_building_them_one_by_one(system_prompt_len):
-    cfg = WorkloadConfig(num_requests=200, rate=10.0, system_prompt_len=system_prompt_len,
-                         input_len=LengthConfig(dist="uniform", min=1, max=300))
+    cfg = WorkloadConfig(
+        num_requests=200,
+        rate=10.0,
+        system_prompt_len=system_prompt_len,
+        input_len=LengthConfig(dist="uniform", min=1, max=300),
+    )
     shape, _ = _synthetic_shape(cfg, 5)
     order = np.argsort(shape.arrival_s, kind="stable")
     lengths = shape.input_len.copy()
@@ -45,9 +49,23 @@ def test_synthetic_prompts_match_building_them_one_by_one(system_prompt_len):
 
 
 def _step(start, role="prefill_only", **fields):
-    values = dict(start=start, end=start + 0.5, role=role, prefill_tokens=3, decode_seqs=0, batched_tokens=3,
-                  kv_blocks_used=2, num_waiting=1, num_running=0, schedule_s=0.0, prepare_s=0.0, forward_s=0.5,
-                  sample_s=0.0, postprocess_s=0.0, prefill_chunks=((3, 0),))
+    values = dict(
+        start=start,
+        end=start + 0.5,
+        role=role,
+        prefill_tokens=3,
+        decode_seqs=0,
+        batched_tokens=3,
+        kv_blocks_used=2,
+        num_waiting=1,
+        num_running=0,
+        schedule_s=0.0,
+        prepare_s=0.0,
+        forward_s=0.5,
+        sample_s=0.0,
+        postprocess_s=0.0,
+        prefill_chunks=((3, 0),),
+    )
     return StepRecord(**{**values, **fields})
 
 
@@ -70,8 +88,12 @@ def _steps_by_rows(steps, t0):
 
 @pytest.mark.parametrize("odd", [{}, {"kv_blocks_used": None}, {"decode_context": 2.5}])
 def test_steps_table_matches_a_row_per_step(odd):
-    steps = [(0, _step(10.0)), (3, _step(10.2, "decode_only", decode_seqs=4, prefill_chunks=())),
-             (0, _step(10.6, pace_overrun=True, modelled_s=0.4)), (3, _step(11.0, "decode_only", **odd))]
+    steps = [
+        (0, _step(10.0)),
+        (3, _step(10.2, "decode_only", decode_seqs=4, prefill_chunks=())),
+        (0, _step(10.6, pace_overrun=True, modelled_s=0.4)),
+        (3, _step(11.0, "decode_only", **odd)),
+    ]
     table = steps_table(steps, 10.0)
     expected = _steps_by_rows(steps, 10.0)
     pd.testing.assert_frame_equal(table, expected[list(table.columns)], check_exact=True)
@@ -85,10 +107,24 @@ RUN_FIELDS = ("start", "end", "kv_blocks_used", "forward_s", "decode_context")
 def _run(start: float, count: int, **odd) -> dict:
     """add_many's fields of a decode run: per-row lists for what changes, one value for the rest."""
     starts = [start + 0.1 * i for i in range(count)]
-    fields = dict(start=starts, end=[t + 0.05 for t in starts], role="decode_only", prefill_tokens=0, decode_seqs=2,
-                  batched_tokens=2, kv_blocks_used=[4 + i // 2 for i in range(count)], num_waiting=0, num_running=2,
-                  schedule_s=0.0, prepare_s=0.0, forward_s=[0.05] * count, sample_s=0.0, postprocess_s=0.0,
-                  prefill_chunks=(), decode_context=list(range(30, 30 + 2 * count, 2)))
+    fields = dict(
+        start=starts,
+        end=[t + 0.05 for t in starts],
+        role="decode_only",
+        prefill_tokens=0,
+        decode_seqs=2,
+        batched_tokens=2,
+        kv_blocks_used=[4 + i // 2 for i in range(count)],
+        num_waiting=0,
+        num_running=2,
+        schedule_s=0.0,
+        prepare_s=0.0,
+        forward_s=[0.05] * count,
+        sample_s=0.0,
+        postprocess_s=0.0,
+        prefill_chunks=(),
+        decode_context=list(range(30, 30 + 2 * count, 2)),
+    )
     return {**fields, **odd}
 
 
@@ -102,8 +138,16 @@ def test_runs_of_rows_land_where_rows_added_one_by_one_would(odd):
     row, its step number and every column's type equal those of the same rows added one at a
     time."""
     log, pairs = StepLog(), []
-    plan = [("row", 0, 10.0), ("run", 3, 10.1, 4, {}), ("row", 3, 10.6), ("run", 0, 10.7, 2, odd),
-            ("run", 3, 10.8, 3, {}), ("row", 0, 11.0), ("row", 5, 11.1), ("run", 5, 11.2, 1, {})]
+    plan = [
+        ("row", 0, 10.0),
+        ("run", 3, 10.1, 4, {}),
+        ("row", 3, 10.6),
+        ("run", 0, 10.7, 2, odd),
+        ("run", 3, 10.8, 3, {}),
+        ("row", 0, 11.0),
+        ("row", 5, 11.1),
+        ("run", 5, 11.2, 1, {}),
+    ]
     for kind, worker, start, *rest in plan:
         if kind == "row":
             record = _step(start)
@@ -114,37 +158,61 @@ def test_runs_of_rows_land_where_rows_added_one_by_one_would(odd):
             fields = _run(start, count, **extra)
             log.add_many(worker, count, **fields)
             pairs.extend((worker, record) for record in _expand(fields, count))
+
     def by_step(frame):
         return frame.sort_values(["worker", "step"], kind="stable").reset_index(drop=True)
 
     table = steps_table(log, 10.0)
     assert table["worker"].tolist()[:4] == [0, 3, 0, 5]  # the single rows first, as they came
     pd.testing.assert_frame_equal(by_step(table), by_step(steps_table(pairs, 10.0)), check_exact=True)
-    pd.testing.assert_frame_equal(by_step(table), by_step(_steps_by_rows(pairs, 10.0)[list(table.columns)]),
-                                  check_exact=True)
+    pd.testing.assert_frame_equal(
+        by_step(table), by_step(_steps_by_rows(pairs, 10.0)[list(table.columns)]), check_exact=True
+    )
 
 
 def _table_by_rows(log: RequestLog) -> pd.DataFrame:
     """RequestLog.table the straightforward way: a dict per request."""
     rows = []
     for _, r in sorted(log._records.items()):
-        rows.append({
-            "request_id": r.request_id, "arrival_s": r.arrival_s, "input_len": r.input_len,
-            "output_len": r.output_len, "session_id": r.session_id, "turn": r.turn, "tenant": r.tenant,
-            "prefill_worker": r.prefill_worker, "decode_worker": r.decode_worker,
-            "status": r.status or "failed", "reason": r.reason if r.status else "unfinished",
-            "refused_by": r.refused_by if r.status == "rejected" else "", "kv_bytes": r.kv_bytes,
-            "num_prefill_chunks": r.num_prefill_chunks, "token_times": list(r.token_times),
-            "token_worker_times": list(r.token_worker_times), "output_token_ids": list(r.output_token_ids),
-            **{c: v for c, v in r.times.items()}})
+        rows.append(
+            {
+                "request_id": r.request_id,
+                "arrival_s": r.arrival_s,
+                "input_len": r.input_len,
+                "output_len": r.output_len,
+                "session_id": r.session_id,
+                "turn": r.turn,
+                "tenant": r.tenant,
+                "prefill_worker": r.prefill_worker,
+                "decode_worker": r.decode_worker,
+                "status": r.status or "failed",
+                "reason": r.reason if r.status else "unfinished",
+                "refused_by": r.refused_by if r.status == "rejected" else "",
+                "kv_bytes": r.kv_bytes,
+                "num_prefill_chunks": r.num_prefill_chunks,
+                "token_times": list(r.token_times),
+                "token_worker_times": list(r.token_worker_times),
+                "output_token_ids": list(r.output_token_ids),
+                **{c: v for c, v in r.times.items()},
+            }
+        )
     return request_table(rows)
 
 
 def test_request_log_table_matches_a_dict_per_request():
     log = RequestLog(100.0)
     for rid in range(4):
-        log.register(SimpleNamespace(request_id=rid, arrival_s=float(rid), input_len=10 * rid + 1, output_len=3,
-                                     session_id=rid if rid % 2 else None, turn=rid % 2, tenant=f"t{rid % 2}"))
+        log.register(
+            SimpleNamespace(
+                request_id=rid,
+                arrival_s=float(rid),
+                input_len=10 * rid + 1,
+                output_len=3,
+                session_id=rid if rid % 2 else None,
+                turn=rid % 2,
+                tenant=f"t{rid % 2}",
+            )
+        )
     log.event(0, Event.PREFILL_START, 100.5, worker=1)
     log.event(0, Event.KV_TRANSFER_END, 100.9, kv_bytes=64, decode_worker=2)
     log.tokens(0, [5, 6], 101.0, 101.1)
@@ -163,12 +231,21 @@ def test_an_empty_requests_table_keeps_list_columns_and_writes(tmp_path):
 
 
 def test_token_arrays_match_per_cell_arrays():
-    table = add_derived(request_table([{"request_id": i, "arrival_s": 0.0, "token_times": c, "token_worker_times": w}
-                                       for i, (c, w) in enumerate(zip(CELLS, WORKER_CELLS))]))
+    table = add_derived(
+        request_table(
+            [
+                {"request_id": i, "arrival_s": 0.0, "token_times": c, "token_worker_times": w}
+                for i, (c, w) in enumerate(zip(CELLS, WORKER_CELLS))
+            ]
+        )
+    )
     per_cell = [as_times(c) for c in table["token_times"]]
     assert np.array_equal(pooled_itl(table), np.concatenate([np.diff(t) for t in per_cell]))
-    delays = [as_times(c) - as_times(w) for c, w in zip(table["token_times"], table["token_worker_times"])
-              if as_times(c).size and as_times(c).size == as_times(w).size]
+    delays = [
+        as_times(c) - as_times(w)
+        for c, w in zip(table["token_times"], table["token_worker_times"])
+        if as_times(c).size and as_times(c).size == as_times(w).size
+    ]
     assert np.array_equal(harness_delays(table), np.concatenate(delays))
     first = [t[0] if t.size else math.nan for t in per_cell]
     assert np.array_equal(table["ttft"].to_numpy(), np.array(first), equal_nan=True)
@@ -176,12 +253,22 @@ def test_token_arrays_match_per_cell_arrays():
 
 
 def test_meets_slo_per_tenant_matches_a_lookup_per_request():
-    table = pd.DataFrame({"tenant": ["a", "b", "c", "a", "b"], "ttft": [0.5, 1.5, 0.9, 2.5, 0.1],
-                          "tpot": [0.05, 0.05, 0.3, 0.01, 0.2], "num_tokens": [3, 3, 3, 1, 3],
-                          "status": ["ok", "ok", "ok", "ok", "failed"]})
+    table = pd.DataFrame(
+        {
+            "tenant": ["a", "b", "c", "a", "b"],
+            "ttft": [0.5, 1.5, 0.9, 2.5, 0.1],
+            "tpot": [0.05, 0.05, 0.3, 0.01, 0.2],
+            "num_tokens": [3, 3, 3, 1, 3],
+            "status": ["ok", "ok", "ok", "ok", "failed"],
+        }
+    )
     slo, tenants = SLOConfig(1.0, 0.1), {"b": SLOConfig(2.0, 0.5), "c": SLOConfig(0.8, 0.4)}
     rows = list(table[["tenant", "ttft", "tpot", "num_tokens", "status"]].itertuples(index=False))
     for scale in (1.0, 3.0):
-        expected = [s == "ok" and t <= tenants.get(n, slo).ttft_s * scale
-                    and (k <= 1 or p <= tenants.get(n, slo).tpot_s * scale) for n, t, p, k, s in rows]
+        expected = [
+            s == "ok"
+            and t <= tenants.get(n, slo).ttft_s * scale
+            and (k <= 1 or p <= tenants.get(n, slo).tpot_s * scale)
+            for n, t, p, k, s in rows
+        ]
         assert meets_slo(table, slo, tenants, scale).tolist() == expected

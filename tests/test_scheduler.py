@@ -1,11 +1,17 @@
-"""Scheduler policies, driven without a model (every sampled token is 1)."""
+"""testbed/engine/scheduler.py and its policies, driven without a model (every sampled token is 1),
+and the sequence state machine (testbed/engine/sequence.py) through it: every edge, the illegal ones refused."""
 
+import itertools
 import random
 
 import pytest
 
 from testbed.engine import BlockManager, Scheduler, SchedulerConfig, Sequence, SequenceStatus
+from testbed.engine.block_manager import BlockManager as Blocks
+from testbed.engine.config import SchedulerConfig as Config
 from testbed.engine.policies import make_policy
+from testbed.engine.sequence import EDGES
+from testbed.errors import StateError
 
 
 def make(policy, num_blocks=400, **cfg):
@@ -114,3 +120,67 @@ def test_waiting_queue_is_fcfs_and_no_sequence_starves():
     finished_order = [q.seq_id for q in run(s, {0: seqs}, lambda *a: None)]
     assert sorted(finished_order) == list(range(6))
     assert finished_order[:2] == [0, 1]
+
+
+def seq(rid: int = 7, n: int = 8) -> Sequence:
+    return Sequence(rid, list(range(1, n + 1)), 4)
+
+
+# -- the sequence state machine ------------------------------------------------------------------------
+def scheduler(role: str = "decode_only", num_blocks: int = 16, max_running: int = 4) -> Scheduler:
+    return Scheduler(
+        make_policy(role),
+        Blocks(num_blocks, 4, False),
+        Config(max_running=max_running, max_batched_tokens=64, chunk_size=64),
+    )
+
+
+def test_every_edge_is_exercised_through_the_scheduler():
+    s = scheduler()
+    a, b, c = seq(1), seq(2), seq(3)
+    assert s.reserve(a) and a.status is SequenceStatus.RECEIVING  # WAITING -> RECEIVING
+    s.install(1, 9)  # RECEIVING -> RUNNING
+    assert a.status is SequenceStatus.RUNNING and a.num_computed_tokens == 8
+    assert s.reserve(b)
+    s.recompute(2, 9)  # RECEIVING -> WAITING, with P's token
+    assert b.status is SequenceStatus.WAITING and b.output_token_ids == [9] and b in s.waiting
+    assert s.reserve(c)
+    assert s.abort(3).status is SequenceStatus.FAILED  # RECEIVING -> FAILED
+    assert s.abort(2).status is SequenceStatus.FAILED and s.abort(1).status is SequenceStatus.FAILED
+    assert s.block_manager.num_used_blocks == 0 and s.abort(1) is None
+    p = scheduler("prefill_only")
+    d = seq(4)
+    p.add(d)
+    batch = p.schedule()  # WAITING -> RUNNING
+    p.postprocess(batch, [5])  # RUNNING -> TRANSFERRING
+    assert d.status is SequenceStatus.TRANSFERRING and p.block_manager.num_used_blocks > 0
+    assert p.release(4).status is SequenceStatus.FINISHED and p.block_manager.num_used_blocks == 0
+
+
+def test_reserve_is_back_pressure_not_an_error():
+    s = scheduler(max_running=1)
+    assert s.reserve(seq(1)) and not s.reserve(seq(2))
+    assert seq(2).status is SequenceStatus.WAITING and s.num_busy == 1
+
+
+@pytest.mark.parametrize(
+    "old,new", [(o, n) for o, n in itertools.product(SequenceStatus, SequenceStatus) if n not in EDGES[o]]
+)
+def test_the_scheduler_refuses_every_edge_the_drawing_lacks(old, new):
+    s = seq()
+    s.status = old
+    with pytest.raises(StateError, match="no edge"):
+        Scheduler.move(s, new)
+
+
+def test_the_boundary_refuses_out_of_turn_calls():
+    s = scheduler()
+    a = seq(1)
+    s.add(a)
+    with pytest.raises(KeyError):
+        s.install(1, 9)  # never reserved
+    with pytest.raises(KeyError):
+        s.release(1)  # never handed off
+    s.schedule()  # a is admitted: RUNNING
+    with pytest.raises(StateError, match="only a WAITING"):
+        s.add(a)

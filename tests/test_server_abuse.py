@@ -39,9 +39,23 @@ MARKER = b"CLIENTBYTES7f3a"  # sent by the tests in malformed requests; must nev
 def serve_http(tmp_path, *args: str, preexec_fn=None) -> tuple[subprocess.Popen, str]:
     """`python -m testbed.serve_http` on a free port, its log in tmp_path/server.log; (process, url)."""
     log = open(tmp_path / "server.log", "w")
-    server = subprocess.Popen([sys.executable, "-m", "testbed.serve_http", f"hydra.run.dir={tmp_path / 'run'}",
-                               "http.port=0", "hardware=cpu", *args], cwd=ROOT, stdout=subprocess.PIPE,
-                              stderr=log, text=True, start_new_session=True, preexec_fn=preexec_fn)
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "testbed.serve_http",
+            f"hydra.run.dir={tmp_path / 'run'}",
+            "http.port=0",
+            "hardware=cpu",
+            *args,
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=log,
+        text=True,
+        start_new_session=True,
+        preexec_fn=preexec_fn,
+    )
     for line in server.stdout:  # the server's log lines come first, then the one that names its URL
         if " on http://" in line:
             return server, line.split(" on ")[1].split("/v1/")[0]
@@ -88,9 +102,17 @@ def test_idle_connections_past_the_file_limit_leave_health_answered_and_the_log_
 @pytest.fixture
 def strict(tmp_path):
     """A server that gives a header and a body one second each, and holds two connections."""
-    cfg = make_config(*small_workload(), "http.port=0", "http.max_streams=2", "http.max_connections=2",
-                      "http.header_timeout_s=1", "http.body_timeout_s=1", "cluster.num_workers=1",
-                      "model.max_model_len=2048", "engine.num_kv_blocks=512")
+    cfg = make_config(
+        *small_workload(),
+        "http.port=0",
+        "http.max_streams=2",
+        "http.max_connections=2",
+        "http.header_timeout_s=1",
+        "http.body_timeout_s=1",
+        "cluster.num_workers=1",
+        "model.max_model_len=2048",
+        "engine.num_kv_blocks=512",
+    )
     with HttpServer(cfg, tmp_path) as running:
         yield running
 
@@ -105,8 +127,10 @@ def test_slow_headers_are_closed_and_slow_bodies_get_408(strict):
         silent.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")  # the header never ends
         assert read_until(silent, b"\r\n\r\n") == b""  # closed by the server, no answer
     with connect(strict.url) as slow:
-        slow.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: 100\r\n\r\n{\"prompt\": ")
+        slow.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b'Content-Length: 100\r\n\r\n{"prompt": '
+        )
         answer = read_until(slow, b"}}")
     assert answer.startswith(b"HTTP/1.1 408") and b"http.body_timeout_s" in answer
 
@@ -150,12 +174,14 @@ def test_every_error_is_openai_json_counted_by_status_and_no_client_bytes_are_lo
     cfg = make_config(*small_workload(), "http.port=0", "cluster.num_workers=1")
     with HttpServer(cfg, tmp_path) as running:
         url = running.url
-        answers = [raw(url, b"GET /nowhere-" + MARKER + b" HTTP/1.1\r\nHost: x\r\n\r\n"),
-                   raw(url, b"DELETE /v1/completions HTTP/1.1\r\nHost: x\r\n\r\n"),
-                   raw(url, b"GET /health HTTP/1.1\r\nHost: x\r\nBad\x01Header: " + MARKER + b"\r\n\r\n"),
-                   raw(url, MARKER + b" / HTTP/1.1\r\n\r\n"),
-                   raw(url, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000000\r\n\r\n"),
-                   post(url, b'{"prompt": "' + MARKER + b'"')]
+        answers = [
+            raw(url, b"GET /nowhere-" + MARKER + b" HTTP/1.1\r\nHost: x\r\n\r\n"),
+            raw(url, b"DELETE /v1/completions HTTP/1.1\r\nHost: x\r\n\r\n"),
+            raw(url, b"GET /health HTTP/1.1\r\nHost: x\r\nBad\x01Header: " + MARKER + b"\r\n\r\n"),
+            raw(url, MARKER + b" / HTTP/1.1\r\n\r\n"),
+            raw(url, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000000\r\n\r\n"),
+            post(url, b'{"prompt": "' + MARKER + b'"'),
+        ]
         assert [status for status, _ in answers] == [404, 405, 400, 400, 413, 400]
         for _, body in answers:
             assert set(body["error"]) == {"message", "type", "param", "code"}
@@ -205,8 +231,15 @@ def test_a_failed_disaggregated_request_is_aborted_on_its_decode_worker_too(wher
     worker, and the router read the workers after that, so only P was told; D kept the blocks of every
     request a stop (or a client's disconnect) failed, and its audit at exit found them."""
     cluster = StubCluster()
-    router = Router(cluster, empty_workload(), RequestLog(0.0), "disagg", ClusterConfig(),
-                    KVTransferConfig(decode_binding="early"), 0.0)
+    router = Router(
+        cluster,
+        empty_workload(),
+        RequestLog(0.0),
+        "disagg",
+        ClusterConfig(),
+        KVTransferConfig(decode_binding="early"),
+        0.0,
+    )
     router._admit(Request(7, 0.0, tuple(range(1, 40)), 20))  # bound early: D reserves for it at once
     assert [type(m) for m in cluster.inboxes[1]] == [Reserve]
     if where == "decoding":
@@ -219,8 +252,11 @@ def test_a_failed_disaggregated_request_is_aborted_on_its_decode_worker_too(wher
         assert [m.rid for m in inbox if isinstance(m, Abort)] == [7]
 
 
-MODES = {"colocated": ["mode=colocated", "cluster.num_workers=1"], "chunked": ["mode=chunked", "cluster.num_workers=1"],
-         "disagg": ["mode=disagg", "cluster.num_prefill=1", "cluster.num_decode=1"]}
+MODES = {
+    "colocated": ["mode=colocated", "cluster.num_workers=1"],
+    "chunked": ["mode=chunked", "cluster.num_workers=1"],
+    "disagg": ["mode=disagg", "cluster.num_prefill=1", "cluster.num_decode=1"],
+}
 # disagg: before the fix every try but those whose TERM came after the last token leaked on D;
 # eight moments (half bound early, D reserving at arrival) leave that no chance to pass unseen
 TRIES = {"colocated": 4, "chunked": 4, "disagg": 8}
@@ -246,7 +282,7 @@ def ending(stream: bytes) -> str:
         assert json.loads(stream.split(b"\r\n\r\n", 1)[1])["error"]["code"] == 503, stream[-500:]
         return "refused"
     done = stream.rindex(b"data: [DONE]")
-    last, _ = json.JSONDecoder().raw_decode(stream[stream.rindex(b"data: ", 0, done) + 6:].decode())
+    last, _ = json.JSONDecoder().raw_decode(stream[stream.rindex(b"data: ", 0, done) + 6 :].decode())
     if "error" in last:
         assert "server stop" in last["error"]["message"], last
         return "cut"
@@ -275,11 +311,16 @@ def test_sigterm_with_streams_open_ends_each_stream_and_exits_0(tmp_path, mode):
             for i in range(STREAMS):
                 streams.append(open_stream(url, [3 + i] * chance.randint(20, 400), MAX_TOKENS))
             # the point of the test: where the signal lands
-            which, events = chance.randrange(STREAMS), chance.choice([1, chance.randint(2, 30), chance.randint(30, 500)])
+            which, events = (
+                chance.randrange(STREAMS),
+                chance.choice([1, chance.randint(2, 30), chance.randint(30, 500)]),
+            )
             before = read_events(streams[which], events)
             server.send_signal(signal.SIGTERM)
-            ends = [read_until(stream, b"[DONE]") if b"[DONE]" not in before or i != which else b""
-                    for i, stream in enumerate(streams)]
+            ends = [
+                read_until(stream, b"[DONE]") if b"[DONE]" not in before or i != which else b""
+                for i, stream in enumerate(streams)
+            ]
             ends[which] = before + ends[which]
         finally:
             for stream in streams:

@@ -7,13 +7,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from testbed.bench.step_profile import profile_engine
+from testbed.engine import EngineConfig
 from testbed.errors import ConfigError
 from testbed.model.config import ModelConfig
-from testbed.engine import EngineConfig
-from testbed.sim.cost_model import CostModel
+from testbed.sim.cost_model import STEP_TERMS, CostModel, attended_context, fit_step, fit_transfer
 from testbed.sim.executor import simulate
-from testbed.sim.cost_model import STEP_TERMS, attended_context, fit_step, fit_transfer
-from testbed.bench.step_profile import profile_engine
 from tests.cluster_helpers import make_config, small_workload
 
 PROFILE = json.loads((Path(__file__).resolve().parents[1] / "testbed/sim/profiles/tiny_cpu.json").read_text())
@@ -26,8 +25,12 @@ MODES = {
 }
 for p, d in [(1, 1), (2, 2)]:
     for binding in ("late", "early"):
-        MODES[f"disagg-{p}P{d}D-{binding}"] = ["mode=disagg", f"cluster.num_prefill={p}", f"cluster.num_decode={d}",
-                                               f"kv_transfer.decode_binding={binding}"]
+        MODES[f"disagg-{p}P{d}D-{binding}"] = [
+            "mode=disagg",
+            f"cluster.num_prefill={p}",
+            f"cluster.num_decode={d}",
+            f"kv_transfer.decode_binding={binding}",
+        ]
 
 
 def run(*overrides, **kwargs):
@@ -44,12 +47,16 @@ def test_fit_recovers_known_coefficients():
     true = dict(zip(STEP_TERMS, (5e-4, 2e-6, 3e-9, 0.0, 4e-8)))  # one term truly zero
     samples = []
     for _ in range(60):
-        row = {"prefill_tokens": int(rng.integers(0, 4000)), "prefill_context": float(rng.integers(0, 4000)),
-               "decode_seqs": int(rng.integers(0, 128))}
+        row = {
+            "prefill_tokens": int(rng.integers(0, 4000)),
+            "prefill_context": float(rng.integers(0, 4000)),
+            "decode_seqs": int(rng.integers(0, 128)),
+        }
         row["decode_context"] = row["decode_seqs"] * int(rng.integers(1, 4000))
         model = CostModel(**true, transfer_latency_s=0, transfer_bytes_per_s=1)
-        row["seconds"] = model.step_time(*(row[k] for k in ("prefill_tokens", "prefill_context", "decode_seqs",
-                                                            "decode_context")))
+        row["seconds"] = model.step_time(
+            *(row[k] for k in ("prefill_tokens", "prefill_context", "decode_seqs", "decode_context"))
+        )
         samples.append(row)
     fitted, error = fit_step(samples)
     for term in STEP_TERMS:
@@ -60,8 +67,10 @@ def test_fit_recovers_known_coefficients():
 
 
 def test_fit_keeps_coefficients_non_negative():
-    samples = [{"prefill_tokens": n, "prefill_context": n, "decode_seqs": 0, "decode_context": 0,
-                "seconds": 1e-2 - 1e-6 * n} for n in (16, 64, 256, 1024)]  # time falling with size
+    samples = [
+        {"prefill_tokens": n, "prefill_context": n, "decode_seqs": 0, "decode_context": 0, "seconds": 1e-2 - 1e-6 * n}
+        for n in (16, 64, 256, 1024)
+    ]  # time falling with size
     fitted, _ = fit_step(samples)
     assert all(v >= 0 for v in fitted.values())
 
@@ -136,7 +145,9 @@ def test_ipc_on_a_profile_made_before_the_ipc_transport_is_refused_in_one_line()
     old["cost_model"] = {k: v for k, v in PROFILE["cost_model"].items() if not k.startswith("ipc_")}
     assert CostModel.from_profile(old).transports == ("process_group",)
     simulate(make_config(*small_workload(4, 40.0), "mode=disagg"), old)  # the wire still simulates
-    with pytest.raises(ConfigError, match=r"kv_transfer.backend=ipc: the prefill profile \(given\) has no ipc transfer samples"):
+    with pytest.raises(
+        ConfigError, match=r"kv_transfer.backend=ipc: the prefill profile \(given\) has no ipc transfer samples"
+    ):
         simulate(make_config(*small_workload(4, 40.0), "mode=disagg", "kv_transfer.backend=ipc"), old)
 
 
@@ -155,16 +166,33 @@ def test_same_seed_same_tables():
 
 
 def test_sessions_admission_and_waits_past_the_lease_leak_nothing():
-    sessions = simulate(make_config("workload=multiturn", "workload.num_requests=6", "workload.rate=50",
-                                    "workload.think_time_s=0.01", "engine.enable_prefix_caching=true",
-                                    "mode=chunked", "hardware=cpu"), PROFILE)
+    sessions = simulate(
+        make_config(
+            "workload=multiturn",
+            "workload.num_requests=6",
+            "workload.rate=50",
+            "workload.think_time_s=0.01",
+            "engine.enable_prefix_caching=true",
+            "mode=chunked",
+            "hardware=cpu",
+        ),
+        PROFILE,
+    )
     assert (sessions["requests"].status == "ok").all() and sessions["requests"].turn.max() == 3
     capped = run("mode=disagg", "cluster.max_outstanding=3", "workload.rate=5000")
     assert set(capped["requests"].status) == {"ok", "rejected"}
     # D holds 2 sequences at a time, so reservations and held KV wait far longer than the 1 ms
     # lease: as on the real cluster, the lease runs only while an attempt is on the wire
-    waited = [run("mode=disagg", "workload.rate=5000", "scheduler.max_running=2", "kv_transfer.timeout_s=0.001",
-                  f"kv_transfer.decode_binding={binding}") for binding in ("late", "early")]
+    waited = [
+        run(
+            "mode=disagg",
+            "workload.rate=5000",
+            "scheduler.max_running=2",
+            "kv_transfer.timeout_s=0.001",
+            f"kv_transfer.decode_binding={binding}",
+        )
+        for binding in ("late", "early")
+    ]
     for result in waited:
         assert (result["requests"].status == "ok").all()
         assert (result["transfers"].wait_s > 0.001).any() and set(result["transfers"].outcome) == {"ok"}

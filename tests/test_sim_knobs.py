@@ -10,18 +10,29 @@ from testbed.errors import ConfigError
 from testbed.interop.reference import read_reference
 from testbed.model.config import PRESETS
 from testbed.perf import cost_model
-from testbed.perf.roofline import KERNELS_PER_LAYER
 from testbed.perf.gpus import KERNEL_LAUNCH_S
+from testbed.perf.roofline import KERNELS_PER_LAYER
 from testbed.sim.executor import simulate
 from testbed.studies.replay import load_setup, point_overrides
 from tests.cluster_helpers import make_config
 from tests.test_replay import REPLAY, SGLANG_RPS4
 
 LLAMA3, LLAMA2 = PRESETS["llama3_8b"], PRESETS["llama2_7b"]
-A100 = ["executor=sim", "sim.profile=a100_80g", "model=llama3_8b", "mode=colocated", "cluster.num_workers=1",
-        "hardware=cpu", "hardware.num_devices=1", "scheduler.max_running=256", "scheduler.max_batched_tokens=4096",
-        "workload.input_len.min=100", "workload.input_len.max=400", "workload.output_len.min=50",
-        "workload.output_len.max=200"]
+A100 = [
+    "executor=sim",
+    "sim.profile=a100_80g",
+    "model=llama3_8b",
+    "mode=colocated",
+    "cluster.num_workers=1",
+    "hardware=cpu",
+    "hardware.num_devices=1",
+    "scheduler.max_running=256",
+    "scheduler.max_batched_tokens=4096",
+    "workload.input_len.min=100",
+    "workload.input_len.max=400",
+    "workload.output_len.min=50",
+    "workload.output_len.max=200",
+]
 
 
 def sim(*overrides, n: int = 60, rate: float = 4.0) -> dict:
@@ -66,8 +77,15 @@ def test_shared_prefix_sessions_hit_the_simulated_prefix_cache(tmp_path):
     assert cached["steps"].prefill_tokens.sum() < 0.6 * plain["steps"].prefill_tokens.sum()
     assert later.ttft.median() < plain["requests"][plain["requests"].turn > 0].ttft.median()
     setup = tmp_path / "setup.yaml"
-    setup.write_text(yaml.safe_dump({"gpu": "a100_80g", "prefix_caching": True,
-                                     "workload": {"turns": 3, "system_prompt_len": 1024, "think_time_s": 0.5}}))
+    setup.write_text(
+        yaml.safe_dump(
+            {
+                "gpu": "a100_80g",
+                "prefix_caching": True,
+                "workload": {"turns": 3, "system_prompt_len": 1024, "think_time_s": 0.5},
+            }
+        )
+    )
     overrides, _ = point_overrides(read_reference(SGLANG_RPS4), load_setup(setup), None)
     assert overrides["workload.turns"] == 3 and overrides["workload.system_prompt_len"] == 1024
     assert overrides["engine.enable_prefix_caching"] is True
@@ -111,8 +129,15 @@ def test_host_overhead_is_a_fixed_part_plus_a_part_per_sequence():
 
 
 def test_emulation_paces_with_the_same_host_terms():
-    cfg = make_config("model=tiny", "hardware=cpu", "hardware.emulate=a100_80g", "hardware.emulate_model=llama3_8b",
-                      "engine.host_overhead_s=0.004", "engine.host_overhead_per_seq_s=5e-5", "engine.cuda_graphs=false")
+    cfg = make_config(
+        "model=tiny",
+        "hardware=cpu",
+        "hardware.emulate=a100_80g",
+        "hardware.emulate_model=llama3_8b",
+        "engine.host_overhead_s=0.004",
+        "engine.host_overhead_per_seq_s=5e-5",
+        "engine.cuda_graphs=false",
+    )
     emulation = Emulation.from_hardware(cfg.hardware, cfg.engine)
     step, _ = role_pacers(emulation, "chunked", cfg.model, PRESETS["tiny"].kv_bytes_per_token * 4)
     terms = step.model.host_terms()
@@ -142,8 +167,16 @@ def test_multi_step_windows_hold_new_requests_and_release_tokens_together():
     lengths = steps[steps.prefill_tokens == 0].groupby(runs).size()
     assert (lengths.iloc[:-1] >= 10).mean() > 0.9  # a prefill waits for the window to end
     with pytest.raises(ConfigError, match="disagg"):
-        simulate(make_config(*A100, "mode=disagg", "cluster.num_prefill=1", "cluster.num_decode=1",
-                             "hardware.num_devices=2", "sim.num_scheduler_steps=4"))
+        simulate(
+            make_config(
+                *A100,
+                "mode=disagg",
+                "cluster.num_prefill=1",
+                "cluster.num_decode=1",
+                "hardware.num_devices=2",
+                "sim.num_scheduler_steps=4",
+            )
+        )
 
 
 # (9) the front end per request ---------------------------------------------------------------
@@ -161,16 +194,39 @@ def test_replay_setups_state_the_engines_knobs(tmp_path):
     assert vllm["sim.num_scheduler_steps"] == 10 and vllm["engine.cuda_graphs"] is True
     assert vllm["scheduler.max_running"] == 256
     setup = tmp_path / "setup.yaml"
-    setup.write_text(yaml.safe_dump({"gpu": "a100_80g", "model": "llama2_7b", "dtype": "float16", "cuda_graphs": False,
-                                     "host_overhead_s": 0.003, "host_overhead_per_seq_s": 2e-5,
-                                     "frontend_latency_s": 0.01, "max_running": 32}))
+    setup.write_text(
+        yaml.safe_dump(
+            {
+                "gpu": "a100_80g",
+                "model": "llama2_7b",
+                "dtype": "float16",
+                "cuda_graphs": False,
+                "host_overhead_s": 0.003,
+                "host_overhead_per_seq_s": 2e-5,
+                "frontend_latency_s": 0.01,
+                "max_running": 32,
+            }
+        )
+    )
     out, _ = point_overrides(ref, load_setup(setup), None)
-    keys = ("model.name", "model.dtype", "engine.cuda_graphs", "engine.host_overhead_s",
-            "engine.host_overhead_per_seq_s", "sim.frontend_latency_s", "scheduler.max_running")
+    keys = (
+        "model.name",
+        "model.dtype",
+        "engine.cuda_graphs",
+        "engine.host_overhead_s",
+        "engine.host_overhead_per_seq_s",
+        "sim.frontend_latency_s",
+        "scheduler.max_running",
+    )
     assert {k: out[k] for k in keys} == {
-        "model.name": "llama2_7b", "model.dtype": "float16", "engine.cuda_graphs": False,
-        "engine.host_overhead_s": 0.003, "engine.host_overhead_per_seq_s": 2e-5, "sim.frontend_latency_s": 0.01,
-        "scheduler.max_running": 32}
+        "model.name": "llama2_7b",
+        "model.dtype": "float16",
+        "engine.cuda_graphs": False,
+        "engine.host_overhead_s": 0.003,
+        "engine.host_overhead_per_seq_s": 2e-5,
+        "sim.frontend_latency_s": 0.01,
+        "scheduler.max_running": 32,
+    }
     for bad in ({"num_scheduler_steps": 0}, {"frontend_latency_s": -1}, {"cuda_graphs": "yes"}):
         setup.write_text(yaml.safe_dump({"gpu": "a100_80g", **bad}))
         with pytest.raises(ConfigError, match=next(iter(bad))):

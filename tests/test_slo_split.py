@@ -20,8 +20,14 @@ from tests.paths import CONF
 
 register_configs()
 
-GPU_SIM = ["executor=sim", "sim.profile=h100_sxm", "model=llama3_8b", "hardware=cpu", "experiment.repeats=1",
-           "experiment.figures=false"]
+GPU_SIM = [
+    "executor=sim",
+    "sim.profile=h100_sxm",
+    "model=llama3_8b",
+    "hardware=cpu",
+    "experiment.repeats=1",
+    "experiment.figures=false",
+]
 
 
 def config(*extra: str):
@@ -58,8 +64,15 @@ def test_decode_batch_solves_littles_law_or_refuses_past_the_cap():
 
 
 def test_estimate_adds_queueing_service_and_transfer():
-    demand = Demand(prompt_len=100, output_len=10, mean_service_s=0.1, second_moment_s2=0.01,
-                    prompt_service_s=0.1, transfer_s=0.05, decode_cap=64)
+    demand = Demand(
+        prompt_len=100,
+        output_len=10,
+        mean_service_s=0.1,
+        second_moment_s2=0.01,
+        prompt_service_s=0.1,
+        transfer_s=0.05,
+        decode_cap=64,
+    )
     decode = SimpleNamespace(cost=LinearCost())
     e = estimate(demand, decode, context=0.0, p=2, d=1, rate=10)  # 5/s per P worker: rho 0.5, W 0.05
     assert e["ttft_s"] == pytest.approx(0.05 + 0.1 + 0.05)
@@ -102,11 +115,23 @@ def test_slower_internode_link_serves_less():
 
 
 def test_best_split_agrees_with_the_simulated_search(tmp_path):
-    overrides = ["+experiment=plan", *GPU_SIM, "hardware.num_devices=8", "workload.num_requests=80",
-                 "workload=poisson", "workload.input_len.dist=uniform", "workload.output_len.dist=uniform",
-                 "workload.input_len.min=3000", "workload.input_len.max=6000", "workload.output_len.min=4",
-                 "workload.output_len.max=16", "experiment.rates=[16,32,64,128,256]", "experiment.chunk_sizes=[512]",
-                 "slo.ttft_s=1.0", "slo.tpot_s=0.05"]
+    overrides = [
+        "+experiment=plan",
+        *GPU_SIM,
+        "hardware.num_devices=8",
+        "workload.num_requests=80",
+        "workload=poisson",
+        "workload.input_len.dist=uniform",
+        "workload.output_len.dist=uniform",
+        "workload.input_len.min=3000",
+        "workload.input_len.max=6000",
+        "workload.output_len.min=4",
+        "workload.output_len.max=16",
+        "experiment.rates=[16,32,64,128,256]",
+        "experiment.chunk_sizes=[512]",
+        "slo.ttft_s=1.0",
+        "slo.tpot_s=0.05",
+    ]
     aggregate = run(compose_sized(overrides), tmp_path)["aggregate"]
     simulated = {k: v["goodput_per_gpu"] for k, v in aggregate["simulated"]["goodput"].items() if "P" in k}
     best = max(simulated, key=simulated.get)
@@ -116,8 +141,13 @@ def test_best_split_agrees_with_the_simulated_search(tmp_path):
 def test_report_names_the_slo_aware_split():
     from testbed.studies.report import slo_split_lines
 
-    plan = {"num_nodes": 2, "devices_per_node": 8, "transfer_s": 0.042, "best": "7P9D",
-            "splits": {"7P9D": {"max_rate": 54.4, "rate_per_device": 3.4}}}
+    plan = {
+        "num_nodes": 2,
+        "devices_per_node": 8,
+        "transfer_s": 0.042,
+        "best": "7P9D",
+        "splits": {"7P9D": {"max_rate": 54.4, "rate_per_device": 3.4}},
+    }
     (line,) = slo_split_lines(plan)
     assert "2 nodes x 8" in line and "7P9D" in line and "54.4 req/s" in line
     assert "no split" in slo_split_lines({**plan, "best": None})[0]

@@ -23,18 +23,43 @@ from tests.paths import error_lines
 
 CPU_BACKEND = "cpu" if cpu_ops.supports("cpu", torch.float32) else "torch"  # what auto takes here
 ROOT = Path(__file__).resolve().parents[1]
-WORKLOAD = ["workload.num_requests=8", "workload.rate=40", "workload.input_len.min=20", "workload.input_len.max=120",
-            "workload.output_len.min=6", "workload.output_len.max=20", "hardware=cpu", "model.max_model_len=256",
-            "engine.num_kv_blocks=256", "cluster.start_timeout_s=120"]
+WORKLOAD = [
+    "workload.num_requests=8",
+    "workload.rate=40",
+    "workload.input_len.min=20",
+    "workload.input_len.max=120",
+    "workload.output_len.min=6",
+    "workload.output_len.max=20",
+    "hardware=cpu",
+    "model.max_model_len=256",
+    "engine.num_kv_blocks=256",
+    "cluster.start_timeout_s=120",
+]
 DEADLINE_S = 240  # far beyond a loaded two-core machine's start-up; the runs take seconds
 
 
 def torchrun(node: int, port: int, cwd: Path, out: Path, *overrides: str) -> subprocess.Popen:
     """One "node": torchrun's static rendezvous, so --node-rank fixes which node holds rank 0."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1", f"--node-rank={node}",
-           "--master-addr=127.0.0.1", f"--master-port={port}", "-m", "testbed", *overrides]
-    return subprocess.Popen(cmd, cwd=cwd, stdout=open(out / f"node{node}.out", "w"),
-                            stderr=open(out / f"node{node}.err", "w"), start_new_session=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes=2",
+        "--nproc-per-node=1",
+        f"--node-rank={node}",
+        "--master-addr=127.0.0.1",
+        f"--master-port={port}",
+        "-m",
+        "testbed",
+        *overrides,
+    ]
+    return subprocess.Popen(
+        cmd,
+        cwd=cwd,
+        stdout=open(out / f"node{node}.out", "w"),
+        stderr=open(out / f"node{node}.err", "w"),
+        start_new_session=True,
+    )
 
 
 def two_nodes(tmp_path: Path, *overrides: str) -> tuple[list[subprocess.Popen], Path]:
@@ -55,8 +80,13 @@ def finish(nodes: list[subprocess.Popen]) -> list[int]:
 
 
 def single_box(tmp_path: Path, *overrides: str) -> pd.DataFrame:
-    out = subprocess.run([sys.executable, "-m", "testbed", f"hydra.run.dir={tmp_path / 'single'}", *overrides],
-                         cwd=ROOT, capture_output=True, text=True, timeout=DEADLINE_S)
+    out = subprocess.run(
+        [sys.executable, "-m", "testbed", f"hydra.run.dir={tmp_path / 'single'}", *overrides],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE_S,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     return pd.read_parquet(tmp_path / "single" / "requests.parquet")
 
@@ -121,8 +151,9 @@ def poke(address: str) -> None:
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="Linux /proc")]
 
 
-@pytest.mark.parametrize("mode", [["mode=disagg"], ["mode=colocated", "cluster.num_workers=2"]],
-                         ids=["1P1D", "colocated2"])
+@pytest.mark.parametrize(
+    "mode", [["mode=disagg"], ["mode=colocated", "cluster.num_workers=2"]], ids=["1P1D", "colocated2"]
+)
 def test_two_nodes_give_the_single_box_tokens_and_write_results_once(tmp_path, mode):
     nodes, cwd = two_nodes(tmp_path, *mode, *WORKLOAD)
     line = wait_for(tmp_path / "node1.out", "messages on tcp://")

@@ -21,11 +21,14 @@ def traces() -> Path:
 
 
 # Rows and mean input/output lengths of the full traces (their README rounds to the token).
-@pytest.mark.parametrize("name,rows,mean_in,mean_out", [
-    ("azure_conv_2023.csv", 19_366, 1_155, 211),
-    ("azure_code_2023.csv", 8_819, 2_048, 28),
-    ("mooncake_conversation.jsonl", 12_031, 12_035, 343),
-])
+@pytest.mark.parametrize(
+    "name,rows,mean_in,mean_out",
+    [
+        ("azure_conv_2023.csv", 19_366, 1_155, 211),
+        ("azure_code_2023.csv", 8_819, 2_048, 28),
+        ("mooncake_conversation.jsonl", 12_031, 12_035, 343),
+    ],
+)
 def test_shared_trace_matches_readme(traces, name, rows, mean_in, mean_out):
     records = read_trace(traces / name)
     assert len(records) == rows
@@ -37,10 +40,12 @@ def test_shared_trace_matches_readme(traces, name, rows, mean_in, mean_out):
 
 def test_azure_timestamps_keep_seven_fractional_digits(tmp_path):
     path = tmp_path / "t.csv"
-    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
-                    "2023-11-16 18:15:46.6805900,374,44\n"
-                    "2023-11-16 18:15:50.9951690,396,109\n"
-                    "2023-11-16 18:16:00.0000001,10,1\n")
+    path.write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+        "2023-11-16 18:15:46.6805900,374,44\n"
+        "2023-11-16 18:15:50.9951690,396,109\n"
+        "2023-11-16 18:16:00.0000001,10,1\n"
+    )
     records = read_trace(path)
     # 50.9951690 - 46.6805900 = 4.3145790; 60.0000001 - 46.6805900 = 13.3194101
     assert np.allclose(records.timestamps_s, [0.0, 4.3145790, 13.3194101], atol=1e-9)
@@ -49,9 +54,11 @@ def test_azure_timestamps_keep_seven_fractional_digits(tmp_path):
 
 def test_malformed_csv_line_names_file_and_line(tmp_path):
     path = tmp_path / "bad.csv"
-    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
-                    "2023-11-16 18:15:46.6805900,374,44\n"
-                    "2023-11-16 18:15:47.0000000,abc,44\n")
+    path.write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+        "2023-11-16 18:15:46.6805900,374,44\n"
+        "2023-11-16 18:15:47.0000000,abc,44\n"
+    )
     with pytest.raises(WorkloadError, match=r"bad\.csv line 3: ContextTokens") as info:
         read_trace(path)
     assert "\n" not in str(info.value)
@@ -66,12 +73,16 @@ def test_csv_missing_column_is_reported(tmp_path):
 
 def test_malformed_jsonl_line_names_file_and_line(tmp_path):
     path = tmp_path / "bad.jsonl"
-    path.write_text('{"timestamp": 0, "input_length": 10, "output_length": 2, "hash_ids": [0]}\n'
-                    '{"timestamp": 5, "input_length": 10\n')
+    path.write_text(
+        '{"timestamp": 0, "input_length": 10, "output_length": 2, "hash_ids": [0]}\n'
+        '{"timestamp": 5, "input_length": 10\n'
+    )
     with pytest.raises(WorkloadError, match=r"bad\.jsonl line 2: not valid JSON"):
         read_trace(path)
-    path.write_text('{"timestamp": 0, "input_length": 10, "output_length": 2}\n'
-                    '{"timestamp": 5, "input_length": -1, "output_length": 2}\n')
+    path.write_text(
+        '{"timestamp": 0, "input_length": 10, "output_length": 2}\n'
+        '{"timestamp": 5, "input_length": -1, "output_length": 2}\n'
+    )
     with pytest.raises(WorkloadError, match=r"line 2: input_length must be an integer >= 0"):
         read_trace(path)
     path.write_text('{"timestamp": 0, "output_length": 2}\n')
@@ -85,8 +96,9 @@ def test_window_count_and_speedup(tmp_path):
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     chosen = select(read_trace(path), start_s=2.0, window_s=5.0, num_requests=3)
     assert list(chosen.input_len) == [102, 103, 104] and np.allclose(chosen.timestamps_s, [0, 1, 2])
-    cfg = WorkloadConfig(arrival="trace", path=str(path), start_s=2.0, window_s=5.0, num_requests=0, speedup=2.0,
-                         length_scale=0.5)
+    cfg = WorkloadConfig(
+        arrival="trace", path=str(path), start_s=2.0, window_s=5.0, num_requests=0, speedup=2.0, length_scale=0.5
+    )
     w = build_workload(cfg, seed=0, **TINY)
     assert [r.arrival_s for r in w.requests] == pytest.approx([0, 0.5, 1.0, 1.5, 2.0])
     assert [r.input_len for r in w.requests] == [51, 52, 52, 52, 53]  # 102..106 * 0.5 rounded half to even
@@ -95,9 +107,11 @@ def test_window_count_and_speedup(tmp_path):
 
 def test_mooncake_hash_ids_share_block_tokens(tmp_path):
     path = tmp_path / "m.jsonl"
-    rows = [{"timestamp": 0, "input_length": 1500, "output_length": 4, "hash_ids": [7, 8, 9]},
-            {"timestamp": 10, "input_length": 1200, "output_length": 4, "hash_ids": [7, 8, 11]},
-            {"timestamp": 20, "input_length": 300, "output_length": 4, "hash_ids": [12]}]
+    rows = [
+        {"timestamp": 0, "input_length": 1500, "output_length": 4, "hash_ids": [7, 8, 9]},
+        {"timestamp": 10, "input_length": 1200, "output_length": 4, "hash_ids": [7, 8, 11]},
+        {"timestamp": 20, "input_length": 300, "output_length": 4, "hash_ids": [12]},
+    ]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     cfg = WorkloadConfig(arrival="trace", path=str(path), num_requests=0)
     a, b, c = build_workload(cfg, seed=3, **TINY).requests
@@ -125,8 +139,10 @@ def test_trace_lengths_at_synthetic_rate(traces):
 
 def test_native_jsonl_replays_explicit_prompts(tmp_path):
     path = tmp_path / "n.jsonl"
-    path.write_text('{"arrival_s": 0.5, "prompt_token_ids": [1, 2, 3], "output_len": 2, "tenant": "x"}\n'
-                    '{"arrival_s": 0.25, "input_len": 5, "output_len": 1}\n')
+    path.write_text(
+        '{"arrival_s": 0.5, "prompt_token_ids": [1, 2, 3], "output_len": 2, "tenant": "x"}\n'
+        '{"arrival_s": 0.25, "input_len": 5, "output_len": 1}\n'
+    )
     w = build_workload(WorkloadConfig(arrival="trace", path=str(path), num_requests=0), seed=0, **TINY)
     first, second = w.requests
     assert first.arrival_s == 0.0 and first.input_len == 5
@@ -144,10 +160,17 @@ def test_bundled_slices_hold_the_first_thousand_requests(name):
 # -- files that are not traces, and lengths beyond any model -------------------------------------------
 def test_lengths_beyond_any_model_are_refused_naming_file_and_line(tmp_path):
     path = tmp_path / "t.jsonl"
-    path.write_text(json.dumps({"arrival_s": 0, "input_len": 10, "output_len": 5}) + "\n"
-                    + json.dumps({"arrival_s": 1, "input_len": 10, "output_len": 10**8}) + "\n")
-    with pytest.raises(WorkloadError, match=f"trace {path} line 2: output_len must be an integer >= 0 "
-                                            r"\(at most 10000000; got 100000000\)"):
+    path.write_text(
+        json.dumps({"arrival_s": 0, "input_len": 10, "output_len": 5})
+        + "\n"
+        + json.dumps({"arrival_s": 1, "input_len": 10, "output_len": 10**8})
+        + "\n"
+    )
+    with pytest.raises(
+        WorkloadError,
+        match=f"trace {path} line 2: output_len must be an integer >= 0 "
+        r"\(at most 10000000; got 100000000\)",
+    ):
         read_trace(path)
 
 

@@ -37,12 +37,16 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # ---- config ---------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("overrides, message", [
-    ({"name": "mlflow"}, "tracker.name must be one of none, wandb (got 'mlflow')"),
-    ({"mode": "sync"}, "tracker.mode must be one of offline, online, disabled (got 'sync')"),
-    ({"max_table_rows": 0}, "tracker.max_table_rows must be >= 1 (got 0)"),
-    ({"project": ""}, "tracker.project must be a non-empty string"),
-])
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"name": "mlflow"}, "tracker.name must be one of none, wandb (got 'mlflow')"),
+        ({"mode": "sync"}, "tracker.mode must be one of offline, online, disabled (got 'sync')"),
+        ({"max_table_rows": 0}, "tracker.max_table_rows must be >= 1 (got 0)"),
+        ({"project": ""}, "tracker.project must be a non-empty string"),
+    ],
+)
 def test_tracker_config_errors_are_one_line(overrides, message):
     with pytest.raises(ConfigError) as err:
         TrackerConfig(**overrides).validate()
@@ -66,12 +70,18 @@ def test_tracker_yaml_merges_onto_the_dataclass(option, name, clean_env):
     assert isinstance(make_tracker(cfg), WandbTracker if name == "wandb" else NullTracker)
 
 
-@pytest.mark.parametrize("given, env, expected", [
-    ({}, {}, ("offline", "testbed", None)),
-    ({}, {"WANDB_MODE": "disabled", "WANDB_PROJECT": "p", "WANDB_DIR": "/w"}, ("disabled", "p", "/w")),
-    ({"mode": "offline", "project": "mine", "dir": "/d"}, {"WANDB_MODE": "online", "WANDB_PROJECT": "p",
-                                                           "WANDB_DIR": "/w"}, ("offline", "mine", "/d")),
-])
+@pytest.mark.parametrize(
+    "given, env, expected",
+    [
+        ({}, {}, ("offline", "testbed", None)),
+        ({}, {"WANDB_MODE": "disabled", "WANDB_PROJECT": "p", "WANDB_DIR": "/w"}, ("disabled", "p", "/w")),
+        (
+            {"mode": "offline", "project": "mine", "dir": "/d"},
+            {"WANDB_MODE": "online", "WANDB_PROJECT": "p", "WANDB_DIR": "/w"},
+            ("offline", "mine", "/d"),
+        ),
+    ],
+)
 def test_the_config_wins_over_the_environment_which_wins_over_the_defaults(given, env, expected):
     resolved = TrackerConfig(name="wandb", **given).resolved(env)
     assert (resolved.mode, resolved.project, resolved.dir) == expected
@@ -82,8 +92,10 @@ def test_a_bad_wandb_mode_in_the_environment_is_one_line_for_wandb_only(clean_en
     assert isinstance(make_tracker(TrackerConfig(name="none")), NullTracker)
     with pytest.raises(ConfigError) as err:
         make_tracker(TrackerConfig(name="wandb"))
-    assert str(err.value) == ("WANDB_MODE='offlin' in the environment is not one of offline, online, disabled "
-                              "(or W&B's aliases dryrun, run); unset it or set tracker.mode")
+    assert str(err.value) == (
+        "WANDB_MODE='offlin' in the environment is not one of offline, online, disabled "
+        "(or W&B's aliases dryrun, run); unset it or set tracker.mode"
+    )
     assert make_tracker(TrackerConfig(name="wandb", mode="offline"))  # an explicit mode never reads it
 
 
@@ -124,12 +136,14 @@ def test_run_group_is_dated_and_numbered_under_multirun():
 
 def test_nothing_outside_tracking_imports_wandb_or_pynvml():
     pattern = re.compile(r"^\s*(import|from)\s+(wandb|pynvml)\b", re.M)
-    offenders = [p for p in (ROOT / "testbed").rglob("*.py")
-                 if "tracking" not in p.parts and pattern.search(p.read_text())]
+    offenders = [
+        p for p in (ROOT / "testbed").rglob("*.py") if "tracking" not in p.parts and pattern.search(p.read_text())
+    ]
     assert offenders == []
 
 
 # ---- trackers -------------------------------------------------------------------------------
+
 
 def test_flatten_summary_and_table_sample():
     assert flatten_summary({"ttft": {"p99": 1.5, "mean": None}, "n": 3, "x": None}) == {"ttft/p99": 1.5, "n": 3}
@@ -221,6 +235,7 @@ def test_wandb_log_outside_a_run_is_an_error():
 
 # ---- what a point and a sweep log: a fake wandb records the calls ------------------------------
 
+
 class FakeArtifact:
     def __init__(self, name, type, metadata=None, **_):
         self.name, self.type, self.metadata, self.files = name, type, metadata or {}, {}
@@ -260,17 +275,27 @@ def fake_wandb(monkeypatch, clean_env):
         module.runs.append(FakeRun(**kwargs))
         return module.runs[-1]
 
-    module.__dict__.update(init=init, Settings=lambda **kw: kw, Artifact=FakeArtifact,
-                           errors=types.SimpleNamespace(Error=type("Error", (Exception,), {})),
-                           Table=lambda dataframe: ("table", dataframe), Image=lambda path: ("image", path))
+    module.__dict__.update(
+        init=init,
+        Settings=lambda **kw: kw,
+        Artifact=FakeArtifact,
+        errors=types.SimpleNamespace(Error=type("Error", (Exception,), {})),
+        Table=lambda dataframe: ("table", dataframe),
+        Image=lambda path: ("image", path),
+    )
     monkeypatch.setitem(sys.modules, "wandb", module)
     return module
 
 
 def point_dir(root: Path) -> Path:
     """A results directory with W&B's own run folder and Hydra's log beside the results."""
-    for name in ("summary.json", "requests.parquet", "exports/trace.mooncake.jsonl", "wandb/offline-run-x/run.wandb",
-                 "__main__.log"):
+    for name in (
+        "summary.json",
+        "requests.parquet",
+        "exports/trace.mooncake.jsonl",
+        "wandb/offline-run-x/run.wandb",
+        "__main__.log",
+    ):
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         (root / name).write_text("{}")
     return root
@@ -280,26 +305,41 @@ def point_result(profiles: dict, telemetry_rows: int = 0) -> dict:
     """A simulated point's result; its telemetry (when asked for): two GPUs sampled in turn every
     0.1 s, the second without a power reading."""
     n = range(telemetry_rows)
-    samples = pd.DataFrame({"t_s": [0.1 * (i // 2) for i in n], "gpu": [i % 2 for i in n], "uuid": "GPU-x",
-                            "util_pct": [50.0 for _ in n], "power_w": [math.nan if i % 2 else 300.0 for i in n]})
-    return {"summary": {"ttft": {"p99": 0.5}, "sim": {"profiles": profiles}},
-            "requests": pd.DataFrame({"id": range(3), "ttft": [0.1] * 3}),
-            "telemetry": samples if telemetry_rows else None}
+    samples = pd.DataFrame(
+        {
+            "t_s": [0.1 * (i // 2) for i in n],
+            "gpu": [i % 2 for i in n],
+            "uuid": "GPU-x",
+            "util_pct": [50.0 for _ in n],
+            "power_w": [math.nan if i % 2 else 300.0 for i in n],
+        }
+    )
+    return {
+        "summary": {"ttft": {"p99": 0.5}, "sim": {"profiles": profiles}},
+        "requests": pd.DataFrame({"id": range(3), "ttft": [0.1] * 3}),
+        "telemetry": samples if telemetry_rows else None,
+    }
 
 
 SHIPPED_LABEL = {"mixed": {"kind": "measured", "name": "shipped:tiny_cpu.json"}}
 
 
 def test_a_point_logs_its_results_artifact_with_the_profile_and_telemetry_as_series(tmp_path, fake_wandb):
-    tracker = make_tracker(TrackerConfig(name="wandb", mode="offline"), group="mode_compare-2026-01-02-03-04-05", run_id="k3x9q2ab")
+    tracker = make_tracker(
+        TrackerConfig(name="wandb", mode="offline"), group="mode_compare-2026-01-02-03-04-05", run_id="k3x9q2ab"
+    )
     cfg = make_config("executor=sim", "mode=chunked")
     track_point(tracker, "chunked", "03-04-05", cfg, point_dir(tmp_path / "p"), point_result(SHIPPED_LABEL, 6))
     [run] = fake_wandb.runs
     assert run.init["group"] == "mode_compare-2026-01-02-03-04-05-k3x9q2ab" and run.init["dir"] == str(tmp_path / "p")
     [results] = run.logged
     assert (results.name, results.type) == ("mode_compare-2026-01-02-03-04-05-k3x9q2ab-chunked", "results")
-    assert sorted(results.files) == ["exports/trace.mooncake.jsonl", "profiles/mixed/tiny_cpu.json",
-                                     "requests.parquet", "summary.json"]  # no W&B run folder, no log
+    assert sorted(results.files) == [
+        "exports/trace.mooncake.jsonl",
+        "profiles/mixed/tiny_cpu.json",
+        "requests.parquet",
+        "summary.json",
+    ]  # no W&B run folder, no log
     assert results.files["profiles/mixed/tiny_cpu.json"] == SHIPPED / "tiny_cpu.json" and run.used == []  # offline
     assert results.metadata["profiles"] == SHIPPED_LABEL
     assert results.metadata["profile_files"] == {"mixed": str(SHIPPED / "tiny_cpu.json")}
@@ -312,15 +352,25 @@ def test_a_point_logs_its_results_artifact_with_the_profile_and_telemetry_as_ser
 
 def test_online_a_profile_file_is_an_input_artifact_and_an_analytical_gpu_only_a_name(tmp_path, fake_wandb):
     tracker = make_tracker(TrackerConfig(name="wandb", mode="online"), group="g")
-    track_point(tracker, "chunked", "x", make_config("executor=sim"), point_dir(tmp_path / "a"),
-                point_result(SHIPPED_LABEL))
+    track_point(
+        tracker, "chunked", "x", make_config("executor=sim"), point_dir(tmp_path / "a"), point_result(SHIPPED_LABEL)
+    )
     [used] = fake_wandb.runs[0].used
-    assert (used.name, used.type, list(used.files.values())) == ("profile-tiny_cpu.json", "profile",
-                                                                 [SHIPPED / "tiny_cpu.json"])
+    assert (used.name, used.type, list(used.files.values())) == (
+        "profile-tiny_cpu.json",
+        "profile",
+        [SHIPPED / "tiny_cpu.json"],
+    )
     assert not any(name.startswith("profiles/") for name in fake_wandb.runs[0].logged[0].files)
     gpu = {"mixed": {"kind": "analytical", "name": "h100_sxm"}}
-    track_point(tracker, "chunked", "x", make_config("executor=sim", "sim.profile=h100_sxm"), point_dir(tmp_path / "b"),
-                point_result(gpu))
+    track_point(
+        tracker,
+        "chunked",
+        "x",
+        make_config("executor=sim", "sim.profile=h100_sxm"),
+        point_dir(tmp_path / "b"),
+        point_result(gpu),
+    )
     run = fake_wandb.runs[1]
     [results] = run.logged
     assert run.used == [] and results.metadata["profiles"] == gpu and results.metadata["profile_files"] == {}
@@ -335,18 +385,39 @@ def test_profile_files_name_the_file_each_role_ran_on(tmp_path):
 
 
 def sweep_table() -> pd.DataFrame:
-    rows = [("chunked", 20.0, "ok", 0.5), ("chunked", 10.0, "skipped", 1.0), ("1P1D", 10.0, "ok", 0.8),
-            ("1P1D", 20.0, "failed", math.nan)]
-    return pd.DataFrame([{"point": f"{label}_rate{rate:g}", "label": label, "rate": rate, "status": status,
-                          "slo_attainment": att, "num_requests_total": 12, "num_requests_rejected": 2,
-                          "throughput_duration_s": 4.0, "throughput_requests_per_s": 2.5, "ttft_p99": 0.1,
-                          "tpot_p99": 0.01} for label, rate, status, att in rows])
+    rows = [
+        ("chunked", 20.0, "ok", 0.5),
+        ("chunked", 10.0, "skipped", 1.0),
+        ("1P1D", 10.0, "ok", 0.8),
+        ("1P1D", 20.0, "failed", math.nan),
+    ]
+    return pd.DataFrame(
+        [
+            {
+                "point": f"{label}_rate{rate:g}",
+                "label": label,
+                "rate": rate,
+                "status": status,
+                "slo_attainment": att,
+                "num_requests_total": 12,
+                "num_requests_rejected": 2,
+                "throughput_duration_s": 4.0,
+                "throughput_requests_per_s": 2.5,
+                "ttft_p99": 0.1,
+                "tpot_p99": 0.01,
+            }
+            for label, rate, status, att in rows
+        ]
+    )
 
 
 def test_rate_history_one_row_per_finished_point_sorted_by_label_then_rate():
     rows = rate_history(sweep_table())
     assert [(next(k for k in r if k.startswith("slo_attainment/")), r["rate"]) for r in rows] == [
-        ("slo_attainment/1P1D", 10.0), ("slo_attainment/chunked", 10.0), ("slo_attainment/chunked", 20.0)]
+        ("slo_attainment/1P1D", 10.0),
+        ("slo_attainment/chunked", 10.0),
+        ("slo_attainment/chunked", 20.0),
+    ]
     assert rows[2]["goodput_requests_per_s/chunked"] == pytest.approx(0.5 * 10 / 4.0)  # good requests per second
     assert rows[0]["slo_attainment/1P1D"] == 0.8 and rows[0]["throughput_requests_per_s/1P1D"] == 2.5
     assert rate_history(sweep_table().drop(columns="rate")) == [] and rate_history(pd.DataFrame()) == []
@@ -364,24 +435,36 @@ def test_the_sweep_run_charts_against_rate_and_logs_its_table(tmp_path, fake_wan
     (out / "points" / "p" / "summary.json").parent.mkdir(parents=True)
     (out / "points" / "p" / "summary.json").write_text("{}")
     figure = _png(out / "attainment_vs_rate.png")
-    tracker = make_tracker(TrackerConfig(name="wandb", mode="offline"), group="rate_sweep-2026-01-02-03-04-05", run_id="k3x9q2ab")
-    track_figures(tracker, "03-04-05", make_config("+experiment=rate_sweep"), out, {"goodput": {}}, [figure],
-                  sweep_table())
+    tracker = make_tracker(
+        TrackerConfig(name="wandb", mode="offline"), group="rate_sweep-2026-01-02-03-04-05", run_id="k3x9q2ab"
+    )
+    track_figures(
+        tracker, "03-04-05", make_config("+experiment=rate_sweep"), out, {"goodput": {}}, [figure], sweep_table()
+    )
     [run] = fake_wandb.runs
     assert (run.init["name"], run.init["job_type"], run.init["group"]) == (
-        "rate_sweep-sweep", "sweep", "rate_sweep-2026-01-02-03-04-05-k3x9q2ab")
+        "rate_sweep-sweep",
+        "sweep",
+        "rate_sweep-2026-01-02-03-04-05-k3x9q2ab",
+    )
     assert run.metrics["rate"] is None
     assert {k: v for k, v in run.metrics.items() if k != "rate"} == {
-        f"{m}/{label}": "rate" for label in ("1P1D", "chunked") for m in
-        ("slo_attainment", "goodput_requests_per_s", "throughput_requests_per_s", "ttft_p99", "tpot_p99")}
+        f"{m}/{label}": "rate"
+        for label in ("1P1D", "chunked")
+        for m in ("slo_attainment", "goodput_requests_per_s", "throughput_requests_per_s", "ttft_p99", "tpot_p99")
+    }
     [table] = [row["sweep"] for row in run.rows if "sweep" in row]
     assert len(table[1]) == 4
     assert [row["rate"] for row in run.rows if "rate" in row] == [10.0, 10.0, 20.0]
     assert any("figures/attainment_vs_rate" in row for row in run.rows)
     [artifact] = run.logged
     assert (artifact.name, artifact.type) == ("rate_sweep-2026-01-02-03-04-05-k3x9q2ab-sweep", "sweep")
-    assert sorted(artifact.files) == ["attainment_vs_rate.png", "exports/trace.mooncake.jsonl", "requests.parquet",
-                                      "summary.json"]  # not points/, wandb/ or the log
+    assert sorted(artifact.files) == [
+        "attainment_vs_rate.png",
+        "exports/trace.mooncake.jsonl",
+        "requests.parquet",
+        "summary.json",
+    ]  # not points/, wandb/ or the log
 
 
 def test_wandb_dir_moves_every_run_unless_tracker_dir_is_set(tmp_path, fake_wandb, clean_env):
@@ -399,19 +482,28 @@ def test_wandb_dir_moves_every_run_unless_tracker_dir_is_set(tmp_path, fake_wand
 def test_a_simulated_sweep_shares_one_dated_group_and_always_has_its_sweep_run(tmp_path, fake_wandb):
     from testbed.studies.runner import run
 
-    cfg = make_config("+experiment=mode_compare", "executor=sim", "tracker=wandb", "experiment.repeats=1",
-                      "experiment.modes=[chunked,disagg]", "workload.num_requests=10", "experiment.figures=false")
+    cfg = make_config(
+        "+experiment=mode_compare",
+        "executor=sim",
+        "tracker=wandb",
+        "experiment.repeats=1",
+        "experiment.modes=[chunked,disagg]",
+        "workload.num_requests=10",
+        "experiment.figures=false",
+    )
     run(cfg, tmp_path / "out")
     runs = fake_wandb.runs
     assert [r.init["job_type"] for r in runs] == ["chunked", "disagg", "sweep"]
     assert len({r.init["group"] for r in runs}) == 1
     assert re.fullmatch(r"mode_compare-\d{4}-\d\d-\d\d-\d\d-\d\d-\d\d-[0-9a-z]{8}", runs[0].init["group"])
     assert [r.init["dir"] for r in runs] == [str(tmp_path / "out" / "points" / p) for p in ("chunked", "1P1D")] + [
-        str(tmp_path / "out")]
+        str(tmp_path / "out")
+    ]
     assert all(r.logged for r in runs) and "slo_attainment/1P1D" in runs[-1].metrics
 
 
 # ---- what the real wandb writes offline ------------------------------------------------------
+
 
 def wandb_records(path: Path) -> list:
     """The records of a .wandb file: W&B's 7-byte header, then LevelDB's log format (32 KiB
@@ -425,8 +517,8 @@ def wandb_records(path: Path) -> list:
         if 32768 - pos % 32768 < 7:  # a block's tail too short for a header is padding
             pos += 32768 - pos % 32768
             continue
-        length, kind = struct.unpack("<HB", data[pos + 4:pos + 7])
-        chunk, pos = chunk + data[pos + 7:pos + 7 + length], pos + 7 + length
+        length, kind = struct.unpack("<HB", data[pos + 4 : pos + 7])
+        chunk, pos = chunk + data[pos + 7 : pos + 7 + length], pos + 7 + length
         if kind in (1, 4):
             records.append(wandb_internal_pb2.Record.FromString(chunk))
             chunk = b""
@@ -442,7 +534,9 @@ def records_of(root: Path) -> dict:
 
 
 def test_wandb_offline_records_the_artifacts_metrics_and_group(tmp_path, no_network):
-    tracker = make_tracker(TrackerConfig(name="wandb", mode="offline"), group="mode_compare-2026-01-02-03-04-05", run_id="k3x9q2ab")
+    tracker = make_tracker(
+        TrackerConfig(name="wandb", mode="offline"), group="mode_compare-2026-01-02-03-04-05", run_id="k3x9q2ab"
+    )
     point = point_dir(tmp_path / "sweep" / "points" / "chunked")
     track_point(tracker, "chunked", "03-04-05", make_config("executor=sim"), point, point_result(SHIPPED_LABEL, 4))
     track_figures(tracker, "03-04-05", make_config("+experiment=rate_sweep"), tmp_path / "sweep", {}, [], sweep_table())
@@ -451,15 +545,25 @@ def test_wandb_offline_records_the_artifacts_metrics_and_group(tmp_path, no_netw
     [results] = [a for a in records["artifact"] if a.type == "results"]
     assert results.name == "mode_compare-2026-01-02-03-04-05-k3x9q2ab-chunked"
     assert sorted(c.path for c in results.manifest.contents) == [
-        "exports/trace.mooncake.jsonl", "profiles/mixed/tiny_cpu.json", "requests.parquet", "summary.json"]
+        "exports/trace.mooncake.jsonl",
+        "profiles/mixed/tiny_cpu.json",
+        "requests.parquet",
+        "summary.json",
+    ]
     assert json.loads(results.metadata)["profiles"] == SHIPPED_LABEL
     assert {(m.name or m.glob_name, m.step_metric) for m in records["metric"]} == {
-        ("telemetry/t_s", ""), ("telemetry/*", "telemetry/t_s")}
+        ("telemetry/t_s", ""),
+        ("telemetry/*", "telemetry/t_s"),
+    }
     sweep = records_of(tmp_path / "sweep")
     assert any(a.type == "sweep" for a in sweep["artifact"])
     assert ("slo_attainment/chunked", "rate") in {(m.name, m.step_metric) for m in sweep["metric"]}
-    rates = [json.loads(i.value_json) for h in sweep["history"] for i in h.item if "/".join(i.nested_key) == "rate"
-             or i.key == "rate"]
+    rates = [
+        json.loads(i.value_json)
+        for h in sweep["history"]
+        for i in h.item
+        if "/".join(i.nested_key) == "rate" or i.key == "rate"
+    ]
     assert rates == [10.0, 10.0, 20.0] and no_network == []
 
 
@@ -473,6 +577,7 @@ def test_wandb_mode_from_the_environment_when_unset(tmp_path, no_network, monkey
 
 
 # ---- telemetry: the real machine and a missing library ----------------------------------------
+
 
 def test_start_telemetry_on_this_machine_prints_one_line(capsys):
     sampler = telemetry.start_telemetry(time.perf_counter(), interval_s=0.05)
@@ -504,8 +609,11 @@ def test_counter_rate():
 
 # ---- telemetry: the sampling path against a fake NVML ------------------------------------------
 
-UUIDS = ["GPU-aaaa0000-0000-0000-0000-000000000000", "GPU-bbbb0000-0000-0000-0000-000000000000",
-         "GPU-cccc0000-0000-0000-0000-000000000000"]
+UUIDS = [
+    "GPU-aaaa0000-0000-0000-0000-000000000000",
+    "GPU-bbbb0000-0000-0000-0000-000000000000",
+    "GPU-cccc0000-0000-0000-0000-000000000000",
+]
 TX_KIB_PER_READ, RX_KIB_PER_READ = 100, 40
 
 
@@ -519,15 +627,24 @@ def fake_nvml() -> types.ModuleType:
 
     reads = {i: 0 for i in range(3)}
     nvml.__dict__.update(
-        NVMLError=NVMLError, NVML_SUCCESS=0, NVML_CLOCK_SM=1, NVML_FEATURE_ENABLED=1, NVML_P2P_STATUS_OK=0,
-        NVML_P2P_CAPS_INDEX_NVLINK=2, NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX=138,
-        NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX=139, shutdowns=[],
-        nvmlInit=lambda: None, nvmlShutdown=lambda: nvml.shutdowns.append(1),
-        nvmlDeviceGetCount=lambda: 3, nvmlDeviceGetHandleByIndex=lambda i: i,
-        nvmlDeviceGetUUID=lambda h: UUIDS[h], nvmlDeviceGetName=lambda h: b"Fake H200",
+        NVMLError=NVMLError,
+        NVML_SUCCESS=0,
+        NVML_CLOCK_SM=1,
+        NVML_FEATURE_ENABLED=1,
+        NVML_P2P_STATUS_OK=0,
+        NVML_P2P_CAPS_INDEX_NVLINK=2,
+        NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX=138,
+        NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX=139,
+        shutdowns=[],
+        nvmlInit=lambda: None,
+        nvmlShutdown=lambda: nvml.shutdowns.append(1),
+        nvmlDeviceGetCount=lambda: 3,
+        nvmlDeviceGetHandleByIndex=lambda i: i,
+        nvmlDeviceGetUUID=lambda h: UUIDS[h],
+        nvmlDeviceGetName=lambda h: b"Fake H200",
         nvmlSystemGetDriverVersion=lambda: "999.1",
         nvmlDeviceGetUtilizationRates=lambda h: types.SimpleNamespace(gpu=50 + h),
-        nvmlDeviceGetMemoryInfo=lambda h: types.SimpleNamespace(used=1000 * (h + 1), total=2 ** 30),
+        nvmlDeviceGetMemoryInfo=lambda h: types.SimpleNamespace(used=1000 * (h + 1), total=2**30),
         nvmlDeviceGetClockInfo=lambda h, clock: 1980,
         nvmlDeviceGetNvLinkState=lambda h, link: 1 if link < 2 else 0,
         nvmlDeviceGetTopologyCommonAncestor=lambda a, b: 10,
@@ -545,8 +662,11 @@ def fake_nvml() -> types.ModuleType:
         for field_id, scope in fields:
             supported = scope == telemetry.NVLINK_ALL_LINKS if h == 0 else scope in (0, 1)
             per_read = TX_KIB_PER_READ if field_id == 138 else RX_KIB_PER_READ
-            values.append(types.SimpleNamespace(nvmlReturn=0 if supported else 3,
-                                                value=types.SimpleNamespace(ullVal=reads[h] * per_read)))
+            values.append(
+                types.SimpleNamespace(
+                    nvmlReturn=0 if supported else 3, value=types.SimpleNamespace(ullVal=reads[h] * per_read)
+                )
+            )
         return values
 
     nvml.nvmlDeviceGetPowerUsage = power
@@ -562,8 +682,9 @@ def fake_gpus(monkeypatch):
     torch_order = [UUIDS[1][4:], UUIDS[0][4:]]
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    monkeypatch.setattr(torch.cuda, "get_device_properties", 
-                        lambda i: types.SimpleNamespace(uuid=torch_order[i], name="Fake H200"))
+    monkeypatch.setattr(
+        torch.cuda, "get_device_properties", lambda i: types.SimpleNamespace(uuid=torch_order[i], name="Fake H200")
+    )
     return nvml
 
 
@@ -593,7 +714,9 @@ def test_gpu_inventory_and_meta_with_fake_nvml(fake_gpus):
     inventory = telemetry.gpu_inventory()
     assert inventory["driver_version"] == "999.1"
     assert [(g["index"], g["uuid"], g["name"], g["nvlink_links_active"]) for g in inventory["gpus"]] == [
-        (0, UUIDS[1], "Fake H200", 2), (1, UUIDS[0], "Fake H200", 2)]
+        (0, UUIDS[1], "Fake H200", 2),
+        (1, UUIDS[0], "Fake H200", 2),
+    ]
     assert inventory["pairs"] == [{"a": 0, "b": 1, "topology": "single", "nvlink_p2p": True}]
     meta = collect_meta(7)
     assert meta["hardware"] == inventory and json.dumps(meta)
@@ -606,10 +729,12 @@ def test_meta_hardware_on_this_machine():
 
 # ---- doctor ---------------------------------------------------------------------------------
 
+
 def test_doctor_prints_one_line_per_item():
     env = {"PATH": "/usr/bin:/bin", "WANDB_MODE": "online"}
-    done = subprocess.run([sys.executable, "-m", "testbed.doctor"], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "testbed.doctor"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stderr
     names = [line.split(":", 1)[0] for line in done.stdout.splitlines()]
     for name in ("python", "torch", "cuda", "nccl", "gloo", "flash-attn", "nvml", "wandb", "wandb mode", "cpu count"):
@@ -618,9 +743,8 @@ def test_doctor_prints_one_line_per_item():
 
 
 def test_a_missing_wandb_is_one_line_naming_the_extra(monkeypatch):
-    from importlib.util import find_spec
-
     import sys
+    from importlib.util import find_spec
 
     monkeypatch.setitem(sys.modules, "wandb", None)
     monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: None if name == "wandb" else find_spec(name, *a))

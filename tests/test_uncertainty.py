@@ -10,14 +10,23 @@ import pytest
 from testbed.metrics import RequestLog, SLOConfig, slo_attainment, summarize
 from testbed.metrics.comparisons import comparison_lines, repeats_to_separate, verdict
 from testbed.metrics.rate_search import ABOVE, BELOW, Goodput, RateSearch, goodput_of, next_rate
-from testbed.metrics.uncertainty import (Interval, estimable, jackknife, mean_interval, order_interval, overlaps,
-                                         point_intervals, ratio_interval, request_units, sample_interval,
-                                         share_interval)
+from testbed.metrics.uncertainty import (
+    estimable,
+    mean_interval,
+    order_interval,
+    overlaps,
+    point_intervals,
+    ratio_interval,
+    request_units,
+    sample_interval,
+    share_interval,
+)
 
 
 def req(i, arrival, tenant="default"):
-    return SimpleNamespace(request_id=i, arrival_s=arrival, input_len=10, output_len=2, session_id=None, turn=0,
-                           tenant=tenant)
+    return SimpleNamespace(
+        request_id=i, arrival_s=arrival, input_len=10, output_len=2, session_id=None, turn=0, tenant=tenant
+    )
 
 
 def served_log(n_ok: int, n_refused: int, n_filtered: int = 0) -> RequestLog:
@@ -133,8 +142,10 @@ def test_paired_differences_separate_what_overlapping_intervals_cannot():
     """Common random numbers: B trails A by 0.5 on every seed though the seeds spread by 4."""
     a = per_seed([10.0, 12.0, 14.0, 11.0])
     b = per_seed([9.5, 11.5, 13.4, 10.5])
-    assert overlaps(tuple(mean_interval(list(g.value for g in a.values())))[1:],
-                    tuple(mean_interval(list(g.value for g in b.values())))[1:])
+    assert overlaps(
+        tuple(mean_interval(list(g.value for g in a.values())))[1:],
+        tuple(mean_interval(list(g.value for g in b.values())))[1:],
+    )
     chosen = verdict({"A": a, "B": b})
     assert chosen["separated"] and chosen["label"] == "A" and "best configuration: A" in chosen["line"]
     assert chosen["comparisons"][0]["difference_low"] > 0
@@ -151,8 +162,10 @@ def test_no_winner_when_the_paired_difference_holds_zero_and_the_repeats_needed_
     # plugging in the observed spread gives (a coin flip's power)
     assert repeats_to_separate(np.array([1.0, 1.2, 0.8])) == 6
     assert repeats_to_separate(np.array([1.0, 1.2, 0.8]), error=1.0) is None  # the search error eats the lead
-    assert repeats_to_separate(np.array([0.1, -0.1, 0.05])) is None or repeats_to_separate(
-        np.array([0.1, -0.1, 0.05])) > 10
+    assert (
+        repeats_to_separate(np.array([0.1, -0.1, 0.05])) is None
+        or repeats_to_separate(np.array([0.1, -0.1, 0.05])) > 10
+    )
 
 
 def test_a_censored_goodput_takes_part_only_where_its_bound_points_the_claims_way():
@@ -167,8 +180,10 @@ def test_no_verdict_is_separated_unless_it_outlasts_both_search_errors():
     known only to within 0.6: widened by both errors (1.2) the interval holds zero."""
     exact = verdict({"A": per_seed([11.0, 12.0, 13.1]), "B": per_seed([10.0, 11.0, 12.0])})
     assert exact["separated"]
-    loose = {"A": {s: Goodput(v, "", 0.6) for s, v in enumerate([11.0, 12.0, 13.1])},
-             "B": {s: Goodput(v, "", 0.6) for s, v in enumerate([10.0, 11.0, 12.0])}}
+    loose = {
+        "A": {s: Goodput(v, "", 0.6) for s, v in enumerate([11.0, 12.0, 13.1])},
+        "B": {s: Goodput(v, "", 0.6) for s, v in enumerate([10.0, 11.0, 12.0])},
+    }
     chosen = verdict(loose)
     row = chosen["comparisons"][0]
     assert not chosen["separated"] and row["difference_low"] < 0 < row["difference"]
@@ -180,10 +195,17 @@ def test_the_search_error_of_every_repeat_reaches_the_verdict_from_the_aggregate
     (it once rebuilt each repeat's goodput with no error, so the verdict widened by zero)."""
     from testbed.studies.aggregates import best_of
 
-    goodputs = {label: {"num_gpus": 2, "seeds": [0, 1, 2], "goodput_per_repeat": values,
-                        "censoring_per_repeat": ["", "", ""], "error_per_repeat": [1.2, 1.2, 1.2],
-                        "goodput_per_gpu": float(np.mean(values)) / 2}
-                for label, values in (("A", [22.0, 24.0, 26.2]), ("B", [20.0, 22.0, 24.0]))}
+    goodputs = {
+        label: {
+            "num_gpus": 2,
+            "seeds": [0, 1, 2],
+            "goodput_per_repeat": values,
+            "censoring_per_repeat": ["", "", ""],
+            "error_per_repeat": [1.2, 1.2, 1.2],
+            "goodput_per_gpu": float(np.mean(values)) / 2,
+        }
+        for label, values in (("A", [22.0, 24.0, 26.2]), ("B", [20.0, 22.0, 24.0]))
+    }
     best = best_of(goodputs)
     assert not best["separated"], best["comparisons"]
     assert best["comparisons"][0]["difference_low"] < 0
@@ -212,9 +234,11 @@ def test_the_search_reaches_its_tolerance_within_five_points_from_a_wide_grid(sh
     """From a grid of 25 and 100 req/s, five points bring the search error within 8% of the
     goodput whatever the curve's shape (bisection alone leaves about 15% on a cliff)."""
     truth = 61.0
-    curves = {"cliff": lambda r: 1.0 if r <= truth else 0.3,
-              "linear": lambda r: min(1.0, max(0.0, 0.9 - (r - truth) / 80)),
-              "logistic": lambda r: 1 / (1 + math.exp((r - truth) / 6 - math.log(9)))}
+    curves = {
+        "cliff": lambda r: 1.0 if r <= truth else 0.3,
+        "linear": lambda r: min(1.0, max(0.0, 0.9 - (r - truth) / 80)),
+        "logistic": lambda r: 1 / (1 + math.exp((r - truth) / 6 - math.log(9))),
+    }
     f = curves[shape]
     search = RateSearch(budget=5, tolerance=0.08, floor=3, cap=800)
     rates = [25.0, 100.0]
@@ -267,7 +291,15 @@ def test_points_run_repeat_by_repeat_so_drift_does_not_line_up_with_a_configurat
     order = [(p.knobs["label"], p.knobs["seed"]) for p in with_repeats(points, cfg)]
     assert order == [("A", 7), ("B", 7), ("A", 8), ("B", 8), ("A", 9), ("B", 9)]
     # a point that reads another's results keeps its builder's order (its inputs run first)
-    reading = [Point("real", {}, {"label": "real"}), Point("sim", {"sim.profile": "run:{points}/real_r*"},
-                                                                  {"label": "sim"})]
-    assert [p.name for p in with_repeats(reading, cfg)] == ["real_r0", "real_r1", "real_r2", "sim_r0", "sim_r1",
-                                                            "sim_r2"]
+    reading = [
+        Point("real", {}, {"label": "real"}),
+        Point("sim", {"sim.profile": "run:{points}/real_r*"}, {"label": "sim"}),
+    ]
+    assert [p.name for p in with_repeats(reading, cfg)] == [
+        "real_r0",
+        "real_r1",
+        "real_r2",
+        "sim_r0",
+        "sim_r1",
+        "sim_r2",
+    ]

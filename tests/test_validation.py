@@ -11,7 +11,8 @@ from functools import lru_cache
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
 from testbed.config import CONF_DIR, check_overrides, config_problem, register_configs
@@ -19,20 +20,23 @@ from testbed.config import CONF_DIR, check_overrides, config_problem, register_c
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("override, message", [
-    ("seed=-1", "seed=-1 is outside [0, 4294967295]"),
-    ("workload.rate=1e-9", "above limits.max_run_s=86400; raise limits.max_run_s"),
-    ("workload.num_requests=100000000 workload.rate=1e6", "raise limits.max_memory_gb to run it"),
-    ("workload.num_requests=100000000 executor=sim", "raise limits.max_memory_gb to run it"),
-    ("engine.num_kv_blocks=100000000", "raise limits.max_memory_gb to run it"),
-    ("cluster.heartbeat_s=nan", "cluster.heartbeat_s=nan must be a finite number"),
-    ("metrics.stall_factor=inf", "metrics.stall_factor=inf must be a finite number"),
-    ("workload.num_requests=99999999999999999999", "workload.num_requests=99999999999999999999 is outside"),
-    ("model.dtype=fp8", "model.dtype='fp8' is not one of auto, float32, bfloat16, float16"),
-    ("cluster.start_timeout_s=-1", "cluster.start_timeout_s=-1.0 must be > 0"),
-    ("faults.kill_worker=-1", "faults.kill_worker=-1 is outside [0, inf]"),
-    ("limits.max_run_s=0", "limits.max_run_s=0.0 must be > 0"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("seed=-1", "seed=-1 is outside [0, 4294967295]"),
+        ("workload.rate=1e-9", "above limits.max_run_s=86400; raise limits.max_run_s"),
+        ("workload.num_requests=100000000 workload.rate=1e6", "raise limits.max_memory_gb to run it"),
+        ("workload.num_requests=100000000 executor=sim", "raise limits.max_memory_gb to run it"),
+        ("engine.num_kv_blocks=100000000", "raise limits.max_memory_gb to run it"),
+        ("cluster.heartbeat_s=nan", "cluster.heartbeat_s=nan must be a finite number"),
+        ("metrics.stall_factor=inf", "metrics.stall_factor=inf must be a finite number"),
+        ("workload.num_requests=99999999999999999999", "workload.num_requests=99999999999999999999 is outside"),
+        ("model.dtype=fp8", "model.dtype='fp8' is not one of auto, float32, bfloat16, float16"),
+        ("cluster.start_timeout_s=-1", "cluster.start_timeout_s=-1.0 must be > 0"),
+        ("faults.kill_worker=-1", "faults.kill_worker=-1 is outside [0, inf]"),
+        ("limits.max_run_s=0", "limits.max_run_s=0.0 must be > 0"),
+    ],
+)
 def test_a_bad_value_is_refused_at_compose_time_naming_key_and_range(override, message):
     problem = check_overrides(["hardware=cpu", *override.split()])
     assert problem is not None and message in problem and "\n" not in problem, problem
@@ -40,8 +44,10 @@ def test_a_bad_value_is_refused_at_compose_time_naming_key_and_range(override, m
 
 def test_the_limits_name_the_key_that_raises_them_and_raising_it_runs():
     assert check_overrides(["hardware=cpu", "workload.rate=1e-3", "workload.num_requests=200"])  # 2e5 s
-    assert check_overrides(["hardware=cpu", "workload.rate=1e-3", "workload.num_requests=200",
-                            "limits.max_run_s=1e6"]) is None
+    assert (
+        check_overrides(["hardware=cpu", "workload.rate=1e-3", "workload.num_requests=200", "limits.max_run_s=1e6"])
+        is None
+    )
     assert check_overrides(["hardware=cpu", "workload.num_requests=1000", "limits.max_memory_gb=0.001"])
     assert check_overrides(["hardware=cpu", "workload.num_requests=100", "limits.max_memory_gb=1"]) is None
 
@@ -53,17 +59,25 @@ def test_the_simulator_keeps_its_own_clock():
 
 @pytest.mark.parametrize("override", ["seed=-1", "workload.rate=1e-9", "workload.num_requests=100000000"])
 def test_the_probes_exit_2_in_one_line_before_allocating(tmp_path, override):
-    out = subprocess.run([sys.executable, "-m", "testbed", f"hydra.run.dir={tmp_path}", "hardware=cpu", override],
-                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "testbed", f"hydra.run.dir={tmp_path}", "hardware=cpu", override],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
     assert len(out.stderr.strip().splitlines()) == 1 and "error: " in out.stderr
     assert not (tmp_path / "config.yaml").exists()  # refused before Hydra's job ran
 
 
 # -- random overrides of every key ----------------------------------------------------------------
-GROUPS = {"mode": ["colocated", "chunked", "disagg"], "model": ["tiny", "small", "llama3_8b"],
-          "workload": ["poisson", "bursty", "onoff", "ramp", "multiturn", "mixed_tenants"],
-          "hardware": ["cpu", "auto"]}
+GROUPS = {
+    "mode": ["colocated", "chunked", "disagg"],
+    "model": ["tiny", "small", "llama3_8b"],
+    "workload": ["poisson", "bursty", "onoff", "ramp", "multiturn", "mixed_tenants"],
+    "hardware": ["cpu", "auto"],
+}
 
 
 @lru_cache(maxsize=None)
@@ -85,12 +99,37 @@ def leaf_keys(node, prefix: str = "") -> list[str]:
 
 KEYS = leaf_keys(OmegaConf.to_container(composed(("hardware=cpu",)), resolve=False))
 TEXT = st.from_regex(r"[A-Za-z_][A-Za-z0-9_./-]{0,10}", fullmatch=True)
-VALUE = (st.integers().map(str) | st.integers(-5, 10**6).map(str) | st.floats().map(repr)
-         | st.sampled_from(["nan", "inf", "-inf", "1e-300", "5e-324", "1e308", "-0.0", "0", "-1", "''", "null",
-                            "true", "false", "[]", "[1,2]", "{}", "99999999999999999999"]) | TEXT)
+VALUE = (
+    st.integers().map(str)
+    | st.integers(-5, 10**6).map(str)
+    | st.floats().map(repr)
+    | st.sampled_from(
+        [
+            "nan",
+            "inf",
+            "-inf",
+            "1e-300",
+            "5e-324",
+            "1e308",
+            "-0.0",
+            "0",
+            "-1",
+            "''",
+            "null",
+            "true",
+            "false",
+            "[]",
+            "[1,2]",
+            "{}",
+            "99999999999999999999",
+        ]
+    )
+    | TEXT
+)
 OVERRIDES = st.tuples(
     st.dictionaries(st.sampled_from(sorted(GROUPS)), st.integers(0, 5), max_size=2),
-    st.lists(st.tuples(st.sampled_from(KEYS), VALUE), min_size=1, max_size=3))
+    st.lists(st.tuples(st.sampled_from(KEYS), VALUE), min_size=1, max_size=3),
+)
 
 
 def compose_and_validate(groups: dict, values: list) -> str | None:
@@ -108,7 +147,8 @@ def compose_and_validate(groups: dict, values: list) -> str | None:
     cfg = copy.deepcopy(composed(tuple(f"{g}={GROUPS[g][i % len(GROUPS[g])]}" for g, i in sorted(choices.items()))))
     try:
         ConfigLoaderImpl._apply_overrides_to_config(
-            OverridesParser.create().parse_overrides([f"{k}={v}" for k, v in values]), cfg)
+            OverridesParser.create().parse_overrides([f"{k}={v}" for k, v in values]), cfg
+        )
     except (HydraException, OmegaConfBaseException) as error:
         return _one_line(error)
     return config_problem(cfg)

@@ -7,8 +7,7 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
-from testbed.workload import LengthConfig, TenantConfig, WorkloadConfig, WorkloadError, build_workload
-from testbed.workload import arrivals
+from testbed.workload import LengthConfig, TenantConfig, WorkloadConfig, WorkloadError, arrivals, build_workload
 from testbed.workload.lengths import sample_lengths
 from testbed.workload.traces import resolve_trace_path
 
@@ -21,6 +20,7 @@ def build(seed=0, **fields):
 
 
 # --- arrival processes -------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("process", ["poisson", "gamma", "constant", "onoff"])
 def test_mean_rate_within_3_percent(process):
@@ -65,6 +65,7 @@ def test_replay_speedup_compresses_time():
 
 # --- lengths -------------------------------------------------------------------------------------
 
+
 def test_lengths_are_clipped_and_counted():
     values, clipped = sample_lengths(LengthConfig(dist="fixed", mean=500, min=1, max=100), 10, np.random.default_rng(0))
     assert list(values) == [100] * 10 and clipped == 10
@@ -78,14 +79,19 @@ def test_length_means(dist, mean):
 
 
 def test_zipf_and_empirical_stay_in_range():
-    values, clipped = sample_lengths(LengthConfig(dist="zipf", alpha=1.2, min=10, max=50), 2000, np.random.default_rng(0))
+    values, clipped = sample_lengths(
+        LengthConfig(dist="zipf", alpha=1.2, min=10, max=50), 2000, np.random.default_rng(0)
+    )
     assert values.min() >= 10 and values.max() <= 50 and clipped == 0
     assert np.mean(values == 10) > np.mean(values == 11) > np.mean(values == 30)
-    values, _ = sample_lengths(LengthConfig(dist="empirical", values=[3, 7], min=1, max=10), 100, np.random.default_rng(0))
+    values, _ = sample_lengths(
+        LengthConfig(dist="empirical", values=[3, 7], min=1, max=10), 100, np.random.default_rng(0)
+    )
     assert set(values) == {3, 7}
 
 
 # --- build_workload ------------------------------------------------------------------------------
+
 
 def test_same_seed_same_requests_and_other_seed_differs():
     a, b, c = build(seed=5), build(seed=5), build(seed=6)
@@ -109,15 +115,22 @@ def test_duration_caps_arrivals_and_zero_requests_means_until_duration():
 
 
 def test_overlength_clip_is_reported():
-    w = build(num_requests=4, input_len=LengthConfig(dist="fixed", mean=2040, min=1, max=4096),
-              output_len=LengthConfig(dist="fixed", mean=20, min=1, max=64))
+    w = build(
+        num_requests=4,
+        input_len=LengthConfig(dist="fixed", mean=2040, min=1, max=4096),
+        output_len=LengthConfig(dist="fixed", mean=20, min=1, max=64),
+    )
     assert all(r.input_len + r.output_len <= 2048 for r in w.requests)
     assert w.report["clipped_input"] == 4 and w.report["rejected"] == 0
 
 
 def test_overlength_reject_is_reported_with_reason():
-    w = build(num_requests=20, overlength="reject", input_len=LengthConfig(dist="uniform", min=1900, max=2100),
-              output_len=LengthConfig(dist="fixed", mean=20, min=1, max=64))
+    w = build(
+        num_requests=20,
+        overlength="reject",
+        input_len=LengthConfig(dist="uniform", min=1900, max=2100),
+        output_len=LengthConfig(dist="fixed", mean=20, min=1, max=64),
+    )
     assert w.report["rejected"] == len(w.rejected) > 0
     assert len(w.requests) + len(w.rejected) == 20
     request, reason = w.rejected[0]
@@ -137,7 +150,9 @@ def test_sessions_next_turn_extends_history_after_think_time():
     assert second.arrival_s == pytest.approx(10.5)
     assert second.turn == 1 and second.session_id == first.session_id
     assert second.request_id not in {r.request_id for r in w.requests}
-    assert second == build(num_requests=3, turns=3, think_time_s=0.5, system_prompt_len=40).next_turn(first, output, 10.0)
+    assert second == build(num_requests=3, turns=3, think_time_s=0.5, system_prompt_len=40).next_turn(
+        first, output, 10.0
+    )
     third = w.next_turn(second, [1], finished_s=20.0)
     assert third.turn == 2 and w.next_turn(third, [1], finished_s=30.0) is None
 
@@ -151,26 +166,33 @@ def test_session_that_outgrows_the_model_ends():
 
 
 def test_tenants_get_their_shares_and_lengths():
-    w = build(num_requests=400, tenants=[
-        TenantConfig(name="chat", weight=3, input_len=LengthConfig(dist="fixed", mean=50, min=1, max=64)),
-        TenantConfig(name="batch", weight=1, input_len=LengthConfig(dist="fixed", mean=900, min=1, max=1000))])
+    w = build(
+        num_requests=400,
+        tenants=[
+            TenantConfig(name="chat", weight=3, input_len=LengthConfig(dist="fixed", mean=50, min=1, max=64)),
+            TenantConfig(name="batch", weight=1, input_len=LengthConfig(dist="fixed", mean=900, min=1, max=1000)),
+        ],
+    )
     chat = [r for r in w.requests if r.tenant == "chat"]
     batch = [r for r in w.requests if r.tenant == "batch"]
     assert abs(len(chat) / 400 - 0.75) < 0.07
     assert {r.input_len for r in chat} == {50} and {r.input_len for r in batch} == {900}
 
 
-@pytest.mark.parametrize("fields,key", [
-    (dict(rate=-1.0), "workload.rate must be > 0 (got -1.0)"),
-    (dict(rate=0.0), "workload.rate must be > 0"),
-    (dict(arrival="weibull"), "workload.arrival must be one of"),
-    (dict(input_len=LengthConfig(min=-5)), "workload.input_len.min must be >= 1"),
-    (dict(output_len=LengthConfig(dist="fixed", mean=-3)), "workload.output_len.mean must be > 0"),
-    (dict(overlength="truncate"), "workload.overlength must be one of clip, reject"),
-    (dict(arrival="trace"), "workload.path must name a trace file"),
-    (dict(path="no_such_trace.csv", arrival="trace"), "trace file 'no_such_trace.csv' not found"),
-    (dict(turns=0), "workload.turns must be >= 1"),
-])
+@pytest.mark.parametrize(
+    "fields,key",
+    [
+        (dict(rate=-1.0), "workload.rate must be > 0 (got -1.0)"),
+        (dict(rate=0.0), "workload.rate must be > 0"),
+        (dict(arrival="weibull"), "workload.arrival must be one of"),
+        (dict(input_len=LengthConfig(min=-5)), "workload.input_len.min must be >= 1"),
+        (dict(output_len=LengthConfig(dist="fixed", mean=-3)), "workload.output_len.mean must be > 0"),
+        (dict(overlength="truncate"), "workload.overlength must be one of clip, reject"),
+        (dict(arrival="trace"), "workload.path must name a trace file"),
+        (dict(path="no_such_trace.csv", arrival="trace"), "trace file 'no_such_trace.csv' not found"),
+        (dict(turns=0), "workload.turns must be >= 1"),
+    ],
+)
 def test_bad_input_is_a_one_line_workload_error(fields, key):
     with pytest.raises(WorkloadError) as info:
         build(**fields)
@@ -178,6 +200,7 @@ def test_bad_input_is_a_one_line_workload_error(fields, key):
 
 
 # --- presets ---------------------------------------------------------------------------------------
+
 
 def preset_files():
     return sorted(CONF.glob("*.yaml"))

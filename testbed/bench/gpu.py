@@ -59,9 +59,14 @@ def build(model: str, device: torch.device, context: int, max_batch: int, graphs
     args = dataclasses.replace(PRESETS[model], max_model_len=context + 64)
     budget = max(max_batch * 1024, context)
     dtype = "bfloat16" if device.type == "cuda" else "float32"
-    return Engine.build(args, EngineConfig(cuda_graphs=graphs and device.type == "cuda"),
-                        SchedulerConfig(max_batched_tokens=budget, chunk_size=budget, max_running=max_batch),
-                        "colocated", device, dtype=dtype)
+    return Engine.build(
+        args,
+        EngineConfig(cuda_graphs=graphs and device.type == "cuda"),
+        SchedulerConfig(max_batched_tokens=budget, chunk_size=budget, max_running=max_batch),
+        "colocated",
+        device,
+        dtype=dtype,
+    )
 
 
 def weight_bytes(engine: Engine) -> int:
@@ -137,26 +142,56 @@ def run(model: str, device: str, context: int, batches, prefill_lens, repeats: i
     rows = []
     for batch in batches:
         ideal = (decode_weight_bytes(engine, batch) + batch * context * kv_token) / hbm
-        for graphs in ([True, False] if engine.runner.graphs is not None else [False]):
+        for graphs in [True, False] if engine.runner.graphs is not None else [False]:
             step = decode_step_s(engine, batch, context, steps, graphs)
-            rows.append({"what": "decode", "batch": batch, "tokens": context, "graphs": graphs, "seconds": step,
-                         "ideal_s": ideal, "ratio": ideal / step})
+            rows.append(
+                {
+                    "what": "decode",
+                    "batch": batch,
+                    "tokens": context,
+                    "graphs": graphs,
+                    "seconds": step,
+                    "ideal_s": ideal,
+                    "ratio": ideal / step,
+                }
+            )
     for tokens in prefill_lens:
         seconds = prefill_s(engine, tokens, repeats)
         ideal = prefill_flops(engine, tokens) / mma
-        rows.append({"what": "prefill", "batch": 1, "tokens": tokens, "graphs": False, "seconds": seconds,
-                     "ideal_s": ideal, "ratio": ideal / seconds, "tok_s": tokens / seconds})
-    return {"model": model, "device": str(device), "backend": engine.runner.backend.name,
-            "block_size": engine.runner.block_size, "hbm_gbps": hbm / 1e9, "matmul_tflops": mma / 1e12, "rows": rows}
+        rows.append(
+            {
+                "what": "prefill",
+                "batch": 1,
+                "tokens": tokens,
+                "graphs": False,
+                "seconds": seconds,
+                "ideal_s": ideal,
+                "ratio": ideal / seconds,
+                "tok_s": tokens / seconds,
+            }
+        )
+    return {
+        "model": model,
+        "device": str(device),
+        "backend": engine.runner.backend.name,
+        "block_size": engine.runner.block_size,
+        "hbm_gbps": hbm / 1e9,
+        "matmul_tflops": mma / 1e12,
+        "rows": rows,
+    }
 
 
 def lines(result: dict) -> list[str]:
-    out = [f"{result['model']} on {result['device']} ({result['backend']} attention, {result['block_size']}-token "
-           f"blocks): HBM {result['hbm_gbps']:.0f} GB/s (copy), matmul {result['matmul_tflops']:.1f} TFLOP/s",
-           f"{'what':>8} {'batch':>5} {'tokens':>6} {'graphs':>6} {'ms':>9} {'ideal ms':>9} {'of ideal':>8}"]
+    out = [
+        f"{result['model']} on {result['device']} ({result['backend']} attention, {result['block_size']}-token "
+        f"blocks): HBM {result['hbm_gbps']:.0f} GB/s (copy), matmul {result['matmul_tflops']:.1f} TFLOP/s",
+        f"{'what':>8} {'batch':>5} {'tokens':>6} {'graphs':>6} {'ms':>9} {'ideal ms':>9} {'of ideal':>8}",
+    ]
     for r in result["rows"]:
-        out.append(f"{r['what']:>8} {r['batch']:>5} {r['tokens']:>6} {str(r['graphs']):>6} {1000 * r['seconds']:>9.2f} "
-                   f"{1000 * r['ideal_s']:>9.2f} {r['ratio']:>8.2f}")
+        out.append(
+            f"{r['what']:>8} {r['batch']:>5} {r['tokens']:>6} {str(r['graphs']):>6} {1000 * r['seconds']:>9.2f} "
+            f"{1000 * r['ideal_s']:>9.2f} {r['ratio']:>8.2f}"
+        )
     return out
 
 

@@ -75,8 +75,9 @@ def _timed(fn, device: torch.device) -> float:
     return time.perf_counter() - start
 
 
-def prefill_side(device: torch.device, dst_device: torch.device, max_mib: int, repeats: int, dtype: torch.dtype,
-                 handles, out) -> None:
+def prefill_side(
+    device: torch.device, dst_device: torch.device, max_mib: int, repeats: int, dtype: torch.dtype, handles, out
+) -> None:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     else:
@@ -102,8 +103,9 @@ def prefill_side(device: torch.device, dst_device: torch.device, max_mib: int, r
         for _ in range(draws):  # alternating, so a slow spell hits both
             ipc_s.append(_timed(lambda: copier.write(src_blocks, dst_blocks), dst_device))
             copy_s.append(_timed(lambda: region.copy_(flat), dst_device))
-        rows.append({"bytes": n * block_bytes(dtype), "ipc_s": statistics.median(ipc_s),
-                     "copy_s": statistics.median(copy_s)})
+        rows.append(
+            {"bytes": n * block_bytes(dtype), "ipc_s": statistics.median(ipc_s), "copy_s": statistics.median(copy_s)}
+        )
     out.put(rows)
 
 
@@ -125,8 +127,11 @@ def measure_ipc(max_mib: int, repeats: int) -> dict:
         p.join(60)
         d.join(60)
     for row in rows:
-        row.update(ipc_gbps=row["bytes"] / row["ipc_s"] / 1e9, copy_gbps=row["bytes"] / row["copy_s"] / 1e9,
-                   ratio=row["copy_s"] / row["ipc_s"])
+        row.update(
+            ipc_gbps=row["bytes"] / row["ipc_s"] / 1e9,
+            copy_gbps=row["bytes"] / row["copy_s"] / 1e9,
+            ratio=row["copy_s"] / row["ipc_s"],
+        )
     return {"copy": what, "dtype": str(dtype).removeprefix("torch."), "rows": rows}
 
 
@@ -143,8 +148,12 @@ def _wait(out, proc) -> list:
 
 
 def ipc_lines(results: dict, human) -> list[str]:
-    lines = [f"ipc (P writes into D's blocks) against {results['copy']}, {results['dtype']}",
-             f"{'message':>10} {'ipc GB/s':>9} {'copy GB/s':>10} {'ratio':>6}"]
+    lines = [
+        f"ipc (P writes into D's blocks) against {results['copy']}, {results['dtype']}",
+        f"{'message':>10} {'ipc GB/s':>9} {'copy GB/s':>10} {'ratio':>6}",
+    ]
     for row in results["rows"]:
-        lines.append(f"{human(row['bytes']):>10} {row['ipc_gbps']:>9.2f} {row['copy_gbps']:>10.2f} {row['ratio']:>6.2f}")
+        lines.append(
+            f"{human(row['bytes']):>10} {row['ipc_gbps']:>9.2f} {row['copy_gbps']:>10.2f} {row['ratio']:>6.2f}"
+        )
     return lines

@@ -32,8 +32,9 @@ from testbed.model.llama import Transformer
 from testbed.net.rendezvous import host_store, store_client
 
 # 2 layers x 2 KV heads x head dim 64, float32: 2 KiB of K and V per token
-SHAPE = ModelArgs(vocab_size=16, hidden_size=128, intermediate_size=16, num_layers=2, num_heads=2, num_kv_heads=2,
-                  max_model_len=16)
+SHAPE = ModelArgs(
+    vocab_size=16, hidden_size=128, intermediate_size=16, num_layers=2, num_heads=2, num_kv_heads=2, max_model_len=16
+)
 BLOCK = 16
 
 
@@ -73,8 +74,13 @@ def run_rank(rank: int, port: int, max_mib: int, repeats: int, use_cuda: bool, o
     else:
         torch.set_num_threads(1)
     store = store_client("127.0.0.1", port, 600)  # the parent's, on the loopback alone
-    dist.init_process_group("nccl" if use_cuda else "gloo", store=dist.PrefixStore("kv", store), rank=rank,
-                            world_size=2, timeout=timedelta(seconds=600))
+    dist.init_process_group(
+        "nccl" if use_cuda else "gloo",
+        store=dist.PrefixStore("kv", store),
+        rank=rank,
+        world_size=2,
+        timeout=timedelta(seconds=600),
+    )
     per_token = SHAPE.kv_bytes_per_token * 4
     runner = make_runner(device, (max_mib << 20) // per_token + BLOCK)
     table = torch.randperm(runner.num_blocks).tolist()  # scattered blocks, as in a busy pool
@@ -97,9 +103,15 @@ def run_rank(rank: int, port: int, max_mib: int, repeats: int, use_cuda: bool, o
         if rank == 1:
             # the median is the figure; the best draw is the cost with no hiccup in it, the one a
             # loaded machine still measures
-            rows.append({"bytes": tokens * per_token, "raw_s": statistics.median(raw_s),
-                         "connector_s": statistics.median(conn_s), "raw_best_s": min(raw_s),
-                         "connector_best_s": min(conn_s)})
+            rows.append(
+                {
+                    "bytes": tokens * per_token,
+                    "raw_s": statistics.median(raw_s),
+                    "connector_s": statistics.median(conn_s),
+                    "raw_best_s": min(raw_s),
+                    "connector_best_s": min(conn_s),
+                }
+            )
     if rank == 0 and use_cuda:
         out.put({"ceiling": copy_ceiling(max_mib, repeats)})
     if rank == 1:
@@ -167,16 +179,16 @@ def measure(max_mib: int, repeats: int, ipc: bool = True) -> dict:
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     store = host_store("127.0.0.1", 0, None, 600)  # the group's rendezvous, on the loopback alone
-    mp.start_processes(run_rank, args=(store.port, max_mib, repeats, use_cuda, out), nprocs=2,
-                       start_method="spawn")
+    mp.start_processes(run_rank, args=(store.port, max_mib, repeats, use_cuda, out), nprocs=2, start_method="spawn")
     del store
     results = {"backend": "nccl (cuda:0 -> cuda:1)" if use_cuda else "gloo (CPU processes)"}
     while not out.empty():
         results.update(out.get())
     for row in results["rows"]:
         raw, conn = row["bytes"] / row["raw_s"] / 1e9, row["bytes"] / row["connector_s"] / 1e9
-        row.update(raw_gbps=raw, connector_gbps=conn, ratio=conn / raw,
-                   ratio_best=row["raw_best_s"] / row["connector_best_s"])
+        row.update(
+            raw_gbps=raw, connector_gbps=conn, ratio=conn / raw, ratio_best=row["raw_best_s"] / row["connector_best_s"]
+        )
     if ipc:
         results["ipc"] = measure_ipc(max_mib, repeats)
     return results
@@ -185,8 +197,9 @@ def measure(max_mib: int, repeats: int, ipc: bool = True) -> dict:
 def report_lines(results: dict) -> list[str]:
     lines = [f"backend: {results['backend']}", f"{'message':>10} {'raw GB/s':>9} {'connector GB/s':>15} {'ratio':>6}"]
     for row in results["rows"]:
-        lines.append(f"{_human(row['bytes']):>10} {row['raw_gbps']:>9.2f} {row['connector_gbps']:>15.2f} "
-                     f"{row['ratio']:>6.2f}")
+        lines.append(
+            f"{_human(row['bytes']):>10} {row['raw_gbps']:>9.2f} {row['connector_gbps']:>15.2f} {row['ratio']:>6.2f}"
+        )
     if "ceiling" in results:
         lines.append(f"device-to-device copy_ ceiling: {results['ceiling'] / 1e9:.1f} GB/s")
     if "ipc" in results:

@@ -32,10 +32,32 @@ TIMEOUT_S = 120  # an echo that died fails the benchmark instead of hanging it
 
 
 def report(batch: int = 16) -> StepEvents:
-    record = StepRecord(1.0, 1.01, Role.DECODE_ONLY, 0, batch, batch, 40, 0, batch, 1e-4, 2e-4, 8e-3, 1e-4, 3e-4, (),
-                        batch * 300, modelled_s=0.01)
-    step = StepReport(scheduled=[(i, 1, False) for i in range(batch)], tokens=[(i, 40, 1000 + i) for i in range(batch)],
-                      finished=[], handoff=[], hits=[])
+    record = StepRecord(
+        1.0,
+        1.01,
+        Role.DECODE_ONLY,
+        0,
+        batch,
+        batch,
+        40,
+        0,
+        batch,
+        1e-4,
+        2e-4,
+        8e-3,
+        1e-4,
+        3e-4,
+        (),
+        batch * 300,
+        modelled_s=0.01,
+    )
+    step = StepReport(
+        scheduled=[(i, 1, False) for i in range(batch)],
+        tokens=[(i, 40, 1000 + i) for i in range(batch)],
+        finished=[],
+        handoff=[],
+        hits=[],
+    )
     return StepEvents(worker=1, t=1.01, record=record, report=step, free_blocks=200, num_running=batch, sent=1.011)
 
 
@@ -43,8 +65,9 @@ def join_gloo(store, rank: int) -> None:
     """This process into the two-rank gloo group whose rendezvous is `store` (the sender's, on the loopback)."""
     import torch.distributed as dist
 
-    dist.init_process_group("gloo", store=dist.PrefixStore("gloo", store), rank=rank, world_size=2,
-                            timeout=timedelta(seconds=TIMEOUT_S))
+    dist.init_process_group(
+        "gloo", store=dist.PrefixStore("gloo", store), rank=rank, world_size=2, timeout=timedelta(seconds=TIMEOUT_S)
+    )
 
 
 # -- echoes (child processes) ------------------------------------------------------------------
@@ -180,8 +203,12 @@ def time_gloo(count: int) -> list[float]:
     return times[WARMUP:]
 
 
-TRANSPORTS = {"pipe + pickle (one box)": time_pipe, "zeromq + json (torchrun)": time_zmq,
-              "tcpstore set/get": time_store, "gloo send/recv": time_gloo}
+TRANSPORTS = {
+    "pipe + pickle (one box)": time_pipe,
+    "zeromq + json (torchrun)": time_zmq,
+    "tcpstore set/get": time_store,
+    "gloo send/recv": time_gloo,
+}
 
 
 def main(argv=None) -> dict:

@@ -14,13 +14,15 @@ import json
 
 import torch
 
-from testbed.model.attention import AttentionMetadata, TorchAttention, block_stride, select_backend, write_kv
 from testbed.errors import ConfigError
+from testbed.model.attention import AttentionMetadata, TorchAttention, block_stride, select_backend, write_kv
 
 HEADS, KV_HEADS, DIM = 32, 8, 128
 # (name, new tokens per sequence, context per sequence after the step): decodes first, as the runner orders
-CASES = {"decode x64": ([1] * 64, [1 + 61 * i for i in range(64)]),
-         "mixed": ([1] * 8 + [512, 300, 77], [40 * i + 3 for i in range(8)] + [512, 1800, 1000])}
+CASES = {
+    "decode x64": ([1] * 64, [1 + 61 * i for i in range(64)]),
+    "mixed": ([1] * 8 + [512, 300, 77], [40 * i + 3 for i in range(8)] + [512, 1800, 1000]),
+}
 
 
 def paged_batch(q_lens, kv_lens, block_size: int, device, dtype, seed: int):
@@ -37,15 +39,24 @@ def paged_batch(q_lens, kv_lens, block_size: int, device, dtype, seed: int):
     stride = block_stride(k_cache)
     t = sum(q_lens)
     q, k, v = rand(t, HEADS, DIM), rand(t, KV_HEADS, DIM), rand(t, KV_HEADS, DIM)
-    slots = [tab[p // block_size] * stride + p % block_size
-             for tab, ql, kl in zip(tables, q_lens, kv_lens) for p in range(kl - ql, kl)]
+    slots = [
+        tab[p // block_size] * stride + p % block_size
+        for tab, ql, kl in zip(tables, q_lens, kv_lens)
+        for p in range(kl - ql, kl)
+    ]
     width = max(len(x) for x in tables)
     to = lambda x, dt: torch.tensor(x, dtype=dt, device=device)  # noqa: E731
     cu = lambda xs: to([0, *torch.tensor(xs).cumsum(0).tolist()], torch.int32)  # noqa: E731
-    meta = AttentionMetadata(q_lens=list(q_lens), kv_lens=list(kv_lens), num_single=sum(1 for x in q_lens if x == 1),
-                             slot_mapping=to(slots, torch.int64),
-                             block_tables=to([x + [0] * (width - len(x)) for x in tables], torch.int32),
-                             kv_lens_t=to(kv_lens, torch.int32), cu_q=cu(q_lens), cu_kv=cu(kv_lens))
+    meta = AttentionMetadata(
+        q_lens=list(q_lens),
+        kv_lens=list(kv_lens),
+        num_single=sum(1 for x in q_lens if x == 1),
+        slot_mapping=to(slots, torch.int64),
+        block_tables=to([x + [0] * (width - len(x)) for x in tables], torch.int32),
+        kv_lens_t=to(kv_lens, torch.int32),
+        cu_q=cu(q_lens),
+        cu_kv=cu(kv_lens),
+    )
     write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
     return q, k, v, k_cache, v_cache, meta
 
@@ -69,11 +80,25 @@ def run(device: str) -> list[dict]:
                 try:
                     error = relative_error(name, device, block_size, case, seed)
                 except ConfigError as missing:  # the backend cannot run here: say why, once per row
-                    rows.append({"backend": name, "block_size": block_size, "case": case, "error": None,
-                                 "skipped": str(missing).split(";")[0]})
+                    rows.append(
+                        {
+                            "backend": name,
+                            "block_size": block_size,
+                            "case": case,
+                            "error": None,
+                            "skipped": str(missing).split(";")[0],
+                        }
+                    )
                     continue
-                rows.append({"backend": name, "block_size": block_size, "case": case, "error": error,
-                             "ok": error == error and error < 1e-2})  # error == error: not NaN
+                rows.append(
+                    {
+                        "backend": name,
+                        "block_size": block_size,
+                        "case": case,
+                        "error": error,
+                        "ok": error == error and error < 1e-2,
+                    }
+                )  # error == error: not NaN
     return rows
 
 
@@ -86,8 +111,11 @@ def main(argv=None) -> None:
     print(f"{'backend':>8} {'block':>5} {'case':>11} {'rel. error':>10}")
     for r in rows:
         figure = f"{r['error']:.2e}" if r["error"] is not None else "skipped"
-        print(f"{r['backend']:>8} {r['block_size']:>5} {r['case']:>11} {figure:>10}"
-              + ("" if r.get("ok", True) else "  FAIL") + (f"  ({r['skipped']})" if "skipped" in r else ""))
+        print(
+            f"{r['backend']:>8} {r['block_size']:>5} {r['case']:>11} {figure:>10}"
+            + ("" if r.get("ok", True) else "  FAIL")
+            + (f"  ({r['skipped']})" if "skipped" in r else "")
+        )
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)

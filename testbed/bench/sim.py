@@ -21,9 +21,20 @@ TINY_CPU = shipped_profile("tiny")
 
 
 def bench_config(requests: int, prefill: int, decode: int, rate: float, seed: int, extra: list[str]):
-    return compose_config(["mode=disagg", f"cluster.num_prefill={prefill}", f"cluster.num_decode={decode}",
-                           "cluster.decode_dispatch=least_loaded", "cluster.dispatch=least_loaded", "hardware=cpu",
-                           f"workload.num_requests={requests}", f"workload.rate={rate}", f"seed={seed}", *extra])
+    return compose_config(
+        [
+            "mode=disagg",
+            f"cluster.num_prefill={prefill}",
+            f"cluster.num_decode={decode}",
+            "cluster.decode_dispatch=least_loaded",
+            "cluster.dispatch=least_loaded",
+            "hardware=cpu",
+            f"workload.num_requests={requests}",
+            f"workload.rate={rate}",
+            f"seed={seed}",
+            *extra,
+        ]
+    )
 
 
 def main(argv=None) -> None:
@@ -41,13 +52,19 @@ def main(argv=None) -> None:
     s, sim = result["summary"], result["summary"]["sim"]
     tokens = int(result["requests"]["num_tokens"].sum())
     print(f"workers: {a.prefill}P + {a.decode}D = {a.prefill + a.decode}; requests: {s['num_requests']}")
-    print(f"simulated: {s['throughput']['duration_s']:.1f} s virtual, {len(result['steps'])} steps, "
-          f"{tokens} tokens, {len(result['transfers'])} KV transfers")
-    print(f"event loop: {sim['events']} events in {sim['loop_s']:.1f} s = {result['events_per_s']:,.0f} events/s "
-          f"({tokens / sim['loop_s']:,.0f} tokens/s)")
+    print(
+        f"simulated: {s['throughput']['duration_s']:.1f} s virtual, {len(result['steps'])} steps, "
+        f"{tokens} tokens, {len(result['transfers'])} KV transfers"
+    )
+    print(
+        f"event loop: {sim['events']} events in {sim['loop_s']:.1f} s = {result['events_per_s']:,.0f} events/s "
+        f"({tokens / sim['loop_s']:,.0f} tokens/s)"
+    )
     print(f"wall time with tables and summary: {result['wall_s']:.1f} s")
-    print(f"ttft p50 {s['ttft']['p50']:.4f} s p99 {s['ttft']['p99']:.4f} s; tpot p50 {s['tpot']['p50']:.5f} s; "
-          f"KV blocks leaked: {sum(s['kv_blocks_leaked'].values())}")
+    print(
+        f"ttft p50 {s['ttft']['p50']:.4f} s p99 {s['ttft']['p99']:.4f} s; tpot p50 {s['tpot']['p50']:.5f} s; "
+        f"KV blocks leaked: {sum(s['kv_blocks_leaked'].values())}"
+    )
 
 
 if __name__ == "__main__":

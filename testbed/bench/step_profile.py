@@ -24,12 +24,12 @@ from pathlib import Path
 
 import torch
 
+from testbed.bench.transfer_profile import measure_ipc, measure_transfer
 from testbed.engine import Engine, EngineConfig, SchedulerConfig, Sequence
 from testbed.errors import ConfigError, TestbedError
 from testbed.model.config import ModelConfig
 from testbed.model.loader import build_model, resolve_dtype
 from testbed.sim.cost_model import attended_context, fit_profile
-from testbed.bench.transfer_profile import measure_ipc, measure_transfer
 
 PROFILE_VERSION = 1
 
@@ -53,11 +53,13 @@ def shapes(max_len: int, token_budget: int, quick: bool) -> list[Shape]:
     cached = (0, max_len // 2) if quick else (0, max_len // 4, max_len // 2)
     batches = (1, 16, 64) if quick else (1, 4, 16, 64, 128)
     contexts = (128, max_len // 2) if quick else (64, 256, max_len // 4, max_len // 2)
-    out = [Shape(chunks=((n, k),)) for n in sorted(set(sizes)) for k in sorted(set(cached)) if 0 < n and n + k <= max_len]
+    out = [
+        Shape(chunks=((n, k),)) for n in sorted(set(sizes)) for k in sorted(set(cached)) if 0 < n and n + k <= max_len
+    ]
     out += [Shape(decodes=(c,) * b) for b in batches for c in sorted(set(contexts)) if b * c <= token_budget and c >= 2]
     mix_context = max(2, min(256, max_len // 4))
-    for b in ((16,) if quick else (8, 32)):
-        for n in ((128,) if quick else (64, 512)):
+    for b in (16,) if quick else (8, 32):
+        for n in (128,) if quick else (64, 512):
             if n <= max_len and b * mix_context + n <= token_budget:
                 out.append(Shape(chunks=((n, 0),), decodes=(mix_context,) * b))
     return out
@@ -96,9 +98,14 @@ def time_shape(engine: Engine, shape: Shape, repeats: int) -> float:
 
 
 def sample_row(shape: Shape, seconds: float, causal: bool) -> dict:
-    return {"prefill_tokens": sum(n for n, _ in shape.chunks), "prefill_context": attended_context(shape.chunks, causal),
-            "decode_seqs": len(shape.decodes), "decode_context": sum(shape.decodes), "seconds": seconds,
-            "chunks": [list(c) for c in shape.chunks]}
+    return {
+        "prefill_tokens": sum(n for n, _ in shape.chunks),
+        "prefill_context": attended_context(shape.chunks, causal),
+        "decode_seqs": len(shape.decodes),
+        "decode_context": sum(shape.decodes),
+        "seconds": seconds,
+        "chunks": [list(c) for c in shape.chunks],
+    }
 
 
 # the share of the memory left after the weights that staged KV may take: the rest is for a 16K-token
@@ -115,15 +122,18 @@ def kv_token_budget(args, dtype: torch.dtype, block_size: int, free: int | None,
     holds = int(free * KV_SHARE) // (args.kv_bytes_per_token * dtype.itemsize)
     fits = holds - args.max_model_len - 256 * block_size  # build_engine's extra blocks
     if fits < args.max_model_len:
-        raise ConfigError(f"profile at model.max_model_len={args.max_model_len}: {KV_SHARE:.0%} of the "
-                          f"{free / 2**30:.1f} GiB free after the weights holds KV for {holds} tokens, and profiling "
-                          f"needs {2 * args.max_model_len + 256 * block_size}; lower model.max_model_len or free the "
-                          "device")
+        raise ConfigError(
+            f"profile at model.max_model_len={args.max_model_len}: {KV_SHARE:.0%} of the "
+            f"{free / 2**30:.1f} GiB free after the weights holds KV for {holds} tokens, and profiling "
+            f"needs {2 * args.max_model_len + 256 * block_size}; lower model.max_model_len or free the "
+            "device"
+        )
     return min(8 * want, fits)
 
 
-def build_engine(model: ModelConfig, engine: EngineConfig, device: torch.device,
-                 quick: bool) -> tuple[Engine, int | None, int]:
+def build_engine(
+    model: ModelConfig, engine: EngineConfig, device: torch.device, quick: bool
+) -> tuple[Engine, int | None, int]:
     """The profiling engine, on CUDA the free memory after the model loaded (what the KV pool of a
     serving worker would be carved from), and the KV budget in tokens (`kv_token_budget`)."""
     args = model.args()
@@ -132,15 +142,17 @@ def build_engine(model: ModelConfig, engine: EngineConfig, device: torch.device,
     free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else None
     token_budget = kv_token_budget(args, dtype, engine.block_size, free, quick)
     blocks = -(-token_budget // engine.block_size) + 256  # room for every staged shape
-    pool = dataclasses.replace(engine, num_kv_blocks=max(blocks, -(-args.max_model_len // engine.block_size)),
-                               enable_prefix_caching=False)
+    pool = dataclasses.replace(
+        engine, num_kv_blocks=max(blocks, -(-args.max_model_len // engine.block_size)), enable_prefix_caching=False
+    )
     budget = token_budget + args.max_model_len
     scheduler = SchedulerConfig(max_batched_tokens=budget, chunk_size=budget, max_running=1024)
     return Engine(net, pool, scheduler, "chunked", device), free, token_budget
 
 
-def profile_engine(model: ModelConfig, engine: EngineConfig, device: str = "cpu", *, quick: bool = False,
-                   measure_kv: bool = True) -> dict:
+def profile_engine(
+    model: ModelConfig, engine: EngineConfig, device: str = "cpu", *, quick: bool = False, measure_kv: bool = True
+) -> dict:
     """Measure step and KV-transfer times on `device`; the profile dict (JSON-ready)."""
     device = torch.device(device)
     engine = engine.for_device(device.type)  # the block size this device's workers get
@@ -153,18 +165,29 @@ def profile_engine(model: ModelConfig, engine: EngineConfig, device: str = "cpu"
     causal = backend == "flash"  # the torch backend computes a chunk's whole masked matrix
     started = time.perf_counter()
     with torch.inference_mode():
-        steps = [sample_row(s, time_shape(runner_engine, s, repeats), causal)
-                 for s in shapes(args.max_model_len, token_budget, quick)]
+        steps = [
+            sample_row(s, time_shape(runner_engine, s, repeats), causal)
+            for s in shapes(args.max_model_len, token_budget, quick)
+        ]
     dtype = runner_engine.runner.dtype
     transfer, transfer_source = measure_transfer(runner_engine.runner, quick=quick or not measure_kv)
     transfer_ipc, ipc_source = measure_ipc(runner_engine.runner, repeats=3)
     profile = {
-        "version": PROFILE_VERSION, "model_name": model.name, "model": dataclasses.asdict(args),
-        "device": str(device), "device_name": _device_name(device), "dtype": str(dtype).removeprefix("torch."),
-        "dtype_bytes": dtype.itemsize, "torch_version": torch.__version__, "threads": torch.get_num_threads(),
-        "block_size": engine.block_size, "attention_backend": backend,
+        "version": PROFILE_VERSION,
+        "model_name": model.name,
+        "model": dataclasses.asdict(args),
+        "device": str(device),
+        "device_name": _device_name(device),
+        "dtype": str(dtype).removeprefix("torch."),
+        "dtype_bytes": dtype.itemsize,
+        "torch_version": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "block_size": engine.block_size,
+        "attention_backend": backend,
         "causal_attention": causal,
-        "kv_free_bytes": free, "transfer_source": transfer_source, "quick": quick,
+        "kv_free_bytes": free,
+        "transfer_source": transfer_source,
+        "quick": quick,
         "transfer_ipc_source": ipc_source,
         "samples": {"step": steps, "transfer": transfer, "transfer_ipc": transfer_ipc},
         "profile_s": time.perf_counter() - started,
@@ -186,7 +209,9 @@ def main(argv=None) -> None:
     parser.add_argument("--max-model-len", type=int, default=None)
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--device", default="cuda:0" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--block-size", type=int, default=None, help="default: the device's (16, or 256 for flash-attn)")
+    parser.add_argument(
+        "--block-size", type=int, default=None, help="default: the device's (16, or 256 for flash-attn)"
+    )
     parser.add_argument("--attention-backend", default="auto")
     parser.add_argument("--quick", action="store_true", help="fewer shapes and repeats; KV from pack + unpack only")
     parser.add_argument("--out", required=True)
@@ -201,11 +226,15 @@ def main(argv=None) -> None:
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(profile, indent=1) + "\n")
     fit = profile["fit"]
-    print(f"{len(profile['samples']['step'])} step samples, {len(profile['samples']['transfer'])} transfer samples "
-          f"({profile['transfer_source']}) in {profile['profile_s']:.1f} s")
-    print(f"step fit relative error: mean {fit['step_relative_error']['mean']:.1%}, "
-          f"max {fit['step_relative_error']['max']:.1%}; transfer: mean {fit['transfer_relative_error']['mean']:.1%}; "
-          f"ipc ({profile['transfer_ipc_source']}): mean {fit['ipc_relative_error']['mean']:.1%}")
+    print(
+        f"{len(profile['samples']['step'])} step samples, {len(profile['samples']['transfer'])} transfer samples "
+        f"({profile['transfer_source']}) in {profile['profile_s']:.1f} s"
+    )
+    print(
+        f"step fit relative error: mean {fit['step_relative_error']['mean']:.1%}, "
+        f"max {fit['step_relative_error']['max']:.1%}; transfer: mean {fit['transfer_relative_error']['mean']:.1%}; "
+        f"ipc ({profile['transfer_ipc_source']}): mean {fit['ipc_relative_error']['mean']:.1%}"
+    )
     for key, value in profile["cost_model"].items():
         print(f"  {key:>28} {value}" if isinstance(value, bool) else f"  {key:>28} {value:.4g}")
     print(f"wrote {a.out}")

@@ -41,13 +41,15 @@ def measure_wire(device: torch.device, repeats: int) -> list[dict]:
 
     use_cuda = device.type == "cuda"
     out = mp.get_context("spawn").Queue()
-    mp.start_processes(run_rank, args=(free_port(), WIRE_MAX_MIB[device.type], repeats, use_cuda, out), nprocs=2,
-                       start_method="spawn")
+    mp.start_processes(
+        run_rank, args=(free_port(), WIRE_MAX_MIB[device.type], repeats, use_cuda, out), nprocs=2, start_method="spawn"
+    )
     results = {}
     while not out.empty():
         results.update(out.get())
-    return [{"bytes": row["bytes"], "seconds": row["connector_s"], "raw_seconds": row["raw_s"]}
-            for row in results["rows"]]
+    return [
+        {"bytes": row["bytes"], "seconds": row["connector_s"], "raw_seconds": row["raw_s"]} for row in results["rows"]
+    ]
 
 
 def measure_pack(runner: ModelRunner, repeats: int) -> list[dict]:

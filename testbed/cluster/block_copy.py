@@ -42,13 +42,23 @@ def usable(device) -> bool:
     device = torch.device(device)
     if not AVAILABLE or device.type not in ("cuda", "cpu"):
         return False
-    return device.type == "cuda" or (os.environ.get("TRITON_INTERPRET") == "1"
-                                     and not isinstance(_copy_kernel, JITFunction))
+    return device.type == "cuda" or (
+        os.environ.get("TRITON_INTERPRET") == "1" and not isinstance(_copy_kernel, JITFunction)
+    )
 
 
 @_jit
-def _copy_kernel(src_ptr, dst_ptr, ids_ptr, num_pairs, layer,
-                 BLOCK: tl.constexpr, CHUNK: tl.constexpr, TILES: tl.constexpr, TILE: tl.constexpr):
+def _copy_kernel(
+    src_ptr,
+    dst_ptr,
+    ids_ptr,
+    num_pairs,
+    layer,
+    BLOCK: tl.constexpr,
+    CHUNK: tl.constexpr,
+    TILES: tl.constexpr,
+    TILE: tl.constexpr,
+):
     # one program: TILE elements of the CHUNK copied for one block pair (a whole block, or one layer's K and V)
     pair, tile = tl.program_id(0) // TILES, tl.program_id(0) % TILES
     s = tl.load(ids_ptr + pair).to(tl.int64)  # int64: a large pool's offsets pass 2**31
@@ -59,8 +69,9 @@ def _copy_kernel(src_ptr, dst_ptr, ids_ptr, num_pairs, layer,
     tl.store(dst_ptr + d * BLOCK + layer * CHUNK + offs, x, mask=mask)
 
 
-def copy_blocks(src_pool: torch.Tensor, dst_pool: torch.Tensor, src_ids: list[int], dst_ids: list[int],
-                layer: Optional[int] = None) -> None:
+def copy_blocks(
+    src_pool: torch.Tensor, dst_pool: torch.Tensor, src_ids: list[int], dst_ids: list[int], layer: Optional[int] = None
+) -> None:
     """dst_pool's blocks dst_ids[i] := src_pool's blocks src_ids[i], every layer or one, in one launch
     on the pools' device (both contiguous, on the same device, of one dtype and block shape)."""
     _check(src_pool, dst_pool, src_ids, dst_ids, layer)
@@ -74,21 +85,27 @@ def copy_blocks(src_pool: torch.Tensor, dst_pool: torch.Tensor, src_ids: list[in
     ids = torch.tensor(src_ids + dst_ids, dtype=torch.int64).to(src_pool.device, non_blocking=True)
     on_device = torch.cuda.device(src_pool.device) if src_pool.is_cuda else contextlib.nullcontext()
     with on_device:  # triton launches on the current device
-        _copy_kernel[(len(src_ids) * tiles,)](src_pool, dst_pool, ids, len(src_ids), layer or 0,
-                                              BLOCK=block, CHUNK=chunk, TILES=tiles, TILE=TILE)
+        _copy_kernel[(len(src_ids) * tiles,)](
+            src_pool, dst_pool, ids, len(src_ids), layer or 0, BLOCK=block, CHUNK=chunk, TILES=tiles, TILE=TILE
+        )
 
 
 def _check(src_pool, dst_pool, src_ids: list[int], dst_ids: list[int], layer: Optional[int]) -> None:
     """A wrong id would write past D's pool through the mapping, silently: refuse it first."""
     if src_pool.device != dst_pool.device or src_pool.dtype != dst_pool.dtype:
-        raise ValueError(f"block copy needs one device and dtype, got {src_pool.device}/{src_pool.dtype} "
-                         f"and {dst_pool.device}/{dst_pool.dtype}")
+        raise ValueError(
+            f"block copy needs one device and dtype, got {src_pool.device}/{src_pool.dtype} "
+            f"and {dst_pool.device}/{dst_pool.dtype}"
+        )
     if not (src_pool.is_contiguous() and dst_pool.is_contiguous()) or src_pool.shape[1:] != dst_pool.shape[1:]:
-        raise ValueError(f"block copy needs contiguous pools of one layout, got {tuple(src_pool.shape)} and "
-                         f"{tuple(dst_pool.shape)}")
+        raise ValueError(
+            f"block copy needs contiguous pools of one layout, got {tuple(src_pool.shape)} and {tuple(dst_pool.shape)}"
+        )
     if len(src_ids) != len(dst_ids) or (layer is not None and not 0 <= layer < src_pool.shape[1]):
-        raise ValueError(f"block copy: {len(src_ids)} source and {len(dst_ids)} destination blocks, layer {layer} "
-                         f"of {src_pool.shape[1]}")
+        raise ValueError(
+            f"block copy: {len(src_ids)} source and {len(dst_ids)} destination blocks, layer {layer} "
+            f"of {src_pool.shape[1]}"
+        )
     for ids, pool, side in ((src_ids, src_pool, "source"), (dst_ids, dst_pool, "destination")):
         if ids and not (0 <= min(ids) and max(ids) < pool.shape[0]):
             raise ValueError(f"block copy: {side} blocks {min(ids)}..{max(ids)} outside 0..{pool.shape[0] - 1}")

@@ -60,8 +60,9 @@ class CompletionTracker:
     def _queue(self, peer: int) -> queue.Queue:
         if peer not in self.queues:
             self.queues[peer] = queue.Queue()
-            threading.Thread(target=self._wait_loop, args=(self.queues[peer],), daemon=True,
-                             name=f"kv-wait-peer{peer}").start()
+            threading.Thread(
+                target=self._wait_loop, args=(self.queues[peer],), daemon=True, name=f"kv-wait-peer{peer}"
+            ).start()
         return self.queues[peer]
 
     def _wait_loop(self, pending: queue.Queue) -> None:

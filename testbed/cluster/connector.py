@@ -69,8 +69,16 @@ class KVSender:
     """The P side. Blocks are freed once every part has left, or once D acknowledges the KV when
     the policy keeps it for resends."""
 
-    def __init__(self, engine: Engine, rank: int, inboxes, events, kv: KVTransferConfig, faults: KVFaults,
-                 clock: Callable[[], float] = time.perf_counter):
+    def __init__(
+        self,
+        engine: Engine,
+        rank: int,
+        inboxes,
+        events,
+        kv: KVTransferConfig,
+        faults: KVFaults,
+        clock: Callable[[], float] = time.perf_counter,
+    ):
         self.engine, self.rank, self.inboxes, self.events, self.kv = engine, rank, inboxes, events, kv
         self.direct = kv.direct  # kv_transfer.backend=ipc: write into D's mapped pool
         self.pools = PeerPools()
@@ -151,14 +159,20 @@ class KVSender:
         for part in range(self.num_parts):
             if part not in entry.sent_parts:
                 self._send_part(entry, part)
-        if self.link is not None and not self.link.arrived(entry.seq.seq_id, entry.start, entry.kv_bytes,
-                                                           self.clock()):
+        if self.link is not None and not self.link.arrived(entry.seq.seq_id, entry.start, entry.kv_bytes, self.clock()):
             self._renew_lease(entry)  # emulated link: D may not install the KV (nor P free it) before its
             return  # modelled time, and must not time the attempt out while the modelled link holds it
         if self.direct:
             synchronize(self.engine.runner.device)  # every byte in D's blocks before D hears of it
-        self.inboxes[entry.decode_rank].put(KVDone(entry.seq.seq_id, entry.seq.token_ids[-1],
-                                                   0 if self.direct else self.num_parts, entry.attempt, self.rank))
+        self.inboxes[entry.decode_rank].put(
+            KVDone(
+                entry.seq.seq_id,
+                entry.seq.token_ids[-1],
+                0 if self.direct else self.num_parts,
+                entry.attempt,
+                self.rank,
+            )
+        )
         entry.done_sent = True
 
     def _renew_lease(self, entry: WireOutgoing) -> None:
@@ -184,10 +198,20 @@ class KVSender:
             entry.sent_parts.add(part)
             return
         shape = runner.kv_shape(seq.num_prompt_tokens - entry.skip, layer)
-        self.inboxes[entry.decode_rank].put(KVPart(seq.seq_id, part, shape, str(runner.dtype).removeprefix("torch."),
-                                                   self.rank, entry.attempt))
-        wire = send_part(runner, seq.block_table, seq.num_prompt_tokens - entry.skip, layer, entry.decode_rank,
-                         self.buffers, self.completions, self.piece_bytes, start=entry.skip)
+        self.inboxes[entry.decode_rank].put(
+            KVPart(seq.seq_id, part, shape, str(runner.dtype).removeprefix("torch."), self.rank, entry.attempt)
+        )
+        wire = send_part(
+            runner,
+            seq.block_table,
+            seq.num_prompt_tokens - entry.skip,
+            layer,
+            entry.decode_rank,
+            self.buffers,
+            self.completions,
+            self.piece_bytes,
+            start=entry.skip,
+        )
         entry.parts.append(wire)
         entry.sent_parts.add(part)
         entry.kv_bytes += wire.nbytes
@@ -218,8 +242,20 @@ class KVSender:
     def _report(self, rid: int, entry: WireOutgoing) -> None:
         entry.reported = True
         error = next((wire.error() for wire in entry.parts if wire.error()), None) or ""
-        self.events.put(KVSent(rid, self.rank, entry.decode_rank, entry.kv_bytes, entry.start, self.clock(),
-                               entry.wait_s, entry.attempt, entry.dropped, error))
+        self.events.put(
+            KVSent(
+                rid,
+                self.rank,
+                entry.decode_rank,
+                entry.kv_bytes,
+                entry.start,
+                self.clock(),
+                entry.wait_s,
+                entry.attempt,
+                entry.dropped,
+                error,
+            )
+        )
 
     def _release(self, rid: int) -> None:
         entry = self.ledger.release(rid)

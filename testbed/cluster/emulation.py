@@ -43,15 +43,21 @@ class Emulation:
         if not (hardware.emulate or hardware.emulate_prefill or hardware.emulate_decode):
             return None
         host = tuple((k, v) for k, v in engine.host_terms().items() if k != "dtype") if engine is not None else ()
-        return cls(prefill=hardware.emulate_prefill or hardware.emulate,
-                   decode=hardware.emulate_decode or hardware.emulate, mixed=hardware.emulate,
-                   model=hardware.emulate_model, host=host)
+        return cls(
+            prefill=hardware.emulate_prefill or hardware.emulate,
+            decode=hardware.emulate_decode or hardware.emulate,
+            mixed=hardware.emulate,
+            model=hardware.emulate_model,
+            host=host,
+        )
 
     def spec_for(self, role: str) -> str:
         spec = getattr(self, ROLE_KEYS.get(role, Kind.MIXED))
         if spec is None:
-            raise ConfigError(f"{role} workers need hardware.emulate: hardware.emulate_prefill and "
-                              f"hardware.emulate_decode pace the roles of mode=disagg only")
+            raise ConfigError(
+                f"{role} workers need hardware.emulate: hardware.emulate_prefill and "
+                f"hardware.emulate_decode pace the roles of mode=disagg only"
+            )
         return spec
 
 
@@ -65,8 +71,10 @@ class Paced:
 def check_spec(key: str, spec: str) -> None:
     """One line when `spec` is neither a GPU of the analytical table nor a profile file."""
     if not (is_gpu(spec) or Path(spec).is_file()):
-        raise ConfigError(f"{key}={spec!r} is neither a GPU of the analytical table ({', '.join(sorted(GPUS))}) "
-                          f"nor a profile .json file (from +experiment=profile)")
+        raise ConfigError(
+            f"{key}={spec!r} is neither a GPU of the analytical table ({', '.join(sorted(GPUS))}) "
+            f"nor a profile .json file (from +experiment=profile)"
+        )
 
 
 def modelled_args(emulation: Emulation, model: ModelConfig) -> ModelArgs:
@@ -83,8 +91,13 @@ def resolve(spec: str, args: ModelArgs, dtype: str, key: str = "hardware.emulate
     return Paced(model, dict(label), int(dtype_bytes))
 
 
-def role_pacers(emulation: Emulation, role: str, model: ModelConfig, real_kv_bytes_per_token: int,
-                kv_backend: str = KVBackend.PROCESS_GROUP) -> tuple[StepPacer, LinkPacer]:
+def role_pacers(
+    emulation: Emulation,
+    role: str,
+    model: ModelConfig,
+    real_kv_bytes_per_token: int,
+    kv_backend: str = KVBackend.PROCESS_GROUP,
+) -> tuple[StepPacer, LinkPacer]:
     """The step pacer of a worker of `role`, and the link pacer its KV sends (over kv_backend) follow."""
     args = modelled_args(emulation, model)
     paced = resolve(emulation.spec_for(role), args, model.dtype, host=emulation.host)
@@ -107,20 +120,27 @@ def emulation_meta(emulation: Optional[Emulation], model: ModelConfig, disagg: b
     if emulation is None:
         return None
     args = modelled_args(emulation, model)
-    labels = {key: resolve(emulation.spec_for(role if disagg else Kind.MIXED), args, model.dtype).label
-              for role, key in ROLE_KEYS.items()}
+    labels = {
+        key: resolve(emulation.spec_for(role if disagg else Kind.MIXED), args, model.dtype).label
+        for role, key in ROLE_KEYS.items()
+    }
     run_name = model.path or model.name
-    return {**labels, "model": {"modelled": {"name": emulation.model or run_name, "shape": dataclasses.asdict(args)},
-                                "run": {"name": run_name, "shape": dataclasses.asdict(model.args()),
-                                        "dtype": model.dtype}}}
+    return {
+        **labels,
+        "model": {
+            "modelled": {"name": emulation.model or run_name, "shape": dataclasses.asdict(args)},
+            "run": {"name": run_name, "shape": dataclasses.asdict(model.args()), "dtype": model.dtype},
+        },
+    }
 
 
 # -- the emulated device's KV pool ----------------------------------------------------------------
 GIB = 2**30
 
 
-def device_pool_tokens(spec: str, args: ModelArgs, model: ModelConfig, utilization: float,
-                       memory_gib: Optional[float]) -> Optional[int]:
+def device_pool_tokens(
+    spec: str, args: ModelArgs, model: ModelConfig, utilization: float, memory_gib: Optional[float]
+) -> Optional[int]:
     """Tokens of KV the emulated device holds for the modelled shape, as the simulator sizes it
     (the utilised share of its memory less the weights); None when nothing says its memory (a
     CPU profile without hardware.emulate_memory_gib)."""
@@ -136,9 +156,16 @@ def device_pool_tokens(spec: str, args: ModelArgs, model: ModelConfig, utilizati
     return None if free is None else max(int(free // per_token), 0)
 
 
-def emulated_pool(emulation: Emulation, model: ModelConfig, engine, hardware, roles: list[str],
-                  real_kv_bytes_per_token: int, available_bytes: Optional[int],
-                  fill_tokens: Optional[int] = None) -> tuple[Optional[int], str]:
+def emulated_pool(
+    emulation: Emulation,
+    model: ModelConfig,
+    engine,
+    hardware,
+    roles: list[str],
+    real_kv_bytes_per_token: int,
+    available_bytes: Optional[int],
+    fill_tokens: Optional[int] = None,
+) -> tuple[Optional[int], str]:
     """(blocks, line): each worker's pool holds as many tokens as the emulated device would (the
     least over the roles, so memory pressure and preemption are the device's), never more than
     the scheduler can fill (`fill_tokens`: its running sequences at full length; more changes
@@ -148,8 +175,12 @@ def emulated_pool(emulation: Emulation, model: ModelConfig, engine, hardware, ro
     if engine.num_kv_blocks is not None or engine.kv_cache_mib is not None:
         return None, ""
     args = modelled_args(emulation, model)
-    sizes = [device_pool_tokens(emulation.spec_for(r), args, model, engine.gpu_memory_utilization,
-                                hardware.emulate_memory_gib) for r in set(roles)]
+    sizes = [
+        device_pool_tokens(
+            emulation.spec_for(r), args, model, engine.gpu_memory_utilization, hardware.emulate_memory_gib
+        )
+        for r in set(roles)
+    ]
     if any(s is None for s in sizes):
         return None, ""
     blocks = min(sizes) // engine.block_size
@@ -161,7 +192,9 @@ def emulated_pool(emulation: Emulation, model: ModelConfig, engine, hardware, ro
     cap = int(hardware.emulate_pool_share * available_bytes / max(len(roles), 1)) // block_bytes
     if blocks <= cap:
         return blocks, ""
-    return cap, (f"the emulated device holds {blocks * engine.block_size} tokens of KV per worker, more than "
-                 f"hardware.emulate_pool_share={hardware.emulate_pool_share} of this machine's "
-                 f"{available_bytes / GIB:.1f} GiB available holds over {len(roles)} workers: each pool is capped "
-                 f"at {cap * engine.block_size} tokens, so memory pressure comes sooner than on the device")
+    return cap, (
+        f"the emulated device holds {blocks * engine.block_size} tokens of KV per worker, more than "
+        f"hardware.emulate_pool_share={hardware.emulate_pool_share} of this machine's "
+        f"{available_bytes / GIB:.1f} GiB available holds over {len(roles)} workers: each pool is capped "
+        f"at {cap * engine.block_size} tokens, so memory pressure comes sooner than on the device"
+    )

@@ -65,8 +65,9 @@ def export_pool(pool: torch.Tensor) -> PoolHandle:
     """The handle of a CUDA pool (a CPU pool is made shared from the start: `shared_pool`)."""
     from torch.multiprocessing.reductions import reduce_tensor
 
-    return PoolHandle("cuda", tuple(pool.shape), str(pool.dtype).removeprefix("torch."),
-                      payload=pickle.dumps(reduce_tensor(pool)))
+    return PoolHandle(
+        "cuda", tuple(pool.shape), str(pool.dtype).removeprefix("torch."), payload=pickle.dumps(reduce_tensor(pool))
+    )
 
 
 def attach_pool(handle: PoolHandle) -> torch.Tensor:

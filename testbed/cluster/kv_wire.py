@@ -36,7 +36,7 @@ def _views(buffer: torch.Tensor, ranges: list[tuple[int, int]]) -> list[torch.Te
     """Contiguous piece views laid out one after another in the buffer's storage."""
     flat, per_token = buffer.view(-1), math.prod(buffer.shape) // buffer.shape[-3]
     lead = buffer.shape[:-3]
-    return [flat[a * per_token:b * per_token].view(*lead, b - a, *buffer.shape[-2:]) for a, b in ranges]
+    return [flat[a * per_token : b * per_token].view(*lead, b - a, *buffer.shape[-2:]) for a, b in ranges]
 
 
 @dataclass
@@ -59,8 +59,17 @@ class WirePart:
         return next((h.error for h in self.handles if h.done() and h.error), None)
 
 
-def send_part(runner: ModelRunner, block_table: list[int], num_tokens: int, layer: Optional[int], dst: int,
-              pool: BufferPool, tracker: CompletionTracker, piece_bytes: int = PIECE_BYTES, start: int = 0) -> WirePart:
+def send_part(
+    runner: ModelRunner,
+    block_table: list[int],
+    num_tokens: int,
+    layer: Optional[int],
+    dst: int,
+    pool: BufferPool,
+    tracker: CompletionTracker,
+    piece_bytes: int = PIECE_BYTES,
+    start: int = 0,
+) -> WirePart:
     """The KV of `num_tokens` tokens from token `start` on (start > 0: D holds the ones before)."""
     buffer = pool.get(runner.kv_shape(num_tokens, layer))
     ranges = piece_ranges(tuple(buffer.shape), buffer.element_size(), piece_bytes)
@@ -71,8 +80,9 @@ def send_part(runner: ModelRunner, block_table: list[int], num_tokens: int, laye
     return part
 
 
-def receive_part(shape: tuple[int, ...], src: int, pool: BufferPool, tracker: CompletionTracker,
-                 piece_bytes: int = PIECE_BYTES) -> WirePart:
+def receive_part(
+    shape: tuple[int, ...], src: int, pool: BufferPool, tracker: CompletionTracker, piece_bytes: int = PIECE_BYTES
+) -> WirePart:
     buffer = pool.get(shape)
     ranges = piece_ranges(shape, buffer.element_size(), piece_bytes)
     part = WirePart(buffer, ranges, _views(buffer, ranges))
@@ -110,8 +120,9 @@ class Retired:
         self.parts = waiting
 
 
-def unpack_arrived(runner: ModelRunner, block_table: list[int], part: WirePart, layer: Optional[int],
-                   start: int = 0) -> bool:
+def unpack_arrived(
+    runner: ModelRunner, block_table: list[int], part: WirePart, layer: Optional[int], start: int = 0
+) -> bool:
     """Scatter every piece that has arrived (in order) into the tokens from `start` on; True once
     the whole part is in the blocks."""
     while part.unpacked < len(part.views) and part.handles[part.unpacked].done():

@@ -54,8 +54,9 @@ def plan_cores(plans: list[WorkerPlan], paced: bool) -> CorePlan | None:
     if len(plans) <= len(cores):
         return CorePlan(round(len(cores) / len(plans), 3), tuple(cores[: len(plans)]))
     hint = "" if paced else "; hardware.emulate paces steps to a device model instead"
-    log.warning(f"{len(plans)} CPU workers share {len(cores)} cores: cross-worker contention will appear "
-                f"as interference{hint}")
+    log.warning(
+        f"{len(plans)} CPU workers share {len(cores)} cores: cross-worker contention will appear as interference{hint}"
+    )
     return CorePlan(round(len(cores) / len(plans), 3), (None,) * len(plans))
 
 
@@ -80,8 +81,11 @@ class Cluster:
         self.audits: dict[int, Audit] = {}
         self.cores = plan_cores(plans, template.emulation is not None)
         # each device's memory split among the workers on it: refused here, before any starts, if they cannot fit
-        self.kv_mib = plan_kv_memory(plans, template.engine, lambda device: ModelMemory.of(
-            template.model, template.engine, template.scheduler.max_running, device))
+        self.kv_mib = plan_kv_memory(
+            plans,
+            template.engine,
+            lambda device: ModelMemory.of(template.model, template.engine, template.scheduler.max_running, device),
+        )
 
     def __enter__(self) -> "Cluster":
         ctx = worker_context()
@@ -95,11 +99,23 @@ class Cluster:
             engine = self.template.engine
             if self.kv_mib[plan.rank] is not None:
                 engine = replace(engine, kv_cache_mib=self.kv_mib[plan.rank])
-            spec = replace(self.template, rank=plan.rank, world_size=len(self.plans), role=plan.role, engine=engine,
-                           roles=tuple(p.role for p in self.plans),
-                           device=plan.device, rendezvous=rendezvous, cpu_core=self.cores.pins[plan.rank] if self.cores else None)
-            proc = ctx.Process(target=worker_main, args=(spec, self.inboxes, ReportWriter(writer)), daemon=True,
-                               name=f"testbed-worker{plan.rank}-{plan.role}")
+            spec = replace(
+                self.template,
+                rank=plan.rank,
+                world_size=len(self.plans),
+                role=plan.role,
+                engine=engine,
+                roles=tuple(p.role for p in self.plans),
+                device=plan.device,
+                rendezvous=rendezvous,
+                cpu_core=self.cores.pins[plan.rank] if self.cores else None,
+            )
+            proc = ctx.Process(
+                target=worker_main,
+                args=(spec, self.inboxes, ReportWriter(writer)),
+                daemon=True,
+                name=f"testbed-worker{plan.rank}-{plan.role}",
+            )
             proc.start()
             writer.close()  # the worker holds the only writing end: its exit closes the pipe
             self.processes.append(proc)
@@ -147,16 +163,32 @@ class Cluster:
 
     def topology(self) -> dict:
         """meta.json's hosts, ranks and P -> D links, from what each worker said when it started."""
-        ranks = {str(r): {"host": s.host, "node": s.node, "device": s.device, "role": s.role, "pid": s.pid,
-                          "attention_backend": s.attention_backend}
-                 for r, s in sorted(self.started.items())}
+        ranks = {
+            str(r): {
+                "host": s.host,
+                "node": s.node,
+                "device": s.device,
+                "role": s.role,
+                "pid": s.pid,
+                "attention_backend": s.attention_backend,
+            }
+            for r, s in sorted(self.started.items())
+        }
         hosts: dict[str, list[int]] = {}
         for r, s in sorted(self.started.items()):
             hosts.setdefault(s.host, []).append(r)
-        links = [{"prefill": p, "decode": d, "crosses_nodes": self.started[p].node != self.started[d].node,
-                  "backend": self._link_backend(p)}
-                 for p, sp in sorted(self.started.items()) if sp.role == Role.PREFILL_ONLY
-                 for d, sd in sorted(self.started.items()) if sd.role == Role.DECODE_ONLY]
+        links = [
+            {
+                "prefill": p,
+                "decode": d,
+                "crosses_nodes": self.started[p].node != self.started[d].node,
+                "backend": self._link_backend(p),
+            }
+            for p, sp in sorted(self.started.items())
+            if sp.role == Role.PREFILL_ONLY
+            for d, sd in sorted(self.started.items())
+            if sd.role == Role.DECODE_ONLY
+        ]
         return {"hosts": hosts, "ranks": ranks, "links": links}
 
     def _link_backend(self, prefill_rank: int) -> str:

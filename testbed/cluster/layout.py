@@ -31,8 +31,10 @@ def visible_devices(hardware) -> tuple[str, int | None]:
     if not (hardware.name == "gpu" or (hardware.name == "auto" and count)):
         return "cpu", hardware.num_devices
     if hardware.num_devices is not None and hardware.num_devices > count:
-        raise ConfigError(f"hardware.num_devices={hardware.num_devices} but only {count} CUDA devices are visible: "
-                          f"{', '.join(f'cuda:{i}' for i in range(count))}")
+        raise ConfigError(
+            f"hardware.num_devices={hardware.num_devices} but only {count} CUDA devices are visible: "
+            f"{', '.join(f'cuda:{i}' for i in range(count))}"
+        )
     return "cuda", hardware.num_devices or count
 
 
@@ -46,12 +48,16 @@ def plan_ranks(mode: str, cluster: ClusterConfig, hardware, world) -> list[Worke
         rank = node * per_node + device
         if device >= per_node or node >= world.num_nodes or rank in by_rank:
             problem = "twice" if rank in by_rank else f"outside {world.num_nodes} nodes x {per_node} ranks"
-            raise ConfigError(f"{role} worker on node {node} device {device} is {problem}: torchrun started "
-                              f"--nnodes={world.num_nodes} --nproc-per-node={per_node}")
+            raise ConfigError(
+                f"{role} worker on node {node} device {device} is {problem}: torchrun started "
+                f"--nnodes={world.num_nodes} --nproc-per-node={per_node}"
+            )
         by_rank[rank] = WorkerPlan(rank, role, f"cuda:{device}" if kind == "cuda" else "cpu", node)
     if len(by_rank) != world.world_size:
-        raise ConfigError(f"mode={mode} with {describe(mode, cluster)} places {len(by_rank)} workers, but torchrun "
-                          f"started {world.world_size} ranks: one worker per rank")
+        raise ConfigError(
+            f"mode={mode} with {describe(mode, cluster)} places {len(by_rank)} workers, but torchrun "
+            f"started {world.world_size} ranks: one worker per rank"
+        )
     return [by_rank[rank] for rank in sorted(by_rank)]
 
 
@@ -59,8 +65,9 @@ def plan_on_this_box(mode: str, cluster: ClusterConfig, hardware) -> list[Worker
     """The workers of a run on this box, on the devices `hardware` finds (control/layout.py's rule);
     under torchrun, `plan_ranks`."""
     kind, available = visible_devices(hardware)
-    what = (f"CUDA devices visible: {', '.join(f'cuda:{i}' for i in range(available))}" if kind == "cuda"
-            else f"hardware.num_devices={available} CPU workers")
+    what = (
+        f"CUDA devices visible: {', '.join(f'cuda:{i}' for i in range(available))}"
+        if kind == "cuda"
+        else f"hardware.num_devices={available} CPU workers"
+    )
     return layout.plan_on_devices(mode, cluster, kind, available, what)
-
-

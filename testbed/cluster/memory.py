@@ -37,8 +37,11 @@ class RssSampler:
 
     def summary(self) -> dict:
         mib = 1 << 20
-        return {name: {"first_mib": v[0] / mib, "last_mib": v[-1] / mib, "max_mib": max(v) / mib, "samples": len(v)}
-                for name, v in self.samples.items() if v}
+        return {
+            name: {"first_mib": v[0] / mib, "last_mib": v[-1] / mib, "max_mib": max(v) / mib, "samples": len(v)}
+            for name, v in self.samples.items()
+            if v
+        }
 
 
 # -- how workers that share a device split its memory (planned before any of them starts) ------
@@ -92,8 +95,9 @@ class ModelMemory:
         return cls(weight_params(args) * itemsize, block_bytes, per_seq, max_running * per_seq, args.max_model_len)
 
 
-def plan_kv_memory(plans, engine, need: Callable[[str], ModelMemory],
-                   memory: Optional[Callable[[str], int]] = None) -> list[Optional[float]]:
+def plan_kv_memory(
+    plans, engine, need: Callable[[str], ModelMemory], memory: Optional[Callable[[str], int]] = None
+) -> list[Optional[float]]:
     """engine.kv_cache_mib per worker (None: the worker sizes its own pool, alone on its device or
     given an explicit size). The devices of this box only (node 0); a device whose workers cannot
     fit is refused in one line with the figures."""
@@ -115,28 +119,42 @@ def _device_plan(device: str, roles: list[str], engine, model: ModelMemory, tota
     n, gpu = len(roles), device.startswith("cuda")
     where = f"{device} ({n} worker{'s' if n > 1 else ''}: {', '.join(roles)})"
     if engine.num_kv_blocks is not None or engine.kv_cache_mib is not None:
-        pool = (engine.num_kv_blocks * model.block_bytes if engine.num_kv_blocks is not None
-                else engine.kv_cache_mib * 2**20)
+        pool = (
+            engine.num_kv_blocks * model.block_bytes
+            if engine.num_kv_blocks is not None
+            else engine.kv_cache_mib * 2**20
+        )
         if gpu and n * (model.weight_bytes + pool) > total:
-            raise ConfigError(f"{where} cannot hold weights {n} x {model.weight_bytes / GIB:.2f} GiB + KV pools {n} x "
-                              f"{pool / GIB:.2f} GiB in {total / GIB:.1f} GiB: lower engine.num_kv_blocks / "
-                              "engine.kv_cache_mib or place the workers on more devices")
+            raise ConfigError(
+                f"{where} cannot hold weights {n} x {model.weight_bytes / GIB:.2f} GiB + KV pools {n} x "
+                f"{pool / GIB:.2f} GiB in {total / GIB:.1f} GiB: lower engine.num_kv_blocks / "
+                "engine.kv_cache_mib or place the workers on more devices"
+            )
         return [None] * n
     # a GPU's share holds the weights too (vLLM's rule); a CPU's is a share of what the weights leave
     key = "gpu_memory_utilization" if gpu else "cpu_memory_utilization"
     weights, share = n * model.weight_bytes, getattr(engine, key)
     kv = share * total - weights if gpu else share * (total - weights)
-    pools = [share * kv if gpu else min(share * kv, model.max_kv_bytes)
-             for share in role_shares(roles, engine.prefill_memory_share)]
+    pools = [
+        share * kv if gpu else min(share * kv, model.max_kv_bytes)
+        for share in role_shares(roles, engine.prefill_memory_share)
+    ]
     short = [(role, pool) for role, pool in zip(roles, pools) if pool < model.min_kv_bytes]
     if short:
         role, pool = short[0]
-        split = f", the {role} worker's share (engine.prefill_memory_share={engine.prefill_memory_share}) is" \
-            if len(set(roles)) > 1 else f", {1 / n:.0%} each is" if n > 1 else ""
+        split = (
+            f", the {role} worker's share (engine.prefill_memory_share={engine.prefill_memory_share}) is"
+            if len(set(roles)) > 1
+            else f", {1 / n:.0%} each is"
+            if n > 1
+            else ""
+        )
         of = f"of {total / GIB:.1f} GiB" if gpu else f"of the {total / GIB:.1f} GiB available"
-        raise ConfigError(f"{where} cannot fit: engine.{key}={share} {of} with weights of {n} x "
-                          f"{model.weight_bytes / GIB:.2f} GiB leaves {kv / GIB:.2f} GiB of KV{split} "
-                          f"{pool / GIB:.2f} GiB < {model.min_kv_bytes / GIB:.2f} GiB "
-                          f"for one request of model.max_model_len={model.max_model_len}: raise engine.{key}, "
-                          "place the workers on more devices, or lower model.max_model_len")
+        raise ConfigError(
+            f"{where} cannot fit: engine.{key}={share} {of} with weights of {n} x "
+            f"{model.weight_bytes / GIB:.2f} GiB leaves {kv / GIB:.2f} GiB of KV{split} "
+            f"{pool / GIB:.2f} GiB < {model.min_kv_bytes / GIB:.2f} GiB "
+            f"for one request of model.max_model_len={model.max_model_len}: raise engine.{key}, "
+            "place the workers on more devices, or lower model.max_model_len"
+        )
     return [int(pool) for pool in pools]

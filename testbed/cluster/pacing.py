@@ -104,9 +104,13 @@ class LinkPacer:
         return min(ahead) if ahead else None
 
 
-def hold(until: float, clock: Callable[[], float], sleep: Callable[[float], None],
-         poll: Callable[[], None] = lambda: None,
-         wake: Callable[[float], Optional[float]] = lambda now: None) -> None:
+def hold(
+    until: float,
+    clock: Callable[[], float],
+    sleep: Callable[[float], None],
+    poll: Callable[[], None] = lambda: None,
+    wake: Callable[[float], Optional[float]] = lambda now: None,
+) -> None:
     """Sleep until `until`, waking at each `wake(now)` time on the way to `poll` (the KV link
     keeps running while a paced step holds the worker). Loops because a sleep may end early; no
     poll once `until` has come, so host work (a KV copy) never lengthens the step it follows: it
@@ -125,5 +129,10 @@ def pace_summary(steps) -> Optional[dict]:
     paced = steps[steps["modelled_s"].notna()]
     real = paced[["schedule_s", "prepare_s", "forward_s", "sample_s", "postprocess_s"]].sum(axis=1)
     overruns = int(paced["pace_overrun"].sum())
-    return {"steps": int(len(paced)), "overrun_steps": overruns, "overrun_share": overruns / len(paced),
-            "modelled_s_mean": float(paced["modelled_s"].mean()), "real_s_mean": float(real.mean())}
+    return {
+        "steps": int(len(paced)),
+        "overrun_steps": overruns,
+        "overrun_share": overruns / len(paced),
+        "modelled_s_mean": float(paced["modelled_s"].mean()),
+        "real_s_mean": float(real.mean()),
+    }

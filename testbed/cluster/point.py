@@ -46,12 +46,23 @@ def emulated_engine(cfg: Config, engine):
     if emulation is None or cuda_count(cfg.hardware):
         return engine
     c = cfg.cluster
-    roles = ([Role.PREFILL_ONLY] * c.num_prefill + [Role.DECODE_ONLY] * c.num_decode if cfg.mode == Mode.DISAGG
-             else [Kind.MIXED] * c.num_workers)
+    roles = (
+        [Role.PREFILL_ONLY] * c.num_prefill + [Role.DECODE_ONLY] * c.num_decode
+        if cfg.mode == Mode.DISAGG
+        else [Kind.MIXED] * c.num_workers
+    )
     args = cfg.model.args()
     real = args.kv_bytes_per_token * resolve_dtype(cfg.model.dtype, torch.device("cpu")).itemsize
-    blocks, line = emulated_pool(emulation, cfg.model, engine, cfg.hardware, roles, real, host_available_bytes(),
-                                 fill_tokens=cfg.scheduler.max_running * args.max_model_len)
+    blocks, line = emulated_pool(
+        emulation,
+        cfg.model,
+        engine,
+        cfg.hardware,
+        roles,
+        real,
+        host_available_bytes(),
+        fill_tokens=cfg.scheduler.max_running * args.max_model_len,
+    )
     if line:
         logging.getLogger("testbed").warning(line)
     return engine if blocks is None else dataclasses.replace(engine, num_kv_blocks=blocks)
@@ -78,9 +89,11 @@ def fit_to_pools(cfg: Config, cluster) -> Config:
     key = (wanted, held)
     if key not in _said:  # once per process: a study's points would repeat it
         _said.add(key)
-        _log.warning(f"model.max_model_len lowered from {wanted} to {held}: what the smallest worker's KV pool "
-                    f"({smallest.num_blocks} blocks, worker {smallest.worker}) holds; set model.max_model_len, "
-                    f"or raise engine.kv_cache_mib / engine.num_kv_blocks / engine.gpu_memory_utilization for more")
+        _log.warning(
+            f"model.max_model_len lowered from {wanted} to {held}: what the smallest worker's KV pool "
+            f"({smallest.num_blocks} blocks, worker {smallest.worker}) holds; set model.max_model_len, "
+            f"or raise engine.kv_cache_mib / engine.num_kv_blocks / engine.gpu_memory_utilization for more"
+        )
     return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, max_model_len=held))
 
 
@@ -92,10 +105,23 @@ def worker_template(cfg: Config, store=None) -> WorkerSpec:
     engine = emulated_engine(cfg, cfg.engine)
     if cfg.faults.exhaust_kv_pool:  # the least pool that still holds one request of max_model_len
         engine = dataclasses.replace(engine, num_kv_blocks=-(-cfg.model.args().max_model_len // engine.block_size))
-    return WorkerSpec(rank=0, world_size=1, role="", device="cpu", port=0, model=cfg.model, engine=engine,
-                      scheduler=cfg.scheduler, kv=cfg.kv_transfer, cluster=cfg.cluster, faults=cfg.faults,
-                      seed=cfg.seed, emulation=Emulation.from_hardware(cfg.hardware, cfg.engine),
-                      report_cache=cfg.follows_caches, kv_store=store)
+    return WorkerSpec(
+        rank=0,
+        world_size=1,
+        role="",
+        device="cpu",
+        port=0,
+        model=cfg.model,
+        engine=engine,
+        scheduler=cfg.scheduler,
+        kv=cfg.kv_transfer,
+        cluster=cfg.cluster,
+        faults=cfg.faults,
+        seed=cfg.seed,
+        emulation=Emulation.from_hardware(cfg.hardware, cfg.engine),
+        report_cache=cfg.follows_caches,
+        kv_store=store,
+    )
 
 
 def harness_breakdown(rows: list[tuple[float, float, float]]) -> dict:
@@ -107,19 +133,24 @@ def harness_breakdown(rows: list[tuple[float, float, float]]) -> dict:
 
 def audit_summary(audits: dict[int, Audit]) -> dict:
     """What each worker still held at the end (all zero unless something leaked)."""
-    return {"kv_blocks_leaked": {f"worker{rank}": a.used_blocks for rank, a in sorted(audits.items())},
-            "kv_blocks_cached": {f"worker{rank}": a.cached_blocks for rank, a in sorted(audits.items())},
-            "kv_store": {f"worker{rank}": a.store for rank, a in sorted(audits.items()) if a.store},
-            "staging_buffers_leaked": {f"worker{rank}": {"count": a.loaned_buffers, "bytes": a.loaned_bytes}
-                                       for rank, a in sorted(audits.items())}}
+    return {
+        "kv_blocks_leaked": {f"worker{rank}": a.used_blocks for rank, a in sorted(audits.items())},
+        "kv_blocks_cached": {f"worker{rank}": a.cached_blocks for rank, a in sorted(audits.items())},
+        "kv_store": {f"worker{rank}": a.store for rank, a in sorted(audits.items()) if a.store},
+        "staging_buffers_leaked": {
+            f"worker{rank}": {"count": a.loaned_buffers, "bytes": a.loaned_bytes} for rank, a in sorted(audits.items())
+        },
+    }
 
 
 def check_audit(audits: dict[int, Audit], out_dir: Path) -> None:
-    leaked = {rank: {"blocks": a.used_blocks, "staging_buffers": a.loaned_buffers}
-              for rank, a in audits.items() if a.used_blocks or a.loaned_buffers}
+    leaked = {
+        rank: {"blocks": a.used_blocks, "staging_buffers": a.loaned_buffers}
+        for rank, a in audits.items()
+        if a.used_blocks or a.loaned_buffers
+    }
     if leaked:
-        raise KVLeakError(f"KV audit failed: still allocated at the end of the run {leaked}; "
-                          f"results kept in {out_dir}")
+        raise KVLeakError(f"KV audit failed: still allocated at the end of the run {leaked}; results kept in {out_dir}")
 
 
 def stop_cluster(cluster: Cluster, router: Router, sampler) -> Optional[object]:

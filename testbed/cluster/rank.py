@@ -23,8 +23,16 @@ from testbed.cluster.worker import RouterLost, WorkerSpec, worker_main
 from testbed.control.layout import WorkerPlan
 from testbed.errors import RankLost
 from testbed.net.curve import Guard, Keys
-from testbed.net.rendezvous import (World, bind_address, connect_store, lookup, publish, run_keys, run_token,
-                                    store_client)
+from testbed.net.rendezvous import (
+    World,
+    bind_address,
+    connect_store,
+    lookup,
+    publish,
+    run_keys,
+    run_token,
+    store_client,
+)
 from testbed.net.transport import LINGER_MS, Inbox, Mesh, Outbox, refused_counts
 from testbed.net.wire import Launch, Shutdown
 
@@ -54,10 +62,28 @@ def net_worker_main(spec: WorkerSpec, plan: MeshPlan) -> None:
     try:
         inbox = Inbox(ctx, plan.bind, plan.token, plan.heartbeat_s, f"worker{spec.rank}", plan.keys)
         publish(store, f"{plan.prefix}/inbox/{spec.rank}", inbox.address)
-        events = Outbox(ctx, lookup(store, f"{plan.prefix}/events", plan.timeout_s), plan.token, plan.heartbeat_s,
-                        "the router", plan.keys, 0)
-        peers = {r: Outbox(ctx, lookup(store, f"{plan.prefix}/inbox/{r}", plan.timeout_s), plan.token,
-                           plan.heartbeat_s, f"worker {r}", plan.keys, r) for r in range(spec.world_size) if r != spec.rank}
+        events = Outbox(
+            ctx,
+            lookup(store, f"{plan.prefix}/events", plan.timeout_s),
+            plan.token,
+            plan.heartbeat_s,
+            "the router",
+            plan.keys,
+            0,
+        )
+        peers = {
+            r: Outbox(
+                ctx,
+                lookup(store, f"{plan.prefix}/inbox/{r}", plan.timeout_s),
+                plan.token,
+                plan.heartbeat_s,
+                f"worker {r}",
+                plan.keys,
+                r,
+            )
+            for r in range(spec.world_size)
+            if r != spec.rank
+        }
         worker_main(spec, Mesh(inbox, peers, spec.rank), events, events.lost)
         # what this process's message ports turned away, for rank 0's meta.json (after the audit)
         publish(store, f"{plan.prefix}/refused/{spec.rank}", json.dumps(refused_counts()))
@@ -80,10 +106,18 @@ def child_worker_main(spec: WorkerSpec, plan: MeshPlan) -> None:
 def rank_spec(template: WorkerSpec, plans: list[WorkerPlan], rank: int, world: World, point: int) -> WorkerSpec:
     """Rank `rank`'s worker for point `point`, knowing every rank's role (its links to warm up)."""
     plan = plans[rank]
-    return replace(template, rank=plan.rank, world_size=world.world_size, role=plan.role, device=plan.device,
-                   roles=tuple(p.role for p in plans),
-                   rendezvous=(world.master_addr, world.master_port, f"{world.scope}/point{point}"),
-                   host=socket.gethostname(), node=plan.node, cpu_core=None)
+    return replace(
+        template,
+        rank=plan.rank,
+        world_size=world.world_size,
+        role=plan.role,
+        device=plan.device,
+        roles=tuple(p.role for p in plans),
+        rendezvous=(world.master_addr, world.master_port, f"{world.scope}/point{point}"),
+        host=socket.gethostname(),
+        node=plan.node,
+        cpu_core=None,
+    )
 
 
 def serve_rank(world: World, cluster_cfg, read_config: Callable[[dict], Any]) -> None:
@@ -99,22 +133,34 @@ def serve_rank(world: World, cluster_cfg, read_config: Callable[[dict], Any]) ->
         agent = Inbox(ctx, bind, token, beat, f"rank{world.rank}", keys)
         publish(store, f"{world.scope}/agent/{world.rank}", agent.address)
         publish(store, f"{world.scope}/host/{world.rank}", socket.gethostname())
-        driver = Outbox(ctx, lookup(store, f"{world.scope}/driver", cluster_cfg.start_timeout_s), token, beat,
-                        "rank 0", keys, 0)
-        log.info(f"torchrun rank {world.rank} (node {world.node}, host {socket.gethostname()}): "
-                 f"messages on {agent.address}")
+        driver = Outbox(
+            ctx, lookup(store, f"{world.scope}/driver", cluster_cfg.start_timeout_s), token, beat, "rank 0", keys, 0
+        )
+        log.info(
+            f"torchrun rank {world.rank} (node {world.node}, host {socket.gethostname()}): messages on {agent.address}"
+        )
         while not _serve_next(world, cluster_cfg, (token, keys), bind, agent, driver, store, read_config):
             pass
     except LookupError:
-        raise RankLost(f"rank {world.rank} stops: rank 0 did not start within {cluster_cfg.start_timeout_s:.0f} s "
-                       "(cluster.start_timeout_s)") from None
+        raise RankLost(
+            f"rank {world.rank} stops: rank 0 did not start within {cluster_cfg.start_timeout_s:.0f} s "
+            "(cluster.start_timeout_s)"
+        ) from None
     finally:
         guard.stop()
         ctx.destroy(linger=LINGER_MS)
 
 
-def _serve_next(world: World, cluster_cfg, secrets: tuple, bind: str, agent: Inbox, driver: Outbox, store,
-                read_config: Callable[[dict], Any]) -> bool:
+def _serve_next(
+    world: World,
+    cluster_cfg,
+    secrets: tuple,
+    bind: str,
+    agent: Inbox,
+    driver: Outbox,
+    store,
+    read_config: Callable[[dict], Any],
+) -> bool:
     """Wait for rank 0's next word and do it; True once the run is over."""
     try:
         msg = agent.get(timeout=POLL_S)
@@ -134,16 +180,24 @@ def _serve_next(world: World, cluster_cfg, secrets: tuple, bind: str, agent: Inb
     return False
 
 
-def _serve_point(world: World, cluster_cfg, secrets: tuple, bind: str, launch: Launch,
-                 read_config: Callable[[dict], Any]) -> None:
+def _serve_point(
+    world: World, cluster_cfg, secrets: tuple, bind: str, launch: Launch, read_config: Callable[[dict], Any]
+) -> None:
     """(secrets: the run token and this rank's CURVE keys)"""
     from testbed.cluster.layout import plan_ranks
     from testbed.cluster.point import worker_template
 
     cfg = read_config(launch.config)
     plans = plan_ranks(cfg.mode, cfg.cluster, cfg.hardware, world)
-    mesh = MeshPlan(secrets[0], bind, cluster_cfg.heartbeat_s, (world.master_addr, world.master_port),
-                    f"{world.scope}/point{launch.point}", cluster_cfg.start_timeout_s, secrets[1])
+    mesh = MeshPlan(
+        secrets[0],
+        bind,
+        cluster_cfg.heartbeat_s,
+        (world.master_addr, world.master_port),
+        f"{world.scope}/point{launch.point}",
+        cluster_cfg.start_timeout_s,
+        secrets[1],
+    )
     on_interrupt = signal.getsignal(signal.SIGINT)
     try:
         net_worker_main(rank_spec(worker_template(cfg), plans, world.rank, world, launch.point), mesh)
@@ -151,4 +205,3 @@ def _serve_point(world: World, cluster_cfg, secrets: tuple, bind: str, launch: L
         raise RankLost(str(lost)) from None
     finally:
         signal.signal(signal.SIGINT, on_interrupt)  # the worker ignores Ctrl-C while it serves
-

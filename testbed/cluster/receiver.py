@@ -27,8 +27,19 @@ from testbed.control.config import KVTransferConfig
 from testbed.control.ledger import Incoming, ReceiveLedger
 from testbed.engine import Engine, Sequence
 from testbed.names import OnFailure
-from testbed.net.messages import (Failed, KVAck, KVArrived, KVAttemptFailed, KVBegin, KVDone, KVFence, KVPart,
-                                  Ready, Reserve, Reserved)
+from testbed.net.messages import (
+    Failed,
+    KVAck,
+    KVArrived,
+    KVAttemptFailed,
+    KVBegin,
+    KVDone,
+    KVFence,
+    KVPart,
+    Ready,
+    Reserve,
+    Reserved,
+)
 
 
 @dataclass
@@ -51,8 +62,15 @@ class WireIncoming(Incoming):
 class KVReceiver:
     """The D side: reserve blocks (or queue the reservation), receive, hand to decode."""
 
-    def __init__(self, engine: Engine, rank: int, inboxes, events, kv: KVTransferConfig,
-                 clock: Callable[[], float] = time.perf_counter):
+    def __init__(
+        self,
+        engine: Engine,
+        rank: int,
+        inboxes,
+        events,
+        kv: KVTransferConfig,
+        clock: Callable[[], float] = time.perf_counter,
+    ):
         self.engine, self.rank, self.inboxes, self.events, self.kv = engine, rank, inboxes, events, kv
         self.timeout_s, self.policy, self.clock = kv.timeout_s, kv.failure_policy(), clock
         self.piece_bytes = kv.piece_bytes
@@ -84,7 +102,7 @@ class KVReceiver:
 
     def _ready(self, seq: Sequence, attempt: int) -> Ready:
         skip = seq.num_cached_tokens
-        blocks = tuple(seq.block_table[skip // self.engine.runner.block_size:]) if self.direct else ()
+        blocks = tuple(seq.block_table[skip // self.engine.runner.block_size :]) if self.direct else ()
         return Ready(seq.seq_id, self.rank, attempt, skip, blocks)
 
     def on_begin(self, msg: KVBegin) -> None:
@@ -128,11 +146,14 @@ class KVReceiver:
         for rid, entry in list(self.ledger.incoming.items()):
             error = next((wire.error() for wire in entry.parts if wire.error()), None)
             if error:
-                self._attempt_failed(rid, entry, "error", f"KV transfer from worker {entry.prefill_rank} broke: "
-                                                          f"{error}", now)
+                self._attempt_failed(
+                    rid, entry, "error", f"KV transfer from worker {entry.prefill_rank} broke: {error}", now
+                )
                 continue
-            unpacked = [unpack_arrived(self.engine.runner, entry.seq.block_table, wire, layer, entry.seq.num_cached_tokens)
-                        for layer, wire in entry.recvs]
+            unpacked = [
+                unpack_arrived(self.engine.runner, entry.seq.block_table, wire, layer, entry.seq.num_cached_tokens)
+                for layer, wire in entry.recvs
+            ]
             pieces = sum(wire.unpacked for wire in entry.parts)
             if pieces > entry.pieces:
                 entry.pieces = pieces
@@ -140,8 +161,9 @@ class KVReceiver:
             if entry.num_parts is not None and len(entry.recvs) == entry.num_parts and all(unpacked):
                 self._install(rid, self.clock())  # after the unpacking: when the KV is really there
             elif self.ledger.expired(entry, now, self.timeout_s):
-                self._attempt_failed(rid, entry, "timed_out", f"KV transfer timed out: nothing arrived for "
-                                                              f"{self.timeout_s:g} s", now)
+                self._attempt_failed(
+                    rid, entry, "timed_out", f"KV transfer timed out: nothing arrived for {self.timeout_s:g} s", now
+                )
 
     def _install(self, rid: int, now: float) -> None:
         entry = self.ledger.take(rid)

@@ -26,8 +26,20 @@ from testbed.metrics.events import RequestLog
 from testbed.metrics.steps import StepLog
 from testbed.names import Mode
 from testbed.net.faults import FaultInjected, FaultsConfig, Stall
-from testbed.net.messages import (Abort, Failed, Heartbeat, KVArrived, KVAttemptFailed, KVSent, Pong, Reserve,
-                                  Reserved, Serve, StepEvents, WorkerError)
+from testbed.net.messages import (
+    Abort,
+    Failed,
+    Heartbeat,
+    KVArrived,
+    KVAttemptFailed,
+    KVSent,
+    Pong,
+    Reserve,
+    Reserved,
+    Serve,
+    StepEvents,
+    WorkerError,
+)
 from testbed.workload import Request, Workload
 
 LIVENESS_CHECK_S = 0.2
@@ -35,9 +47,19 @@ MEMORY_SAMPLE_S = 1.0
 
 
 class Router:
-    def __init__(self, cluster: Cluster, workload: Workload, log: RequestLog, mode: str,
-                 cluster_config: ClusterConfig, kv: KVTransferConfig, t0: float, faults: FaultsConfig = FaultsConfig(),
-                 block_size: int = 16, tenants=()):
+    def __init__(
+        self,
+        cluster: Cluster,
+        workload: Workload,
+        log: RequestLog,
+        mode: str,
+        cluster_config: ClusterConfig,
+        kv: KVTransferConfig,
+        t0: float,
+        faults: FaultsConfig = FaultsConfig(),
+        block_size: int = 16,
+        tenants=(),
+    ):
         self.cluster, self.workload, self.log, self.t0 = cluster, workload, log, t0
         self.cluster_config = cluster_config
         roles = {p.rank: p.role for p in cluster.plans}
@@ -125,13 +147,15 @@ class Router:
 
     def _serve(self, tracked: Tracked) -> None:
         request = tracked.request
-        self.cluster.inboxes[tracked.worker].put(Serve(request.request_id, request.prompt_token_ids,
-                                                       request.output_len, tracked.decode_worker))
+        self.cluster.inboxes[tracked.worker].put(
+            Serve(request.request_id, request.prompt_token_ids, request.output_len, tracked.decode_worker)
+        )
 
     def _reserve(self, tracked: Tracked) -> None:
         request = tracked.request
-        self.cluster.inboxes[tracked.decode_worker].put(Reserve(request.request_id, request.prompt_token_ids,
-                                                                request.output_len, tracked.worker))
+        self.cluster.inboxes[tracked.decode_worker].put(
+            Reserve(request.request_id, request.prompt_token_ids, request.output_len, tracked.worker)
+        )
 
     # -- worker reports ------------------------------------------------------------------------
     def handle(self, msg) -> None:
@@ -140,8 +164,18 @@ class Router:
         if isinstance(msg, StepEvents):
             self._on_step(msg)
         elif isinstance(msg, KVSent):
-            self.transfers.sent(msg.rid, msg.prefill_rank, msg.decode_rank, msg.attempt, msg.kv_bytes, msg.start,
-                                msg.end, msg.wait_s, msg.dropped, bool(msg.error))
+            self.transfers.sent(
+                msg.rid,
+                msg.prefill_rank,
+                msg.decode_rank,
+                msg.attempt,
+                msg.kv_bytes,
+                msg.start,
+                msg.end,
+                msg.wait_s,
+                msg.dropped,
+                bool(msg.error),
+            )
             moved = not (msg.dropped or msg.error)  # an attempt that moved data (the first one wins)
             self.book.kv_sent(msg.rid, msg.prefill_rank, msg.decode_rank, msg.start, msg.kv_bytes, moved)
         elif isinstance(msg, KVArrived):
@@ -205,8 +239,10 @@ class Router:
             dead = not self.cluster.alive(rank)
             silent = now - self.last_seen[rank] > silent_limit
             if dead or silent:  # silent too long: treated as lost (under torchrun the run fails here)
-                self.cluster.lose(rank, "its process is gone" if dead else
-                                  f"silent for {silent_limit:.0f} s (5 x cluster.heartbeat_s)")
+                self.cluster.lose(
+                    rank,
+                    "its process is gone" if dead else f"silent for {silent_limit:.0f} s (5 x cluster.heartbeat_s)",
+                )
                 role = self.cluster.plans[rank].role
                 for rid in self.book.lose_worker(rank):
                     self._lost(rid, f"worker {rank} ({role}) died", now)

@@ -60,14 +60,17 @@ class Session:
             for rank in range(1, self.world.world_size):
                 address = self.lookup(f"agent/{rank}", rank)
                 self.hosts[rank] = self.lookup(f"host/{rank}", rank)
-                self.agents[rank] = Outbox(self.ctx, address, self.token, self.heartbeat_s, f"rank {rank}", self.keys,
-                                           rank)
+                self.agents[rank] = Outbox(
+                    self.ctx, address, self.token, self.heartbeat_s, f"rank {rank}", self.keys, rank
+                )
         except BaseException:
             self.guard.stop()
             self.ctx.destroy(linger=0)
             raise
-        log.info(f"torchrun: {self.world.world_size} ranks on {self.world.num_nodes} nodes; messages on "
-                 f"{self.bind} (hosts: {', '.join(f'{r}={h}' for r, h in sorted(self.hosts.items()))})")
+        log.info(
+            f"torchrun: {self.world.world_size} ranks on {self.world.num_nodes} nodes; messages on "
+            f"{self.bind} (hosts: {', '.join(f'{r}={h}' for r, h in sorted(self.hosts.items()))})"
+        )
         return self
 
     def lookup(self, key: str, rank: int, alive=lambda: True) -> str:
@@ -75,8 +78,7 @@ class Session:
             return lookup(self.store, f"{self.world.scope}/{key}", self.timeout_s, alive)
         except LookupError:
             where = f" (host {self.hosts[rank]})" if rank in self.hosts else ""
-            what = ("stopped" if not alive() else
-                    f"did not join within {self.timeout_s:.0f} s (cluster.start_timeout_s)")
+            what = "stopped" if not alive() else f"did not join within {self.timeout_s:.0f} s (cluster.start_timeout_s)"
             raise RankLost(f"rank {rank}{where} {what}") from None
 
     def cluster(self, cfg, plans: list[WorkerPlan], template: WorkerSpec) -> "TorchrunCluster":
@@ -135,11 +137,13 @@ class TorchrunCluster(Cluster):
 
     def _start_child(self) -> None:
         s = self.session
-        plan = MeshPlan(s.token, s.bind, s.heartbeat_s, (s.world.master_addr, s.world.master_port),
-                        self.prefix, s.timeout_s, s.keys)  # rank 0's keys: the child is this rank's worker
+        plan = MeshPlan(
+            s.token, s.bind, s.heartbeat_s, (s.world.master_addr, s.world.master_port), self.prefix, s.timeout_s, s.keys
+        )  # rank 0's keys: the child is this rank's worker
         spec = rank_spec(self.template, self.plans, 0, s.world, self.point)
-        self.child = mp.get_context("spawn").Process(target=child_worker_main, args=(spec, plan), daemon=True,
-                                                     name=f"testbed-worker0-{spec.role}")
+        self.child = mp.get_context("spawn").Process(
+            target=child_worker_main, args=(spec, plan), daemon=True, name=f"testbed-worker0-{spec.role}"
+        )
         self.child.start()
 
     def _check_starting(self, deadline: float) -> None:
@@ -161,8 +165,9 @@ class TorchrunCluster(Cluster):
             samples = []
             for _ in range(PINGS):
                 self.inboxes[rank].put(Ping(time.perf_counter()))
-                pong = self.events.wait_for(lambda m, r=rank: isinstance(m, Pong) and m.worker == r,
-                                            5 * self.session.heartbeat_s)
+                pong = self.events.wait_for(
+                    lambda m, r=rank: isinstance(m, Pong) and m.worker == r, 5 * self.session.heartbeat_s
+                )
                 if pong is None:
                     self.lose(rank, "did not answer the clock pings")
                 samples.append((pong.sent, pong.t, self.events.last_read))
@@ -202,8 +207,9 @@ class TorchrunCluster(Cluster):
     def topology(self) -> dict:
         out = super().topology()
         for rank, offset in self.measured.items():
-            out["ranks"][str(rank)].update(clock_offset_s=offset.seconds, clock_rtt_s=offset.rtt_s,
-                                           clock_rebased=bool(self.offsets[rank].seconds))
+            out["ranks"][str(rank)].update(
+                clock_offset_s=offset.seconds, clock_rtt_s=offset.rtt_s, clock_rebased=bool(self.offsets[rank].seconds)
+            )
         out["messages_refused"] = self.refused()
         return out
 

@@ -36,9 +36,27 @@ from testbed.errors import PeerLost, TestbedError
 from testbed.model.config import ModelConfig
 from testbed.names import Granularity, Role
 from testbed.net.faults import FaultsConfig, KVFaults, Stall
-from testbed.net.messages import (Abort, Audit, Heartbeat, KVAck, KVBegin, KVDone, KVFence, KVPart, KVPoolAttached,
-                                  KVPoolExport, Ping, Pong, Ready, Reserve, Serve, Started, StepEvents, Stop,
-                                  WorkerError)
+from testbed.net.messages import (
+    Abort,
+    Audit,
+    Heartbeat,
+    KVAck,
+    KVBegin,
+    KVDone,
+    KVFence,
+    KVPart,
+    KVPoolAttached,
+    KVPoolExport,
+    Ping,
+    Pong,
+    Ready,
+    Reserve,
+    Serve,
+    Started,
+    StepEvents,
+    Stop,
+    WorkerError,
+)
 from testbed.net.rendezvous import store_client
 
 GIL_SWITCH_S = 0.0002
@@ -91,8 +109,18 @@ def worker_main(spec: WorkerSpec, inboxes, events, lost_router=lambda: False) ->
     try:
         engine = _setup(spec)
         pool = _export_pool(spec, engine)
-        events.put(Started(spec.rank, spec.role, spec.device, engine.runner.num_blocks, os.getpid(),
-                           spec.host or socket.gethostname(), spec.node, engine.runner.backend.name))
+        events.put(
+            Started(
+                spec.rank,
+                spec.role,
+                spec.device,
+                engine.runner.num_blocks,
+                os.getpid(),
+                spec.host or socket.gethostname(),
+                spec.node,
+                engine.runner.backend.name,
+            )
+        )
         with torch.inference_mode():  # one mode for every tensor the worker touches, KV buffers included
             Worker(spec, engine, inboxes, events, lost_router, pool).loop()
     except RouterLost:
@@ -142,8 +170,17 @@ def _setup(spec: WorkerSpec) -> Engine:
     fit = spec.model.max_model_len is None
     if fit:
         logging.getLogger("testbed.engine.model_runner").setLevel(logging.ERROR)
-    engine = Engine.build(spec.model.args(), spec.engine, spec.scheduler, spec.role, device,
-                          dtype=spec.model.dtype, path=spec.model.path, seed=spec.model.seed, fit_max_model_len=fit)
+    engine = Engine.build(
+        spec.model.args(),
+        spec.engine,
+        spec.scheduler,
+        spec.role,
+        device,
+        dtype=spec.model.dtype,
+        path=spec.model.path,
+        seed=spec.model.seed,
+        fit_max_model_len=fit,
+    )
     engine.warmup()
     # what start-up built (the model, torch's modules, the warm-up's tensors) out of the cyclic
     # collector's sight, as vLLM does: else a full collection of it, some 60 requests into a
@@ -165,23 +202,41 @@ def _init_group(spec: WorkerSpec, backend: str) -> None:
         # (its default, 3, tears the process down: a lost peer would take the worker with it)
         os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
     if spec.rendezvous is None:
-        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{spec.port}", rank=spec.rank,
-                                world_size=spec.world_size, timeout=timeout)
+        dist.init_process_group(
+            backend,
+            init_method=f"tcp://127.0.0.1:{spec.port}",
+            rank=spec.rank,
+            world_size=spec.world_size,
+            timeout=timeout,
+        )
         return
     host, port, prefix = spec.rendezvous
     store = store_client(host, port, spec.cluster.start_timeout_s)
-    dist.init_process_group(backend, store=dist.PrefixStore(f"{prefix}/group", store), rank=spec.rank,
-                            world_size=spec.world_size, timeout=timeout)
+    dist.init_process_group(
+        backend,
+        store=dist.PrefixStore(f"{prefix}/group", store),
+        rank=spec.rank,
+        world_size=spec.world_size,
+        timeout=timeout,
+    )
 
 
 def warm_links(rank: int, roles: tuple, device: torch.device) -> None:
     """One small message over every P -> D pair, so the run's first KV transfer does not pay the
     link's set-up (NCCL builds a communicator per pair on first use; gloo connects lazily)."""
-    pairs = [(p, d) for p, rp in enumerate(roles) if rp == Role.PREFILL_ONLY
-             for d, rd in enumerate(roles) if rd == Role.DECODE_ONLY]
+    pairs = [
+        (p, d)
+        for p, rp in enumerate(roles)
+        if rp == Role.PREFILL_ONLY
+        for d, rd in enumerate(roles)
+        if rd == Role.DECODE_ONLY
+    ]
     probe = torch.zeros(1, device=device)
-    pending = [dist.isend(probe, dst=d) if rank == p else dist.irecv(torch.zeros(1, device=device), src=p)
-               for p, d in pairs if rank in (p, d)]
+    pending = [
+        dist.isend(probe, dst=d) if rank == p else dist.irecv(torch.zeros(1, device=device), src=p)
+        for p, d in pairs
+        if rank in (p, d)
+    ]
     for work in pending:  # all posted first: no pair waits on another
         work.wait()
 
@@ -193,8 +248,15 @@ def _pin(core: Optional[int]) -> None:
 
 
 class Worker:
-    def __init__(self, spec: WorkerSpec, engine: Engine, inboxes, events, lost_router=lambda: False,
-                 pool: Optional[PoolHandle] = None):
+    def __init__(
+        self,
+        spec: WorkerSpec,
+        engine: Engine,
+        inboxes,
+        events,
+        lost_router=lambda: False,
+        pool: Optional[PoolHandle] = None,
+    ):
         self.spec, self.engine, self.inbox, self.events = spec, engine, inboxes[spec.rank], events
         self.pool = pool  # ipc, D: this worker's exported pool, until every P has mapped it
         self.unattached = {r for r, role in enumerate(spec.roles) if role == Role.PREFILL_ONLY} if pool else set()
@@ -251,9 +313,14 @@ class Worker:
         while any(side.in_flight for side in sides) and time.perf_counter() < deadline:
             time.sleep(IDLE_WAIT_S)
             self._poll_transfers()
-        return Audit(self.spec.rank, self.engine.num_used_blocks, sum(len(side.buffers.loaned) for side in sides),
-                     sum(side.buffers.loaned_bytes for side in sides), self.engine.num_cached_blocks,
-                     self.engine.store_stats)
+        return Audit(
+            self.spec.rank,
+            self.engine.num_used_blocks,
+            sum(len(side.buffers.loaned) for side in sides),
+            sum(side.buffers.loaned_bytes for side in sides),
+            self.engine.num_cached_blocks,
+            self.engine.store_stats,
+        )
 
     def _can_step(self) -> bool:
         if self.sender is not None and self.sender.blocked(self.spec.kv.max_pending):
@@ -347,9 +414,16 @@ class Worker:
 
     def _step_events(self, result: StepResult, record, t: float) -> StepEvents:
         engine = self.engine
-        return StepEvents(worker=self.spec.rank, t=t, record=record, report=result.by_id(),
-                          cached=engine.cache_changes(), free_blocks=engine.num_free_blocks,
-                          num_running=engine.num_running, sent=time.perf_counter())
+        return StepEvents(
+            worker=self.spec.rank,
+            t=t,
+            record=record,
+            report=result.by_id(),
+            cached=engine.cache_changes(),
+            free_blocks=engine.num_free_blocks,
+            num_running=engine.num_running,
+            sent=time.perf_counter(),
+        )
 
     def _report(self, msg) -> None:
         self.events.put(msg)

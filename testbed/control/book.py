@@ -33,8 +33,9 @@ def follows_caches(cluster, kv, disagg: bool) -> bool:
 
 
 class RequestBook:
-    def __init__(self, cluster, kv, disagg: bool, roles: dict[int, Role], log: RequestLog, block_size: int = 16,
-                 tenants=()):
+    def __init__(
+        self, cluster, kv, disagg: bool, roles: dict[int, Role], log: RequestLog, block_size: int = 16, tenants=()
+    ):
         self.cluster, self.kv, self.disagg, self.log = cluster, kv, disagg, log
         # decided once: a step report asks for late binding on every call
         self.binds_early = disagg and kv.decode_binding == Binding.EARLY
@@ -44,10 +45,21 @@ class RequestBook:
         # where the prompt blocks are, from the workers' reports: only cache-following rules ask
         self.index = KVIndex(block_size, roles) if follows_caches(cluster, kv, disagg) else None
         weight = cluster.kv_aware_load_weight
-        self.front = Dispatcher(cluster.dispatch, [r for r, role in roles.items() if role != Role.DECODE_ONLY],
-                                self.loads, index=self.index, load_weight=weight)
-        self.back = Dispatcher(cluster.decode_dispatch, [r for r, role in roles.items() if role == Role.DECODE_ONLY],
-                               self.loads, for_decode=True, index=self.index, load_weight=weight)
+        self.front = Dispatcher(
+            cluster.dispatch,
+            [r for r, role in roles.items() if role != Role.DECODE_ONLY],
+            self.loads,
+            index=self.index,
+            load_weight=weight,
+        )
+        self.back = Dispatcher(
+            cluster.decode_dispatch,
+            [r for r, role in roles.items() if role == Role.DECODE_ONLY],
+            self.loads,
+            for_decode=True,
+            index=self.index,
+            load_weight=weight,
+        )
         self.active: dict[int, Tracked] = {}
         self.limits = TenantLimits(tenants)
         self.routes = Routes(cluster, tenants, self.front.workers)
@@ -63,8 +75,9 @@ class RequestBook:
         """Admit and dispatch a request (bound early to its decode worker when so configured),
         or refuse it: None."""
         self.log.register(request)
-        reason = admission_refusal(self.cluster, request, len(self.active)) or \
-            self.limits.refusal(request.tenant, request.input_len, t)
+        reason = admission_refusal(self.cluster, request, len(self.active)) or self.limits.refusal(
+            request.tenant, request.input_len, t
+        )
         worker = None if reason else self._route(request)
         if worker is None:
             if not reason:  # admitted by its tenant's limit, but nowhere to go: not charged
@@ -94,8 +107,7 @@ class RequestBook:
         if not live:
             return None
         hashes = prompt_hashes(request.prompt_token_ids, self.index.block_size)
-        cached, _, worker = max((self.index.cached_tokens(w, hashes), -self.loads[w].bound_sequences, -w)
-                                for w in live)
+        cached, _, worker = max((self.index.cached_tokens(w, hashes), -self.loads[w].bound_sequences, -w) for w in live)
         if self.kv.prefills_on_decode(request.turn, request.input_len, cached):
             return -worker
         return None
@@ -109,8 +121,13 @@ class RequestBook:
         """The request reached its worker's queue."""
         self.log.event(tracked.rid, Event.PREFILL_QUEUED, t, worker=tracked.worker)
 
-    def deliver(self, tracked: Tracked, reserve: Callable[[Tracked], None], serve: Callable[[Tracked], None],
-                clock: Callable[[], float]) -> None:
+    def deliver(
+        self,
+        tracked: Tracked,
+        reserve: Callable[[Tracked], None],
+        serve: Callable[[Tracked], None],
+        clock: Callable[[], float],
+    ) -> None:
         """An admitted request goes to its workers, in the order every executor keeps: bound early,
         its decode worker reserves first (D holds the blocks while P queues the prefill), then its
         worker gets it; queued at `clock()` once it has."""
@@ -145,8 +162,14 @@ class RequestBook:
                 self.log.event(rid, Event.DECODE_START, start, worker=worker)
         for rid, index, token in report.tokens:
             tracked = active.get(rid)
-            if tracked is not None and index == len(tracked.output) and index and tracked.front is not Front.QUEUED \
-                    and not tracked.early and not tracked.finished_early:  # _in_order, inlined: the common case
+            if (
+                tracked is not None
+                and index == len(tracked.output)
+                and index
+                and tracked.front is not Front.QUEUED
+                and not tracked.early
+                and not tracked.finished_early
+            ):  # _in_order, inlined: the common case
                 tracked.output.append(token)
                 tracked.worker_times.append(worker_t)
                 tracked.received_times.append(received_t)
@@ -174,8 +197,9 @@ class RequestBook:
         found = [self.active.get(rid) for rid, _ in seqs]
         if not all(tracked is not None and _in_order(tracked, had) for tracked, (_, had) in zip(found, seqs)):
             for i, start in enumerate(run.starts):  # out of order somewhere: the general path
-                report = StepReport([(rid, 1, False) for rid, _ in seqs], [(rid, had + i, token) for rid, had in seqs],
-                                    [], [], [])
+                report = StepReport(
+                    [(rid, 1, False) for rid, _ in seqs], [(rid, had + i, token) for rid, had in seqs], [], [], []
+                )
                 self.on_step(WorkerStep(worker, start, run.ends[i], run.free_blocks[i], report), run.received[i])
             return
         self.report_free(worker, run.free_blocks[-1])
@@ -218,8 +242,9 @@ class RequestBook:
         """The worker's free KV blocks as its last report had them."""
         return self.loads[worker].free_blocks
 
-    def _token(self, tracked: Tracked, index: int, token: int, worker: int, worker_t: float, received_t: float,
-               news: StepNews) -> None:
+    def _token(
+        self, tracked: Tracked, index: int, token: int, worker: int, worker_t: float, received_t: float, news: StepNews
+    ) -> None:
         if index < len(tracked.output):
             return  # a recomputed prefix re-emitting tokens the client already has
         if tracked.front is Front.QUEUED and worker == tracked.worker:
@@ -228,8 +253,9 @@ class RequestBook:
         if tracked.finished_early and len(tracked.output) == tracked.request.output_len:
             news.finished.append(self.finish(tracked.rid, received_t))
 
-    def _reorder(self, tracked: Tracked, index: int, token: int, worker: int, worker_t: float,
-                 received_t: float) -> None:
+    def _reorder(
+        self, tracked: Tracked, index: int, token: int, worker: int, worker_t: float, received_t: float
+    ) -> None:
         # P's and D's reports may travel on different pipes: D's first decode can overtake P's
         # first token. The client sees tokens in order, so a later one waits for its predecessors.
         tracked.early[index] = (token, worker_t, worker)
@@ -251,8 +277,9 @@ class RequestBook:
         if worker != prefill:
             return  # re-dispatched away from that worker
         if moved:
-            self.log.event(rid, Event.KV_TRANSFER_START, start, prefill_worker=prefill, decode_worker=decode,
-                           kv_bytes=kv_bytes)
+            self.log.event(
+                rid, Event.KV_TRANSFER_START, start, prefill_worker=prefill, decode_worker=decode, kv_bytes=kv_bytes
+            )
         if tracked is not None and tracked.front is not Front.LEFT:
             self._front(tracked, Front.LEFT)
 
@@ -381,5 +408,10 @@ class RequestBook:
 def _in_order(tracked: Tracked, index: int) -> bool:
     """Token `index` (not the first) is the next one the client waits for, with nothing held
     back: it goes straight to the client."""
-    return index == len(tracked.output) and index > 0 and tracked.front is not Front.QUEUED \
-        and not tracked.early and not tracked.finished_early
+    return (
+        index == len(tracked.output)
+        and index > 0
+        and tracked.front is not Front.QUEUED
+        and not tracked.early
+        and not tracked.finished_early
+    )

@@ -53,15 +53,19 @@ class ClusterConfig:
             if getattr(self, key) not in DISPATCH:
                 raise ConfigError(f"cluster.{key}={getattr(self, key)!r} is not one of {', '.join(DISPATCH)}")
         if (self.long_prompt_min_tokens is None) != (not self.long_prompt_workers):
-            raise ConfigError("cluster.long_prompt_min_tokens and cluster.long_prompt_workers go together "
-                              f"(got {self.long_prompt_min_tokens} and {list(self.long_prompt_workers)})")
+            raise ConfigError(
+                "cluster.long_prompt_min_tokens and cluster.long_prompt_workers go together "
+                f"(got {self.long_prompt_min_tokens} and {list(self.long_prompt_workers)})"
+            )
         if self.long_prompt_min_tokens is not None and self.long_prompt_min_tokens < 1:
             raise ConfigError(f"cluster.long_prompt_min_tokens must be >= 1 (got {self.long_prompt_min_tokens})")
         if self.kv_aware_load_weight < 0:
             raise ConfigError(f"cluster.kv_aware_load_weight must be >= 0 (got {self.kv_aware_load_weight})")
         if self.stall_timeout_s <= 0 or self.heartbeat_s <= 0:
-            raise ConfigError(f"cluster.stall_timeout_s and cluster.heartbeat_s must be > 0 "
-                              f"(got {self.stall_timeout_s}, {self.heartbeat_s})")
+            raise ConfigError(
+                f"cluster.stall_timeout_s and cluster.heartbeat_s must be > 0 "
+                f"(got {self.stall_timeout_s}, {self.heartbeat_s})"
+            )
         if self.on_worker_failure not in ("fail", "redispatch"):
             raise ConfigError(f"cluster.on_worker_failure={self.on_worker_failure!r} is not one of fail, redispatch")
         for key in ("prefill_devices", "decode_devices"):
@@ -171,15 +175,22 @@ class KVTransferConfig:
         return KVFailurePolicy(self.on_failure, self.max_retries, self.retry_fallback)
 
     def validate(self) -> "KVTransferConfig":
-        choices = {"granularity": tuple(Granularity), "decode_binding": tuple(Binding), "on_failure": tuple(OnFailure),
-                   "retry_fallback": (OnFailure.RECOMPUTE, OnFailure.FAIL), "multiturn": tuple(Multiturn),
-                   "backend": tuple(KVBackend)}
+        choices = {
+            "granularity": tuple(Granularity),
+            "decode_binding": tuple(Binding),
+            "on_failure": tuple(OnFailure),
+            "retry_fallback": (OnFailure.RECOMPUTE, OnFailure.FAIL),
+            "multiturn": tuple(Multiturn),
+            "backend": tuple(KVBackend),
+        }
         for key, allowed in choices.items():
             if getattr(self, key) not in allowed:
                 raise ConfigError(f"kv_transfer.{key}={getattr(self, key)!r} is not one of {', '.join(allowed)}")
         if self.granularity == Granularity.LAYER and self.decode_binding != Binding.EARLY:
-            raise ConfigError("kv_transfer.granularity=layer needs kv_transfer.decode_binding=early "
-                              "(D must have blocks before the prefill streams into them)")
+            raise ConfigError(
+                "kv_transfer.granularity=layer needs kv_transfer.decode_binding=early "
+                "(D must have blocks before the prefill streams into them)"
+            )
         for key in ("ppd_max_append_tokens", "local_prefill_max_tokens"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"kv_transfer.{key} must be >= 0 (got {getattr(self, key)})")
@@ -188,6 +199,8 @@ class KVTransferConfig:
         if self.max_retries < 0:
             raise ConfigError(f"kv_transfer.max_retries must be >= 0 (got {self.max_retries})")
         if self.timeout_s <= 0 or self.max_pending < 1:
-            raise ConfigError(f"kv_transfer.timeout_s must be > 0 and kv_transfer.max_pending >= 1 "
-                              f"(got {self.timeout_s}, {self.max_pending})")
+            raise ConfigError(
+                f"kv_transfer.timeout_s must be > 0 and kv_transfer.max_pending >= 1 "
+                f"(got {self.timeout_s}, {self.max_pending})"
+            )
         return self

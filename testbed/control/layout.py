@@ -27,15 +27,22 @@ class WorkerPlan:
 def node_roles(mode: str, cluster: ClusterConfig, per_node: int | None = None) -> list[tuple[Role, int, int]]:
     """(scheduler policy, node, device index) per worker, in rank order: P workers before D workers.
     Devices not named go in order: on this box, or node by node (`per_node` devices each)."""
+
     def place(i: int) -> tuple[int, int]:
         return divmod(i, per_node) if per_node else (0, i)
 
     if mode in ROLES_OF_MODE:
         return [(ROLES_OF_MODE[mode], *place(i)) for i in range(cluster.num_workers)]
-    prefill = ([device_ref(d) for d in cluster.prefill_devices] if cluster.prefill_devices
-               else [place(i) for i in range(cluster.num_prefill)])
-    decode = ([device_ref(d, "cluster.decode_devices") for d in cluster.decode_devices] if cluster.decode_devices
-              else [place(i) for i in range(len(prefill), len(prefill) + cluster.num_decode)])
+    prefill = (
+        [device_ref(d) for d in cluster.prefill_devices]
+        if cluster.prefill_devices
+        else [place(i) for i in range(cluster.num_prefill)]
+    )
+    decode = (
+        [device_ref(d, "cluster.decode_devices") for d in cluster.decode_devices]
+        if cluster.decode_devices
+        else [place(i) for i in range(len(prefill), len(prefill) + cluster.num_decode)]
+    )
     return [(Role.PREFILL_ONLY, *ref) for ref in prefill] + [(Role.DECODE_ONLY, *ref) for ref in decode]
 
 
@@ -44,13 +51,16 @@ def worker_roles(mode: str, cluster: ClusterConfig) -> list[tuple[Role, int]]:
     roles = node_roles(mode, cluster)
     beyond = sorted({node for _, node, _ in roles if node})
     if beyond:
-        raise ConfigError(f"the devices name node {beyond[0]}, but this run is on one box: start it under "
-                          "torchrun --nnodes=N ... -m testbed (README, Across hosts)")
+        raise ConfigError(
+            f"the devices name node {beyond[0]}, but this run is on one box: start it under "
+            "torchrun --nnodes=N ... -m testbed (README, Across hosts)"
+        )
     return [(role, device) for role, _, device in roles]
 
 
-def plan_on_devices(mode: str, cluster: ClusterConfig, kind: str, available: Optional[int],
-                    what: str) -> list[WorkerPlan]:
+def plan_on_devices(
+    mode: str, cluster: ClusterConfig, kind: str, available: Optional[int], what: str
+) -> list[WorkerPlan]:
     """One plan per worker on one box, ranks in the cluster's order (P before D), on `available`
     numbered devices of `kind`: "cuda" (cuda:N), "cpu" (CPU processes standing for devices) or "sim"
     (the simulator's sim:N); None: as many as the plan needs. `what` names the devices for the error."""
@@ -65,13 +75,19 @@ def check_kv_backend(plans: list[WorkerPlan], backend: str, across_hosts: bool =
     """ipc maps D's pool into P's process: one box. NCCL cannot pair two ranks on one GPU, so a P
     and a D that share a GPU need ipc."""
     if backend == KVBackend.IPC and across_hosts:
-        raise ConfigError("kv_transfer.backend=ipc maps the decode worker's KV pool into the prefill worker: "
-                          "one box only; under torchrun use kv_transfer.backend=process_group (NCCL)")
-    shared = sorted({p.device for p in plans if p.role == Role.PREFILL_ONLY and p.device.startswith("cuda")}
-                    & {p.device for p in plans if p.role == Role.DECODE_ONLY})
+        raise ConfigError(
+            "kv_transfer.backend=ipc maps the decode worker's KV pool into the prefill worker: "
+            "one box only; under torchrun use kv_transfer.backend=process_group (NCCL)"
+        )
+    shared = sorted(
+        {p.device for p in plans if p.role == Role.PREFILL_ONLY and p.device.startswith("cuda")}
+        & {p.device for p in plans if p.role == Role.DECODE_ONLY}
+    )
     if backend != KVBackend.IPC and shared:
-        raise ConfigError(f"prefill and decode workers share {shared[0]}: NCCL cannot pair two ranks on one GPU; "
-                          "set kv_transfer.backend=ipc (or put them on different devices)")
+        raise ConfigError(
+            f"prefill and decode workers share {shared[0]}: NCCL cannot pair two ranks on one GPU; "
+            "set kv_transfer.backend=ipc (or put them on different devices)"
+        )
 
 
 def describe(mode: str, cluster: ClusterConfig) -> str:

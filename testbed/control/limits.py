@@ -37,9 +37,11 @@ class TenantLimits:
         for tenant in tenants:
             limit = tenant.rate_limit
             # a bucket holds at least one request (else a slow limit would refuse every one)
-            pairs = [(unit, TokenBucket(rate, max(rate * limit.burst_s, 1.0)))
-                     for unit, rate in (("requests", limit.requests_per_s), ("prompt tokens", limit.prompt_tokens_per_s))
-                     if rate is not None]
+            pairs = [
+                (unit, TokenBucket(rate, max(rate * limit.burst_s, 1.0)))
+                for unit, rate in (("requests", limit.requests_per_s), ("prompt tokens", limit.prompt_tokens_per_s))
+                if rate is not None
+            ]
             if pairs:
                 self.buckets[tenant.name] = pairs
 
@@ -72,8 +74,10 @@ class Routes:
         named += [(f"workload.tenants[{t}].workers", pool) for t, pool in self.pools.items()]
         for what, ranks in named:
             if not ranks <= set(front):
-                raise ConfigError(f"{what}={sorted(ranks)} names workers that take no requests; "
-                                  f"allowed: {sorted(front)} (mixed or prefill workers)")
+                raise ConfigError(
+                    f"{what}={sorted(ranks)} names workers that take no requests; "
+                    f"allowed: {sorted(front)} (mixed or prefill workers)"
+                )
         if self.long and self.long == set(front):
             raise ConfigError("cluster.long_prompt_workers names every front worker: short prompts have none left")
         self.front = set(front)

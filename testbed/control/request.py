@@ -35,8 +35,7 @@ class Back(Enum):
     HOLDS = "holds"
 
 
-FRONT_EDGES = {Front.QUEUED: {Front.PREFILLED, Front.LEFT}, Front.PREFILLED: {Front.LEFT},
-               Front.LEFT: {Front.QUEUED}}
+FRONT_EDGES = {Front.QUEUED: {Front.PREFILLED, Front.LEFT}, Front.PREFILLED: {Front.LEFT}, Front.LEFT: {Front.QUEUED}}
 BACK_EDGES = {Back.NONE: {Back.BOUND}, Back.BOUND: {Back.HOLDS, Back.NONE}, Back.HOLDS: {Back.NONE}}
 
 

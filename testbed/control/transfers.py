@@ -35,16 +35,34 @@ class TransferLog:
 
     def _row(self, rid: int, prefill: int, decode: int, attempt: int) -> dict:
         crossed = self.nodes.get(prefill, 0) != self.nodes.get(decode, 0)
-        return self.rows.setdefault((rid, prefill, decode, attempt),
-                                    {"request_id": rid, "prefill_worker": prefill, "decode_worker": decode,
-                                     "crossed_nodes": crossed})
+        return self.rows.setdefault(
+            (rid, prefill, decode, attempt),
+            {"request_id": rid, "prefill_worker": prefill, "decode_worker": decode, "crossed_nodes": crossed},
+        )
 
-    def sent(self, rid: int, prefill: int, decode: int, attempt: int, kv_bytes: int, start: float, end: float,
-             wait_s: float, dropped: bool = False, error: bool = False) -> None:
+    def sent(
+        self,
+        rid: int,
+        prefill: int,
+        decode: int,
+        attempt: int,
+        kv_bytes: int,
+        start: float,
+        end: float,
+        wait_s: float,
+        dropped: bool = False,
+        error: bool = False,
+    ) -> None:
         """P's report: the attempt's sends have left (or were dropped, or broke)."""
         row = self._row(rid, prefill, decode, attempt)
-        row.update(kv_bytes=kv_bytes, start_s=start - self.t0, send_end_s=end - self.t0, wait_s=wait_s,
-                   dropped=dropped, send_error=error)
+        row.update(
+            kv_bytes=kv_bytes,
+            start_s=start - self.t0,
+            send_end_s=end - self.t0,
+            wait_s=wait_s,
+            dropped=dropped,
+            send_error=error,
+        )
         row.setdefault("end_s", end - self.t0)  # D's verdict, when it comes, says when it ended
 
     def arrived(self, rid: int, prefill: int, decode: int, attempt: int, t: float) -> None:

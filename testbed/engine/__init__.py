@@ -6,8 +6,18 @@ from testbed.engine.scheduler import Batch, Scheduler, StepReport, StepResult
 from testbed.engine.sequence import Sequence, SequenceStatus
 
 # what a step reports (StepRecord, a row of steps.parquet) is imported from testbed/metrics/record.py
-__all__ = ["Batch", "BlockManager", "Engine", "EngineConfig", "Scheduler", "SchedulerConfig", "Sequence",
-           "SequenceStatus", "StepReport", "StepResult"]
+__all__ = [
+    "Batch",
+    "BlockManager",
+    "Engine",
+    "EngineConfig",
+    "Scheduler",
+    "SchedulerConfig",
+    "Sequence",
+    "SequenceStatus",
+    "StepReport",
+    "StepResult",
+]
 
 
 def __getattr__(name: str):

@@ -112,7 +112,7 @@ class BlockManager:
         a fresh block (the LRU free one, taken only once the fetch found it) and registered."""
         parent = seq.block_hashes[-1] if seq.block_hashes else ROOT
         for i in range(len(seq.block_table), cacheable_blocks(seq.num_tokens, self.block_size)):
-            tokens = tuple(seq.token_ids[i * self.block_size:(i + 1) * self.block_size])
+            tokens = tuple(seq.token_ids[i * self.block_size : (i + 1) * self.block_size])
             h = block_hash(parent, tokens)
             if not self.free_ids or not self.store.contains(h) or not self.store.fetch(h, next(iter(self.free_ids))):
                 return
@@ -164,7 +164,7 @@ class BlockManager:
             return
         # only the blocks filled since the last commit: the step loop calls this for every item
         for i in range(len(seq.block_hashes), seq.num_computed_tokens // self.block_size):
-            tokens = tuple(seq.token_ids[i * self.block_size:(i + 1) * self.block_size])
+            tokens = tuple(seq.token_ids[i * self.block_size : (i + 1) * self.block_size])
             h = block_hash(seq.block_hashes[-1] if seq.block_hashes else ROOT, tokens)
             block = self.blocks[seq.block_table[i]]
             if block.hash is None and h not in self.hash_to_block:
@@ -184,7 +184,7 @@ class BlockManager:
             return [], []
         hits, hashes, parent = [], [], ROOT
         for i in range(cacheable_blocks(seq.num_tokens, self.block_size)):
-            tokens = tuple(seq.token_ids[i * self.block_size:(i + 1) * self.block_size])
+            tokens = tuple(seq.token_ids[i * self.block_size : (i + 1) * self.block_size])
             h = block_hash(parent, tokens)
             block_id = self.hash_to_block.get(h)
             if block_id is None or self.blocks[block_id].token_ids != tokens:

@@ -29,8 +29,10 @@ class SchedulerConfig:
         # a chunked step schedules every running decode first (one token each), so a chunk smaller
         # than max_running would leave decodes out of a step
         if policy == Role.CHUNKED and self.chunk_size < self.max_running:
-            raise ConfigError(f"scheduler.chunk_size={self.chunk_size} must be >= scheduler.max_running="
-                              f"{self.max_running} so every running decode fits in a chunked step")
+            raise ConfigError(
+                f"scheduler.chunk_size={self.chunk_size} must be >= scheduler.max_running="
+                f"{self.max_running} so every running decode fits in a chunked step"
+            )
         return self
 
 
@@ -65,8 +67,12 @@ class EngineConfig:
 
     def host_terms(self, dtype: str = "auto") -> dict:
         """The analytical cost model's dtype and host terms (testbed.perf.resolve.analytical)."""
-        return {"dtype": dtype, "host_fixed_s": self.host_overhead_s, "host_per_seq_s": self.host_overhead_per_seq_s,
-                "cuda_graphs": self.cuda_graphs}
+        return {
+            "dtype": dtype,
+            "host_fixed_s": self.host_overhead_s,
+            "host_per_seq_s": self.host_overhead_per_seq_s,
+            "cuda_graphs": self.cuda_graphs,
+        }
 
     @property
     def sets_host(self) -> bool:
@@ -77,8 +83,11 @@ class EngineConfig:
         """The block size and graph setting this device (and KV dtype) gets when they are unset."""
         from testbed.model.attention import FLASH_ATTN_AVAILABLE
 
-        block = self.block_size if self.block_size is not None else default_block_size(
-            device_type, FLASH_ATTN_AVAILABLE, dtype, self.attention_backend)
+        block = (
+            self.block_size
+            if self.block_size is not None
+            else default_block_size(device_type, FLASH_ATTN_AVAILABLE, dtype, self.attention_backend)
+        )
         graphs = self.cuda_graphs if self.cuda_graphs is not None else device_type == "cuda"
         if graphs and device_type != "cuda":
             raise ConfigError(f"engine.cuda_graphs=true needs a CUDA device (this engine runs on {device_type})")
@@ -101,8 +110,9 @@ class EngineConfig:
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ConfigError(f"engine.num_kv_blocks must be >= 1 (got {self.num_kv_blocks})")
         if self.attention_backend not in ATTENTION_BACKENDS:
-            raise ConfigError(f"engine.attention_backend={self.attention_backend!r} is not one of "
-                              f"{', '.join(ATTENTION_BACKENDS)}")
+            raise ConfigError(
+                f"engine.attention_backend={self.attention_backend!r} is not one of {', '.join(ATTENTION_BACKENDS)}"
+            )
         return self
 
 

@@ -25,8 +25,18 @@ def buckets(max_batch: int) -> list[int]:
 
 
 class DecodeGraphs:
-    def __init__(self, model, kv_caches, backend, max_batch: int, max_blocks: int, scratch_block: int,
-                 block_stride: int, device: torch.device, capture: bool):
+    def __init__(
+        self,
+        model,
+        kv_caches,
+        backend,
+        max_batch: int,
+        max_blocks: int,
+        scratch_block: int,
+        block_stride: int,
+        device: torch.device,
+        capture: bool,
+    ):
         self.model, self.kv_caches, self.backend = model, kv_caches, backend
         self.buckets = buckets(max_batch)
         self.scratch_slot = scratch_block * block_stride  # slot_mapping's unit (attention.block_stride)
@@ -46,9 +56,17 @@ class DecodeGraphs:
     def _meta(self, bs: int) -> AttentionMetadata:
         ones = [1] * bs  # the host lengths a static decode never reads
         zeros = self.lens.new_zeros(bs + 1)
-        return AttentionMetadata(q_lens=ones, kv_lens=ones, num_single=bs, slot_mapping=self.slots[:bs],
-                                 block_tables=self.tables[:bs], kv_lens_t=self.lens[:bs], cu_q=zeros, cu_kv=zeros,
-                                 static=True)
+        return AttentionMetadata(
+            q_lens=ones,
+            kv_lens=ones,
+            num_single=bs,
+            slot_mapping=self.slots[:bs],
+            block_tables=self.tables[:bs],
+            kv_lens_t=self.lens[:bs],
+            cu_q=zeros,
+            cu_kv=zeros,
+            static=True,
+        )
 
     def _forward(self, bs: int) -> None:
         self.hidden[:bs] = self.model(self.ids[:bs], self.positions[:bs], self.kv_caches, self._meta(bs), self.backend)
@@ -67,8 +85,7 @@ class DecodeGraphs:
     def fits(self, meta: AttentionMetadata) -> bool:
         """A decode-only step that a bucket holds."""
         n = len(meta.q_lens)
-        return (meta.num_single == n and n <= self.buckets[-1]
-                and meta.block_tables.shape[1] <= self.tables.shape[1])
+        return meta.num_single == n and n <= self.buckets[-1] and meta.block_tables.shape[1] <= self.tables.shape[1]
 
     def run(self, ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """(n, hidden) of a decode-only step, from its bucket's graph."""

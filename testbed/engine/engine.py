@@ -26,22 +26,37 @@ log = logging.getLogger(__name__)
 
 
 class Engine:
-    def __init__(self, model: Transformer, engine_config: EngineConfig, scheduler_config: SchedulerConfig,
-                 policy: str, device: torch.device, fit_max_model_len: bool = False):
+    def __init__(
+        self,
+        model: Transformer,
+        engine_config: EngineConfig,
+        scheduler_config: SchedulerConfig,
+        policy: str,
+        device: torch.device,
+        fit_max_model_len: bool = False,
+    ):
         engine_config.validate()
         scheduler_config.validate(policy)
         # resolves what is unset; max_running bounds a CPU pool sized from the memory, a GPU pool
         # leaves room for the largest step any policy schedules
         s = scheduler_config
-        self.runner = ModelRunner(model, engine_config, device, fit_max_model_len, s.max_running,
-                                  s.max_running + max(s.max_batched_tokens, s.chunk_size), policy != Role.PREFILL_ONLY)
+        self.runner = ModelRunner(
+            model,
+            engine_config,
+            device,
+            fit_max_model_len,
+            s.max_running,
+            s.max_running + max(s.max_batched_tokens, s.chunk_size),
+            policy != Role.PREFILL_ONLY,
+        )
         if self.runner.config.cuda_graphs and self.runner.backend.name == "torch":
             log.warning("engine.cuda_graphs: off with the torch attention backend (flash-attn or triton replays)")
         if self.runner.graphs_wanted:
             self.runner.enable_graphs(scheduler_config.max_running)
         self.args: ModelArgs = self.runner.args  # max_model_len as the pool allows
-        self.block_manager = BlockManager(self.runner.num_blocks, self.runner.block_size,
-                                          engine_config.enable_prefix_caching)
+        self.block_manager = BlockManager(
+            self.runner.num_blocks, self.runner.block_size, engine_config.enable_prefix_caching
+        )
         self.scheduler = Scheduler(make_policy(policy), self.block_manager, scheduler_config)
         self.role = str(policy)  # a plain str: every step report pickles it (a member unpickles by lookup)
         self.clock = ForwardClock(device)
@@ -49,9 +64,18 @@ class Engine:
         self.after_layer = None
 
     @classmethod
-    def build(cls, args: ModelArgs, engine_config: EngineConfig, scheduler_config: SchedulerConfig, policy: str,
-              device: str | torch.device = "cpu", dtype: str = "auto", path: str | None = None, seed: int = 0,
-              fit_max_model_len: bool = False):
+    def build(
+        cls,
+        args: ModelArgs,
+        engine_config: EngineConfig,
+        scheduler_config: SchedulerConfig,
+        policy: str,
+        device: str | torch.device = "cpu",
+        dtype: str = "auto",
+        path: str | None = None,
+        seed: int = 0,
+        fit_max_model_len: bool = False,
+    ):
         device = torch.device(device)
         model = build_model(args, device, resolve_dtype(dtype, device), path=path, seed=seed)
         return cls(model, engine_config, scheduler_config, policy, device, fit_max_model_len)
@@ -85,8 +109,9 @@ class Engine:
         result = self.scheduler.postprocess(batch, self.runner.scatter(batch, order, tokens))
         t5 = time.perf_counter()
         split = self.clock.split(began, ended, t3 - t2, t4 - t3)
-        return result, self._record(shape, (t0, t1, t2, t4, t5), split, hit_tokens(result.hits),
-                                    jit_compiles() - compiled)
+        return result, self._record(
+            shape, (t0, t1, t2, t4, t5), split, hit_tokens(result.hits), jit_compiles() - compiled
+        )
 
     def _layer_hook(self, batch):
         """after_layer bound to the sequences whose prefill this step completes, or None."""
@@ -95,16 +120,31 @@ class Engine:
         finishing = [seq for seq, n in batch.items if seq.in_prefill and seq.num_computed_tokens + n == seq.num_tokens]
         return (lambda layer: self.after_layer(layer, finishing)) if finishing else None
 
-    def _record(self, shape: StepShape, times: tuple[float, ...], split: tuple[float, float], hits: int,
-                compiles: int) -> StepRecord:
+    def _record(
+        self, shape: StepShape, times: tuple[float, ...], split: tuple[float, float], hits: int, compiles: int
+    ) -> StepRecord:
         t0, t1, t2, t4, t5 = times
         return StepRecord(
-            start=t0, end=t5, role=self.role, prefill_tokens=shape.prefill_tokens, decode_seqs=shape.decode_seqs,
-            batched_tokens=shape.batched_tokens, kv_blocks_used=self.block_manager.num_used_blocks,
-            num_waiting=len(self.scheduler.waiting), num_running=len(self.scheduler.running), schedule_s=t1 - t0,
-            prepare_s=t2 - t1, forward_s=split[0], sample_s=split[1], postprocess_s=t5 - t4,
-            prefill_chunks=shape.prefill_chunks, decode_context=shape.decode_context,
-            kv_blocks_total=self.block_manager.num_blocks, prefix_hit_tokens=hits, jit_compiles=compiles)
+            start=t0,
+            end=t5,
+            role=self.role,
+            prefill_tokens=shape.prefill_tokens,
+            decode_seqs=shape.decode_seqs,
+            batched_tokens=shape.batched_tokens,
+            kv_blocks_used=self.block_manager.num_used_blocks,
+            num_waiting=len(self.scheduler.waiting),
+            num_running=len(self.scheduler.running),
+            schedule_s=t1 - t0,
+            prepare_s=t2 - t1,
+            forward_s=split[0],
+            sample_s=split[1],
+            postprocess_s=t5 - t4,
+            prefill_chunks=shape.prefill_chunks,
+            decode_context=shape.decode_context,
+            kv_blocks_total=self.block_manager.num_blocks,
+            prefix_hit_tokens=hits,
+            jit_compiles=compiles,
+        )
 
     def run_until_done(self) -> list[StepRecord]:
         records = []
@@ -160,8 +200,9 @@ class Engine:
         """Share a KV store (testbed/engine/host_store.py): registered blocks are written to it,
         prompts fetch the blocks it holds past the pool's own hits."""
         runner = self.runner
-        self.block_manager.store = StoreView(store, runner.block_bytes, copy_in=lambda data, b: runner.block_kv(b).copy_(data),
-                                             copy_out=runner.block_kv)
+        self.block_manager.store = StoreView(
+            store, runner.block_bytes, copy_in=lambda data, b: runner.block_kv(b).copy_(data), copy_out=runner.block_kv
+        )
 
     @property
     def store_stats(self) -> dict:

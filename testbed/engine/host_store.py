@@ -72,4 +72,5 @@ def create_store(capacity_mib: float, block_shape: tuple[int, ...], dtype: torch
     if slots < 1:
         return None
     import torch.multiprocessing as mp  # the workers' start method: their lock must come from it
+
     return SharedKVStore(slots, block_shape, dtype, mp.get_context("spawn").Lock())

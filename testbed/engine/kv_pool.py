@@ -44,9 +44,17 @@ def host_available_bytes() -> Optional[int]:
     return None
 
 
-def pool_blocks(config: EngineConfig, block_bytes: int, *, device_type: str, free_bytes: Optional[int] = None,
-                total_bytes: Optional[int] = None, used_bytes: int = 0, reserve_bytes: int = 0,
-                max_blocks: Optional[int] = None) -> int:
+def pool_blocks(
+    config: EngineConfig,
+    block_bytes: int,
+    *,
+    device_type: str,
+    free_bytes: Optional[int] = None,
+    total_bytes: Optional[int] = None,
+    used_bytes: int = 0,
+    reserve_bytes: int = 0,
+    max_blocks: Optional[int] = None,
+) -> int:
     """An explicit `engine.num_kv_blocks`, else an explicit `engine.kv_cache_mib`, else:
     - CUDA: the `gpu_memory_utilization` share of the device's total memory less what this process
       already holds (`used_bytes`: the weights, as reserved) and what its steps will take beside the
@@ -67,19 +75,27 @@ def pool_blocks(config: EngineConfig, block_bytes: int, *, device_type: str, fre
     return min(blocks, max_blocks) if max_blocks is not None else blocks
 
 
-def _gpu_blocks(config: EngineConfig, block_bytes: int, free_bytes: Optional[int], total_bytes: Optional[int],
-                used_bytes: int, reserve_bytes: int) -> int:
+def _gpu_blocks(
+    config: EngineConfig,
+    block_bytes: int,
+    free_bytes: Optional[int],
+    total_bytes: Optional[int],
+    used_bytes: int,
+    reserve_bytes: int,
+) -> int:
     if free_bytes is None:
         raise ValueError("a CUDA pool is sized from the device's memory: pass free_bytes")
     if total_bytes is None:
         return int(free_bytes * config.gpu_memory_utilization) // block_bytes
     budget = int(total_bytes * config.gpu_memory_utilization) - used_bytes - reserve_bytes
     if budget + reserve_bytes > free_bytes:
-        raise ConfigError(f"engine.gpu_memory_utilization={config.gpu_memory_utilization} of {total_bytes / GIB:.1f} "
-                          f"GiB leaves a KV pool of {budget / GIB:.2f} GiB after this worker's {used_bytes / GIB:.2f} "
-                          f"GiB of weights and {reserve_bytes / GIB:.2f} GiB for its steps' activations, but only "
-                          f"{free_bytes / GIB:.2f} GiB is free (other processes hold the rest): "
-                          "lower engine.gpu_memory_utilization or set engine.kv_cache_mib")
+        raise ConfigError(
+            f"engine.gpu_memory_utilization={config.gpu_memory_utilization} of {total_bytes / GIB:.1f} "
+            f"GiB leaves a KV pool of {budget / GIB:.2f} GiB after this worker's {used_bytes / GIB:.2f} "
+            f"GiB of weights and {reserve_bytes / GIB:.2f} GiB for its steps' activations, but only "
+            f"{free_bytes / GIB:.2f} GiB is free (other processes hold the rest): "
+            "lower engine.gpu_memory_utilization or set engine.kv_cache_mib"
+        )
     return max(budget, 0) // block_bytes
 
 
@@ -87,7 +103,9 @@ def checked_pool(blocks: int, block_size: int, max_model_len: int) -> int:
     """`blocks`, when they hold one request of max_model_len; a pool that cannot serve even one
     request is a configuration error, not something to find out mid-run."""
     if blocks * block_size < max_model_len:
-        raise ConfigError(f"KV pool of {blocks} blocks x {block_size} tokens cannot hold one request of "
-                          f"max_model_len={max_model_len}: raise engine.kv_cache_mib / engine.num_kv_blocks / "
-                          f"engine.gpu_memory_utilization / engine.cpu_memory_utilization or lower model.max_model_len")
+        raise ConfigError(
+            f"KV pool of {blocks} blocks x {block_size} tokens cannot hold one request of "
+            f"max_model_len={max_model_len}: raise engine.kv_cache_mib / engine.num_kv_blocks / "
+            f"engine.gpu_memory_utilization / engine.cpu_memory_utilization or lower model.max_model_len"
+        )
     return blocks

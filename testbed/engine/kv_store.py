@@ -75,7 +75,11 @@ class StoreView:
             self.stats.bytes_put += self.block_bytes
 
     def fetch(self, h: int, block_id: int) -> bool:
-        found = self.store.fetch(h) if self.copy_in is None else self.store.fetch(h, lambda data: self.copy_in(data, block_id))
+        found = (
+            self.store.fetch(h)
+            if self.copy_in is None
+            else self.store.fetch(h, lambda data: self.copy_in(data, block_id))
+        )
         if found:
             self.stats.hits += 1
             self.stats.bytes_fetched += self.block_bytes

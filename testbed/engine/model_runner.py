@@ -13,8 +13,14 @@ from testbed.engine.config import EngineConfig
 from testbed.engine.cuda_graphs import DecodeGraphs, buckets
 from testbed.engine.kv_pool import checked_pool, host_available_bytes, kv_block_shape, pool_blocks, sized_from_memory
 from testbed.engine.scheduler import Batch
-from testbed.model.attention import (AttentionMetadata, TorchAttention, after_cache, block_stride, chunk_plan,
-                                     select_backend)
+from testbed.model.attention import (
+    AttentionMetadata,
+    TorchAttention,
+    after_cache,
+    block_stride,
+    chunk_plan,
+    select_backend,
+)
 from testbed.model.config import ModelArgs
 from testbed.model.linear import pack_linears
 from testbed.model.llama import Transformer
@@ -31,9 +37,16 @@ class ModelRunner:
     a CUDA pool sized from the memory leaves room for a step of `step_tokens` (profiled first).
     `decodes`: False for a prefill-only worker, which captures no decode graphs."""
 
-    def __init__(self, model: Transformer, config: EngineConfig, device: torch.device,
-                 fit_max_model_len: bool = False, max_running: int | None = None, step_tokens: int | None = None,
-                 decodes: bool = True):
+    def __init__(
+        self,
+        model: Transformer,
+        config: EngineConfig,
+        device: torch.device,
+        fit_max_model_len: bool = False,
+        max_running: int | None = None,
+        step_tokens: int | None = None,
+        decodes: bool = True,
+    ):
         self.dtype = next(model.parameters()).dtype
         config = config.for_device(device.type, self.dtype)
         self.model, self.config, self.device = model, config, device
@@ -41,8 +54,9 @@ class ModelRunner:
             pack_linears(model)  # oneDNN's packed GEMM (testbed.model.linear)
         self.args: ModelArgs = model.args
         self.block_size = config.block_size
-        self.backend = select_backend(config.attention_backend, device, self.dtype, config.block_size,
-                                      self.args.head_dim)
+        self.backend = select_backend(
+            config.attention_backend, device, self.dtype, config.block_size, self.args.head_dim
+        )
         self.graphs_wanted = decode_graphs_wanted(config.cuda_graphs, self.backend.name, decodes)
         self.num_blocks = self._pool_blocks(max_running, step_tokens or self.args.max_model_len)
         self.args = self._fit_max_model_len() if fit_max_model_len else self._check_max_model_len()
@@ -50,8 +64,9 @@ class ModelRunner:
         # are one contiguous span, so moving a request's blocks (the ipc transport, the KV store) copies
         # a few large pieces, not 2 x layers small ones per block. The last block is scratch no sequence
         # owns (the padded rows of a graph-replayed decode write there).
-        self.kv_cache = torch.zeros(self.num_blocks + 1, *kv_block_shape(self.args, self.block_size), dtype=self.dtype,
-                                    device=device)
+        self.kv_cache = torch.zeros(
+            self.num_blocks + 1, *kv_block_shape(self.args, self.block_size), dtype=self.dtype, device=device
+        )
         self.kv_caches = layer_caches(self.kv_cache)
         self.block_stride = block_stride(self.kv_caches[0][0])  # rows of (Hkv, D) per block: slot_mapping's unit
         self.graphs: DecodeGraphs | None = None
@@ -60,8 +75,17 @@ class ModelRunner:
         """Decode-only steps of up to `max_batch` sequences replay CUDA graphs (engine.cuda_graphs);
         without capture the same padded static path runs eagerly (CPU tests)."""
         max_blocks = -(-self.args.max_model_len // self.block_size)
-        self.graphs = DecodeGraphs(self.model, self.kv_caches, self.backend, max_batch, max_blocks, self.num_blocks,
-                                   self.block_stride, self.device, capture)
+        self.graphs = DecodeGraphs(
+            self.model,
+            self.kv_caches,
+            self.backend,
+            max_batch,
+            max_blocks,
+            self.num_blocks,
+            self.block_stride,
+            self.device,
+            capture,
+        )
 
     def adopt_pool(self, pool: torch.Tensor) -> None:
         """Move the KV pool into `pool` (same shape and dtype: e.g. shared memory another process
@@ -101,10 +125,16 @@ class ModelRunner:
         a, device = self.args, self.device
         scratch = torch.zeros(1, self.block_size, a.num_kv_heads, a.head_dim, dtype=self.dtype, device=device)
         cu = torch.tensor(list(accumulate(q_lens, initial=0)), dtype=torch.int32, device=device)
-        meta = AttentionMetadata(q_lens=q_lens, kv_lens=q_lens, num_single=0,
-                                 slot_mapping=torch.zeros(tokens, dtype=torch.int64, device=device),
-                                 block_tables=torch.zeros(len(q_lens), 1, dtype=torch.int32, device=device),
-                                 kv_lens_t=torch.tensor(q_lens, dtype=torch.int32, device=device), cu_q=cu, cu_kv=cu)
+        meta = AttentionMetadata(
+            q_lens=q_lens,
+            kv_lens=q_lens,
+            num_single=0,
+            slot_mapping=torch.zeros(tokens, dtype=torch.int64, device=device),
+            block_tables=torch.zeros(len(q_lens), 1, dtype=torch.int32, device=device),
+            kv_lens_t=torch.tensor(q_lens, dtype=torch.int32, device=device),
+            cu_q=cu,
+            cu_kv=cu,
+        )
         positions = torch.cat([torch.arange(n, device=device) for n in q_lens])
         ids = torch.zeros(tokens, dtype=torch.int64, device=device)
         hidden = self.model(ids, positions, [(scratch, scratch)] * a.num_layers, meta, TorchAttention())
@@ -118,9 +148,14 @@ class ModelRunner:
         held = self.num_blocks * self.block_size
         if held >= self.args.max_model_len or held < 2:  # fits, or too small to fit anything: refuse
             return self._check_max_model_len()
-        log.warning("model.max_model_len lowered from %d to %d: what the KV pool of %d blocks x %d tokens holds "
-                    "(raise engine.kv_cache_mib / engine.num_kv_blocks / engine.*_memory_utilization for more)",
-                    self.args.max_model_len, held, self.num_blocks, self.block_size)
+        log.warning(
+            "model.max_model_len lowered from %d to %d: what the KV pool of %d blocks x %d tokens holds "
+            "(raise engine.kv_cache_mib / engine.num_kv_blocks / engine.*_memory_utilization for more)",
+            self.args.max_model_len,
+            held,
+            self.num_blocks,
+            self.block_size,
+        )
         args = dataclasses.replace(self.args, max_model_len=held)
         self.model.args = args  # one max_model_len for everything that reads the model's shape
         return args
@@ -152,11 +187,15 @@ class ModelRunner:
         cu_q = list(accumulate(q_lens, initial=0))
         cu_kv = list(accumulate(kv_lens, initial=0))
         meta = AttentionMetadata(
-            q_lens=q_lens, kv_lens=kv_lens, num_single=q_lens.count(1),
+            q_lens=q_lens,
+            kv_lens=kv_lens,
+            num_single=q_lens.count(1),
             slot_mapping=self._to_device(slots, torch.int64),
             block_tables=self._to_device(padded_rows(tables, width), torch.int32).view(len(tables), width),
             kv_lens_t=self._to_device(kv_lens, torch.int32),
-            cu_q=self._to_device(cu_q, torch.int32), cu_kv=self._to_device(cu_kv, torch.int32))
+            cu_q=self._to_device(cu_q, torch.int32),
+            cu_kv=self._to_device(cu_kv, torch.int32),
+        )
         cached = after_cache(q_lens, kv_lens, meta.num_single) if isinstance(self.backend, TorchAttention) else []
         if cached:  # the SDPA backends' chunk indices: once a step, not once a layer
             meta.chunks = chunk_plan(q_lens, kv_lens, cached, self._to_device)
@@ -236,19 +275,30 @@ class ModelRunner:
         layers = range(self.args.num_layers) if layer is None else [layer]
         return [(kv, i) for kv in range(2) for i in layers]
 
-    def read_tokens(self, block_table: list[int], num_tokens: int, layer: int | None = None,
-                    out: torch.Tensor | None = None, start: int = 0) -> torch.Tensor:
+    def read_tokens(
+        self,
+        block_table: list[int],
+        num_tokens: int,
+        layer: int | None = None,
+        out: torch.Tensor | None = None,
+        start: int = 0,
+    ) -> torch.Tensor:
         """The KV of tokens [start, start + num_tokens) packed into one buffer of `kv_shape`: per
         (K or V, layer), a plain row gather from the pool seen as rows of (Hkv, D)."""
         base = self._token_rows(block_table, start + num_tokens)[start:]
-        out = torch.empty(self.kv_shape(num_tokens, layer), dtype=self.dtype, device=self.device) if out is None else out
+        out = (
+            torch.empty(self.kv_shape(num_tokens, layer), dtype=self.dtype, device=self.device) if out is None else out
+        )
         rows = self.kv_cache.view(-1, *self.kv_cache.shape[-2:])
         for kv, i in self._slabs(layer):
-            torch.index_select(rows, 0, base + self._slab_offset(i, kv), out=out[kv] if layer is not None else out[kv, i])
+            torch.index_select(
+                rows, 0, base + self._slab_offset(i, kv), out=out[kv] if layer is not None else out[kv, i]
+            )
         return out
 
-    def write_tokens(self, block_table: list[int], data: torch.Tensor, layer: int | None = None,
-                     start: int = 0) -> None:
+    def write_tokens(
+        self, block_table: list[int], data: torch.Tensor, layer: int | None = None, start: int = 0
+    ) -> None:
         base = self._token_rows(block_table, start + data.shape[-3])[start:]
         rows = self.kv_cache.view(-1, *self.kv_cache.shape[-2:])
         for kv, i in self._slabs(layer):

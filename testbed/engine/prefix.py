@@ -27,6 +27,6 @@ def prompt_hashes(token_ids: Sequence[int], block_size: int) -> list[int]:
     """The chain hashes of the cacheable blocks of a prompt, first block first."""
     hashes, parent = [], ROOT
     for i in range(cacheable_blocks(len(token_ids), block_size)):
-        parent = block_hash(parent, tuple(token_ids[i * block_size:(i + 1) * block_size]))
+        parent = block_hash(parent, tuple(token_ids[i * block_size : (i + 1) * block_size]))
         hashes.append(parent)
     return hashes

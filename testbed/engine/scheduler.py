@@ -76,9 +76,13 @@ class StepResult:
 
     def by_id(self) -> StepReport:
         """The step as the request book reads it."""
-        return StepReport([(seq.seq_id, n, was_prefill) for seq, n, was_prefill in self.scheduled],
-                          [(seq.seq_id, seq.num_output_tokens - 1, token) for seq, token in self.tokens],
-                          [seq.seq_id for seq in self.finished], [seq.seq_id for seq in self.handoff], self.hits)
+        return StepReport(
+            [(seq.seq_id, n, was_prefill) for seq, n, was_prefill in self.scheduled],
+            [(seq.seq_id, seq.num_output_tokens - 1, token) for seq, token in self.tokens],
+            [seq.seq_id for seq in self.finished],
+            [seq.seq_id for seq in self.handoff],
+            self.hits,
+        )
 
 
 class Scheduler:
@@ -226,8 +230,12 @@ class Scheduler:
         sequence decodes one token, none finishes, nothing waits or prefills, and the pool
         covers their blocks (no preemption). None when the next step is not a plain decode."""
         running = self.running
-        if not running or self.waiting or len(running) > self.policy.token_budget(self) \
-                or any(seq.in_prefill for seq in running):
+        if (
+            not running
+            or self.waiting
+            or len(running) > self.policy.token_budget(self)
+            or any(seq.in_prefill for seq in running)
+        ):
             return None
         steps = min(seq.max_tokens - len(seq.token_ids) + seq.num_prompt_tokens for seq in running) - 1
         free = self.block_manager.num_free_blocks
@@ -239,9 +247,13 @@ class Scheduler:
         for step in taken:
             if step < steps:
                 grown[step] += 1
-        return QuietRun(steps, finishes, tuple((seq.seq_id, seq.num_output_tokens) for seq in running),
-                        sum(len(seq.token_ids) for seq in running),
-                        list(accumulate(grown, initial=self.block_manager.num_used_blocks))[1:])
+        return QuietRun(
+            steps,
+            finishes,
+            tuple((seq.seq_id, seq.num_output_tokens) for seq in running),
+            sum(len(seq.token_ids) for seq in running),
+            list(accumulate(grown, initial=self.block_manager.num_used_blocks))[1:],
+        )
 
     def advance_decodes(self, steps: int, token: int) -> None:
         """Apply the first `steps` steps of a quiet run at once: each sequence gains `steps`

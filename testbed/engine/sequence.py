@@ -59,8 +59,10 @@ class Sequence:
         self.num_preemptions = 0
 
     def __repr__(self) -> str:
-        return (f"Sequence({self.seq_id}, {self.status.value}, tokens={self.num_tokens}, "
-                f"computed={self.num_computed_tokens}, blocks={len(self.block_table)})")
+        return (
+            f"Sequence({self.seq_id}, {self.status.value}, tokens={self.num_tokens}, "
+            f"computed={self.num_computed_tokens}, blocks={len(self.block_table)})"
+        )
 
     @property
     def num_tokens(self) -> int:
@@ -72,7 +74,7 @@ class Sequence:
 
     @property
     def output_token_ids(self) -> list[int]:
-        return self.token_ids[self.num_prompt_tokens:]
+        return self.token_ids[self.num_prompt_tokens :]
 
     @property
     def num_uncomputed_tokens(self) -> int:
@@ -102,5 +104,6 @@ class Sequence:
 def check_fits(prompt_len: int, max_tokens: int, max_model_len: int) -> None:
     """A request must fit the model's context (the engine refuses it; the simulator likewise)."""
     if prompt_len + max_tokens > max_model_len:
-        raise ConfigError(f"request of {prompt_len} prompt + {max_tokens} output tokens exceeds "
-                          f"model.max_model_len={max_model_len}")
+        raise ConfigError(
+            f"request of {prompt_len} prompt + {max_tokens} output tokens exceeds model.max_model_len={max_model_len}"
+        )

@@ -95,8 +95,14 @@ class Replay:
         return replace(request, prompt_token_ids=ids), text
 
     def payload(self, request: Request, prompt) -> dict:
-        body = {"model": self.model, "prompt": prompt, "max_tokens": request.output_len, "stream": True,
-                "stream_options": {"include_usage": True}, "temperature": 0.0}
+        body = {
+            "model": self.model,
+            "prompt": prompt,
+            "max_tokens": request.output_len,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "temperature": 0.0,
+        }
         if self.http.ignore_eos:
             body["ignore_eos"] = True
         if self.http.min_tokens:
@@ -154,7 +160,9 @@ class Replay:
             self.errors[why.split(":")[0]] += 1
             self.log.fail(rid, end, why)
         else:
-            short = f"stopped after {len(times)} of {request.output_len} tokens" if len(times) < request.output_len else ""
+            short = (
+                f"stopped after {len(times)} of {request.output_len} tokens" if len(times) < request.output_len else ""
+            )
             self.log.event(rid, Event.FINISHED, end, reason=short)
             follow_up = self.workload.next_turn(request, ids or [0] * len(times), end - self.log.t0)
             if follow_up is not None:
@@ -208,8 +216,10 @@ async def served_model(cfg: Config, session: aiohttp.ClientSession) -> tuple[str
         try:  # a server without /v1/models may still answer /health
             await _get(session, base + "/health", headers)
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
-            raise ServerUnreachable(f"http.url={cfg.http.url}: no server answers: GET /v1/models failed ({why}), "
-                                    f"and so did GET /health; start the server or fix http.url") from None
+            raise ServerUnreachable(
+                f"http.url={cfg.http.url}: no server answers: GET /v1/models failed ({why}), "
+                f"and so did GET /health; start the server or fix http.url"
+            ) from None
         if cfg.http.model:
             return cfg.http.model, {}
         raise ConfigError(f"http.url={cfg.http.url}: GET /v1/models failed ({why}); set http.model") from None
@@ -221,8 +231,9 @@ async def served_model(cfg: Config, session: aiohttp.ClientSession) -> tuple[str
         hint = " (check http.api_key or OPENAI_API_KEY)" if status in (401, 403) else "; or set http.model"
         raise ConfigError(f"http.url={cfg.http.url}: GET /v1/models answered {status}: {_reason(body)}{hint}")
     if listing is None and not cfg.http.model:
-        raise ConfigError(f"http.url={cfg.http.url}: GET /v1/models answered with no JSON: {_reason(body)}; "
-                          f"set http.model")
+        raise ConfigError(
+            f"http.url={cfg.http.url}: GET /v1/models answered with no JSON: {_reason(body)}; set http.model"
+        )
     listing = listing if isinstance(listing, dict) else {}
     models = [m.get("id") for m in listing.get("data", []) if isinstance(m, dict)]
     if cfg.http.model:

@@ -76,9 +76,13 @@ class HttpConfig:
     def check_server(self) -> None:
         """A server reachable from other hosts must not be open to them."""
         if self.host not in LOOPBACK and not self.server_key():
-            raise ConfigError(f"http.host={self.host} listens beyond this machine: set http.api_key or {SERVER_KEY_ENV} (clients "
-                              f"send it as `Authorization: Bearer KEY`), or keep http.host=127.0.0.1")
+            raise ConfigError(
+                f"http.host={self.host} listens beyond this machine: set http.api_key or {SERVER_KEY_ENV} (clients "
+                f"send it as `Authorization: Bearer KEY`), or keep http.host=127.0.0.1"
+            )
 
     def check_client(self) -> None:
         if not self.url:
-            raise ConfigError("executor=http needs http.url, the server's base URL (e.g. http.url=http://127.0.0.1:8000)")
+            raise ConfigError(
+                "executor=http needs http.url, the server's base URL (e.g. http.url=http://127.0.0.1:8000)"
+            )

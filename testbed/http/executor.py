@@ -29,12 +29,22 @@ def replay_point(cfg: Config, progress: bool = True, stop=None) -> dict:
     prompts = TextPrompts(need_tokenizer(cfg.http.tokenizer or cfg.model.path)) if cfg.http.prompt == "text" else None
     log, replay, listing, cut = asyncio.run(_replay(cfg, prompts, progress, stop))
     requests = log.table()
-    summary = summarize(requests, slo=cfg.slo, metrics=cfg.metrics, num_gpus=cfg.http.num_gpus,
-                        tenant_slos=tenant_slos(cfg.workload.tenants, cfg.slo))
+    summary = summarize(
+        requests,
+        slo=cfg.slo,
+        metrics=cfg.metrics,
+        num_gpus=cfg.http.num_gpus,
+        tenant_slos=tenant_slos(cfg.workload.tenants, cfg.slo),
+    )
     summary["executor"] = "http"
     summary["workload_report"] = replay.workload.report
-    summary["http"] = {"url": cfg.http.url, "model": replay.model, "prompt": cfg.http.prompt,
-                       "errors": dict(replay.errors), "refused": refused_by_status(replay.errors)}
+    summary["http"] = {
+        "url": cfg.http.url,
+        "model": replay.model,
+        "prompt": cfg.http.prompt,
+        "errors": dict(replay.errors),
+        "refused": refused_by_status(replay.errors),
+    }
     if cut is not None:
         summary["partial"], summary["interrupted"] = True, cut
     meta = {"executor": "http", "url": cfg.http.url, "model": replay.model, "models": listing}
@@ -44,12 +54,18 @@ def replay_point(cfg: Config, progress: bool = True, stop=None) -> dict:
 async def _replay(cfg: Config, prompts, progress: bool, stop):
     async with session_for(cfg) as session:
         model, listing = await served_model(cfg, session)
-        workload = build_workload(cfg.workload, seed=cfg.seed, vocab_size=_vocab(cfg, prompts),
-                                  max_model_len=_max_model_len(cfg, listing))
+        workload = build_workload(
+            cfg.workload, seed=cfg.seed, vocab_size=_vocab(cfg, prompts), max_model_len=_max_model_len(cfg, listing)
+        )
         replay = Replay(cfg, workload, model, prompts)
         log = RequestLog(time.perf_counter())
-        with tqdm(total=len(workload.requests), desc=f"{cfg.http.label} requests", unit="req", leave=False,
-                  disable=not progress) as bar:
+        with tqdm(
+            total=len(workload.requests),
+            desc=f"{cfg.http.label} requests",
+            unit="req",
+            leave=False,
+            disable=not progress,
+        ) as bar:
             replay.on_finish = lambda: bar.update(1)
             await replay.run(session, log, stop)
             stopped = stop is not None and stop.is_set() and (replay.pending or replay.tasks)  # else it had ended
@@ -63,8 +79,12 @@ async def interrupted(replay: Replay, t0: float) -> dict:
     at_s = time.perf_counter() - t0
     cut = await replay.interrupt()
     workload = replay.workload
-    return {"at_s": at_s, "requests_planned": len(workload.requests) + len(workload.rejected),
-            "requests_cut": cut, "requests_not_sent": len(replay.pending)}
+    return {
+        "at_s": at_s,
+        "requests_planned": len(workload.requests) + len(workload.rejected),
+        "requests_cut": cut,
+        "requests_not_sent": len(replay.pending),
+    }
 
 
 def refused_by_status(errors) -> dict[str, int]:

@@ -34,8 +34,10 @@ def find_tokenizer(path) -> Optional[object]:
 def need_tokenizer(path) -> object:
     tokenizer = find_tokenizer(path)
     if tokenizer is None:
-        raise ConfigError(f"http.prompt=text needs a tokenizer directory (tokenizer.json or tokenizer_config.json): "
-                          f"set http.tokenizer=DIR (or model.path); got {path!r}")
+        raise ConfigError(
+            f"http.prompt=text needs a tokenizer directory (tokenizer.json or tokenizer_config.json): "
+            f"set http.tokenizer=DIR (or model.path); got {path!r}"
+        )
     return tokenizer
 
 

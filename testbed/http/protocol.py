@@ -12,16 +12,50 @@ from typing import Any, Callable, Optional, Sequence
 from testbed.net import limits
 
 # The OpenAI completions fields, and the vLLM/SGLang extensions benchmark clients send.
-FIELDS = ("model", "prompt", "max_tokens", "stream", "stream_options", "temperature", "top_p", "n", "best_of",
-          "logprobs", "echo", "stop", "seed", "user", "presence_penalty", "frequency_penalty", "logit_bias",
-          "suffix", "ignore_eos", "min_tokens", "return_token_ids", "repetition_penalty", "top_k", "min_p")
+FIELDS = (
+    "model",
+    "prompt",
+    "max_tokens",
+    "stream",
+    "stream_options",
+    "temperature",
+    "top_p",
+    "n",
+    "best_of",
+    "logprobs",
+    "echo",
+    "stop",
+    "seed",
+    "user",
+    "presence_penalty",
+    "frequency_penalty",
+    "logit_bias",
+    "suffix",
+    "ignore_eos",
+    "min_tokens",
+    "return_token_ids",
+    "repetition_penalty",
+    "top_k",
+    "min_p",
+)
 # Values the engine can honour (it decodes greedily, one choice, no logprobs, no stop strings):
 # field -> (allowed values, what to say). None (JSON null) is always allowed.
-ONLY = {"n": ((1,), "1"), "best_of": ((1,), "1"), "echo": ((False,), "false"), "logprobs": ((), "null"),
-        "temperature": ((0, 0.0), "0 (greedy decoding)"), "top_p": ((1, 1.0), "1"), "top_k": ((-1, 0), "-1 or 0"),
-        "min_p": ((0, 0.0), "0"), "presence_penalty": ((0, 0.0), "0"), "frequency_penalty": ((0, 0.0), "0"),
-        "repetition_penalty": ((1, 1.0), "1"), "stop": (("", ()), "null or empty"), "suffix": (("",), "null"),
-        "logit_bias": (({},), "null or {}")}
+ONLY = {
+    "n": ((1,), "1"),
+    "best_of": ((1,), "1"),
+    "echo": ((False,), "false"),
+    "logprobs": ((), "null"),
+    "temperature": ((0, 0.0), "0 (greedy decoding)"),
+    "top_p": ((1, 1.0), "1"),
+    "top_k": ((-1, 0), "-1 or 0"),
+    "min_p": ((0, 0.0), "0"),
+    "presence_penalty": ((0, 0.0), "0"),
+    "frequency_penalty": ((0, 0.0), "0"),
+    "repetition_penalty": ((1, 1.0), "1"),
+    "stop": (("", ()), "null or empty"),
+    "suffix": (("",), "null"),
+    "logit_bias": (({},), "null or {}"),
+}
 DEFAULT_MAX_TOKENS = 16  # OpenAI's
 MAX_DEPTH = 8  # nesting of a request body: a batch of one prompt is 2 levels, stream_options 2
 BODY_BASE = 1 << 20  # bytes of a body beyond its prompt (fields, whitespace)
@@ -51,8 +85,9 @@ class Completion:
     model: str
 
 
-def parse_completion(body: bytes, *, vocab_size: int, max_model_len: int, model: str,
-                     encode: Optional[Callable[[str], list[int]]] = None) -> Completion:
+def parse_completion(
+    body: bytes, *, vocab_size: int, max_model_len: int, model: str, encode: Optional[Callable[[str], list[int]]] = None
+) -> Completion:
     """The request in `body`, or BadRequest naming what is wrong."""
     try:
         data = limits.loads(body, body_limit(max_model_len), MAX_DEPTH, "the body")
@@ -77,8 +112,14 @@ def parse_completion(body: bytes, *, vocab_size: int, max_model_len: int, model:
     options = data.get("stream_options") or {}
     if not isinstance(options, dict) or set(options) - {"include_usage", "continuous_usage_stats"}:
         raise BadRequest("stream_options must be an object with include_usage (true/false)")
-    return Completion(prompt, max_tokens, _flag(data, "stream"), bool(options.get("include_usage")),
-                      _flag(data, "return_token_ids"), model)
+    return Completion(
+        prompt,
+        max_tokens,
+        _flag(data, "stream"),
+        bool(options.get("include_usage")),
+        _flag(data, "return_token_ids"),
+        model,
+    )
 
 
 def _one_of(value: Any, allowed: Sequence) -> bool:
@@ -97,8 +138,10 @@ def _flag(data: dict, key: str) -> bool:
 def _prompt(prompt: Any, vocab_size: int, max_model_len: int, encode) -> tuple[int, ...]:
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], (list, str)):
         if len(prompt) > 1:
-            raise BadRequest(f"prompt is a batch of {len(prompt)} prompts; batches of several prompts are not "
-                             f"supported: send one request per prompt")
+            raise BadRequest(
+                f"prompt is a batch of {len(prompt)} prompts; batches of several prompts are not "
+                f"supported: send one request per prompt"
+            )
         prompt = prompt[0]  # a batch of one
     if isinstance(prompt, str):
         if encode is None:
@@ -107,14 +150,19 @@ def _prompt(prompt: Any, vocab_size: int, max_model_len: int, encode) -> tuple[i
         if size is None:
             raise BadRequest("prompt text is not valid Unicode (a lone surrogate escape)")
         if size > BODY_PER_TOKEN * max_model_len:  # before tokenizing: a huge text would hold the server up
-            raise BadRequest(f"the prompt text has {size} bytes; the limit is {BODY_PER_TOKEN * max_model_len} "
-                             f"({BODY_PER_TOKEN} per token of max_model_len {max_model_len})", status=413)
+            raise BadRequest(
+                f"the prompt text has {size} bytes; the limit is {BODY_PER_TOKEN * max_model_len} "
+                f"({BODY_PER_TOKEN} per token of max_model_len {max_model_len})",
+                status=413,
+            )
         prompt = encode(prompt)
     if not isinstance(prompt, list) or not prompt:
         raise BadRequest("prompt must be a non-empty list of token ids (or one text with a tokenizer)")
     if len(prompt) >= max_model_len:  # before every id is looked at: a long list is refused at once
-        raise BadRequest(f"the prompt has {len(prompt)} tokens; the model allows {max_model_len - 1} "
-                         f"(max_model_len {max_model_len}, one output token at least)")
+        raise BadRequest(
+            f"the prompt has {len(prompt)} tokens; the model allows {max_model_len - 1} "
+            f"(max_model_len {max_model_len}, one output token at least)"
+        )
     if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab_size for t in prompt):
         raise BadRequest(f"prompt token ids must be integers in [0, {vocab_size})")
     return tuple(prompt)
@@ -131,13 +179,17 @@ def _utf8_size(text: str) -> Optional[int]:
 def _max_tokens(data: dict, prompt_len: int, max_model_len: int) -> int:
     room = max_model_len - prompt_len
     if room < 1:
-        raise BadRequest(f"the prompt has {prompt_len} tokens; the model allows {max_model_len - 1} "
-                         f"(max_model_len {max_model_len}, one output token at least)")
+        raise BadRequest(
+            f"the prompt has {prompt_len} tokens; the model allows {max_model_len - 1} "
+            f"(max_model_len {max_model_len}, one output token at least)"
+        )
     value = data.get("max_tokens")
     value = DEFAULT_MAX_TOKENS if value is None else value
     if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= room:
-        raise BadRequest(f"max_tokens={json.dumps(value)} is out of range; allowed: 1..{room} for this "
-                         f"{prompt_len}-token prompt (max_model_len {max_model_len})")
+        raise BadRequest(
+            f"max_tokens={json.dumps(value)} is out of range; allowed: 1..{room} for this "
+            f"{prompt_len}-token prompt (max_model_len {max_model_len})"
+        )
     minimum = data.get("min_tokens")
     if minimum is not None and (not isinstance(minimum, int) or isinstance(minimum, bool) or not 0 <= minimum <= value):
         raise BadRequest(f"min_tokens={json.dumps(minimum)} is out of range; allowed: 0..max_tokens ({value})")
@@ -150,18 +202,36 @@ def chunk(rid: int, model: str, text: str, token_ids: Optional[list[int]], finis
     choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
     if token_ids is not None:
         choice["token_ids"] = token_ids
-    return _event({"id": f"cmpl-{rid}", "object": "text_completion", "created": int(time.time()), "model": model,
-                   "choices": [choice]})
+    return _event(
+        {
+            "id": f"cmpl-{rid}",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": model,
+            "choices": [choice],
+        }
+    )
 
 
 def usage_chunk(rid: int, model: str, prompt_tokens: int, completion_tokens: int) -> bytes:
-    return _event({"id": f"cmpl-{rid}", "object": "text_completion", "created": int(time.time()), "model": model,
-                   "choices": [], "usage": usage(prompt_tokens, completion_tokens)})
+    return _event(
+        {
+            "id": f"cmpl-{rid}",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": model,
+            "choices": [],
+            "usage": usage(prompt_tokens, completion_tokens),
+        }
+    )
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
 
 
 def error_chunk(reason: str) -> bytes:
@@ -177,8 +247,14 @@ def _event(body: dict) -> bytes:
 
 def error_body(reason: str, status: int) -> dict:
     """OpenAI's error object: what its clients parse for every 4xx/5xx."""
-    return {"error": {"message": reason, "type": "invalid_request_error" if status < 500 else "server_error",
-                      "param": None, "code": status}}
+    return {
+        "error": {
+            "message": reason,
+            "type": "invalid_request_error" if status < 500 else "server_error",
+            "param": None,
+            "code": status,
+        }
+    }
 
 
 # -- the client's reading ------------------------------------------------------------------------

@@ -21,15 +21,17 @@ from testbed.metrics.config import SLOConfig
 
 
 def parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(prog="python -m testbed.interop", description=__doc__,
-                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+    top = argparse.ArgumentParser(
+        prog="python -m testbed.interop", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     commands = top.add_subparsers(dest="command", required=True)
     export = commands.add_parser("export", help="a point's traffic as a Mooncake trace and a vLLM custom dataset")
     export.add_argument("point_dir")
     export.add_argument("--tokenizer", help="a Hugging Face tokenizer directory (for vLLM's text prompts)")
     export.add_argument("--out", help="where to write (default: POINT_DIR/exports)")
-    imports = commands.add_parser("import", help="a vLLM, SGLang, inference-perf or GuideLLM result file as a "
-                                                 "results directory")
+    imports = commands.add_parser(
+        "import", help="a vLLM, SGLang, inference-perf or GuideLLM result file as a results directory"
+    )
     imports.add_argument("format", choices=["vllm", "sglang", "inference-perf", "guidellm"])
     imports.add_argument("file")
     imports.add_argument("out_dir")
@@ -44,8 +46,14 @@ def parser() -> argparse.ArgumentParser:
     add.add_argument("--format", choices=["vllm", "sglang", "testbed"], help="default: told from the file")
     add.add_argument("--no-figures", action="store_true")
     for command in (imports, add):
-        command.add_argument("--run", dest="run_index", metavar="N", type=int, default=-1,
-                             help="which run of a file holding several (default: the last)")
+        command.add_argument(
+            "--run",
+            dest="run_index",
+            metavar="N",
+            type=int,
+            default=-1,
+            help="which run of a file holding several (default: the last)",
+        )
         command.add_argument("--trace", help="the Mooncake trace the run replayed (its arrival times)")
         command.add_argument("--slowdown", type=float, default=1.0, help="the replay's --mooncake-slowdown-factor")
     return top
@@ -67,16 +75,27 @@ def import_file(args) -> None:
     from testbed.interop.points import import_run
 
     slo = SLOConfig(ttft_s=args.slo_ttft, tpot_s=args.slo_tpot).validate()
-    done = import_run(args.file, args.out_dir, fmt=args.format.replace("-", "_"), slo=slo, run=args.run_index, trace=args.trace,
-                      slowdown=args.slowdown)
+    done = import_run(
+        args.file,
+        args.out_dir,
+        fmt=args.format.replace("-", "_"),
+        slo=slo,
+        run=args.run_index,
+        trace=args.trace,
+        slowdown=args.slowdown,
+    )
     counts = done["summary"]["num_requests"]
     if done["summary"].get("summary_only"):
         failed = counts["failed"] if counts.get("failed_known", True) else "unknown"
-        print(f"wrote {done['dir']}: a summary-only point (the file has no per-request lists): {counts['ok']} "
-              f"completed, {failed} failed; its TTFT/TPOT/ITL/E2E figures and throughput, no SLO attainment")
+        print(
+            f"wrote {done['dir']}: a summary-only point (the file has no per-request lists): {counts['ok']} "
+            f"completed, {failed} failed; its TTFT/TPOT/ITL/E2E figures and throughput, no SLO attainment"
+        )
         return
-    print(f"wrote {done['dir']}: {counts['ok']} ok, {counts['failed']} failed of {counts['total']}; "
-          f"arrivals {done['meta']['arrivals']}; SLO attainment {done['summary']['slo_attainment']}")
+    print(
+        f"wrote {done['dir']}: {counts['ok']} ok, {counts['failed']} failed of {counts['total']}; "
+        f"arrivals {done['meta']['arrivals']}; SLO attainment {done['summary']['slo_attainment']}"
+    )
 
 
 def add(args) -> None:
@@ -89,10 +108,21 @@ def add(args) -> None:
     figures.draw_with(study_figures)
 
     knobs = {"num_gpus": args.num_gpus, **({"rate": args.rate} if args.rate is not None else {})}
-    done = add_point(args.sweep_dir, args.source, label=args.label, knobs=knobs, fmt=args.format,
-                     trace=args.trace, slowdown=args.slowdown, run_index=args.run_index, figures=not args.no_figures)
-    print(f"added {done['dir']}; rewrote sweep.parquet, sweep.json, intervals.parquet"
-          + (f" and {len(done['figures'])} figure files" if done["figures"] else ""))
+    done = add_point(
+        args.sweep_dir,
+        args.source,
+        label=args.label,
+        knobs=knobs,
+        fmt=args.format,
+        trace=args.trace,
+        slowdown=args.slowdown,
+        run_index=args.run_index,
+        figures=not args.no_figures,
+    )
+    print(
+        f"added {done['dir']}; rewrote sweep.parquet, sweep.json, intervals.parquet"
+        + (f" and {len(done['figures'])} figure files" if done["figures"] else "")
+    )
 
 
 def main(argv: Optional[list[str]] = None) -> int:

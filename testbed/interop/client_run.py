@@ -45,12 +45,23 @@ class ClientRun:
         for key in ("requests_per_s", "output_tokens_per_s"):
             per_s[f"{key}_per_gpu"] = per_s[key] / gpus if per_s.get(key) is not None else None
         rate = self.rate if math.isfinite(self.rate) else None
-        return {"summary_only": True, "num_requests": {"rejected": 0, "refused": 0, **self.counts},
-                "num_gpus": num_gpus, **{name: dict(self.figures[name]) for name in LATENCIES},
-                "throughput": per_s, "offered_rate": rate, "slo": slo or {}, "slo_attainment": None,
-                "source": {"format": self.format, "definitions": self.definitions, "notes": list(self.notes),
-                           "note": "the client's own summary figures converted to the testbed's definitions; "
-                                   "SLO attainment and goodput need the requests: not in the file"}}
+        return {
+            "summary_only": True,
+            "num_requests": {"rejected": 0, "refused": 0, **self.counts},
+            "num_gpus": num_gpus,
+            **{name: dict(self.figures[name]) for name in LATENCIES},
+            "throughput": per_s,
+            "offered_rate": rate,
+            "slo": slo or {},
+            "slo_attainment": None,
+            "source": {
+                "format": self.format,
+                "definitions": self.definitions,
+                "notes": list(self.notes),
+                "note": "the client's own summary figures converted to the testbed's definitions; "
+                "SLO attainment and goodput need the requests: not in the file",
+            },
+        }
 
 
 def seconds(value, scale: float, where: str) -> Optional[float]:

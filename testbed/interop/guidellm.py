@@ -44,8 +44,11 @@ from testbed.interop.table import InteropError, load_runs
 
 FORMAT = "guidellm"
 # the testbed's figure -> (GuideLLM metric, scale to seconds)
-LATENCY_KEYS = {"ttft": ("time_to_first_token_ms", 1e-3), "tpot": ("inter_token_latency_ms", 1e-3),
-                "e2e": ("request_latency", 1.0)}
+LATENCY_KEYS = {
+    "ttft": ("time_to_first_token_ms", 1e-3),
+    "tpot": ("inter_token_latency_ms", 1e-3),
+    "e2e": ("request_latency", 1.0),
+}
 PERCENTILES = {"p50": "p50", "p90": "p90", "p95": "p95", "p99": "p99"}
 CLOSED_LOOP = ("synchronous", "concurrent", "throughput")
 DEFINITIONS = {
@@ -60,9 +63,13 @@ DEFINITIONS = {
 
 def is_guidellm(data) -> bool:
     benchmarks = data.get("benchmarks") if isinstance(data, dict) else None
-    return (isinstance(benchmarks, list) and bool(benchmarks) and isinstance(benchmarks[0], dict)
-            and isinstance(benchmarks[0].get("metrics"), dict)
-            and "time_to_first_token_ms" in benchmarks[0]["metrics"])
+    return (
+        isinstance(benchmarks, list)
+        and bool(benchmarks)
+        and isinstance(benchmarks[0], dict)
+        and isinstance(benchmarks[0].get("metrics"), dict)
+        and "time_to_first_token_ms" in benchmarks[0]["metrics"]
+    )
 
 
 def read_guidellm(path, *, run: int = -1) -> ClientRun:
@@ -73,8 +80,10 @@ def read_guidellm(path, *, run: int = -1) -> ClientRun:
         raise InteropError(f"{path}: not a GuideLLM JSON report (no benchmarks[...].metrics.time_to_first_token_ms)")
     benchmarks = data["benchmarks"]
     if not -len(benchmarks) <= run < len(benchmarks):
-        raise InteropError(f"{path}: run={run} is out of range (the report holds {len(benchmarks)} benchmarks: "
-                           f"0..{len(benchmarks) - 1})")
+        raise InteropError(
+            f"{path}: run={run} is out of range (the report holds {len(benchmarks)} benchmarks: "
+            f"0..{len(benchmarks) - 1})"
+        )
     bench = benchmarks[run]
     where = f"{path}: benchmarks[{run}]"
     metrics = mapping(bench, "metrics", where, required=True)
@@ -92,13 +101,17 @@ def read_guidellm(path, *, run: int = -1) -> ClientRun:
     in_len = _successful(metrics, "prompt_token_count").get("mean")
     out_len = float(out_len) if isinstance(out_len, (int, float)) else None
     in_len = float(in_len) if isinstance(in_len, (int, float)) else None
-    throughput = {"requests_per_s": rps,
-                  "output_tokens_per_s": rps * out_len if rps is not None and out_len is not None else None,
-                  "input_tokens_per_s": rps * in_len if rps is not None and in_len is not None else None,
-                  "duration_s": _duration(bench)}
-    throughput["total_tokens_per_s"] = (throughput["output_tokens_per_s"] + throughput["input_tokens_per_s"]
-                                        if throughput["input_tokens_per_s"] is not None
-                                        and throughput["output_tokens_per_s"] is not None else None)
+    throughput = {
+        "requests_per_s": rps,
+        "output_tokens_per_s": rps * out_len if rps is not None and out_len is not None else None,
+        "input_tokens_per_s": rps * in_len if rps is not None and in_len is not None else None,
+        "duration_s": _duration(bench),
+    }
+    throughput["total_tokens_per_s"] = (
+        throughput["output_tokens_per_s"] + throughput["input_tokens_per_s"]
+        if throughput["input_tokens_per_s"] is not None and throughput["output_tokens_per_s"] is not None
+        else None
+    )
     strategy = _strategy(bench)
     kind = str(strategy.get("type_") or "")
     rate, arrival, concurrency = math.nan, None, None
@@ -113,28 +126,52 @@ def read_guidellm(path, *, run: int = -1) -> ClientRun:
         rate, concurrency = math.inf, count(strategy.get("max_concurrency"), f"{where}: strategy.max_concurrency")
     notes = []
     if kind in CLOSED_LOOP:
-        notes.append(f"strategy {kind}: a closed loop (at most {concurrency or 'unbounded'} in flight), not an "
-                     f"offered rate")
+        notes.append(
+            f"strategy {kind}: a closed loop (at most {concurrency or 'unbounded'} in flight), not an offered rate"
+        )
     definitions = dict(DEFINITIONS)
-    definitions["tpot"] += ("; distribution weighted by each request's output tokens - 1" if tokens_weighted
-                            else "; one value per request")
-    counts = {"ok": totals["successful"], "failed": totals["errored"],
-              "total": totals["successful"] + totals["errored"], "failed_known": True}
+    definitions["tpot"] += (
+        "; distribution weighted by each request's output tokens - 1" if tokens_weighted else "; one value per request"
+    )
+    counts = {
+        "ok": totals["successful"],
+        "failed": totals["errored"],
+        "total": totals["successful"] + totals["errored"],
+        "failed_known": True,
+    }
     args = data.get("args") if isinstance(data.get("args"), dict) else {}
-    model = args.get("model") or (bench.get("config") or {}).get("backend", {}).get("model") \
+    model = (
+        args.get("model")
+        or (bench.get("config") or {}).get("backend", {}).get("model")
         or (bench.get("worker") or {}).get("backend_model")
-    return ClientRun(format=FORMAT, figures=figures, throughput=throughput, counts=counts, rate=rate,
-                     arrival=arrival, max_concurrency=concurrency,
-                     num_requests=totals["successful"] + totals["errored"] + totals["incomplete"],
-                     definitions=definitions, lengths={"input_len": in_len, "output_len": out_len},
-                     model=model if isinstance(model, str) else None, notes=notes,
-                     settings={"strategy": kind, "rate": strategy.get("rate"), "incomplete": totals["incomplete"],
-                               "guidellm_version": (data.get("metadata") or {}).get("guidellm_version")})
+    )
+    return ClientRun(
+        format=FORMAT,
+        figures=figures,
+        throughput=throughput,
+        counts=counts,
+        rate=rate,
+        arrival=arrival,
+        max_concurrency=concurrency,
+        num_requests=totals["successful"] + totals["errored"] + totals["incomplete"],
+        definitions=definitions,
+        lengths={"input_len": in_len, "output_len": out_len},
+        model=model if isinstance(model, str) else None,
+        notes=notes,
+        settings={
+            "strategy": kind,
+            "rate": strategy.get("rate"),
+            "incomplete": totals["incomplete"],
+            "guidellm_version": (data.get("metadata") or {}).get("guidellm_version"),
+        },
+    )
 
 
 def _statistics(block: dict, scale: float, where: str) -> dict:
-    out = {"mean": seconds(block.get("mean"), scale, f"{where}.mean"),
-           "max": seconds(block.get("max"), scale, f"{where}.max")}
+    out = {
+        "mean": seconds(block.get("mean"), scale, f"{where}.mean"),
+        "max": seconds(block.get("max"), scale, f"{where}.max"),
+    }
     percentiles = block.get("percentiles") if isinstance(block.get("percentiles"), dict) else {}
     for stat, key in PERCENTILES.items():
         value = percentiles.get(key, block.get("median") if stat == "p50" else None)
@@ -158,8 +195,9 @@ def _totals(bench: dict, metrics: dict, where: str) -> dict:
         source = (bench.get("run_stats") or {}).get("requests_made")
     if not isinstance(source, dict):
         raise InteropError(f"{where}: no request counts (metrics.request_totals or run_stats.requests_made)")
-    return {k: count(source.get(k), f"{where}: request counts.{k}") or 0
-            for k in ("successful", "errored", "incomplete")}
+    return {
+        k: count(source.get(k), f"{where}: request counts.{k}") or 0 for k in ("successful", "errored", "incomplete")
+    }
 
 
 def _strategy(bench: dict) -> dict:

@@ -38,18 +38,22 @@ from testbed.interop.client_run import ClientRun, count, empty_figures, mapping,
 from testbed.interop.table import InteropError, load_runs
 
 FORMAT = "inference_perf"
-LATENCY_KEYS = {"ttft": "time_to_first_token", "tpot": "time_per_output_token", "itl": "inter_token_latency",
-                "e2e": "request_latency"}
+LATENCY_KEYS = {
+    "ttft": "time_to_first_token",
+    "tpot": "time_per_output_token",
+    "itl": "inter_token_latency",
+    "e2e": "request_latency",
+}
 STAT_KEYS = {"mean": "mean", "p50": "median", "p90": "p90", "p95": "p95", "p99": "p99", "max": "max"}
 SCHEDULE_LAG_NOTE_S = 1.0  # a mean schedule delay above this is reported: the rate was not what was sent
 DEFINITIONS = {
     "ttft": "send (the actual dispatch) to the first output timestamp: the first server-sent event, content or "
-            "not, up to about v0.2; the first chunk with text later",
+    "not, up to about v0.2; the first chunk with text later",
     "tpot": "(last - first output timestamp) / (output tokens - 1), tokens by the client's re-tokenization (or the "
-            "server's count): per token, as the testbed's",
+    "server's count): per token, as the testbed's",
     "e2e": "send to the end of the stream (the schedule delay excluded)",
     "itl": "gaps between output timestamps pooled over requests: per event (older) or per token with a chunk's "
-           "tokens at its arrival (newer); not comparable",
+    "tokens at its arrival (newer); not comparable",
     "ntpot": "latency / output tokens, TTFT included: not read",
     "converted": "TTFT, TPOT and E2E compare as they are; ITL is kept, not compared",
 }
@@ -58,9 +62,12 @@ DEFINITIONS = {
 def is_inference_perf(data) -> bool:
     """A lifecycle-metrics report: `successes` with a `latency` block beside a `load_summary` or
     `failures` block."""
-    return (isinstance(data, dict) and isinstance(data.get("successes"), dict)
-            and isinstance(data["successes"].get("latency"), dict)
-            and ("load_summary" in data or "failures" in data))
+    return (
+        isinstance(data, dict)
+        and isinstance(data.get("successes"), dict)
+        and isinstance(data["successes"].get("latency"), dict)
+        and ("load_summary" in data or "failures" in data)
+    )
 
 
 def read_inference_perf(path, *, run: int = -1) -> ClientRun:
@@ -70,10 +77,15 @@ def read_inference_perf(path, *, run: int = -1) -> ClientRun:
         raise InteropError(f"{path}: an inference-perf report holds one run (a stage file per stage); run={run}")
     data = runs[0]
     if not is_inference_perf(data):
-        hint = (" (this is the server's Prometheus summary: read the client's summary_lifecycle_metrics.json)"
-                if isinstance(data.get("successes"), dict) and "time_to_first_token" in data["successes"] else "")
-        raise InteropError(f"{path}: not an inference-perf lifecycle-metrics report (no successes.latency beside "
-                           f"load_summary or failures){hint}")
+        hint = (
+            " (this is the server's Prometheus summary: read the client's summary_lifecycle_metrics.json)"
+            if isinstance(data.get("successes"), dict) and "time_to_first_token" in data["successes"]
+            else ""
+        )
+        raise InteropError(
+            f"{path}: not an inference-perf lifecycle-metrics report (no successes.latency beside "
+            f"load_summary or failures){hint}"
+        )
     where = str(path)
     successes = mapping(data, "successes", where, required=True)
     load = mapping(data, "load_summary", where)
@@ -90,31 +102,49 @@ def read_inference_perf(path, *, run: int = -1) -> ClientRun:
     failed = count(failures.get("count"), f"{where}: failures.count")
     counts = {"ok": ok, "failed": failed or 0, "total": ok + (failed or 0), "failed_known": failed is not None}
     rates = mapping(successes, "throughput", f"{where}: successes")
-    throughput = {"requests_per_s": seconds(rates.get("requests_per_sec"), 1.0, f"{where}: requests_per_sec"),
-                  "output_tokens_per_s": seconds(rates.get("output_tokens_per_sec"), 1.0, f"{where}: output_tokens_per_sec"),
-                  "input_tokens_per_s": seconds(rates.get("input_tokens_per_sec"), 1.0, f"{where}: input_tokens_per_sec"),
-                  "total_tokens_per_s": seconds(rates.get("total_tokens_per_sec"), 1.0, f"{where}: total_tokens_per_sec")}
-    throughput["duration_s"] = (counts["ok"] / throughput["requests_per_s"]
-                                if throughput["requests_per_s"] else None)
+    throughput = {
+        "requests_per_s": seconds(rates.get("requests_per_sec"), 1.0, f"{where}: requests_per_sec"),
+        "output_tokens_per_s": seconds(rates.get("output_tokens_per_sec"), 1.0, f"{where}: output_tokens_per_sec"),
+        "input_tokens_per_s": seconds(rates.get("input_tokens_per_sec"), 1.0, f"{where}: input_tokens_per_sec"),
+        "total_tokens_per_s": seconds(rates.get("total_tokens_per_sec"), 1.0, f"{where}: total_tokens_per_sec"),
+    }
+    throughput["duration_s"] = counts["ok"] / throughput["requests_per_s"] if throughput["requests_per_s"] else None
     requested = seconds(load.get("requested_rate"), 1.0, f"{where}: load_summary.requested_rate")
     rate = requested if requested else math.nan
     notes = []
     lag = mapping(load, "schedule_delay", f"{where}: load_summary")
     lag_mean = lag.get("mean") if isinstance(lag.get("mean"), (int, float)) else None
     if lag_mean is not None and lag_mean > SCHEDULE_LAG_NOTE_S:
-        notes.append(f"the client sent requests {lag_mean:.1f} s after their scheduled time on average "
-                     f"(load_summary.schedule_delay): the load was bounded by the client or a concurrency cap, "
-                     f"not the offered rate")
+        notes.append(
+            f"the client sent requests {lag_mean:.1f} s after their scheduled time on average "
+            f"(load_summary.schedule_delay): the load was bounded by the client or a concurrency cap, "
+            f"not the offered rate"
+        )
     if rate != rate:
-        notes.append("no requested_rate in the file (versions before it, or a concurrency stage): the rate comes "
-                     "from the run's config.yaml")
+        notes.append(
+            "no requested_rate in the file (versions before it, or a concurrency stage): the rate comes "
+            "from the run's config.yaml"
+        )
     lengths = {"input_len": _mean(successes, "prompt_len"), "output_len": _mean(successes, "output_len")}
     total = count(load.get("count"), f"{where}: load_summary.count")
-    return ClientRun(format=FORMAT, figures=figures, throughput=throughput, counts=counts, rate=rate,
-                     arrival=None, max_concurrency=None, num_requests=total or counts["total"],
-                     definitions=dict(DEFINITIONS), lengths=lengths, notes=notes,
-                     settings={"requested_rate": load.get("requested_rate"), "achieved_rate": load.get("achieved_rate"),
-                               "schedule_delay_mean_s": lag_mean})
+    return ClientRun(
+        format=FORMAT,
+        figures=figures,
+        throughput=throughput,
+        counts=counts,
+        rate=rate,
+        arrival=None,
+        max_concurrency=None,
+        num_requests=total or counts["total"],
+        definitions=dict(DEFINITIONS),
+        lengths=lengths,
+        notes=notes,
+        settings={
+            "requested_rate": load.get("requested_rate"),
+            "achieved_rate": load.get("achieved_rate"),
+            "schedule_delay_mean_s": lag_mean,
+        },
+    )
 
 
 def _mean(successes: dict, key: str) -> Optional[float]:

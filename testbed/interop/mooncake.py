@@ -26,8 +26,9 @@ from testbed.workload.traces import read_mooncake_jsonl
 BLOCK_SIZE = 512  # the Mooncake traces' block, and the testbed's workload.prefix_block_tokens
 
 
-def block_hash_ids(prompts: Sequence[Optional[Sequence[int]]], lengths: Sequence[int],
-                   block_size: int = BLOCK_SIZE) -> list[list[int]]:
+def block_hash_ids(
+    prompts: Sequence[Optional[Sequence[int]]], lengths: Sequence[int], block_size: int = BLOCK_SIZE
+) -> list[list[int]]:
     """Per prompt, one id per block (the last may be partial), numbered 0, 1, 2, ... in order of
     first appearance. An id is keyed by its parent's id and the block's tokens (a chain), so it
     is equal exactly when the whole prefix through that block is. A prompt that is None has no
@@ -43,7 +44,7 @@ def block_hash_ids(prompts: Sequence[Optional[Sequence[int]]], lengths: Sequence
         tokens = prompt if isinstance(prompt, tuple) else tuple(int(t) for t in prompt)  # runs hand over tuples
         parent, chain = -1, []
         for start in range(0, len(tokens), block_size):
-            parent = ids.setdefault((parent, tokens[start:start + block_size]), len(ids))
+            parent = ids.setdefault((parent, tokens[start : start + block_size]), len(ids))
             chain.append(parent)
         out.append(chain)
     return out
@@ -63,9 +64,11 @@ def write_mooncake_jsonl(rows: pd.DataFrame, path, block_size: int = BLOCK_SIZE)
     prompts = [p if isinstance(p, (list, tuple, np.ndarray)) else None for p in prompts]  # None/NaN: unknown
     hashes = block_hash_ids(prompts, rows["input_len"].tolist(), block_size)
     # formatted by hand: json.dumps per line is a third of a 100k-request run's export
-    lines = [f'{{"timestamp": {int(round(float(t) * 1000.0))}, "input_length": {int(n)}, '
-             f'"output_length": {int(m)}, "hash_ids": [{", ".join(map(str, h))}]}}'
-             for t, n, m, h in zip(rows["arrival_s"], rows["input_len"], rows["output_len"], hashes)]
+    lines = [
+        f'{{"timestamp": {int(round(float(t) * 1000.0))}, "input_length": {int(n)}, '
+        f'"output_length": {int(m)}, "hash_ids": [{", ".join(map(str, h))}]}}'
+        for t, n, m, h in zip(rows["arrival_s"], rows["input_len"], rows["output_len"], hashes)
+    ]
     return write_lines(path, lines)
 
 

@@ -53,10 +53,14 @@ from testbed.metrics.summary import summarize
 FIGURES = ("ttft", "tpot", "e2e")
 STATS = ("mean", "p50", "p90", "p99")
 # per-request TPOT in these clients: per token (over output_len - 1), as the testbed's
-TPOT_DEFINITION = {"vllm": "(latency - ttft) / (output_len - 1): per token",
-                   "sglang": "(latency - ttft) / (output_len - 1): per token (0.2 scripts: output_len - 2)"}
-TTFT_DEFINITION = {"vllm": "send (after a --max-concurrency wait) to the first chunk with content",
-                   "sglang": "send to the first chunk with content"}
+TPOT_DEFINITION = {
+    "vllm": "(latency - ttft) / (output_len - 1): per token",
+    "sglang": "(latency - ttft) / (output_len - 1): per token (0.2 scripts: output_len - 2)",
+}
+TTFT_DEFINITION = {
+    "vllm": "send (after a --max-concurrency wait) to the first chunk with content",
+    "sglang": "send to the first chunk with content",
+}
 ITL_DEFINITION = "gap between stream chunks (a chunk may carry several tokens)"
 CLIENT_REPORTS = {"inference_perf": read_inference_perf, "guidellm": read_guidellm}
 
@@ -86,8 +90,9 @@ class Reference:
 
 def detect(data: dict, path) -> str:
     # a summary line of bench_serving names its backend without SGLang's own keys
-    found = format_of(data) or ("sglang" if data.get("backend") in ("sglang", "vllm")
-                                and "median_e2e_latency_ms" in data else None)
+    found = format_of(data) or (
+        "sglang" if data.get("backend") in ("sglang", "vllm") and "median_e2e_latency_ms" in data else None
+    )
     if found is None:
         raise InteropError(f"{path}: not a vLLM, SGLang, inference-perf or GuideLLM benchmark result")
     return found
@@ -107,23 +112,35 @@ def read_reference(path, *, fmt: Optional[str] = None, run: int = -1) -> Referen
     count = number(data, "num_prompts", path, integer=True)
     concurrency = number(data, "max_concurrency", path, integer=True, minimum=1)
     burst = number(data, "burstiness", path)
-    definitions = {"ttft": TTFT_DEFINITION[fmt], "tpot": TPOT_DEFINITION[fmt], "itl": ITL_DEFINITION,
-                   "converted": "TTFT, TPOT and E2E compare as they are (same definitions); ITL is not compared"}
-    common = dict(path=path, format=fmt, rate=rate, max_concurrency=int(concurrency) if concurrency else None,
-                  burstiness=float(burst) if burst else 1.0, definitions=definitions, settings=scalars(data))
+    definitions = {
+        "ttft": TTFT_DEFINITION[fmt],
+        "tpot": TPOT_DEFINITION[fmt],
+        "itl": ITL_DEFINITION,
+        "converted": "TTFT, TPOT and E2E compare as they are (same definitions); ITL is not compared",
+    }
+    common = dict(
+        path=path,
+        format=fmt,
+        rate=rate,
+        max_concurrency=int(concurrency) if concurrency else None,
+        burstiness=float(burst) if burst else 1.0,
+        definitions=definitions,
+        settings=scalars(data),
+    )
     if is_summary_only(data):
         completed = number(data, "completed", path, integer=True)
         figures = {name: _summary_latency(data, fmt, name, path) for name in FIGURES}
-        throughput = {"requests_per_s": number(data, "request_throughput", path),
-                      "output_tokens_per_s": number(data, "output_throughput", path)}
+        throughput = {
+            "requests_per_s": number(data, "request_throughput", path),
+            "output_tokens_per_s": number(data, "output_throughput", path),
+        }
         return Reference(figures=figures, throughput=throughput, num_requests=count or completed, **common)
     reader = read_vllm_result if fmt == "vllm" else read_sglang_result
     requests = reader(path, run=run)
     summary = summarize(requests, slo=SLOConfig(), metrics=MetricsConfig(), num_gpus=1)
     figures = {name: {s: _finite(summary[name].get(s)) for s in STATS} for name in FIGURES}
     throughput = {k: _finite(summary["throughput"].get(k)) for k in ("requests_per_s", "output_tokens_per_s")}
-    return Reference(figures=figures, throughput=throughput, num_requests=len(requests), requests=requests,
-                     **common)
+    return Reference(figures=figures, throughput=throughput, num_requests=len(requests), requests=requests, **common)
 
 
 def _client_reference(path: Path, fmt: str, run: int) -> Reference:
@@ -131,12 +148,26 @@ def _client_reference(path: Path, fmt: str, run: int) -> Reference:
     client = CLIENT_REPORTS[fmt](path, run=run)
     figures = {name: {s: client.figures[name].get(s) for s in STATS} for name in FIGURES}
     throughput = {k: client.throughput.get(k) for k in ("requests_per_s", "output_tokens_per_s")}
-    settings = {**client.settings, "mean_input_len": client.lengths.get("input_len"),
-                "mean_output_len": client.lengths.get("output_len"), "model": client.model}
-    return Reference(path=path, format=fmt, figures=figures, throughput=throughput, rate=client.rate,
-                     num_requests=client.num_requests, max_concurrency=client.max_concurrency, burstiness=1.0,
-                     definitions=client.definitions, settings=settings, arrival=client.arrival,
-                     notes=list(client.notes))
+    settings = {
+        **client.settings,
+        "mean_input_len": client.lengths.get("input_len"),
+        "mean_output_len": client.lengths.get("output_len"),
+        "model": client.model,
+    }
+    return Reference(
+        path=path,
+        format=fmt,
+        figures=figures,
+        throughput=throughput,
+        rate=client.rate,
+        num_requests=client.num_requests,
+        max_concurrency=client.max_concurrency,
+        burstiness=1.0,
+        definitions=client.definitions,
+        settings=settings,
+        arrival=client.arrival,
+        notes=list(client.notes),
+    )
 
 
 def _summary_latency(data: dict, fmt: str, name: str, path) -> dict:
@@ -157,8 +188,10 @@ def trace_rows(requests: pd.DataFrame) -> list[dict]:
     """A detailed reference's requests as the testbed's native trace lines (arrival offset,
     prompt length, output length: what the real engine produced for that request)."""
     ok = requests[requests["status"] == "ok"].sort_values("arrival_s", kind="stable")
-    return [{"arrival_s": float(t), "input_len": max(int(i), 1), "output_len": max(int(n), 1)}
-            for t, i, n in zip(ok["arrival_s"], ok["input_len"], ok["num_tokens"])]
+    return [
+        {"arrival_s": float(t), "input_len": max(int(i), 1), "output_len": max(int(n), 1)}
+        for t, i, n in zip(ok["arrival_s"], ok["input_len"], ok["num_tokens"])
+    ]
 
 
 def relative_error(sim: Optional[float], real: Optional[float]) -> Optional[float]:

@@ -13,8 +13,15 @@ from typing import Optional, Sequence
 
 import pandas as pd
 
-from testbed.interop.table import (InteropError, check_requests, client_table, evenly_spaced, given_arrivals, per_request,
-                                   pick_run)
+from testbed.interop.table import (
+    InteropError,
+    check_requests,
+    client_table,
+    evenly_spaced,
+    given_arrivals,
+    per_request,
+    pick_run,
+)
 from testbed.interop.vllm import scalars
 
 DETAIL_FLAG = "sglang.bench_serving --output-details"
@@ -37,8 +44,10 @@ def read_sglang_result(path, *, run: int = -1, arrivals: Optional[Sequence[float
         arrival = given_arrivals(arrivals, n, path)
         how = "given (a trace's timestamps)"
     elif data.get("dataset_name") == "mooncake" or data.get("request_rate") == "trace":
-        raise InteropError(f"{path}: a trace replay (dataset_name={data.get('dataset_name')!r}) records no "
-                           f"arrivals; pass the trace it replayed (--trace FILE)")
+        raise InteropError(
+            f"{path}: a trace replay (dataset_name={data.get('dataset_name')!r}) records no "
+            f"arrivals; pass the trace it replayed (--trace FILE)"
+        )
     else:
         arrival = evenly_spaced(data.get("request_rate"), n)
         how = f"reconstructed: evenly spaced at request_rate={data.get('request_rate')}"

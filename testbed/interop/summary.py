@@ -28,8 +28,10 @@ from typing import Optional
 from testbed.interop.table import InteropError
 
 # the testbed's summary key -> the file's metric name, per format
-METRICS = {"vllm": {"ttft": "ttft", "tpot": "tpot", "itl": "itl", "e2e": "e2el"},
-           "sglang": {"ttft": "ttft", "tpot": "tpot", "itl": "itl", "e2e": "e2e_latency"}}
+METRICS = {
+    "vllm": {"ttft": "ttft", "tpot": "tpot", "itl": "itl", "e2e": "e2el"},
+    "sglang": {"ttft": "ttft", "tpot": "tpot", "itl": "itl", "e2e": "e2e_latency"},
+}
 STATISTICS = ("mean", "p50", "p90", "p95", "p99", "max")
 
 
@@ -93,8 +95,14 @@ def counts(data: dict, path) -> dict:
                 raise InteropError(f"{path}: num_prompts={prompts} is below completed={completed}")
             failed, known = prompts - completed, True
     failed = failed or 0
-    return {"ok": completed, "failed": failed, "rejected": 0, "refused": 0, "total": completed + failed,
-            "failed_known": known}
+    return {
+        "ok": completed,
+        "failed": failed,
+        "rejected": 0,
+        "refused": 0,
+        "total": completed + failed,
+        "failed_known": known,
+    }
 
 
 def latency(data: dict, fmt: str, name: str, path, completed: int) -> dict:
@@ -114,16 +122,21 @@ def throughput(data: dict, fmt: str, path, num_gpus: int) -> dict:
     duration = number(data, "duration", path)
     if duration is None:
         raise InteropError(f"{path}: no 'duration': not a vLLM or SGLang benchmark result")
-    per_s = {"requests_per_s": number(data, "request_throughput", path),
-             "output_tokens_per_s": number(data, "output_throughput", path),
-             "input_tokens_per_s": number(data, "input_throughput", path),
-             "total_tokens_per_s": number(data, "total_token_throughput" if fmt == "vllm" else "total_throughput", path)}
+    per_s = {
+        "requests_per_s": number(data, "request_throughput", path),
+        "output_tokens_per_s": number(data, "output_throughput", path),
+        "input_tokens_per_s": number(data, "input_throughput", path),
+        "total_tokens_per_s": number(data, "total_token_throughput" if fmt == "vllm" else "total_throughput", path),
+    }
     if per_s["input_tokens_per_s"] is None and duration > 0:  # vLLM writes the total, not the rate
         total_in = number(data, "total_input_tokens", path)
         per_s["input_tokens_per_s"] = total_in / duration if total_in is not None else None
     gpus = max(int(num_gpus), 1)
-    per_gpu = {f"{k}_per_gpu": (v / gpus if v is not None else None)
-               for k, v in per_s.items() if k in ("requests_per_s", "output_tokens_per_s")}
+    per_gpu = {
+        f"{k}_per_gpu": (v / gpus if v is not None else None)
+        for k, v in per_s.items()
+        if k in ("requests_per_s", "output_tokens_per_s")
+    }
     return {"duration_s": duration, **per_s, **per_gpu}
 
 
@@ -133,16 +146,23 @@ def summary_of(data: dict, fmt: str, path, *, num_gpus: int = 1, slo: Optional[d
         raise InteropError(f"{path}: format {fmt!r} has no summary reader (vllm, sglang)")
     numbers = counts(data, path)
     goodput_key = "request_goodput" if "request_goodput" in data else "request_goodput:"
-    summary = {"summary_only": True, "num_requests": numbers, "num_gpus": num_gpus,
-               **{name: latency(data, fmt, name, path, numbers["ok"]) for name in METRICS[fmt]},
-               "throughput": throughput(data, fmt, path, num_gpus),
-               "offered_rate": _finite_or_none(parse_rate(data.get("request_rate"), path)),
-               "slo": slo or {},
-               # attainment, goodput and everything per request need the requests: not in the file
-               "slo_attainment": None,
-               "source": {"format": fmt, "request_goodput": number(data, goodput_key, path),
-                          "note": "request_goodput is the file's own: good requests per second at the run's "
-                                  "--goodput SLOs (null without them), not the study's attainment"}}
+    summary = {
+        "summary_only": True,
+        "num_requests": numbers,
+        "num_gpus": num_gpus,
+        **{name: latency(data, fmt, name, path, numbers["ok"]) for name in METRICS[fmt]},
+        "throughput": throughput(data, fmt, path, num_gpus),
+        "offered_rate": _finite_or_none(parse_rate(data.get("request_rate"), path)),
+        "slo": slo or {},
+        # attainment, goodput and everything per request need the requests: not in the file
+        "slo_attainment": None,
+        "source": {
+            "format": fmt,
+            "request_goodput": number(data, goodput_key, path),
+            "note": "request_goodput is the file's own: good requests per second at the run's "
+            "--goodput SLOs (null without them), not the study's attainment",
+        },
+    }
     return summary
 
 

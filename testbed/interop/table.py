@@ -18,8 +18,8 @@ import pandas as pd
 
 from testbed.errors import TestbedError
 from testbed.metrics.events import request_table
-from testbed.workload.traces import MAX_COUNT, file_problem
 from testbed.tracking.results import write_text
+from testbed.workload.traces import MAX_COUNT, file_problem
 
 MAX_FILE_BYTES = 1 << 30  # a result file, read whole: a million requests' details are ~200 MB
 REJECTED = "rejected: "  # how bench_result writes a refusal by admission control into `errors`
@@ -107,8 +107,10 @@ def check_requests(path, ttfts: list, lists: dict, latencies: Optional[list] = N
 
 def _consistent(path, i: int, ttft, latency, error) -> None:
     if ttft is not None and latency is not None and not error and ttft > latency * (1 + 1e-9) + 1e-9:
-        raise InteropError(f"{path} request {i}: ttfts={ttft} is above its latencies={latency} (the first "
-                           f"token cannot come after the last)")
+        raise InteropError(
+            f"{path} request {i}: ttfts={ttft} is above its latencies={latency} (the first "
+            f"token cannot come after the last)"
+        )
 
 
 def _seconds(path, i: int, key: str, value, low: float = 0.0):
@@ -116,16 +118,19 @@ def _seconds(path, i: int, key: str, value, low: float = 0.0):
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value < float("inf"):
-        raise InteropError(f"{path} request {i}: {key}={_shown(value)} must be a finite number of seconds"
-                           f"{f' >= {low:g}' if low > float('-inf') else ''}")
+        raise InteropError(
+            f"{path} request {i}: {key}={_shown(value)} must be a finite number of seconds"
+            f"{f' >= {low:g}' if low > float('-inf') else ''}"
+        )
     return value
 
 
 def _tokens(path, i: int, key: str, value) -> None:
     whole = isinstance(value, int) or (isinstance(value, float) and value.is_integer())
     if value is not None and (isinstance(value, bool) or not whole or not 0 <= value <= MAX_COUNT):
-        raise InteropError(f"{path} request {i}: {key}={_shown(value)} must be a whole number of tokens in "
-                           f"[0, {MAX_COUNT}]")
+        raise InteropError(
+            f"{path} request {i}: {key}={_shown(value)} must be a whole number of tokens in [0, {MAX_COUNT}]"
+        )
 
 
 def checked_times(path, key: str, values: list, low: float = float("-inf")) -> list:
@@ -154,15 +159,25 @@ def evenly_spaced(rate, n: int) -> np.ndarray:
 def given_arrivals(arrivals, n: int, path) -> np.ndarray:
     arrival = np.asarray(arrivals, dtype=np.float64)
     if arrival.size != n:
-        raise InteropError(f"{path}: {n} requests but {arrival.size} arrivals given "
-                           f"(a multi-round Mooncake replay sends rounds x sessions requests)")
+        raise InteropError(
+            f"{path}: {n} requests but {arrival.size} arrivals given "
+            f"(a multi-round Mooncake replay sends rounds x sessions requests)"
+        )
     if not np.isfinite(arrival).all():
         raise InteropError(f"{path}: arrival {int(np.flatnonzero(~np.isfinite(arrival))[0])} is not a finite time")
     return arrival
 
 
-def client_table(*, arrivals: Sequence[float], sent: Sequence[float], ttfts: Sequence, itls: Sequence,
-                 input_lens: Sequence, output_lens: Sequence, errors: Sequence) -> pd.DataFrame:
+def client_table(
+    *,
+    arrivals: Sequence[float],
+    sent: Sequence[float],
+    ttfts: Sequence,
+    itls: Sequence,
+    input_lens: Sequence,
+    output_lens: Sequence,
+    errors: Sequence,
+) -> pd.DataFrame:
     """One row per request, times in seconds since the first arrival. The first token reached
     the client at sent + ttft, each later one an ITL after the one before (TTFT then counts
     from the arrival, client-side queueing included, as everywhere in the testbed). A chunk
@@ -173,28 +188,44 @@ def client_table(*, arrivals: Sequence[float], sent: Sequence[float], ttfts: Seq
     origin = float(arrivals.min()) if arrivals.size else 0.0
     rows = []
     for i, arrival in enumerate(arrivals):
-        rows.append(_row(i, arrival - origin, float(sent[i]) - origin, ttfts[i], itls[i] or [],
-                         int(input_lens[i] or 0), int(output_lens[i] or 0), str(errors[i] or "")))
+        rows.append(
+            _row(
+                i,
+                arrival - origin,
+                float(sent[i]) - origin,
+                ttfts[i],
+                itls[i] or [],
+                int(input_lens[i] or 0),
+                int(output_lens[i] or 0),
+                str(errors[i] or ""),
+            )
+        )
     return request_table(rows)
 
 
-def _row(i: int, arrival: float, sent: float, ttft, gaps: list, input_len: int, output_len: int,
-         error: str) -> dict:
+def _row(i: int, arrival: float, sent: float, ttft, gaps: list, input_len: int, output_len: int, error: str) -> dict:
     has_tokens = ttft is not None and (ttft > 0 or len(gaps) > 0)
     offsets = np.concatenate([[0.0], np.cumsum(gaps, dtype=np.float64)])
     times = [float(t) for t in sent + float(ttft) + offsets] if has_tokens else []
     status, reason, refused = _status(error, has_tokens)
     if status == "ok" and output_len > len(times):
         times += [times[-1]] * (output_len - len(times))
-    return {"request_id": i, "arrival_s": arrival, "input_len": input_len,
-            "output_len": len(times) if status == "ok" else 0,  # what came back (clients write 0 on failure)
-            "status": status, "reason": reason, "refused_by": refused, "token_times": times,
-            "finished_s": times[-1] if times else arrival}
+    return {
+        "request_id": i,
+        "arrival_s": arrival,
+        "input_len": input_len,
+        "output_len": len(times) if status == "ok" else 0,  # what came back (clients write 0 on failure)
+        "status": status,
+        "reason": reason,
+        "refused_by": refused,
+        "token_times": times,
+        "finished_s": times[-1] if times else arrival,
+    }
 
 
 def _status(error: str, produced: bool) -> tuple[str, str, Optional[str]]:
     if error.startswith(REJECTED):
-        return "rejected", error[len(REJECTED):][:REASON_CHARS], "admission"
+        return "rejected", error[len(REJECTED) :][:REASON_CHARS], "admission"
     if error.strip():
         lines = [line for line in error.strip().splitlines() if line.strip()]
         return "failed", lines[-1].strip()[:REASON_CHARS], None  # a traceback: its last line says what

@@ -118,9 +118,20 @@ def compare(values: Mapping[str, Mapping[int, Goodput]]) -> list[Comparison]:
         interval, against, diffs = paired(values[leader], values[other])
         error = search_error(values[leader], values[other])
         separated = interval.known and interval.low > 0 and not against
-        out.append(Comparison(leader, other, interval, len(diffs), separated,
-                              None if separated else repeats_to_separate(diffs, error), against,
-                              toward(values[leader], values[other]), detectable(diffs, error), error))
+        out.append(
+            Comparison(
+                leader,
+                other,
+                interval,
+                len(diffs),
+                separated,
+                None if separated else repeats_to_separate(diffs, error),
+                against,
+                toward(values[leader], values[other]),
+                detectable(diffs, error),
+                error,
+            )
+        )
     return out
 
 
@@ -135,22 +146,41 @@ def verdict(values: Mapping[str, Mapping[int, Goodput]], unit: str = "req/s per 
     leader, runner = comparisons[0].leader, comparisons[0].other
     separated = all(c.separated for c in comparisons)
     if separated:
-        line = (f"best configuration: {leader}, ahead of the runner-up {runner} by "
-                f"{_difference(comparisons[0], unit)} (paired over {comparisons[0].seeds} seeds)")
+        line = (
+            f"best configuration: {leader}, ahead of the runner-up {runner} by "
+            f"{_difference(comparisons[0], unit)} (paired over {comparisons[0].seeds} seeds)"
+        )
     else:
         tied = [c.other for c in comparisons if not c.separated]
-        line = (f"leaders not separated at this sample size: {leader} vs {', '.join(tied)} "
-                f"(paired differences below; experiment.repeats sets the repeats)")
-    return {"label": leader, "runner_up": runner, "separated": separated, "line": line,
-            "comparisons": [comparison_row(c) for c in comparisons]}
+        line = (
+            f"leaders not separated at this sample size: {leader} vs {', '.join(tied)} "
+            f"(paired differences below; experiment.repeats sets the repeats)"
+        )
+    return {
+        "label": leader,
+        "runner_up": runner,
+        "separated": separated,
+        "line": line,
+        "comparisons": [comparison_row(c) for c in comparisons],
+    }
 
 
 def comparison_row(c: Comparison) -> dict:
     d = c.difference
-    return {"leader": c.leader, "other": c.other, "difference": d.estimate, "difference_low": d.low,
-            "difference_high": d.high, "seeds": c.seeds, "separated": c.separated,
-            "repeats_needed": c.repeats_needed, "censored_against": c.censored, "bound": c.bound,
-            "detectable": c.detectable, "search_error": c.search_error}
+    return {
+        "leader": c.leader,
+        "other": c.other,
+        "difference": d.estimate,
+        "difference_low": d.low,
+        "difference_high": d.high,
+        "seeds": c.seeds,
+        "separated": c.separated,
+        "repeats_needed": c.repeats_needed,
+        "censored_against": c.censored,
+        "bound": c.bound,
+        "detectable": c.detectable,
+        "search_error": c.search_error,
+    }
 
 
 def _difference(c: Comparison, unit: str) -> str:
@@ -173,15 +203,20 @@ def comparison_lines(rows: list[dict], unit: str = "req/s per GPU") -> list[str]
         if r.get("bound") and not math.isnan(low):  # a censored goodput took part: a lower bound, no more
             text = f">= {low:.3g} (bound)"
         else:
-            text = (f"{r['difference']:.3g} [{low:.3g}, {high:.3g}]" if not math.isnan(low)
-                    else f"{r['difference']:.3g} [no interval]")
+            text = (
+                f"{r['difference']:.3g} [{low:.3g}, {high:.3g}]"
+                if not math.isnan(low)
+                else f"{r['difference']:.3g} [no interval]"
+            )
         if r["separated"]:
             verdict_text = "separated"
         elif r["censored_against"]:
             verdict_text = "not separated (a censored goodput points against it)"
         elif r["repeats_needed"]:
-            verdict_text = (f"not separated ({r['repeats_needed']} repeats for 80% power at this lead, "
-                            f"spread at its 90% upper bound)")
+            verdict_text = (
+                f"not separated ({r['repeats_needed']} repeats for 80% power at this lead, "
+                f"spread at its 90% upper bound)"
+            )
         elif r.get("detectable", math.nan) == r.get("detectable", math.nan):
             verdict_text = f"not separated (these seeds detect a lead of {r['detectable']:.3g} or more)"
         else:

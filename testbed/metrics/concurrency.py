@@ -70,7 +70,7 @@ def match_steps(stamps: np.ndarray, producers: np.ndarray, steps: pd.DataFrame) 
 
 def by_key(keys: np.ndarray) -> dict[int, np.ndarray]:
     """{key: the places holding it, in order}, from one stable sort of the (small integer) keys."""
-    small = keys.size and -2 ** 15 <= keys.min() and keys.max() < 2 ** 15
+    small = keys.size and -(2**15) <= keys.min() and keys.max() < 2**15
     order = np.argsort(keys.astype(np.int16) if small else keys, kind="stable")  # int16: a radix sort
     values, starts = np.unique(keys[order], return_index=True)
     return dict(zip(values.tolist(), np.split(order, starts[1:])))
@@ -85,8 +85,7 @@ def _match_one(stamps: np.ndarray, ends: np.ndarray, starts: np.ndarray, batch: 
     return np.where(fits, batch[np.maximum(step, 0)], np.nan)
 
 
-def token_batches(table: pd.DataFrame, steps: Optional[pd.DataFrame],
-                  tokens: Optional[Tokens] = None) -> np.ndarray:
+def token_batches(table: pd.DataFrame, steps: Optional[pd.DataFrame], tokens: Optional[Tokens] = None) -> np.ndarray:
     """Per client token (token_arrays of token_times): the running batch when it was produced;
     NaN without steps or where the worker stamps do not pair with the client times."""
     client, client_sizes, worker, worker_sizes = tokens_of(table) if tokens is None else tokens
@@ -99,8 +98,9 @@ def token_batches(table: pd.DataFrame, steps: Optional[pd.DataFrame],
     return out
 
 
-def by_concurrency(table: pd.DataFrame, steps: Optional[pd.DataFrame],
-                   tokens: Optional[Tokens] = None) -> dict[str, dict]:
+def by_concurrency(
+    table: pd.DataFrame, steps: Optional[pd.DataFrame], tokens: Optional[Tokens] = None
+) -> dict[str, dict]:
     """TPOT and ITL per CONCURRENCY_BUCKETS of the running batch: an ITL gap falls in the bucket
     of the step that produced its later token; a request's TPOT in that of the mean batch over
     its tokens after the first. Also the distribution of the batch over every token and how
@@ -110,11 +110,19 @@ def by_concurrency(table: pd.DataFrame, steps: Optional[pd.DataFrame],
     batch = token_batches(table, steps, tokens)
     later = later_tokens(sizes)
     gap_index = bucket_index(batch[later], CONCURRENCY_BUCKETS)
-    return {"tpot_by_concurrency": bucketed(table["tpot"], bucket_index(_mean_after_first(batch, sizes, later),
-                                                                         CONCURRENCY_BUCKETS), CONCURRENCY_BUCKETS),
-            "itl_by_concurrency": bucketed(flat[later] - flat[later - 1], gap_index, CONCURRENCY_BUCKETS),
-            "concurrency": {"tokens_joined": int(np.count_nonzero(~np.isnan(batch))),
-                            "tokens_unjoined": int(np.count_nonzero(np.isnan(batch))), **distribution(batch)}}
+    return {
+        "tpot_by_concurrency": bucketed(
+            table["tpot"],
+            bucket_index(_mean_after_first(batch, sizes, later), CONCURRENCY_BUCKETS),
+            CONCURRENCY_BUCKETS,
+        ),
+        "itl_by_concurrency": bucketed(flat[later] - flat[later - 1], gap_index, CONCURRENCY_BUCKETS),
+        "concurrency": {
+            "tokens_joined": int(np.count_nonzero(~np.isnan(batch))),
+            "tokens_unjoined": int(np.count_nonzero(np.isnan(batch))),
+            **distribution(batch),
+        },
+    }
 
 
 def _mean_after_first(batch: np.ndarray, sizes: np.ndarray, later: np.ndarray) -> np.ndarray:

@@ -35,27 +35,80 @@ class Event(str, Enum):
     REJECTED = "rejected"
 
 
-FIRST_WINS = {Event.ARRIVED, Event.DISPATCHED, Event.PREFILL_QUEUED, Event.PREFILL_START,
-              Event.KV_TRANSFER_START, Event.DECODE_QUEUED, Event.DECODE_START}
+FIRST_WINS = {
+    Event.ARRIVED,
+    Event.DISPATCHED,
+    Event.PREFILL_QUEUED,
+    Event.PREFILL_START,
+    Event.KV_TRANSFER_START,
+    Event.DECODE_QUEUED,
+    Event.DECODE_START,
+}
 LAST_WINS = {Event.PREFILL_END, Event.KV_TRANSFER_END}
 # Events whose `worker=` names the prefill or the decode worker.
 PREFILL_SIDE = {Event.PREFILL_QUEUED, Event.PREFILL_START, Event.PREFILL_CHUNK, Event.PREFILL_END}
 DECODE_SIDE = {Event.DECODE_QUEUED, Event.DECODE_START}
 _COLUMN = {event: f"{event.value}_s" for event in Event}
 
-TIME_COLUMNS = ["arrived_s", "dispatched_s", "prefill_queued_s", "prefill_start_s", "prefill_end_s",
-                "kv_transfer_start_s", "kv_transfer_end_s", "decode_queued_s", "decode_start_s", "finished_s"]
-REQUEST_COLUMNS = (["request_id", "arrival_s", "input_len", "output_len", "session_id", "turn", "tenant",
-                    "prefill_worker", "decode_worker", "status", "reason", "refused_by"] + TIME_COLUMNS
-                   + ["kv_bytes", "num_prefill_chunks", "prefix_hit_tokens", "prefilled_on", "token_times",
-                      "token_worker_times", "output_token_ids"])
+TIME_COLUMNS = [
+    "arrived_s",
+    "dispatched_s",
+    "prefill_queued_s",
+    "prefill_start_s",
+    "prefill_end_s",
+    "kv_transfer_start_s",
+    "kv_transfer_end_s",
+    "decode_queued_s",
+    "decode_start_s",
+    "finished_s",
+]
+REQUEST_COLUMNS = (
+    [
+        "request_id",
+        "arrival_s",
+        "input_len",
+        "output_len",
+        "session_id",
+        "turn",
+        "tenant",
+        "prefill_worker",
+        "decode_worker",
+        "status",
+        "reason",
+        "refused_by",
+    ]
+    + TIME_COLUMNS
+    + [
+        "kv_bytes",
+        "num_prefill_chunks",
+        "prefix_hit_tokens",
+        "prefilled_on",
+        "token_times",
+        "token_worker_times",
+        "output_token_ids",
+    ]
+)
 INT_COLUMNS = ["request_id", "input_len", "output_len", "turn", "num_prefill_chunks", "prefix_hit_tokens"]
 NULLABLE_INT_COLUMNS = ["session_id", "prefill_worker", "decode_worker"]
 # Columns other code (steps and transfers recorders) is expected to write; the results writer
 # uses them for empty tables.
-STEP_COLUMNS = ["worker", "role", "step", "start_s", "end_s", "prefill_tokens", "decode_seqs",
-                "batched_tokens", "kv_blocks_used", "kv_blocks_total", "kv_occupancy", "prefix_hit_tokens",
-                "prefix_hit_rate", "num_waiting", "num_running"]
+STEP_COLUMNS = [
+    "worker",
+    "role",
+    "step",
+    "start_s",
+    "end_s",
+    "prefill_tokens",
+    "decode_seqs",
+    "batched_tokens",
+    "kv_blocks_used",
+    "kv_blocks_total",
+    "kv_occupancy",
+    "prefix_hit_tokens",
+    "prefix_hit_rate",
+    "num_waiting",
+    "num_running",
+]
 REFUSERS = ("workload", "admission")
 TRANSFER_COLUMNS = ["request_id", "prefill_worker", "decode_worker", "kv_bytes", "start_s", "end_s"]
 
@@ -110,9 +163,18 @@ class RequestLog:
         if prompt is not None:
             self.prompts[record.request_id] = prompt
 
-    def event(self, request_id: int, event: Event, t: float, *, worker: Optional[int] = None,
-              prefill_worker: Optional[int] = None, decode_worker: Optional[int] = None,
-              kv_bytes: Optional[float] = None, reason: Optional[str] = None) -> None:
+    def event(
+        self,
+        request_id: int,
+        event: Event,
+        t: float,
+        *,
+        worker: Optional[int] = None,
+        prefill_worker: Optional[int] = None,
+        decode_worker: Optional[int] = None,
+        kv_bytes: Optional[float] = None,
+        reason: Optional[str] = None,
+    ) -> None:
         """One lifecycle event at absolute perf_counter time t. kv_bytes is the request's total."""
         if type(event) is not Event:  # a value; the enum call costs more than the rest on a hot path
             event = Event(event)
@@ -141,8 +203,9 @@ class RequestLog:
         if kv_bytes is not None:
             record.kv_bytes = float(kv_bytes)
 
-    def tokens(self, request_id: int, token_ids: Sequence[int], worker_times: float | Sequence[float],
-               client_time: float) -> None:
+    def tokens(
+        self, request_id: int, token_ids: Sequence[int], worker_times: float | Sequence[float], client_time: float
+    ) -> None:
         """A batch of tokens of one engine step: stamped on the worker (one time, or one per
         token) and on arrival at the router (client_time, which TTFT and ITL use)."""
         n = len(token_ids)
@@ -152,8 +215,9 @@ class RequestLog:
             raise ValueError(f"tokens: {n} token ids but {len(worker_times)} worker times")
         self.token_series(request_id, token_ids, worker_times, [client_time] * n)
 
-    def token_series(self, request_id: int, token_ids: Sequence[int], worker_times: Sequence[float],
-                     client_times: Sequence[float]) -> None:
+    def token_series(
+        self, request_id: int, token_ids: Sequence[int], worker_times: Sequence[float], client_times: Sequence[float]
+    ) -> None:
         """A request's tokens in one call (the request book hands them over when it closes the
         request): one worker stamp and one receipt stamp per token."""
         record, t0 = self._get(request_id), self.t0
@@ -211,24 +275,44 @@ class RequestLog:
 
 # column -> its value in a _Record (an unfinished request is a failed one)
 _READERS = {
-    "request_id": attrgetter("request_id"), "arrival_s": attrgetter("arrival_s"),
-    "input_len": attrgetter("input_len"), "output_len": attrgetter("output_len"),
-    "session_id": attrgetter("session_id"), "turn": attrgetter("turn"), "tenant": attrgetter("tenant"),
-    "prefill_worker": attrgetter("prefill_worker"), "decode_worker": attrgetter("decode_worker"),
-    "status": lambda r: r.status or "failed", "reason": lambda r: r.reason if r.status else "unfinished",
+    "request_id": attrgetter("request_id"),
+    "arrival_s": attrgetter("arrival_s"),
+    "input_len": attrgetter("input_len"),
+    "output_len": attrgetter("output_len"),
+    "session_id": attrgetter("session_id"),
+    "turn": attrgetter("turn"),
+    "tenant": attrgetter("tenant"),
+    "prefill_worker": attrgetter("prefill_worker"),
+    "decode_worker": attrgetter("decode_worker"),
+    "status": lambda r: r.status or "failed",
+    "reason": lambda r: r.reason if r.status else "unfinished",
     "refused_by": lambda r: r.refused_by if r.status == "rejected" else "",
-    "kv_bytes": attrgetter("kv_bytes"), "num_prefill_chunks": attrgetter("num_prefill_chunks"),
-    "prefix_hit_tokens": attrgetter("prefix_hit_tokens"), "prefilled_on": attrgetter("prefilled_on"),
+    "kv_bytes": attrgetter("kv_bytes"),
+    "num_prefill_chunks": attrgetter("num_prefill_chunks"),
+    "prefix_hit_tokens": attrgetter("prefix_hit_tokens"),
+    "prefilled_on": attrgetter("prefilled_on"),
     "token_times": lambda r: list(r.token_times),
     "token_worker_times": lambda r: list(r.token_worker_times) or list(r.token_times),
     "output_token_ids": lambda r: list(r.output_token_ids),
 }
 
 
-ROW_DEFAULTS = {"input_len": 0, "output_len": 0, "session_id": None, "turn": 0, "tenant": "default",
-                "prefill_worker": None, "decode_worker": None, "status": "ok", "reason": "", "refused_by": None,
-                "kv_bytes": float("nan"), "num_prefill_chunks": 0, "prefix_hit_tokens": 0,
-                "prefilled_on": ""}
+ROW_DEFAULTS = {
+    "input_len": 0,
+    "output_len": 0,
+    "session_id": None,
+    "turn": 0,
+    "tenant": "default",
+    "prefill_worker": None,
+    "decode_worker": None,
+    "status": "ok",
+    "reason": "",
+    "refused_by": None,
+    "kv_bytes": float("nan"),
+    "num_prefill_chunks": 0,
+    "prefix_hit_tokens": 0,
+    "prefilled_on": "",
+}
 LIST_COLUMNS = ["token_times", "token_worker_times", "output_token_ids"]
 
 
@@ -247,8 +331,10 @@ def request_table(rows: list[dict]) -> pd.DataFrame:
 def typed_table(columns: dict[str, list]) -> pd.DataFrame:
     """The typed requests table from one list per column of REQUEST_COLUMNS."""
     # list cells stay objects, also in an empty table (pandas would type an empty column float64)
-    df = pd.DataFrame({c: pd.Series(columns[c], dtype=object) if c in LIST_COLUMNS else columns[c]
-                       for c in REQUEST_COLUMNS}, columns=REQUEST_COLUMNS)
+    df = pd.DataFrame(
+        {c: pd.Series(columns[c], dtype=object) if c in LIST_COLUMNS else columns[c] for c in REQUEST_COLUMNS},
+        columns=REQUEST_COLUMNS,
+    )
     for c in INT_COLUMNS:
         df[c] = df[c].astype("int64")
     for c in NULLABLE_INT_COLUMNS:

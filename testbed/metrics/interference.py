@@ -24,11 +24,16 @@ DECODE_ONLY = "decode_only"
 
 def prefill_windows(requests: pd.DataFrame) -> pd.DataFrame:
     """(worker, start, end) of every injected (non-background) request's prefill."""
-    injected = requests[(requests["tenant"] != BACKGROUND) & requests["prefill_start_s"].notna()
-                        & requests["prefill_end_s"].notna()]
-    return pd.DataFrame({"worker": injected["prefill_worker"].astype("float64").to_numpy(),
-                         "start": injected["prefill_start_s"].to_numpy(np.float64),
-                         "end": injected["prefill_end_s"].to_numpy(np.float64)})
+    injected = requests[
+        (requests["tenant"] != BACKGROUND) & requests["prefill_start_s"].notna() & requests["prefill_end_s"].notna()
+    ]
+    return pd.DataFrame(
+        {
+            "worker": injected["prefill_worker"].astype("float64").to_numpy(),
+            "start": injected["prefill_start_s"].to_numpy(np.float64),
+            "end": injected["prefill_end_s"].to_numpy(np.float64),
+        }
+    )
 
 
 def worker_roles(steps: pd.DataFrame) -> dict[int, str]:
@@ -59,8 +64,9 @@ def injection_window(requests: pd.DataFrame) -> tuple[float, float] | None:
     return float(injected["arrival_s"].min()), float(injected["prefill_end_s"].max())
 
 
-def background_gaps(requests: pd.DataFrame, steps: pd.DataFrame,
-                    window: tuple[float, float] | None = None) -> pd.DataFrame:
+def background_gaps(
+    requests: pd.DataFrame, steps: pd.DataFrame, window: tuple[float, float] | None = None
+) -> pd.DataFrame:
     """One row per background ITL gap after the background's start-up, and starting inside
     `window` when given (the injections' window: gaps of the same period, whose context has
     grown alike): `itl` (as the decode worker stamped it), `worker`, and `exposed` (an injected
@@ -85,14 +91,16 @@ def background_gaps(requests: pd.DataFrame, steps: pd.DataFrame,
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame({"itl": [], "worker": [], "exposed": []})
 
 
-def decode_steps(requests: pd.DataFrame, steps: pd.DataFrame,
-                 window: tuple[float, float] | None = None) -> pd.DataFrame:
+def decode_steps(
+    requests: pd.DataFrame, steps: pd.DataFrame, window: tuple[float, float] | None = None
+) -> pd.DataFrame:
     """The background workers' decode steps (starting inside `window` when given): `seconds` and
     `with_prefill` (prefill tokens in the batch, or, on a decode-only worker, an injected prefill
     running elsewhere meanwhile)."""
     background = requests[(requests["tenant"] == BACKGROUND) & (requests["status"] == "ok")]
     workers = set(background["decode_worker"].dropna().astype(int)) | set(
-        background.loc[background["decode_worker"].isna(), "prefill_worker"].dropna().astype(int))
+        background.loc[background["decode_worker"].isna(), "prefill_worker"].dropna().astype(int)
+    )
     rows = steps[(steps["decode_seqs"] > 0) & steps["worker"].isin(workers)] if len(steps) else steps
     if window is not None and len(rows):
         rows = rows[(rows["start_s"] >= window[0]) & (rows["start_s"] <= window[1])]
@@ -104,5 +112,6 @@ def decode_steps(requests: pd.DataFrame, steps: pd.DataFrame,
         if roles.get(int(worker)) == DECODE_ONLY:
             mask = (rows["worker"] == worker).to_numpy()
             with_prefill[mask] = _overlaps(group["start_s"].to_numpy(), group["end_s"].to_numpy(), windows)
-    return pd.DataFrame({"seconds": (rows["end_s"] - rows["start_s"]).to_numpy(np.float64),
-                         "with_prefill": with_prefill})
+    return pd.DataFrame(
+        {"seconds": (rows["end_s"] - rows["start_s"]).to_numpy(np.float64), "with_prefill": with_prefill}
+    )

@@ -153,8 +153,10 @@ def ttft_by_bucket(table: pd.DataFrame) -> dict[str, dict]:
 
 def ttft_by_tenant(table: pd.DataFrame) -> dict[str, dict]:
     """TTFT distribution and request count per tenant (by name)."""
-    return {str(name): {"count": int(len(rows)), **distribution(rows["ttft"])}
-            for name, rows in table.groupby("tenant", sort=True)}
+    return {
+        str(name): {"count": int(len(rows)), **distribution(rows["ttft"])}
+        for name, rows in table.groupby("tenant", sort=True)
+    }
 
 
 def output_buckets(output_len) -> np.ndarray:
@@ -174,8 +176,10 @@ def bucket_index(values, buckets: dict) -> np.ndarray:
 def bucketed(values, index: np.ndarray, buckets: dict) -> dict[str, dict]:
     """Per bucket: the count and distribution of the values whose index (bucket_index) is its."""
     x = np.asarray(values, dtype=np.float64)
-    return {name: {"count": int(np.count_nonzero(index == i)), **distribution(x[index == i])}
-            for i, name in enumerate(buckets)}
+    return {
+        name: {"count": int(np.count_nonzero(index == i)), **distribution(x[index == i])}
+        for i, name in enumerate(buckets)
+    }
 
 
 def by_output_bucket(table: pd.DataFrame, tokens: Optional[Tokens] = None) -> dict[str, dict]:
@@ -186,8 +190,10 @@ def by_output_bucket(table: pd.DataFrame, tokens: Optional[Tokens] = None) -> di
     later = later_tokens(sizes)
     gaps = flat[later] - flat[later - 1]
     gap_index = np.repeat(index, sizes)[later]
-    return {"tpot_by_output_bucket": bucketed(table["tpot"], index, OUTPUT_BUCKETS),
-            "itl_by_output_bucket": bucketed(gaps, gap_index, OUTPUT_BUCKETS)}
+    return {
+        "tpot_by_output_bucket": bucketed(table["tpot"], index, OUTPUT_BUCKETS),
+        "itl_by_output_bucket": bucketed(gaps, gap_index, OUTPUT_BUCKETS),
+    }
 
 
 def interference_ratio(itl_with_prefill, itl_baseline) -> float:

@@ -68,8 +68,9 @@ class Curve:
     monotone: bool
 
 
-def monotone_fit(rates: Sequence[float], attainments: Sequence[float],
-                 weights: Optional[Sequence[float]] = None) -> Curve:
+def monotone_fit(
+    rates: Sequence[float], attainments: Sequence[float], weights: Optional[Sequence[float]] = None
+) -> Curve:
     """Weighted isotonic regression (pool adjacent violators), non-increasing in rate; repeated
     rates are merged first. NaN attainment (nothing finished) counts as 0."""
     r = np.asarray(rates, dtype=np.float64)
@@ -104,8 +105,12 @@ def _monotone(observed: np.ndarray, weight: np.ndarray) -> bool:
     return True
 
 
-def bracket(rates: Sequence[float], attainments: Sequence[float], threshold: float = THRESHOLD,
-            weights: Optional[Sequence[float]] = None) -> tuple[Optional[float], Optional[float]]:
+def bracket(
+    rates: Sequence[float],
+    attainments: Sequence[float],
+    threshold: float = THRESHOLD,
+    weights: Optional[Sequence[float]] = None,
+) -> tuple[Optional[float], Optional[float]]:
     """(highest rate the fit passes, the next rate above it); None where there is none."""
     curve = monotone_fit(rates, attainments, weights)
     return _bracket(curve, threshold)
@@ -121,8 +126,12 @@ def _bracket(curve: Curve, threshold: float) -> tuple[Optional[float], Optional[
     return float(curve.rates[i]), (float(curve.rates[i + 1]) if i + 1 < curve.rates.size else None)
 
 
-def goodput_of(rates: Sequence[float], attainments: Sequence[float], threshold: float = THRESHOLD,
-               weights: Optional[Sequence[float]] = None) -> Goodput:
+def goodput_of(
+    rates: Sequence[float],
+    attainments: Sequence[float],
+    threshold: float = THRESHOLD,
+    weights: Optional[Sequence[float]] = None,
+) -> Goodput:
     """The rate where the fitted attainment crosses `threshold`, linearly within its bracket
     (DistServe's interpolation, on the monotone fit), with the bracket's worst-case error; a
     bound when nothing brackets it. `weights`: each point's requests."""
@@ -139,8 +148,14 @@ def goodput_of(rates: Sequence[float], attainments: Sequence[float], threshold: 
     return Goodput(float(value), "", float(max(value - low, high - value)), curve.monotone)
 
 
-def next_rate(rates: Sequence[float], attainments: Sequence[float], search: RateSearch, used: int,
-              threshold: float = THRESHOLD, weights: Optional[Sequence[float]] = None) -> Optional[float]:
+def next_rate(
+    rates: Sequence[float],
+    attainments: Sequence[float],
+    search: RateSearch,
+    used: int,
+    threshold: float = THRESHOLD,
+    weights: Optional[Sequence[float]] = None,
+) -> Optional[float]:
     """The next rate to try for one configuration and repeat, or None: the search error is within
     the tolerance, the budget is spent, or the bracket would leave [floor, cap] (a bound stays)."""
     if used >= search.budget or not len(rates):

@@ -40,4 +40,3 @@ class StepRecord(NamedTuple):
     prefix_hit_tokens: int = 0
     # attention kernel variants JIT-compiled during the step: 0 once Engine.warmup compiled them all
     jit_compiles: int = 0
-

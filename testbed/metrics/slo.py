@@ -16,13 +16,16 @@ def tenant_slos(tenants: Iterable, default: SLOConfig) -> dict[str, SLOConfig]:
     TenantConfig); a None field falls back to the run's SLO."""
     out = {}
     for t in tenants:
-        out[t.name] = SLOConfig(ttft_s=default.ttft_s if t.ttft_s is None else t.ttft_s,
-                                tpot_s=default.tpot_s if t.tpot_s is None else t.tpot_s)
+        out[t.name] = SLOConfig(
+            ttft_s=default.ttft_s if t.ttft_s is None else t.ttft_s,
+            tpot_s=default.tpot_s if t.tpot_s is None else t.tpot_s,
+        )
     return out
 
 
-def meets_slo(table: pd.DataFrame, slo: SLOConfig, tenants: Optional[Mapping[str, SLOConfig]] = None,
-              scale: float = 1.0) -> pd.Series:
+def meets_slo(
+    table: pd.DataFrame, slo: SLOConfig, tenants: Optional[Mapping[str, SLOConfig]] = None, scale: float = 1.0
+) -> pd.Series:
     """Per request: status ok and TTFT <= ttft_s and TPOT <= tpot_s (both SLOs times `scale`).
     A request with a single output token has no TPOT and meets that half. A tenant listed in
     `tenants` is judged by its own SLOs."""
@@ -36,8 +39,9 @@ def meets_slo(table: pd.DataFrame, slo: SLOConfig, tenants: Optional[Mapping[str
     return pd.Series(meets, index=table.index)
 
 
-def _slo_limits(table: pd.DataFrame, slo: SLOConfig,
-                tenants: Optional[Mapping[str, SLOConfig]]) -> tuple[np.ndarray, np.ndarray]:
+def _slo_limits(
+    table: pd.DataFrame, slo: SLOConfig, tenants: Optional[Mapping[str, SLOConfig]]
+) -> tuple[np.ndarray, np.ndarray]:
     """Per request: its (TTFT, TPOT) SLO, its tenant's when listed. Looked up once per tenant,
     not per request (a 100k-request table has a handful of tenants)."""
     if not tenants:
@@ -59,8 +63,9 @@ def filtered_out(table: pd.DataFrame) -> pd.Series:
     return rejected & (table["refused_by"] != "admission")
 
 
-def slo_attainment(table: pd.DataFrame, slo: SLOConfig, tenants: Optional[Mapping[str, SLOConfig]] = None,
-                   scale: float = 1.0) -> float:
+def slo_attainment(
+    table: pd.DataFrame, slo: SLOConfig, tenants: Optional[Mapping[str, SLOConfig]] = None, scale: float = 1.0
+) -> float:
     """Share of requests meeting their SLOs among every request that arrived, except those the
     workload's overlength filter refused (reported as a count instead). Failed requests and requests
     refused by admission control count as misses: shedding load must not look good. NaN with no
@@ -71,13 +76,15 @@ def slo_attainment(table: pd.DataFrame, slo: SLOConfig, tenants: Optional[Mappin
     return float(meets_slo(served, slo, tenants, scale).mean())
 
 
-def attainment_by_tenant(table: pd.DataFrame, slo: SLOConfig,
-                         tenants: Optional[Mapping[str, SLOConfig]] = None) -> dict[str, float]:
+def attainment_by_tenant(
+    table: pd.DataFrame, slo: SLOConfig, tenants: Optional[Mapping[str, SLOConfig]] = None
+) -> dict[str, float]:
     return {str(name): slo_attainment(rows, slo, tenants) for name, rows in table.groupby("tenant", sort=True)}
 
 
-def attainment_curve(table: pd.DataFrame, slo: SLOConfig, scales: Sequence[float],
-                     tenants: Optional[Mapping[str, SLOConfig]] = None) -> dict[float, float]:
+def attainment_curve(
+    table: pd.DataFrame, slo: SLOConfig, scales: Sequence[float], tenants: Optional[Mapping[str, SLOConfig]] = None
+) -> dict[float, float]:
     """{scale: attainment with both SLOs multiplied by scale} (DistServe's SLO-scale plots)."""
     served = table[~filtered_out(table)]  # once, not once per scale
     return {float(s): slo_attainment(served, slo, tenants, scale=float(s)) for s in scales}
@@ -99,8 +106,9 @@ def _highest_passing_rate(rates: Sequence[float], margins: Sequence[float]) -> f
     return float(r[i] + m[i] / (m[i] - m[i + 1]) * (r[i + 1] - r[i]))
 
 
-def goodput(rates: Sequence[float], attainments: Sequence[float], threshold: float = 0.9, *,
-            num_gpus: int = 1) -> float:
+def goodput(
+    rates: Sequence[float], attainments: Sequence[float], threshold: float = 0.9, *, num_gpus: int = 1
+) -> float:
     """Highest request rate with SLO attainment >= threshold (DistServe), per GPU when num_gpus > 1.
 
     Rates need not be sorted. Take the highest swept rate that passes; if a higher rate fails,

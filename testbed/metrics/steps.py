@@ -75,19 +75,30 @@ class StepLog:
         """Every column typed by its StepRecord hint: the single rows, then the runs' rows;
         "step" is a row's step number on its worker."""
         if not self.run_counts:
-            return {"step": np.array(self.steps, dtype=np.int64),
-                    **{name: _column(values, _HINTS[name]) for name, values in self.columns.items()}}
+            return {
+                "step": np.array(self.steps, dtype=np.int64),
+                **{name: _column(values, _HINTS[name]) for name, values in self.columns.items()},
+            }
         counts = np.array(self.run_counts, dtype=np.int64)
         within = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
-        columns = {"step": np.concatenate([np.array(self.steps, dtype=np.int64),
-                                           np.repeat(np.array(self.run_steps, dtype=np.int64), counts) + within])}
+        columns = {
+            "step": np.concatenate(
+                [
+                    np.array(self.steps, dtype=np.int64),
+                    np.repeat(np.array(self.run_steps, dtype=np.int64), counts) + within,
+                ]
+            )
+        }
         for name, values in self.columns.items():
             hint = _HINTS[name]
             if hint is str:
                 columns[name] = self._text(name, counts)
                 continue
-            runs = _column(self.run_flat[name], hint) if name in self.run_flat else \
-                np.repeat(_as_array(_column(self.run_once[name], hint)), counts)
+            runs = (
+                _column(self.run_flat[name], hint)
+                if name in self.run_flat
+                else np.repeat(_as_array(_column(self.run_once[name], hint)), counts)
+            )
             columns[name] = _join(_column(values, hint), runs, hint)
         return columns
 

@@ -10,11 +10,21 @@ import pandas as pd
 
 from testbed.metrics.concurrency import by_concurrency, by_key
 from testbed.metrics.config import MetricsConfig, SLOConfig
-from testbed.metrics.latency import (Tokens, by_output_bucket, decode_stalls, distribution, first_last,
-                                     harness_delays, pooled_itl, token_arrays, tokens_of, ttft_by_bucket,
-                                     ttft_by_tenant)
-from testbed.metrics.steps import numbers
+from testbed.metrics.latency import (
+    Tokens,
+    by_output_bucket,
+    decode_stalls,
+    distribution,
+    first_last,
+    harness_delays,
+    pooled_itl,
+    token_arrays,
+    tokens_of,
+    ttft_by_bucket,
+    ttft_by_tenant,
+)
 from testbed.metrics.slo import attainment_by_tenant, attainment_curve, filtered_out, slo_attainment
+from testbed.metrics.steps import numbers
 from testbed.metrics.telemetry import telemetry_summary
 
 DEFAULT_SLO_SCALES = (0.5, 1.0, 1.5, 2.0, 3.0, 5.0)
@@ -50,14 +60,24 @@ def throughput(table: pd.DataFrame, ok_tokens: Optional[Tokens] = None) -> dict[
     flat, sizes = token_arrays(ok["token_times"]) if ok_tokens is None else ok_tokens[:2]
     if not sizes.any() or served.empty:
         nan = float("nan")
-        return {"duration_s": nan, "requests_per_s": nan, "input_tokens_per_s": nan,
-                "output_tokens_per_s": nan, "total_tokens_per_s": nan}
+        return {
+            "duration_s": nan,
+            "requests_per_s": nan,
+            "input_tokens_per_s": nan,
+            "output_tokens_per_s": nan,
+            "total_tokens_per_s": nan,
+        }
     last = first_last(flat, sizes)[1]
     duration = float(np.nanmax(last) - served["arrival_s"].min())
     rate = (lambda x: float(x / duration)) if duration > 0 else (lambda x: float("nan"))
     input_tokens, output_tokens = float(ok["input_len"].sum()), float(ok["num_tokens"].sum())
-    return {"duration_s": duration, "requests_per_s": rate(len(ok)), "input_tokens_per_s": rate(input_tokens),
-            "output_tokens_per_s": rate(output_tokens), "total_tokens_per_s": rate(input_tokens + output_tokens)}
+    return {
+        "duration_s": duration,
+        "requests_per_s": rate(len(ok)),
+        "input_tokens_per_s": rate(input_tokens),
+        "output_tokens_per_s": rate(output_tokens),
+        "total_tokens_per_s": rate(input_tokens + output_tokens),
+    }
 
 
 def kv_transfer_summary(table: pd.DataFrame, transfers: Optional[pd.DataFrame] = None) -> dict[str, Any]:
@@ -74,9 +94,14 @@ def kv_transfer_summary(table: pd.DataFrame, transfers: Optional[pd.DataFrame] =
     with np.errstate(divide="ignore", invalid="ignore"):
         per_transfer_bw = np.where(seconds > 0, nbytes / seconds, np.nan)
     total_time = float(seconds.sum())
-    return {"count": int(both.sum()), "time_s": distribution(seconds), "bytes": distribution(nbytes),
-            "bytes_total": float(nbytes.sum()), "bandwidth_bytes_per_s": distribution(per_transfer_bw),
-            "aggregate_bandwidth_bytes_per_s": float(nbytes.sum() / total_time) if total_time > 0 else float("nan")}
+    return {
+        "count": int(both.sum()),
+        "time_s": distribution(seconds),
+        "bytes": distribution(nbytes),
+        "bytes_total": float(nbytes.sum()),
+        "bandwidth_bytes_per_s": distribution(per_transfer_bw),
+        "aggregate_bandwidth_bytes_per_s": float(nbytes.sum() / total_time) if total_time > 0 else float("nan"),
+    }
 
 
 def step_summary(steps: pd.DataFrame) -> dict[str, Any]:
@@ -106,9 +131,12 @@ def pool_and_cache_by_worker(steps: pd.DataFrame) -> dict[str, Any]:
     rows = by_key(steps["worker"].to_numpy(np.int64))
     occupancy, rate = numbers(steps["kv_occupancy"]), numbers(steps["prefix_hit_rate"])
     hits, prefill = numbers(steps["prefix_hit_tokens"]), numbers(steps["prefill_tokens"])
-    return {"kv_occupancy_by_worker": {f"worker{w}": _tails(occupancy[r]) for w, r in rows.items()},
-            "prefix_hit_rate_by_worker": {f"worker{w}": {**_tails(rate[r]), "overall": _share(hits[r], prefill[r])}
-                                          for w, r in rows.items()}}
+    return {
+        "kv_occupancy_by_worker": {f"worker{w}": _tails(occupancy[r]) for w, r in rows.items()},
+        "prefix_hit_rate_by_worker": {
+            f"worker{w}": {**_tails(rate[r]), "overall": _share(hits[r], prefill[r])} for w, r in rows.items()
+        },
+    }
 
 
 def _tails(values: np.ndarray) -> dict[str, float]:
@@ -134,26 +162,38 @@ def decode_itl_samples(steps: pd.DataFrame) -> Optional[dict[str, np.ndarray]]:
     on_d = (steps["role"] == "decode_only").to_numpy(bool) & (decodes > 0)  # arrays: millions of rows
     if not on_d.any():
         return None
-    seconds = (steps["end_s"].to_numpy(float) - steps["start_s"].to_numpy(float))
+    seconds = steps["end_s"].to_numpy(float) - steps["start_s"].to_numpy(float)
     appends = steps["prefill_tokens"].to_numpy(float) > 0
-    return {name: np.repeat(seconds[on_d & rows], decodes[on_d & rows])
-            for name, rows in (("with_appends", appends), ("decode_only", ~appends))}
+    return {
+        name: np.repeat(seconds[on_d & rows], decodes[on_d & rows])
+        for name, rows in (("with_appends", appends), ("decode_only", ~appends))
+    }
 
 
 def decode_worker_itl(steps: pd.DataFrame) -> dict[str, Any]:
     samples = decode_itl_samples(steps)
     if samples is None:
         return {}
-    return {"decode_worker_itl": {name: distribution(x) for name, x in samples.items()},
-            "decode_worker_itl_samples_with_appends": int(len(samples["with_appends"]))}
+    return {
+        "decode_worker_itl": {name: distribution(x) for name, x in samples.items()},
+        "decode_worker_itl_samples_with_appends": int(len(samples["with_appends"])),
+    }
 
 
-def summarize(requests: pd.DataFrame, steps: Optional[pd.DataFrame] = None,
-              transfers: Optional[pd.DataFrame] = None, *, slo: SLOConfig,
-              metrics: Optional[MetricsConfig] = None, num_gpus: int = 1,
-              tenant_slos: Optional[Mapping[str, SLOConfig]] = None,
-              slo_scales: Sequence[float] = DEFAULT_SLO_SCALES, telemetry: Optional[pd.DataFrame] = None,
-              gpu_roles: Optional[Mapping[int, str]] = None, telemetry_reason: str = "") -> dict[str, Any]:
+def summarize(
+    requests: pd.DataFrame,
+    steps: Optional[pd.DataFrame] = None,
+    transfers: Optional[pd.DataFrame] = None,
+    *,
+    slo: SLOConfig,
+    metrics: Optional[MetricsConfig] = None,
+    num_gpus: int = 1,
+    tenant_slos: Optional[Mapping[str, SLOConfig]] = None,
+    slo_scales: Sequence[float] = DEFAULT_SLO_SCALES,
+    telemetry: Optional[pd.DataFrame] = None,
+    gpu_roles: Optional[Mapping[int, str]] = None,
+    telemetry_reason: str = "",
+) -> dict[str, Any]:
     """summary.json: JSON-ready (plain floats and ints, NaN as None). Warm-up requests (see
     mark_warmup) are counted in "warmup_excluded" and left out of every other figure but the
     telemetry's (energy over the whole run, per output token of every request). `telemetry`:
@@ -169,10 +209,13 @@ def summarize(requests: pd.DataFrame, steps: Optional[pd.DataFrame] = None,
     power = telemetry_summary(telemetry, gpu_roles or {}, float(marked["num_tokens"].sum()), telemetry_reason)
     nvlink = {key: power.pop(key) for key in ("nvlink_tx_bytes", "nvlink_rx_bytes")}  # beside the KV bytes
     out = {
-        "num_requests": {"ok": int(len(ok)), "failed": int((table["status"] == "failed").sum()),
-                         "rejected": int(filtered_out(table).sum()),
-                         "refused": int(((table["status"] == "rejected") & ~filtered_out(table)).sum()),
-                         "total": int(len(table))},
+        "num_requests": {
+            "ok": int(len(ok)),
+            "failed": int((table["status"] == "failed").sum()),
+            "rejected": int(filtered_out(table).sum()),
+            "refused": int(((table["status"] == "rejected") & ~filtered_out(table)).sum()),
+            "total": int(len(table)),
+        },
         "warmup_excluded": int(marked["warmup"].sum()),
         "num_gpus": int(num_gpus),
         "ttft": distribution(ok["ttft"]),
@@ -184,14 +227,19 @@ def summarize(requests: pd.DataFrame, steps: Optional[pd.DataFrame] = None,
         "ttft_by_tenant": ttft_by_tenant(ok),
         **by_output_bucket(ok, tokens),
         **by_concurrency(ok, steps, tokens),
-        "throughput": {**tput, "requests_per_s_per_gpu": tput["requests_per_s"] / num_gpus,
-                       "output_tokens_per_s_per_gpu": tput["output_tokens_per_s"] / num_gpus},
+        "throughput": {
+            **tput,
+            "requests_per_s_per_gpu": tput["requests_per_s"] / num_gpus,
+            "output_tokens_per_s_per_gpu": tput["output_tokens_per_s"] / num_gpus,
+        },
         "slo": {"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s},
         "slo_attainment": slo_attainment(table, slo, tenant_slos),
         "slo_attainment_by_tenant": attainment_by_tenant(table, slo, tenant_slos),
         "slo_attainment_curve": _curve(table, slo, slo_scales, tenant_slos),
-        "queue": {"prefill_queue_s": distribution(ok["prefill_queue_s"]),
-                  "decode_queue_s": distribution(ok["decode_queue_s"])},
+        "queue": {
+            "prefill_queue_s": distribution(ok["prefill_queue_s"]),
+            "decode_queue_s": distribution(ok["decode_queue_s"]),
+        },
         "kv_transfer": {**kv_transfer_summary(ok, transfers), **nvlink},
         "telemetry": power,
         "decode_stalls": decode_stalls(itl, metrics.stall_factor),
@@ -212,12 +260,17 @@ def prefix_cache_summary(ok: pd.DataFrame) -> dict[str, Any]:
     by_turn = {}
     for turn, rows in ok.groupby("turn"):
         turn_prompt = rows["input_len"].sum()
-        by_turn[str(turn)] = {"requests": int(len(rows)),
-                              "hit_rate": float(hits[rows.index].sum() / turn_prompt) if turn_prompt else None,
-                              "ttft_p50": float(rows["ttft"].median()),
-                              "kv_bytes_mean": float(rows["kv_bytes"].fillna(0.0).mean())}  # none moved: 0
-    return {"hit_tokens": int(hits.sum()), "hit_rate": float(hits.sum() / prompt) if prompt else None,
-            "by_turn": by_turn}
+        by_turn[str(turn)] = {
+            "requests": int(len(rows)),
+            "hit_rate": float(hits[rows.index].sum() / turn_prompt) if turn_prompt else None,
+            "ttft_p50": float(rows["ttft"].median()),
+            "kv_bytes_mean": float(rows["kv_bytes"].fillna(0.0).mean()),
+        }  # none moved: 0
+    return {
+        "hit_tokens": int(hits.sum()),
+        "hit_rate": float(hits.sum() / prompt) if prompt else None,
+        "by_turn": by_turn,
+    }
 
 
 def _curve(table, slo, scales, tenant_slos) -> dict[str, list]:

@@ -95,8 +95,12 @@ def order_interval(values: np.ndarray, q: float, confidence: float = CONFIDENCE)
     return float(x[max(low - 1, 0)]), float(x[min(high - 1, n - 1)])
 
 
-def jackknife(units: Sequence, estimator: Callable[[Sequence], float], bounds=(-math.inf, math.inf),
-              confidence: float = CONFIDENCE) -> Interval:
+def jackknife(
+    units: Sequence,
+    estimator: Callable[[Sequence], float],
+    bounds=(-math.inf, math.inf),
+    confidence: float = CONFIDENCE,
+) -> Interval:
     """The grouped jackknife of `estimator` (units -> figure) over the units, Student's t on
     len(units) - 1 degrees of freedom, clipped to `bounds`. One unit: no interval."""
     estimate = estimator(units)
@@ -131,8 +135,11 @@ def sample_interval(units: Sequence, name: str, bounds=LATENCY, draws: Optional[
     pooled = np.concatenate(arrays) if arrays else np.array([])
     estimate = statistic(pooled, name)
     if name == "mean":
-        return jackknife(arrays, lambda parts: statistic(np.concatenate(parts), name), bounds) if estimable(
-            pooled.size, name) else Interval(estimate, units=len(arrays), note=NOT_ESTIMABLE)
+        return (
+            jackknife(arrays, lambda parts: statistic(np.concatenate(parts), name), bounds)
+            if estimable(pooled.size, name)
+            else Interval(estimate, units=len(arrays), note=NOT_ESTIMABLE)
+        )
     if not estimable(_smallest_pseudo_sample([a.size for a in arrays] if draws is None else list(draws)), name):
         return Interval(estimate, units=len(arrays), note=NOT_ESTIMABLE)
     runs = woodruff(arrays, QUANTILES[name], bounds)
@@ -159,8 +166,7 @@ def woodruff(arrays: list[np.ndarray], q: float, bounds=LATENCY, confidence: flo
     n = pooled.size
     estimate = float(np.percentile(pooled, 100 * q))
     counts = [(float(np.sum(a <= estimate)), a.size) for a in arrays]
-    share = jackknife(counts, lambda parts: sum(c for c, _ in parts) / sum(m for _, m in parts),
-                      confidence=confidence)
+    share = jackknife(counts, lambda parts: sum(c for c, _ in parts) / sum(m for _, m in parts), confidence=confidence)
     if not share.known:
         return Interval(estimate, units=share.units, note=share.note)
     low, high = q - (share.estimate - share.low), q + (share.high - share.estimate)
@@ -213,8 +219,12 @@ def logit_share(counts: Sequence[tuple[float, int]], confidence: float = CONFIDE
     if not scale.known:
         return Interval(share, units=scale.units, note=scale.note)
     half = scale.high - scale.estimate
-    return Interval(share, _expit(_logit(share_in(share, counts)) - half), _expit(_logit(share_in(share, counts)) + half),
-                    scale.units)
+    return Interval(
+        share,
+        _expit(_logit(share_in(share, counts)) - half),
+        _expit(_logit(share_in(share, counts)) + half),
+        scale.units,
+    )
 
 
 def share_in(share: float, counts: Sequence[tuple[float, int]]) -> float:
@@ -262,26 +272,34 @@ def request_units(requests: pd.DataFrame, run_column: str = "point") -> list[pd.
     return [ordered.iloc[c] for c in cuts if c.size]
 
 
-def point_intervals(requests: pd.DataFrame, slo: SLOConfig, tenants: Optional[Mapping[str, SLOConfig]] = None,
-                    run_column: str = "point") -> dict[str, Interval]:
+def point_intervals(
+    requests: pd.DataFrame, slo: SLOConfig, tenants: Optional[Mapping[str, SLOConfig]] = None, run_column: str = "point"
+) -> dict[str, Interval]:
     """{figure: Interval} of one cell, its repeats' requests (warm-up left out) told apart by
     `run_column`: p50 and p99 of TTFT, TPOT and ITL over the ok requests (ITL over every gap), and
     SLO attainment over every request that counts for it (see slo_attainment). A single run's
     intervals vary batches of its requests and say so (ONE_RUN, with their autocorrelation)."""
     units = request_units(requests, run_column)
     ok = [u[u["status"] == "ok"] for u in units]
-    samples = {"ttft": [u["ttft"].to_numpy(np.float64) for u in ok],
-               "tpot": [u["tpot"].to_numpy(np.float64) for u in ok],
-               "itl": [pooled_itl(u) for u in ok]}
+    samples = {
+        "ttft": [u["ttft"].to_numpy(np.float64) for u in ok],
+        "tpot": [u["tpot"].to_numpy(np.float64) for u in ok],
+        "itl": [pooled_itl(u) for u in ok],
+    }
     steps = [itl_steps(u) for u in ok]  # ITL: one draw per decode step, however many gaps it has
-    out = {f"{metric}_{stat}": sample_interval(values, stat, draws=steps if metric == "itl" else None)
-           for metric, values in samples.items() for stat in ("p50", "p99")}
+    out = {
+        f"{metric}_{stat}": sample_interval(values, stat, draws=steps if metric == "itl" else None)
+        for metric, values in samples.items()
+        for stat in ("p50", "p99")
+    }
     counted = [u[~filtered_out(u)] for u in units]
     hits = [meets_slo(u, slo, tenants).to_numpy(np.float64) for u in counted if len(u)]
     out["slo_attainment"] = share_interval(hits)
     if _one_run(requests, run_column):
-        batches = {**{f"{m}_{s}": [statistic(v, s) for v in values] for m, values in samples.items()
-                      for s in ("p50", "p99")}, "slo_attainment": [float(np.mean(h)) for h in hits]}
+        batches = {
+            **{f"{m}_{s}": [statistic(v, s) for v in values] for m, values in samples.items() for s in ("p50", "p99")},
+            "slo_attainment": [float(np.mean(h)) for h in hits],
+        }
         out = {k: _within_one_run(v, batches[k]) for k, v in out.items()}
     return out
 

@@ -5,7 +5,8 @@ SDPA everywhere.
 
 The KV cache of one layer is a pair of tensors (num_blocks, block_size, num_kv_heads, head_dim),
 the layout flash-attn's paged API expects; each may be a layer's view of a block-major pool (one
-block of every layer contiguous), where one block starts `block_stride` rows after the previous. A batch packs every sequence's new tokens; sequences
+block of every layer contiguous), where one block starts `block_stride` rows after the previous. A batch packs
+every sequence's new tokens; sequences
 with one new token (decodes, or prefill chunks of one token) come first, then longer chunks.
 """
 
@@ -29,7 +30,6 @@ try:  # a binary mismatch raises more than ImportError
     FLASH_ATTN_AVAILABLE = True
 except Exception:  # noqa: BLE001
     FLASH_ATTN_AVAILABLE = False
-
 
 
 @dataclass
@@ -84,9 +84,15 @@ def chunk_plan(q_lens: list[int], kv_lens: list[int], items: list[int], to_devic
     lens = [q_lens[i] for i in items]
     max_q = max(lens)
     real = [b * max_q + j for b, n in enumerate(lens) for j in range(n)]
-    return ChunkPlan(items, to_device(items, torch.int64), row_index([starts[i] for i in items], lens, to_device),
-                     to_device(real, torch.int64), to_device(lens, torch.int64),
-                     to_device([kv_lens[i] for i in items], torch.int64), max_q)
+    return ChunkPlan(
+        items,
+        to_device(items, torch.int64),
+        row_index([starts[i] for i in items], lens, to_device),
+        to_device(real, torch.int64),
+        to_device(lens, torch.int64),
+        to_device([kv_lens[i] for i in items], torch.int64),
+        max_q,
+    )
 
 
 def row_index(starts: list[int], lens: list[int], to_device) -> torch.Tensor | slice:
@@ -110,8 +116,9 @@ def cache_rows(cache: torch.Tensor) -> torch.Tensor:
     return cache.as_strided((rows, *cache.shape[2:]), cache.stride()[1:])
 
 
-def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-             slot_mapping: torch.Tensor) -> None:
+def write_kv(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
     # k, v: (T, Hkv, D) scattered into the caches' rows
     cache_rows(k_cache).index_copy_(0, slot_mapping, k)
     cache_rows(v_cache).index_copy_(0, slot_mapping, v)
@@ -183,8 +190,9 @@ class TorchAttention:
         def heads_first(x):
             return x.view(batch, q_len, *x.shape[1:]).transpose(1, 2)
 
-        o = F.scaled_dot_product_attention(heads_first(q), heads_first(k), heads_first(v), is_causal=True,
-                                           enable_gqa=True)
+        o = F.scaled_dot_product_attention(
+            heads_first(q), heads_first(k), heads_first(v), is_causal=True, enable_gqa=True
+        )
         return o.transpose(1, 2).reshape(batch * q_len, *q.shape[1:])
 
     def _chunks(self, q, k_cache, v_cache, meta, plan: ChunkPlan):
@@ -218,14 +226,27 @@ class FlashAttention:
         n = meta.num_single
         if n:
             out[:n] = flash_attn_with_kvcache(
-                q[:n, None], k_cache, v_cache, cache_seqlens=meta.kv_lens_t[:n],
-                block_table=meta.block_tables[:n], causal=True)[:, 0]
+                q[:n, None],
+                k_cache,
+                v_cache,
+                cache_seqlens=meta.kv_lens_t[:n],
+                block_table=meta.block_tables[:n],
+                causal=True,
+            )[:, 0]
         if n < len(meta.q_lens):
             cu_q = meta.cu_q[n:] - meta.cu_q[n]
             cu_kv = meta.cu_kv[n:] - meta.cu_kv[n]
             out[n:] = flash_attn_varlen_func(
-                q[n:], k_cache, v_cache, cu_q, cu_kv, max(meta.q_lens[n:]), max(meta.kv_lens[n:]),
-                causal=True, block_table=meta.block_tables[n:])
+                q[n:],
+                k_cache,
+                v_cache,
+                cu_q,
+                cu_kv,
+                max(meta.q_lens[n:]),
+                max(meta.kv_lens[n:]),
+                causal=True,
+                block_table=meta.block_tables[n:],
+            )
         return out
 
 
@@ -265,8 +286,9 @@ def jit_compiles() -> int:
     return paged_decode.jit_compiles() if paged_decode.AVAILABLE else 0
 
 
-def select_backend(requested: str, device: torch.device, dtype: torch.dtype, block_size: int,
-                   head_dim: int | None = None):
+def select_backend(
+    requested: str, device: torch.device, dtype: torch.dtype, block_size: int, head_dim: int | None = None
+):
     """`auto`: flash-attn where it can run (CUDA, half precision, 256-multiple pages), else the
     Triton decode kernel on CUDA, else the C decode kernel on CPU in float32, else torch SDPA."""
     flash_ok = FLASH_ATTN_AVAILABLE and device.type == "cuda" and dtype in (torch.float16, torch.bfloat16)
@@ -274,23 +296,32 @@ def select_backend(requested: str, device: torch.device, dtype: torch.dtype, blo
         if flash_ok and block_size % FLASH_BLOCK_MULTIPLE == 0:
             requested = "flash"
         else:
-            requested = ("triton" if device.type == "cuda" and paged_decode.usable(device)
-                         else "cpu" if cpu_ops.supports(device, dtype, head_dim) else "torch")
+            requested = (
+                "triton"
+                if device.type == "cuda" and paged_decode.usable(device)
+                else "cpu"
+                if cpu_ops.supports(device, dtype, head_dim)
+                else "torch"
+            )
     if requested == "torch":
         return TorchAttention()
     if requested == "cpu":
         if not cpu_ops.supports(device, dtype, head_dim):
             why = cpu_ops.unavailable_reason()
-            raise ConfigError(f"engine.attention_backend=cpu needs a CPU device in float32 with head_dim in "
-                              f"{cpu_ops.HEAD_DIMS} and a C compiler (got {device.type}/"
-                              f"{str(dtype).removeprefix('torch.')}, head_dim {head_dim}{'; ' + why if why else ''}); "
-                              "engine.attention_backend=torch works everywhere")
+            raise ConfigError(
+                f"engine.attention_backend=cpu needs a CPU device in float32 with head_dim in "
+                f"{cpu_ops.HEAD_DIMS} and a C compiler (got {device.type}/"
+                f"{str(dtype).removeprefix('torch.')}, head_dim {head_dim}{'; ' + why if why else ''}); "
+                "engine.attention_backend=torch works everywhere"
+            )
         return CpuAttention()
     if requested == "triton":
         if not paged_decode.usable(device):
-            raise ConfigError(f"engine.attention_backend=triton needs triton on a CUDA device (importable: "
-                              f"{paged_decode.AVAILABLE}, device {device.type}); engine.attention_backend=torch "
-                              "works everywhere")
+            raise ConfigError(
+                f"engine.attention_backend=triton needs triton on a CUDA device (importable: "
+                f"{paged_decode.AVAILABLE}, device {device.type}); engine.attention_backend=torch "
+                "works everywhere"
+            )
         return TritonAttention()
     if requested != "flash":
         raise ConfigError(f"engine.attention_backend={requested!r} is not one of {', '.join(ATTENTION_BACKENDS)}")
@@ -298,5 +329,6 @@ def select_backend(requested: str, device: torch.device, dtype: torch.dtype, blo
         raise ConfigError(
             f"engine.attention_backend=flash needs flash-attn (importable: {FLASH_ATTN_AVAILABLE}), a CUDA "
             f"device in fp16/bf16 (got {device.type}/{str(dtype).removeprefix('torch.')}) and engine.block_size "
-            f"divisible by {FLASH_BLOCK_MULTIPLE} (got {block_size}); engine.attention_backend=torch works everywhere")
+            f"divisible by {FLASH_BLOCK_MULTIPLE} (got {block_size}); engine.attention_backend=torch works everywhere"
+        )
     return FlashAttention()

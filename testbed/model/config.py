@@ -42,13 +42,22 @@ class ModelArgs:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim
 
     def validate(self) -> "ModelArgs":
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
-                     "num_kv_heads", "max_model_len"):
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_layers",
+            "num_heads",
+            "num_kv_heads",
+            "max_model_len",
+        ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"model.{name} must be > 0 (got {getattr(self, name)})")
         if self.head_dim is None:
-            raise ConfigError(f"model.num_heads={self.num_heads} must divide model.hidden_size={self.hidden_size} "
-                              f"(or set model.head_dim)")
+            raise ConfigError(
+                f"model.num_heads={self.num_heads} must divide model.hidden_size={self.hidden_size} "
+                f"(or set model.head_dim)"
+            )
         if self.num_heads % self.num_kv_heads:
             raise ConfigError(f"model.num_kv_heads={self.num_kv_heads} must divide model.num_heads={self.num_heads}")
         if self.head_dim <= 0 or self.head_dim % 2:
@@ -61,18 +70,56 @@ class ModelArgs:
 # One table of presets. `tiny` runs a whole experiment on two CPU cores in about a minute;
 # `small` is a mid-size CPU model; the rest are real shapes (dummy weights unless model.path).
 PRESETS: dict[str, ModelArgs] = {
-    "tiny": ModelArgs(vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2,
-                      num_heads=4, num_kv_heads=2, max_model_len=2048),
-    "small": ModelArgs(vocab_size=4096, hidden_size=512, intermediate_size=1408, num_layers=8,
-                       num_heads=8, num_kv_heads=4, max_model_len=4096),
-    "llama3_8b": ModelArgs(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32,
-                           num_heads=32, num_kv_heads=8, max_model_len=8192, rope_theta=500000.0),
+    "tiny": ModelArgs(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        max_model_len=2048,
+    ),
+    "small": ModelArgs(
+        vocab_size=4096,
+        hidden_size=512,
+        intermediate_size=1408,
+        num_layers=8,
+        num_heads=8,
+        num_kv_heads=4,
+        max_model_len=4096,
+    ),
+    "llama3_8b": ModelArgs(
+        vocab_size=128256,
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_layers=32,
+        num_heads=32,
+        num_kv_heads=8,
+        max_model_len=8192,
+        rope_theta=500000.0,
+    ),
     # multi-head attention: every head a KV head (4x Llama-3-8B's KV per token at the same head_dim)
-    "llama2_7b": ModelArgs(vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_layers=32,
-                           num_heads=32, num_kv_heads=32, max_model_len=4096),
-    "qwen2_5_7b": ModelArgs(vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_layers=28,
-                            num_heads=28, num_kv_heads=4, max_model_len=32768, rope_theta=1000000.0,
-                            rms_norm_eps=1e-6, qkv_bias=True),
+    "llama2_7b": ModelArgs(
+        vocab_size=32000,
+        hidden_size=4096,
+        intermediate_size=11008,
+        num_layers=32,
+        num_heads=32,
+        num_kv_heads=32,
+        max_model_len=4096,
+    ),
+    "qwen2_5_7b": ModelArgs(
+        vocab_size=152064,
+        hidden_size=3584,
+        intermediate_size=18944,
+        num_layers=28,
+        num_heads=28,
+        num_kv_heads=4,
+        max_model_len=32768,
+        rope_theta=1000000.0,
+        rms_norm_eps=1e-6,
+        qkv_bias=True,
+    ),
 }
 
 # rope_scaling comes from a checkpoint's config.json only; every other field is a preset override
@@ -105,8 +152,9 @@ class ModelConfig:
         overrides = {k: getattr(self, k) for k in _SHAPE_FIELDS if getattr(self, k) is not None}
         if self.path:
             if any(k != "max_model_len" for k in overrides):
-                raise ConfigError(f"model.path is set: only model.max_model_len may override its shape "
-                                  f"(got {sorted(overrides)})")
+                raise ConfigError(
+                    f"model.path is set: only model.max_model_len may override its shape (got {sorted(overrides)})"
+                )
             return dataclasses.replace(hf_model_args(Path(self.path)), **overrides).validate()
         # a preset's head_dim is derived: re-derive it from overridden hidden_size / num_heads
         return dataclasses.replace(preset(self.name), **{"head_dim": None, **overrides}).validate()
@@ -131,14 +179,19 @@ def hf_model_args(path: Path) -> ModelArgs:
     rope_theta, rope_scaling = read_rope(hf, str(config_file))
     try:
         return ModelArgs(
-            vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"],
-            intermediate_size=hf["intermediate_size"], num_layers=hf["num_hidden_layers"],
+            vocab_size=hf["vocab_size"],
+            hidden_size=hf["hidden_size"],
+            intermediate_size=hf["intermediate_size"],
+            num_layers=hf["num_hidden_layers"],
             num_heads=hf["num_attention_heads"],
             num_kv_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"],
             max_model_len=hf.get("max_position_embeddings", 4096),
-            rope_theta=rope_theta, rms_norm_eps=float(hf.get("rms_norm_eps", 1e-5)),
-            tie_embeddings=bool(hf.get("tie_word_embeddings", False)), qkv_bias=model_type == "qwen2",
-            head_dim=hf.get("head_dim"), rope_scaling=rope_scaling,
+            rope_theta=rope_theta,
+            rms_norm_eps=float(hf.get("rms_norm_eps", 1e-5)),
+            tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            qkv_bias=model_type == "qwen2",
+            head_dim=hf.get("head_dim"),
+            rope_scaling=rope_scaling,
         ).validate()
     except KeyError as missing:
         raise ConfigError(f"{config_file}: missing key {missing}") from None

@@ -50,7 +50,9 @@ def _cpu_key() -> str:
 def _build() -> Path:
     compiler = shlex.split(os.environ.get("CC", "cc"))
     source = SOURCE.read_bytes()
-    key = hashlib.sha256(source + " ".join(compiler + list(FLAGS + LINK)).encode() + _cpu_key().encode()).hexdigest()[:16]
+    key = hashlib.sha256(source + " ".join(compiler + list(FLAGS + LINK)).encode() + _cpu_key().encode()).hexdigest()[
+        :16
+    ]
     target = cache_dir() / f"cpu_ops-{key}.so"
     if target.exists():
         return target
@@ -59,10 +61,12 @@ def _build() -> Path:
     fd, partial = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
     try:
-        subprocess.run([*compiler, *FLAGS, "-c", str(SOURCE), "-o", partial + ".o"], check=True,
-                       capture_output=True, text=True)
-        subprocess.run([*compiler, *LINK, partial + ".o", "-o", partial, "-lm"], check=True, capture_output=True,
-                       text=True)
+        subprocess.run(
+            [*compiler, *FLAGS, "-c", str(SOURCE), "-o", partial + ".o"], check=True, capture_output=True, text=True
+        )
+        subprocess.run(
+            [*compiler, *LINK, partial + ".o", "-o", partial, "-lm"], check=True, capture_output=True, text=True
+        )
         os.replace(partial, target)
     finally:
         for leftover in (partial, partial + ".o"):
@@ -83,11 +87,32 @@ def _library() -> tuple[ctypes.CDLL | None, str]:
     except OSError as e:
         return None, f"the compiled kernel did not load: {e}"
     ptr, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
-    signatures = {"paged_decode_f32": [ptr, i64, ptr, ptr, i64, i64, ptr, i64, ptr, i32, i32, i32, i32, i32, f32, ptr,
-                                       i32, i64, ptr],
-                  "rms_norm_f32": [ptr, i64, ptr, f32, i64, i64, ptr],
-                  "rotary_f32": [ptr, i64, ptr, ptr, i64, i64, i64, i64, ptr, ptr],
-                  "silu_mul_f32": [ptr, i64, i64, ptr]}
+    signatures = {
+        "paged_decode_f32": [
+            ptr,
+            i64,
+            ptr,
+            ptr,
+            i64,
+            i64,
+            ptr,
+            i64,
+            ptr,
+            i32,
+            i32,
+            i32,
+            i32,
+            i32,
+            f32,
+            ptr,
+            i32,
+            i64,
+            ptr,
+        ],
+        "rms_norm_f32": [ptr, i64, ptr, f32, i64, i64, ptr],
+        "rotary_f32": [ptr, i64, ptr, ptr, i64, i64, i64, i64, ptr, ptr],
+        "silu_mul_f32": [ptr, i64, i64, ptr],
+    }
     for name, argtypes in signatures.items():
         getattr(lib, name).argtypes = argtypes
         getattr(lib, name).restype = ctypes.c_int if name in ("paged_decode_f32", "rotary_f32") else None
@@ -102,17 +127,22 @@ def _lib() -> ctypes.CDLL:
 
 
 def unavailable_reason() -> str:
-    """"" when the kernel builds and loads here, else why not."""
+    """ "" when the kernel builds and loads here, else why not."""
     return _library()[1]
 
 
 def supports(device: torch.device, dtype: torch.dtype, head_dim: int | None = None) -> bool:
-    return (torch.device(device).type == "cpu" and dtype == torch.float32
-            and (head_dim is None or head_dim in HEAD_DIMS) and not unavailable_reason())
+    return (
+        torch.device(device).type == "cpu"
+        and dtype == torch.float32
+        and (head_dim is None or head_dim in HEAD_DIMS)
+        and not unavailable_reason()
+    )
 
 
-def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-                 kv_lens: torch.Tensor) -> torch.Tensor:
+def paged_decode(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor, kv_lens: torch.Tensor
+) -> torch.Tensor:
     """q: (n, H, D) one new token per sequence, heads contiguous in a row (a slice of a wider row is
     fine); caches: (num_blocks, block_size, Hkv, D) with rows of (Hkv, D) contiguous (a layer's view of
     a block-major pool is fine); block_tables (n, >= blocks) int32; kv_lens (n,) int32 tokens to attend
@@ -122,29 +152,51 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     n, heads, dim = q.shape
     kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
     if block_size < 1 or kv_heads < 1:  # the kernel divides by both
-        raise ValueError(f"paged decode: block_size and KV heads must be >= 1 (got a cache of shape "
-                         f"{tuple(k_cache.shape)})")
+        raise ValueError(
+            f"paged decode: block_size and KV heads must be >= 1 (got a cache of shape {tuple(k_cache.shape)})"
+        )
     if k_cache.stride(3) != 1 or k_cache.stride(2) != dim or v_cache.stride() != k_cache.stride():
         raise ValueError("k_cache and v_cache must have contiguous (Hkv, D) rows and equal strides")
     if dim not in HEAD_DIMS or heads % kv_heads or v_cache.shape != k_cache.shape or k_cache.shape[3] != dim:
-        raise ValueError(f"head_dim {dim} (one of {HEAD_DIMS}) with {heads} query heads over {kv_heads} KV heads, "
-                         f"and equal K and V caches of that head_dim (got {tuple(k_cache.shape)}, "
-                         f"{tuple(v_cache.shape)})")
+        raise ValueError(
+            f"head_dim {dim} (one of {HEAD_DIMS}) with {heads} query heads over {kv_heads} KV heads, "
+            f"and equal K and V caches of that head_dim (got {tuple(k_cache.shape)}, "
+            f"{tuple(v_cache.shape)})"
+        )
     _check(k_cache, "k_cache")
     _check(v_cache, "v_cache")
     if _check(q, "q").stride(2) != 1 or q.stride(1) != dim:
         q = q.contiguous()
     tables, lens = _on_cpu(block_tables, "block_tables")[:n], _on_cpu(kv_lens, "kv_lens")[:n]
     if tables.dim() != 2 or lens.dim() != 1 or len(tables) != n or len(lens) != n:
-        raise ValueError(f"block_tables must be (n, width) and kv_lens (n,) for n={n} sequences "
-                         f"(got {tuple(block_tables.shape)} and {tuple(kv_lens.shape)})")
+        raise ValueError(
+            f"block_tables must be (n, width) and kv_lens (n,) for n={n} sequences "
+            f"(got {tuple(block_tables.shape)} and {tuple(kv_lens.shape)})"
+        )
     if tables.dtype != torch.int32 or tables.stride(1) != 1 or lens.dtype != torch.int32 or lens.stride(0) != 1:
         tables, lens = _as_int32(tables, "block_tables"), _as_int32(lens, "kv_lens")
     out, bad = torch.empty((n, heads, dim), dtype=torch.float32), (ctypes.c_int64 * 2)()
-    rc = _lib().paged_decode_f32(q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), k_cache.stride(0),
-                                 k_cache.stride(1), tables.data_ptr(), tables.stride(0), lens.data_ptr(), n, heads,
-                                 kv_heads, dim, k_cache.shape[1], dim ** -0.5, out.data_ptr(), tables.shape[1],
-                                 k_cache.shape[0], bad)
+    rc = _lib().paged_decode_f32(
+        q.data_ptr(),
+        q.stride(0),
+        k_cache.data_ptr(),
+        v_cache.data_ptr(),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        tables.data_ptr(),
+        tables.stride(0),
+        lens.data_ptr(),
+        n,
+        heads,
+        kv_heads,
+        dim,
+        k_cache.shape[1],
+        dim**-0.5,
+        out.data_ptr(),
+        tables.shape[1],
+        k_cache.shape[0],
+        bad,
+    )
     if rc:
         raise _decode_error(rc, bad, tables.shape[1], k_cache.shape[1], k_cache.shape[0])
     return out
@@ -166,11 +218,14 @@ def _as_int32(x: torch.Tensor, what: str) -> torch.Tensor:
 
 def _decode_error(rc: int, bad, width: int, block_size: int, num_blocks: int) -> Exception:
     if rc == 3:
-        return ValueError(f"paged decode: kv_len {bad[1]} of sequence {bad[0]} is outside [0, {width * block_size}] "
-                          f"(its table row holds {width} blocks of {block_size} tokens)")
+        return ValueError(
+            f"paged decode: kv_len {bad[1]} of sequence {bad[0]} is outside [0, {width * block_size}] "
+            f"(its table row holds {width} blocks of {block_size} tokens)"
+        )
     if rc == 4:
-        return ValueError(f"paged decode: block id {bad[1]} in the table of sequence {bad[0]} is outside the pool "
-                          f"[0, {num_blocks})")
+        return ValueError(
+            f"paged decode: block id {bad[1]} in the table of sequence {bad[0]} is outside the pool [0, {num_blocks})"
+        )
     if rc == 5:
         return ValueError(f"paged decode: block_size {block_size} must be >= 1")
     return MemoryError("the CPU paged decode kernel could not allocate its scores")
@@ -213,8 +268,18 @@ def rotary(x: torch.Tensor, positions: torch.Tensor, table: torch.Tensor) -> tor
     if not _check(table, "rotary's table").is_contiguous() or table.dim() != 3 or table.shape[::2] != (2, dim):
         raise ValueError(f"rotary's table must be contiguous (2, max_len, {dim}) (got {tuple(table.shape)})")
     out, bad = torch.empty((tokens, heads, dim), dtype=torch.float32), (ctypes.c_int64 * 2)()
-    if _lib().rotary_f32(x.data_ptr(), x.stride(0), positions.data_ptr(), table.data_ptr(), table.shape[1], tokens,
-                         heads, dim, out.data_ptr(), bad):
+    if _lib().rotary_f32(
+        x.data_ptr(),
+        x.stride(0),
+        positions.data_ptr(),
+        table.data_ptr(),
+        table.shape[1],
+        tokens,
+        heads,
+        dim,
+        out.data_ptr(),
+        bad,
+    ):
         raise ValueError(f"rotary: position {bad[1]} of token {bad[0]} is outside the RoPE table [0, {table.shape[1]})")
     return out
 

@@ -37,8 +37,11 @@ def packed_dtypes() -> tuple[torch.dtype, ...]:
 
 def available() -> bool:
     """oneDNN's packed linear is in this torch build."""
-    return (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
+    return (
+        torch.backends.mkldnn.is_available()
+        and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+        and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+    )
 
 
 class PackedLinear(nn.Linear):
@@ -63,8 +66,12 @@ class PackedLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1])  # (N, in)
-        if (rows.shape[0] < MIN_PACKED_ROWS or x.dtype != self.weight.dtype or x.device.type != "cpu"
-                or (torch.is_grad_enabled() and self.weight.requires_grad)):
+        if (
+            rows.shape[0] < MIN_PACKED_ROWS
+            or x.dtype != self.weight.dtype
+            or x.device.type != "cpu"
+            or (torch.is_grad_enabled() and self.weight.requires_grad)
+        ):
             return super().forward(x)  # a row or two, autograd, or a dtype not packed for: torch's path
         out = torch.ops.mkldnn._linear_pointwise(rows, self._packed(), self.bias, "none", [], "")  # (N, out)
         return out.view(*x.shape[:-1], self.out_features)
@@ -104,8 +111,7 @@ def pack_linears(model: nn.Module) -> int:
 
     def packed(child):
         w = getattr(child, "weight", None)
-        if (type(child) is nn.Linear and w.device.type == "cpu" and w.dtype in dtypes
-                and w.numel() >= MIN_PACKED_WEIGHT):
+        if type(child) is nn.Linear and w.device.type == "cpu" and w.dtype in dtypes and w.numel() >= MIN_PACKED_WEIGHT:
             return PackedLinear.from_linear(child)
         return None
 

@@ -55,8 +55,9 @@ def llama3_inv_freq(inv_freq: torch.Tensor, s: Llama3RopeScaling) -> torch.Tenso
     high_freq_wavelen = s.original_max_position_embeddings / s.high_freq_factor
     wavelen = 2 * math.pi / inv_freq
     scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / s.factor, inv_freq)
-    smooth = ((s.original_max_position_embeddings / wavelen - s.low_freq_factor)
-              / (s.high_freq_factor - s.low_freq_factor))
+    smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor) / (
+        s.high_freq_factor - s.low_freq_factor
+    )
     smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled
     medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
     return torch.where(medium, smoothed, scaled)
@@ -80,8 +81,9 @@ class Attention(nn.Module):
         q, k = qk[:, :H], qk[:, H:]  # (T, H, D), (T, Hkv, D)
         v = qkv[:, (H + Hkv) * D :].view(T, Hkv, D)
         if meta is None:  # dense reference: one sequence, plain causal attention, no cache
-            o = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
-                                               is_causal=True, enable_gqa=True).transpose(0, 1)
+            o = F.scaled_dot_product_attention(
+                q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True, enable_gqa=True
+            ).transpose(0, 1)
         else:
             k_cache, v_cache = kv_cache  # each (num_blocks, block_size, Hkv, D)
             write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
@@ -127,8 +129,9 @@ class Transformer(nn.Module):
             self.lm_head.weight = self.embed_tokens.weight
         self.rotary = Rotary(args.head_dim, args.rope_theta, args.max_model_len, args.rope_scaling)
 
-    def forward(self, input_ids, positions, kv_caches, meta: AttentionMetadata, backend,
-                after_layer=None) -> torch.Tensor:
+    def forward(
+        self, input_ids, positions, kv_caches, meta: AttentionMetadata, backend, after_layer=None
+    ) -> torch.Tensor:
         """input_ids, positions: (T,) -> hidden (T, hidden); kv_caches[i] = (k, v) of layer i.
         `after_layer(i)` runs once layer i's KV is in the pool (layer-wise KV streaming)."""
         x = self.embed_tokens(input_ids)
@@ -146,8 +149,10 @@ class Transformer(nn.Module):
     def dense_forward(self, token_ids: torch.Tensor) -> torch.Tensor:
         """(T,) -> logits (T, vocab): full recompute of one sequence, no KV cache."""
         if len(token_ids) > self.rotary.cos_sin.shape[1]:
-            raise ValueError(f"{len(token_ids)} tokens exceed the {self.rotary.cos_sin.shape[1]} positions RoPE "
-                             "was built for (model.max_model_len)")
+            raise ValueError(
+                f"{len(token_ids)} tokens exceed the {self.rotary.cos_sin.shape[1]} positions RoPE "
+                "was built for (model.max_model_len)"
+            )
         x = self.embed_tokens(token_ids)
         rope = self.rotary(torch.arange(len(token_ids), device=token_ids.device))
         for layer in self.layers:
@@ -164,8 +169,13 @@ def checkpoint_tensors(model: Transformer) -> dict[str, torch.Tensor]:
     prefix ("layers.0.self_attn.q_proj.weight"), as a view of this model's parameters: q, k and v
     are row slices of qkv_proj, gate and up of gate_up_proj. A tied lm_head is not listed."""
     a = model.args
-    rows = {"q_proj": a.num_heads * a.head_dim, "k_proj": a.num_kv_heads * a.head_dim,
-            "v_proj": a.num_kv_heads * a.head_dim, "gate_proj": a.intermediate_size, "up_proj": a.intermediate_size}
+    rows = {
+        "q_proj": a.num_heads * a.head_dim,
+        "k_proj": a.num_kv_heads * a.head_dim,
+        "v_proj": a.num_kv_heads * a.head_dim,
+        "gate_proj": a.intermediate_size,
+        "up_proj": a.intermediate_size,
+    }
     tensors = {}
     for name, p in model.named_parameters():  # each shared parameter once: a tied head is the embedding
         *prefix, module, kind = name.split(".")

@@ -22,8 +22,9 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return DTYPES[name]
 
 
-def build_model(args: ModelArgs, device: torch.device, dtype: torch.dtype, *, path: str | None = None,
-                seed: int = 0) -> Transformer:
+def build_model(
+    args: ModelArgs, device: torch.device, dtype: torch.dtype, *, path: str | None = None, seed: int = 0
+) -> Transformer:
     # built in the target dtype: an fp32 build cast afterwards holds twice the weights at its peak
     # and leaves the fp32 storage cached on the device (Llama-3-8B: 29.9 GiB against 15)
     with torch.device(device), default_dtype(dtype):
@@ -66,8 +67,10 @@ def load_hf_weights(model: Transformer, path: Path) -> None:
                     continue  # e.g. rotary inv_freq buffers in older checkpoints
                 tensor = f.get_tensor(hf_name)
                 if tuple(tensor.shape) != tuple(params[name].shape):
-                    raise ConfigError(f"{file.name}: tensor {hf_name} has shape {tuple(tensor.shape)}, "
-                                      f"the model expects {tuple(params[name].shape)}")
+                    raise ConfigError(
+                        f"{file.name}: tensor {hf_name} has shape {tuple(tensor.shape)}, "
+                        f"the model expects {tuple(params[name].shape)}"
+                    )
                 with torch.no_grad():
                     params[name].copy_(tensor)
                 loaded.add(hf_name)

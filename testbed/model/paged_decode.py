@@ -34,8 +34,19 @@ SPLIT_BUCKETS = (1, 2, 4, 8, 16)
 MAX_SPLITS = SPLIT_BUCKETS[-1]
 # strides vary with the batch (a block table's width) and the pool: triton would specialise each
 # on == 1 and % 16, a compile per new combination; not specialised, one compile serves them all
-_STRIDES = ["stride_qn", "stride_qh", "stride_kb", "stride_ks", "stride_kh", "stride_vb", "stride_vs", "stride_vh",
-            "stride_tn", "stride_on", "stride_oh"]
+_STRIDES = [
+    "stride_qn",
+    "stride_qh",
+    "stride_kb",
+    "stride_ks",
+    "stride_kh",
+    "stride_vb",
+    "stride_vs",
+    "stride_vh",
+    "stride_tn",
+    "stride_on",
+    "stride_oh",
+]
 
 
 def _jit(*strides: str):
@@ -54,25 +65,55 @@ def usable(device) -> bool:
     device = torch.device(device)
     if not AVAILABLE or device.type not in ("cuda", "cpu"):
         return False
-    return device.type == "cuda" or (os.environ.get("TRITON_INTERPRET") == "1"
-                                     and not isinstance(tl.cdiv, JITFunction)
-                                     and not isinstance(_decode_kernel, JITFunction))
+    return device.type == "cuda" or (
+        os.environ.get("TRITON_INTERPRET") == "1"
+        and not isinstance(tl.cdiv, JITFunction)
+        and not isinstance(_decode_kernel, JITFunction)
+    )
 
 
 @_jit(*_STRIDES)
-def _decode_kernel(q_ptr, k_ptr, v_ptr, table_ptr, lens_ptr, out_ptr, part_ptr, stats_ptr, scale,
-                   stride_qn, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-                   stride_tn, stride_on, stride_oh,
-                   GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr,
-                   BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, SPLITS: tl.constexpr, PRECISION: tl.constexpr,
-                   DOT_FP32: tl.constexpr):
+def _decode_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    table_ptr,
+    lens_ptr,
+    out_ptr,
+    part_ptr,
+    stats_ptr,
+    scale,
+    stride_qn,
+    stride_qh,
+    stride_kb,
+    stride_ks,
+    stride_kh,
+    stride_vb,
+    stride_vs,
+    stride_vh,
+    stride_tn,
+    stride_on,
+    stride_oh,
+    GROUP: tl.constexpr,
+    GROUP_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    DIM_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    TILE: tl.constexpr,
+    SPLITS: tl.constexpr,
+    PRECISION: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+):
     seq, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rows = tl.arange(0, GROUP_PAD)  # query heads kv_head * GROUP + rows; rows >= GROUP are padding
     dims = tl.arange(0, DIM_PAD)  # dims >= HEAD_DIM pad head_dim up to a power of two (tl.arange needs one)
     row_ok, dim_ok = rows < GROUP, dims < HEAD_DIM
     heads = kv_head * GROUP + rows
-    q = tl.load(q_ptr + seq * stride_qn + heads[:, None] * stride_qh + dims[None, :],
-                mask=row_ok[:, None] & dim_ok[None, :], other=0.0).to(k_ptr.dtype.element_ty)  # (GROUP_PAD, DIM_PAD)
+    q = tl.load(
+        q_ptr + seq * stride_qn + heads[:, None] * stride_qh + dims[None, :],
+        mask=row_ok[:, None] & dim_ok[None, :],
+        other=0.0,
+    ).to(k_ptr.dtype.element_ty)  # (GROUP_PAD, DIM_PAD)
     if DOT_FP32:  # the interpreter's tl.dot multiplies bf16 bit patterns (triton#11584): fp32 operands there
         q = q.to(tl.float32)
 
@@ -93,10 +134,16 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, table_ptr, lens_ptr, out_ptr, part_ptr, 
         block = tl.load(table_ptr + seq * stride_tn + pos // BLOCK_SIZE, mask=ok, other=0).to(tl.int64)
         slot = pos % BLOCK_SIZE
         kv_ok = ok[:, None] & dim_ok[None, :]
-        k = tl.load(k_ptr + block[:, None] * stride_kb + slot[:, None] * stride_ks + kv_head * stride_kh
-                    + dims[None, :], mask=kv_ok, other=0.0)  # (TILE, DIM_PAD)
-        v = tl.load(v_ptr + block[:, None] * stride_vb + slot[:, None] * stride_vs + kv_head * stride_vh
-                    + dims[None, :], mask=kv_ok, other=0.0)
+        k = tl.load(
+            k_ptr + block[:, None] * stride_kb + slot[:, None] * stride_ks + kv_head * stride_kh + dims[None, :],
+            mask=kv_ok,
+            other=0.0,
+        )  # (TILE, DIM_PAD)
+        v = tl.load(
+            v_ptr + block[:, None] * stride_vb + slot[:, None] * stride_vs + kv_head * stride_vh + dims[None, :],
+            mask=kv_ok,
+            other=0.0,
+        )
         if DOT_FP32:
             k, v = k.to(tl.float32), v.to(tl.float32)
         # tl.dot rather than a broadcast multiply and sum: the broadcast's (GROUP, TILE, DIM) product
@@ -116,8 +163,11 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, table_ptr, lens_ptr, out_ptr, part_ptr, 
 
     if SPLITS == 1:  # normalize here; an empty sequence (l == 0) writes zeros rather than 0 / 0
         o = acc / tl.where(l == 0.0, 1.0, l)[:, None]
-        tl.store(out_ptr + seq * stride_on + heads[:, None] * stride_oh + dims[None, :],
-                 o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & dim_ok[None, :])
+        tl.store(
+            out_ptr + seq * stride_on + heads[:, None] * stride_oh + dims[None, :],
+            o.to(out_ptr.dtype.element_ty),
+            mask=row_ok[:, None] & dim_ok[None, :],
+        )
     else:  # unnormalized partials for _reduce_kernel: part (n, H, SPLITS, DIM_PAD), stats (n, H, SPLITS, 2)
         idx = (seq * tl.num_programs(1) * GROUP + heads) * SPLITS + split  # (GROUP_PAD,)
         tl.store(part_ptr + idx[:, None] * DIM_PAD + dims[None, :], acc, mask=row_ok[:, None])
@@ -126,8 +176,17 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, table_ptr, lens_ptr, out_ptr, part_ptr, 
 
 
 @_jit("stride_on", "stride_oh")
-def _reduce_kernel(part_ptr, stats_ptr, out_ptr, stride_on, stride_oh,
-                   HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr, SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr):
+def _reduce_kernel(
+    part_ptr,
+    stats_ptr,
+    out_ptr,
+    stride_on,
+    stride_oh,
+    HEAD_DIM: tl.constexpr,
+    DIM_PAD: tl.constexpr,
+    SPLITS: tl.constexpr,
+    SPLITS_PAD: tl.constexpr,
+):
     # one program per (sequence, query head): rescale each split's partials to the common max and sum
     seq, head = tl.program_id(0), tl.program_id(1)
     splits, dims = tl.arange(0, SPLITS_PAD), tl.arange(0, DIM_PAD)
@@ -140,8 +199,7 @@ def _reduce_kernel(part_ptr, stats_ptr, out_ptr, stride_on, stride_oh,
     w = tl.exp2(m - tl.where(m_all == float("-inf"), 0.0, m_all))  # 0 for empty splits; all empty: no NaN
     total = tl.sum(w * l, 0)
     o = tl.sum(w[:, None] * acc, 0) / tl.where(total == 0.0, 1.0, total)
-    tl.store(out_ptr + seq * stride_on + head * stride_oh + dims, o.to(out_ptr.dtype.element_ty),
-             mask=dims < HEAD_DIM)
+    tl.store(out_ptr + seq * stride_on + head * stride_oh + dims, o.to(out_ptr.dtype.element_ty), mask=dims < HEAD_DIM)
 
 
 @functools.cache
@@ -211,21 +269,25 @@ def paged_decode(q, k_cache, v_cache, block_tables, kv_lens, scale=None, num_spl
     if not AVAILABLE:
         raise RuntimeError("paged_decode needs triton, which does not import here")
     if not usable(q.device):
-        raise RuntimeError(f"paged_decode runs on CUDA, or on CPU under TRITON_INTERPRET=1 set before triton is "
-                           f"imported; got {q.device.type}")
+        raise RuntimeError(
+            f"paged_decode runs on CUDA, or on CPU under TRITON_INTERPRET=1 set before triton is "
+            f"imported; got {q.device.type}"
+        )
     n, heads, dim = q.shape
     _, block_size, kv_heads, _ = k_cache.shape
     if heads % kv_heads or k_cache.shape != v_cache.shape or k_cache.shape[3] != dim:
-        raise ValueError(f"paged_decode: q {tuple(q.shape)} does not fit caches {tuple(k_cache.shape)}, "
-                         f"{tuple(v_cache.shape)}")
+        raise ValueError(
+            f"paged_decode: q {tuple(q.shape)} does not fit caches {tuple(k_cache.shape)}, {tuple(v_cache.shape)}"
+        )
     if q.stride(2) != 1 or k_cache.stride(3) != 1 or v_cache.stride(3) != 1 or block_tables.stride(1) != 1:
         raise ValueError("paged_decode needs the last dimension of q, the caches and block_tables contiguous")
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if n == 0:
         return out
     group = heads // kv_heads
-    splits = bucket(num_splits) if num_splits else default_splits(n, kv_heads, block_tables.shape[1] * block_size,
-                                                                  q.device)
+    splits = (
+        bucket(num_splits) if num_splits else default_splits(n, kv_heads, block_tables.shape[1] * block_size, q.device)
+    )
     _launched.add((q.device.type, q.dtype, k_cache.dtype, group, dim, block_size, splits))
     dim_pad = triton.next_power_of_2(dim)
     scale = (1.0 / math.sqrt(dim) if scale is None else scale) * math.log2(math.e)  # the softmax runs in base 2
@@ -234,15 +296,43 @@ def paged_decode(q, k_cache, v_cache, block_tables, kv_lens, scale=None, num_spl
         part = torch.empty((n, heads, splits, dim_pad), dtype=torch.float32, device=q.device)
         stats = torch.empty((n, heads, splits, 2), dtype=torch.float32, device=q.device)
     _decode_kernel[(n, kv_heads, splits)](
-        q, k_cache, v_cache, block_tables, kv_lens, out, part, stats, scale,
-        q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3],
-        block_tables.stride(0), out.stride(0), out.stride(1),
-        GROUP=group, GROUP_PAD=max(MIN_ROWS, triton.next_power_of_2(group)), HEAD_DIM=dim, DIM_PAD=dim_pad,
-        BLOCK_SIZE=block_size, TILE=TILE, SPLITS=splits,
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        kv_lens,
+        out,
+        part,
+        stats,
+        scale,
+        q.stride(0),
+        q.stride(1),
+        *k_cache.stride()[:3],
+        *v_cache.stride()[:3],
+        block_tables.stride(0),
+        out.stride(0),
+        out.stride(1),
+        GROUP=group,
+        GROUP_PAD=max(MIN_ROWS, triton.next_power_of_2(group)),
+        HEAD_DIM=dim,
+        DIM_PAD=dim_pad,
+        BLOCK_SIZE=block_size,
+        TILE=TILE,
+        SPLITS=splits,
         PRECISION="ieee" if k_cache.dtype == torch.float32 else "tf32",  # tf32 only matters for fp32 inputs
         DOT_FP32=not isinstance(_decode_kernel, JITFunction),  # interpreted: bf16 operands upcast
-        num_warps=8 if dim_pad >= 256 else 4)  # head_dim 256 on 4 warps fills all 255 registers (ptxas, sm_90)
+        num_warps=8 if dim_pad >= 256 else 4,
+    )  # head_dim 256 on 4 warps fills all 255 registers (ptxas, sm_90)
     if splits > 1:
-        _reduce_kernel[(n, heads)](part, stats, out, out.stride(0), out.stride(1), HEAD_DIM=dim, DIM_PAD=dim_pad,
-                                   SPLITS=splits, SPLITS_PAD=triton.next_power_of_2(splits))
+        _reduce_kernel[(n, heads)](
+            part,
+            stats,
+            out,
+            out.stride(0),
+            out.stride(1),
+            HEAD_DIM=dim,
+            DIM_PAD=dim_pad,
+            SPLITS=splits,
+            SPLITS_PAD=triton.next_power_of_2(splits),
+        )
     return out

@@ -31,11 +31,15 @@ class Llama3RopeScaling:
 
     def validate(self) -> "Llama3RopeScaling":
         if self.factor <= 0 or self.low_freq_factor <= 0 or self.original_max_position_embeddings <= 0:
-            raise ConfigError(f"llama3 rope scaling needs factor, low_freq_factor and "
-                              f"original_max_position_embeddings > 0 (got {self})")
+            raise ConfigError(
+                f"llama3 rope scaling needs factor, low_freq_factor and "
+                f"original_max_position_embeddings > 0 (got {self})"
+            )
         if self.high_freq_factor <= self.low_freq_factor:
-            raise ConfigError(f"llama3 rope scaling needs high_freq_factor > low_freq_factor "
-                              f"(got {self.high_freq_factor} and {self.low_freq_factor})")
+            raise ConfigError(
+                f"llama3 rope scaling needs high_freq_factor > low_freq_factor "
+                f"(got {self.high_freq_factor} and {self.low_freq_factor})"
+            )
         return self
 
 
@@ -44,8 +48,9 @@ def read_rope(hf: dict, source: str) -> tuple[float, Optional[Llama3RopeScaling]
     params = hf.get("rope_parameters")
     if params is not None:
         if not isinstance(params, dict) or any(isinstance(v, dict) for v in params.values()):
-            raise ConfigError(f"{source}: rope_parameters={params!r} is not one flat dict "
-                              f"(per-layer RoPE is not supported)")
+            raise ConfigError(
+                f"{source}: rope_parameters={params!r} is not one flat dict (per-layer RoPE is not supported)"
+            )
         theta = params.get("rope_theta", hf.get("rope_theta", DEFAULT_THETA))
     else:
         params = hf.get("rope_scaling") or {}
@@ -64,11 +69,13 @@ def read_rope(hf: dict, source: str) -> tuple[float, Optional[Llama3RopeScaling]
 def _llama3(params: dict, hf: dict, source: str) -> Llama3RopeScaling:
     try:
         return Llama3RopeScaling(
-            factor=float(params["factor"]), low_freq_factor=float(params["low_freq_factor"]),
+            factor=float(params["factor"]),
+            low_freq_factor=float(params["low_freq_factor"]),
             high_freq_factor=float(params["high_freq_factor"]),
             # transformers falls back to max_position_embeddings when the key is absent
-            original_max_position_embeddings=int(params.get("original_max_position_embeddings",
-                                                            hf.get("max_position_embeddings", 0))),
+            original_max_position_embeddings=int(
+                params.get("original_max_position_embeddings", hf.get("max_position_embeddings", 0))
+            ),
         ).validate()
     except KeyError as missing:
         raise ConfigError(f"{source}: rope_type 'llama3' needs key {missing} in its RoPE parameters") from None

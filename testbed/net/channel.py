@@ -7,8 +7,8 @@ out the interpreter's GIL switch interval (milliseconds of harness delay on a to
 from __future__ import annotations
 
 import queue
-from abc import ABC, abstractmethod
 import time
+from abc import ABC, abstractmethod
 from collections import deque
 from multiprocessing.connection import Connection, wait
 

@@ -11,12 +11,19 @@ import dataclasses
 from typing import NamedTuple
 
 from testbed.net.faults import FaultInjected
-from testbed.net.messages import (Failed, Heartbeat, KVArrived, KVAttemptFailed, KVSent, Reserved,
-                                  StepEvents)
+from testbed.net.messages import Failed, Heartbeat, KVArrived, KVAttemptFailed, KVSent, Reserved, StepEvents
 
 # the fields each report stamps on its sender's clock (StepEvents' record: its start and end)
-TIME_FIELDS = {StepEvents: ("t", "sent"), KVSent: ("start", "end"), KVArrived: ("t",), KVAttemptFailed: ("t",),
-               Failed: ("t",), Heartbeat: ("t",), Reserved: ("t",), FaultInjected: ("t",)}
+TIME_FIELDS = {
+    StepEvents: ("t", "sent"),
+    KVSent: ("start", "end"),
+    KVArrived: ("t",),
+    KVAttemptFailed: ("t",),
+    Failed: ("t",),
+    Heartbeat: ("t",),
+    Reserved: ("t",),
+    FaultInjected: ("t",),
+}
 
 
 class Offset(NamedTuple):

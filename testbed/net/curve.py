@@ -42,8 +42,10 @@ def make_keys(spans_hosts: bool) -> tuple[bytes, bytes] | None:
     if available():
         return zmq.curve_keypair()
     if spans_hosts:
-        raise ConfigError(f"the control plane across hosts needs CURVE, which this libzmq ({zmq.zmq_version()}) "
-                          "lacks; install a pyzmq wheel (it bundles libzmq with CURVE) or run on one host")
+        raise ConfigError(
+            f"the control plane across hosts needs CURVE, which this libzmq ({zmq.zmq_version()}) "
+            "lacks; install a pyzmq wheel (it bundles libzmq with CURVE) or run on one host"
+        )
     return None
 
 

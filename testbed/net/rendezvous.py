@@ -23,7 +23,6 @@ POLL_S = 0.05  # how often a lookup looks at the store, and at whether its publi
 STORE_BACKLOG = 512  # every rank connects at once at start-up
 
 
-
 @dataclass(frozen=True)
 class World:
     rank: int
@@ -50,13 +49,22 @@ def torchrun_world(env=os.environ) -> World | None:
     if "TORCHELASTIC_RUN_ID" not in env and "LOCAL_WORLD_SIZE" not in env:
         return None
     try:
-        return World(int(env["RANK"]), int(env["WORLD_SIZE"]), int(env["LOCAL_RANK"]), int(env["LOCAL_WORLD_SIZE"]),
-                     int(env.get("GROUP_RANK", 0)), env["MASTER_ADDR"], int(env["MASTER_PORT"]),
-                     env.get("TORCHELASTIC_USE_AGENT_STORE") == "True",
-                     f"{env.get('TORCHELASTIC_RUN_ID', 'none')}-{env.get('TORCHELASTIC_RESTART_COUNT', '0')}")
+        return World(
+            int(env["RANK"]),
+            int(env["WORLD_SIZE"]),
+            int(env["LOCAL_RANK"]),
+            int(env["LOCAL_WORLD_SIZE"]),
+            int(env.get("GROUP_RANK", 0)),
+            env["MASTER_ADDR"],
+            int(env["MASTER_PORT"]),
+            env.get("TORCHELASTIC_USE_AGENT_STORE") == "True",
+            f"{env.get('TORCHELASTIC_RUN_ID', 'none')}-{env.get('TORCHELASTIC_RESTART_COUNT', '0')}",
+        )
     except KeyError as missing:
-        raise ConfigError(f"started by torchrun but {missing} is not set; start with torchrun --nnodes=N "
-                          "--nproc-per-node=G --rdzv-backend=c10d --rdzv-endpoint=HOST:PORT -m testbed") from None
+        raise ConfigError(
+            f"started by torchrun but {missing} is not set; start with torchrun --nnodes=N "
+            "--nproc-per-node=G --rdzv-backend=c10d --rdzv-endpoint=HOST:PORT -m testbed"
+        ) from None
 
 
 def spans_hosts(world: World) -> bool:
@@ -69,13 +77,17 @@ def bind_address(requested: str | None, world: World) -> str:
     """cluster.bind (an address, or an interface name: its address), else the interface that reaches
     the rendezvous host (never every interface by default)."""
     if requested in ("0.0.0.0", "::", "*"):
-        raise ConfigError(f"cluster.bind={requested} would listen on every interface; name one "
-                          "address of this host (the one the other nodes reach it by)")
+        raise ConfigError(
+            f"cluster.bind={requested} would listen on every interface; name one "
+            "address of this host (the one the other nodes reach it by)"
+        )
     address = _address_of(requested) if requested else _route_to(world.master_addr, world.master_port)
     if spans_hosts(world) and _is_loopback(address):
-        raise ConfigError(f"the message sockets would listen on {address}, which other nodes cannot reach "
-                          f"(MASTER_ADDR={world.master_addr}); set cluster.bind to this host's address on the "
-                          "cluster network")
+        raise ConfigError(
+            f"the message sockets would listen on {address}, which other nodes cannot reach "
+            f"(MASTER_ADDR={world.master_addr}); set cluster.bind to this host's address on the "
+            "cluster network"
+        )
     return address
 
 
@@ -92,8 +104,10 @@ def _address_of(requested: str) -> str:
         if found:
             return found
         raise ConfigError(f"cluster.bind={requested}: that interface has no IPv4 address; name an address instead")
-    raise ConfigError(f"cluster.bind={requested!r} is neither an address nor an interface of this host; "
-                      f"interfaces: {', '.join(names)}")
+    raise ConfigError(
+        f"cluster.bind={requested!r} is neither an address nor an interface of this host; "
+        f"interfaces: {', '.join(names)}"
+    )
 
 
 def _interface_ipv4(name: str) -> str | None:
@@ -143,9 +157,15 @@ def host_store(host: str, port: int, world_size: int | None, timeout_s: float):
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((address, port))
         sock.listen(STORE_BACKLOG)
-        store = dist.TCPStore(address, sock.getsockname()[1], world_size, is_master=True,
-                              timeout=timedelta(seconds=timeout_s), wait_for_workers=False,
-                              master_listen_fd=sock.fileno())
+        store = dist.TCPStore(
+            address,
+            sock.getsockname()[1],
+            world_size,
+            is_master=True,
+            timeout=timedelta(seconds=timeout_s),
+            wait_for_workers=False,
+            master_listen_fd=sock.fileno(),
+        )
     except BaseException:
         sock.close()
         raise
@@ -157,8 +177,9 @@ def store_client(host: str, port: int, timeout_s: float):
     """A client of the rendezvous store (every worker process, whoever hosts the store)."""
     import torch.distributed as dist
 
-    return dist.TCPStore(host, port, None, is_master=False, timeout=timedelta(seconds=timeout_s),
-                         wait_for_workers=False)
+    return dist.TCPStore(
+        host, port, None, is_master=False, timeout=timedelta(seconds=timeout_s), wait_for_workers=False
+    )
 
 
 def run_token(store, world: World) -> str:

@@ -27,9 +27,11 @@ log = logging.getLogger("testbed.control")
 LINGER_MS = 2000  # a closing socket still delivers its last frames (the KV audit), but never hangs a stop
 MAX_LOGGED = 20  # refused frames logged one by one; beyond that only counted
 MAX_FRAME = wire.MAX_FRAME  # a larger frame (from anyone) is refused before it is buffered or parsed
-REFUSED_EVENTS = {zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "not a ZeroMQ peer",
-                  zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "handshake failed",
-                  zmq.EVENT_HANDSHAKE_FAILED_AUTH: "authentication failed"}
+REFUSED_EVENTS = {
+    zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "not a ZeroMQ peer",
+    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "handshake failed",
+    zmq.EVENT_HANDSHAKE_FAILED_AUTH: "authentication failed",
+}
 
 
 def _options(sock: zmq.Socket, heartbeat_s: float) -> zmq.Socket:
@@ -56,8 +58,9 @@ class Inbox(Reports):
     """A bound PULL socket: `get(timeout)` / `get_nowait()` like a queue (testbed/net/channel.py);
     `refused` counts the frames and connections turned away, `refused_by` the same by reason."""
 
-    def __init__(self, ctx: zmq.Context, host: str, token: str, heartbeat_s: float, name: str,
-                 keys: curve.Keys | None = None):
+    def __init__(
+        self, ctx: zmq.Context, host: str, token: str, heartbeat_s: float, name: str, keys: curve.Keys | None = None
+    ):
         super().__init__()
         self.token, self.name = token, name
         self.sock = _options(ctx.socket(zmq.PULL), heartbeat_s)
@@ -121,8 +124,16 @@ class Outbox:
     thread at once. `lost()` is true once the connection to a receiver that was reached has dropped
     (the process died, or its host stopped answering heartbeats)."""
 
-    def __init__(self, ctx: zmq.Context, address: str, token: str, heartbeat_s: float, peer: str = "a peer",
-                 keys: curve.Keys | None = None, rank: int | None = None):
+    def __init__(
+        self,
+        ctx: zmq.Context,
+        address: str,
+        token: str,
+        heartbeat_s: float,
+        peer: str = "a peer",
+        keys: curve.Keys | None = None,
+        rank: int | None = None,
+    ):
         self.token, self.address, self.peer, self.timeout_s = token, address, peer, 5 * heartbeat_s
         self.sock = _options(ctx.socket(zmq.PUSH), heartbeat_s)
         curve.connect(self.sock, keys, rank)  # with keys: the receiver must hold rank `rank`'s secret key
@@ -134,8 +145,9 @@ class Outbox:
         try:
             self.sock.send(wire.encode(msg, self.token))
         except zmq.Again:
-            raise PeerLost(f"{self.peer} ({self.address}) took no message for {self.timeout_s:.0f} s "
-                           "(5 x cluster.heartbeat_s)") from None
+            raise PeerLost(
+                f"{self.peer} ({self.address}) took no message for {self.timeout_s:.0f} s (5 x cluster.heartbeat_s)"
+            ) from None
 
     def lost(self) -> bool:
         while self.monitor.poll(0):

@@ -53,26 +53,52 @@ class BadMessage(ValueError):
         self.reason = reason
 
 
-MESSAGE_TYPES = {cls.__name__: cls for cls in (
-    messages.Serve, messages.Reserve, messages.Abort, messages.Stop, messages.Ready, messages.KVBegin,
-    messages.KVAck, messages.KVPart, messages.KVDone, messages.Started, messages.StepEvents, messages.Reserved,
-    messages.KVSent, messages.KVArrived, messages.KVAttemptFailed, messages.Failed, messages.Heartbeat,
-    messages.Ping, messages.Pong,
-    messages.Audit, messages.WorkerError, FaultInjected, Stall, Launch, Shutdown)}
+MESSAGE_TYPES = {
+    cls.__name__: cls
+    for cls in (
+        messages.Serve,
+        messages.Reserve,
+        messages.Abort,
+        messages.Stop,
+        messages.Ready,
+        messages.KVBegin,
+        messages.KVAck,
+        messages.KVPart,
+        messages.KVDone,
+        messages.Started,
+        messages.StepEvents,
+        messages.Reserved,
+        messages.KVSent,
+        messages.KVArrived,
+        messages.KVAttemptFailed,
+        messages.Failed,
+        messages.Heartbeat,
+        messages.Ping,
+        messages.Pong,
+        messages.Audit,
+        messages.WorkerError,
+        FaultInjected,
+        Stall,
+        Launch,
+        Shutdown,
+    )
+}
+
+
 def encode(msg, token: str) -> bytes:
     name = type(msg).__name__
     if MESSAGE_TYPES.get(name) is not type(msg):
         raise TypeError(f"{name} is not a message of the wire")
     body = {f: getattr(msg, f) for f in FIELDS[name]}
-    return json.dumps({"v": VERSION, "token": token, "type": name, "body": body}, separators=(",", ":"),
-                      default=_scalar).encode()
+    return json.dumps(
+        {"v": VERSION, "token": token, "type": name, "body": body}, separators=(",", ":"), default=_scalar
+    ).encode()
 
 
 def decode(frame: bytes, token: str):
     """The message in `frame`, or BadMessage naming why it was refused (never any other error)."""
     envelope = _envelope(frame)
-    if not hmac.compare_digest(_text(envelope.get("token")).encode("utf-8", "surrogatepass"),
-                               token.encode()):
+    if not hmac.compare_digest(_text(envelope.get("token")).encode("utf-8", "surrogatepass"), token.encode()):
         raise BadMessage("wrong or missing run token")
     name, body = envelope.get("type"), envelope.get("body")
     if not isinstance(name, str) or name not in MESSAGE_TYPES or not isinstance(body, dict):
@@ -125,6 +151,7 @@ def _named(cls):
         if not isinstance(value, list) or len(value) > len(fields):
             raise TypeError(f"{cls.__name__} must be an array of its fields")
         return cls(*[field(v) for (_, field), v in zip(fields, value)])
+
     return convert
 
 
@@ -142,6 +169,7 @@ def _scalar_of(hint):
         if type(value) not in allowed:
             raise TypeError(f"{type(value).__name__} where {hint.__name__} is expected")
         return value
+
     return check
 
 
@@ -193,6 +221,7 @@ def _tuple_of(args: tuple):
         if len(_array(value)) != len(items):
             raise TypeError(f"an array of {len(items)} where {len(value)} came")
         return tuple(convert(x) for convert, x in zip(items, value))
+
     return fixed
 
 
@@ -201,5 +230,6 @@ def _same(value):
 
 
 # each message type's fields and how each comes back from JSON, resolved once (annotations are strings)
-FIELDS = {name: {f: _converter(h) for f, h in typing.get_type_hints(cls).items()}
-          for name, cls in MESSAGE_TYPES.items()}
+FIELDS = {
+    name: {f: _converter(h) for f, h in typing.get_type_hints(cls).items()} for name, cls in MESSAGE_TYPES.items()
+}

@@ -8,5 +8,15 @@ from testbed.perf.measured import CostModel
 from testbed.perf.resolve import StepCostModel, cost_model, is_gpu
 from testbed.perf.roofline import RooflineModel, weight_params
 
-__all__ = ["GPUS", "CostModel", "Gpu", "RooflineModel", "StepCostModel", "attended_context", "cost_model", "gpu", "is_gpu",
-           "weight_params"]
+__all__ = [
+    "GPUS",
+    "CostModel",
+    "Gpu",
+    "RooflineModel",
+    "StepCostModel",
+    "attended_context",
+    "cost_model",
+    "gpu",
+    "is_gpu",
+    "weight_params",
+]

@@ -24,7 +24,10 @@ from testbed.perf.roofline import RooflineModel
 LLAMA2_7B = PRESETS["llama2_7b"]
 MODELS = {"llama3_8b": PRESETS["llama3_8b"], "llama2_7b": LLAMA2_7B}
 
-VLLM_LATENCY = "vLLM nightly latency benchmark, latency_llama8B_tp1 (batch 8, 32 in, 128 out), buildkite vllm/performance-benchmark build {}"
+VLLM_LATENCY = (
+    "vLLM nightly latency benchmark, latency_llama8B_tp1 (batch 8, 32 in, 128 out), "
+    "buildkite vllm/performance-benchmark build {}"
+)
 MUSGRAVE = "johnmusgrave.com/p/vllm-throughput-latency-sweep-on (vLLM 0.23, 1024 in, concurrency 1: ~75 tok/s)"
 VIDUR = "microsoft/vidur@7d47513 data/profiling/compute/{}/mlp.csv, non-attention layers"
 
@@ -44,24 +47,36 @@ DECODE = [
     Reference("llama3_8b", "a100_80g", 8, 1579.27 / 128, "vllm_latency", VLLM_LATENCY.format(9523)),
     Reference("llama3_8b", "h200", 8, 833.42 / 128, "vllm_latency", VLLM_LATENCY.format(9515)),
     Reference("llama3_8b", "a100_40g", 1, 1000 / 75, "e2e", MUSGRAVE),
-    *(Reference("llama2_7b", "h100_sxm", n, 32 * ms, "layers", VIDUR.format("h100/meta-llama/Llama-2-7b-hf"))
-      for n, ms in ((1, 0.175), (16, 0.181), (64, 0.183))),
-    *(Reference("llama3_8b", "a100_80g", n, 32 * ms, "layers", VIDUR.format("a100/meta-llama/Meta-Llama-3-8B"))
-      for n, ms in ((1, 0.303), (16, 0.3165), (64, 0.351))),
+    *(
+        Reference("llama2_7b", "h100_sxm", n, 32 * ms, "layers", VIDUR.format("h100/meta-llama/Llama-2-7b-hf"))
+        for n, ms in ((1, 0.175), (16, 0.181), (64, 0.183))
+    ),
+    *(
+        Reference("llama3_8b", "a100_80g", n, 32 * ms, "layers", VIDUR.format("a100/meta-llama/Meta-Llama-3-8B"))
+        for n, ms in ((1, 0.303), (16, 0.3165), (64, 0.351))
+    ),
 ]
 PREFILL = [
-    *(Reference("llama2_7b", "h100_sxm", n, 32 * ms, "layers", VIDUR.format("h100/meta-llama/Llama-2-7b-hf"))
-      for n, ms in ((2048, 1.2665), (4096, 2.592))),
-    *(Reference("llama3_8b", "a100_80g", n, 32 * ms, "layers", VIDUR.format("a100/meta-llama/Meta-Llama-3-8B"))
-      for n, ms in ((2048, 4.431), (8192, 16.9565))),
+    *(
+        Reference("llama2_7b", "h100_sxm", n, 32 * ms, "layers", VIDUR.format("h100/meta-llama/Llama-2-7b-hf"))
+        for n, ms in ((2048, 1.2665), (4096, 2.592))
+    ),
+    *(
+        Reference("llama3_8b", "a100_80g", n, 32 * ms, "layers", VIDUR.format("a100/meta-llama/Meta-Llama-3-8B"))
+        for n, ms in ((2048, 4.431), (8192, 16.9565))
+    ),
 ]
 # Chunk-sized token counts, between the memory-bound and the compute-bound regime: where a max()
 # roofline is most optimistic (neither bound is reached).
 RIDGE = [
-    *(Reference("llama2_7b", "h100_sxm", n, 32 * ms, "layers", VIDUR.format("h100/meta-llama/Llama-2-7b-hf"))
-      for n, ms in ((256, 0.286), (512, 0.3745))),
-    *(Reference("llama3_8b", "a100_80g", n, 32 * ms, "layers", VIDUR.format("a100/meta-llama/Meta-Llama-3-8B"))
-      for n, ms in ((128, 0.412), (256, 0.609))),
+    *(
+        Reference("llama2_7b", "h100_sxm", n, 32 * ms, "layers", VIDUR.format("h100/meta-llama/Llama-2-7b-hf"))
+        for n, ms in ((256, 0.286), (512, 0.3745))
+    ),
+    *(
+        Reference("llama3_8b", "a100_80g", n, 32 * ms, "layers", VIDUR.format("a100/meta-llama/Meta-Llama-3-8B"))
+        for n, ms in ((128, 0.412), (256, 0.609))
+    ),
 ]
 
 
@@ -97,8 +112,18 @@ def decode_rows() -> list[list[str]]:
     rows = []
     for ref in DECODE:
         got = predicted_ms(ref)
-        rows.append([ref.model, ref.gpu, str(ref.batch), ref.what, f"{got:.2f}", f"{ref.published_ms:.2f}",
-                     f"{got / ref.published_ms:.2f}", ref.source])
+        rows.append(
+            [
+                ref.model,
+                ref.gpu,
+                str(ref.batch),
+                ref.what,
+                f"{got:.2f}",
+                f"{ref.published_ms:.2f}",
+                f"{got / ref.published_ms:.2f}",
+                ref.source,
+            ]
+        )
     return rows
 
 
@@ -108,9 +133,18 @@ def prefill_rows(refs: list[Reference] = PREFILL) -> list[list[str]]:
         got = predicted_ms(ref)
         model = model_for(ref)
         full = model.step_time(ref.batch, model.prefill_context([(ref.batch, 0)]), 0, 0)
-        rows.append([ref.model, ref.gpu, str(ref.batch), f"{1e3 * ref.batch / got:,.0f}",
-                     f"{1e3 * ref.batch / ref.published_ms:,.0f}", f"{ref.published_ms / got:.2f}",
-                     f"{ref.batch / full:,.0f}", ref.source])
+        rows.append(
+            [
+                ref.model,
+                ref.gpu,
+                str(ref.batch),
+                f"{1e3 * ref.batch / got:,.0f}",
+                f"{1e3 * ref.batch / ref.published_ms:,.0f}",
+                f"{ref.published_ms / got:.2f}",
+                f"{ref.batch / full:,.0f}",
+                ref.source,
+            ]
+        )
     return rows
 
 
@@ -132,16 +166,47 @@ def table(header: list[str], rows: list[list[str]]) -> str:
 
 def main() -> None:
     print("Decode step (ms); ratio = predicted / published")
-    print(table(["model", "GPU", "batch", "compared", "predicted ms", "published ms", "ratio", "source"], decode_rows()))
+    print(
+        table(["model", "GPU", "batch", "compared", "predicted ms", "published ms", "ratio", "source"], decode_rows())
+    )
     print("\nPrefill throughput of one prompt (tokens/s); ratio = predicted / published throughput")
-    print(table(["model", "GPU", "tokens", "predicted tok/s (layers)", "published tok/s", "ratio",
-                 "predicted tok/s (whole step)", "source"], prefill_rows()))
+    print(
+        table(
+            [
+                "model",
+                "GPU",
+                "tokens",
+                "predicted tok/s (layers)",
+                "published tok/s",
+                "ratio",
+                "predicted tok/s (whole step)",
+                "source",
+            ],
+            prefill_rows(),
+        )
+    )
     print("\nNear the ridge (chunks of 128-512 tokens): the same comparison as the prefill table")
-    print(table(["model", "GPU", "tokens", "predicted tok/s (layers)", "published tok/s", "ratio",
-                 "predicted tok/s (whole step)", "source"], prefill_rows(RIDGE)))
+    print(
+        table(
+            [
+                "model",
+                "GPU",
+                "tokens",
+                "predicted tok/s (layers)",
+                "published tok/s",
+                "ratio",
+                "predicted tok/s (whole step)",
+                "source",
+            ],
+            prefill_rows(RIDGE),
+        )
+    )
     print("\nThe whole step on each GPU (overhead included): decode ms at 1K context, prefill tokens/s of one prompt")
-    print(table(["model", "GPU", "decode b=1", "decode b=16", "decode b=64", "prefill 2K", "prefill 8K"],
-                prediction_rows()))
+    print(
+        table(
+            ["model", "GPU", "decode b=1", "decode b=16", "decode b=64", "prefill 2K", "prefill 8K"], prediction_rows()
+        )
+    )
 
 
 if __name__ == "__main__":

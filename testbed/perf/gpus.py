@@ -79,26 +79,62 @@ SIXTEEN_BIT = ("bfloat16", "float16", "auto")  # auto: what a CUDA engine loads 
 DTYPES = (*SIXTEEN_BIT, "float32")
 
 GPUS: dict[str, Gpu] = {
-    "a100_40g": Gpu("NVIDIA A100-SXM4-40GB", peak_flops=312e12, hbm_bytes_per_s=1555e9,  # [A100-DS]
-                    nvlink_bytes_per_s=300e9, memory_bytes=40960 * MIB,  # [A100-DS], [NVSMI]
-                    matmul_mfu=0.7, attention_mfu=0.5,  # [VIDUR] 0.70-0.74; [FA2] up to ~0.7, less at serving shapes
-                    hbm_share=HBM_SHARE, nvlink_share=NVLINK_SHARE, step_overhead_s=STEP_OVERHEAD_S,
-                    link_latency_s=LINK_LATENCY_S, fp32_flops=19.5e12),  # [A100-DS]
-    "a100_80g": Gpu("NVIDIA A100-SXM4-80GB", peak_flops=312e12, hbm_bytes_per_s=2039e9,  # [A100-DS]
-                    nvlink_bytes_per_s=300e9, memory_bytes=81920 * MIB,  # [A100-DS], [NVSMI]
-                    matmul_mfu=0.7, attention_mfu=0.5,  # as a100_40g
-                    hbm_share=HBM_SHARE, nvlink_share=NVLINK_SHARE, step_overhead_s=STEP_OVERHEAD_S,
-                    link_latency_s=LINK_LATENCY_S, fp32_flops=19.5e12),  # [A100-DS]
-    "h100_sxm": Gpu("NVIDIA H100 80GB HBM3 (SXM5)", peak_flops=989e12, hbm_bytes_per_s=3350e9,  # [H100-DS]
-                    nvlink_bytes_per_s=450e9, memory_bytes=81559 * MIB,  # [H100-DS], [NVSMI]
-                    matmul_mfu=0.75, attention_mfu=0.35,  # [VIDUR] 0.75-0.77; [FA3] FA2 on Hopper
-                    hbm_share=HBM_SHARE, nvlink_share=NVLINK_SHARE, step_overhead_s=STEP_OVERHEAD_S,
-                    link_latency_s=LINK_LATENCY_S, fp32_flops=67e12),  # [H100-DS]
-    "h200": Gpu("NVIDIA H200 (SXM)", peak_flops=989e12, hbm_bytes_per_s=4800e9,  # [H200-DS]
-                nvlink_bytes_per_s=450e9, memory_bytes=143771 * MIB,  # [H200-DS], [NVSMI]
-                matmul_mfu=0.75, attention_mfu=0.35,  # the H100's compute: as h100_sxm
-                hbm_share=HBM_SHARE, nvlink_share=NVLINK_SHARE, step_overhead_s=STEP_OVERHEAD_S,
-                link_latency_s=LINK_LATENCY_S, fp32_flops=67e12),  # the H100's compute
+    "a100_40g": Gpu(
+        "NVIDIA A100-SXM4-40GB",
+        peak_flops=312e12,
+        hbm_bytes_per_s=1555e9,  # [A100-DS]
+        nvlink_bytes_per_s=300e9,
+        memory_bytes=40960 * MIB,  # [A100-DS], [NVSMI]
+        matmul_mfu=0.7,
+        attention_mfu=0.5,  # [VIDUR] 0.70-0.74; [FA2] up to ~0.7, less at serving shapes
+        hbm_share=HBM_SHARE,
+        nvlink_share=NVLINK_SHARE,
+        step_overhead_s=STEP_OVERHEAD_S,
+        link_latency_s=LINK_LATENCY_S,
+        fp32_flops=19.5e12,
+    ),  # [A100-DS]
+    "a100_80g": Gpu(
+        "NVIDIA A100-SXM4-80GB",
+        peak_flops=312e12,
+        hbm_bytes_per_s=2039e9,  # [A100-DS]
+        nvlink_bytes_per_s=300e9,
+        memory_bytes=81920 * MIB,  # [A100-DS], [NVSMI]
+        matmul_mfu=0.7,
+        attention_mfu=0.5,  # as a100_40g
+        hbm_share=HBM_SHARE,
+        nvlink_share=NVLINK_SHARE,
+        step_overhead_s=STEP_OVERHEAD_S,
+        link_latency_s=LINK_LATENCY_S,
+        fp32_flops=19.5e12,
+    ),  # [A100-DS]
+    "h100_sxm": Gpu(
+        "NVIDIA H100 80GB HBM3 (SXM5)",
+        peak_flops=989e12,
+        hbm_bytes_per_s=3350e9,  # [H100-DS]
+        nvlink_bytes_per_s=450e9,
+        memory_bytes=81559 * MIB,  # [H100-DS], [NVSMI]
+        matmul_mfu=0.75,
+        attention_mfu=0.35,  # [VIDUR] 0.75-0.77; [FA3] FA2 on Hopper
+        hbm_share=HBM_SHARE,
+        nvlink_share=NVLINK_SHARE,
+        step_overhead_s=STEP_OVERHEAD_S,
+        link_latency_s=LINK_LATENCY_S,
+        fp32_flops=67e12,
+    ),  # [H100-DS]
+    "h200": Gpu(
+        "NVIDIA H200 (SXM)",
+        peak_flops=989e12,
+        hbm_bytes_per_s=4800e9,  # [H200-DS]
+        nvlink_bytes_per_s=450e9,
+        memory_bytes=143771 * MIB,  # [H200-DS], [NVSMI]
+        matmul_mfu=0.75,
+        attention_mfu=0.35,  # the H100's compute: as h100_sxm
+        hbm_share=HBM_SHARE,
+        nvlink_share=NVLINK_SHARE,
+        step_overhead_s=STEP_OVERHEAD_S,
+        link_latency_s=LINK_LATENCY_S,
+        fp32_flops=67e12,
+    ),  # the H100's compute
 }
 
 

@@ -32,15 +32,21 @@ from testbed.errors import ConfigError
 from testbed.model.config import ModelArgs
 from testbed.perf.attention import attended_context
 
-STEP_TERMS = ("overhead_s", "per_prefill_token_s", "per_attended_pair_s", "per_decode_seq_s",
-              "per_decode_context_token_s")
+STEP_TERMS = (
+    "overhead_s",
+    "per_prefill_token_s",
+    "per_attended_pair_s",
+    "per_decode_seq_s",
+    "per_decode_context_token_s",
+)
 STEP_INPUTS = ("prefill_tokens", "prefill_context", "decode_seqs", "decode_context")
 # the shape fields a profile must share with the configured model (max_model_len only bounds lengths)
 SHAPE_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads")
 
 
-def step_features(prefill_tokens: float, prefill_context: float, decode_seqs: float,
-                  decode_context: float) -> list[float]:
+def step_features(
+    prefill_tokens: float, prefill_context: float, decode_seqs: float, decode_context: float
+) -> list[float]:
     return [1.0, prefill_tokens, prefill_tokens * prefill_context, decode_seqs, decode_context]
 
 
@@ -82,8 +88,10 @@ def relative_fit(features: np.ndarray, seconds: np.ndarray) -> tuple[np.ndarray,
 
 
 # kv_transfer.backend -> its (latency, bytes per second) coefficients
-TRANSFER_TERMS = {"process_group": ("transfer_latency_s", "transfer_bytes_per_s"),
-                  "ipc": ("ipc_latency_s", "ipc_bytes_per_s")}
+TRANSFER_TERMS = {
+    "process_group": ("transfer_latency_s", "transfer_bytes_per_s"),
+    "ipc": ("ipc_latency_s", "ipc_bytes_per_s"),
+}
 
 
 def require_transport(model, backend: str, what: str) -> None:
@@ -92,10 +100,14 @@ def require_transport(model, backend: str, what: str) -> None:
     if backend in model.transports:
         return
     if backend == "ipc":
-        raise ConfigError(f"kv_transfer.backend=ipc: {what} has no ipc transfer samples; profile again "
-                          "(python -m testbed +experiment=profile) or use kv_transfer.backend=process_group")
-    raise ConfigError(f"kv_transfer.backend={backend}: {what} has transfer times for ipc only (fitted on a run over "
-                      "ipc); use kv_transfer.backend=ipc, or a profile or run of this transport")
+        raise ConfigError(
+            f"kv_transfer.backend=ipc: {what} has no ipc transfer samples; profile again "
+            "(python -m testbed +experiment=profile) or use kv_transfer.backend=process_group"
+        )
+    raise ConfigError(
+        f"kv_transfer.backend={backend}: {what} has transfer times for ipc only (fitted on a run over "
+        "ipc); use kv_transfer.backend=ipc, or a profile or run of this transport"
+    )
 
 
 def fit_step(samples: Sequence[Mapping]) -> tuple[dict, dict]:
@@ -139,8 +151,12 @@ class CostModel:
         fitted = profile.get("cost_model") or fit_profile(profile)[0]
         numbers = {k: float(fitted[k]) for k in STEP_TERMS}
         links = {k: float(fitted[k]) for terms in TRANSFER_TERMS.values() for k in terms if fitted.get(k) is not None}
-        return cls(**numbers, **links, causal_attention=bool(fitted.get("causal_attention", True)),
-                   prefill_overhead_s=float(fitted.get("prefill_overhead_s") or 0.0))
+        return cls(
+            **numbers,
+            **links,
+            causal_attention=bool(fitted.get("causal_attention", True)),
+            prefill_overhead_s=float(fitted.get("prefill_overhead_s") or 0.0),
+        )
 
     @property
     def transports(self) -> tuple[str, ...]:
@@ -151,10 +167,14 @@ class CostModel:
         return attended_context(chunks, self.causal_attention)
 
     def step_time(self, prefill_tokens: int, prefill_context: float, decode_seqs: int, decode_context: int) -> float:
-        return (self.overhead_s + (self.prefill_overhead_s if prefill_tokens else 0.0)
-                + self.per_prefill_token_s * prefill_tokens
-                + self.per_attended_pair_s * prefill_tokens * prefill_context
-                + self.per_decode_seq_s * decode_seqs + self.per_decode_context_token_s * decode_context)
+        return (
+            self.overhead_s
+            + (self.prefill_overhead_s if prefill_tokens else 0.0)
+            + self.per_prefill_token_s * prefill_tokens
+            + self.per_attended_pair_s * prefill_tokens * prefill_context
+            + self.per_decode_seq_s * decode_seqs
+            + self.per_decode_context_token_s * decode_context
+        )
 
     def transfer_time(self, nbytes: int, backend: str = "process_group") -> float:
         require_transport(self, backend, "this profile")
@@ -169,8 +189,12 @@ def fit_profile(profile: Mapping) -> tuple[dict, dict]:
     """The `cost_model` (coefficients) and `fit` (relative errors) sections from its `samples`."""
     step, step_error = fit_step(profile["samples"]["step"])
     transfer, transfer_error = fit_transfer(profile["samples"]["transfer"])
-    coefficients = {**step, "transfer_latency_s": transfer["latency_s"], "transfer_bytes_per_s": transfer["bytes_per_s"],
-                    "causal_attention": bool(profile.get("causal_attention", True))}
+    coefficients = {
+        **step,
+        "transfer_latency_s": transfer["latency_s"],
+        "transfer_bytes_per_s": transfer["bytes_per_s"],
+        "causal_attention": bool(profile.get("causal_attention", True)),
+    }
     errors = {"step_relative_error": step_error, "transfer_relative_error": transfer_error}
     if profile["samples"].get("transfer_ipc"):
         ipc, errors["ipc_relative_error"] = fit_transfer(profile["samples"]["transfer_ipc"])
@@ -181,8 +205,10 @@ def fit_profile(profile: Mapping) -> tuple[dict, dict]:
 def load_profile(path: Path, key: str = "sim.profile") -> dict:
     """A profile file's JSON; a one-line error naming `key` when it is missing or malformed."""
     if not path.is_file():
-        raise ConfigError(f"{key}: {path} not found; profile this model with `python -m testbed +experiment=profile` "
-                          f"and pass {key}=<its profile.json>")
+        raise ConfigError(
+            f"{key}: {path} not found; profile this model with `python -m testbed +experiment=profile` "
+            f"and pass {key}=<its profile.json>"
+        )
     try:
         profile = json.loads(path.read_bytes().decode("utf-8"))
     except json.JSONDecodeError as error:
@@ -202,4 +228,6 @@ def check_profile(args: ModelArgs, profile: Mapping) -> None:
     wrong = [k for k in SHAPE_KEYS if measured[k] != getattr(args, k)]
     if wrong:
         got = ", ".join(f"{k}={getattr(args, k)} (profile {measured[k]})" for k in wrong)
-        raise ConfigError(f"the profile of model {profile.get('model_name')!r} does not match the configured model: {got}")
+        raise ConfigError(
+            f"the profile of model {profile.get('model_name')!r} does not match the configured model: {got}"
+        )

@@ -29,7 +29,9 @@ class StepCostModel(Protocol):
 
     def prefill_context(self, chunks: Iterable[tuple[int, int]]) -> float: ...
 
-    def step_time(self, prefill_tokens: int, prefill_context: float, decode_seqs: int, decode_context: int) -> float: ...
+    def step_time(
+        self, prefill_tokens: int, prefill_context: float, decode_seqs: int, decode_context: int
+    ) -> float: ...
 
     def transfer_time(self, nbytes: int, backend: str = "process_group") -> float: ...  # backend: kv_transfer.backend
 
@@ -53,8 +55,9 @@ def profile_device(spec: str) -> Optional[str]:
     return str(load_profile(path).get("device", "cpu")).split(":")[0]
 
 
-def cost_model(spec: str, model_args: ModelArgs, dtype_bytes: int = 2,
-               key: str = "profile", **host) -> tuple[Union[RooflineModel, CostModel], dict]:
+def cost_model(
+    spec: str, model_args: ModelArgs, dtype_bytes: int = 2, key: str = "profile", **host
+) -> tuple[Union[RooflineModel, CostModel], dict]:
     """(model, label). A GPU name builds the roofline for `model_args` in `dtype_bytes`; anything
     else is a measured profile's path: it must describe `model_args` and carries its own dtype.
     `key` names the setting in errors (e.g. sim.decode_profile). `host`: the roofline's dtype and
@@ -63,20 +66,35 @@ def cost_model(spec: str, model_args: ModelArgs, dtype_bytes: int = 2,
         return analytical(spec, model_args, dtype_bytes, **host)
     path = Path(spec)
     if not path.is_file() and path.suffix != ".json":
-        raise ConfigError(f"{key}={spec!r} is neither a GPU of the analytical table ({', '.join(sorted(GPUS))}) "
-                          f"nor a measured profile .json file")
+        raise ConfigError(
+            f"{key}={spec!r} is neither a GPU of the analytical table ({', '.join(sorted(GPUS))}) "
+            f"nor a measured profile .json file"
+        )
     return measured(load_profile(path, key), model_args, str(path))
 
 
-def analytical(name: str, model_args: ModelArgs, dtype_bytes: int = 2, dtype: Optional[str] = None,
-               host_fixed_s: Optional[float] = None, host_per_seq_s: float = 0.0,
-               cuda_graphs: Optional[bool] = None) -> tuple[RooflineModel, dict]:
+def analytical(
+    name: str,
+    model_args: ModelArgs,
+    dtype_bytes: int = 2,
+    dtype: Optional[str] = None,
+    host_fixed_s: Optional[float] = None,
+    host_per_seq_s: float = 0.0,
+    cuda_graphs: Optional[bool] = None,
+) -> tuple[RooflineModel, dict]:
     """The roofline of a GPU of the table. `dtype` (unset: bfloat16 for 2 bytes, else float32)
     picks the peak FLOPs; the host terms are RooflineModel's (unset: the table's step overhead,
     nothing per sequence, CUDA graphs on)."""
     dtype = dtype if dtype not in (None, "auto") else ("bfloat16" if dtype_bytes == 2 else "float32")
-    model = RooflineModel(gpu(name).validate(), model_args, dtype_bytes, dtype=dtype, host_fixed_s=host_fixed_s,
-                          host_per_seq_s=host_per_seq_s, cuda_graphs=True if cuda_graphs is None else cuda_graphs)
+    model = RooflineModel(
+        gpu(name).validate(),
+        model_args,
+        dtype_bytes,
+        dtype=dtype,
+        host_fixed_s=host_fixed_s,
+        host_per_seq_s=host_per_seq_s,
+        cuda_graphs=True if cuda_graphs is None else cuda_graphs,
+    )
     return model, {**analytical_label(name, dtype_bytes), "dtype": dtype, "host": model.host_terms()}
 
 

@@ -68,13 +68,23 @@ class RooflineModel:
         return self.gpu.link_latency_s + nbytes / (self.gpu.nvlink_bytes_per_s * self.gpu.nvlink_share)
 
     def as_dict(self) -> dict:
-        return {"kind": "analytical", "gpu": asdict(self.gpu), "dtype_bytes": self.dtype_bytes,
-                "causal_attention": self.causal_attention, "dtype": self.dtype, "host": self.host_terms()}
+        return {
+            "kind": "analytical",
+            "gpu": asdict(self.gpu),
+            "dtype_bytes": self.dtype_bytes,
+            "causal_attention": self.causal_attention,
+            "dtype": self.dtype,
+            "host": self.host_terms(),
+        }
 
     def host_terms(self) -> dict:
         """The stated host side: per-step fixed and per-sequence time, CUDA graphs, eager launch gap."""
-        return {"fixed_s": self.host_fixed, "per_seq_s": self.host_per_seq_s, "cuda_graphs": self.cuda_graphs,
-                "eager_decode_launch_s": self.eager_launch_s()}
+        return {
+            "fixed_s": self.host_fixed,
+            "per_seq_s": self.host_per_seq_s,
+            "cuda_graphs": self.cuda_graphs,
+            "eager_decode_launch_s": self.eager_launch_s(),
+        }
 
     @property
     def host_fixed(self) -> float:
@@ -85,8 +95,9 @@ class RooflineModel:
         return 0.0 if self.cuda_graphs else self.model_args.num_layers * KERNELS_PER_LAYER * KERNEL_LAUNCH_S
 
     # -- the components ----------------------------------------------------------------------------
-    def breakdown(self, prefill_tokens: int, prefill_context: float, decode_seqs: int,
-                  decode_context: int) -> dict[str, float]:
+    def breakdown(
+        self, prefill_tokens: int, prefill_context: float, decode_seqs: int, decode_context: int
+    ) -> dict[str, float]:
         """Seconds per component of one step (their sum is `step_time`)."""
         layers = self.model_args.num_layers
         tokens = prefill_tokens + decode_seqs
@@ -100,7 +111,8 @@ class RooflineModel:
             "prefill_attention": layers * self.prefill_attention(prefill_tokens, prefill_context),
             "decode_attention": layers * self.decode_attention(decode_seqs, decode_context),
             "lm_head": self.gemm(sampled, self.model_args.hidden_size, self.model_args.vocab_size, out_bytes=4)
-            if sampled else 0.0,
+            if sampled
+            else 0.0,
         }
 
     def roofline(self, flops: float, nbytes: float, mfu: float) -> float:
@@ -117,8 +129,12 @@ class RooflineModel:
         a = self.model_args
         q, kv = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
         h, inter = a.hidden_size, a.intermediate_size
-        return (self.gemm(tokens, h, q + 2 * kv) + self.gemm(tokens, q, h)
-                + self.gemm(tokens, h, 2 * inter) + self.gemm(tokens, inter, h))
+        return (
+            self.gemm(tokens, h, q + 2 * kv)
+            + self.gemm(tokens, q, h)
+            + self.gemm(tokens, h, 2 * inter)
+            + self.gemm(tokens, inter, h)
+        )
 
     def elementwise(self, tokens: int) -> float:
         """Norms, RoPE, SiLU x up, residual adds: elements read + written per token per layer,

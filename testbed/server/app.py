@@ -26,13 +26,22 @@ from aiohttp import web
 from testbed.cluster.point import fit_to_pools, stop_cluster
 from testbed.config import Config
 from testbed.errors import ConfigError
-from testbed.http.protocol import (DONE, BadRequest, Completion, body_limit, chunk, error_chunk,
-                                   parse_completion, usage, usage_chunk)
+from testbed.http.protocol import (
+    DONE,
+    BadRequest,
+    Completion,
+    body_limit,
+    chunk,
+    error_chunk,
+    parse_completion,
+    usage,
+    usage_chunk,
+)
 from testbed.metrics.events import RequestLog
 from testbed.server.doors import Doorman, accept_errors, connection_cap, json_error
 from testbed.server.live import LiveRouter
 from testbed.studies.real_point import start_cluster, write_point
-from testbed.tracking.telemetry import start_telemetry
+from testbed.tracking.nvml import start_telemetry
 from testbed.workload import Request
 
 START_TIMEOUT_S = 60.0  # the web thread binding its socket; the workers have cluster.start_timeout_s
@@ -64,8 +73,14 @@ class QueueSink:
 class Completions:
     """The request handlers."""
 
-    def __init__(self, cfg: Config, router: LiveRouter, t0: float, text: Callable[[list[int]], str],
-                 encode: Optional[Callable[[str], list[int]]]):
+    def __init__(
+        self,
+        cfg: Config,
+        router: LiveRouter,
+        t0: float,
+        text: Callable[[list[int]], str],
+        encode: Optional[Callable[[str], list[int]]],
+    ):
         self.cfg, self.router, self.t0, self.text, self.encode = cfg, router, t0, text, encode
         self.args = cfg.model.args()
         self.key = cfg.http.server_key()
@@ -90,22 +105,39 @@ class Completions:
         return await handler(request)
 
     async def models(self, request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [
-            {"id": self.cfg.http.served_model, "object": "model", "owned_by": "testbed",
-             "max_model_len": self.args.max_model_len}]})
+        return web.json_response(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": self.cfg.http.served_model,
+                        "object": "model",
+                        "owned_by": "testbed",
+                        "max_model_len": self.args.max_model_len,
+                    }
+                ],
+            }
+        )
 
     async def health(self, request: web.Request) -> web.Response:
         broken = self.router.error is not None
-        return web.json_response({"status": "failed" if broken else "ok", "open_requests": self.open,
-                                  "active_requests": len(self.router.book), "mode": self.cfg.mode},
-                                 status=503 if broken else 200)
+        return web.json_response(
+            {
+                "status": "failed" if broken else "ok",
+                "open_requests": self.open,
+                "active_requests": len(self.router.book),
+                "mode": self.cfg.mode,
+            },
+            status=503 if broken else 200,
+        )
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         if self.router.error is not None or self.router.stopping:
             return _error(f"the server is not serving: {self.router.error or 'stopping'}", 503)
         if self.open >= self.cfg.http.max_streams:
-            return _error(f"too many concurrent requests: {self.open} open, http.max_streams={self.cfg.http.max_streams}",
-                          429)
+            return _error(
+                f"too many concurrent requests: {self.open} open, http.max_streams={self.cfg.http.max_streams}", 429
+            )
         try:
             spec = await self._parse(request)
         except BadRequest as bad:
@@ -115,8 +147,9 @@ class Completions:
         self.open += 1
         self.router.submit(Request(rid, time.perf_counter() - self.t0, spec.prompt_token_ids, spec.max_tokens), sink)
         try:
-            response = await (self._stream(request, rid, spec, sink.queue) if spec.stream
-                              else self._whole(rid, spec, sink.queue))
+            response = await (
+                self._stream(request, rid, spec, sink.queue) if spec.stream else self._whole(rid, spec, sink.queue)
+            )
         except (asyncio.CancelledError, ConnectionResetError):
             # frees its sequence and KV on every worker; one the engine had finished is recorded as
             # not delivered (its stream broke before the end reached the client)
@@ -131,19 +164,31 @@ class Completions:
         """The request, its size checked from Content-Length before reading and by aiohttp while
         reading (client_max_size); a large body is parsed in a thread, off the event loop."""
         if request.content_length is not None and request.content_length > self.max_body:
-            raise BadRequest(f"the body has {request.content_length} bytes; the limit is {self.max_body} "
-                             f"(a prompt of max_model_len {self.args.max_model_len} tokens)", status=413)
+            raise BadRequest(
+                f"the body has {request.content_length} bytes; the limit is {self.max_body} "
+                f"(a prompt of max_model_len {self.args.max_model_len} tokens)",
+                status=413,
+            )
         try:  # a client that announces a body and sends it slowly holds a connection: bounded
             body = await asyncio.wait_for(request.read(), self.cfg.http.body_timeout_s)
         except web.HTTPRequestEntityTooLarge:
-            raise BadRequest(f"the body is over the limit of {self.max_body} bytes "
-                             f"(a prompt of max_model_len {self.args.max_model_len} tokens)", status=413) from None
+            raise BadRequest(
+                f"the body is over the limit of {self.max_body} bytes "
+                f"(a prompt of max_model_len {self.args.max_model_len} tokens)",
+                status=413,
+            ) from None
         except asyncio.TimeoutError:
-            raise BadRequest(f"the body was not sent whole within http.body_timeout_s={self.cfg.http.body_timeout_s:g} s",
-                             status=408) from None
-        parse = functools.partial(parse_completion, body, vocab_size=self.args.vocab_size,
-                                  max_model_len=self.args.max_model_len, model=self.cfg.http.served_model,
-                                  encode=self.encode)
+            raise BadRequest(
+                f"the body was not sent whole within http.body_timeout_s={self.cfg.http.body_timeout_s:g} s", status=408
+            ) from None
+        parse = functools.partial(
+            parse_completion,
+            body,
+            vocab_size=self.args.vocab_size,
+            max_model_len=self.args.max_model_len,
+            model=self.cfg.http.served_model,
+            encode=self.encode,
+        )
         if len(body) <= PARSE_INLINE:
             return parse()
         return await asyncio.get_running_loop().run_in_executor(None, parse)
@@ -180,9 +225,16 @@ class Completions:
         choice = {"index": 0, "text": self.text(ids), "logprobs": None, "finish_reason": "length"}
         if spec.return_token_ids:
             choice["token_ids"] = ids
-        return web.json_response({"id": f"cmpl-{rid}", "object": "text_completion", "created": int(time.time()),
-                                  "model": spec.model, "choices": [choice],
-                                  "usage": usage(len(spec.prompt_token_ids), len(ids))})
+        return web.json_response(
+            {
+                "id": f"cmpl-{rid}",
+                "object": "text_completion",
+                "created": int(time.time()),
+                "model": spec.model,
+                "choices": [choice],
+                "usage": usage(len(spec.prompt_token_ids), len(ids)),
+            }
+        )
 
 
 _error = json_error
@@ -233,8 +285,9 @@ class HttpServer:
         self._stack.callback(self._close_loop)
         self.doorman = Doorman(connection_cap(self.cfg.http.max_connections, BACKLOG))  # with the workers' files open
         self.loop.set_exception_handler(accept_errors(self.doorman.say))
-        self._runner = web.AppRunner(self.handlers.app(self.doorman), handler_cancellation=True, access_log=None,
-                                    shutdown_timeout=5.0)
+        self._runner = web.AppRunner(
+            self.handlers.app(self.doorman), handler_cancellation=True, access_log=None, shutdown_timeout=5.0
+        )
         asyncio.run_coroutine_threadsafe(self._open(sock), self.loop).result(timeout=START_TIMEOUT_S)
         # The router's and the web server's threads hand every token to each other: at the default
         # 5 ms switch interval a hand-off can wait a whole interval for the GIL (+20% TPOT measured).
@@ -272,15 +325,24 @@ class HttpServer:
         if self.out_dir is None:
             return None
         doors = self.doors()
-        return write_point(self.cfg, self.out_dir, self.cluster, self.router, self.log, telemetry,
-                           {"server": self.url, "requests_served": self.handlers.next_rid, **doors},
-                           extra_meta={"executor": "real", "served_over_http": self.url, **doors})
+        return write_point(
+            self.cfg,
+            self.out_dir,
+            self.cluster,
+            self.router,
+            self.log,
+            telemetry,
+            {"server": self.url, "requests_served": self.handlers.next_rid, **doors},
+            extra_meta={"executor": "real", "served_over_http": self.url, **doors},
+        )
 
     def doors(self) -> dict:
         """What the server turned away, by HTTP status (never in requests.parquet: no request began)."""
-        return {"http_refused": {str(status): n for status, n in sorted(self.doorman.refused.items())},
-                "http_connections_closed_idle": self.doorman.closed_idle,
-                "http_clients_gone": self.doorman.clients_gone}
+        return {
+            "http_refused": {str(status): n for status, n in sorted(self.doorman.refused.items())},
+            "http_connections_closed_idle": self.doorman.closed_idle,
+            "http_clients_gone": self.doorman.clients_gone,
+        }
 
 
 class GuardedSite(web.SockSite):
@@ -304,8 +366,10 @@ def bind(host: str, port: int):
         sock.bind((host, port))
     except OSError as error:
         sock.close()
-        raise ConfigError(f"http.host={host} http.port={port} cannot be bound ({error.strerror or error}); "
-                          f"choose another port, or http.port=0 for a free one") from None
+        raise ConfigError(
+            f"http.host={host} http.port={port} cannot be bound ({error.strerror or error}); "
+            f"choose another port, or http.port=0 for a free one"
+        ) from None
     try:
         yield sock
     finally:

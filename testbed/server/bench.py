@@ -17,14 +17,25 @@ import numpy as np
 from testbed.config import Config, with_overrides
 from testbed.metrics.uncertainty import ratio_interval, sample_interval
 
-LAYOUTS = {"colocated": {"mode": "colocated", "cluster.num_workers": 1},
-           "chunked": {"mode": "chunked", "cluster.num_workers": 1},
-           "disagg": {"mode": "disagg", "cluster.num_prefill": 1, "cluster.num_decode": 1}}
+LAYOUTS = {
+    "colocated": {"mode": "colocated", "cluster.num_workers": 1},
+    "chunked": {"mode": "chunked", "cluster.num_workers": 1},
+    "disagg": {"mode": "disagg", "cluster.num_prefill": 1, "cluster.num_decode": 1},
+}
 
 
 def config(mode: str, requests: int, rate: float, seed: int) -> Config:
-    return with_overrides(Config(), {**LAYOUTS[mode], "hardware.name": "cpu", "seed": seed, "http.port": 0,
-                                     "workload.num_requests": requests, "workload.rate": rate})
+    return with_overrides(
+        Config(),
+        {
+            **LAYOUTS[mode],
+            "hardware.name": "cpu",
+            "seed": seed,
+            "http.port": 0,
+            "workload.num_requests": requests,
+            "workload.rate": rate,
+        },
+    )
 
 
 def one_repeat(cfg: Config, root: Path) -> tuple:
@@ -47,10 +58,14 @@ def row(metric: str, stat: str, local: list[np.ndarray], remote: list[np.ndarray
     if not ratio.known:
         verdict = f"no interval ({ratio.note or 'one repeat'})"
     else:
-        verdict = "not separated" if ratio.low <= 1 <= ratio.high else ("HTTP slower" if ratio.low > 1 else "HTTP faster")
+        verdict = (
+            "not separated" if ratio.low <= 1 <= ratio.high else ("HTTP slower" if ratio.low > 1 else "HTTP faster")
+        )
     ms = lambda i: f"{1000 * i.estimate:8.2f} [{1000 * i.low:.2f}, {1000 * i.high:.2f}]"  # noqa: E731
-    return (f"{metric + ' ' + stat:10} {ms(a)}  {ms(b)}  {ratio.estimate:5.2f} [{ratio.low:.2f}, {ratio.high:.2f}]  "
-            f"{verdict}")
+    return (
+        f"{metric + ' ' + stat:10} {ms(a)}  {ms(b)}  {ratio.estimate:5.2f} [{ratio.low:.2f}, {ratio.high:.2f}]  "
+        f"{verdict}"
+    )
 
 
 def main(argv=None) -> int:
@@ -65,7 +80,9 @@ def main(argv=None) -> int:
         for seed in range(args.repeats):
             print(f"repeat {seed + 1}/{args.repeats}: in-process, then over HTTP", flush=True)
             pairs.append(one_repeat(config(args.mode, args.requests, args.rate, seed), Path(tmp) / str(seed)))
-    same = sum(sum(a == b for a, b in zip(l.output_token_ids.map(list), r.output_token_ids.map(list))) for l, r in pairs)
+    same = sum(
+        sum(a == b for a, b in zip(l.output_token_ids.map(list), r.output_token_ids.map(list))) for l, r in pairs
+    )
     total = sum(len(l) for l, _ in pairs)
     print(f"\nmode={args.mode}, {args.repeats} x {args.requests} requests at {args.rate:g} req/s; times in ms")
     print(f"{'':10} {'in-process':>8} [95% interval]  {'HTTP':>8} [95% interval]  ratio [95% interval]")

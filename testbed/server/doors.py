@@ -60,11 +60,15 @@ def connection_cap(wanted: int, burst: int) -> int:
         return wanted
     room = soft - _fds_in_use() - FD_RESERVE - burst
     if room < MIN_CONNECTIONS:
-        raise ConfigError(f"ulimit -n is {soft} and {_fds_in_use()} files are open: no room for HTTP connections; "
-                          f"raise it (ulimit -n 4096)")
+        raise ConfigError(
+            f"ulimit -n is {soft} and {_fds_in_use()} files are open: no room for HTTP connections; "
+            f"raise it (ulimit -n 4096)"
+        )
     if room < wanted:
-        log.warning(f"http.max_connections={wanted} lowered to {room}: ulimit -n is {soft} and "
-                    f"{_fds_in_use()} files are open already")
+        log.warning(
+            f"http.max_connections={wanted} lowered to {room}: ulimit -n is {soft} and "
+            f"{_fds_in_use()} files are open already"
+        )
     return min(wanted, room)
 
 
@@ -105,8 +109,9 @@ class Doorman:
 
     def handler_factory(self, server: web.Server, loop: asyncio.AbstractEventLoop, header_timeout_s: float):
         """What the listening socket makes each connection's protocol with (aiohttp's, guarded)."""
-        return lambda: Handler(self, server, loop=loop, keepalive_timeout=header_timeout_s, access_log=None,
-                               logger=QUIET)
+        return lambda: Handler(
+            self, server, loop=loop, keepalive_timeout=header_timeout_s, access_log=None, logger=QUIET
+        )
 
     @web.middleware
     async def middleware(self, request: web.Request, handler):
@@ -150,8 +155,10 @@ class Handler(RequestHandler):
         super().connection_made(transport)
         if not self.doorman.enter(self):
             body = json.dumps(error_body("too many connections; retry later", 503)).encode()
-            transport.write(b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-                            b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+            transport.write(
+                b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+                b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+            )
             transport.close()
 
     def connection_lost(self, exc: Optional[BaseException]) -> None:
@@ -162,8 +169,9 @@ class Handler(RequestHandler):
         if self.transport is not None:
             self.transport.close()
 
-    def handle_error(self, request, status: int = 500, exc: Optional[BaseException] = None,
-                     message: Optional[str] = None) -> web.StreamResponse:
+    def handle_error(
+        self, request, status: int = 500, exc: Optional[BaseException] = None, message: Optional[str] = None
+    ) -> web.StreamResponse:
         """A request aiohttp could not parse (4xx) or a handler that raised (500): JSON, counted, and
         one line in the log naming the kind of error, never the client's bytes. A client that hung
         up mid-response was not refused: it is counted apart."""

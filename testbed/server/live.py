@@ -39,8 +39,18 @@ class Wake:
 
 class LiveRouter(Router):
     def __init__(self, cluster: Cluster, log: RequestLog, cfg: Config, t0: float):
-        super().__init__(cluster, empty_workload(), log, cfg.mode, cfg.cluster, cfg.kv_transfer, t0, cfg.faults,
-                         block_size=cfg.engine.block_size, tenants=cfg.workload.tenants)
+        super().__init__(
+            cluster,
+            empty_workload(),
+            log,
+            cfg.mode,
+            cfg.cluster,
+            cfg.kv_transfer,
+            t0,
+            cfg.faults,
+            block_size=cfg.engine.block_size,
+            tenants=cfg.workload.tenants,
+        )
         reader, self._bell = Pipe(duplex=False)
         cluster.events.add(reader)
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()

@@ -20,6 +20,8 @@ SHIPPED = Path(__file__).parent / "profiles"
 def shipped_profile(model_name: str) -> Path:
     """The measured CPU profile shipped for a model preset: what a role with no profile set simulates on."""
     return SHIPPED / f"{model_name}_cpu.json"
+
+
 ROLE_KEYS = {Kind.MIXED: "profile", Kind.PREFILL: "prefill_profile", Kind.DECODE: "decode_profile"}
 
 
@@ -65,8 +67,10 @@ class SimConfig:
             spec = getattr(self, key)
             if spec is None or is_gpu(spec) or is_run_spec(spec) or spec.endswith(".json") or Path(spec).is_file():
                 continue
-            raise ConfigError(f"sim.{key}={spec!r} is neither a GPU of the analytical table "
-                              f"({', '.join(sorted(GPUS))}), a profile .json file, nor run:<a real run's results dir>")
+            raise ConfigError(
+                f"sim.{key}={spec!r} is neither a GPU of the analytical table "
+                f"({', '.join(sorted(GPUS))}), a profile .json file, nor run:<a real run's results dir>"
+            )
         return self
 
     def host_model(self, measured: Optional[dict] = None) -> HostModel:
@@ -101,7 +105,9 @@ class SimConfig:
             return load_in_situ(spec, role, self.key(role))
         if spec is None and not shipped_profile(model_name).is_file():
             shipped = ", ".join(sorted(p.name for p in SHIPPED.glob("*.json")))
-            raise ConfigError(f"sim.profile: no profile is shipped for model {model_name!r} (shipped: {shipped}); "
-                              f"profile it with `python -m testbed +experiment=profile` and pass sim.profile=<its "
-                              f"profile.json>, or simulate a GPU: sim.profile={' | '.join(sorted(GPUS))}")
+            raise ConfigError(
+                f"sim.profile: no profile is shipped for model {model_name!r} (shipped: {shipped}); "
+                f"profile it with `python -m testbed +experiment=profile` and pass sim.profile=<its "
+                f"profile.json>, or simulate a GPU: sim.profile={' | '.join(sorted(GPUS))}"
+            )
         return load_profile(Path(spec) if spec else shipped_profile(model_name), self.key(role))

@@ -5,8 +5,27 @@ without importing the simulator; testbed.perf.roofline is its analytical counter
 """
 
 from testbed.perf.attention import attended_context
-from testbed.perf.measured import (STEP_INPUTS, STEP_TERMS, CostModel, fit_profile, fit_step, fit_transfer, nnls,
-                                   relative_fit, step_features)
+from testbed.perf.measured import (
+    STEP_INPUTS,
+    STEP_TERMS,
+    CostModel,
+    fit_profile,
+    fit_step,
+    fit_transfer,
+    nnls,
+    relative_fit,
+    step_features,
+)
 
-__all__ = ["STEP_INPUTS", "STEP_TERMS", "CostModel", "attended_context", "fit_profile", "fit_step", "fit_transfer",
-           "nnls", "relative_fit", "step_features"]
+__all__ = [
+    "STEP_INPUTS",
+    "STEP_TERMS",
+    "CostModel",
+    "attended_context",
+    "fit_profile",
+    "fit_step",
+    "fit_transfer",
+    "nnls",
+    "relative_fit",
+    "step_features",
+]

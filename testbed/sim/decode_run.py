@@ -59,17 +59,36 @@ class DecodeRun:
         worker's ordinary steps record them (`num_blocks`: the pool's size; no prefix hits)."""
         n, context = len(self.quiet.seqs), self.quiet.context
         starts, ends = self.starts[:done], self.ends[:done]
-        return dict(start=starts, end=ends, role=role, prefill_tokens=0, decode_seqs=n, batched_tokens=n,
-                    kv_blocks_used=self.quiet.used[:done], num_waiting=0, num_running=n, schedule_s=0.0,
-                    prepare_s=0.0, forward_s=[end - start for start, end in zip(starts, ends)], sample_s=0.0,
-                    postprocess_s=0.0, prefill_chunks=(), decode_context=list(range(context, context + n * done, n)),
-                    kv_blocks_total=num_blocks, prefix_hit_tokens=0)
+        return dict(
+            start=starts,
+            end=ends,
+            role=role,
+            prefill_tokens=0,
+            decode_seqs=n,
+            batched_tokens=n,
+            kv_blocks_used=self.quiet.used[:done],
+            num_waiting=0,
+            num_running=n,
+            schedule_s=0.0,
+            prepare_s=0.0,
+            forward_s=[end - start for start, end in zip(starts, ends)],
+            sample_s=0.0,
+            postprocess_s=0.0,
+            prefill_chunks=(),
+            decode_context=list(range(context, context + n * done, n)),
+            kv_blocks_total=num_blocks,
+            prefix_hit_tokens=0,
+        )
 
     def report(self, done: int, num_blocks: int) -> RunReport:
         """What the first `done` steps report (RequestBook.on_run)."""
         ends = self.ends[:done]
-        return RunReport(self.starts[:done], ends, [end + report for end, report in zip(ends, self.reports)],
-                         [num_blocks - used for used in self.quiet.used[:done]])
+        return RunReport(
+            self.starts[:done],
+            ends,
+            [end + report for end, report in zip(ends, self.reports)],
+            [num_blocks - used for used in self.quiet.used[:done]],
+        )
 
     def cut(self, t: float, draws: Draws) -> tuple[int, bool]:
         """Keep the steps begun before `t`: (how many quiet steps ended by `t`, whether one more
@@ -78,7 +97,7 @@ class DecodeRun:
         begun = bisect_left(self.starts, t)
         in_flight = begun > 0 and (self.ends[begun - 1] > t or begun > self.quiet.steps)
         done = begun - in_flight
-        back = self.taken[done][self.scale_draws:] if in_flight else []
+        back = self.taken[done][self.scale_draws :] if in_flight else []
         for taken in self.taken[begun:]:
             back.extend(taken)
         phase = self.phases[done - (not in_flight)] if self.phases and (in_flight or done) else self.phase
@@ -87,15 +106,17 @@ class DecodeRun:
         return done, in_flight
 
 
-def time_run(now: float, quiet: QuietRun, cost: StepCostModel, scale: Delay, host: HostModel,
-             draws: Draws) -> DecodeRun:
+def time_run(
+    now: float, quiet: QuietRun, cost: StepCostModel, scale: Delay, host: HostModel, draws: Draws
+) -> DecodeRun:
     """The run's steps from `now`, timed as Simulation steps them one at a time: the step's cost
     times its contention draw, then the report and gap draws."""
     run = DecodeRun(quiet, scale_draws=draws.scale_draws(scale), valid=quiet.steps)
     steps = quiet.steps + quiet.finishes
     if scale.is_fixed and host.report.is_fixed and host.step_gap.is_fixed:
-        return _time_fixed(run, steps, now, cost, scale.quantiles[0], host.report.quantiles[0],
-                           host.step_gap.quantiles[0])
+        return _time_fixed(
+            run, steps, now, cost, scale.quantiles[0], host.report.quantiles[0], host.step_gap.quantiles[0]
+        )
     n, context, t = len(quiet.seqs), quiet.context, now
     sample = draws.sample
     run.phase = draws.z
@@ -114,8 +135,9 @@ def time_run(now: float, quiet: QuietRun, cost: StepCostModel, scale: Delay, hos
     return run
 
 
-def _time_fixed(run: DecodeRun, steps: int, t: float, cost: StepCostModel, scale: float, report: float,
-                gap: float) -> DecodeRun:
+def _time_fixed(
+    run: DecodeRun, steps: int, t: float, cost: StepCostModel, scale: float, report: float, gap: float
+) -> DecodeRun:
     """`time_run` with no draws: the common case of a long simulation, kept to one call a step."""
     quiet, step_time = run.quiet, cost.step_time
     n, context = len(quiet.seqs), quiet.context

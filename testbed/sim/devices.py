@@ -50,8 +50,10 @@ def resolve_roles(cfg: Config, roles: set[str], profile: Optional[Mapping] = Non
     sizes = {role: r.dtype_bytes for role, r in out.items()}
     if len(set(sizes.values())) > 1:
         got = ", ".join(f"{cfg.sim.key(role)}: {n} bytes" for role, n in sizes.items())
-        raise ConfigError(f"the simulated devices hold the KV cache in different dtypes ({got}): "
-                          f"a measured CPU profile (float32) cannot pair with a GPU; pick GPUs or profiles of one dtype")
+        raise ConfigError(
+            f"the simulated devices hold the KV cache in different dtypes ({got}): "
+            f"a measured CPU profile (float32) cannot pair with a GPU; pick GPUs or profiles of one dtype"
+        )
     return out
 
 
@@ -64,21 +66,33 @@ def resolve_role(cfg: Config, role: str, profile: Optional[Mapping] = None) -> R
         return RoleProfile(model, label, dtype_bytes)
     name = "given" if given else spec or f"shipped:{cfg.model.name}_cpu.json"
     if cfg.engine.sets_host:
-        raise ConfigError(f"engine.host_overhead_s / engine.host_overhead_per_seq_s are an analytical GPU's host "
-                          f"terms; {cfg.sim.key(role)} is a measured profile ({name}), whose step times hold its own")
+        raise ConfigError(
+            f"engine.host_overhead_s / engine.host_overhead_per_seq_s are an analytical GPU's host "
+            f"terms; {cfg.sim.key(role)} is a measured profile ({name}), whose step times hold its own"
+        )
     try:
         loaded = profile if given else cfg.sim.load(cfg.model.name, role)
         model, label = measured(loaded, args, name)
         return RoleProfile(model, label, int(loaded["dtype_bytes"]), loaded)
     except MALFORMED as error:  # a file another tool wrote, or a damaged one: one line naming it
-        raise ConfigError(f"{cfg.sim.key(role)}: {name} is not a measured profile ({_what(error)}); "
-                          f"make one with `python -m testbed +experiment=profile`") from None
+        raise ConfigError(
+            f"{cfg.sim.key(role)}: {name} is not a measured profile ({_what(error)}); "
+            f"make one with `python -m testbed +experiment=profile`"
+        ) from None
 
 
 # what reading a damaged profile raises: not UTF-8 or a number of too many digits (ValueError),
 # nesting past the stack, a missing section, a section of the wrong kind
-MALFORMED = (ValueError, RecursionError, KeyError, TypeError, AttributeError, IndexError, ZeroDivisionError,
-             OverflowError)
+MALFORMED = (
+    ValueError,
+    RecursionError,
+    KeyError,
+    TypeError,
+    AttributeError,
+    IndexError,
+    ZeroDivisionError,
+    OverflowError,
+)
 
 
 def _what(error: BaseException) -> str:
@@ -112,8 +126,9 @@ def gpu_dtype_bytes(dtype: str) -> int:
     return GPU_DTYPE_BYTES[dtype]
 
 
-def transfer_time(sender: RoleProfile, receiver: RoleProfile, nbytes: int,
-                  backend: str = KVBackend.PROCESS_GROUP) -> float:
+def transfer_time(
+    sender: RoleProfile, receiver: RoleProfile, nbytes: int, backend: str = KVBackend.PROCESS_GROUP
+) -> float:
     """A KV transfer runs at the slower link of its two ends (backend: kv_transfer.backend)."""
     return max(sender.cost.transfer_time(nbytes, backend), receiver.cost.transfer_time(nbytes, backend))
 

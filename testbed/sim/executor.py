@@ -42,25 +42,46 @@ def simulate(cfg: Config, profile: Optional[Mapping] = None, *, num_devices: Opt
         sim.run()
     loop_s = time.perf_counter() - started
     requests, steps, transfers = sim.log.table(), steps_table(sim.steps, 0.0), sim.transfers.table()
-    summary = summarize(requests, steps, transfers[transfers.outcome == "ok"], slo=cfg.slo, metrics=cfg.metrics,
-                        num_gpus=len(sim.plans), tenant_slos=tenant_slos(cfg.workload.tenants, cfg.slo))
+    summary = summarize(
+        requests,
+        steps,
+        transfers[transfers.outcome == "ok"],
+        slo=cfg.slo,
+        metrics=cfg.metrics,
+        num_gpus=len(sim.plans),
+        tenant_slos=tenant_slos(cfg.workload.tenants, cfg.slo),
+    )
     summary["kv_blocks_leaked"] = {f"worker{w.rank}": w.block_manager.num_used_blocks for w in sim.workers}
     summary["kv_blocks_cached"] = {f"worker{w.rank}": w.block_manager.num_cached_blocks for w in sim.workers}
-    summary["kv_store"] = {f"worker{w.rank}": w.block_manager.store.stats.as_dict() for w in sim.workers
-                           if w.block_manager.store is not None}
-    summary["workers"] = {f"worker{p.rank}": {"role": p.role, "device": p.device, "alive_at_end": True}
-                          for p in sim.plans}
+    summary["kv_store"] = {
+        f"worker{w.rank}": w.block_manager.store.stats.as_dict()
+        for w in sim.workers
+        if w.block_manager.store is not None
+    }
+    summary["workers"] = {
+        f"worker{p.rank}": {"role": p.role, "device": p.device, "alive_at_end": True} for p in sim.plans
+    }
     summary["workload_report"] = sim.workload.report
     summary["executor"] = Executor.SIM
-    summary["sim"] = {"events": sim.num_events, "loop_s": loop_s, "unfinished": len(sim.book),
-                      "profile": sim.roles[0].label,  # the first worker's (P's in disagg)
-                      "profiles": {role: r.label for role, r in sim.profiles.items()},
-                      "host_delays": {**sim.host.model.as_dict(),
-                                      **{f"step_scale_{role}": step_scale(r.measured).median
-                                         for role, r in sim.profiles.items()},
-                                      **{f"contention_rho_{role}": contention_rho(r.measured)
-                                         for role, r in sim.profiles.items()}}}
+    summary["sim"] = {
+        "events": sim.num_events,
+        "loop_s": loop_s,
+        "unfinished": len(sim.book),
+        "profile": sim.roles[0].label,  # the first worker's (P's in disagg)
+        "profiles": {role: r.label for role, r in sim.profiles.items()},
+        "host_delays": {
+            **sim.host.model.as_dict(),
+            **{f"step_scale_{role}": step_scale(r.measured).median for role, r in sim.profiles.items()},
+            **{f"contention_rho_{role}": contention_rho(r.measured) for role, r in sim.profiles.items()},
+        },
+    }
     wall = time.perf_counter() - started
-    return {"requests": requests, "steps": steps, "transfers": transfers, "summary": summary,
-            "events_per_s": sim.num_events / loop_s if loop_s > 0 else float("inf"), "wall_s": wall,
-            "prompts": sim.log.prompts}
+    return {
+        "requests": requests,
+        "steps": steps,
+        "transfers": transfers,
+        "summary": summary,
+        "events_per_s": sim.num_events / loop_s if loop_s > 0 else float("inf"),
+        "wall_s": wall,
+        "prompts": sim.log.prompts,
+    }

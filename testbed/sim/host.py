@@ -27,8 +27,8 @@ import bisect
 import functools
 import math
 import random
-from statistics import NormalDist
 from dataclasses import dataclass, field
+from statistics import NormalDist
 from typing import Mapping, Optional, Sequence
 
 import numpy as np
@@ -37,6 +37,8 @@ import numpy as np
 # spreads 1% of the draws evenly from p99 to the largest value measured, so one stall in thousands
 # (a 0.26 s gap among 4,000 of 0.3 ms) would stall 1% of simulated steps by 0.13 s on average
 LEVELS = tuple(np.concatenate([np.linspace(0.0, 0.99, 100), np.linspace(0.991, 0.999, 9), [0.9995, 0.9999, 1.0]]))
+
+
 @functools.lru_cache(maxsize=8)
 def levels_of(count: int) -> tuple[float, ...]:
     """The quantile levels of a stored distribution of `count` quantiles (evenly spaced in
@@ -93,8 +95,10 @@ class HostModel:
     def from_dict(cls, measured: Mapping, fixed: Mapping[str, Optional[float]]) -> "HostModel":
         """Measured quantiles ({name: [q0..q100]}), each replaced by a fixed value where one is set
         (a fixed report is every report's, the first token's too)."""
-        delays = {name: Delay(tuple(measured[name])) if measured.get(name) else Delay()
-                  for name in ("dispatch", "step_gap", "report", "release", "handoff")}
+        delays = {
+            name: Delay(tuple(measured[name])) if measured.get(name) else Delay()
+            for name in ("dispatch", "step_gap", "report", "release", "handoff")
+        }
         if measured.get("report_first") and fixed.get("report") is None:
             delays["report_first"] = Delay(tuple(measured["report_first"]))
         if measured.get("step_gap_prefill") and fixed.get("step_gap") is None:
@@ -114,9 +118,15 @@ class HostModel:
     def as_dict(self) -> dict:
         """Medians, for summary.json (a fixed value is its own median)."""
         delays = (self.dispatch, self.step_gap, self.report, self.release, self.first_report, self.handoff)
-        return {"dispatch_s": self.dispatch.median, "step_gap_s": self.step_gap.median, "report_s": self.report.median,
-                "release_s": self.release.median, "report_first_s": self.first_report.median,
-                "handoff_s": self.handoff.median, "sampled": not all(d.is_fixed for d in delays)}
+        return {
+            "dispatch_s": self.dispatch.median,
+            "step_gap_s": self.step_gap.median,
+            "report_s": self.report.median,
+            "release_s": self.release.median,
+            "report_first_s": self.first_report.median,
+            "handoff_s": self.handoff.median,
+            "sampled": not all(d.is_fixed for d in delays),
+        }
 
 
 def contention_rho(measured: Optional[Mapping]) -> float:
@@ -211,6 +221,7 @@ _NORMAL = NormalDist()
 @dataclass
 class HostSide:
     """A simulation's host: the delays, and by rank each worker's contention and draws."""
+
     model: HostModel
     scales: list  # by rank: (a decode step's contention, a step with prefill's, a decode step's after one)
     router: Draws
@@ -220,6 +231,9 @@ class HostSide:
     def of(cls, model: HostModel, measured: Sequence[Optional[Mapping]], seed: int) -> "HostSide":
         """`measured`: each worker's in-situ profile (by rank), None where it has none."""
         base = seed * 1_000_003
-        return cls(model, [(step_scale(m), step_scale(m, prefill=True), step_scale_after_prefill(m)) for m in measured],
-                   Draws(base),
-                   [Draws(base + 1 + rank, contention_rho(m), contention_weight(m)) for rank, m in enumerate(measured)])
+        return cls(
+            model,
+            [(step_scale(m), step_scale(m, prefill=True), step_scale_after_prefill(m)) for m in measured],
+            Draws(base),
+            [Draws(base + 1 + rank, contention_rho(m), contention_weight(m)) for rank, m in enumerate(measured)],
+        )

@@ -37,9 +37,16 @@ from testbed.errors import ConfigError
 from testbed.metrics.results_dir import read_results
 from testbed.model.config import ModelConfig
 from testbed.perf.attention import attended_context
+from testbed.perf.measured import (
+    SHAPE_KEYS,
+    STEP_INPUTS,
+    STEP_TERMS,
+    TRANSFER_TERMS,
+    fit_transfer,
+    relative_fit,
+    step_features,
+)
 from testbed.sim.host import Delay
-from testbed.perf.measured import (SHAPE_KEYS, STEP_INPUTS, STEP_TERMS, TRANSFER_TERMS, fit_transfer, relative_fit,
-                                   step_features)
 
 PREFIX = "run:"
 ROLES = {"mixed": ("colocated", "chunked"), "prefill": ("prefill_only",), "decode": ("decode_only",)}
@@ -59,35 +66,56 @@ def load_in_situ(spec: str, role: str, key: str = "sim.profile") -> dict:
     own = steps[steps["role"].isin(ROLES[role])]
     workers = results["summary"].get("workers") or {}
     device = next((w["device"] for w in workers.values()), "cpu").split(":")[0]
-    return profile_from_results(results["config"], device, own if len(own) >= MIN_STEPS else steps, steps,
-                                results["kv_transfers"], results["requests"], f"{key}={spec}")
+    return profile_from_results(
+        results["config"],
+        device,
+        own if len(own) >= MIN_STEPS else steps,
+        steps,
+        results["kv_transfers"],
+        results["requests"],
+        f"{key}={spec}",
+    )
 
 
 def read_runs(spec: str, key: str) -> dict:
     """The results of the run(s) `spec` names; several are pooled, each run's workers and requests
     renumbered apart so that every worker's timeline stays whole."""
-    pattern = spec[len(PREFIX):]
+    pattern = spec[len(PREFIX) :]
     directories = sorted(Path(p) for p in glob.glob(pattern)) if glob.has_magic(pattern) else [Path(pattern)]
     unfinished = [str(d) for d in directories if not (d / "summary.json").is_file()]
     if not directories or unfinished:
-        raise ConfigError(f"{key}={spec!r}: {', '.join(unfinished) or 'the pattern'} is not a finished run's "
-                          f"results directory (run:<dir>, or run:<glob> matching several)")
+        raise ConfigError(
+            f"{key}={spec!r}: {', '.join(unfinished) or 'the pattern'} is not a finished run's "
+            f"results directory (run:<dir>, or run:<glob> matching several)"
+        )
     runs = [read_results(d) for d in directories]
     if len(runs) == 1:
         return runs[0]
-    return {"config": runs[0]["config"], "summary": runs[0]["summary"],
-            "steps": pd.concat([_apart(r["steps"], k, ["worker"]) for k, r in enumerate(runs)], ignore_index=True),
-            "requests": pd.concat([_apart(r["requests"], k, ["request_id", "prefill_worker", "decode_worker"])
-                                   for k, r in enumerate(runs)], ignore_index=True),
-            "kv_transfers": pd.concat([r["kv_transfers"] for r in runs], ignore_index=True)}
+    return {
+        "config": runs[0]["config"],
+        "summary": runs[0]["summary"],
+        "steps": pd.concat([_apart(r["steps"], k, ["worker"]) for k, r in enumerate(runs)], ignore_index=True),
+        "requests": pd.concat(
+            [_apart(r["requests"], k, ["request_id", "prefill_worker", "decode_worker"]) for k, r in enumerate(runs)],
+            ignore_index=True,
+        ),
+        "kv_transfers": pd.concat([r["kv_transfers"] for r in runs], ignore_index=True),
+    }
 
 
 def _apart(frame: pd.DataFrame, run: int, columns: list[str]) -> pd.DataFrame:
     return frame.assign(**{c: frame[c] + run * RUN_STRIDE for c in columns})
 
 
-def profile_from_results(config: dict, device: str, fit_on: pd.DataFrame, steps: pd.DataFrame,
-                         transfers: pd.DataFrame, requests: pd.DataFrame, name: str) -> dict:
+def profile_from_results(
+    config: dict,
+    device: str,
+    fit_on: pd.DataFrame,
+    steps: pd.DataFrame,
+    transfers: pd.DataFrame,
+    requests: pd.DataFrame,
+    name: str,
+) -> dict:
     if len(fit_on) < MIN_STEPS:
         raise ConfigError(f"{name}: the run has {len(fit_on)} steps; at least {MIN_STEPS} are needed to fit a profile")
     model = ModelConfig(**config["model"]).args()
@@ -95,11 +123,16 @@ def profile_from_results(config: dict, device: str, fit_on: pd.DataFrame, steps:
     backend = config.get("kv_transfer", {}).get("backend", "process_group")
     transfer = transfer_fit(transfers, RENAMED_BACKENDS.get(backend, backend))  # a run stored before a rename too
     return {
-        "version": 1, "model_name": config["model"]["name"], "source": name,
+        "version": 1,
+        "model_name": config["model"]["name"],
+        "source": name,
         "model": {k: getattr(model, k) for k in SHAPE_KEYS},
-        "device": device, "dtype_bytes": dtype_bytes(config["model"].get("dtype", "auto"), device),
-        "kv_free_bytes": None, "causal_attention": causal,
-        "cost_model": {**cost, **transfer, "causal_attention": causal}, "fit": fit,
+        "device": device,
+        "dtype_bytes": dtype_bytes(config["model"].get("dtype", "auto"), device),
+        "kv_free_bytes": None,
+        "causal_attention": causal,
+        "cost_model": {**cost, **transfer, "causal_attention": causal},
+        "fit": fit,
         "host": {**host_delays(steps, requests), **scales},
     }
 
@@ -117,12 +150,23 @@ def best_step_fit(steps: pd.DataFrame) -> tuple[dict, dict, bool, dict]:
     2-3x its median where the real one is at 1.2-1.3x)."""
     fits = []
     for causal in (False, True):
-        samples = [{"prefill_tokens": row.prefill_tokens, "decode_seqs": row.decode_seqs,
-                    "decode_context": row.decode_context, "seconds": row.end_s - row.start_s,
-                    "prefill_context": attended_context([tuple(c) for c in row.prefill_chunks], causal)}
-                   for row in steps.itertuples() if row.end_s > row.start_s]
-        features = np.array([step_features(*(float(sample[k]) for k in STEP_INPUTS)) +
-                             [float(sample["prefill_tokens"] > 0)] for sample in samples])
+        samples = [
+            {
+                "prefill_tokens": row.prefill_tokens,
+                "decode_seqs": row.decode_seqs,
+                "decode_context": row.decode_context,
+                "seconds": row.end_s - row.start_s,
+                "prefill_context": attended_context([tuple(c) for c in row.prefill_chunks], causal),
+            }
+            for row in steps.itertuples()
+            if row.end_s > row.start_s
+        ]
+        features = np.array(
+            [
+                step_features(*(float(sample[k]) for k in STEP_INPUTS)) + [float(sample["prefill_tokens"] > 0)]
+                for sample in samples
+            ]
+        )
         coef, error = relative_fit(features, np.array([sample["seconds"] for sample in samples]))
         coefficients = {**dict(zip(STEP_TERMS, map(float, coef))), "prefill_overhead_s": float(coef[-1])}
         fits.append((error["mean"], causal, coefficients, error, features, coef))
@@ -131,9 +175,11 @@ def best_step_fit(steps: pd.DataFrame) -> tuple[dict, dict, bool, dict]:
     ran = steps[steps["end_s"] > steps["start_s"]]  # the samples' rows, in order
     prefill = (ran["prefill_tokens"] > 0).to_numpy()  # the fit errs apart on decode steps and those with prefill
     everything = list(ratios)
-    scales = {"step_scale": quantiles(ratios[~prefill] if (~prefill).sum() >= MIN_STEPS else everything),
-              "step_scale_prefill": quantiles(ratios[prefill] if prefill.sum() >= MIN_STEPS else everything),
-              **phase_memory(ran["worker"].to_numpy(), ran["start_s"].to_numpy(), prefill, ratios)}
+    scales = {
+        "step_scale": quantiles(ratios[~prefill] if (~prefill).sum() >= MIN_STEPS else everything),
+        "step_scale_prefill": quantiles(ratios[prefill] if prefill.sum() >= MIN_STEPS else everything),
+        **phase_memory(ran["worker"].to_numpy(), ran["start_s"].to_numpy(), prefill, ratios),
+    }
     after = after_prefill(ran["worker"].to_numpy(), ran["start_s"].to_numpy(), prefill)
     if after.sum() >= MIN_STEPS:
         scales["step_scale_after_prefill"] = quantiles(ratios[after])
@@ -149,8 +195,9 @@ def phase_correlation(workers: np.ndarray, starts: np.ndarray, prefill: np.ndarr
     return float(np.clip(rho, 0.0, 0.99)) if np.isfinite(rho) else 0.0
 
 
-def centred_log_ratio(workers: np.ndarray, starts: np.ndarray, prefill: np.ndarray,
-                      ratios: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def centred_log_ratio(
+    workers: np.ndarray, starts: np.ndarray, prefill: np.ndarray, ratios: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """(workers, log(real / fitted step time)) in each worker's step order, each kind of step
     (decode, with prefill) centred on its own mean."""
     order = np.lexsort((starts, workers))
@@ -202,7 +249,7 @@ def phase_memory(workers: np.ndarray, starts: np.ndarray, prefill: np.ndarray, r
     lags, acf = np.array(lags, dtype=float), np.array(acf)
     best = (np.inf, 0.0, 1.0)
     for rho in np.linspace(0.0, 0.99, 199)[1:]:
-        powers = rho ** lags
+        powers = rho**lags
         weight = float(np.clip(np.dot(acf, powers) / np.dot(powers, powers), 0.0, 1.0))
         error = float(np.sum((acf - weight * powers) ** 2))
         if error < best[0]:
@@ -213,8 +260,11 @@ def phase_memory(workers: np.ndarray, starts: np.ndarray, prefill: np.ndarray, r
 def transfer_fit(transfers: pd.DataFrame, backend: str) -> dict:
     """The run's transfers as the coefficients of the transport it used (kv_transfer.backend)."""
     latency, rate = TRANSFER_TERMS[backend]
-    moved = transfers[(transfers.get("outcome", "ok") == "ok") & (transfers["end_s"] > transfers["start_s"])] \
-        if len(transfers) else transfers
+    moved = (
+        transfers[(transfers.get("outcome", "ok") == "ok") & (transfers["end_s"] > transfers["start_s"])]
+        if len(transfers)
+        else transfers
+    )
     if len(moved) < 2:
         return {latency: 0.0, rate: float("inf")}
     samples = [{"bytes": row.kv_bytes, "seconds": row.end_s - row.start_s} for row in moved.itertuples()]
@@ -234,20 +284,25 @@ def dtype_bytes(dtype: str, device: str) -> int:
 # -- host-side delays: each as quantiles (testbed/sim/host.py samples them) -------------------------
 def host_delays(steps: pd.DataFrame, requests: pd.DataFrame) -> dict:
     after_decode, after_prefill = step_gaps(steps, prefilled=False), step_gaps(steps, prefilled=True)
-    return {"dispatch": quantiles(dispatch_delays(steps, requests)),
-            "step_gap": quantiles(after_decode if len(after_decode) >= MIN_STEPS else step_gaps(steps)),
-            "step_gap_prefill": quantiles(after_prefill) if len(after_prefill) >= MIN_STEPS else [],
-            "report": quantiles(report_delays(requests, first=False)),
-            "report_first": quantiles(report_delays(requests, first=True)),
-            "release": quantiles(requests["dispatched_s"] - requests["arrival_s"]),
-            "handoff": quantiles(handoff_delays(requests))}
+    return {
+        "dispatch": quantiles(dispatch_delays(steps, requests)),
+        "step_gap": quantiles(after_decode if len(after_decode) >= MIN_STEPS else step_gaps(steps)),
+        "step_gap_prefill": quantiles(after_prefill) if len(after_prefill) >= MIN_STEPS else [],
+        "report": quantiles(report_delays(requests, first=False)),
+        "report_first": quantiles(report_delays(requests, first=True)),
+        "release": quantiles(requests["dispatched_s"] - requests["arrival_s"]),
+        "handoff": quantiles(handoff_delays(requests)),
+    }
 
 
 def report_delays(requests: pd.DataFrame, first: bool = False) -> np.ndarray:
     """Per token: its receipt less its stamp on the worker; of each request's first token only
     (`first`), or of the others."""
-    gaps = [(np.asarray(c) - np.asarray(w))[:1] if first else (np.asarray(c) - np.asarray(w))[1:]
-            for c, w in zip(requests["token_times"], requests["token_worker_times"]) if len(c) and len(c) == len(w)]
+    gaps = [
+        (np.asarray(c) - np.asarray(w))[:1] if first else (np.asarray(c) - np.asarray(w))[1:]
+        for c, w in zip(requests["token_times"], requests["token_worker_times"])
+        if len(c) and len(c) == len(w)
+    ]
     return np.concatenate(gaps) if gaps else np.zeros(0)
 
 

@@ -23,8 +23,14 @@ if TYPE_CHECKING:  # annotations only: the root config is composed above the exe
     from testbed.config import Config
 
 
-def worker_rates(cost: StepCostModel, mean_input: float, mean_output: float, budget: int, batch: int,
-                 decode_cost: Optional[StepCostModel] = None) -> dict:
+def worker_rates(
+    cost: StepCostModel,
+    mean_input: float,
+    mean_output: float,
+    budget: int,
+    batch: int,
+    decode_cost: Optional[StepCostModel] = None,
+) -> dict:
     """Tokens per second of one prefill worker (full budget-sized steps) and one decode worker
     (on `decode_cost`'s device when P and D differ)."""
     decode_cost = decode_cost or cost
@@ -47,14 +53,25 @@ def analytical_split(cfg: Config, profile: Optional[Mapping], num_devices: int) 
     roles = resolve_roles(cfg, {Kind.PREFILL, Kind.DECODE}, profile)
     out = {"num_devices": num_devices}
     for stat, pick in (("mean", np.mean), ("p95", lambda x: np.percentile(x, 95))):
-        rates = worker_rates(roles[Kind.PREFILL].cost, pick(inputs), pick(outputs), cfg.scheduler.max_batched_tokens,
-                             cfg.scheduler.max_running, roles[Kind.DECODE].cost)
+        rates = worker_rates(
+            roles[Kind.PREFILL].cost,
+            pick(inputs),
+            pick(outputs),
+            cfg.scheduler.max_batched_tokens,
+            cfg.scheduler.max_running,
+            roles[Kind.DECODE].cost,
+        )
         prefill_load = pick(inputs) / rates["prefill_tokens_per_s"]  # device-seconds per request
         decode_load = pick(outputs) / rates["decode_tokens_per_s"]
         share = prefill_load / (prefill_load + decode_load)
         p = int(np.clip(round(share * num_devices), 1, max(num_devices - 1, 1)))
-        out[stat] = {**rates, "input_len": float(pick(inputs)), "output_len": float(pick(outputs)),
-                     "prefill_share": float(share), "split": f"{p}P{num_devices - p}D",
-                     "max_rate": float(min(p / prefill_load, (num_devices - p) / decode_load))}
+        out[stat] = {
+            **rates,
+            "input_len": float(pick(inputs)),
+            "output_len": float(pick(outputs)),
+            "prefill_share": float(share),
+            "split": f"{p}P{num_devices - p}D",
+            "max_rate": float(min(p / prefill_load, (num_devices - p) / decode_load)),
+        }
     out["split"] = out["p95"]["split"]
     return out

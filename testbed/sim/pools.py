@@ -45,8 +45,10 @@ def gpu_pool_blocks(model: RooflineModel, engine: EngineConfig) -> int:
         return checked_pool(engine.num_kv_blocks, engine.block_size, args.max_model_len)
     pool = model.kv_pool_bytes(engine.gpu_memory_utilization)
     if pool <= 0:
-        raise ConfigError(f"the model's weights ({model.weight_bytes / 1e9:.1f} GB) do not fit in "
-                          f"engine.gpu_memory_utilization={engine.gpu_memory_utilization} of {model.gpu.name} "
-                          f"({model.gpu.memory_bytes / 1e9:.1f} GB): raise it or simulate a larger GPU")
+        raise ConfigError(
+            f"the model's weights ({model.weight_bytes / 1e9:.1f} GB) do not fit in "
+            f"engine.gpu_memory_utilization={engine.gpu_memory_utilization} of {model.gpu.name} "
+            f"({model.gpu.memory_bytes / 1e9:.1f} GB): raise it or simulate a larger GPU"
+        )
     block_bytes = args.kv_bytes_per_token * model.dtype_bytes * engine.block_size
     return checked_pool(int(pool // block_bytes), engine.block_size, args.max_model_len)

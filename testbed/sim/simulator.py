@@ -46,8 +46,9 @@ class Simulation:
         cfg.validate()
         self.args = cfg.model.args()
         available = num_devices if num_devices is not None else cfg.hardware.num_devices
-        self.plans = plan_on_devices(cfg.mode, cfg.cluster, "sim", available,
-                                     f"the simulation was given num_devices={available}")
+        self.plans = plan_on_devices(
+            cfg.mode, cfg.cluster, "sim", available, f"the simulation was given num_devices={available}"
+        )
         self.profiles = resolve_roles(cfg, {KIND_OF[p.role] for p in self.plans}, profile)
         self.roles = [self.profiles[KIND_OF[p.role]] for p in self.plans]  # by rank
         self.kv_backend = cfg.kv_transfer.backend
@@ -56,26 +57,47 @@ class Simulation:
         block_bytes = self.kv_bytes_per_token * cfg.engine.block_size
         slots = store_blocks(cfg.kv_store.capacity_mib, block_bytes)  # 0 (off, or not one block): as the real run
         store = HashStore(slots) if slots > 0 else None
-        self.workers = [SimWorker(p.rank, p.role, blocks[KIND_OF[p.role]], cfg.engine, cfg.scheduler, cfg.kv_transfer,
-                                  cfg.kv_store, cfg.sim, cfg.follows_caches,
-                                  StoreView(store, block_bytes) if store else None)
-                        for p in self.plans]
+        self.workers = [
+            SimWorker(
+                p.rank,
+                p.role,
+                blocks[KIND_OF[p.role]],
+                cfg.engine,
+                cfg.scheduler,
+                cfg.kv_transfer,
+                cfg.kv_store,
+                cfg.sim,
+                cfg.follows_caches,
+                StoreView(store, block_bytes) if store else None,
+            )
+            for p in self.plans
+        ]
         if cfg.sim.num_scheduler_steps > 1 and cfg.mode == Mode.DISAGG:
-            raise ConfigError("sim.num_scheduler_steps > 1 (multi-step scheduling) is modelled for mixed workers "
-                              "(mode=colocated or chunked), not mode=disagg")
-        self.workload = build_workload(cfg.workload, seed=cfg.seed, vocab_size=self.args.vocab_size,
-                                       max_model_len=self.args.max_model_len)
+            raise ConfigError(
+                "sim.num_scheduler_steps > 1 (multi-step scheduling) is modelled for mixed workers "
+                "(mode=colocated or chunked), not mode=disagg"
+            )
+        self.workload = build_workload(
+            cfg.workload, seed=cfg.seed, vocab_size=self.args.vocab_size, max_model_len=self.args.max_model_len
+        )
         self.log = RequestLog(0.0)
-        self.book = RequestBook(cfg.cluster, cfg.kv_transfer, cfg.mode == Mode.DISAGG,
-                                {p.rank: p.role for p in self.plans}, self.log, cfg.engine.block_size,
-                                cfg.workload.tenants)
+        self.book = RequestBook(
+            cfg.cluster,
+            cfg.kv_transfer,
+            cfg.mode == Mode.DISAGG,
+            {p.rank: p.role for p in self.plans},
+            self.log,
+            cfg.engine.block_size,
+            cfg.workload.tenants,
+        )
         measured = [r.measured for r in self.roles]
         self.host = HostSide.of(cfg.sim.host_model(next(filter(None, measured), None)), measured, cfg.seed)
         # quiet decode steps in one event (testbed/sim/decode_run.py); not where the router follows
         # the caches, whose changes each step reports, nor with a store, which each step fills
         # nor under multi-step scheduling, whose windows step one at a time
-        self.runs = (cfg.sim.decode_runs and not cfg.follows_caches and store is None
-                     and cfg.sim.num_scheduler_steps == 1)
+        self.runs = (
+            cfg.sim.decode_runs and not cfg.follows_caches and store is None and cfg.sim.num_scheduler_steps == 1
+        )
         self.frontend_s = cfg.sim.frontend_latency_s
         self.paused: set[int] = set()  # workers in their gap between steps
         self.handing_off: set[tuple[int, int]] = set()  # (P, request): KV sends waiting out their hand-off
@@ -98,9 +120,17 @@ class Simulation:
             self.push(request.arrival_s, ARRIVE, request)
         # a local, not an attribute: bound methods held by the simulation would make it a cycle,
         # freed only by a full collection over its millions of objects
-        handlers = {ARRIVE: self._arrive, DELIVER: self._deliver, STEP_END: self._step_end, KV_SENT: self._kv_sent,
-                    RESUME: self._resume, RUN_END: self._run_end, FREE: self._free, RELEASE: self._release,
-                    SEND: self._handed_off}
+        handlers = {
+            ARRIVE: self._arrive,
+            DELIVER: self._deliver,
+            STEP_END: self._step_end,
+            KV_SENT: self._kv_sent,
+            RESUME: self._resume,
+            RUN_END: self._run_end,
+            FREE: self._free,
+            RELEASE: self._release,
+            SEND: self._handed_off,
+        }
         queue = self.queue
         while queue:
             self.now, _, kind, payload = heapq.heappop(queue)
@@ -119,8 +149,9 @@ class Simulation:
             if worker.role == decode_only:
                 for entry in worker.admit(self.now):
                     sender = self.workers[entry.prefill_rank]
-                    self._send_when_ready(sender.rank, sender.ready(entry.seq.seq_id, rank, self.now,
-                                                                    entry.seq.num_cached_tokens))
+                    self._send_when_ready(
+                        sender.rank, sender.ready(entry.seq.seq_id, rank, self.now, entry.seq.num_cached_tokens)
+                    )
             if rank not in self.paused and worker.can_step():
                 self._start(rank, worker)
 
@@ -184,8 +215,9 @@ class Simulation:
         cached = worker.block_manager.drain_changes() if self.book.index is not None else None  # before the hand-offs
         for seq in result.handoff:
             self._send_when_ready(rank, worker.handoff(seq, now))
-        worker.deferred.append(WorkerStep(rank, record.start, now, worker.block_manager.num_free_blocks,
-                                          result.by_id(), cached))
+        worker.deferred.append(
+            WorkerStep(rank, record.start, now, worker.block_manager.num_free_blocks, result.by_id(), cached)
+        )
         if not worker.window_open():  # a multi-step window's tokens leave together at its end
             model = self.host.model
             received = now + draws.sample(model.first_report if worker.first_token else model.report)

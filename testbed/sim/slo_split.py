@@ -84,15 +84,20 @@ def decode_batch(rate_per_worker: float, output_len: float, step_time, cap: int)
 
 def estimate(demand: Demand, decode: RoleProfile, context: float, p: int, d: int, rate: float) -> dict:
     """TTFT and TPOT of split pP/dD at `rate` requests per second."""
-    ttft = pk_wait(rate / p, demand.mean_service_s, demand.second_moment_s2) + demand.prompt_service_s + demand.transfer_s
+    ttft = (
+        pk_wait(rate / p, demand.mean_service_s, demand.second_moment_s2) + demand.prompt_service_s + demand.transfer_s
+    )
     step = lambda b: decode.cost.step_time(0, 0.0, b, int(b * context))  # noqa: E731
     batch = decode_batch(rate / d, demand.output_len, step, demand.decode_cap)
     tpot = math.inf if batch is None else step(math.ceil(batch))
     return {"ttft_s": ttft, "tpot_s": tpot, "decode_batch": batch}
 
 
-def max_rate(demand: Demand, decode: RoleProfile, context: float, p: int, d: int, ttft_s: float, tpot_s: float) -> float:
+def max_rate(
+    demand: Demand, decode: RoleProfile, context: float, p: int, d: int, ttft_s: float, tpot_s: float
+) -> float:
     """Bisect for the largest rate within both SLOs (feasibility only falls with rate)."""
+
     def ok(r: float) -> bool:
         return within(estimate(demand, decode, context, p, d, r), ttft_s, tpot_s)
 
@@ -117,8 +122,7 @@ def within(e: dict, ttft_s: float, tpot_s: float) -> bool:
 def placement(p: int, num_devices: int, num_nodes: int) -> dict:
     """P fills nodes from the first, D from the last: node indices each pool touches."""
     per_node = num_devices // num_nodes
-    return {"prefill_nodes": list(range(-(-p // per_node))),
-            "decode_nodes": list(range(p // per_node, num_nodes))}
+    return {"prefill_nodes": list(range(-(-p // per_node))), "decode_nodes": list(range(p // per_node, num_nodes))}
 
 
 def hand_off_s(cfg: Config, roles: dict[str, RoleProfile], nbytes: int) -> float:
@@ -142,8 +146,15 @@ def demand_of(cfg: Config, roles: dict[str, RoleProfile]) -> Demand:
     kv_bytes = int(math.ceil(prompt)) * args.kv_bytes_per_token * roles[Kind.PREFILL].dtype_bytes
     per_seq = -(-int(prompt + out) // cfg.engine.block_size)
     cap = min(cfg.scheduler.max_running, roles[Kind.DECODE].pool_blocks(args, cfg.engine) // max(per_seq, 1))
-    return Demand(prompt, out, float(weights @ service), float(weights @ service ** 2),
-                  prefill_time(cost, int(math.ceil(prompt)), budget), hand_off_s(cfg, roles, kv_bytes), int(cap))
+    return Demand(
+        prompt,
+        out,
+        float(weights @ service),
+        float(weights @ service**2),
+        prefill_time(cost, int(math.ceil(prompt)), budget),
+        hand_off_s(cfg, roles, kv_bytes),
+        int(cap),
+    )
 
 
 def slo_split(cfg: Config, num_devices: int, rate: Optional[float] = None, profile: Optional[Mapping] = None) -> dict:
@@ -157,15 +168,25 @@ def slo_split(cfg: Config, num_devices: int, rate: Optional[float] = None, profi
     for p in range(1, num_devices):
         d = num_devices - p
         best_rate = max_rate(demand, roles[Kind.DECODE], context, p, d, cfg.slo.ttft_s, cfg.slo.tpot_s)
-        row = {"max_rate": best_rate, "rate_per_device": best_rate / num_devices,
-               **placement(p, num_devices, cfg.hardware.num_nodes)}
+        row = {
+            "max_rate": best_rate,
+            "rate_per_device": best_rate / num_devices,
+            **placement(p, num_devices, cfg.hardware.num_nodes),
+        }
         if rate is not None:
             e = estimate(demand, roles[Kind.DECODE], context, p, d, rate)
             row.update(e, rate=rate, feasible=within(e, cfg.slo.ttft_s, cfg.slo.tpot_s))
         out[f"{p}P{d}D"] = row
     best = max(out, key=lambda k: out[k]["max_rate"])
-    return {"num_devices": num_devices, "num_nodes": cfg.hardware.num_nodes,
-            "devices_per_node": num_devices // cfg.hardware.num_nodes, "transfer_s": demand.transfer_s,
-            "prompt_service_s": demand.prompt_service_s, "prompt_len": demand.prompt_len,
-            "output_len": demand.output_len, "decode_cap": demand.decode_cap, "splits": out,
-            "best": best if out[best]["max_rate"] > 0 else None}
+    return {
+        "num_devices": num_devices,
+        "num_nodes": cfg.hardware.num_nodes,
+        "devices_per_node": num_devices // cfg.hardware.num_nodes,
+        "transfer_s": demand.transfer_s,
+        "prompt_service_s": demand.prompt_service_s,
+        "prompt_len": demand.prompt_len,
+        "output_len": demand.output_len,
+        "decode_cap": demand.decode_cap,
+        "splits": out,
+        "best": best if out[best]["max_rate"] > 0 else None,
+    }

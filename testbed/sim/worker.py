@@ -37,9 +37,19 @@ class SimWorker:
     """The configs it reads come whole (a new knob is read off them here); `store`: a StoreView on
     the run's shared store, or None."""
 
-    def __init__(self, rank: int, role: Role, num_blocks: int, engine: EngineConfig, scheduler: SchedulerConfig,
-                 kv: KVTransferConfig, kv_store: KVStoreConfig, sim: SimConfig, report_cache: bool = False,
-                 store=None):
+    def __init__(
+        self,
+        rank: int,
+        role: Role,
+        num_blocks: int,
+        engine: EngineConfig,
+        scheduler: SchedulerConfig,
+        kv: KVTransferConfig,
+        kv_store: KVStoreConfig,
+        sim: SimConfig,
+        report_cache: bool = False,
+        store=None,
+    ):
         scheduler.validate(role)
         self.rank, self.role, self.max_pending = rank, role, kv.max_pending
         self.is_prefill = role == Role.PREFILL_ONLY  # asked at every wake
@@ -82,8 +92,15 @@ class SimWorker:
         self._begin(batch, now)
         shape = self.shape
         chunks = shape.prefill_chunks
-        return cost.step_time(shape.prefill_tokens, cost.prefill_context(chunks) if chunks else 0.0, shape.decode_seqs,
-                              shape.decode_context) + self._store_time()
+        return (
+            cost.step_time(
+                shape.prefill_tokens,
+                cost.prefill_context(chunks) if chunks else 0.0,
+                shape.decode_seqs,
+                shape.decode_context,
+            )
+            + self._store_time()
+        )
 
     def _schedule(self):
         """The next batch. Multi-step scheduling: inside a window only the running decodes step
@@ -136,16 +153,32 @@ class SimWorker:
         result = self.scheduler.postprocess(batch, sampled)
         shape = self.shape
         self.after_prefill = shape.prefill_tokens > 0
-        record = StepRecord(self.step_start, now, self.role, shape.prefill_tokens, shape.decode_seqs,
-                            shape.batched_tokens, self.block_manager.num_used_blocks, len(self.scheduler.waiting),
-                            len(self.scheduler.running), 0.0, 0.0, now - self.step_start, 0.0, 0.0,
-                            shape.prefill_chunks, shape.decode_context, kv_blocks_total=self.block_manager.num_blocks,
-                            prefix_hit_tokens=hit_tokens(result.hits))
+        record = StepRecord(
+            self.step_start,
+            now,
+            self.role,
+            shape.prefill_tokens,
+            shape.decode_seqs,
+            shape.batched_tokens,
+            self.block_manager.num_used_blocks,
+            len(self.scheduler.waiting),
+            len(self.scheduler.running),
+            0.0,
+            0.0,
+            now - self.step_start,
+            0.0,
+            0.0,
+            shape.prefill_chunks,
+            shape.decode_context,
+            kv_blocks_total=self.block_manager.num_blocks,
+            prefix_hit_tokens=hit_tokens(result.hits),
+        )
         return result, record
 
     # -- decode runs (testbed/sim/decode_run.py) --------------------------------------------
-    def start_run(self, now: float, cost: StepCostModel, scale: Delay, host: HostModel,
-                  draws: Draws) -> Optional[DecodeRun]:
+    def start_run(
+        self, now: float, cost: StepCostModel, scale: Delay, host: HostModel, draws: Draws
+    ) -> Optional[DecodeRun]:
         """Plan the quiet decode steps ahead as one run, or None when there are too few."""
         if self.after_prefill:  # the step after a prefill has its own contention: stepped on its own
             return None

@@ -56,7 +56,6 @@ def requests_counted(rows: pd.DataFrame):
     return (rows["num_requests_total"] - rejected).tolist()
 
 
-
 def goodput_by_label(table: pd.DataFrame, cfg: Config, out_dir: Path) -> dict:
     """Per configuration: goodput (90% attainment, DistServe) in total and per GPU, and capacity
     (p99 ITL under slo.tpot_s, Sarathi-Serve), over every rate a repeat tried (its grid and its
@@ -73,16 +72,28 @@ def goodput_by_label(table: pd.DataFrame, cfg: Config, out_dir: Path) -> dict:
         total = goodput_interval(list(totals.values()), highest)
         per_gpu = goodput_interval([per_device(g, gpus) for g in totals.values()], highest / gpus)
         curve = on_grid(group).groupby("rate")["slo_attainment"].mean()
-        out[label] = {"goodput": total["mean"], "goodput_low": total["low"], "goodput_high": total["high"],
-                      "goodput_censored": total["censored"], "goodput_error": total["error"],
-                      "goodput_per_gpu": per_gpu["mean"], "goodput_per_gpu_low": per_gpu["low"],
-                      "goodput_per_gpu_high": per_gpu["high"], "goodput_per_repeat": total["values"],
-                      "censoring_per_repeat": total["censoring"], "error_per_repeat": total["errors"],
-                      "goodput_per_gpu_error": per_gpu["error"], "monotone_per_repeat": total["monotone"],
-                      "seeds": list(totals),
-                      "num_gpus": gpus, "repeats": len(totals), "capacity": float(np.mean(capacities)),
-                      "rates_tried": int(group["rate"].nunique()),
-                      "rates": curve.index.tolist(), "attainment": curve.tolist()}
+        out[label] = {
+            "goodput": total["mean"],
+            "goodput_low": total["low"],
+            "goodput_high": total["high"],
+            "goodput_censored": total["censored"],
+            "goodput_error": total["error"],
+            "goodput_per_gpu": per_gpu["mean"],
+            "goodput_per_gpu_low": per_gpu["low"],
+            "goodput_per_gpu_high": per_gpu["high"],
+            "goodput_per_repeat": total["values"],
+            "censoring_per_repeat": total["censoring"],
+            "error_per_repeat": total["errors"],
+            "goodput_per_gpu_error": per_gpu["error"],
+            "monotone_per_repeat": total["monotone"],
+            "seeds": list(totals),
+            "num_gpus": gpus,
+            "repeats": len(totals),
+            "capacity": float(np.mean(capacities)),
+            "rates_tried": int(group["rate"].nunique()),
+            "rates": curve.index.tolist(),
+            "attainment": curve.tolist(),
+        }
     return out
 
 
@@ -96,8 +107,12 @@ def per_seed(goodputs: dict) -> dict[str, dict[int, Goodput]]:
     for label, g in goodputs.items():
         gpus = g["num_gpus"]
         n = len(g["goodput_per_repeat"])
-        values = zip(g.get("seeds", range(n)), g["goodput_per_repeat"], g.get("censoring_per_repeat", [""] * n),
-                     g.get("error_per_repeat", [0.0] * n))  # a sweep.json written before errors were kept
+        values = zip(
+            g.get("seeds", range(n)),
+            g["goodput_per_repeat"],
+            g.get("censoring_per_repeat", [""] * n),
+            g.get("error_per_repeat", [0.0] * n),
+        )  # a sweep.json written before errors were kept
         # each repeat keeps its search error: the paired verdict is widened by both sides' errors
         out[label] = {int(s): Goodput(v / gpus, c, e / gpus) for s, v, c, e in values}
     return out
@@ -123,15 +138,24 @@ def slo_scale(table, cfg, out_dir) -> dict:
     scaled, with a 95% interval over the runs at each scale."""
     curves, tenants = {}, tenant_slos(cfg.workload.tenants, cfg.slo)
     for label, group in finished(table).groupby("label"):
-        requests = pd.concat([point_requests(out_dir, p, cfg).assign(point=p) for p in group["point"]],
-                             ignore_index=True)
+        requests = pd.concat(
+            [point_requests(out_dir, p, cfg).assign(point=p) for p in group["point"]], ignore_index=True
+        )
         units = [u[~filtered_out(u)] for u in request_units(requests)]
         scales = list(cfg.experiment.slo_scales)
         curve = attainment_curve(requests, cfg.slo, scales, tenants)
-        bounds = [tuple(share_interval([meets_slo(u, cfg.slo, tenants, scale=s).to_numpy(float) for u in units
-                                        if len(u)]))[1:] for s in scales]
-        curves[label] = {"scales": list(curve), "attainment": list(curve.values()),
-                         "low": [b[0] for b in bounds], "high": [b[1] for b in bounds]}
+        bounds = [
+            tuple(share_interval([meets_slo(u, cfg.slo, tenants, scale=s).to_numpy(float) for u in units if len(u)]))[
+                1:
+            ]
+            for s in scales
+        ]
+        curves[label] = {
+            "scales": list(curve),
+            "attainment": list(curve.values()),
+            "low": [b[0] for b in bounds],
+            "high": [b[1] for b in bounds],
+        }
     return {"curves": curves}
 
 
@@ -142,8 +166,10 @@ def interference(table, cfg, out_dir) -> dict:
     stalls; and the step-level view, decode step time with and without prefill work alongside."""
     out = {}
     for label, group in finished(table).groupby("label"):
-        loaded = {int(length): [_point_tables(out_dir, p, cfg) for p in _by_repeat(rows)["point"]]
-                  for length, rows in group.groupby("prefill_len")}
+        loaded = {
+            int(length): [_point_tables(out_dir, p, cfg) for p in _by_repeat(rows)["point"]]
+            for length, rows in group.groupby("prefill_len")
+        }
         if 0 not in loaded:
             continue
         out[label] = {}
@@ -170,15 +196,18 @@ def _by_repeat(rows: pd.DataFrame) -> pd.DataFrame:
     return rows.sort_values("repeat") if "repeat" in rows.columns else rows
 
 
-def _interference_cell(gaps: list[pd.DataFrame], steps: pd.DataFrame, baseline: list[np.ndarray],
-                       threshold: float) -> dict:
+def _interference_cell(
+    gaps: list[pd.DataFrame], steps: pd.DataFrame, baseline: list[np.ndarray], threshold: float
+) -> dict:
     """`gaps`: one frame per run; `baseline`: the baseline's gaps, one array per run of the same seeds."""
     exposed = [g.loc[g["exposed"].astype(bool), "itl"].to_numpy(float) for g in gaps]
     quiet = [g.loc[~g["exposed"].astype(bool), "itl"].to_numpy(float) for g in gaps]
     inflation = ratio_interval(exposed, quiet)
     versus_baseline = ratio_interval(exposed, baseline)
-    pooled = {k: np.concatenate(v) if v else np.array([]) for k, v in
-              (("exposed", exposed), ("quiet", quiet), ("baseline", baseline))}
+    pooled = {
+        k: np.concatenate(v) if v else np.array([])
+        for k, v in (("exposed", exposed), ("quiet", quiet), ("baseline", baseline))
+    }
     p99 = lambda x: float(np.percentile(x, 99)) if x.size else np.nan  # noqa: E731
     # a loaded host can stretch the probes' prefills over the whole window (or the background's
     # start past it): then one side has no gaps, and the note says which, not a figure
@@ -186,16 +215,24 @@ def _interference_cell(gaps: list[pd.DataFrame], steps: pd.DataFrame, baseline: 
     note = empty[0] if empty else inflation.note
     with_prefill = steps.loc[steps["with_prefill"].astype(bool), "seconds"].to_numpy(float)
     without = steps.loc[~steps["with_prefill"].astype(bool), "seconds"].to_numpy(float)
-    return {"exposed_gaps": int(pooled["exposed"].size), "quiet_gaps": int(pooled["quiet"].size),
-            "itl_p99_exposed": p99(pooled["exposed"]), "itl_p99_quiet": p99(pooled["quiet"]),
-            "itl_p99_baseline": p99(pooled["baseline"]),
-            "inflation": inflation.estimate, "inflation_low": inflation.low, "inflation_high": inflation.high,
-            "inflation_note": note, "inflation_vs_baseline": versus_baseline.estimate,
-            "inflation_vs_baseline_low": versus_baseline.low, "inflation_vs_baseline_high": versus_baseline.high,
-            "stalls": int(np.sum(pooled["exposed"] > threshold)) + int(np.sum(pooled["quiet"] > threshold)),
-            "decode_step_s_with_prefill": float(with_prefill.mean()) if with_prefill.size else np.nan,
-            "decode_step_s_without_prefill": float(without.mean()) if without.size else np.nan,
-            "decode_steps_with_prefill": int(with_prefill.size)}
+    return {
+        "exposed_gaps": int(pooled["exposed"].size),
+        "quiet_gaps": int(pooled["quiet"].size),
+        "itl_p99_exposed": p99(pooled["exposed"]),
+        "itl_p99_quiet": p99(pooled["quiet"]),
+        "itl_p99_baseline": p99(pooled["baseline"]),
+        "inflation": inflation.estimate,
+        "inflation_low": inflation.low,
+        "inflation_high": inflation.high,
+        "inflation_note": note,
+        "inflation_vs_baseline": versus_baseline.estimate,
+        "inflation_vs_baseline_low": versus_baseline.low,
+        "inflation_vs_baseline_high": versus_baseline.high,
+        "stalls": int(np.sum(pooled["exposed"] > threshold)) + int(np.sum(pooled["quiet"] > threshold)),
+        "decode_step_s_with_prefill": float(with_prefill.mean()) if with_prefill.size else np.nan,
+        "decode_step_s_without_prefill": float(without.mean()) if without.size else np.nan,
+        "decode_steps_with_prefill": int(with_prefill.size),
+    }
 
 
 def _point_tables(out_dir: Path, point: str, cfg: Config) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -205,8 +242,10 @@ def _point_tables(out_dir: Path, point: str, cfg: Config) -> tuple[pd.DataFrame,
 
 def cell_requests(table: pd.DataFrame, cfg: Config, out_dir: Path) -> dict[str, pd.DataFrame]:
     """{cell: the requests of its finished repeats, pooled, each tagged with its point}."""
-    return {cell: pd.concat([point_requests(out_dir, p, cfg).assign(point=p) for p in points], ignore_index=True)
-            for cell, points in _cell_points(table).items()}
+    return {
+        cell: pd.concat([point_requests(out_dir, p, cfg).assign(point=p) for p in points], ignore_index=True)
+        for cell, points in _cell_points(table).items()
+    }
 
 
 def multiturn(table, cfg, out_dir) -> dict:
@@ -228,11 +267,16 @@ def multiturn(table, cfg, out_dir) -> dict:
 
 
 def _mean_by_turn(ok: pd.DataFrame, column: str, name: str = "") -> dict:
-    by_turn = {str(t): tuple(sample_interval([u[column].to_numpy(float) for u in request_units(g)], "mean"))
-               for t, g in ok.groupby("turn")}
+    by_turn = {
+        str(t): tuple(sample_interval([u[column].to_numpy(float) for u in request_units(g)], "mean"))
+        for t, g in ok.groupby("turn")
+    }
     key = f"{name or column}_mean_by_turn"
-    return {key: {t: v[0] for t, v in by_turn.items()}, f"{key}_low": {t: v[1] for t, v in by_turn.items()},
-            f"{key}_high": {t: v[2] for t, v in by_turn.items()}}
+    return {
+        key: {t: v[0] for t, v in by_turn.items()},
+        f"{key}_low": {t: v[1] for t, v in by_turn.items()},
+        f"{key}_high": {t: v[2] for t, v in by_turn.items()},
+    }
 
 
 def _cell_points(table: pd.DataFrame) -> dict[str, list[str]]:
@@ -245,6 +289,7 @@ def _cell_points(table: pd.DataFrame) -> dict[str, list[str]]:
 def by_label(columns: list[str]) -> callable:
     """An aggregate that tabulates a few figures per cell, with their intervals where the cell
     table has them (mode_compare, chunk_sweep, input_buckets)."""
+
     def aggregate(table, cfg, out_dir) -> dict:
         rows = cells(out_dir)
         if rows.empty:
@@ -252,6 +297,7 @@ def by_label(columns: list[str]) -> callable:
         keep = [c for c in columns if c in rows.columns]
         keep += [f"{c}_{b}" for c in keep for b in ("low", "high") if f"{c}_{b}" in rows.columns]
         return {"points": rows.set_index("cell")[keep].to_dict(orient="index")}
+
     return aggregate
 
 
@@ -261,8 +307,10 @@ def burstiness(table, cfg, out_dir) -> dict:
     for label, group in cells(out_dir).groupby("label"):
         group = group.sort_values("burstiness")
         out[label] = dict(zip(group["burstiness"], group["slo_attainment"]))
-        out[f"{label}_interval"] = {b: [lo, hi] for b, lo, hi in zip(group["burstiness"], group["slo_attainment_low"],
-                                                                       group["slo_attainment_high"])}
+        out[f"{label}_interval"] = {
+            b: [lo, hi]
+            for b, lo, hi in zip(group["burstiness"], group["slo_attainment_low"], group["slo_attainment_high"])
+        }
     return out
 
 
@@ -286,8 +334,11 @@ def sim_validate(table, cfg, out_dir) -> dict:
         row.update({f"{m}_within_real": _within(sim.loc[key, m], real.loc[key], m) for m in VALIDATED})
         errors.append(row)
     goodputs = {ex: goodput_by_label(rows[rows["executor"] == ex], cfg, out_dir) for ex in ("real", "sim")}
-    goodput_errors = {label: _relative(goodputs["sim"][label]["goodput"], g["goodput"])
-                      for label, g in goodputs["real"].items() if label in goodputs["sim"]}
+    goodput_errors = {
+        label: _relative(goodputs["sim"][label]["goodput"], g["goodput"])
+        for label, g in goodputs["real"].items()
+        if label in goodputs["sim"]
+    }
     table_errors = pd.DataFrame(errors)
     if len(table_errors):
         from testbed.tracking.results import write_parquet
@@ -295,9 +346,15 @@ def sim_validate(table, cfg, out_dir) -> dict:
         write_parquet(out_dir / "validation.parquet", table_errors)
     worst = {m: float(table_errors[f"{m}_error"].abs().max()) if len(table_errors) else np.nan for m in VALIDATED}
     within = {m: int(table_errors[f"{m}_within_real"].sum()) if len(table_errors) else 0 for m in VALIDATED}
-    return {"errors": errors, "goodput_by_executor": goodputs, "goodput_error": goodput_errors,
-            "worst_abs_error": worst, "within_real_interval": within, "points_compared": len(errors),
-            "host_delays": _host_delays(rows)}
+    return {
+        "errors": errors,
+        "goodput_by_executor": goodputs,
+        "goodput_error": goodput_errors,
+        "worst_abs_error": worst,
+        "within_real_interval": within,
+        "points_compared": len(errors),
+        "host_delays": _host_delays(rows),
+    }
 
 
 def _host_delays(rows: pd.DataFrame) -> dict:
@@ -307,10 +364,13 @@ def _host_delays(rows: pd.DataFrame) -> dict:
     if not len(sim) or not all(c in sim.columns for c in columns.values()):
         return {}
     scales = [c for c in sim.columns if c.startswith("sim_host_delays_step_scale_")]
-    return {label: {**{d: float(group[c].iloc[0]) for d, c in columns.items()},
-                    **{c.removeprefix("sim_host_delays_"): float(group[c].iloc[0]) for c in scales
-                       if group[c].notna().any()}}
-            for label, group in sim.groupby("label")}
+    return {
+        label: {
+            **{d: float(group[c].iloc[0]) for d, c in columns.items()},
+            **{c.removeprefix("sim_host_delays_"): float(group[c].iloc[0]) for c in scales if group[c].notna().any()},
+        }
+        for label, group in sim.groupby("label")
+    }
 
 
 def _within(simulated: float, real: pd.Series, metric: str) -> bool:
@@ -329,9 +389,11 @@ def plan(table, cfg, out_dir) -> dict:
     from testbed.studies.catalog import num_devices
 
     simulated = goodput_by_label(table, cfg, out_dir)
-    out = {"analytical": analytical_split(cfg, None, num_devices(cfg)),  # each role's device from cfg.sim
-           "slo_plan": slo_split(cfg, num_devices(cfg), rate=max(cfg.experiment.rates)),
-           "simulated": {"goodput": simulated, "best": best_of(simulated)}}
+    out = {
+        "analytical": analytical_split(cfg, None, num_devices(cfg)),  # each role's device from cfg.sim
+        "slo_plan": slo_split(cfg, num_devices(cfg), rate=max(cfg.experiment.rates)),
+        "simulated": {"goodput": simulated, "best": best_of(simulated)},
+    }
     if cfg.experiment.measured_sweep:
         measured = json.loads((Path(cfg.experiment.measured_sweep) / "sweep.json").read_text())["aggregate"]
         out["measured"] = {"goodput": measured.get("goodput", {}), "best": measured.get("best", {})}

@@ -39,8 +39,10 @@ def check_executor(cfg: Config) -> None:
     simulated on a GPU box only on a GPU's profile (check_profiles)."""
     if cfg.executor == "http" and not study(cfg.experiment.name).over_http:
         over_http = ", ".join(s.name for s in STUDIES if s.over_http)
-        raise ConfigError(f"executor=http runs {over_http}; experiment={cfg.experiment.name} varies or "
-                          f"measures the testbed's own engine")
+        raise ConfigError(
+            f"executor=http runs {over_http}; experiment={cfg.experiment.name} varies or "
+            f"measures the testbed's own engine"
+        )
     check_profiles(cfg)
 
 
@@ -78,8 +80,10 @@ def missing_profile(cfg: Config, key: str, spec: str | None) -> str:
 
     what = f"{key}={spec} was measured on a CPU" if spec else f"{key} is unset (a shipped CPU profile by default)"
     analytical = gpu_here() or " | ".join(sorted(GPUS))
-    return (f"{what}, but experiment={cfg.experiment.name} on this GPU box simulates this GPU: measure it with "
-            f"`{profile_command(cfg)}` and pass {key}=<its profile.json>, or take the roofline: {key}={analytical}")
+    return (
+        f"{what}, but experiment={cfg.experiment.name} on this GPU box simulates this GPU: measure it with "
+        f"`{profile_command(cfg)}` and pass {key}=<its profile.json>, or take the roofline: {key}={analytical}"
+    )
 
 
 def profile_command(cfg: Config) -> str:
@@ -121,8 +125,9 @@ def layouts(cfg: Config, modes: list[str], all_splits: bool = False) -> list[tup
         if n < 2:
             raise ConfigError(f"mode=disagg needs at least 2 devices; hardware.num_devices={n}")
         splits = range(1, n) if all_splits else [n // 2]
-        out += [(f"{p}P{n - p}D", {"mode": "disagg", "cluster.num_prefill": p, "cluster.num_decode": n - p})
-                for p in splits]
+        out += [
+            (f"{p}P{n - p}D", {"mode": "disagg", "cluster.num_prefill": p, "cluster.num_decode": n - p}) for p in splits
+        ]
     return out
 
 
@@ -154,8 +159,10 @@ def rate_sweep(cfg: Config) -> list[Point]:
 
 def one_rate(cfg: Config) -> list[Point]:
     """mode_compare, slo_scale, input_buckets: every mode once, at workload.rate."""
-    return [Point(label, overrides, {"label": label, "mode": overrides["mode"], "rate": cfg.workload.rate})
-            for label, overrides in layouts(cfg, list(cfg.experiment.modes))]
+    return [
+        Point(label, overrides, {"label": label, "mode": overrides["mode"], "rate": cfg.workload.rate})
+        for label, overrides in layouts(cfg, list(cfg.experiment.modes))
+    ]
 
 
 def chunk_sweep(cfg: Config) -> list[Point]:
@@ -166,8 +173,13 @@ def chunk_sweep(cfg: Config) -> list[Point]:
 
 
 def burstiness(cfg: Config) -> list[Point]:
-    points = _grid(cfg, layouts(cfg, list(cfg.experiment.modes)), "burstiness", list(cfg.experiment.burstiness),
-                   "workload.burstiness")
+    points = _grid(
+        cfg,
+        layouts(cfg, list(cfg.experiment.modes)),
+        "burstiness",
+        list(cfg.experiment.burstiness),
+        "workload.burstiness",
+    )
     for point in points:
         point.overrides["workload.arrival"] = "gamma"
     return points
@@ -182,11 +194,20 @@ def interference(cfg: Config) -> list[Point]:
         base = {**overrides, **background, "workload.num_requests": 0}
         points.append(Point(f"{label}_baseline", base, {"label": label, "mode": overrides["mode"], "prefill_len": 0}))
         for length in cfg.experiment.prefill_lengths:
-            fixed = {"workload.input_len.dist": "fixed", "workload.input_len.mean": float(length),
-                     "workload.input_len.min": 1, "workload.input_len.max": int(length),
-                     "workload.arrival": "constant"}
-            points.append(Point(f"{label}_prefill{length}", {**overrides, **background, **fixed},
-                                {"label": label, "mode": overrides["mode"], "prefill_len": length}))
+            fixed = {
+                "workload.input_len.dist": "fixed",
+                "workload.input_len.mean": float(length),
+                "workload.input_len.min": 1,
+                "workload.input_len.max": int(length),
+                "workload.arrival": "constant",
+            }
+            points.append(
+                Point(
+                    f"{label}_prefill{length}",
+                    {**overrides, **background, **fixed},
+                    {"label": label, "mode": overrides["mode"], "prefill_len": length},
+                )
+            )
     return points
 
 
@@ -240,8 +261,11 @@ def multiturn(cfg: Config) -> list[Point]:
         disagg = overrides["mode"] == "disagg"
         for policy in cfg.experiment.dispatch:
             for handoff in cfg.experiment.handoffs if disagg else [None]:
-                knobs = {"label": f"{label} {handoff}" if disagg else label, "mode": overrides["mode"],
-                         "dispatch": policy}
+                knobs = {
+                    "label": f"{label} {handoff}" if disagg else label,
+                    "mode": overrides["mode"],
+                    "dispatch": policy,
+                }
                 point = {**overrides, "cluster.dispatch": policy}
                 if disagg:
                     knobs["handoff"] = handoff
@@ -268,23 +292,46 @@ def sim_validate(cfg: Config) -> list[Point]:
     workers instead, so what differs is the control plane alone; an explicit sim.profile is kept."""
     calibrate = not emulated_sim(cfg) and cfg.sim.profile is None
     cells = rate_sweep(cfg)
-    real = [Point(f"{p.name}_real", {**p.overrides, "executor": "real"}, {**p.knobs, "executor": "real"}) for p in cells]
+    real = [
+        Point(f"{p.name}_real", {**p.overrides, "executor": "real"}, {**p.knobs, "executor": "real"}) for p in cells
+    ]
     calibration = []
     if calibrate and not 1 < cfg.experiment.repeats <= 10:  # a repeat suffix of one digit: the glob holds
         rate = _rates(cfg)[len(_rates(cfg)) // 2]
         for label, overrides in layouts(cfg, list(cfg.experiment.modes)):
-            calibration.append(Point(f"calibrate_{label}", {**overrides, "workload.rate": rate, "executor": "real",
-                                     "seed": cfg.seed + CALIBRATION_SEED,
-                                     "workload.num_requests": CALIBRATION_REQUESTS * cfg.workload.num_requests},
-                                     {"label": label, "mode": overrides["mode"], "rate": rate,
-                                      "executor": "calibration"}, repeat=False))
+            calibration.append(
+                Point(
+                    f"calibrate_{label}",
+                    {
+                        **overrides,
+                        "workload.rate": rate,
+                        "executor": "real",
+                        "seed": cfg.seed + CALIBRATION_SEED,
+                        "workload.num_requests": CALIBRATION_REQUESTS * cfg.workload.num_requests,
+                    },
+                    {"label": label, "mode": overrides["mode"], "rate": rate, "executor": "calibration"},
+                    repeat=False,
+                )
+            )
     sims = []
     for point in cells:
         label = point.knobs["label"]
-        profile = {"sim.profile": f"run:{{points}}/calibrate_{label}" if calibration else
-                   f"run:{{points}}/{point.name}_real_r{OTHER_REPEATS}"} if calibrate else emulated_sim(cfg)
-        sims.append(Point(f"{point.name}_sim", {**point.overrides, **profile, "executor": "sim"},
-                          {**point.knobs, "executor": "sim"}))
+        profile = (
+            {
+                "sim.profile": f"run:{{points}}/calibrate_{label}"
+                if calibration
+                else f"run:{{points}}/{point.name}_real_r{OTHER_REPEATS}"
+            }
+            if calibrate
+            else emulated_sim(cfg)
+        )
+        sims.append(
+            Point(
+                f"{point.name}_sim",
+                {**point.overrides, **profile, "executor": "sim"},
+                {**point.knobs, "executor": "sim"},
+            )
+        )
     return calibration + real + sims
 
 
@@ -293,8 +340,11 @@ def emulated_sim(cfg: Config) -> dict:
     hw = cfg.hardware
     if not (hw.emulate or hw.emulate_prefill or hw.emulate_decode):
         return {}
-    out = {"sim.profile": hw.emulate, "sim.prefill_profile": hw.emulate_prefill,
-           "sim.decode_profile": hw.emulate_decode}
+    out = {
+        "sim.profile": hw.emulate,
+        "sim.prefill_profile": hw.emulate_prefill,
+        "sim.decode_profile": hw.emulate_decode,
+    }
     if hw.emulate_model:
         out["model.name"] = hw.emulate_model
     return {k: v for k, v in out.items() if v is not None}
@@ -308,8 +358,16 @@ def plan(cfg: Config) -> list[Point]:
     for label, overrides in layouts(cfg, ["chunked"]):
         for chunk in sorted({default, *cfg.experiment.chunk_sizes}):
             name = label if chunk == default else f"{label}{chunk}"  # "chunked" matches a measured sweep
-            configs.append((name, {**overrides, "scheduler.chunk_size": chunk,
-                                   "scheduler.max_running": min(cfg.scheduler.max_running, chunk)}))
+            configs.append(
+                (
+                    name,
+                    {
+                        **overrides,
+                        "scheduler.chunk_size": chunk,
+                        "scheduler.max_running": min(cfg.scheduler.max_running, chunk),
+                    },
+                )
+            )
     points = _grid(cfg, configs, "rate", _rates(cfg), "workload.rate")
     for point in points:
         point.overrides["executor"] = "sim"
@@ -372,65 +430,183 @@ REPLAYED = CHECKOUT / "tests" / "data" / "replay"
 
 STUDIES = (
     Study(ONE_POINT, "one point with the config as it is", over_http=True),
-    Study("ratio_sweep", "goodput per GPU of every P:D split beside colocated and chunked, over rates",
-          ratio_sweep, aggregates.goodput_study, figures=("goodput_per_gpu", "attainment_vs_rate", "latency_vs_rate"),
-          searches_goodput=True, over_http=True, mergeable=True, rate_axis=True, needs_requests=True,
-          tiny=("experiment.rates=[20,40]",)),
-    Study("rate_sweep", "each mode's SLO attainment and latency over offered rates, and its goodput",
-          rate_sweep, aggregates.goodput_study, figures=("attainment_vs_rate", "latency_vs_rate"),
-          searches_goodput=True, over_http=True, mergeable=True, rate_axis=True, needs_requests=True,
-          tiny=("experiment.rates=[20,40]", "experiment.modes=[chunked,disagg]")),
-    Study("mode_compare", "every mode once at workload.rate: latency, attainment and throughput side by side",
-          one_rate, aggregates.by_label(TABLE), figures=("latency_summary", "latency_cdfs", "timelines", "telemetry"),
-          over_http=True, mergeable=True),
-    Study("slo_scale", "each mode's SLO attainment as the SLOs scale tighter or looser",
-          one_rate, aggregates.slo_scale, figures=("attainment_vs_scale", "latency_cdfs"),
-          over_http=True, mergeable=True, needs_requests=True, tiny=("experiment.modes=[colocated,disagg]",)),
-    Study("interference", "how much prefills of each length slow a decoding background (ITL inflation)",
-          interference, aggregates.interference, figures=("itl_inflation",),
-          # probes 0.2 s apart: the background is decoding when the first arrives, on a loaded CPU too
-          tiny=("experiment.modes=[colocated,disagg]", "experiment.prefill_lengths=[256]",
-                "workload.background_requests=4", "workload.background_output_len=48", "workload.num_requests=3",
-                "workload.rate=5", "experiment.background_margin=1")),
-    Study("chunk_sweep", "chunked prefill's chunk size: TTFT against TPOT",
-          chunk_sweep, aggregates.by_label(["chunk", *TABLE]), figures=("chunk_tradeoff",),
-          tiny=("experiment.chunk_sizes=[32,256]", "hardware.num_devices=1")),
-    Study("input_buckets", "each mode's TTFT by prompt-length bucket",
-          one_rate, aggregates.by_label(BUCKETS), figures=("ttft_by_bucket",),
-          over_http=True, mergeable=True, needs_requests=True,
-          tiny=("experiment.modes=[chunked,disagg]", "workload.input_len.max=6000")),
-    Study("burstiness", "SLO attainment and TTFT as arrivals get burstier (gamma shape)",
-          burstiness, aggregates.burstiness, figures=("burstiness",), over_http=True,
-          tiny=("experiment.burstiness=[0.5,2.0]", "experiment.modes=[chunked]")),
-    Study("multiturn", "multi-turn sessions: dispatch policies and how later turns' KV is handed over",
-          multiturn, aggregates.multiturn, figures=("ttft_by_turn", "kv_bytes_by_turn", "decode_itl_with_appends"),
-          tiny=("workload.num_requests=2", "workload.turns=3", "workload.think_time_s=0.05",
-                "experiment.modes=[chunked,disagg]", "experiment.dispatch=[kv_aware]")),
-    Study("kv_bandwidth", "the KV connector's bandwidth against a raw copy, by message size",
-          runs=_kv_bandwidth, figures=("kv_bandwidth",), one_box=True, tiny=("experiment.message_mib=1",)),
-    Study("profile", "this machine's step times, fitted to the cost model the simulator runs on",
-          runs=_profile, one_box=True, tiny=("experiment.quick_profile=true",)),
-    Study("sim_validate", "the simulator against real runs of the same workload, per mode and rate",
-          sim_validate, aggregates.sim_validate, figures=("sim_vs_real",), fits_in_situ=True,
-          # a tiny paced run on a shared CPU exercises the study, it measures no fidelity: kept in its
-          # tables however many steps overran (tests/test_experiments.py judges the pace itself)
-          tiny=("experiment.rates=[20]", "experiment.modes=[chunked]", "hardware.emulate=h100_sxm",
-                "hardware.emulate_model=llama3_8b", "hardware.max_overrun_share=1")),
-    Study("plan", "a simulated search of splits and chunk sizes for the most goodput per GPU",
-          plan, aggregates.plan, figures=("plan_goodput",), searches_goodput=True, simulated=True,
-          tiny=("experiment.rates=[20,80]", "experiment.chunk_sizes=[64]", "hardware.num_devices=3",
-                "workload.num_requests=40")),
+    Study(
+        "ratio_sweep",
+        "goodput per GPU of every P:D split beside colocated and chunked, over rates",
+        ratio_sweep,
+        aggregates.goodput_study,
+        figures=("goodput_per_gpu", "attainment_vs_rate", "latency_vs_rate"),
+        searches_goodput=True,
+        over_http=True,
+        mergeable=True,
+        rate_axis=True,
+        needs_requests=True,
+        tiny=("experiment.rates=[20,40]",),
+    ),
+    Study(
+        "rate_sweep",
+        "each mode's SLO attainment and latency over offered rates, and its goodput",
+        rate_sweep,
+        aggregates.goodput_study,
+        figures=("attainment_vs_rate", "latency_vs_rate"),
+        searches_goodput=True,
+        over_http=True,
+        mergeable=True,
+        rate_axis=True,
+        needs_requests=True,
+        tiny=("experiment.rates=[20,40]", "experiment.modes=[chunked,disagg]"),
+    ),
+    Study(
+        "mode_compare",
+        "every mode once at workload.rate: latency, attainment and throughput side by side",
+        one_rate,
+        aggregates.by_label(TABLE),
+        figures=("latency_summary", "latency_cdfs", "timelines", "telemetry"),
+        over_http=True,
+        mergeable=True,
+    ),
+    Study(
+        "slo_scale",
+        "each mode's SLO attainment as the SLOs scale tighter or looser",
+        one_rate,
+        aggregates.slo_scale,
+        figures=("attainment_vs_scale", "latency_cdfs"),
+        over_http=True,
+        mergeable=True,
+        needs_requests=True,
+        tiny=("experiment.modes=[colocated,disagg]",),
+    ),
+    Study(
+        "interference",
+        "how much prefills of each length slow a decoding background (ITL inflation)",
+        interference,
+        aggregates.interference,
+        figures=("itl_inflation",),
+        # probes 0.2 s apart: the background is decoding when the first arrives, on a loaded CPU too
+        tiny=(
+            "experiment.modes=[colocated,disagg]",
+            "experiment.prefill_lengths=[256]",
+            "workload.background_requests=4",
+            "workload.background_output_len=48",
+            "workload.num_requests=3",
+            "workload.rate=5",
+            "experiment.background_margin=1",
+        ),
+    ),
+    Study(
+        "chunk_sweep",
+        "chunked prefill's chunk size: TTFT against TPOT",
+        chunk_sweep,
+        aggregates.by_label(["chunk", *TABLE]),
+        figures=("chunk_tradeoff",),
+        tiny=("experiment.chunk_sizes=[32,256]", "hardware.num_devices=1"),
+    ),
+    Study(
+        "input_buckets",
+        "each mode's TTFT by prompt-length bucket",
+        one_rate,
+        aggregates.by_label(BUCKETS),
+        figures=("ttft_by_bucket",),
+        over_http=True,
+        mergeable=True,
+        needs_requests=True,
+        tiny=("experiment.modes=[chunked,disagg]", "workload.input_len.max=6000"),
+    ),
+    Study(
+        "burstiness",
+        "SLO attainment and TTFT as arrivals get burstier (gamma shape)",
+        burstiness,
+        aggregates.burstiness,
+        figures=("burstiness",),
+        over_http=True,
+        tiny=("experiment.burstiness=[0.5,2.0]", "experiment.modes=[chunked]"),
+    ),
+    Study(
+        "multiturn",
+        "multi-turn sessions: dispatch policies and how later turns' KV is handed over",
+        multiturn,
+        aggregates.multiturn,
+        figures=("ttft_by_turn", "kv_bytes_by_turn", "decode_itl_with_appends"),
+        tiny=(
+            "workload.num_requests=2",
+            "workload.turns=3",
+            "workload.think_time_s=0.05",
+            "experiment.modes=[chunked,disagg]",
+            "experiment.dispatch=[kv_aware]",
+        ),
+    ),
+    Study(
+        "kv_bandwidth",
+        "the KV connector's bandwidth against a raw copy, by message size",
+        runs=_kv_bandwidth,
+        figures=("kv_bandwidth",),
+        one_box=True,
+        tiny=("experiment.message_mib=1",),
+    ),
+    Study(
+        "profile",
+        "this machine's step times, fitted to the cost model the simulator runs on",
+        runs=_profile,
+        one_box=True,
+        tiny=("experiment.quick_profile=true",),
+    ),
+    Study(
+        "sim_validate",
+        "the simulator against real runs of the same workload, per mode and rate",
+        sim_validate,
+        aggregates.sim_validate,
+        figures=("sim_vs_real",),
+        fits_in_situ=True,
+        # a tiny paced run on a shared CPU exercises the study, it measures no fidelity: kept in its
+        # tables however many steps overran (tests/test_experiments.py judges the pace itself)
+        tiny=(
+            "experiment.rates=[20]",
+            "experiment.modes=[chunked]",
+            "hardware.emulate=h100_sxm",
+            "hardware.emulate_model=llama3_8b",
+            "hardware.max_overrun_share=1",
+        ),
+    ),
+    Study(
+        "plan",
+        "a simulated search of splits and chunk sizes for the most goodput per GPU",
+        plan,
+        aggregates.plan,
+        figures=("plan_goodput",),
+        searches_goodput=True,
+        simulated=True,
+        tiny=(
+            "experiment.rates=[20,80]",
+            "experiment.chunk_sizes=[64]",
+            "hardware.num_devices=3",
+            "workload.num_requests=40",
+        ),
+    ),
     # a published GPU run replayed in the simulator (its workload is the reference's, not TINY_BASE's)
-    Study("replay", "a published engine's run replayed in the simulator, compared figure by figure",
-          runs=_replay, tiny=(f"experiment.reference={REPLAYED / 'sglang030_a100_llama31_8b_rps4.jsonl'}",
-                              f"experiment.setup={REPLAYED / 'sglang030_a100.setup.yaml'}")),
+    Study(
+        "replay",
+        "a published engine's run replayed in the simulator, compared figure by figure",
+        runs=_replay,
+        tiny=(
+            f"experiment.reference={REPLAYED / 'sglang030_a100_llama31_8b_rps4.jsonl'}",
+            f"experiment.setup={REPLAYED / 'sglang030_a100.setup.yaml'}",
+        ),
+    ),
 )
 BY_NAME = {s.name: s for s in STUDIES}
 
 # what every tiny run shares: two CPU workers, one repeat, a handful of requests, no figures
-TINY_BASE = ("hardware=cpu", "hardware.num_devices=2", "experiment.figures=false", "experiment.repeats=1",
-             "experiment.search_points=1", "experiment.background_margin=0", "workload.num_requests=6",
-             "slo.ttft_s=0.5", "slo.tpot_s=0.05")
+TINY_BASE = (
+    "hardware=cpu",
+    "hardware.num_devices=2",
+    "experiment.figures=false",
+    "experiment.repeats=1",
+    "experiment.search_points=1",
+    "experiment.background_margin=0",
+    "workload.num_requests=6",
+    "slo.ttft_s=0.5",
+    "slo.tpot_s=0.05",
+)
 
 
 def study(name: str) -> Study:

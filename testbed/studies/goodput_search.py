@@ -18,8 +18,12 @@ from testbed.studies.sweep import Point, Sweep
 def rate_search(cfg) -> RateSearch:
     e = cfg.experiment
     rates = list(e.rates) or [cfg.workload.rate]
-    return RateSearch(budget=e.search_points, tolerance=e.search_tolerance,
-                      floor=min(rates) / e.search_span, cap=max(rates) * e.search_span)
+    return RateSearch(
+        budget=e.search_points,
+        tolerance=e.search_tolerance,
+        floor=min(rates) / e.search_span,
+        cap=max(rates) * e.search_span,
+    )
 
 
 def search_goodput(sweep: Sweep, cfg) -> pd.DataFrame:
@@ -46,8 +50,9 @@ def proposals(table: pd.DataFrame, grid: list[Point], search: RateSearch, taken:
     # every configuration of a seed alike instead of lining up with one configuration
     for (repeat, label), rows in done.groupby(["repeat", "label"]) if len(done) else []:
         used = int((rows["stage"] == "search").sum()) if "stage" in rows.columns else 0
-        rate = next_rate(rows["rate"].tolist(), rows["slo_attainment"].tolist(), search, used,
-                         weights=requests_counted(rows))
+        rate = next_rate(
+            rows["rate"].tolist(), rows["slo_attainment"].tolist(), search, used, weights=requests_counted(rows)
+        )
         base = next((p for p in grid if p.knobs["label"] == label and p.knobs.get("repeat") == repeat), None)
         if rate is None or base is None:
             continue
@@ -62,5 +67,8 @@ def at_rate(base: Point, rate: float) -> Point:
     label, repeat = base.knobs["label"], base.knobs.get("repeat", 0)
     cell = f"{label}_rate{rate:g}"
     name = base.name.replace(base.knobs["cell"], cell, 1) if base.knobs.get("cell") else cell
-    return Point(name, {**base.overrides, "workload.rate": rate},
-                 {**base.knobs, "rate": rate, "cell": cell, "repeat": repeat, "stage": "search"})
+    return Point(
+        name,
+        {**base.overrides, "workload.rate": rate},
+        {**base.knobs, "rate": rate, "cell": cell, "repeat": repeat, "stage": "search"},
+    )

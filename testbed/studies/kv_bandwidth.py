@@ -20,8 +20,14 @@ def run_kv_bandwidth(cfg: Config, out_dir: Path) -> dict:
     table = pd.DataFrame(results["rows"])
     out_dir.mkdir(parents=True, exist_ok=True)
     write_parquet(out_dir / "sweep.parquet", table)
-    write_json(out_dir / "sweep.json", {"experiment": "kv_bandwidth", "points": results["rows"],
-                                        "aggregate": {k: v for k, v in results.items() if k != "rows"}})
+    write_json(
+        out_dir / "sweep.json",
+        {
+            "experiment": "kv_bandwidth",
+            "points": results["rows"],
+            "aggregate": {k: v for k, v in results.items() if k != "rows"},
+        },
+    )
     write_json(out_dir / "meta.json", collect_meta(cfg.seed))
     figures = []
     if cfg.experiment.figures:

@@ -38,25 +38,46 @@ from testbed.tracking.results import write_parquet
 MERGEABLE = tuple(s.name for s in STUDIES if s.mergeable)
 
 
-def add_point(sweep_dir, run, *, label: str, knobs: Optional[dict] = None, fmt: Optional[str] = None,
-              trace=None, slowdown: float = 1.0, run_index: int = -1, figures: bool = True) -> dict:
+def add_point(
+    sweep_dir,
+    run,
+    *,
+    label: str,
+    knobs: Optional[dict] = None,
+    fmt: Optional[str] = None,
+    trace=None,
+    slowdown: float = 1.0,
+    run_index: int = -1,
+    figures: bool = True,
+) -> dict:
     """Add `run` to the sweep in sweep_dir as label's point. knobs: `rate` (needed by rate
     studies when the run does not say it), `num_gpus` (default 1: per-GPU goodput divides by
     it) and any other column to show. Returns {"point", "dir", "row", "aggregate", "figures"}."""
     sweep_dir, knobs = Path(sweep_dir), dict(knobs or {})
     name, table = load_table(sweep_dir)
     if name not in MERGEABLE:
-        raise InteropError(f"{sweep_dir}: study {name!r} cannot draw an outside run; add works for "
-                           f"{', '.join(MERGEABLE)}")
+        raise InteropError(
+            f"{sweep_dir}: study {name!r} cannot draw an outside run; add works for {', '.join(MERGEABLE)}"
+        )
     _check_label(table, label)
     cfg = sweep_config(sweep_dir, table)
     num_gpus = int(knobs.pop("num_gpus", 1))
     stage = sweep_dir / "points" / f".adding-{slug(label)}"
     shutil.rmtree(stage, ignore_errors=True)
     try:  # into a hidden directory first: a failed import leaves the sweep as it was
-        imported = import_run(run, stage, fmt=fmt, slo=cfg.slo, metrics=cfg.metrics, num_gpus=num_gpus,
-                              label=label, run=run_index, trace=trace, slowdown=slowdown,
-                              tenants=tenant_slos(cfg.workload.tenants, cfg.slo))
+        imported = import_run(
+            run,
+            stage,
+            fmt=fmt,
+            slo=cfg.slo,
+            metrics=cfg.metrics,
+            num_gpus=num_gpus,
+            label=label,
+            run=run_index,
+            trace=trace,
+            slowdown=slowdown,
+            tenants=tenant_slos(cfg.workload.tenants, cfg.slo),
+        )
         rate = float(knobs.pop("rate", imported["rate"]))
         point = _point_name(BY_NAME[name], label, rate, imported["rate"], table, run)
     except BaseException:
@@ -64,8 +85,20 @@ def add_point(sweep_dir, run, *, label: str, knobs: Optional[dict] = None, fmt: 
         raise
     shutil.rmtree(sweep_dir / "points" / point, ignore_errors=True)  # this label's earlier import
     stage.rename(sweep_dir / "points" / point)
-    row = {"point": point, "label": label, "mode": EXTERNAL, "rate": rate, "num_gpus": num_gpus, "error": "",
-           "cell": point, "repeat": 0, "seed": cfg.seed, **knobs, "status": "ok", **flatten(imported["summary"])}
+    row = {
+        "point": point,
+        "label": label,
+        "mode": EXTERNAL,
+        "rate": rate,
+        "num_gpus": num_gpus,
+        "error": "",
+        "cell": point,
+        "repeat": 0,
+        "seed": cfg.seed,
+        **knobs,
+        "status": "ok",
+        **flatten(imported["summary"]),
+    }
     table = pd.concat([table[table["point"] != point], pd.DataFrame([row])], ignore_index=True)
     aggregate = rewrite(sweep_dir, name, table, cfg)
     drawn = []
@@ -78,8 +111,10 @@ def _point_name(study: Study, label: str, rate: float, recorded, table: pd.DataF
     """points/<label> (rate studies: <label>_rate<R>, as the runner names its points); never one
     of the sweep's own points."""
     if study.rate_axis and not (math.isfinite(rate) and rate > 0):
-        raise InteropError(f"{run}: its request rate is not known (request_rate={recorded}); {study.name} needs "
-                           f"the rate it was offered: pass --rate R")
+        raise InteropError(
+            f"{run}: its request rate is not known (request_rate={recorded}); {study.name} needs "
+            f"the rate it was offered: pass --rate R"
+        )
     point = f"{slug(label)}_rate{rate:g}" if study.rate_axis else slug(label)
     own = table[table["mode"] != EXTERNAL] if "mode" in table.columns else table
     if point in set(own["point"]):
@@ -114,7 +149,9 @@ def sweep_config(sweep_dir: Path, table: pd.DataFrame) -> Config:
 
 
 # a summary-only point's cell carries the file's own figures (no interval: the requests are not there)
-SUMMARY_FIGURES = [f"{m}_{p}" for m in ("ttft", "tpot", "itl", "e2e") for p in ("mean", "p50", "p90", "p95", "p99", "max")]
+SUMMARY_FIGURES = [
+    f"{m}_{p}" for m in ("ttft", "tpot", "itl", "e2e") for p in ("mean", "p50", "p90", "p95", "p99", "max")
+]
 
 
 def summary_only(table: pd.DataFrame) -> pd.Series:
@@ -133,10 +170,14 @@ def rewrite(sweep_dir: Path, name: str, table: pd.DataFrame, cfg: Config) -> dic
     aggregated = table[~only] if study.needs_requests else table
     aggregate = study.aggregate(aggregated, cfg, sweep_dir)
     if only.any() and study.needs_requests:
-        aggregate = {**aggregate, "left_out": {
-            "points": sorted(table.loc[only, "point"]),
-            "why": "summary-only imports (result files without per-request lists): no SLO attainment, goodput or "
-                   "interval without the requests; their latency and throughput figures are in the table"}}
+        aggregate = {
+            **aggregate,
+            "left_out": {
+                "points": sorted(table.loc[only, "point"]),
+                "why": "summary-only imports (result files without per-request lists): no SLO attainment, goodput or "
+                "interval without the requests; their latency and throughput figures are in the table",
+            },
+        }
     writer = Sweep(cfg, [], sweep_dir, None, None)
     writer.name, writer.size = name, _saved_size(sweep_dir, writer.size)
     writer.rows = table.to_dict(orient="records")

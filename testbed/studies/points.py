@@ -19,18 +19,38 @@ from testbed.tracking.results import collect_meta, stored_config, write_results
 
 PORTS = ("agent", "driver", "router", "worker")  # the message ports a run has (under torchrun)
 
-def write_files(cfg: Config, out_dir: Path, *, requests, summary: dict, prompts, meta: dict, steps=None,
-                transfers=None, telemetry=None) -> None:
+
+def write_files(
+    cfg: Config,
+    out_dir: Path,
+    *,
+    requests,
+    summary: dict,
+    prompts,
+    meta: dict,
+    steps=None,
+    transfers=None,
+    telemetry=None,
+) -> None:
     """The results contract first (requests.parquet and summary.json before the rest), the outside
     formats' exports last: a full disk or a file-size limit costs an export, not the results. A
     resumed sweep reruns a point whose files are not all there and whole (studies/resume.py)."""
-    write_results(out_dir, requests=requests, steps=steps, transfers=transfers, telemetry=telemetry,
-                  config=stored_config(cfg), meta=collect_meta(cfg.seed, meta), summary=summary)
+    write_results(
+        out_dir,
+        requests=requests,
+        steps=steps,
+        transfers=transfers,
+        telemetry=telemetry,
+        config=stored_config(cfg),
+        meta=collect_meta(cfg.seed, meta),
+        summary=summary,
+    )
     try:
         export_run(out_dir / "exports", requests, stored_config(cfg), prompts)
     except OSError as error:
-        raise ResultsError(f"{error}; the results (requests.parquet, summary.json, ...) are written in {out_dir}, "
-                           f"its exports are not") from None
+        raise ResultsError(
+            f"{error}; the results (requests.parquet, summary.json, ...) are written in {out_dir}, its exports are not"
+        ) from None
 
 
 def simulate_point(cfg: Config, out_dir: Path) -> dict:
@@ -42,8 +62,10 @@ def simulate_point(cfg: Config, out_dir: Path) -> dict:
         try:
             result = simulate(cfg)  # each role's device from cfg.sim
         except KeyboardInterrupt:
-            raise Stopped(f"the simulation was stopped before its end: nothing kept in {out_dir} (a simulated run "
-                          f"has no partial results; run it again)") from None
+            raise Stopped(
+                f"the simulation was stopped before its end: nothing kept in {out_dir} (a simulated run "
+                f"has no partial results; run it again)"
+            ) from None
         with polled() as stop:
             _write_sim_point(cfg, out_dir, result)
     if stop.is_set():
@@ -56,9 +78,16 @@ def _write_sim_point(cfg: Config, out_dir: Path, result: dict) -> dict:
     summary["sim"]["events_per_s"] = result["events_per_s"]
     sim = summary["sim"]
     summary["refused"] = refusals()  # a simulation has no ports: the same key as every other run's
-    write_files(cfg, out_dir, requests=result["requests"], steps=result["steps"], transfers=result["transfers"],
-                summary=summary, prompts=result["prompts"],
-                meta={"executor": "sim", "profile": sim["profile"], "profiles": sim["profiles"]})
+    write_files(
+        cfg,
+        out_dir,
+        requests=result["requests"],
+        steps=result["steps"],
+        transfers=result["transfers"],
+        summary=summary,
+        prompts=result["prompts"],
+        meta={"executor": "sim", "profile": sim["profile"], "profiles": sim["profiles"]},
+    )
     leaked = {k: v for k, v in summary["kv_blocks_leaked"].items() if v}
     if leaked:
         raise KVLeakError(f"KV audit failed in the simulation: {leaked}; results kept in {out_dir}")
@@ -74,8 +103,14 @@ def http_point(cfg: Config, out_dir: Path, progress: bool = True) -> dict:
     with polled() as stop:
         result = replay_point(cfg, progress, stop)
         result["summary"]["refused"] = refusals(result["summary"]["http"]["refused"])  # the server's, as seen here
-        write_files(cfg, out_dir, requests=result["requests"], summary=result["summary"], prompts=result["prompts"],
-                    meta=result["meta"])
+        write_files(
+            cfg,
+            out_dir,
+            requests=result["requests"],
+            summary=result["summary"],
+            prompts=result["prompts"],
+            meta=result["meta"],
+        )
     if stop.is_set():
         raise Stopped(kept(result["summary"], out_dir))
     return result
@@ -86,10 +121,12 @@ def kept(summary: dict, out_dir: Path) -> str:
     cut = summary.get("interrupted")
     if cut is None:
         return f"the run had ended: its results are complete in {out_dir}"
-    return (f"{summary['num_requests']['ok']} of {cut['requests_planned']} requests finished and are kept in "
-            f"{out_dir / 'requests.parquet'}, summary.json marked partial ({cut['requests_cut']} cut short, "
-            f"{cut['requests_not_sent']} never sent); a single run does not resume: run it again for the whole "
-            f"workload")
+    return (
+        f"{summary['num_requests']['ok']} of {cut['requests_planned']} requests finished and are kept in "
+        f"{out_dir / 'requests.parquet'}, summary.json marked partial ({cut['requests_cut']} cut short, "
+        f"{cut['requests_not_sent']} never sent); a single run does not resume: run it again for the whole "
+        f"workload"
+    )
 
 
 def refusals(http: Optional[dict] = None, messages: Optional[dict] = None) -> dict:

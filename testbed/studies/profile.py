@@ -22,8 +22,12 @@ def run_profile(cfg: Config, out_dir: Path) -> dict:
     path = out_dir / "profile.json"
     path.write_text(json.dumps(profile, indent=1) + "\n")
     fit = profile["fit"]["step_relative_error"]
-    log.info(f"profiled {cfg.model.name} on {device}: {len(profile['samples']['step'])} step samples, "
-          f"fit error mean {fit['mean']:.1%} max {fit['max']:.1%}")
-    log.info(f"wrote {path}\nsimulate with: python -m testbed executor=sim sim.profile={path} ...\n"
-             f"plan on it: python -m testbed +experiment=plan {model_overrides(cfg)} sim.profile={path}")
+    log.info(
+        f"profiled {cfg.model.name} on {device}: {len(profile['samples']['step'])} step samples, "
+        f"fit error mean {fit['mean']:.1%} max {fit['max']:.1%}"
+    )
+    log.info(
+        f"wrote {path}\nsimulate with: python -m testbed executor=sim sim.profile={path} ...\n"
+        f"plan on it: python -m testbed +experiment=plan {model_overrides(cfg)} sim.profile={path}"
+    )
     return {"profile": profile, "path": path}

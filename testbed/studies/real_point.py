@@ -15,8 +15,15 @@ from testbed.cluster.emulation import Emulation, check_link, emulation_meta
 from testbed.cluster.launcher import Cluster
 from testbed.cluster.layout import plan_on_this_box, plan_ranks
 from testbed.cluster.pacing import pace_summary
-from testbed.cluster.point import (audit_summary, check_audit, fit_to_pools, harness_breakdown, kv_store, stop_cluster,
-                                   worker_template)
+from testbed.cluster.point import (
+    audit_summary,
+    check_audit,
+    fit_to_pools,
+    harness_breakdown,
+    kv_store,
+    stop_cluster,
+    worker_template,
+)
 from testbed.cluster.router import Router
 from testbed.config import Config
 from testbed.control.layout import check_kv_backend
@@ -28,12 +35,17 @@ from testbed.metrics.summary import summarize
 from testbed.metrics.telemetry import gpu_roles
 from testbed.stopping import Stopped, polled
 from testbed.studies.points import INTERRUPTED, kept, refusals, write_files
-from testbed.tracking.telemetry import start_telemetry
+from testbed.tracking.nvml import start_telemetry
 from testbed.workload import build_workload
 
 
-def serve(cfg: Config, out_dir: Path, on_started: Optional[Callable[[Cluster], None]] = None,
-          progress: bool = True, session=None) -> dict:
+def serve(
+    cfg: Config,
+    out_dir: Path,
+    on_started: Optional[Callable[[Cluster], None]] = None,
+    progress: bool = True,
+    session=None,
+) -> dict:
     """Run one point and write its results directory; returns the tables and the summary.
     `session`: rank 0's torchrun session (testbed/cluster/torchrun.py): the workers are its ranks.
     A SIGINT/SIGTERM once the workers are up ends the replay between two reports: the open requests
@@ -42,17 +54,29 @@ def serve(cfg: Config, out_dir: Path, on_started: Optional[Callable[[Cluster], N
     with start_cluster(cfg, session) as cluster, polled() as stop:
         cfg = fit_to_pools(cfg, cluster)
         args = cfg.model.args()
-        workload = build_workload(cfg.workload, seed=cfg.seed, vocab_size=args.vocab_size,
-                                  max_model_len=args.max_model_len)
+        workload = build_workload(
+            cfg.workload, seed=cfg.seed, vocab_size=args.vocab_size, max_model_len=args.max_model_len
+        )
         if on_started:
             on_started(cluster)
         t0 = time.perf_counter()
         sampler = start_telemetry(t0, announce=progress)
         log = RequestLog(t0)
-        router = Router(cluster, workload, log, cfg.mode, cfg.cluster, cfg.kv_transfer, t0, cfg.faults,
-                        block_size=cfg.engine.block_size, tenants=cfg.workload.tenants)
-        with tqdm(total=len(workload.requests), desc=f"{cfg.mode} requests", unit="req", leave=False,
-                  disable=not progress) as bar:
+        router = Router(
+            cluster,
+            workload,
+            log,
+            cfg.mode,
+            cfg.cluster,
+            cfg.kv_transfer,
+            t0,
+            cfg.faults,
+            block_size=cfg.engine.block_size,
+            tenants=cfg.workload.tenants,
+        )
+        with tqdm(
+            total=len(workload.requests), desc=f"{cfg.mode} requests", unit="req", leave=False, disable=not progress
+        ) as bar:
             router.on_finish = lambda: bar.update(1)
             router.run(stop)
         stopped = stop.is_set() and bool(router.pending or router.book.active)  # else the replay had ended
@@ -69,8 +93,12 @@ def interrupted(router: Router, workload, t0: float) -> dict:
     workload's requests at the start; a session's later turns are made as it goes)."""
     at_s = time.perf_counter() - t0
     cut = router.interrupt(INTERRUPTED)
-    return {"at_s": at_s, "requests_planned": len(workload.requests) + len(workload.rejected),
-            "requests_cut": cut, "requests_not_sent": len(router.pending)}
+    return {
+        "at_s": at_s,
+        "requests_planned": len(workload.requests) + len(workload.rejected),
+        "requests_cut": cut,
+        "requests_not_sent": len(router.pending),
+    }
 
 
 def check_emulated_link(cfg: Config) -> None:
@@ -82,25 +110,38 @@ def start_cluster(cfg: Config, session=None) -> Cluster:
     """This box's worker processes, or under torchrun one worker per rank across the hosts."""
     spans = session.world.num_nodes if session else 1
     if cfg.hardware.num_nodes not in (1, spans):
-        raise ConfigError(f"hardware.num_nodes={cfg.hardware.num_nodes} but this real run spans {spans} node(s): "
-                          "start it under torchrun --nnodes=N (docs/torchrun.md), or leave num_nodes to "
-                          "the planner and simulator (executor=sim, +experiment=plan)")
+        raise ConfigError(
+            f"hardware.num_nodes={cfg.hardware.num_nodes} but this real run spans {spans} node(s): "
+            "start it under torchrun --nnodes=N (docs/torchrun.md), or leave num_nodes to "
+            "the planner and simulator (executor=sim, +experiment=plan)"
+        )
     if session is None:
         plans = plan_on_this_box(cfg.mode, cfg.cluster, cfg.hardware)
         check_kv_backend(plans, cfg.kv_transfer.backend)
         check_emulated_link(cfg)
         return Cluster(plans, worker_template(cfg, kv_store(cfg, plans)), cfg.cluster.start_timeout_s)
     if cfg.kv_store.capacity_mib > 0 or cfg.faults.timed():
-        raise ConfigError("under torchrun kv_store.capacity_mib must be 0 and faults.kill_worker / "
-                          "faults.stall_worker unset: the shared KV store and injected worker faults work on one box")
+        raise ConfigError(
+            "under torchrun kv_store.capacity_mib must be 0 and faults.kill_worker / "
+            "faults.stall_worker unset: the shared KV store and injected worker faults work on one box"
+        )
     plans = plan_ranks(cfg.mode, cfg.cluster, cfg.hardware, session.world)
     check_kv_backend(plans, cfg.kv_transfer.backend, across_hosts=True)
     check_emulated_link(cfg)
     return session.cluster(cfg, plans, worker_template(cfg))
 
 
-def write_point(cfg: Config, out_dir: Path, cluster: Cluster, router: Router, log: RequestLog, telemetry,
-                workload_report: dict, extra_meta: Optional[dict] = None, partial: Optional[dict] = None) -> dict:
+def write_point(
+    cfg: Config,
+    out_dir: Path,
+    cluster: Cluster,
+    router: Router,
+    log: RequestLog,
+    telemetry,
+    workload_report: dict,
+    extra_meta: Optional[dict] = None,
+    partial: Optional[dict] = None,
+) -> dict:
     """The results directory of a finished cluster run, then the KV audit's verdict. `partial`: the
     counts of an interrupted run (summary.json says `"partial": true`). summary.json's `refused`:
     what every port turned away (HTTP by status from `workload_report`, the message ports from the
@@ -110,13 +151,22 @@ def write_point(cfg: Config, out_dir: Path, cluster: Cluster, router: Router, lo
     requests, steps = log.table(), steps_table(router.steps, t0)
     transfers = router.transfers.table()  # one row per attempt; the figures use the attempts that arrived
     topology = cluster.topology()  # once: under torchrun it asks every rank for its refusals
-    summary = summarize(requests, steps, transfers[transfers.outcome == "ok"], slo=cfg.slo, metrics=cfg.metrics,
-                        num_gpus=len(plans), tenant_slos=tenant_slos(cfg.workload.tenants, cfg.slo),
-                        telemetry=telemetry, gpu_roles=gpu_roles((p.device, p.role) for p in plans if p.node == 0))
+    summary = summarize(
+        requests,
+        steps,
+        transfers[transfers.outcome == "ok"],
+        slo=cfg.slo,
+        metrics=cfg.metrics,
+        num_gpus=len(plans),
+        tenant_slos=tenant_slos(cfg.workload.tenants, cfg.slo),
+        telemetry=telemetry,
+        gpu_roles=gpu_roles((p.device, p.role) for p in plans if p.node == 0),
+    )
     summary.update(audit_summary(audits))
     summary["kv_transfer_attempts"] = {str(k): int(v) for k, v in transfers.outcome.value_counts().items()}
-    summary["workers"] = {f"worker{p.rank}": {"role": p.role, "device": p.device,
-                                              "alive_at_end": p.rank in audits} for p in plans}
+    summary["workers"] = {
+        f"worker{p.rank}": {"role": p.role, "device": p.device, "alive_at_end": p.rank in audits} for p in plans
+    }
     summary["workload_report"] = workload_report
     summary["faults"] = router.faults
     summary["harness_breakdown"] = harness_breakdown(router.harness)
@@ -125,12 +175,25 @@ def write_point(cfg: Config, out_dir: Path, cluster: Cluster, router: Router, lo
     summary["refused"] = refusals(workload_report.get("http_refused"), topology.get("messages_refused"))
     if partial is not None:
         summary["partial"], summary["interrupted"] = True, partial
-    meta = {"workers": summary["workers"], "emulated": emulated,
-            "cores_per_worker": cluster.cores.cores_per_worker if cluster.cores else None, **topology,
-            # kernel variants JIT-compiled inside timed steps (StepRecord.jit_compiles): 0 after a full warm-up
-            "jit_compiles_in_steps": int(steps["jit_compiles"].sum()) if "jit_compiles" in steps else 0,
-            **(extra_meta or {})}
-    write_files(cfg, out_dir, requests=requests, steps=steps, transfers=transfers, telemetry=telemetry,
-                summary=summary, prompts=log.prompts, meta=meta)
+    meta = {
+        "workers": summary["workers"],
+        "emulated": emulated,
+        "cores_per_worker": cluster.cores.cores_per_worker if cluster.cores else None,
+        **topology,
+        # kernel variants JIT-compiled inside timed steps (StepRecord.jit_compiles): 0 after a full warm-up
+        "jit_compiles_in_steps": int(steps["jit_compiles"].sum()) if "jit_compiles" in steps else 0,
+        **(extra_meta or {}),
+    }
+    write_files(
+        cfg,
+        out_dir,
+        requests=requests,
+        steps=steps,
+        transfers=transfers,
+        telemetry=telemetry,
+        summary=summary,
+        prompts=log.prompts,
+        meta=meta,
+    )
     check_audit(audits, out_dir)
     return {"requests": requests, "steps": steps, "transfers": transfers, "telemetry": telemetry, "summary": summary}

@@ -23,6 +23,7 @@ from testbed.studies.sweep import Point
 
 OTHER_REPEATS = "{other_repeats}"  # in an override: a glob of every repeat suffix but the point's own
 
+
 def with_repeats(points: list[Point], cfg: Config) -> list[Point]:
     """Each point once per repeat, the seed advanced; the cell knob names the point it repeats.
     OTHER_REPEATS in an override becomes a glob of every repeat suffix but this one's.
@@ -40,8 +41,12 @@ def with_repeats(points: list[Point], cfg: Config) -> list[Point]:
 
 
 def _once(point: Point, cfg: Config) -> Point:
-    return Point(point.name, point.overrides, {**point.knobs, "cell": point.name, "repeat": 0,
-                                               "seed": point.overrides.get("seed", cfg.seed)}, False)
+    return Point(
+        point.name,
+        point.overrides,
+        {**point.knobs, "cell": point.name, "repeat": 0, "seed": point.overrides.get("seed", cfg.seed)},
+        False,
+    )
 
 
 def _repeat(point: Point, i: int, n: int, first_seed: int) -> Point:
@@ -99,10 +104,17 @@ def goodput_interval(values: list[Goodput], highest: float = float("inf")) -> di
         interval = type(interval)(float("nan"), units=interval.units)
     else:
         interval = widened(interval, error, (0.0, highest))
-    return {"mean": interval.estimate, "low": interval.low, "high": interval.high,
-            "censored": censored.pop() if len(censored) == 1 else "", "error": error,
-            "values": [float(g.value) for g in values], "censoring": [g.censored for g in values],
-            "errors": [float(g.error) for g in values], "monotone": [bool(g.monotone) for g in values]}
+    return {
+        "mean": interval.estimate,
+        "low": interval.low,
+        "high": interval.high,
+        "censored": censored.pop() if len(censored) == 1 else "",
+        "error": error,
+        "values": [float(g.value) for g in values],
+        "censoring": [g.censored for g in values],
+        "errors": [float(g.error) for g in values],
+        "monotone": [bool(g.monotone) for g in values],
+    }
 
 
 def per_repeat(group: pd.DataFrame) -> list[pd.DataFrame]:

@@ -55,7 +55,7 @@ SETUP_KEYS = {
     "host_overhead_s": "per-step host time, fixed part (engine.host_overhead_s); null: the GPU table's 2 ms",
     "host_overhead_per_seq_s": "per-step host time per sequence sampled (engine.host_overhead_per_seq_s); null: 0",
     "frontend_latency_s": "the engine's front end per request: HTTP, tokenising, the hop to the scheduler "
-                          "(sim.frontend_latency_s); null: 0",
+    "(sim.frontend_latency_s); null: 0",
     "num_scheduler_steps": "vLLM --num-scheduler-steps: decode steps per schedule (sim.num_scheduler_steps); 1: off",
     "cuda_graphs": "decode steps replayed from CUDA graphs (false: vLLM --enforce-eager); null: on",
     "workload": "lengths and arrival when the reference has no per-request lists",
@@ -67,8 +67,15 @@ SESSION_KEYS = ("turns", "system_prompt_len", "think_time_s", "think_time_dist")
 SECONDS = ("host_overhead_s", "host_overhead_per_seq_s", "frontend_latency_s")
 # the fitted knobs (testbed/studies/replay_validation.py): a replay may replace the setup's
 FITTED = ("host_overhead_s", "host_overhead_per_seq_s", "frontend_latency_s")
-DTYPES = {"float16": "float16", "fp16": "float16", "half": "float16", "bfloat16": "bfloat16", "bf16": "bfloat16",
-          "float32": "float32", "fp32": "float32"}
+DTYPES = {
+    "float16": "float16",
+    "fp16": "float16",
+    "half": "float16",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "float32": "float32",
+    "fp32": "float32",
+}
 
 
 def load_setup(path) -> dict:
@@ -85,15 +92,19 @@ def load_setup(path) -> dict:
     if setup.get("gpu") not in GPUS:
         raise ConfigError(f"{path}: gpu={setup.get('gpu')!r} is not one of {', '.join(sorted(GPUS))}")
     if int(setup.get("tp", 1)) != 1:
-        raise ConfigError(f"{path}: tp={setup['tp']}: the simulator has no tensor parallelism yet (the "
-                          f"parallelism issue); this run cannot be replayed")
+        raise ConfigError(
+            f"{path}: tp={setup['tp']}: the simulator has no tensor parallelism yet (the "
+            f"parallelism issue); this run cannot be replayed"
+        )
     if setup.get("policy", "colocated") not in POLICIES:
         raise ConfigError(f"{path}: policy={setup['policy']!r} is not one of {', '.join(POLICIES)}")
     if str(setup.get("dtype", "bfloat16")).lower() not in DTYPES:
         raise ConfigError(f"{path}: dtype={setup['dtype']!r} is not one of {', '.join(DTYPES)}")
     if "model_config" not in setup and setup.get("model", "llama3_8b") not in PRESETS:
-        raise ConfigError(f"{path}: model={setup.get('model')!r} is not a preset ({', '.join(PRESETS)}); "
-                          f"or give model_config: <config.json>")
+        raise ConfigError(
+            f"{path}: model={setup.get('model')!r} is not a preset ({', '.join(PRESETS)}); "
+            f"or give model_config: <config.json>"
+        )
     for key in SECONDS:
         value = setup.get(key)
         if value is not None and not (isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0):
@@ -109,15 +120,30 @@ def load_setup(path) -> dict:
 
 def model_overrides(setup: dict) -> dict:
     """model.* settings for the setup's model: a preset, or a config.json's shape on top of one."""
-    out = {"model.name": setup.get("model", "llama3_8b"), "model.dtype": DTYPES[str(setup.get("dtype", "bfloat16")).lower()]}
+    out = {
+        "model.name": setup.get("model", "llama3_8b"),
+        "model.dtype": DTYPES[str(setup.get("dtype", "bfloat16")).lower()],
+    }
     if "model_config" in setup:
         config = Path(setup["_dir"]) / setup["model_config"]
         args = hf_model_args(config.parent) if config.name == "config.json" else None
         if args is None:
             raise ConfigError(f"model_config={setup['model_config']!r} must name a config.json")
         out["model.name"] = "llama3_8b"
-        for key in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
-                    "max_model_len", "rope_theta", "rms_norm_eps", "tie_embeddings", "qkv_bias", "head_dim"):
+        for key in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_layers",
+            "num_heads",
+            "num_kv_heads",
+            "max_model_len",
+            "rope_theta",
+            "rms_norm_eps",
+            "tie_embeddings",
+            "qkv_bias",
+            "head_dim",
+        ):
             out[f"model.{key}"] = getattr(args, key)
     if setup.get("max_model_len"):
         out["model.max_model_len"] = int(setup["max_model_len"])
@@ -130,22 +156,41 @@ def point_overrides(ref: Reference, setup: dict, trace: Optional[Path]) -> tuple
     policy = setup.get("policy", "colocated")
     running = int(setup.get("max_running", 256))
     budget = int(setup.get("max_batched_tokens", 2048))
-    out = {"executor": "sim", "sim.profile": setup["gpu"], "mode": policy, "cluster.num_workers": 1,
-           "hardware.num_devices": 1, "scheduler.max_running": running, "scheduler.max_batched_tokens": budget,
-           "scheduler.chunk_size": max(budget, running), "engine.enable_prefix_caching": bool(setup.get("prefix_caching")),
-           "engine.host_overhead_s": setup.get("host_overhead_s"),
-           "engine.host_overhead_per_seq_s": float(setup.get("host_overhead_per_seq_s") or 0.0),
-           "engine.cuda_graphs": setup.get("cuda_graphs"),
-           "sim.frontend_latency_s": float(setup.get("frontend_latency_s") or 0.0),
-           "sim.num_scheduler_steps": int(setup.get("num_scheduler_steps", 1)),
-           "sim.step_gap_s": 0.0, "seed": int(setup.get("seed", 0)),
-           "experiment.figures": False, **model_overrides(setup)}
+    out = {
+        "executor": "sim",
+        "sim.profile": setup["gpu"],
+        "mode": policy,
+        "cluster.num_workers": 1,
+        "hardware.num_devices": 1,
+        "scheduler.max_running": running,
+        "scheduler.max_batched_tokens": budget,
+        "scheduler.chunk_size": max(budget, running),
+        "engine.enable_prefix_caching": bool(setup.get("prefix_caching")),
+        "engine.host_overhead_s": setup.get("host_overhead_s"),
+        "engine.host_overhead_per_seq_s": float(setup.get("host_overhead_per_seq_s") or 0.0),
+        "engine.cuda_graphs": setup.get("cuda_graphs"),
+        "sim.frontend_latency_s": float(setup.get("frontend_latency_s") or 0.0),
+        "sim.num_scheduler_steps": int(setup.get("num_scheduler_steps", 1)),
+        "sim.step_gap_s": 0.0,
+        "seed": int(setup.get("seed", 0)),
+        "experiment.figures": False,
+        **model_overrides(setup),
+    }
     if ref.max_concurrency:
-        notes.append(f"not modelled: the client's --max-concurrency {ref.max_concurrency} (the simulator's "
-                     f"arrivals are open-loop; TTFT there excludes the wait for a slot)")
+        notes.append(
+            f"not modelled: the client's --max-concurrency {ref.max_concurrency} (the simulator's "
+            f"arrivals are open-loop; TTFT there excludes the wait for a slot)"
+        )
     if trace is not None:
-        out.update({"workload.path": str(trace), "workload.format": "native_jsonl", "workload.arrival": "trace",
-                    "workload.num_requests": 0, "workload.overlength": "clip"})
+        out.update(
+            {
+                "workload.path": str(trace),
+                "workload.format": "native_jsonl",
+                "workload.arrival": "trace",
+                "workload.num_requests": 0,
+                "workload.overlength": "clip",
+            }
+        )
         return out, notes
     work = dict(setup.get("workload") or {})
     count = int(work.pop("num_requests", ref.num_requests or 0))
@@ -158,8 +203,15 @@ def point_overrides(ref: Reference, setup: dict, trace: Optional[Path]) -> tuple
     if math.isinf(rate):  # every request at once: a rate far above what any engine serves
         rate, arrival = 1e6, "constant"
         notes.append("request_rate=inf: every request sent at once (arrivals 1 us apart)")
-    out.update({"workload.num_requests": count, "workload.rate": rate, "workload.arrival": arrival,
-                "workload.burstiness": ref.burstiness, "workload.overlength": "clip"})
+    out.update(
+        {
+            "workload.num_requests": count,
+            "workload.rate": rate,
+            "workload.arrival": arrival,
+            "workload.burstiness": ref.burstiness,
+            "workload.overlength": "clip",
+        }
+    )
     for key in ("input_len", "output_len"):
         for field, value in (work.pop(key, None) or {}).items():
             out[f"workload.{key}.{field}"] = value
@@ -167,10 +219,14 @@ def point_overrides(ref: Reference, setup: dict, trace: Optional[Path]) -> tuple
         if key in work:
             out[f"workload.{key}"] = work.pop(key)
     if work:
-        raise ConfigError(f"setup workload: unknown key(s) {sorted(work)} (num_requests, arrival, input_len, "
-                          f"output_len, {', '.join(SESSION_KEYS)})")
-    notes.append("lengths drawn from the setup's distributions (the file has no per-request lengths): "
-                 "the real run's own requests differ")
+        raise ConfigError(
+            f"setup workload: unknown key(s) {sorted(work)} (num_requests, arrival, input_len, "
+            f"output_len, {', '.join(SESSION_KEYS)})"
+        )
+    notes.append(
+        "lengths drawn from the setup's distributions (the file has no per-request lengths): "
+        "the real run's own requests differ"
+    )
     return out, notes
 
 
@@ -217,7 +273,9 @@ def draw(rows: list[dict], path: Path, title: str) -> Optional[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    pairs = [r for r in rows if r["real"] is not None and r["sim"] is not None and not r["figure"].startswith("through")]
+    pairs = [
+        r for r in rows if r["real"] is not None and r["sim"] is not None and not r["figure"].startswith("through")
+    ]
     if not pairs:
         return None
     fig, ax = plt.subplots(figsize=(max(4.0, 0.7 * len(pairs)), 3.2))
@@ -236,8 +294,17 @@ def draw(rows: list[dict], path: Path, title: str) -> Optional[Path]:
     return path
 
 
-def replay(cfg: Config, reference, setup_path, out_dir: Path, run_point: Callable, *,
-           knobs: Optional[dict] = None, emulate: bool = False, quiet: bool = False) -> dict:
+def replay(
+    cfg: Config,
+    reference,
+    setup_path,
+    out_dir: Path,
+    run_point: Callable,
+    *,
+    knobs: Optional[dict] = None,
+    emulate: bool = False,
+    quiet: bool = False,
+) -> dict:
     """Replay one reference run; `knobs` (FITTED keys, when given) replace the setup's."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -263,16 +330,34 @@ def replay(cfg: Config, reference, setup_path, out_dir: Path, run_point: Callabl
                 row["emulated"], row["emulated_error"] = emu["sim"], emu["error"]
     title = f"{Path(str(reference)).name} on {setup['gpu']}"
     figure = draw(rows, out_dir / "replay.png", title)
-    result = {"reference": str(reference), "setup": str(setup_path), "format": ref.format,
-              "detailed": ref.detailed, "definitions": ref.definitions, "gpu": setup["gpu"],
-              "knobs": {key: setup.get(key) for key in FITTED}, "overrides": overrides,
-              "notes": notes, "rows": rows, "mape": mape(rows), "figure": str(figure) if figure else None}
+    result = {
+        "reference": str(reference),
+        "setup": str(setup_path),
+        "format": ref.format,
+        "detailed": ref.detailed,
+        "definitions": ref.definitions,
+        "gpu": setup["gpu"],
+        "knobs": {key: setup.get(key) for key in FITTED},
+        "overrides": overrides,
+        "notes": notes,
+        "rows": rows,
+        "mape": mape(rows),
+        "figure": str(figure) if figure else None,
+    }
     write_json(out_dir / "replay.json", result)
-    write_text(out_dir / "replay.csv", "figure,real,sim,error\n" + "".join(
-        f"{r['figure']},{_csv(r['real'])},{_csv(r['sim'])},{_csv(r['error'])}\n" for r in rows))
+    write_text(
+        out_dir / "replay.csv",
+        "figure,real,sim,error\n"
+        + "".join(f"{r['figure']},{_csv(r['real'])},{_csv(r['sim'])},{_csv(r['error'])}\n" for r in rows),
+    )
     if not quiet:
-        log.info("replay of %s (%s, %s)\n%s", reference, ref.format, "per-request" if ref.detailed else
-                 "summary-only", error_table(rows))
+        log.info(
+            "replay of %s (%s, %s)\n%s",
+            reference,
+            ref.format,
+            "per-request" if ref.detailed else "summary-only",
+            error_table(rows),
+        )
         for note in notes:
             log.info("  %s", note)
         log.info("results: %s", out_dir)
@@ -292,15 +377,25 @@ def emulate_point(cfg: Config, overrides: dict, out_dir: Path, run_point: Callab
     it runs in real time on this machine."""
     count = int(overrides.get("workload.num_requests", 0))
     if overrides.get("workload.path") or not 0 < count <= EMULATE_MAX_REQUESTS:
-        return None, (f"emulation skipped: it runs in real time on this CPU; only a synthetic workload of at most "
-                      f"{EMULATE_MAX_REQUESTS} requests is emulated (this one: "
-                      f"{'a trace' if overrides.get('workload.path') else count})")
+        return None, (
+            f"emulation skipped: it runs in real time on this CPU; only a synthetic workload of at most "
+            f"{EMULATE_MAX_REQUESTS} requests is emulated (this one: "
+            f"{'a trace' if overrides.get('workload.path') else count})"
+        )
     emulated = {k: v for k, v in overrides.items() if not k.startswith(("sim.", "model."))}
-    emulated.update({"executor": "real", "hardware.emulate": overrides["sim.profile"],
-                     "hardware.emulate_model": overrides["model.name"], "model.name": "tiny"})
+    emulated.update(
+        {
+            "executor": "real",
+            "hardware.emulate": overrides["sim.profile"],
+            "hardware.emulate_model": overrides["model.name"],
+            "model.name": "tiny",
+        }
+    )
     if emulated.get("engine.cuda_graphs"):  # the CPU engine has none; unset, the emulated GPU's decode has them
         emulated["engine.cuda_graphs"] = None
-    left = [key for key in ("sim.frontend_latency_s", "sim.num_scheduler_steps") if overrides.get(key) not in (None, 0, 1)]
+    left = [
+        key for key in ("sim.frontend_latency_s", "sim.num_scheduler_steps") if overrides.get(key) not in (None, 0, 1)
+    ]
     note = "emulated: hardware.emulate on the tiny model (the host terms and CUDA graphs pace it as in the simulator)"
     if left:
         note += f"; not emulated: {', '.join(left)} (the real engine's own front end and scheduler run)"
@@ -311,6 +406,8 @@ def run_replay(cfg: Config, out_dir: Path, run_point: Callable) -> dict:
     """The study: experiment.reference and experiment.setup are required."""
     exp = cfg.experiment
     if not exp.reference or not exp.setup:
-        raise ConfigError("experiment=replay needs experiment.reference=<vLLM or SGLang result file> and "
-                          "experiment.setup=<setup.yaml> (see docs/validation.md)")
+        raise ConfigError(
+            "experiment=replay needs experiment.reference=<vLLM or SGLang result file> and "
+            "experiment.setup=<setup.yaml> (see docs/validation.md)"
+        )
     return replay(cfg, exp.reference, exp.setup, out_dir, run_point, emulate=exp.replay_emulate)

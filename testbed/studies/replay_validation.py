@@ -51,8 +51,9 @@ def load_manifest(path) -> tuple[Path, list[dict]]:
     for case in cases:
         missing = [k for k in ("name", "setup", "group", "role") if k not in case]
         if missing or case["role"] not in ("calibrate", "held_out"):
-            raise ConfigError(f"{path}: case {case.get('name')!r} needs name, setup, group and role "
-                              f"(calibrate | held_out)")
+            raise ConfigError(
+                f"{path}: case {case.get('name')!r} needs name, setup, group and role (calibrate | held_out)"
+            )
     return path.parent, cases
 
 
@@ -111,8 +112,9 @@ def table_mape(results: list[dict], keys=("ttft", "tpot", "e2e")) -> dict:
     return out
 
 
-def validate(manifest, out_dir, cfg: Config, run_point: Callable, grid=HOST_GRID_S,
-             per_seq_grid=PER_SEQ_GRID_S) -> dict:
+def validate(
+    manifest, out_dir, cfg: Config, run_point: Callable, grid=HOST_GRID_S, per_seq_grid=PER_SEQ_GRID_S
+) -> dict:
     base, cases = load_manifest(manifest)
     out_dir = Path(out_dir)
     fitted, results = {}, []
@@ -122,30 +124,67 @@ def validate(manifest, out_dir, cfg: Config, run_point: Callable, grid=HOST_GRID
         for fixed in grid:
             for per_seq in per_seq_grid:
                 knobs = {"host_overhead_s": fixed, "host_overhead_per_seq_s": per_seq, "frontend_latency_s": 0.0}
-                runs = [replay(cfg, base / f"{c['name']}.jsonl", base / c["setup"], out_dir / "fit" / group /
-                               f"{fixed * 1000:g}ms_{per_seq * 1e6:g}us" / c["name"], run_point, knobs=knobs,
-                               quiet=True)["rows"] for c in calibration]
+                runs = [
+                    replay(
+                        cfg,
+                        base / f"{c['name']}.jsonl",
+                        base / c["setup"],
+                        out_dir / "fit" / group / f"{fixed * 1000:g}ms_{per_seq * 1e6:g}us" / c["name"],
+                        run_point,
+                        knobs=knobs,
+                        quiet=True,
+                    )["rows"]
+                    for c in calibration
+                ]
                 frontend, score = fit_frontend(runs)
                 scores[(fixed, per_seq)] = {"frontend_latency_s": frontend, "score": score}
         best = fit_overhead(scores)
-        fitted[group] = {"host_overhead_s": best[0], "host_overhead_per_seq_s": best[1],
-                         "frontend_latency_s": scores[best]["frontend_latency_s"] if best in scores else 0.0,
-                         "score": (scores.get(best) or {}).get("score"),
-                         "scores": [{"host_overhead_s": k[0], "host_overhead_per_seq_s": k[1], **v}
-                                    for k, v in scores.items()]}
-        log.info("%s: host %.1f ms + %.0f us per sequence, front end %.1f ms (calibration MAPE %s)", group,
-                 best[0] * 1000, best[1] * 1e6, fitted[group]["frontend_latency_s"] * 1000,
-                 _pct(fitted[group]["score"]))
+        fitted[group] = {
+            "host_overhead_s": best[0],
+            "host_overhead_per_seq_s": best[1],
+            "frontend_latency_s": scores[best]["frontend_latency_s"] if best in scores else 0.0,
+            "score": (scores.get(best) or {}).get("score"),
+            "scores": [{"host_overhead_s": k[0], "host_overhead_per_seq_s": k[1], **v} for k, v in scores.items()],
+        }
+        log.info(
+            "%s: host %.1f ms + %.0f us per sequence, front end %.1f ms (calibration MAPE %s)",
+            group,
+            best[0] * 1000,
+            best[1] * 1e6,
+            fitted[group]["frontend_latency_s"] * 1000,
+            _pct(fitted[group]["score"]),
+        )
     for case in cases:
         knobs = {key: fitted[case["group"]][key] for key in FITTED}
-        run = replay(cfg, base / f"{case['name']}.jsonl", base / case["setup"], out_dir / "cases" / case["name"],
-                     run_point, knobs=knobs, quiet=True)
-        results.append({"name": case["name"], "group": case["group"], "role": case["role"], "knobs": knobs,
-                        "rows": run["rows"], "notes": run["notes"], "headline": headline(run["rows"])})
-    summary = {"fitted": fitted, "cases": results,
-               "held_out": table_mape([r for r in results if r["role"] == "held_out"],
-                                      ("ttft", "tpot", "e2e", "requests_per_s", "output_tokens_per_s")),
-               "calibration": table_mape([r for r in results if r["role"] == "calibrate"])}
+        run = replay(
+            cfg,
+            base / f"{case['name']}.jsonl",
+            base / case["setup"],
+            out_dir / "cases" / case["name"],
+            run_point,
+            knobs=knobs,
+            quiet=True,
+        )
+        results.append(
+            {
+                "name": case["name"],
+                "group": case["group"],
+                "role": case["role"],
+                "knobs": knobs,
+                "rows": run["rows"],
+                "notes": run["notes"],
+                "headline": headline(run["rows"]),
+            }
+        )
+    summary = {
+        "fitted": fitted,
+        "cases": results,
+        "held_out": table_mape(
+            [r for r in results if r["role"] == "held_out"],
+            ("ttft", "tpot", "e2e", "requests_per_s", "output_tokens_per_s"),
+        ),
+        "calibration": table_mape([r for r in results if r["role"] == "calibrate"]),
+    }
     write_json(out_dir / "validation.json", summary)
     write_text(out_dir / "validation.md", markdown(summary))
     return summary
@@ -173,8 +212,10 @@ def markdown(summary: dict) -> str:
                 continue
             scale = 1.0 if row["figure"].startswith("throughput") else 1000.0
             sim = "-" if row["sim"] is None else f"{row['sim'] * scale:.2f}"
-            lines.append(f"| {case['name']} | {case['role']} | {_knobs(case['knobs'])} | {row['figure']} "
-                         f"| {row['real'] * scale:.2f} | {sim} | {_pct(row['error'])} |")
+            lines.append(
+                f"| {case['name']} | {case['role']} | {_knobs(case['knobs'])} | {row['figure']} "
+                f"| {row['real'] * scale:.2f} | {sim} | {_pct(row['error'])} |"
+            )
     lines += ["", "| set | figure | MAPE | cases |", "|---|---|---|---|"]
     for role in ("calibration", "held_out"):
         for key, value in summary[role].items():
@@ -184,11 +225,15 @@ def markdown(summary: dict) -> str:
 
 
 def main(argv=None) -> int:
-    from testbed.config import Config as Root, with_overrides
+    from testbed.config import Config as Root
+    from testbed.config import with_overrides
     from testbed.studies.runner import run_point
 
-    parser = argparse.ArgumentParser(prog="python -m testbed.studies.replay_validation", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m testbed.studies.replay_validation",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("manifest", help="the validation set's cases.yaml")
     parser.add_argument("--out", default="outputs/replay_validation", help="where the runs and tables go")
     args = parser.parse_args(argv)

@@ -20,8 +20,10 @@ def _ms(x) -> str:
 def request_lines(requests: pd.DataFrame, limit: int = 20) -> list[str]:
     lines = [f"{'id':>5} {'in':>6} {'out':>5} {'status':>8} {'ttft ms':>8} {'tpot ms':>8}"]
     for row in requests.head(limit).itertuples():
-        lines.append(f"{row.request_id:>5} {row.input_len:>6} {len(row.output_token_ids):>5} {row.status:>8} "
-                     f"{_ms(row.ttft)} {_ms(row.tpot)}")
+        lines.append(
+            f"{row.request_id:>5} {row.input_len:>6} {len(row.output_token_ids):>5} {row.status:>8} "
+            f"{_ms(row.ttft)} {_ms(row.tpot)}"
+        )
     if len(requests) > limit:
         lines.append(f"... {len(requests) - limit} more in requests.parquet")
     return lines
@@ -65,41 +67,68 @@ def cell_lines(cells: pd.DataFrame, columns: list[str]) -> list[str]:
     for column in shown:
         low, high, note = (cells.get(f"{column}_{k}") for k in ("low", "high", "note"))
         at = lambda series, i: None if series is None else series.iloc[i]  # noqa: E731
-        table[column] = [_with_interval(v, at(low, i), at(high, i), note=at(note, i) or "")
-                         for i, v in enumerate(cells[column])]
-    return ["per cell: latency percentiles and attainment of the repeats' requests pooled, other figures "
-            "the mean over repeats; [95% interval over the runs] (latencies in seconds)", table.to_string(index=False)]
+        table[column] = [
+            _with_interval(v, at(low, i), at(high, i), note=at(note, i) or "") for i, v in enumerate(cells[column])
+        ]
+    return [
+        "per cell: latency percentiles and attainment of the repeats' requests pooled, other figures "
+        "the mean over repeats; [95% interval over the runs] (latencies in seconds)",
+        table.to_string(index=False),
+    ]
 
 
 def goodput_lines(goodput: dict) -> list[str]:
-    lines = [f"{'configuration':>14} {'goodput req/s':>24} {'per GPU':>24} {'search error':>12} {'rates':>5} "
-             f"{'capacity':>9}"]
+    lines = [
+        f"{'configuration':>14} {'goodput req/s':>24} {'per GPU':>24} {'search error':>12} {'rates':>5} {'capacity':>9}"
+    ]
     for label, g in goodput.items():
         censored = g.get("goodput_censored", "")
         total = _with_interval(g["goodput"], g.get("goodput_low"), g.get("goodput_high"), censored=censored)
-        per_gpu = _with_interval(g["goodput_per_gpu"], g.get("goodput_per_gpu_low"), g.get("goodput_per_gpu_high"),
-                                 censored=censored)
-        lines.append(f"{label:>14} {total:>24} {per_gpu:>24} {_search_error(g):>12} "
-                     f"{g.get('rates_tried', len(g['rates'])):>5} {g['capacity']:>9.2f}")
-    lines.append("search error: the largest over repeats of how far the crossing may lie from its goodput "
-                 "within the fitted bracket (% of it); capacity: the highest rate whose p99 ITL stays under "
-                 "slo.tpot_s (Sarathi-Serve), mean over repeats")
-    bent = {label: g["monotone_per_repeat"].count(False) for label, g in goodput.items()
-            if False in g.get("monotone_per_repeat", [])}
+        per_gpu = _with_interval(
+            g["goodput_per_gpu"], g.get("goodput_per_gpu_low"), g.get("goodput_per_gpu_high"), censored=censored
+        )
+        lines.append(
+            f"{label:>14} {total:>24} {per_gpu:>24} {_search_error(g):>12} "
+            f"{g.get('rates_tried', len(g['rates'])):>5} {g['capacity']:>9.2f}"
+        )
+    lines.append(
+        "search error: the largest over repeats of how far the crossing may lie from its goodput "
+        "within the fitted bracket (% of it); capacity: the highest rate whose p99 ITL stays under "
+        "slo.tpot_s (Sarathi-Serve), mean over repeats"
+    )
+    bent = {
+        label: g["monotone_per_repeat"].count(False)
+        for label, g in goodput.items()
+        if False in g.get("monotone_per_repeat", [])
+    }
     if bent:
-        lines.append("non-monotone repeats (attainment rose with rate beyond its noise; the fit pooled it): "
-                     + ", ".join(f"{label} {n}" for label, n in bent.items()))
+        lines.append(
+            "non-monotone repeats (attainment rose with rate beyond its noise; the fit pooled it): "
+            + ", ".join(f"{label} {n}" for label, n in bent.items())
+        )
     return lines
 
 
 def _search_error(g: dict) -> str:
-    pairs = [(e, v) for e, v, c in zip(g.get("error_per_repeat", []), g.get("goodput_per_repeat", []),
-                                       g.get("censoring_per_repeat", [])) if not c and v]
+    pairs = [
+        (e, v)
+        for e, v, c in zip(
+            g.get("error_per_repeat", []), g.get("goodput_per_repeat", []), g.get("censoring_per_repeat", [])
+        )
+        if not c and v
+    ]
     return f"{max(e / v for e, v in pairs):.1%}" if pairs else "-"
 
 
-def print_sweep(name: str, table: pd.DataFrame, aggregate: dict, out_dir, columns: list[str], figures,
-                cells: pd.DataFrame | None = None) -> None:
+def print_sweep(
+    name: str,
+    table: pd.DataFrame,
+    aggregate: dict,
+    out_dir,
+    columns: list[str],
+    figures,
+    cells: pd.DataFrame | None = None,
+) -> None:
     shown = ["point", "status"] + [c for c in columns if c in table.columns]
     lines = [f"\n{name}: {len(table)} points", table[shown].to_string(index=False, float_format=lambda x: f"{x:.4g}")]
     failed = table[table["status"] == "failed"] if "status" in table else table.iloc[0:0]
@@ -121,11 +150,13 @@ def plan_lines(aggregate: dict) -> list[str]:
         return []
     a, sim = aggregate["analytical"], aggregate["simulated"]
     measured = aggregate.get("measured", {})
-    lines = [f"P:D plan for {a['num_devices']} devices",
-             f"  analytical (p95 lengths): {a['p95']['split']}   (mean lengths: {a['mean']['split']}; "
-             f"prefill share {a['p95']['prefill_share']:.2f})",
-             *slo_split_lines(aggregate.get("slo_plan")),
-             f"  simulated: {sim['best'].get('line', '')}"]
+    lines = [
+        f"P:D plan for {a['num_devices']} devices",
+        f"  analytical (p95 lengths): {a['p95']['split']}   (mean lengths: {a['mean']['split']}; "
+        f"prefill share {a['p95']['prefill_share']:.2f})",
+        *slo_split_lines(aggregate.get("slo_plan")),
+        f"  simulated: {sim['best'].get('line', '')}",
+    ]
     if measured:
         best = measured.get("best", {})
         lines.append(f"  measured: {best.get('line') or best.get('label')}")
@@ -139,13 +170,18 @@ def plan_lines(aggregate: dict) -> list[str]:
 def slo_split_lines(plan: dict | None) -> list[str]:
     if not plan:  # a sweep saved before the SLO-aware split
         return []
-    where = (f"{plan['num_nodes']} nodes x {plan['devices_per_node']}, P and D on different nodes"
-             if plan["num_nodes"] > 1 else "one node")
+    where = (
+        f"{plan['num_nodes']} nodes x {plan['devices_per_node']}, P and D on different nodes"
+        if plan["num_nodes"] > 1
+        else "one node"
+    )
     if plan["best"] is None:
         return [f"  SLO-aware ({where}): no split meets both SLOs"]
     best = plan["splits"][plan["best"]]
-    return [f"  SLO-aware ({where}, KV hand-off {plan['transfer_s'] * 1e3:.1f} ms): {plan['best']}, "
-            f"{best['max_rate']:.1f} req/s within both SLOs ({best['rate_per_device']:.2f} per device)"]
+    return [
+        f"  SLO-aware ({where}, KV hand-off {plan['transfer_s'] * 1e3:.1f} ms): {plan['best']}, "
+        f"{best['max_rate']:.1f} req/s within both SLOs ({best['rate_per_device']:.2f} per device)"
+    ]
 
 
 def validation_lines(aggregate: dict) -> list[str]:
@@ -153,15 +189,23 @@ def validation_lines(aggregate: dict) -> list[str]:
         return []
     worst = ", ".join(f"{k} {v:.0%}" for k, v in aggregate["worst_abs_error"].items())
     goodput = ", ".join(f"{k} {v:+.0%}" for k, v in aggregate["goodput_error"].items())
-    within = ", ".join(f"{k} {v}/{aggregate.get('points_compared', 0)}"
-                       for k, v in aggregate.get("within_real_interval", {}).items())
-    lines = [f"simulation error, worst |sim - real| / real: {worst}", f"goodput error per mode: {goodput}",
-             f"simulated inside the real cell's 95% interval (not told apart): {within}"]
+    within = ", ".join(
+        f"{k} {v}/{aggregate.get('points_compared', 0)}" for k, v in aggregate.get("within_real_interval", {}).items()
+    )
+    lines = [
+        f"simulation error, worst |sim - real| / real: {worst}",
+        f"goodput error per mode: {goodput}",
+        f"simulated inside the real cell's 95% interval (not told apart): {within}",
+    ]
     for label, d in aggregate.get("host_delays", {}).items():
-        lines.append(f"  {label}: simulated with host delays dispatch {1000 * d['dispatch_s']:.2f} ms, step gap "
-                     f"{1000 * d['step_gap_s']:.2f} ms, report {1000 * d['report_s']:.2f} ms, step time "
-                     + ", ".join(f"x{v:.2f} ({k.removeprefix('step_scale_')})" for k, v in d.items()
-                                 if k.startswith("step_scale_")) + " (medians)")
+        lines.append(
+            f"  {label}: simulated with host delays dispatch {1000 * d['dispatch_s']:.2f} ms, step gap "
+            f"{1000 * d['step_gap_s']:.2f} ms, report {1000 * d['report_s']:.2f} ms, step time "
+            + ", ".join(
+                f"x{v:.2f} ({k.removeprefix('step_scale_')})" for k, v in d.items() if k.startswith("step_scale_")
+            )
+            + " (medians)"
+        )
     return lines
 
 
@@ -170,6 +214,8 @@ def overrun_lines(table: pd.DataFrame) -> list[str]:
     if "overrun" not in table.columns or not table["overrun"].fillna(False).astype(bool).any():
         return []
     dropped = table[table["overrun"].fillna(False).astype(bool)]
-    return [f"WARNING: {len(dropped)} emulated point(s) overran their modelled step times in more than "
-            f"hardware.max_overrun_share of steps and are left out of every verdict: "
-            f"{', '.join(dropped['point'])}"]
+    return [
+        f"WARNING: {len(dropped)} emulated point(s) overran their modelled step times in more than "
+        f"hardware.max_overrun_share of steps and are left out of every verdict: "
+        f"{', '.join(dropped['point'])}"
+    ]

@@ -72,8 +72,10 @@ def refusal(found: dict[str, list[str]]) -> ConfigError:
     name, diff = next(iter(found.items()))
     more = f" (and {len(diff) - SHOWN} more)" if len(diff) > SHOWN else ""
     others = f"; {len(found) - 1} more point(s) likewise" if len(found) > 1 else ""
-    return ConfigError(f"resume: point {name} ran with a different configuration ({'; '.join(diff[:SHOWN])}{more})"
-                       f"{others}: run into a new directory, or set experiment.on_changed=rerun to run them again")
+    return ConfigError(
+        f"resume: point {name} ran with a different configuration ({'; '.join(diff[:SHOWN])}{more})"
+        f"{others}: run into a new directory, or set experiment.on_changed=rerun to run them again"
+    )
 
 
 def damage(directory: Path) -> Optional[str]:
@@ -92,8 +94,9 @@ def damage(directory: Path) -> Optional[str]:
         return "summary.json is not a JSON object"
     if summary.get("partial"):
         return "its run was interrupted (summary.json marked partial)"
-    return _tables_damage(directory, summary) or next((f"{name} missing" for name in EXPORTED
-                                                       if not (directory / name).is_file()), None)
+    return _tables_damage(directory, summary) or next(
+        (f"{name} missing" for name in EXPORTED if not (directory / name).is_file()), None
+    )
 
 
 def _tables_damage(directory: Path, summary: dict) -> Optional[str]:
@@ -101,8 +104,11 @@ def _tables_damage(directory: Path, summary: dict) -> Optional[str]:
     many requests as the summary counts."""
     for name in TABLES:
         try:
-            rows = pq.read_table(directory / name).num_rows if name == "requests.parquet" \
+            rows = (
+                pq.read_table(directory / name).num_rows
+                if name == "requests.parquet"
                 else pq.read_metadata(directory / name).num_rows
+            )
         except Exception as error:  # pyarrow's errors are OSError, ValueError or its own ArrowException
             return f"{name} unreadable ({_first_line(error)})"
         counts = summary.get("num_requests")

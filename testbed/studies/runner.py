@@ -31,15 +31,19 @@ def cell_table(table, cfg: Config, out_dir: Path):
     the emulated repeats left out for overrunning their pace (`overrun_points`)."""
     grid = aggregates.on_grid(table)
     done = aggregates.finished(grid)
-    cells = intervals(done, cfg, out_dir, lambda point: aggregates.point_requests(out_dir, point, cfg)) \
-        if not done.empty else pd.DataFrame()
+    cells = (
+        intervals(done, cfg, out_dir, lambda point: aggregates.point_requests(out_dir, point, cfg))
+        if not done.empty
+        else pd.DataFrame()
+    )
     if "overrun" not in grid.columns or "cell" not in grid.columns:
         return cells
     dropped = grid[grid["overrun"].fillna(False).astype(bool)].groupby("cell").size()
     if dropped.empty:
         return cells
-    missing = pd.DataFrame({"cell": [c for c in dropped.index if cells.empty or c not in set(cells["cell"])],
-                            "repeats": 0})
+    missing = pd.DataFrame(
+        {"cell": [c for c in dropped.index if cells.empty or c not in set(cells["cell"])], "repeats": 0}
+    )
     cells = pd.concat([cells, missing], ignore_index=True) if len(missing) else cells
     return cells.assign(overrun_points=cells["cell"].map(dropped).fillna(0).astype(int))
 
@@ -89,8 +93,9 @@ def interrupted_note(name: str, out_dir: Path, stop: BaseException) -> str:
     a single run keeps the requests that finished (studies/real_point.py, the HTTP replay of
     studies/points.py; a simulation keeps nothing unless it had ended) but does not resume."""
     if name in catalog.BY_NAME and catalog.BY_NAME[name].sweeps:
-        return (f"every finished point is kept in {out_dir}; rerun the same command with hydra.run.dir={out_dir} "
-                f"to resume")
+        return (
+            f"every finished point is kept in {out_dir}; rerun the same command with hydra.run.dir={out_dir} to resume"
+        )
     if isinstance(stop, Stopped):
         return stop.note
     return f"stopped before any results were written: nothing kept in {out_dir}"
@@ -105,15 +110,19 @@ def run_job(cfg: Config, out_dir: Path) -> dict:
     if world is None:
         return run(cfg, out_dir)
     from testbed.cluster.rank import serve_rank
-    from testbed.config import config_from_dict
     from testbed.cluster.torchrun import Session
+    from testbed.config import config_from_dict
 
     if cfg.executor != "real" or catalog.study(cfg.experiment.name).one_box:
-        raise ConfigError(f"under torchrun the job serves real workers (executor=real); "
-                          f"experiment={cfg.experiment.name} executor={cfg.executor} runs on one box")
+        raise ConfigError(
+            f"under torchrun the job serves real workers (executor=real); "
+            f"experiment={cfg.experiment.name} executor={cfg.executor} runs on one box"
+        )
     if hydra_job_num() is not None:
-        raise ConfigError("under torchrun one job per launch: Hydra's multirun (-m) would start its jobs on "
-                          "every rank at once; sweep with a study (+experiment=...) or one torchrun per job")
+        raise ConfigError(
+            "under torchrun one job per launch: Hydra's multirun (-m) would start its jobs on "
+            "every rank at once; sweep with a study (+experiment=...) or one torchrun per job"
+        )
     if world.rank != 0:
         serve_rank(world, cfg.cluster, config_from_dict)
         return {}

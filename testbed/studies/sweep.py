@@ -152,8 +152,13 @@ class Sweep:
             keep_error(directory, traceback.format_exc())
             return {**row, "status": "failed", "error": str(error).splitlines()[0][:300]}
         track_point(self.tracker, point.name, self.out_dir.name, cfg, directory, result)
-        return {**row, "host_load_1m_end": host_load(), "status": "ok", **flatten(result["summary"]),
-                **overrun(result["summary"], cfg)}
+        return {
+            **row,
+            "host_load_1m_end": host_load(),
+            "status": "ok",
+            **flatten(result["summary"]),
+            **overrun(result["summary"], cfg),
+        }
 
     def table(self) -> pd.DataFrame:
         return pd.DataFrame(self.rows)
@@ -162,8 +167,7 @@ class Sweep:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         table = self.table()
         write_parquet(self.out_dir / "sweep.parquet", table)
-        body = {"experiment": self.name, "size": self.size,
-                "points": table.to_dict(orient="records")}
+        body = {"experiment": self.name, "size": self.size, "points": table.to_dict(orient="records")}
         if aggregate is not None:
             body["aggregate"] = aggregate
         write_json(self.out_dir / "sweep.json", body)
@@ -209,15 +213,26 @@ def track_point(tracker, name: str, group: str, cfg: Config, directory: Path, re
         if result.get("telemetry") is not None:
             tracker.log_series("telemetry", result["telemetry"], time="t_s", by="gpu")
         labels = result["summary"].get("sim", {}).get("profiles", {})  # an analytical GPU's name has no file
-        tracker.log_artifact(f"{tracker.group or group}-{name}", "results", directory,
-                             metadata={"point": name, "mode": cfg.mode, "executor": cfg.executor, "profiles": labels},
-                             profiles=profile_files(cfg, labels) if cfg.executor == "sim" else None)
+        tracker.log_artifact(
+            f"{tracker.group or group}-{name}",
+            "results",
+            directory,
+            metadata={"point": name, "mode": cfg.mode, "executor": cfg.executor, "profiles": labels},
+            profiles=profile_files(cfg, labels) if cfg.executor == "sim" else None,
+        )
     finally:
         tracker.finish()
 
 
-def track_figures(tracker, group: str, cfg: Config, out_dir: Path, aggregate: dict, figures: list[Path],
-                  table: pd.DataFrame | None = None) -> None:
+def track_figures(
+    tracker,
+    group: str,
+    cfg: Config,
+    out_dir: Path,
+    aggregate: dict,
+    figures: list[Path],
+    table: pd.DataFrame | None = None,
+) -> None:
     """The sweep's own run in its group (job type "sweep"): the aggregate, the sweep table, one
     history row per point charted against the request rate, the figures, and the sweep's files
     (its points have their own artifacts) as an artifact."""
@@ -230,8 +245,13 @@ def track_figures(tracker, group: str, cfg: Config, out_dir: Path, aggregate: di
             tracker.log_table("sweep", table)
             tracker.log_history(rate_history(table), x="rate")
         tracker.log_figures([p for p in figures if p.suffix == ".png"])
-        tracker.log_artifact(f"{tracker.group or group}-sweep", "sweep", out_dir, exclude=("wandb", "points"),
-                             metadata={"experiment": cfg.experiment.name})
+        tracker.log_artifact(
+            f"{tracker.group or group}-sweep",
+            "sweep",
+            out_dir,
+            exclude=("wandb", "points"),
+            metadata={"experiment": cfg.experiment.name},
+        )
     finally:
         tracker.finish()
 

@@ -60,8 +60,10 @@ class TrackerConfig:
         mode = self.mode or env.get("WANDB_MODE") or DEFAULT_MODE
         mode = MODE_ALIASES.get(mode, mode)
         if mode not in TRACKER_MODES:  # only the environment can get here: validate() checked ours
-            raise ConfigError(f"WANDB_MODE={mode!r} in the environment is not one of {', '.join(TRACKER_MODES)} "
-                              f"(or W&B's aliases {', '.join(MODE_ALIASES)}); "
-                              f"unset it or set tracker.mode")
+            raise ConfigError(
+                f"WANDB_MODE={mode!r} in the environment is not one of {', '.join(TRACKER_MODES)} "
+                f"(or W&B's aliases {', '.join(MODE_ALIASES)}); "
+                f"unset it or set tracker.mode"
+            )
         project = self.project or env.get("WANDB_PROJECT") or DEFAULT_PROJECT
         return replace(self, mode=mode, project=project, dir=self.dir or env.get("WANDB_DIR") or None).validate()

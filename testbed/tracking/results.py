@@ -29,17 +29,29 @@ import yaml
 from testbed.metrics.events import STEP_COLUMNS, TRANSFER_COLUMNS, request_table
 from testbed.metrics.results_dir import ResultsError
 from testbed.metrics.summary import json_safe
-from testbed.tracking.telemetry import gpu_inventory
+from testbed.tracking.nvml import gpu_inventory
 
 CHECKOUT = Path(__file__).resolve().parents[2]
 # Arrow types for list columns: an empty table (or all-empty lists) would otherwise be list<null>.
-LIST_TYPES = {"token_times": pa.list_(pa.float64()), "token_worker_times": pa.list_(pa.float64()),
-              "output_token_ids": pa.list_(pa.int64()), "prefill_chunks": pa.list_(pa.list_(pa.int64()))}
+LIST_TYPES = {
+    "token_times": pa.list_(pa.float64()),
+    "token_worker_times": pa.list_(pa.float64()),
+    "output_token_ids": pa.list_(pa.int64()),
+    "prefill_chunks": pa.list_(pa.list_(pa.int64())),
+}
 
 
-def write_results(out_dir, *, requests: pd.DataFrame, steps: Optional[pd.DataFrame] = None,
-                  transfers: Optional[pd.DataFrame] = None, telemetry: Optional[pd.DataFrame] = None,
-                  config: Any = None, meta: Optional[dict] = None, summary: Optional[dict] = None) -> Path:
+def write_results(
+    out_dir,
+    *,
+    requests: pd.DataFrame,
+    steps: Optional[pd.DataFrame] = None,
+    transfers: Optional[pd.DataFrame] = None,
+    telemetry: Optional[pd.DataFrame] = None,
+    config: Any = None,
+    meta: Optional[dict] = None,
+    summary: Optional[dict] = None,
+) -> Path:
     """Write every file of the results contract into out_dir (created if needed); returns it.
     A missing steps or transfers table still gets an empty parquet file with the contract's columns."""
     out = Path(out_dir)
@@ -63,8 +75,9 @@ def write_results(out_dir, *, requests: pd.DataFrame, steps: Optional[pd.DataFra
 def config_yaml(config: Any) -> str:
     """config.yaml's text: plain YAML (mappings, lists, scalars; a tuple is written as a list), keys
     in their order; testbed/metrics/results_dir.py reads it back with yaml.safe_load."""
-    return yaml.safe_dump(_plain(config if config is not None else {}), default_flow_style=False,
-                          allow_unicode=True, sort_keys=False)
+    return yaml.safe_dump(
+        _plain(config if config is not None else {}), default_flow_style=False, allow_unicode=True, sort_keys=False
+    )
 
 
 def _plain(node: Any) -> Any:
@@ -187,8 +200,14 @@ def _torch_meta() -> dict[str, Any]:
     if torch.cuda.is_available():
         devices = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
         nccl = nccl_version(torch)
-    return {"torch": torch.__version__, "cuda": torch.version.cuda, "cuda_devices": devices, "nccl": nccl,
-            "flash_attn": _installed("flash-attn"), "triton": _installed("triton")}
+    return {
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cuda_devices": devices,
+        "nccl": nccl,
+        "flash_attn": _installed("flash-attn"),
+        "triton": _installed("triton"),
+    }
 
 
 def nccl_version(torch) -> Optional[str]:

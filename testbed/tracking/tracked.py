@@ -68,8 +68,9 @@ def rate_history(table: pd.DataFrame) -> list[dict]:
         return []
     rate = pd.to_numeric(table["rate"], errors="coerce")
     done = table[table["status"].isin(["ok", "skipped"]) & np.isfinite(rate)]
-    done = done.assign(label=done["label"] if "label" in done else done["point"],
-                       goodput_requests_per_s=point_goodput(done)).sort_values(["label", "rate"], kind="stable")
+    done = done.assign(
+        label=done["label"] if "label" in done else done["point"], goodput_requests_per_s=point_goodput(done)
+    ).sort_values(["label", "rate"], kind="stable")
     rows = []
     for row in done.to_dict("records"):
         values = {f"{m}/{row['label']}": float(row[m]) for m in RATE_CHARTS if _finite(row.get(m))}

@@ -17,7 +17,6 @@ from __future__ import annotations
 import importlib.util
 import secrets
 import sys
-
 from pathlib import Path
 from typing import Mapping, Optional, Protocol
 
@@ -25,8 +24,14 @@ import pandas as pd
 
 from testbed.errors import TestbedError
 from testbed.tracking.config import TrackerConfig
-from testbed.tracking.tracked import roles_by_file, artifact_name, files_under, flatten_summary, series_rows, table_sample
-
+from testbed.tracking.tracked import (
+    artifact_name,
+    files_under,
+    flatten_summary,
+    roles_by_file,
+    series_rows,
+    table_sample,
+)
 
 
 class TrackerError(TestbedError, RuntimeError):
@@ -39,8 +44,9 @@ class Tracker(Protocol):
 
     group: Optional[str]
 
-    def start(self, run_name: str, group: Optional[str], job_type: Optional[str], config: dict,
-              out_dir: Path) -> None: ...
+    def start(
+        self, run_name: str, group: Optional[str], job_type: Optional[str], config: dict, out_dir: Path
+    ) -> None: ...
 
     def log_summary(self, summary: dict) -> None: ...
 
@@ -52,8 +58,15 @@ class Tracker(Protocol):
 
     def log_figures(self, paths: list[Path]) -> None: ...
 
-    def log_artifact(self, name: str, kind: str, root: Path, exclude: tuple[str, ...] = ("wandb",),
-                     metadata: Optional[dict] = None, profiles: Optional[Mapping[str, Path]] = None) -> None: ...
+    def log_artifact(
+        self,
+        name: str,
+        kind: str,
+        root: Path,
+        exclude: tuple[str, ...] = ("wandb",),
+        metadata: Optional[dict] = None,
+        profiles: Optional[Mapping[str, Path]] = None,
+    ) -> None: ...
 
     def finish(self) -> None: ...
 
@@ -64,8 +77,7 @@ class NullTracker:
     def __init__(self, group: Optional[str] = None):
         self.group = group
 
-    def start(self, run_name: str, group: Optional[str], job_type: Optional[str], config: dict,
-              out_dir: Path) -> None:
+    def start(self, run_name: str, group: Optional[str], job_type: Optional[str], config: dict, out_dir: Path) -> None:
         pass
 
     def log_summary(self, summary: dict) -> None:
@@ -83,8 +95,15 @@ class NullTracker:
     def log_figures(self, paths: list[Path]) -> None:
         pass
 
-    def log_artifact(self, name: str, kind: str, root: Path, exclude: tuple[str, ...] = ("wandb",),
-                     metadata: Optional[dict] = None, profiles: Optional[Mapping[str, Path]] = None) -> None:
+    def log_artifact(
+        self,
+        name: str,
+        kind: str,
+        root: Path,
+        exclude: tuple[str, ...] = ("wandb",),
+        metadata: Optional[dict] = None,
+        profiles: Optional[Mapping[str, Path]] = None,
+    ) -> None:
         pass
 
     def finish(self) -> None:
@@ -100,11 +119,9 @@ class WandbTracker:
         self.group = group
         self._run = None
         if not wandb_installed():  # an extra: say so before a point runs, not after
-            raise TrackerError("tracker=wandb needs the wandb package: pip install \"testbed[wandb]\" "
-                               "(or tracker=none)")
+            raise TrackerError('tracker=wandb needs the wandb package: pip install "testbed[wandb]" (or tracker=none)')
 
-    def start(self, run_name: str, group: Optional[str], job_type: Optional[str], config: dict,
-              out_dir: Path) -> None:
+    def start(self, run_name: str, group: Optional[str], job_type: Optional[str], config: dict, out_dir: Path) -> None:
         import wandb
 
         # A point that crashed before finish() must not log into the next point's run.
@@ -113,8 +130,14 @@ class WandbTracker:
         root.mkdir(parents=True, exist_ok=True)  # else wandb falls back to a temporary directory
         try:
             self._run = wandb.init(
-                project=self._cfg.project, entity=self._cfg.entity, name=run_name, group=self.group or group,
-                job_type=job_type, config=config, tags=list(self._cfg.tags), dir=str(root),
+                project=self._cfg.project,
+                entity=self._cfg.entity,
+                name=run_name,
+                group=self.group or group,
+                job_type=job_type,
+                config=config,
+                tags=list(self._cfg.tags),
+                dir=str(root),
                 mode=self._cfg.mode,
                 reinit="create_new",  # several runs per process (sweeps, Hydra multirun)
                 # Leave sys.stdout/stderr alone: the testbed prints its own one-line errors.
@@ -164,8 +187,15 @@ class WandbTracker:
         if images:
             self._active().log(images)
 
-    def log_artifact(self, name: str, kind: str, root: Path, exclude: tuple[str, ...] = ("wandb",),
-                     metadata: Optional[dict] = None, profiles: Optional[Mapping[str, Path]] = None) -> None:
+    def log_artifact(
+        self,
+        name: str,
+        kind: str,
+        root: Path,
+        exclude: tuple[str, ...] = ("wandb",),
+        metadata: Optional[dict] = None,
+        profiles: Optional[Mapping[str, Path]] = None,
+    ) -> None:
         """The files under root as an output artifact. `profiles` ({role: file}, the profiles a
         simulated point ran on): online, each declared as an input artifact (type "profile");
         offline W&B cannot record an input (use_artifact raises), so they go inside this one,
@@ -173,8 +203,11 @@ class WandbTracker:
         import wandb
 
         run, profiles = self._active(), dict(profiles or {})
-        artifact = wandb.Artifact(artifact_name(name), type=kind, metadata={
-            **(metadata or {}), "profile_files": {role: str(path) for role, path in profiles.items()}})
+        artifact = wandb.Artifact(
+            artifact_name(name),
+            type=kind,
+            metadata={**(metadata or {}), "profile_files": {role: str(path) for role, path in profiles.items()}},
+        )
         for path in files_under(Path(root), exclude):
             # immutable: a finished point's files never change, so W&B reads them in place when it
             # uploads (possibly at a much later `wandb sync`) instead of copying each into its cache

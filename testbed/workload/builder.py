@@ -10,8 +10,17 @@ import numpy as np
 from testbed.workload import arrivals
 from testbed.workload.config import WorkloadConfig, WorkloadError
 from testbed.workload.lengths import sample_lengths, scale_lengths
-from testbed.workload.request import (TAG_ARRIVALS, TAG_BLOCKS, TAG_LENGTHS, TAG_PROMPTS, TAG_TENANTS, Request,
-                                      TokenTable, derived_rng, random_tokens)
+from testbed.workload.request import (
+    TAG_ARRIVALS,
+    TAG_BLOCKS,
+    TAG_LENGTHS,
+    TAG_PROMPTS,
+    TAG_TENANTS,
+    Request,
+    TokenTable,
+    derived_rng,
+    random_tokens,
+)
 from testbed.workload.sessions import TurnPlanner, system_prompt
 from testbed.workload.traces import read_trace, resolve_trace_path, select
 
@@ -32,8 +41,9 @@ class Workload:
     """The open-loop requests of a run (sorted by arrival), those refused at build time, a report,
     and `next_turn` for closed-loop sessions."""
 
-    def __init__(self, requests: list[Request], rejected: list[tuple[Request, str]], report: dict,
-                 planner: Optional[TurnPlanner]):
+    def __init__(
+        self, requests: list[Request], rejected: list[tuple[Request, str]], report: dict, planner: Optional[TurnPlanner]
+    ):
         self.requests = requests
         self.rejected = rejected
         self.report = report
@@ -72,9 +82,14 @@ def build_workload(cfg: WorkloadConfig, *, seed: int, vocab_size: int, max_model
     requests, rejected = [], []
     for request_id, (row, (prompt, blocks)) in enumerate(zip(order.tolist(), prompts)):
         request = Request(
-            request_id=request_id, arrival_s=arrival_s[row], prompt_token_ids=prompt,
-            output_len=output_lens[row], session_id=request_id if cfg.turns > 1 else None,
-            tenant=shape.tenant[row], prefix_block_ids=blocks)
+            request_id=request_id,
+            arrival_s=arrival_s[row],
+            prompt_token_ids=prompt,
+            output_len=output_lens[row],
+            session_id=request_id if cfg.turns > 1 else None,
+            tenant=shape.tenant[row],
+            prefix_block_ids=blocks,
+        )
         if keep[row]:
             requests.append(request)
         else:
@@ -93,7 +108,8 @@ def _synthetic_shape(cfg: WorkloadConfig, seed: int) -> tuple[Shape, dict]:
         arrival_s=np.concatenate([np.zeros(n), shape.arrival_s]),
         input_len=np.concatenate([np.full(n, cfg.background_input_len), shape.input_len]),
         output_len=np.concatenate([np.full(n, cfg.background_output_len), shape.output_len]),
-        tenant=["background"] * n + list(shape.tenant)), report
+        tenant=["background"] * n + list(shape.tenant),
+    ), report
 
 
 def _foreground_shape(cfg: WorkloadConfig, seed: int) -> tuple[Shape, dict]:
@@ -133,15 +149,21 @@ def _trace_shape(cfg: WorkloadConfig, seed: int) -> tuple[Shape, dict]:
     keep = np.ones(len(times), dtype=bool) if cfg.duration_s is None else times <= cfg.duration_s
     records = records.take(np.flatnonzero(keep))
     shape = Shape(
-        arrival_s=times[keep], input_len=scale_lengths(records.input_len, cfg.length_scale),
+        arrival_s=times[keep],
+        input_len=scale_lengths(records.input_len, cfg.length_scale),
         output_len=scale_lengths(records.output_len, cfg.length_scale),
-        tenant=records.tenants or ["default"] * len(records), hash_ids=records.hash_ids, prompts=records.prompts)
+        tenant=records.tenants or ["default"] * len(records),
+        hash_ids=records.hash_ids,
+        prompts=records.prompts,
+    )
     if records.prompts is not None:  # explicit prompts are replayed as they are, unscaled
         explicit = [i for i, p in enumerate(records.prompts) if p is not None]
         shape.input_len[explicit] = [len(records.prompts[i]) for i in explicit]
     if len(shape.arrival_s) == 0:
-        raise WorkloadError(f"workload.path: no requests of {path} fall in the window (start_s={cfg.start_s}, "
-                            f"window_s={cfg.window_s}, duration_s={cfg.duration_s})")
+        raise WorkloadError(
+            f"workload.path: no requests of {path} fall in the window (start_s={cfg.start_s}, "
+            f"window_s={cfg.window_s}, duration_s={cfg.duration_s})"
+        )
     return shape, {"source": str(path)}
 
 
@@ -156,14 +178,17 @@ def _fit(shape: Shape, order: np.ndarray, policy: str, max_model_len: int, repor
     if policy == "reject":
         keep = ~over
         for row in np.flatnonzero(over):
-            reasons[int(row)] = (f"overlength: input {input_len[row]} + output {output_len[row]} "
-                                 f"> max_model_len {max_model_len}")
+            reasons[int(row)] = (
+                f"overlength: input {input_len[row]} + output {output_len[row]} > max_model_len {max_model_len}"
+            )
         report.update(clipped_input=0, clipped_output=0)
     else:
         new_output = np.minimum(output_len, max_model_len - 1)
         new_input = np.minimum(input_len, max_model_len - new_output)
-        report.update(clipped_input=int(np.count_nonzero(new_input < input_len)),
-                      clipped_output=int(np.count_nonzero(new_output < output_len)))
+        report.update(
+            clipped_input=int(np.count_nonzero(new_input < input_len)),
+            clipped_output=int(np.count_nonzero(new_output < output_len)),
+        )
         input_len, output_len = new_input, new_output
     report["rejected"] = int(np.count_nonzero(~keep))
     report["sessions_ended_overlength"] = 0
@@ -206,7 +231,9 @@ class _Prompts:
         if shape.prompts is not None and shape.prompts[row] is not None:
             ids = np.asarray(shape.prompts[row][:length], dtype=np.int64)
             if len(ids) and ids.max() >= self.vocab_size:
-                raise WorkloadError(f"trace row {row}: prompt_token_ids has id {ids.max()} >= vocab_size {self.vocab_size}")
+                raise WorkloadError(
+                    f"trace row {row}: prompt_token_ids has id {ids.max()} >= vocab_size {self.vocab_size}"
+                )
             return self.tokens.as_tuple(ids), ()
         hash_ids = shape.hash_ids[row] if shape.hash_ids is not None else ()
         used = hash_ids[: -(-length // self.block_tokens)]

@@ -163,7 +163,9 @@ class WorkloadConfig:
         if self.arrival == "trace" and not self.path:
             raise WorkloadError("workload.path must name a trace file when workload.arrival=trace")
         if self.path and (self.turns > 1 or self.tenants):
-            raise WorkloadError("workload.turns and workload.tenants are for synthetic workloads (workload.path is set)")
+            raise WorkloadError(
+                "workload.turns and workload.tenants are for synthetic workloads (workload.path is set)"
+            )
         for key in ("background_input_len", "background_output_len"):
             if getattr(self, key) < 1:
                 raise WorkloadError(f"workload.{key} must be >= 1 (got {getattr(self, key)})")

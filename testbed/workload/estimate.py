@@ -52,8 +52,11 @@ def arrival_span_s(cfg: WorkloadConfig) -> Optional[float]:
     """Seconds from the start to the last arrival (later turns' think times included): a run lasts
     at least this long. None when a trace's timestamps decide."""
     if cfg.arrival == "trace":
-        span = cfg.duration_s if cfg.duration_s is not None else (
-            cfg.window_s / cfg.speedup if cfg.window_s is not None else None)
+        span = (
+            cfg.duration_s
+            if cfg.duration_s is not None
+            else (cfg.window_s / cfg.speedup if cfg.window_s is not None else None)
+        )
     else:
         n = drawn_arrivals(cfg)
         span = None if n is None else _synthetic_span(cfg, n)
@@ -73,7 +76,7 @@ def _synthetic_span(cfg: WorkloadConfig, n: float) -> float:
     slope = (cfg.rate - cfg.ramp_start_rate) / cfg.ramp_s
     if slope == 0:
         return n / cfg.rate
-    return (-cfg.ramp_start_rate + (cfg.ramp_start_rate ** 2 + 2 * slope * n) ** 0.5) / slope
+    return (-cfg.ramp_start_rate + (cfg.ramp_start_rate**2 + 2 * slope * n) ** 0.5) / slope
 
 
 def host_bytes(cfg: WorkloadConfig, max_model_len: int) -> float:

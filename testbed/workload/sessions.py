@@ -40,7 +40,9 @@ class TurnPlanner:
                 return t.input_len, t.output_len
         return self.cfg.input_len, self.cfg.output_len
 
-    def next_turn(self, request: Request, output_token_ids: Sequence[int], finished_s: float) -> tuple[Optional[Request], str]:
+    def next_turn(
+        self, request: Request, output_token_ids: Sequence[int], finished_s: float
+    ) -> tuple[Optional[Request], str]:
         """(the next turn, "") or (None, why the session ended: "done" or "overlength")."""
         turn = request.turn + 1
         if request.session_id is None or turn >= self.cfg.turns:

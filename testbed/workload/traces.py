@@ -46,9 +46,15 @@ class TraceRecords:
         def pick(rows):
             return None if rows is None else [rows[i] for i in index]
 
-        return replace(self, timestamps_s=self.timestamps_s[index], input_len=self.input_len[index],
-                       output_len=self.output_len[index], hash_ids=pick(self.hash_ids),
-                       prompts=pick(self.prompts), tenants=pick(self.tenants))
+        return replace(
+            self,
+            timestamps_s=self.timestamps_s[index],
+            input_len=self.input_len[index],
+            output_len=self.output_len[index],
+            hash_ids=pick(self.hash_ids),
+            prompts=pick(self.prompts),
+            tenants=pick(self.tenants),
+        )
 
 
 def resolve_trace_path(path: str) -> Path:
@@ -56,8 +62,12 @@ def resolve_trace_path(path: str) -> Path:
     checkout's `traces/` folder (where the full traces go), and last the 1,000-request slice
     bundled with the package (testbed/workload/traces/)."""
     given = Path(path).expanduser()
-    candidates = [given, CHECKOUT / given, CHECKOUT / "traces" / given.name,
-                  Path(__file__).parent / "traces" / given.name]
+    candidates = [
+        given,
+        CHECKOUT / given,
+        CHECKOUT / "traces" / given.name,
+        Path(__file__).parent / "traces" / given.name,
+    ]
     for candidate in candidates:
         if candidate.is_file():
             return candidate
@@ -75,8 +85,13 @@ def file_problem(path: Path, max_bytes: int) -> Optional[str]:
     except OSError as e:
         return f"cannot read ({e.strerror or e})"
     if not stat.S_ISREG(info.st_mode):
-        kind = "a directory" if stat.S_ISDIR(info.st_mode) else "a FIFO" if stat.S_ISFIFO(info.st_mode) else \
-            "a device or socket"
+        kind = (
+            "a directory"
+            if stat.S_ISDIR(info.st_mode)
+            else "a FIFO"
+            if stat.S_ISFIFO(info.st_mode)
+            else "a device or socket"
+        )
         return f"not a regular file ({kind}); name a file"
     if info.st_size > max_bytes:
         return f"{info.st_size} bytes, above the {max_bytes}-byte cap on a file read whole"
@@ -102,8 +117,7 @@ def detect_format(path: Path) -> str:
 
 def read_trace(path: Path, fmt: Optional[str] = None) -> TraceRecords:
     """The file's rows; any malformed content is one WorkloadError line naming the file."""
-    readers = {"azure_csv": read_azure_csv, "mooncake_jsonl": read_mooncake_jsonl,
-               "native_jsonl": read_native_jsonl}
+    readers = {"azure_csv": read_azure_csv, "mooncake_jsonl": read_mooncake_jsonl, "native_jsonl": read_native_jsonl}
     try:
         records = readers[fmt or detect_format(path)](path)
     except OSError as e:
@@ -154,8 +168,12 @@ def read_azure_csv(path: Path) -> TraceRecords:
             times.append((stamp[0] - first).total_seconds() + stamp[1])
             inputs.append(_count(row[cols[1]], "ContextTokens", path, line))
             outputs.append(_count(row[cols[2]], "GeneratedTokens", path, line))
-    return TraceRecords(str(path), np.array(times, dtype=np.float64), np.array(inputs, dtype=np.int64),
-                        np.array(outputs, dtype=np.int64))
+    return TraceRecords(
+        str(path),
+        np.array(times, dtype=np.float64),
+        np.array(inputs, dtype=np.int64),
+        np.array(outputs, dtype=np.int64),
+    )
 
 
 def _wall_clock(text: str, path: Path, line: int) -> tuple[datetime, float]:
@@ -168,7 +186,9 @@ def _wall_clock(text: str, path: Path, line: int) -> tuple[datetime, float]:
             raise ValueError("a time zone, or a fraction that is not digits")
         frac = int(fraction[:9]) / 10 ** len(fraction[:9]) if fraction else 0.0
     except ValueError:
-        raise WorkloadError(f"trace {path} line {line}: TIMESTAMP {_show(text)} is not 'YYYY-MM-DD HH:MM:SS.fffffff'") from None
+        raise WorkloadError(
+            f"trace {path} line {line}: TIMESTAMP {_show(text)} is not 'YYYY-MM-DD HH:MM:SS.fffffff'"
+        ) from None
     return second, frac
 
 
@@ -178,8 +198,9 @@ def _count(value, key: str, path: Path, line: int) -> int:
     except (TypeError, ValueError):
         number = None
     if number is None or not 0 <= number <= MAX_COUNT or isinstance(value, bool):
-        raise WorkloadError(f"trace {path} line {line}: {key} must be an integer >= 0 "
-                            f"(at most {MAX_COUNT}; got {_show(value)})")
+        raise WorkloadError(
+            f"trace {path} line {line}: {key} must be an integer >= 0 (at most {MAX_COUNT}; got {_show(value)})"
+        )
     return number
 
 
@@ -213,8 +234,9 @@ def _field(row: dict, key: str, path: Path, line: int):
 
 def _seconds(value, key: str, path: Path, line: int) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= MAX_SECONDS:
-        raise WorkloadError(f"trace {path} line {line}: {key} must be a number >= 0 "
-                            f"(at most {MAX_SECONDS:g}; got {_show(value)})")
+        raise WorkloadError(
+            f"trace {path} line {line}: {key} must be a number >= 0 (at most {MAX_SECONDS:g}; got {_show(value)})"
+        )
     return float(value)
 
 
@@ -232,8 +254,13 @@ def read_mooncake_jsonl(path: Path) -> TraceRecords:
         inputs.append(_count(_field(row, "input_length", path, line), "input_length", path, line))
         outputs.append(_count(_field(row, "output_length", path, line), "output_length", path, line))
         hashes.append(_id_list(row.get("hash_ids", []), "hash_ids", path, line))
-    return TraceRecords(str(path), np.array(times, dtype=np.float64), np.array(inputs, dtype=np.int64),
-                        np.array(outputs, dtype=np.int64), hash_ids=hashes)
+    return TraceRecords(
+        str(path),
+        np.array(times, dtype=np.float64),
+        np.array(inputs, dtype=np.int64),
+        np.array(outputs, dtype=np.int64),
+        hash_ids=hashes,
+    )
 
 
 def read_native_jsonl(path: Path) -> TraceRecords:
@@ -249,6 +276,12 @@ def read_native_jsonl(path: Path) -> TraceRecords:
         outputs.append(_count(_field(row, "output_len", path, line), "output_len", path, line))
         hashes.append(_id_list(row.get("hash_ids", []), "hash_ids", path, line))
         tenants.append(str(row.get("tenant", "default")))
-    return TraceRecords(str(path), np.array(times, dtype=np.float64), np.array(inputs, dtype=np.int64),
-                        np.array(outputs, dtype=np.int64), hash_ids=hashes,
-                        prompts=prompts if any(p is not None for p in prompts) else None, tenants=tenants)
+    return TraceRecords(
+        str(path),
+        np.array(times, dtype=np.float64),
+        np.array(inputs, dtype=np.int64),
+        np.array(outputs, dtype=np.int64),
+        hash_ids=hashes,
+        prompts=prompts if any(p is not None for p in prompts) else None,
+        tenants=tenants,
+    )

@@ -25,9 +25,23 @@ from typing import Any, Optional, Union
 
 import pandas as pd
 
-COLUMNS = ["t_s", "gpu", "uuid", "util_pct", "mem_util_pct", "sm_util_pct", "dram_bw_util_pct", "mem_used_bytes",
-           "power_w", "energy_mj", "sm_clock_mhz", "nvlink_tx_bytes_s", "nvlink_rx_bytes_s", "nvlink_tx_kib",
-           "nvlink_rx_kib"]
+COLUMNS = [
+    "t_s",
+    "gpu",
+    "uuid",
+    "util_pct",
+    "mem_util_pct",
+    "sm_util_pct",
+    "dram_bw_util_pct",
+    "mem_used_bytes",
+    "power_w",
+    "energy_mj",
+    "sm_clock_mhz",
+    "nvlink_tx_bytes_s",
+    "nvlink_rx_bytes_s",
+    "nvlink_tx_kib",
+    "nvlink_rx_kib",
+]
 NVLINK_ALL_LINKS = 0xFFFFFFFF  # scopeId UINT_MAX: NVML sums the counter over all links (nvml.h)
 NVLINK_MAX_LINKS = 18  # NVML_NVLINK_MAX_LINKS; per-link fallback for drivers without the aggregate
 TOPOLOGY_NAMES = {0: "internal", 10: "single", 20: "multiple", 30: "hostbridge", 40: "node", 50: "system"}
@@ -100,15 +114,21 @@ class NvmlSampler:
         power_mw = _query(nvml, nvml.nvmlDeviceGetPowerUsage, h)
         sm_util, dram_util = gpu.gpm.read() if gpu.gpm is not None else (math.nan, math.nan)
         return {
-            "t_s": now - self._t0, "gpu": gpu.index, "uuid": gpu.uuid,
-            "util_pct": _number(getattr(util, "gpu", None)), "mem_util_pct": _number(getattr(util, "memory", None)),
-            "sm_util_pct": sm_util, "dram_bw_util_pct": dram_util,
+            "t_s": now - self._t0,
+            "gpu": gpu.index,
+            "uuid": gpu.uuid,
+            "util_pct": _number(getattr(util, "gpu", None)),
+            "mem_util_pct": _number(getattr(util, "memory", None)),
+            "sm_util_pct": sm_util,
+            "dram_bw_util_pct": dram_util,
             "mem_used_bytes": _number(mem.used if mem is not None else None),
             "power_w": _number(power_mw / 1000.0 if power_mw is not None else None),
             "energy_mj": _number(_call(nvml, "nvmlDeviceGetTotalEnergyConsumption", h)),
             "sm_clock_mhz": _number(_query(nvml, nvml.nvmlDeviceGetClockInfo, h, nvml.NVML_CLOCK_SM)),
-            "nvlink_tx_bytes_s": tx_rate, "nvlink_rx_bytes_s": rx_rate,
-            "nvlink_tx_kib": _number(tx), "nvlink_rx_kib": _number(rx),
+            "nvlink_tx_bytes_s": tx_rate,
+            "nvlink_rx_bytes_s": rx_rate,
+            "nvlink_tx_kib": _number(tx),
+            "nvlink_rx_kib": _number(rx),
         }
 
 
@@ -126,8 +146,14 @@ class Gpm:
     @classmethod
     def open(cls, nvml, handle) -> Optional["Gpm"]:
         """A Gpm when this binding and this GPU support it, else None."""
-        needed = ("nvmlGpmQueryDeviceSupport", "nvmlGpmSampleAlloc", "nvmlGpmSampleGet", "nvmlGpmMetricsGet",
-                  "c_nvmlGpmMetricsGet_t", *cls.METRICS)
+        needed = (
+            "nvmlGpmQueryDeviceSupport",
+            "nvmlGpmSampleAlloc",
+            "nvmlGpmSampleGet",
+            "nvmlGpmMetricsGet",
+            "c_nvmlGpmMetricsGet_t",
+            *cls.METRICS,
+        )
         if not all(hasattr(nvml, name) for name in needed):
             return None
         support = _query(nvml, nvml.nvmlGpmQueryDeviceSupport, handle)
@@ -251,13 +277,13 @@ def read_nvlink_kib(nvml, handle, scopes: tuple[int, ...]) -> tuple[Optional[int
             return None
         return sum(int(v.value.ullVal) for v in part)
 
-    return total(values[:len(scopes)]), total(values[len(scopes):])
+    return total(values[: len(scopes)]), total(values[len(scopes) :])
 
 
 def normalize_uuid(uuid: Any) -> str:
     """NVML says "GPU-8d1e...", torch says "8d1e...": compare without the prefix."""
     text = _text(uuid).strip().lower()
-    return text[len("gpu-"):] if text.startswith("gpu-") else text
+    return text[len("gpu-") :] if text.startswith("gpu-") else text
 
 
 def torch_device_uuids() -> list[str]:
@@ -269,8 +295,7 @@ def torch_device_uuids() -> list[str]:
     if not torch.cuda.is_available():
         return []
     try:
-        return [normalize_uuid(str(torch.cuda.get_device_properties(i).uuid))
-                for i in range(torch.cuda.device_count())]
+        return [normalize_uuid(str(torch.cuda.get_device_properties(i).uuid)) for i in range(torch.cuda.device_count())]
     except RuntimeError:  # CUDA present but failing to initialize: fall back to NVML's indices
         return []
 
@@ -300,7 +325,7 @@ def gpu_inventory() -> dict:
             "available": True,
             "driver_version": _text(_query(nvml, nvml.nvmlSystemGetDriverVersion)),
             "gpus": [_describe_gpu(nvml, g) for g in gpus],
-            "pairs": [_describe_pair(nvml, a, b) for i, a in enumerate(gpus) for b in gpus[i + 1:]],
+            "pairs": [_describe_pair(nvml, a, b) for i, a in enumerate(gpus) for b in gpus[i + 1 :]],
         }
     finally:
         nvml.nvmlShutdown()
@@ -309,16 +334,24 @@ def gpu_inventory() -> dict:
 def _describe_gpu(nvml, gpu: GpuHandle) -> dict:
     mem = _query(nvml, nvml.nvmlDeviceGetMemoryInfo, gpu.handle)
     links = [_query(nvml, nvml.nvmlDeviceGetNvLinkState, gpu.handle, link) for link in range(NVLINK_MAX_LINKS)]
-    return {"index": gpu.index, "uuid": gpu.uuid, "name": _text(_query(nvml, nvml.nvmlDeviceGetName, gpu.handle)),
-            "memory_total_bytes": mem.total if mem is not None else None,
-            "nvlink_links_active": sum(1 for state in links if state == nvml.NVML_FEATURE_ENABLED)}
+    return {
+        "index": gpu.index,
+        "uuid": gpu.uuid,
+        "name": _text(_query(nvml, nvml.nvmlDeviceGetName, gpu.handle)),
+        "memory_total_bytes": mem.total if mem is not None else None,
+        "nvlink_links_active": sum(1 for state in links if state == nvml.NVML_FEATURE_ENABLED),
+    }
 
 
 def _describe_pair(nvml, a: GpuHandle, b: GpuHandle) -> dict:
     level = _query(nvml, nvml.nvmlDeviceGetTopologyCommonAncestor, a.handle, b.handle)
     status = _query(nvml, nvml.nvmlDeviceGetP2PStatus, a.handle, b.handle, nvml.NVML_P2P_CAPS_INDEX_NVLINK)
-    return {"a": a.index, "b": b.index, "topology": TOPOLOGY_NAMES.get(level, level),
-            "nvlink_p2p": None if status is None else status == nvml.NVML_P2P_STATUS_OK}
+    return {
+        "a": a.index,
+        "b": b.index,
+        "topology": TOPOLOGY_NAMES.get(level, level),
+        "nvlink_p2p": None if status is None else status == nvml.NVML_P2P_STATUS_OK,
+    }
 
 
 def _query(nvml, fn, *args) -> Any:

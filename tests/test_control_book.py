@@ -1,5 +1,5 @@
-"""The control plane driven directly: the request book, the hand-off ledger and the sequence state
-machine, every transition, and the illegal ones refused. No clock, no processes."""
+"""testbed/control/book.py and testbed/control/request.py driven directly: the request book and the
+request's two state machines, every transition, and the illegal ones refused. No clock, no processes."""
 
 from __future__ import annotations
 
@@ -7,15 +7,10 @@ import itertools
 
 import pytest
 
-from testbed.control.config import ClusterConfig, KVTransferConfig
 from testbed.control.book import RequestBook
+from testbed.control.config import ClusterConfig, KVTransferConfig
 from testbed.control.request import BACK_EDGES, FRONT_EDGES, Back, Front, WorkerStep
-from testbed.control.ledger import ReceiveLedger, SendLedger
-from testbed.engine.block_manager import BlockManager
-from testbed.engine.config import SchedulerConfig
-from testbed.engine.policies import make_policy
-from testbed.engine.scheduler import Scheduler, StepReport
-from testbed.engine.sequence import EDGES, Sequence, SequenceStatus
+from testbed.engine.scheduler import StepReport
 from testbed.errors import StateError
 from testbed.metrics.events import RequestLog
 from testbed.workload import Request
@@ -25,13 +20,16 @@ ROLES = {P0: "prefill_only", P1: "prefill_only", D0: "decode_only", D1: "decode_
 
 
 def request(rid: int, input_len: int = 8, output_len: int = 3) -> Request:
-    return Request(request_id=rid, arrival_s=0.0, prompt_token_ids=tuple(range(1, input_len + 1)),
-                   output_len=output_len)
+    return Request(
+        request_id=rid, arrival_s=0.0, prompt_token_ids=tuple(range(1, input_len + 1)), output_len=output_len
+    )
 
 
 def book(binding: str = "late", on_failure: str = "fail", **cluster) -> RequestBook:
     cfg = ClusterConfig(dispatch="round_robin", decode_dispatch="round_robin", **cluster)
-    return RequestBook(cfg, KVTransferConfig(decode_binding=binding, on_failure=on_failure), True, ROLES, RequestLog(0.0))
+    return RequestBook(
+        cfg, KVTransferConfig(decode_binding=binding, on_failure=on_failure), True, ROLES, RequestLog(0.0)
+    )
 
 
 def loads_balanced(b: RequestBook) -> None:
@@ -50,8 +48,11 @@ def loads_balanced(b: RequestBook) -> None:
             bound[t.decode_worker] += 1
             held[t.decode_worker] += t.request.input_len
     for rank, load in b.loads.items():
-        assert (load.queued_prompt_tokens, load.bound_sequences, load.bound_tokens) == \
-            (queued[rank], bound[rank], held[rank]), rank
+        assert (load.queued_prompt_tokens, load.bound_sequences, load.bound_tokens) == (
+            queued[rank],
+            bound[rank],
+            held[rank],
+        ), rank
 
 
 def step(b: RequestBook, worker: int, tokens=(), finished=(), handoff=(), t: float = 1.0):
@@ -167,127 +168,3 @@ def test_back_refuses_edges_it_does_not_have(old, new):
     t.back, t.decode_worker = old, D0
     with pytest.raises(StateError, match="back"):
         b._back(t, new)
-
-
-# -- the hand-off ledger -----------------------------------------------------------------------------
-def seq(rid: int = 7, n: int = 8) -> Sequence:
-    return Sequence(rid, list(range(1, n + 1)), 4)
-
-
-def test_send_ledger_holds_counts_and_releases():
-    ledger = SendLedger()
-    s = seq()
-    ledger.serve(s, decode_rank=None)
-    assert not ledger.get(7).sendable and not ledger.blocked(1)
-    ledger.handoff(s, 1.0)
-    assert ledger.blocked(1) and not ledger.get(7).sendable
-    entry = ledger.ready(7, D0, 1, 1.5)
-    assert entry.sendable and entry.wait_s == 0.5 and ledger.ready(7, D0, 1, 1.6) is None  # a duplicate
-    assert ledger.ready(7, D0, 2, 2.0).attempt == 2 and entry.wait_s == 0.0  # a resend waits for nothing
-    with pytest.raises(StateError):
-        ledger.handoff(s, 2.0)
-    ledger.release(7)
-    assert not ledger.blocked(1) and 7 not in ledger
-
-
-def test_send_ledger_a_ready_may_overtake_the_request_but_not_an_abort():
-    ledger = SendLedger()
-    assert ledger.ready(7, D0, 1, 0.5).seq is None  # D answered before P read the request
-    ledger.serve(seq(), None)
-    assert ledger.handoff(seq(), 1.0).sendable
-    assert ledger.abort(7) is not None and ledger.num_held == 0
-    assert ledger.ready(7, D0, 2, 2.0) is None and 7 not in ledger  # an aborted request stays ended
-    ledger.serve(seq(), None)  # ... until it is served again (re-dispatch)
-    assert 7 in ledger
-
-
-def test_receive_ledger_is_fcfs_and_leases_start_at_begin():
-    ledger = ReceiveLedger()
-    room = {"slots": 1}
-
-    def reserve(s):
-        if room["slots"] == 0:
-            return False
-        room["slots"] -= 1
-        return True
-
-    ledger.request(seq(1), P0)
-    ledger.request(seq(2), P1)
-    assert [e.seq.seq_id for e in ledger.admit(reserve, 1.0)] == [1]
-    assert ledger.num_pending == 2
-    entry = ledger.incoming[1]
-    assert not ledger.expired(entry, 100.0, 1.0)  # reserved, not begun: never timed
-    assert ledger.begin(1, 1, src=P1, t=2.0) is None  # not from its prefill worker
-    assert ledger.begin(1, 2, src=P0, t=2.0) is None  # not its attempt
-    ledger.begin(1, 1, src=P0, t=2.0)
-    assert not ledger.expired(entry, 2.5, 1.0) and ledger.expired(entry, 3.5, 1.0)
-    ledger.renew(entry, 3.0)
-    assert not ledger.expired(entry, 3.5, 1.0)
-    assert ledger.retry(1).attempt == 2 and entry.lease_t is None
-    assert ledger.current(1, 1) is None and ledger.current(1, 2) is entry
-    ledger.take(1)
-    room["slots"] = 1
-    assert [e.seq.seq_id for e in ledger.admit(reserve, 4.0)] == [2]
-    assert ledger.abort(2) is not None and ledger.abort(2) is None and ledger.num_pending == 0
-
-
-def test_receive_ledger_abort_drops_a_queued_reservation():
-    ledger = ReceiveLedger()
-    ledger.request(seq(1), P0)
-    assert ledger.abort(1) is None and not ledger.queued
-
-
-# -- the sequence state machine ------------------------------------------------------------------------
-def scheduler(role: str = "decode_only", num_blocks: int = 16, max_running: int = 4) -> Scheduler:
-    return Scheduler(make_policy(role), BlockManager(num_blocks, 4, False),
-                     SchedulerConfig(max_running=max_running, max_batched_tokens=64, chunk_size=64))
-
-
-def test_every_edge_is_exercised_through_the_scheduler():
-    s = scheduler()
-    a, b, c = seq(1), seq(2), seq(3)
-    assert s.reserve(a) and a.status is SequenceStatus.RECEIVING  # WAITING -> RECEIVING
-    s.install(1, 9)  # RECEIVING -> RUNNING
-    assert a.status is SequenceStatus.RUNNING and a.num_computed_tokens == 8
-    assert s.reserve(b)
-    s.recompute(2, 9)  # RECEIVING -> WAITING, with P's token
-    assert b.status is SequenceStatus.WAITING and b.output_token_ids == [9] and b in s.waiting
-    assert s.reserve(c)
-    assert s.abort(3).status is SequenceStatus.FAILED  # RECEIVING -> FAILED
-    assert s.abort(2).status is SequenceStatus.FAILED and s.abort(1).status is SequenceStatus.FAILED
-    assert s.block_manager.num_used_blocks == 0 and s.abort(1) is None
-    p = scheduler("prefill_only")
-    d = seq(4)
-    p.add(d)
-    batch = p.schedule()  # WAITING -> RUNNING
-    p.postprocess(batch, [5])  # RUNNING -> TRANSFERRING
-    assert d.status is SequenceStatus.TRANSFERRING and p.block_manager.num_used_blocks > 0
-    assert p.release(4).status is SequenceStatus.FINISHED and p.block_manager.num_used_blocks == 0
-
-
-def test_reserve_is_back_pressure_not_an_error():
-    s = scheduler(max_running=1)
-    assert s.reserve(seq(1)) and not s.reserve(seq(2))
-    assert seq(2).status is SequenceStatus.WAITING and s.num_busy == 1
-
-
-@pytest.mark.parametrize("old,new", [(o, n) for o, n in itertools.product(SequenceStatus, SequenceStatus)
-                                     if n not in EDGES[o]])
-def test_the_scheduler_refuses_every_edge_the_drawing_lacks(old, new):
-    s = seq()
-    s.status = old
-    with pytest.raises(StateError, match="no edge"):
-        Scheduler.move(s, new)
-
-
-def test_the_boundary_refuses_out_of_turn_calls():
-    s = scheduler()
-    a = seq(1)
-    s.add(a)
-    with pytest.raises(KeyError):
-        s.install(1, 9)  # never reserved
-    with pytest.raises(KeyError):
-        s.release(1)  # never handed off
-    s.schedule()  # a is admitted: RUNNING
-    with pytest.raises(StateError, match="only a WAITING"):
-        s.add(a)
