@@ -114,3 +114,20 @@ def test_every_path_the_docs_and_docstrings_name_exists():
             if not (ROOT / path).exists():
                 missing.add(f"{f.relative_to(ROOT)} names {path}")
     assert not missing, sorted(missing)
+
+
+def test_every_test_a_doc_page_names_exists():
+    """A test named in the README or a doc page (`test_...`) is defined in tests/ (a rename leaves
+    no page pointing at nothing); a name ending in `_` stands for the tests it begins."""
+    defined = set()
+    for path in (ROOT / "tests").glob("*.py"):
+        text = path.read_text()
+        defined |= set(re.findall(r"def (test_\w+)", text)) | set(re.findall(r"^(test_\w+) =", text, re.M))
+    pages = [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "experiments").glob("*/README.md")]
+    missing = set()
+    for page in pages:
+        for name in set(re.findall(r"\b(test_[a-z0-9_]+)\b", page.read_text())):
+            known = name in defined or (ROOT / "tests" / f"{name}.py").exists()
+            if not known and not (name.endswith("_") and any(d.startswith(name) for d in defined)):
+                missing.add(f"{page.relative_to(ROOT)} names {name}")
+    assert not missing, sorted(missing)

@@ -5,6 +5,7 @@ fails, one the 8-minute budget leaves no time for, and gpu tests all skipped on 
 GPU (a fake nvidia-smi stands for one). scripts/gpu_deps.py: what the check installs and carries."""
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -189,3 +190,42 @@ def test_missing_packages_are_named_for_the_install(monkeypatch):
 def test_gpu_wheels_carries_what_gpu_deps_lists():
     text = (ROOT / "scripts" / "gpu_wheels").read_text()
     assert "scripts/gpu_deps.py carried" in text and "pip download" in text
+
+
+@pytest.mark.parametrize(
+    "decode_ratio, ipc_ratio, verdict",
+    [
+        (0.10, 0.9, "thresholds: MISSED: engine decode batch 1 graphs 0.10 < 0.25 of ideal"),
+        (0.60, 0.2, "thresholds: MISSED: kv_ipc 64 MiB 0.20 < 0.50 of the copy"),
+        (0.60, 0.9, "thresholds: every measured path reached its floor"),
+    ],
+)
+def test_each_measured_path_is_held_to_its_floor_on_a_gpu(tmp_path, decode_ratio, ipc_ratio, verdict):
+    """Off --smoke the summary holds the engine's ratios and the ipc copy to their floors: a path that
+    runs but reads a tenth of its roofline fails the check. (The budget of 0 s runs no step; the
+    summary reads the figures left in $OUT.)"""
+    out = tmp_path / "out"
+    out.mkdir()
+    engine = {
+        "model": "llama3_8b",
+        "backend": "triton",
+        "block_size": 16,
+        "hbm_gbps": 4000,
+        "matmul_tflops": 700,
+        "rows": [
+            {"what": "decode", "batch": 1, "graphs": True, "seconds": 0.01, "ratio": decode_ratio},
+            {"what": "prefill", "tokens": 2048, "graphs": False, "seconds": 0.1, "ratio": 0.6},
+        ],
+    }
+    kv = {
+        "ipc": {
+            "copy": "cudaMemcpy",
+            "rows": [{"bytes": 1 << 20, "ratio": 0.1}, {"bytes": 64 << 20, "ratio": ipc_ratio}],
+        }
+    }
+    (out / "engine.json").write_text(json.dumps(engine))
+    (out / "kv_ipc.json").write_text(json.dumps(kv))
+    done = gpu_check(out, GPU_CHECK_BUDGET_S="0", GPU_CHECK_STEPS="engine kv_ipc")
+    summary = (out / "summary.txt").read_text()
+    assert verdict in summary, summary
+    assert done.returncode != 0  # the steps the budget left no time for fail too

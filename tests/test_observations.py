@@ -22,7 +22,7 @@ from testbed.metrics.steps import steps_table
 from testbed.metrics.summary import pool_and_cache_by_worker
 from testbed.metrics.telemetry import NOT_RECORDED, counter_delta, gpu_roles, telemetry_summary
 from testbed.studies.sweep import flatten
-from testbed.tracking import telemetry as sampling
+from testbed.tracking import nvml as sampling
 
 NAN = float("nan")
 

@@ -24,7 +24,7 @@ from testbed.errors import ConfigError
 from testbed.sim.config import SHIPPED
 from testbed.studies.runner import run_group
 from testbed.studies.sweep import track_figures, track_point
-from testbed.tracking import telemetry
+from testbed.tracking import nvml as telemetry
 from testbed.tracking.config import TrackerConfig
 from testbed.tracking.results import collect_meta
 from testbed.tracking.tracked import flatten_summary, profile_files, rate_history, series_rows, table_sample

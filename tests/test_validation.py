@@ -164,3 +164,29 @@ def test_any_override_of_any_key_is_taken_or_refused_in_one_line(overrides):
 
 def test_the_property_covers_every_key_of_the_composed_config():
     assert len(KEYS) > 150 and {"seed", "limits.max_run_s", "workload.rate", "http.port"} <= set(KEYS)
+
+
+def command_line(groups: dict, values: list) -> list[str]:
+    """The same draw as `python -m testbed` arguments (hardware=cpu unless drawn)."""
+    choices = {"hardware": 0, **groups}
+    return [f"{g}={GROUPS[g][i % len(GROUPS[g])]}" for g, i in sorted(choices.items())] + [
+        f"{k}={v}" for k, v in values
+    ]
+
+
+@pytest.mark.slow
+@settings(max_examples=12, deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(OVERRIDES)
+def test_the_command_line_takes_or_refuses_any_override_in_one_line_with_exit_2(overrides):
+    """The in-process property above, as a user meets it: `python -m testbed ... --cfg job` (the
+    size, the checks and Hydra's own parser, nothing run) exits 0, or 2 with one `error:` line,
+    never with a traceback. Twelve draws: each is a process of a few seconds."""
+    args = command_line(*overrides)
+    done = subprocess.run(
+        [sys.executable, "-m", "testbed", *args, "--cfg", "job"], capture_output=True, text=True, timeout=300
+    )
+    assert "Traceback" not in done.stderr, (args, done.stderr[-3000:])
+    assert done.returncode in (0, 2), (args, done.returncode, done.stderr[-2000:])
+    if done.returncode == 2:
+        errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+        assert len(errors) == 1, (args, done.stderr)
