@@ -18,13 +18,14 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from testbed.cluster.emulation import check_spec
 from testbed.control.book import follows_caches
-from testbed.control.config import RENAMED_BACKENDS, ClusterConfig, KVTransferConfig
+from testbed.control.config import RENAMED_BACKENDS, TP_KEYS, ClusterConfig, KVTransferConfig
+from testbed.control.layout import describe
 from testbed.engine.config import EngineConfig, KVStoreConfig, SchedulerConfig
 from testbed.errors import ConfigError, TestbedError
 from testbed.experiment import ONE_POINT, SIZES, ExperimentConfig
 from testbed.http.config import HttpConfig
 from testbed.metrics.config import MetricsConfig, SLOConfig
-from testbed.model.config import PRESETS, ModelConfig
+from testbed.model.config import PRESETS, ModelConfig, check_tensor_parallel
 from testbed.net.faults import FaultsConfig
 from testbed.sim.config import SimConfig
 from testbed.tracking.config import TrackerConfig
@@ -211,6 +212,7 @@ class Config:
         self.scheduler.validate(policy=self.mode)  # mode chunked runs the chunked policy
         self.hardware.validate()
         self.cluster.validate()
+        check_tp(self, args)
         self.kv_transfer.validate()
         self.kv_store.validate()
         self.faults.validate()
@@ -224,6 +226,29 @@ class Config:
         self.limits.validate()
         check_budget(self, args)  # the workers' share only where a command line runs it: config_problem
         return self
+
+
+def check_tp(cfg: Config, args) -> None:
+    """The mode's tensor-parallel degrees: simulated only, each splitting the model's heads, their
+    groups within hardware.num_devices (explicit device maps aside)."""
+    c = cfg.cluster
+    kinds = ("prefill", "decode") if cfg.mode == "disagg" else ("mixed",)
+    above = {TP_KEYS[kind]: c.tp_of(kind) for kind in kinds if c.tp_of(kind) > 1}
+    for key, tp in above.items():
+        if cfg.executor == "real":
+            raise ConfigError(
+                f"cluster.{key}={tp}: real tensor-parallel workers are not built yet (executor=real, "
+                f"hardware.emulate included, runs one device per worker); executor=sim models them"
+            )
+        check_tensor_parallel(args, tp, f"cluster.{key}")
+    n = cfg.hardware.num_devices
+    if not above or n is None or c.prefill_devices or c.decode_devices:
+        return
+    groups = c.num_devices(cfg.mode == "disagg")
+    if groups > n:
+        raise ConfigError(
+            f"mode={cfg.mode} with {describe(cfg.mode, c)} needs {groups} devices; hardware.num_devices={n}"
+        )
 
 
 # ranges the per-package checks leave open: {dotted key: (lowest, highest)}, both allowed; None: no
@@ -486,18 +511,34 @@ def override_keys(overrides: list[str]) -> set[str]:
     return {o.split("=", 1)[0].lstrip("+~") for o in overrides if "=" in o}
 
 
+# flags that compose nothing, or compose per job (a multirun): left to Hydra
+UNCHECKED_FLAGS = (
+    "-m",
+    "--multirun",
+    "-h",
+    "--help",
+    "--hydra-help",
+    "--info",
+    "-i",
+    "--version",
+    "--shell-completion",
+    "-sc",
+)
+
+
 def check_overrides(argv: list[str]) -> str | None:
     """Compose the config the command line asks for before Hydra runs it, so that an unknown key
-    or a mistyped value is one line (Hydra prints several and exits 1). Flags and multirun
-    sweeps are left to Hydra."""
+    or a mistyped value is one line (Hydra prints several and exits 1): `--cfg job` included. A
+    multirun's sweeps and the help and info flags are left to Hydra."""
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
     problem = output_dir_problem(argv)
-    if problem or any(a.startswith("-") for a in argv):
+    if problem or any(a.split("=", 1)[0] in UNCHECKED_FLAGS for a in argv):
         return problem
-    overrides = [a for a in argv if not a.startswith("hydra.")]
+    # Hydra's flags and their values (`--cfg job`) are not overrides; `--cfg job` composes as a run does
+    overrides = [a for a in argv if "=" in a and not a.startswith("-") and not a.startswith("hydra.")]
     problem = renamed_key(sorted(override_keys(overrides))) or renamed_value(
         dict(o.lstrip("+~").split("=", 1) for o in overrides if "=" in o)
     )

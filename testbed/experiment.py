@@ -34,6 +34,12 @@ class ExperimentConfig:
     handoffs: List[str] = field(default_factory=lambda: ["resend", "incremental", "ppd"])
     message_mib: int = 1024  # kv_bandwidth: the largest message
     measured_sweep: Optional[str] = None  # plan: a real ratio_sweep directory to compare with
+    # plan: the tensor-parallel degrees its placements may give a worker ([1]: one device each, the
+    # split search alone; e.g. [1, 2, 4, 8] places every P, D and mixed TP degree; executor=sim GPUs)
+    tp_degrees: List[int] = field(default_factory=lambda: [1])
+    # plan over tp_degrees: each point's workload.num_requests at most this, since the placements
+    # multiply the points (None: the workload's)
+    placement_requests: Optional[int] = None
     quick_profile: bool = False  # profile: fewer shapes and repeats
     # {"cpu": {dotted key: value}}: the same study at a size two CPU cores finish, added to the
     # command line as overrides by `size=cpu` (chosen where no GPU will run: testbed/sizing.py)
@@ -74,7 +80,7 @@ class ExperimentConfig:
         bad = [m for m in self.modes if m not in ("colocated", "chunked", "disagg")]
         if bad:
             raise ConfigError(f"experiment.modes has {bad}; allowed: colocated, chunked, disagg")
-        for key in ("rates", "chunk_sizes", "burstiness", "slo_scales", "prefill_lengths"):
+        for key in ("rates", "chunk_sizes", "burstiness", "slo_scales", "prefill_lengths", "tp_degrees"):
             if any(v <= 0 for v in getattr(self, key)):
                 raise ConfigError(f"experiment.{key} must all be > 0 (got {list(getattr(self, key))})")
         bad = [h for h in self.handoffs if h not in ("resend", "incremental", "ppd")]
@@ -89,6 +95,8 @@ class ExperimentConfig:
                 f"experiment.search_points must be >= 0, search_tolerance in (0, 1) and search_span "
                 f">= 1 (got {self.search_points}, {self.search_tolerance}, {self.search_span})"
             )
+        if self.placement_requests is not None and self.placement_requests < 1:
+            raise ConfigError(f"experiment.placement_requests must be >= 1 when set (got {self.placement_requests})")
         if self.repeats < 1:
             raise ConfigError(f"experiment.repeats must be >= 1 (got {self.repeats})")
         return self

@@ -54,7 +54,10 @@ def test_default_job_writes_the_results_contract(tmp_path):
     [
         ("foo=1", "Could not override 'foo'"),
         ("scheduler.chunk_size=abc", "Value 'abc' of type 'str' could not be converted to Integer"),
-        ("model=gpt5", "Could not find 'model/gpt5' Available options in 'model': hf llama2_7b llama3_8b"),
+        (
+            "model=gpt5",
+            "Could not find 'model/gpt5' Available options in 'model': hf llama2_7b llama31_405b llama3_70b llama3_8b",
+        ),
         ("workload.rate=-1", "workload.rate must be > 0 (got -1.0)"),
         ("mode=disagg hardware=cpu hardware.num_devices=1", "needs 2 devices; hardware.num_devices=1 CPU workers"),
         ("engine.attention_backend=flash", "engine.attention_backend=flash needs flash-attn"),

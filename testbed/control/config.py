@@ -7,19 +7,24 @@ from dataclasses import dataclass, field
 from typing import Any, List, Optional
 
 from testbed.errors import ConfigError
-from testbed.names import Binding, Granularity, KVBackend, Multiturn, OnFailure
+from testbed.names import Binding, Granularity, Kind, KVBackend, Multiturn, OnFailure
 
 DISPATCH = ("round_robin", "least_loaded", "session_affinity", "kv_aware")
+TP_KEYS = {Kind.MIXED: "tp", Kind.PREFILL: "prefill_tp", Kind.DECODE: "decode_tp"}  # a worker kind's TP degree
 
 
 @dataclass(frozen=True)
 class ClusterConfig:
     """colocated / chunked: `num_workers` mixed workers. disagg: `num_prefill` P + `num_decode` D
-    workers. Devices: P on the first devices and D on the next unless given explicitly."""
+    workers. Devices: P on the first devices and D on the next unless given explicitly; a worker of
+    tensor-parallel degree tp takes tp consecutive devices (executor=sim only, so far)."""
 
     num_workers: int = 1  # mixed workers (colocated, chunked)
     num_prefill: int = 1  # prefill (P) workers (disagg)
     num_decode: int = 1  # decode (D) workers (disagg)
+    tp: int = 1  # tensor-parallel degree of each mixed worker (colocated, chunked): the devices it spans
+    prefill_tp: int = 1  # tensor-parallel degree of each prefill (P) worker (disagg): the devices it spans
+    decode_tp: int = 1  # tensor-parallel degree of each decode (D) worker (disagg): the devices it spans
     # a device index (this node), or "node:device" under torchrun across hosts ("1:0": node 1's first GPU)
     prefill_devices: Optional[List[Any]] = None
     decode_devices: Optional[List[Any]] = None  # D workers' devices, as prefill_devices; None: the devices after P's
@@ -40,13 +45,23 @@ class ClusterConfig:
     # reaches the rendezvous host; every-interface addresses are refused)
     bind: Optional[str] = None
 
+    def num_devices(self, disagg: bool) -> int:
+        """The devices the workers span, each worker its TP degree (explicit device maps aside)."""
+        if disagg:
+            return self.num_prefill * self.prefill_tp + self.num_decode * self.decode_tp
+        return self.num_workers * self.tp
+
+    def tp_of(self, kind: str) -> int:
+        """The tensor-parallel degree of a worker of this kind (mixed, prefill, decode)."""
+        return getattr(self, TP_KEYS[kind])
+
     @property
     def kv_aware(self) -> bool:
         """Some dispatch follows the workers' prefix caches (which must then be on)."""
         return "kv_aware" in (self.dispatch, self.decode_dispatch)
 
     def validate(self) -> "ClusterConfig":
-        for key in ("num_workers", "num_prefill", "num_decode"):
+        for key in ("num_workers", "num_prefill", "num_decode", *TP_KEYS.values()):
             if getattr(self, key) < 1:
                 raise ConfigError(f"cluster.{key} must be >= 1 (got {getattr(self, key)})")
         for key in ("dispatch", "decode_dispatch"):

@@ -11,7 +11,7 @@ from typing import Optional
 
 from testbed.control.config import ClusterConfig, device_ref
 from testbed.errors import ConfigError
-from testbed.names import KVBackend, Mode, Role
+from testbed.names import KIND_OF, KVBackend, Mode, Role
 
 ROLES_OF_MODE = {Mode.COLOCATED: Role.COLOCATED, Mode.CHUNKED: Role.CHUNKED}  # a mixed mode's one role
 
@@ -20,28 +20,40 @@ ROLES_OF_MODE = {Mode.COLOCATED: Role.COLOCATED, Mode.CHUNKED: Role.CHUNKED}  # 
 class WorkerPlan:
     rank: int
     role: Role
-    device: str
+    device: str  # the first device of its tensor-parallel group
     node: int = 0  # under torchrun: the node (torchrun's GROUP_RANK) the rank runs on
+    tp: int = 1  # tensor-parallel degree: the worker spans `device` and the tp - 1 devices after it
+
+    @property
+    def devices(self) -> list[str]:
+        """Every device of the worker's group, `device` first."""
+        if self.tp == 1:
+            return [self.device]
+        kind, _, first = self.device.rpartition(":")
+        return [f"{kind}:{int(first) + i}" for i in range(self.tp)]
 
 
 def node_roles(mode: str, cluster: ClusterConfig, per_node: int | None = None) -> list[tuple[Role, int, int]]:
     """(scheduler policy, node, device index) per worker, in rank order: P workers before D workers.
-    Devices not named go in order: on this box, or node by node (`per_node` devices each)."""
+    Devices not named go in order: on this box, or node by node (`per_node` devices each). A worker
+    of tensor-parallel degree tp is placed at its group's first device; the group takes tp of them
+    (a named device is the first of its group)."""
 
     def place(i: int) -> tuple[int, int]:
         return divmod(i, per_node) if per_node else (0, i)
 
     if mode in ROLES_OF_MODE:
-        return [(ROLES_OF_MODE[mode], *place(i)) for i in range(cluster.num_workers)]
+        return [(ROLES_OF_MODE[mode], *place(i * cluster.tp)) for i in range(cluster.num_workers)]
     prefill = (
         [device_ref(d) for d in cluster.prefill_devices]
         if cluster.prefill_devices
-        else [place(i) for i in range(cluster.num_prefill)]
+        else [place(i * cluster.prefill_tp) for i in range(cluster.num_prefill)]
     )
+    first = len(prefill) * cluster.prefill_tp  # D's groups after P's
     decode = (
         [device_ref(d, "cluster.decode_devices") for d in cluster.decode_devices]
         if cluster.decode_devices
-        else [place(i) for i in range(len(prefill), len(prefill) + cluster.num_decode)]
+        else [place(first + i * cluster.decode_tp) for i in range(cluster.num_decode)]
     )
     return [(Role.PREFILL_ONLY, *ref) for ref in prefill] + [(Role.DECODE_ONLY, *ref) for ref in decode]
 
@@ -64,11 +76,14 @@ def plan_on_devices(
     """One plan per worker on one box, ranks in the cluster's order (P before D), on `available`
     numbered devices of `kind`: "cuda" (cuda:N), "cpu" (CPU processes standing for devices) or "sim"
     (the simulator's sim:N); None: as many as the plan needs. `what` names the devices for the error."""
-    roles = worker_roles(mode, cluster)
-    needed = max(d for _, d in roles) + 1
+    roles = [(role, d, cluster.tp_of(KIND_OF[role])) for role, d in worker_roles(mode, cluster)]
+    needed = max(d + tp for _, d, tp in roles)
     if available is not None and needed > available:
         raise ConfigError(f"mode={mode} with {describe(mode, cluster)} needs {needed} devices; {what}")
-    return [WorkerPlan(rank, role, "cpu" if kind == "cpu" else f"{kind}:{d}") for rank, (role, d) in enumerate(roles)]
+    return [
+        WorkerPlan(rank, role, "cpu" if kind == "cpu" else f"{kind}:{d}", tp=tp)
+        for rank, (role, d, tp) in enumerate(roles)
+    ]
 
 
 def check_kv_backend(plans: list[WorkerPlan], backend: str, across_hosts: bool = False) -> None:
@@ -92,5 +107,14 @@ def check_kv_backend(plans: list[WorkerPlan], backend: str, across_hosts: bool =
 
 def describe(mode: str, cluster: ClusterConfig) -> str:
     if mode in ROLES_OF_MODE:
-        return f"cluster.num_workers={cluster.num_workers}"
-    return f"cluster.num_prefill={cluster.num_prefill} + cluster.num_decode={cluster.num_decode}"
+        return f"cluster.num_workers={cluster.num_workers}" + _times(cluster, "tp")
+    return (
+        f"cluster.num_prefill={cluster.num_prefill}{_times(cluster, 'prefill_tp')} + "
+        f"cluster.num_decode={cluster.num_decode}{_times(cluster, 'decode_tp')}"
+    )
+
+
+def _times(cluster: ClusterConfig, key: str) -> str:
+    """ " x cluster.<key>=N" for a tensor-parallel degree above 1 (the text of a TP1 run as before)."""
+    tp = getattr(cluster, key)
+    return f" x cluster.{key}={tp}" if tp > 1 else ""

@@ -41,6 +41,16 @@ class ModelArgs:
         """K and V of all layers for one token, in elements (multiply by the dtype size)."""
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim
 
+    def kv_heads_per_rank(self, tp: int) -> int:
+        """KV heads one rank of a tensor-parallel group of `tp` holds: its share, or one head
+        replicated on tp / num_kv_heads ranks when there are fewer KV heads than ranks (as vLLM)."""
+        return max(self.num_kv_heads // tp, 1)
+
+    def splits_over(self, tp: int) -> bool:
+        """Query heads divide over the ranks; KV heads too, or the ranks over the KV heads."""
+        kv = self.num_kv_heads
+        return self.num_heads % tp == 0 and (kv % tp == 0 if kv >= tp else tp % kv == 0)
+
     def validate(self) -> "ModelArgs":
         for name in (
             "vocab_size",
@@ -120,6 +130,41 @@ PRESETS: dict[str, ModelArgs] = {
         rms_norm_eps=1e-6,
         qkv_bias=True,
     ),
+    # the 70B shapes need tensor parallelism on 80 GB GPUs (cluster.tp, prefill_tp, decode_tp): 141 GB
+    # of bf16 weights; 8 KV heads, so up to TP8 each rank holds its own KV heads
+    "llama3_70b": ModelArgs(
+        vocab_size=128256,
+        hidden_size=8192,
+        intermediate_size=28672,
+        num_layers=80,
+        num_heads=64,
+        num_kv_heads=8,
+        max_model_len=8192,
+        rope_theta=500000.0,
+    ),
+    # simulator only: 810 GB of bf16 weights, no box here holds its dummy weights
+    "llama31_405b": ModelArgs(
+        vocab_size=128256,
+        hidden_size=16384,
+        intermediate_size=53248,
+        num_layers=126,
+        num_heads=128,
+        num_kv_heads=8,
+        max_model_len=8192,
+        rope_theta=500000.0,
+    ),
+    "qwen2_5_72b": ModelArgs(
+        vocab_size=152064,
+        hidden_size=8192,
+        intermediate_size=29568,
+        num_layers=80,
+        num_heads=64,
+        num_kv_heads=8,
+        max_model_len=32768,
+        rope_theta=1000000.0,
+        rms_norm_eps=1e-6,
+        qkv_bias=True,
+    ),
 }
 
 # rope_scaling comes from a checkpoint's config.json only; every other field is a preset override
@@ -131,7 +176,7 @@ class ModelConfig:
     """`model=<preset>` picks a row of PRESETS; any field set here overrides it; `path` loads a
     local Hugging Face directory (config.json + *.safetensors) whose config.json gives the shape."""
 
-    name: str = "tiny"  # preset shape: tiny | small | llama3_8b | llama2_7b | qwen2_5_7b (unused when path is set)
+    name: str = "tiny"  # preset shape: a key of PRESETS (tiny, llama3_8b, llama3_70b, ...); unused with path
     path: Optional[str] = None  # local Hugging Face dir (config.json + *.safetensors); None: preset, dummy weights
     dtype: str = "auto"  # auto: float32 on CPU, bfloat16 on CUDA
     seed: int = 0  # dummy weights
@@ -158,6 +203,17 @@ class ModelConfig:
             return dataclasses.replace(hf_model_args(Path(self.path)), **overrides).validate()
         # a preset's head_dim is derived: re-derive it from overridden hidden_size / num_heads
         return dataclasses.replace(preset(self.name), **{"head_dim": None, **overrides}).validate()
+
+
+def check_tensor_parallel(args: ModelArgs, tp: int, key: str) -> None:
+    """One line when a group of `tp` ranks cannot split the model's heads (key: the setting)."""
+    if not args.splits_over(tp):
+        allowed = [n for n in range(1, args.num_heads + 1) if args.splits_over(n)]
+        raise ConfigError(
+            f"{key}={tp} does not split model.num_heads={args.num_heads} and model.num_kv_heads="
+            f"{args.num_kv_heads} (query heads must divide evenly; KV heads too, or with fewer KV heads "
+            f"than ranks tp a multiple of them, each replicated): allowed {', '.join(map(str, allowed))}"
+        )
 
 
 def preset(name: str) -> ModelArgs:

@@ -22,6 +22,10 @@ number carries its source. Sources named here:
 - [LAUNCH] a CUDA kernel launch costs the host about 5 us (NVIDIA's CUDA Graphs introduction,
   "Getting Started with CUDA Graphs", 2019: 2-5 us per launch; a decode step of a 7-8B model runs
   about 14 kernels a layer, so eager decode leaves the GPU idle between short kernels that long).
+- [NCCL-TUNE] NVIDIA/nccl src/graph/tuning.cc (2.19-2.21), the cost model NCCL picks algorithms by:
+  a ring all-reduce on NVLink takes 2(n-1) steps of hwLat[NVLINK][RING][LL] = 0.6 us each (the
+  low-latency protocol of small messages) on top of a base latency (6.6 us) that CUDA-graph
+  replay and vLLM's custom all-reduce largely avoid.
 - [FA2] Dao, FlashAttention-2 (2023): forward attention reaches up to ~70% of A100 peak at long
   sequences. [FA3] Shah et al., FlashAttention-3 (2024): FlashAttention-2 reaches ~35% of H100 peak.
 """
@@ -33,6 +37,7 @@ from dataclasses import dataclass
 from testbed.errors import ConfigError
 
 MIB = 2**20
+NVLINK_HOP_LATENCY_S = 0.6e-6  # [NCCL-TUNE] one ring step on NVLink, LL protocol (A100 and H100 alike)
 
 
 @dataclass(frozen=True)
@@ -51,6 +56,8 @@ class Gpu:
     step_overhead_s: float  # per-step CPU time of a Python engine outside kernels
     link_latency_s: float  # fixed cost of one KV send
     fp32_flops: float = 0.0  # dense FP32 FLOP/s without tensor cores (torch's default: TF32 matmuls off)
+    # one step of a ring all-reduce over NVLink (a tensor-parallel group's), 2(tp-1) steps each
+    nvlink_hop_latency_s: float = NVLINK_HOP_LATENCY_S
 
     def flops_for(self, dtype: str) -> float:
         """The peak a matmul of this dtype reaches: the 16-bit tensor-core peak for float16 and

@@ -81,10 +81,11 @@ def analytical(
     host_fixed_s: Optional[float] = None,
     host_per_seq_s: float = 0.0,
     cuda_graphs: Optional[bool] = None,
+    tp: int = 1,
 ) -> tuple[RooflineModel, dict]:
     """The roofline of a GPU of the table. `dtype` (unset: bfloat16 for 2 bytes, else float32)
     picks the peak FLOPs; the host terms are RooflineModel's (unset: the table's step overhead,
-    nothing per sequence, CUDA graphs on)."""
+    nothing per sequence, CUDA graphs on); `tp`: one rank of a tensor-parallel group of that many."""
     dtype = dtype if dtype not in (None, "auto") else ("bfloat16" if dtype_bytes == 2 else "float32")
     model = RooflineModel(
         gpu(name).validate(),
@@ -94,8 +95,10 @@ def analytical(
         host_fixed_s=host_fixed_s,
         host_per_seq_s=host_per_seq_s,
         cuda_graphs=True if cuda_graphs is None else cuda_graphs,
+        tp=tp,
     )
-    return model, {**analytical_label(name, dtype_bytes), "dtype": dtype, "host": model.host_terms()}
+    label = {**analytical_label(name, dtype_bytes), "dtype": dtype, "host": model.host_terms()}
+    return model, {**label, "tp": tp} if tp > 1 else label
 
 
 def measured(profile: Mapping, model_args: ModelArgs, name: str) -> tuple[CostModel, dict]:

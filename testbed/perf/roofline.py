@@ -21,6 +21,17 @@ The engine's host side, stated apart from the kernels (`host_terms`):
   eagerly, and the GPU idles KERNEL_LAUNCH_S between them. Prefill steps run eagerly either way,
   their kernels long enough to hide the launches.
 
+Tensor parallelism (`tp` > 1): the step of one rank of a Megatron-style group of tp GPUs, which
+every rank runs in lockstep. q/k/v and gate/up are column-parallel, o and down row-parallel, so each
+rank's GEMMs hold 1/tp of the FLOPs and weights; attention runs num_heads / tp query heads over the
+rank's KV heads (num_kv_heads / tp, or one head replicated on tp / num_kv_heads ranks: counted once
+per rank); the norms and residuals stay whole on every rank. Two all-reduces a layer (after o and
+after down) of tokens x hidden x dtype_bytes each, as a ring over NVLink:
+2(tp-1)/tp x bytes / (NVLink x share) + 2(tp-1) x the hop latency. The embedding and lm_head are
+split by vocabulary rows (vLLM's VocabParallelEmbedding and ParallelLMHead); their per-step
+all-reduce and logits gather (one each a step, against two a layer) are not timed. tp=1 is the
+one-device model, to the last bit.
+
 The same interface as testbed.perf.measured.CostModel, so the simulator and a paced real
 worker take either. No clock, no torch: pure arithmetic on the model shape. `dtype` picks the
 peak (16-bit tensor cores for float16 and bfloat16, equal on these GPUs; FP32 for float32);
@@ -30,7 +41,8 @@ peak (16-bit tensor cores for float16 and bfloat16, equal on these GPUs; FP32 fo
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import ClassVar, Iterable, Optional
+from functools import cached_property
+from typing import ClassVar, Iterable, NamedTuple, Optional
 
 from testbed.model.config import ModelArgs
 from testbed.perf.attention import attended_context
@@ -40,6 +52,24 @@ FLASH_QUERY_TILE = 128  # flash-attn reads a chunk's cached keys once per tile o
 # kernels of one decoder layer run eagerly: 2 RMSNorms, qkv, RoPE, the KV-cache write, attention,
 # o, 2 residual adds, gate/up, SiLU x up, down, and the casts and copies between them
 KERNELS_PER_LAYER = 14
+
+
+class Shard(NamedTuple):
+    """One rank's widths in a tensor-parallel group of tp (tp=1: the whole model's), in elements."""
+
+    q: int  # query (and attention output) width: num_heads / tp x head_dim
+    kv: int  # K (and V) width: the rank's KV heads x head_dim, a replicated head counted once
+    inter: int  # MLP width: intermediate_size / tp
+    vocab: int  # embedding and lm_head rows: vocab_size / tp, rounded up
+
+
+def shard(a: ModelArgs, tp: int = 1) -> Shard:
+    return Shard(
+        a.num_heads // tp * a.head_dim,
+        a.kv_heads_per_rank(tp) * a.head_dim,
+        -(-a.intermediate_size // tp),
+        -(-a.vocab_size // tp),
+    )
 
 
 @dataclass(frozen=True)
@@ -52,6 +82,7 @@ class RooflineModel:
     host_fixed_s: Optional[float] = None  # per-step host time; None: the GPU table's step_overhead_s
     host_per_seq_s: float = 0.0  # more host time per sequence the step samples for
     cuda_graphs: bool = True  # decode steps replayed from CUDA graphs (False: eager launches)
+    tp: int = 1  # tensor-parallel degree: the step of one rank of a group of tp GPUs
     # the kv_transfer.backend values it times (both: the NVLink formula)
     transports: ClassVar[tuple] = ("process_group", "ipc")
 
@@ -75,6 +106,7 @@ class RooflineModel:
             "causal_attention": self.causal_attention,
             "dtype": self.dtype,
             "host": self.host_terms(),
+            "tp": self.tp,
         }
 
     def host_terms(self) -> dict:
@@ -110,10 +142,24 @@ class RooflineModel:
             "elementwise": self.elementwise(tokens),
             "prefill_attention": layers * self.prefill_attention(prefill_tokens, prefill_context),
             "decode_attention": layers * self.decode_attention(decode_seqs, decode_context),
-            "lm_head": self.gemm(sampled, self.model_args.hidden_size, self.model_args.vocab_size, out_bytes=4)
+            "lm_head": self.gemm(sampled, self.model_args.hidden_size, self.shard.vocab, out_bytes=4)
             if sampled
             else 0.0,
+            "all_reduce": 2 * layers * self.all_reduce(tokens),
         }
+
+    @cached_property
+    def shard(self) -> Shard:
+        """This rank's widths (cached: asked at every step)."""
+        return shard(self.model_args, self.tp)
+
+    def all_reduce(self, tokens: int) -> float:
+        """One ring all-reduce of the group over the tokens' hidden states (0 on one device)."""
+        if self.tp == 1 or not tokens:
+            return 0.0
+        gpu, steps = self.gpu, 2 * (self.tp - 1)
+        nbytes = tokens * self.model_args.hidden_size * self.dtype_bytes
+        return steps / self.tp * nbytes / (gpu.nvlink_bytes_per_s * gpu.nvlink_share) + steps * gpu.nvlink_hop_latency_s
 
     def roofline(self, flops: float, nbytes: float, mfu: float) -> float:
         gpu = self.gpu
@@ -126,9 +172,9 @@ class RooflineModel:
         return self.roofline(2.0 * tokens * k * n, nbytes, self.gpu.matmul_mfu)
 
     def layer_gemms(self, tokens: int) -> float:
-        a = self.model_args
-        q, kv = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
-        h, inter = a.hidden_size, a.intermediate_size
+        """Column-parallel qkv and gate/up, row-parallel o and down: each rank's shard of the weights."""
+        q, kv, inter, _ = self.shard
+        h = self.model_args.hidden_size
         return (
             self.gemm(tokens, h, q + 2 * kv)
             + self.gemm(tokens, q, h)
@@ -138,10 +184,10 @@ class RooflineModel:
 
     def elementwise(self, tokens: int) -> float:
         """Norms, RoPE, SiLU x up, residual adds: elements read + written per token per layer,
-        plus the embedding gather and the final norm."""
+        plus the embedding gather and the final norm. Norms and residuals run whole on every rank."""
         a = self.model_args
-        q, kv = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
-        per_layer = 10 * a.hidden_size + 2 * (q + kv) + 3 * a.intermediate_size
+        q, kv, inter, _ = self.shard
+        per_layer = 10 * a.hidden_size + 2 * (q + kv) + 3 * inter
         elements = tokens * (a.num_layers * per_layer + 3 * a.hidden_size)
         return self.roofline(0.0, elements * self.dtype_bytes, 1.0)
 
@@ -150,8 +196,7 @@ class RooflineModel:
         keys each query tile reads."""
         if not tokens:
             return 0.0
-        a = self.model_args
-        q, kv = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
+        q, kv = self.shard.q, self.shard.kv
         tiles = max(1.0, tokens / FLASH_QUERY_TILE)
         nbytes = (tokens * (2 * q + 2 * kv) + tiles * context * 2 * kv) * self.dtype_bytes
         return self.roofline(4.0 * tokens * context * q, nbytes, self.gpu.attention_mfu)
@@ -160,32 +205,48 @@ class RooflineModel:
         """One layer: every decode reads its whole K and V; writes its own new K/V."""
         if not seqs:
             return 0.0
-        a = self.model_args
-        q, kv = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
+        q, kv = self.shard.q, self.shard.kv
         nbytes = (context * 2 * kv + seqs * (2 * q + 2 * kv)) * self.dtype_bytes
         return self.roofline(4.0 * context * q, nbytes, self.gpu.attention_mfu)
 
-    # -- memory --------------------------------------------------------------------------------
+    # -- memory (per device: one rank's) ------------------------------------------------------
     @property
     def weight_bytes(self) -> int:
-        return weight_params(self.model_args) * self.dtype_bytes
+        return rank_params(self.model_args, self.tp) * self.dtype_bytes
 
     def weight_read_s(self) -> float:
         """Reading every streamed weight once at the achievable bandwidth: a memory-bound step's
         floor. The input embedding is gathered row by row, not streamed (unless tied to lm_head)."""
         a = self.model_args
-        gathered = 0 if a.tie_embeddings else a.vocab_size * a.hidden_size
-        return self.roofline(0.0, (weight_params(a) - gathered) * self.dtype_bytes, 1.0)
+        gathered = 0 if a.tie_embeddings else self.shard.vocab * a.hidden_size
+        return self.roofline(0.0, (rank_params(a, self.tp) - gathered) * self.dtype_bytes, 1.0)
 
     def kv_pool_bytes(self, memory_utilization: float) -> float:
         """The KV pool as vLLM sizes it: the utilised share of the device memory, less the weights."""
         return self.gpu.memory_bytes * memory_utilization - self.weight_bytes
 
+    @property
+    def rank_kv_bytes_per_token(self) -> int:
+        """K and V of every layer for one token on one rank: its KV heads, a replicated one whole.
+        The group's pool holds as many tokens as one rank's pool does."""
+        return 2 * self.model_args.num_layers * self.shard.kv * self.dtype_bytes
+
+    def holds_one_sequence(self, memory_utilization: float) -> bool:
+        """The weights and the KV of one max_model_len sequence fit each device of the group."""
+        return self.kv_pool_bytes(memory_utilization) >= self.model_args.max_model_len * self.rank_kv_bytes_per_token
+
 
 def weight_params(a: ModelArgs) -> int:
     """Parameters of a Llama-family model (embedding, layers, final norm, lm_head unless tied)."""
-    q, kv = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
-    per_layer = a.hidden_size * (q + 2 * kv) + q * a.hidden_size + 3 * a.hidden_size * a.intermediate_size
+    return rank_params(a, 1)
+
+
+def rank_params(a: ModelArgs, tp: int = 1) -> int:
+    """Parameters one rank of a tensor-parallel group holds: its shard of every linear layer (KV
+    heads replicated where fewer than ranks), its vocabulary rows of the embedding and lm_head, and
+    the norms whole."""
+    q, kv, inter, vocab = shard(a, tp)
+    per_layer = a.hidden_size * (q + 2 * kv) + q * a.hidden_size + 3 * a.hidden_size * inter
     per_layer += 2 * a.hidden_size + (q + 2 * kv if a.qkv_bias else 0)
-    embeddings = a.vocab_size * a.hidden_size * (1 if a.tie_embeddings else 2)
+    embeddings = vocab * a.hidden_size * (1 if a.tie_embeddings else 2)
     return embeddings + a.num_layers * per_layer + a.hidden_size

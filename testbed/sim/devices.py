@@ -5,6 +5,10 @@ Mixed workers (colocated, chunked) run on `sim.profile`; prefill and decode work
 devices (heterogeneous pools). A role's spec is a GPU of the analytical table (a roofline of that
 GPU for the configured model; its KV pool comes from the GPU's memory) or a measured profile
 (its model must be the configured one; its KV pool as the profiled engine sized it).
+
+A role's workers may be tensor-parallel groups (cluster.tp, prefill_tp, decode_tp): the roofline
+then times one rank of the group and sizes its pool from what each device keeps after its share of
+the weights. A measured profile timed one device of this engine, so TP is refused there.
 """
 
 from __future__ import annotations
@@ -12,10 +16,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Mapping, Optional
 
+from testbed.control.config import TP_KEYS
 from testbed.engine.config import EngineConfig
 from testbed.errors import ConfigError
 from testbed.model.config import ModelArgs
 from testbed.names import Kind, KVBackend
+from testbed.perf.gpus import GPUS
 from testbed.perf.measured import require_transport
 from testbed.perf.resolve import StepCostModel, analytical, is_gpu, measured
 from testbed.sim.pools import gpu_pool_blocks, pool_blocks
@@ -33,6 +39,14 @@ class RoleProfile:
     label: dict  # {"kind": "analytical" | "measured", "name": ...}
     dtype_bytes: int  # of the KV cache
     measured: Optional[Mapping] = None  # the measured profile; None: an analytical GPU
+    tp: int = 1  # tensor-parallel degree of the role's workers
+    kv_share: tuple[int, int] = (1, 1)  # (KV heads one rank holds, the model's KV heads)
+
+    def link_bytes(self, nbytes: int) -> int:
+        """What one rank's link carries of a hand-off of `nbytes`: its KV heads' share (the ranks
+        move theirs in parallel; a head replicated on several ranks reaches each of them)."""
+        held, heads = self.kv_share
+        return nbytes if held == heads else -(-nbytes * held // heads)
 
     def pool_blocks(self, args: ModelArgs, engine: EngineConfig) -> int:
         """KV blocks of one worker: from the GPU's memory, or as the profiled engine sized its pool."""
@@ -58,13 +72,18 @@ def resolve_roles(cfg: Config, roles: set[str], profile: Optional[Mapping] = Non
 
 
 def resolve_role(cfg: Config, role: str, profile: Optional[Mapping] = None) -> RoleProfile:
-    args, spec = cfg.model.args(), cfg.sim.spec(role)
+    args, spec, tp = cfg.model.args(), cfg.sim.spec(role), cfg.cluster.tp_of(role)
     given = profile is not None and cfg.sim.key(role) == "sim.profile"
     if spec is not None and is_gpu(spec) and not given:
         dtype_bytes = gpu_dtype_bytes(cfg.model.dtype)
-        model, label = analytical(spec, args, dtype_bytes, **cfg.engine.host_terms(cfg.model.dtype))
-        return RoleProfile(model, label, dtype_bytes)
+        model, label = analytical(spec, args, dtype_bytes, tp=tp, **cfg.engine.host_terms(cfg.model.dtype))
+        return RoleProfile(model, label, dtype_bytes, tp=tp, kv_share=(args.kv_heads_per_rank(tp), args.num_kv_heads))
     name = "given" if given else spec or f"shipped:{cfg.model.name}_cpu.json"
+    if tp > 1:
+        raise ConfigError(
+            f"cluster.{TP_KEYS[role]}={tp}: tensor parallelism is modelled on the analytical GPUs only "
+            f"({cfg.sim.key(role)}={' | '.join(sorted(GPUS))}); {cfg.sim.key(role)} is a measured profile ({name})"
+        )
     if cfg.engine.sets_host:
         raise ConfigError(
             f"engine.host_overhead_s / engine.host_overhead_per_seq_s are an analytical GPU's host "
@@ -129,8 +148,12 @@ def gpu_dtype_bytes(dtype: str) -> int:
 def transfer_time(
     sender: RoleProfile, receiver: RoleProfile, nbytes: int, backend: str = KVBackend.PROCESS_GROUP
 ) -> float:
-    """A KV transfer runs at the slower link of its two ends (backend: kv_transfer.backend)."""
-    return max(sender.cost.transfer_time(nbytes, backend), receiver.cost.transfer_time(nbytes, backend))
+    """A KV transfer runs at the slower link of its two ends (backend: kv_transfer.backend); a
+    tensor-parallel end moves each rank's share over that rank's own link, in parallel."""
+    return max(
+        sender.cost.transfer_time(sender.link_bytes(nbytes), backend),
+        receiver.cost.transfer_time(receiver.link_bytes(nbytes), backend),
+    )
 
 
 def check_transport(cfg: Config, roles: dict[str, RoleProfile]) -> None:

@@ -33,6 +33,11 @@ def cyclic_gc_paused():
             gc.enable()
 
 
+def worker_entry(plan) -> dict:
+    """summary.json's line for a simulated worker: its tensor-parallel degree and group's devices."""
+    return {"role": plan.role, "device": plan.device, "tp": plan.tp, "devices": plan.devices, "alive_at_end": True}
+
+
 def simulate(cfg: Config, profile: Optional[Mapping] = None, *, num_devices: Optional[int] = None) -> dict:
     """Simulate one serving point; the same tables and summary as a real run's serve(). The
     devices come from cfg.sim; `profile`, a loaded measured profile, stands for sim.profile."""
@@ -48,7 +53,7 @@ def simulate(cfg: Config, profile: Optional[Mapping] = None, *, num_devices: Opt
         transfers[transfers.outcome == "ok"],
         slo=cfg.slo,
         metrics=cfg.metrics,
-        num_gpus=len(sim.plans),
+        num_gpus=sum(p.tp for p in sim.plans),  # a tensor-parallel worker counts its devices
         tenant_slos=tenant_slos(cfg.workload.tenants, cfg.slo),
     )
     summary["kv_blocks_leaked"] = {f"worker{w.rank}": w.block_manager.num_used_blocks for w in sim.workers}
@@ -58,9 +63,7 @@ def simulate(cfg: Config, profile: Optional[Mapping] = None, *, num_devices: Opt
         for w in sim.workers
         if w.block_manager.store is not None
     }
-    summary["workers"] = {
-        f"worker{p.rank}": {"role": p.role, "device": p.device, "alive_at_end": True} for p in sim.plans
-    }
+    summary["workers"] = {f"worker{p.rank}": worker_entry(p) for p in sim.plans}
     summary["workload_report"] = sim.workload.report
     summary["executor"] = Executor.SIM
     summary["sim"] = {

@@ -39,16 +39,20 @@ def pool_blocks(args: ModelArgs, engine: EngineConfig, profile: Mapping) -> int:
 def gpu_pool_blocks(model: RooflineModel, engine: EngineConfig) -> int:
     """An analytical GPU's pool: an explicit block count, else vLLM's sizing, the utilised share
     of the device memory less the weights (activations and the CUDA context are not modelled).
-    No memory was measured here, so this budget differs from `kv_pool`'s; the check is shared."""
+    No memory was measured here, so this budget differs from `kv_pool`'s; the check is shared.
+    A tensor-parallel group's pool: each device's, less its share of the weights, in blocks of the
+    rank's KV heads; the group holds as many tokens as one rank (so tp x a device's bytes)."""
     args = model.model_args
     if engine.num_kv_blocks is not None:
         return checked_pool(engine.num_kv_blocks, engine.block_size, args.max_model_len)
     pool = model.kv_pool_bytes(engine.gpu_memory_utilization)
     if pool <= 0:
+        per_rank = f" per device at TP{model.tp}" if model.tp > 1 else ""
         raise ConfigError(
-            f"the model's weights ({model.weight_bytes / 1e9:.1f} GB) do not fit in "
+            f"the model's weights ({model.weight_bytes / 1e9:.1f} GB{per_rank}) do not fit in "
             f"engine.gpu_memory_utilization={engine.gpu_memory_utilization} of {model.gpu.name} "
-            f"({model.gpu.memory_bytes / 1e9:.1f} GB): raise it or simulate a larger GPU"
+            f"({model.gpu.memory_bytes / 1e9:.1f} GB): raise it, simulate a larger GPU, or split "
+            f"the weights over more devices (cluster.tp, cluster.prefill_tp, cluster.decode_tp)"
         )
-    block_bytes = args.kv_bytes_per_token * model.dtype_bytes * engine.block_size
+    block_bytes = model.rank_kv_bytes_per_token * engine.block_size
     return checked_pool(int(pool // block_bytes), engine.block_size, args.max_model_len)

@@ -383,18 +383,53 @@ def _relative(simulated: float, real: float) -> float:
 
 
 def plan(table, cfg, out_dir) -> dict:
-    """The analytical split, the simulated best configuration and, given a real sweep, the measured one."""
+    """The analytical split, the simulated best configuration and, given a real sweep, the measured
+    one; with experiment.tp_degrees beyond [1], the placement search's best and what it pruned."""
     from testbed.sim.load_split import analytical_split
-    from testbed.sim.slo_split import slo_split
     from testbed.studies.catalog import num_devices
 
     simulated = goodput_by_label(table, cfg, out_dir)
     out = {
         "analytical": analytical_split(cfg, None, num_devices(cfg)),  # each role's device from cfg.sim
-        "slo_plan": slo_split(cfg, num_devices(cfg), rate=max(cfg.experiment.rates)),
+        **slo_plan(cfg),
         "simulated": {"goodput": simulated, "best": best_of(simulated)},
     }
+    if list(cfg.experiment.tp_degrees) != [1]:
+        out["placements"] = placement_search(cfg, simulated, out["simulated"]["best"])
     if cfg.experiment.measured_sweep:
         measured = json.loads((Path(cfg.experiment.measured_sweep) / "sweep.json").read_text())["aggregate"]
         out["measured"] = {"goodput": measured.get("goodput", {}), "best": measured.get("best", {})}
     return out
+
+
+def slo_plan(cfg) -> dict:
+    """The SLO-aware split of one-device workers; a model one device cannot hold has none (said why)."""
+    from testbed.errors import ConfigError
+    from testbed.sim.slo_split import slo_split
+    from testbed.studies.catalog import num_devices
+
+    try:
+        return {"slo_plan": slo_split(cfg, num_devices(cfg), rate=max(cfg.experiment.rates))}
+    except ConfigError as error:
+        return {"slo_plan": None, "slo_plan_skipped": str(error)}
+
+
+def placement_search(cfg, simulated: dict, best: dict) -> dict:
+    """The TP placement search: the degrees, what ran, what was pruned and why, and the leader by
+    goodput per GPU with its 95% interval (best_of's verdict says whether it is separated)."""
+    from testbed.studies.catalog import num_devices
+    from testbed.studies.placements import search
+
+    _, pruned = search(cfg, num_devices(cfg))
+    label = best.get("label")
+    g = simulated.get(label, {})
+    return {
+        "tp_degrees": list(cfg.experiment.tp_degrees),
+        "searched": list(simulated),
+        "pruned": pruned,
+        "best": label,
+        "separated": bool(best.get("separated")),
+        "goodput_per_gpu": g.get("goodput_per_gpu"),
+        "goodput_per_gpu_low": g.get("goodput_per_gpu_low"),
+        "goodput_per_gpu_high": g.get("goodput_per_gpu_high"),
+    }

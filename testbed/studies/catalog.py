@@ -18,7 +18,7 @@ from testbed.cluster.layout import cuda_count
 from testbed.config import Config
 from testbed.errors import ConfigError
 from testbed.experiment import ONE_POINT
-from testbed.studies import aggregates
+from testbed.studies import aggregates, placements
 from testbed.studies.aggregates import TABLE
 from testbed.studies.repeats import OTHER_REPEATS
 from testbed.studies.sweep import Point
@@ -113,22 +113,28 @@ def gpu_here() -> str | None:
 
 
 def layouts(cfg: Config, modes: list[str], all_splits: bool = False) -> list[tuple[str, dict]]:
-    """(label, overrides) per serving configuration on N devices; over HTTP, the one server."""
+    """(label, overrides) per serving configuration on N devices, its workers of the cluster's TP
+    degrees (cluster.tp, prefill_tp, decode_tp); over HTTP, the one server."""
     if cfg.executor == "http":
         return [(cfg.http.label, {"mode": cfg.mode})]
-    n = num_devices(cfg)
-    out = []
+    n, c = num_devices(cfg), cfg.cluster
+    chosen = []
     for mode in modes:
         if mode != "disagg":
-            out.append((mode, {"mode": mode, "cluster.num_workers": n}))
+            if n % c.tp:
+                raise ConfigError(f"cluster.tp={c.tp} does not divide the study's {n} devices (hardware.num_devices)")
+            chosen.append(placements.Placement(mode, n // c.tp, c.tp))
             continue
         if n < 2:
             raise ConfigError(f"mode=disagg needs at least 2 devices; hardware.num_devices={n}")
-        splits = range(1, n) if all_splits else [n // 2]
-        out += [
-            (f"{p}P{n - p}D", {"mode": "disagg", "cluster.num_prefill": p, "cluster.num_decode": n - p}) for p in splits
-        ]
-    return out
+        found = placements.splits(n, c.prefill_tp, c.decode_tp)
+        if not found:
+            raise ConfigError(
+                f"cluster.prefill_tp={c.prefill_tp} and cluster.decode_tp={c.decode_tp} leave no split of "
+                f"the study's {n} devices (hardware.num_devices): P x prefill_tp + D x decode_tp = {n}"
+            )
+        chosen += found if all_splits else [placements.middle_split(n, c.prefill_tp, c.decode_tp)]
+    return [(p.label, p.overrides_over(c)) for p in chosen]
 
 
 def _rates(cfg: Config) -> list[float]:
@@ -352,26 +358,54 @@ def emulated_sim(cfg: Config) -> dict:
 
 def plan(cfg: Config) -> list[Point]:
     """Simulated search: every split, colocated, and chunked at each chunk size (the default one
-    labelled plain `chunked`, as in ratio_sweep), over the rates."""
-    configs = layouts(cfg, ["colocated"]) + layouts(cfg, ["disagg"], all_splits=True)
-    default = cfg.scheduler.chunk_size  # the chunked baseline every other study (ratio_sweep) runs
-    for label, overrides in layouts(cfg, ["chunked"]):
-        for chunk in sorted({default, *cfg.experiment.chunk_sizes}):
-            name = label if chunk == default else f"{label}{chunk}"  # "chunked" matches a measured sweep
-            configs.append(
-                (
-                    name,
-                    {
-                        **overrides,
-                        "scheduler.chunk_size": chunk,
-                        "scheduler.max_running": min(cfg.scheduler.max_running, chunk),
-                    },
-                )
-            )
-    points = _grid(cfg, configs, "rate", _rates(cfg), "workload.rate")
+    labelled plain `chunked`, as in ratio_sweep), over the rates. With experiment.tp_degrees beyond
+    [1]: every placement of the devices over those degrees that can run (studies/placements.py),
+    chunked's chunk sizes tried at TP1 only (TP multiplies the placements; the chunk size is its own
+    axis), each point with its degrees as knobs."""
+    if list(cfg.experiment.tp_degrees) == [1]:
+        configs = [
+            (label, o, {}) for label, o in layouts(cfg, ["colocated"]) + layouts(cfg, ["disagg"], all_splits=True)
+        ]
+        configs += [
+            (name, o, {}) for label, o in layouts(cfg, ["chunked"]) for name, o in chunk_variants(cfg, label, o)
+        ]
+    else:
+        configs = tp_configs(cfg)
+    points = _grid(cfg, [(label, o) for label, o, _ in configs], "rate", _rates(cfg), "workload.rate")
+    knobs = {label: k for label, _, k in configs}
     for point in points:
         point.overrides["executor"] = "sim"
+        point.knobs.update(knobs[point.knobs["label"]])
     return points
+
+
+def chunk_variants(cfg: Config, label: str, overrides: dict, sizes=None) -> list[tuple[str, dict]]:
+    """A chunked layout at each chunk size (default: scheduler.chunk_size and experiment.chunk_sizes);
+    the default one keeps the plain label, which matches a measured sweep's."""
+    default = cfg.scheduler.chunk_size  # the chunked baseline every other study (ratio_sweep) runs
+    out = []
+    for chunk in sorted({default, *(cfg.experiment.chunk_sizes if sizes is None else sizes)}):
+        name = label if chunk == default else f"{label}{chunk}"
+        chunked = {"scheduler.chunk_size": chunk, "scheduler.max_running": min(cfg.scheduler.max_running, chunk)}
+        out.append((name, {**overrides, **chunked}))
+    return out
+
+
+def tp_configs(cfg: Config) -> list[tuple[str, dict, dict]]:
+    """(label, overrides, knobs) of each placement the TP search keeps, its points within
+    experiment.placement_requests."""
+    kept, _ = placements.search(cfg, num_devices(cfg))
+    budget = cfg.experiment.placement_requests
+    fewer = {"workload.num_requests": budget} if budget is not None and budget < cfg.workload.num_requests else {}
+    out = []
+    for p in kept:
+        overrides = {**p.overrides_over(cfg.cluster), **fewer}
+        if p.mode != "chunked":
+            out.append((p.label, overrides, p.knobs))
+            continue
+        variants = chunk_variants(cfg, p.label, overrides, None if p.tp == 1 else [])
+        out += [(name, o, p.knobs) for name, o in variants]
+    return out
 
 
 # -- the studies ---------------------------------------------------------------------------------

@@ -86,7 +86,12 @@ def _write_sim_point(cfg: Config, out_dir: Path, result: dict) -> dict:
         transfers=result["transfers"],
         summary=summary,
         prompts=result["prompts"],
-        meta={"executor": "sim", "profile": sim["profile"], "profiles": sim["profiles"]},
+        meta={
+            "executor": "sim",
+            "profile": sim["profile"],
+            "profiles": sim["profiles"],
+            "tp": {worker: entry["tp"] for worker, entry in summary["workers"].items()},
+        },
     )
     leaked = {k: v for k, v in summary["kv_blocks_leaked"].items() if v}
     if leaked:

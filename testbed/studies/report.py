@@ -155,15 +155,37 @@ def plan_lines(aggregate: dict) -> list[str]:
         f"  analytical (p95 lengths): {a['p95']['split']}   (mean lengths: {a['mean']['split']}; "
         f"prefill share {a['p95']['prefill_share']:.2f})",
         *slo_split_lines(aggregate.get("slo_plan")),
+        *([f"  SLO-aware: none ({aggregate['slo_plan_skipped']})"] if aggregate.get("slo_plan_skipped") else []),
         f"  simulated: {sim['best'].get('line', '')}",
+        *placement_lines(aggregate.get("placements")),
     ]
     if measured:
         best = measured.get("best", {})
         lines.append(f"  measured: {best.get('line') or best.get('label')}")
-    lines.append(f"  {'configuration':>14} {'simulated/GPU':>14} {'measured/GPU':>13}")
+    width = max([14, *map(len, sim["goodput"])])  # TP placements' labels are longer
+    lines.append(f"  {'configuration':>{width}} {'simulated/GPU':>14} {'measured/GPU':>13}")
     for label, g in sim["goodput"].items():
         m = measured.get("goodput", {}).get(label, {}).get("goodput_per_gpu")
-        lines.append(f"  {label:>14} {g['goodput_per_gpu']:>14.2f} {'-' if m is None else f'{m:.2f}':>13}")
+        lines.append(f"  {label:>{width}} {g['goodput_per_gpu']:>14.2f} {'-' if m is None else f'{m:.2f}':>13}")
+    return lines
+
+
+def placement_lines(search: dict | None) -> list[str]:
+    """The TP placement search's leader with its interval, and what it pruned."""
+    if not search:
+        return []
+    counts = f"{len(search['searched'])} simulated, {len(search['pruned'])} pruned"
+    lines = [f"  placements over TP {search['tp_degrees']}: {counts}"]
+    if search["best"]:
+        lines.append(
+            f"  best placement: {search['best']}, {search['goodput_per_gpu']:.3g} req/s per GPU "
+            f"[{search['goodput_per_gpu_low']:.3g}, {search['goodput_per_gpu_high']:.3g}]"
+            + ("" if search["separated"] else " (not separated from the runner-up)")
+        )
+    by_reason: dict[str, list[str]] = {}
+    for label, why in search["pruned"].items():
+        by_reason.setdefault(why, []).append(label)
+    lines += [f"    pruned {', '.join(labels)}: {why}" for why, labels in by_reason.items()]
     return lines
 
 

@@ -259,5 +259,4 @@ def track_figures(
 def _num_gpus(cfg: Config) -> int:
     if cfg.executor == "http":
         return cfg.http.num_gpus
-    c = cfg.cluster
-    return c.num_prefill + c.num_decode if cfg.mode == "disagg" else c.num_workers
+    return cfg.cluster.num_devices(cfg.mode == "disagg")  # a tensor-parallel worker counts its devices

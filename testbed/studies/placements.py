@@ -1,0 +1,141 @@
+"""Placements of N devices over tensor-parallel workers: what the `plan` study searches with
+`experiment.tp_degrees`, and how every study lays out a given TP degree (catalog.layouts).
+
+A placement is a serving configuration with each worker's TP degree: disagg with p prefill workers
+of TP a and d decode workers of TP b (p x a + d x b = N), colocated or chunked with N / c workers of
+TP c. Labels keep the one-device names where every degree is 1 (`1P7D`, `colocated`), so a TP1
+placement still pairs with a measured ratio_sweep, and say the degrees otherwise (`2xTP2P-1xTP4D`,
+`colocated-TP2`). A placement is pruned, before anything runs, when one of its degrees does not
+split the model's heads, or when a device of one of its groups cannot hold its share of the
+weights and of one max_model_len sequence's KV within engine.gpu_memory_utilization (the
+simulator's own pool rule, so a kept placement always starts).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+from testbed.config import Config
+from testbed.errors import ConfigError
+from testbed.names import Kind, Mode
+from testbed.perf.resolve import analytical, is_gpu
+from testbed.sim.devices import gpu_dtype_bytes
+
+
+class Placement(NamedTuple):
+    mode: str
+    workers: int  # mixed workers, or prefill workers (disagg)
+    tp: int  # their TP degree
+    decode: int = 0  # decode workers (disagg)
+    decode_tp: int = 1  # their TP degree
+
+    @property
+    def label(self) -> str:
+        if self.mode != Mode.DISAGG:
+            return self.mode if self.tp == 1 else f"{self.mode}-TP{self.tp}"
+        if self.tp == self.decode_tp == 1:
+            return f"{self.workers}P{self.decode}D"
+        return f"{self.workers}xTP{self.tp}P-{self.decode}xTP{self.decode_tp}D"
+
+    @property
+    def overrides(self) -> dict:
+        if self.mode != Mode.DISAGG:
+            return {"mode": self.mode, "cluster.num_workers": self.workers, "cluster.tp": self.tp}
+        return {
+            "mode": self.mode,
+            "cluster.num_prefill": self.workers,
+            "cluster.num_decode": self.decode,
+            "cluster.prefill_tp": self.tp,
+            "cluster.decode_tp": self.decode_tp,
+        }
+
+    def overrides_over(self, cluster) -> dict:
+        """`overrides` less the TP degrees `cluster` (the study's base) has already: a TP1 layout's
+        points are set as before TP existed."""
+        same = {
+            k
+            for k, v in self.overrides.items()
+            if k.endswith("tp") and getattr(cluster, k.removeprefix("cluster.")) == v
+        }
+        return {k: v for k, v in self.overrides.items() if k not in same}
+
+    @property
+    def knobs(self) -> dict:
+        """The degrees as sweep-table columns (figures by degree)."""
+        if self.mode != Mode.DISAGG:
+            return {"tp": self.tp}
+        return {"prefill_tp": self.tp, "decode_tp": self.decode_tp}
+
+    def degrees(self) -> list[tuple[str, int]]:
+        """(worker kind, TP degree) of each kind of worker it runs."""
+        if self.mode != Mode.DISAGG:
+            return [(Kind.MIXED, self.tp)]
+        return [(Kind.PREFILL, self.tp), (Kind.DECODE, self.decode_tp)]
+
+
+def mixed(mode: str, n: int, degrees: list[int]) -> list[Placement]:
+    """N / c workers of TP c, for each degree c that divides N."""
+    return [Placement(mode, n // c, c) for c in sorted(set(degrees)) if n % c == 0]
+
+
+def disaggregated(n: int, degrees: list[int]) -> list[Placement]:
+    """Every p prefill workers of TP a and d decode workers of TP b with p x a + d x b = N, p, d >= 1."""
+    out = []
+    for a in sorted(set(degrees)):
+        for b in sorted(set(degrees)):
+            for p in range(1, n // a + 1):
+                rest = n - p * a
+                if rest >= b and rest % b == 0:
+                    out.append(Placement(Mode.DISAGG.value, p, a, rest // b, b))
+    return out
+
+
+def splits(n: int, a: int, b: int) -> list[Placement]:
+    """The disaggregated placements of N devices with prefill TP a and decode TP b."""
+    return [s for s in disaggregated(n, [a, b]) if (s.tp, s.decode_tp) == (a, b)]
+
+
+def middle_split(n: int, a: int, b: int) -> Optional[Placement]:
+    """The split whose prefill workers take the devices nearest half of N (N // 2 P at TP1)."""
+    return min(splits(n, a, b), key=lambda s: abs(2 * s.workers * a - n), default=None)
+
+
+def pruned(cfg: Config, placement: Placement) -> Optional[str]:
+    """Why a placement cannot run (heads that do not split, a device that does not hold its share),
+    or None."""
+    args = cfg.model.args()
+    for kind, tp in placement.degrees():
+        if not args.splits_over(tp):
+            return f"TP{tp} does not split {args.num_heads} heads and {args.num_kv_heads} KV heads"
+        spec = cfg.sim.spec(kind)
+        if spec is None or not is_gpu(spec):
+            if tp > 1:
+                raise ConfigError(
+                    f"experiment.tp_degrees: tensor parallelism is modelled on the analytical GPUs only; "
+                    f"{cfg.sim.key(kind)}={spec or 'the shipped CPU profile'} is not one (sim.profile=h100_sxm, ...)"
+                )
+            continue
+        model, _ = analytical(spec, args, gpu_dtype_bytes(cfg.model.dtype), tp=tp)
+        if not model.holds_one_sequence(cfg.engine.gpu_memory_utilization):
+            return (
+                f"TP{tp} on {spec}: {model.weight_bytes / 1e9:.1f} GB of weights and "
+                f"{args.max_model_len * model.rank_kv_bytes_per_token / 1e9:.1f} GB of one {args.max_model_len}-token "
+                f"sequence's KV per device exceed engine.gpu_memory_utilization={cfg.engine.gpu_memory_utilization}"
+            )
+    return None
+
+
+def search(cfg: Config, n: int) -> tuple[list[Placement], dict[str, str]]:
+    """The plan study's placements of N devices over experiment.tp_degrees, in its order (colocated,
+    disagg, chunked), and those pruned with why; none left is refused in one line."""
+    degrees = list(cfg.experiment.tp_degrees)
+    found = mixed(Mode.COLOCATED.value, n, degrees) + disaggregated(n, degrees) + mixed(Mode.CHUNKED.value, n, degrees)
+    why = {p.label: pruned(cfg, p) for p in found}
+    kept = [p for p in found if why[p.label] is None]
+    if not kept:
+        first = next(iter(why.values()), "no placement divides them")
+        raise ConfigError(
+            f"experiment.tp_degrees={degrees}: no placement of {n} devices can run ({first}); "
+            f"add higher degrees or simulate a larger GPU"
+        )
+    return kept, {label: reason for label, reason in why.items() if reason}
