@@ -13,9 +13,9 @@ gap. Each check here has the power to fail a wrong method:
   against a known gap.
 
 The methods the testbed used before are kept here, to show these checks fail them: the grouped
-jackknife of a pooled p99 (`old_quantile_interval`: 0.91 / 0.89 at R = 3 / 5 in the lognormal model, docs/statistics.md) and the
-verdict from grid-and-bisection goodputs with no search error (`old_goodput`: 7-8% false winners
-when the copy's search starts from another grid).
+jackknife of a pooled p99 (`old_quantile_interval`: 0.91 / 0.89 at R = 3 / 5 in the lognormal model,
+docs/statistics.md) and the verdict from grid-and-bisection goodputs with no search error
+(`old_goodput`: 7-8% false winners when the copy's search starts from another grid).
 """
 
 from __future__ import annotations
