@@ -302,3 +302,25 @@ def by_group(values: Mapping[str, tuple], what: str) -> str:
         for group, v in values.items()
     ]
     return sentence(f"{what}, 95% intervals; {', '.join(parts)}")
+
+
+def placement_goodput(plotted: Mapping[str, Mapping], best: Mapping | None = None) -> str:
+    """The placement heat maps' caption: each cell's value and placement, read from what was drawn."""
+
+    def cells(panel: Mapping, rows: str, cols: str, name) -> list[str]:
+        out = []
+        for i, r in enumerate(panel[rows]):
+            for j, c in enumerate(panel[cols]):
+                value = float(panel["goodput_per_gpu"][i][j])
+                if math.isfinite(value):
+                    out.append(f"{name(r, c)} {value:.3g} ({panel['label'][i][j]})")
+        return out
+
+    disagg = cells(plotted["disagg"], "prefill_tp", "decode_tp", lambda a, b: f"P TP{a} / D TP{b}")
+    mixed = cells(plotted["mixed"], "modes", "tp", lambda m, c: f"{m} TP{c}")
+    return sentence(
+        "Goodput per GPU (req/s, 90% SLO attainment) of each tensor-parallel placement; disaggregated by "
+        f"(prefill TP, decode TP), the best over worker counts per cell: {', '.join(disagg) or 'none ran'}",
+        f"colocated and chunked by TP: {', '.join(mixed) or 'none ran'}",
+        (best or {}).get("line", ""),
+    )

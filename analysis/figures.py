@@ -382,3 +382,84 @@ def sim_vs_real(ax, cells: pd.DataFrame, metrics=("ttft_p50", "ttft_p99", "tpot_
     style.plain_ticks(ax.yaxis)
     style.legend(ax)
     return plotted
+
+
+def placement_goodput(axes, goodputs: Mapping[str, Mapping]) -> dict:
+    """The TP placement search as heat maps of goodput per GPU (req/s), one colour scale: left, the
+    disaggregated placements by (prefill TP, decode TP), each cell the best over its worker counts,
+    annotated with the value and the split (P:D workers); right, colocated and chunked by TP (chunked
+    the best over its chunk sizes). An empty cell was not run (pruned, or no split of the devices).
+    {"disagg": {"prefill_tp", "decode_tp", "goodput_per_gpu" (rows x cols, NaN empty), "label"},
+    "mixed": {"modes", "tp", "goodput_per_gpu", "label"}} as plotted."""
+    best: dict = {}
+    for label, g in goodputs.items():
+        placement = style.placement_of(label)
+        value = as_float(g.get("goodput_per_gpu"))
+        if placement is None or not np.isfinite(value):
+            continue
+        mode, _, a, _, b = placement
+        key = (mode, a, b if mode == "disagg" else 0)
+        if key not in best or value > best[key][0]:
+            best[key] = (value, label)
+    dis = {k: v for k, v in best.items() if k[0] == "disagg"}
+    mix = {k: v for k, v in best.items() if k[0] != "disagg"}
+    ptp = sorted({k[1] for k in dis})
+    dtp = sorted({k[2] for k in dis})
+    modes = [m for m in ("colocated", "chunked") if any(k[0] == m for k in mix)]
+    mtp = sorted({k[1] for k in mix})
+    grid = lambda rows, cols, key: (  # noqa: E731
+        np.array([[best.get(key(r, c), (np.nan, ""))[0] for c in cols] for r in rows], dtype=float).reshape(
+            len(rows), len(cols)
+        ),
+        [[best.get(key(r, c), (np.nan, ""))[1] for c in cols] for r in rows],
+    )
+    disagg, disagg_labels = grid(ptp, dtp, lambda a, b: ("disagg", a, b))
+    mixed, mixed_labels = grid(modes, mtp, lambda m, c: (m, c, 0))
+    values = [v[0] for v in best.values()]
+    top = max(values) if values else 1.0
+    panels = [
+        (axes[0], disagg, disagg_labels, ptp, dtp, "decode TP", "prefill TP", "disaggregated"),
+        (axes[1], mixed, mixed_labels, modes, mtp, "TP", "", "colocated / chunked"),
+    ]
+    image = None
+    for ax, data, labels, rows, cols, xlabel, ylabel, title in panels:
+        if not data.size:
+            ax.set_visible(False)
+            continue
+        image = ax.imshow(np.ma.masked_invalid(data), cmap="viridis", vmin=0, vmax=top or 1.0, aspect="auto")
+        ax.set_xticks(range(len(cols)), [str(c) for c in cols])
+        ax.set_yticks(range(len(rows)), [str(r) for r in rows])
+        ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
+        ax.grid(False)
+        for i in range(len(rows)):
+            for j in range(len(cols)):
+                if np.isfinite(data[i, j]):
+                    dark = data[i, j] < 0.6 * (top or 1.0)
+                    ax.annotate(
+                        "\n".join(filter(None, [f"{data[i, j]:.3g}", placement_text(labels[i][j])])),
+                        (j, i),
+                        ha="center",
+                        va="center",
+                        fontsize=6,
+                        color="white" if dark else "black",
+                    )
+                else:
+                    ax.annotate("-", (j, i), ha="center", va="center", fontsize=7, color="#999999")
+    if image is not None:
+        image.figure.colorbar(image, ax=list(axes), label="goodput per GPU (req/s)", shrink=0.9)
+    return {
+        "disagg": {"prefill_tp": ptp, "decode_tp": dtp, "goodput_per_gpu": disagg, "label": disagg_labels},
+        "mixed": {"modes": modes, "tp": mtp, "goodput_per_gpu": mixed, "label": mixed_labels},
+    }
+
+
+def placement_text(label: str) -> str:
+    """A heat-map cell's second line: the split of workers (2P:1D), or the chunked variant."""
+    placement = style.placement_of(label)
+    if placement is None or not label:
+        return ""
+    mode, p, _, d, _ = placement
+    if mode == "disagg":
+        return f"{p}P:{d}D"
+    chunk = label.removeprefix(mode)
+    return f"chunk {chunk}" if mode == "chunked" and chunk.isdigit() else ""

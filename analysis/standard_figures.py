@@ -176,6 +176,20 @@ def plan_goodput(sweep: Sweep) -> Made:
     return [("plan_goodput_per_gpu", fig, text, plotted)]
 
 
+def placement_goodput(sweep: Sweep) -> Made:
+    """The TP placement search (`plan` with experiment.tp_degrees, or ratio_sweep of a model one
+    device cannot hold) as heat maps of goodput per GPU; nothing where every placement is TP1."""
+    simulated = sweep.aggregate.get("simulated")
+    goodputs = (simulated or {}).get("goodput") if simulated else sweep.aggregate.get("goodput")
+    placed = {label: style.placement_of(label) for label in goodputs or {}}
+    if not any(p and max(p[2], p[4]) > 1 for p in placed.values()):
+        return []
+    fig, axes = style.figure("double", cols=2)
+    plotted = figures.placement_goodput(axes, goodputs)
+    best = (simulated or sweep.aggregate).get("best")
+    return [("placement_goodput", fig, captions.placement_goodput(plotted, best), plotted)]
+
+
 def sim_vs_real(sweep: Sweep) -> Made:
     fig, ax = style.figure()
     plotted = figures.sim_vs_real(ax, sweep.cells())
@@ -207,6 +221,7 @@ MAKERS: dict[str, Callable[[Sweep], Made]] = {
         decode_itl_with_appends,
         kv_bandwidth,
         plan_goodput,
+        placement_goodput,
         sim_vs_real,
     )
 }

@@ -75,6 +75,23 @@ def split_of(label: str) -> tuple[int, int] | None:
     return (int(match.group(1)), int(match.group(2))) if match else None
 
 
+PLACEMENT = re.compile(r"^(\d+)xTP(\d+)P-(\d+)xTP(\d+)D$")
+MIXED_TP = re.compile(r"^(colocated|chunked)(?:-TP(\d+)|\d*)$")
+
+
+def placement_of(label: str) -> tuple[str, int, int, int, int] | None:
+    """(mode, workers or P, TP, D, decode TP) of a placement label: "2xTP2P-1xTP4D", "3P1D" (TP1),
+    "colocated-TP4", "chunked" or "chunked512" (TP1); None for anything else."""
+    if split := split_of(label):
+        return ("disagg", split[0], 1, split[1], 1)
+    if match := PLACEMENT.match(label):
+        p, a, d, b = map(int, match.groups())
+        return ("disagg", p, a, d, b)
+    if match := MIXED_TP.match(label):
+        return (match.group(1), 0, int(match.group(2) or 1), 0, 0)
+    return None
+
+
 def colour(label: str) -> str:
     """The colour of a configuration label, the same in every figure and every study.
 

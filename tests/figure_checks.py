@@ -244,6 +244,33 @@ def kv_bandwidth(plotted, saved: Saved) -> None:
         expect(plotted[key], [r[key] for r in ipc], key)
 
 
+def placement_goodput(plotted, saved: Saved) -> None:
+    """Each heat-map cell is the saved goodput per GPU of the label it names, the best of its cell's
+    placements (disagg: same prefill and decode TP; mixed: same mode and TP)."""
+    from analysis.style import placement_of
+
+    goodputs = (saved.aggregate.get("simulated") or saved.aggregate)["goodput"]
+    placed = {label: placement_of(label) for label in goodputs}
+    for key, rows, cols in (("disagg", "prefill_tp", "decode_tp"), ("mixed", "modes", "tp")):
+        panel = plotted[key]
+        for i, r in enumerate(panel[rows]):
+            for j, c in enumerate(panel[cols]):
+                label, value = panel["label"][i][j], num(panel["goodput_per_gpu"][i][j])
+
+                def same(p, r=r, c=c):
+                    return p and (
+                        p[0] == "disagg" and (p[2], p[4]) == (r, c) if key == "disagg" else p[:1] == (r,) and p[2] == c
+                    )
+
+                peers = [num(goodputs[k]["goodput_per_gpu"]) for k, p in placed.items() if same(p)]
+                if not label:
+                    assert not peers and not np.isfinite(value), (key, r, c)
+                    continue
+                assert same(placed[label]), (key, r, c, label)
+                expect(value, goodputs[label]["goodput_per_gpu"], f"placement {label}")
+                expect(value, max(peers), f"best of cell {key} {r},{c}")
+
+
 def sim_vs_real(plotted, saved: Saved) -> None:
     for metric, points in plotted.items():
         assert len(points["label"]) > 0, metric
@@ -275,6 +302,7 @@ CHECKS = {
     "decode_itl_with_appends": decode_itl_with_appends,
     "kv_bandwidth": kv_bandwidth,
     "sim_vs_real": sim_vs_real,
+    "placement_goodput": placement_goodput,
 }
 
 

@@ -615,3 +615,52 @@ def test_multirun_jobs_are_named_by_what_varies():
     assert job_labels(only_rates, leave_out=(RATE_KEY,)) == {0: "", 1: ""}  # one line, named by its mode
     two = [(0, Path("0"), {"mode": "chunked", "seed": "1"}), (1, Path("1"), {"mode": "disagg", "seed": "2"})]
     assert job_labels(two) == {0: "mode=chunked,seed=1", 1: "mode=disagg,seed=2"}
+
+
+def test_the_placement_heat_map_draws_the_best_of_each_tp_cell(tmp_path):
+    """A synthetic plan sweep over TP [1, 2, 4] on 8 devices: each disaggregated (prefill TP, decode
+    TP) cell holds the best of its worker counts, annotated with the value and the split; colocated
+    and chunked get a row each by TP (chunked at TP1 the best of its chunk sizes); the caption reads
+    the plotted values; a sweep of one-device placements draws no heat map."""
+    goodputs = {
+        "colocated": 0.5,
+        "colocated-TP2": 0.9,
+        "chunked": 0.6,
+        "chunked512": 0.7,
+        "chunked-TP4": 1.1,
+        "3P5D": 0.8,
+        "4P4D": 1.0,
+        "2xTP2P-4xTP1D": 1.2,
+        "1xTP2P-6xTP1D": 0.4,
+        "1xTP4P-2xTP2D": 1.3,
+    }
+    aggregate = {
+        "analytical": {"split": "3P5D"},
+        "simulated": {
+            "goodput": {k: {"goodput_per_gpu": v, "goodput": 8 * v} for k, v in goodputs.items()},
+            "best": {"label": "1xTP4P-2xTP2D", "line": "best configuration: 1xTP4P-2xTP2D"},
+        },
+    }
+    (tmp_path / "sweep.json").write_text(json.dumps({"experiment": "plan", "aggregate": aggregate}))
+    pd.DataFrame({"point": list(goodputs), "label": list(goodputs)}).to_parquet(tmp_path / "sweep.parquet")
+    sweep = load_sweep(tmp_path)
+    with style.paper():
+        made = {stem: (fig, caption, data) for stem, fig, caption, data in draw("plan", sweep)}
+    fig, caption, plotted = made["placement_goodput"]
+    disagg, mixed = plotted["disagg"], plotted["mixed"]
+    assert disagg["prefill_tp"] == [1, 2, 4] and disagg["decode_tp"] == [1, 2]
+    assert close(disagg["goodput_per_gpu"], [[1.0, np.nan], [1.2, np.nan], [np.nan, 1.3]])
+    assert disagg["label"][0][0] == "4P4D" and disagg["label"][1][0] == "2xTP2P-4xTP1D"
+    assert mixed["modes"] == ["colocated", "chunked"] and mixed["tp"] == [1, 2, 4]
+    assert close(mixed["goodput_per_gpu"], [[0.5, 0.9, np.nan], [0.7, np.nan, 1.1]])
+    texts = {t.get_text() for ax in fig.axes for t in ax.texts}
+    assert {"1.2\n2P:4D", "1.3\n1P:2D", "0.7\nchunk 512", "1.1"} <= texts
+    assert "P TP2 / D TP1 1.2 (2xTP2P-4xTP1D)" in caption and "chunked TP1 0.7 (chunked512)" in caption
+    assert caption.endswith("best configuration: 1xTP4P-2xTP2D.")
+    check_study({"placement_goodput": json.loads(dumps(plotted))}, tmp_path)
+    paths = study_figures("plan", tmp_path, strict=True)
+    assert {p.name for p in paths} >= {"placement_goodput.pdf", "placement_goodput.png"}
+    assert (tmp_path / "figures" / "placement_goodput.txt").read_text().strip() == caption
+    one_device = {k: v for k, v in aggregate["simulated"]["goodput"].items() if "TP" not in k}
+    flat = Sweep(tmp_path, "plan", sweep.table, {**aggregate, "simulated": {"goodput": one_device}})
+    assert [stem for stem, *_ in draw("plan", flat)] == ["plan_goodput_per_gpu"]

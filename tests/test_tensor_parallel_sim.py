@@ -362,3 +362,59 @@ def test_a_long_prefill_shortens_with_tp():
     assert ttft[2] > ttft[4] > ttft[8], ttft  # compute-bound: the FLOPs split
     # but each layer's two all-reduces of 8192 x 8192 x 2 bytes do not: 2.7 with them, 3.5 were they free
     assert 2 < ttft[2] / ttft[8] < 3.2, ttft
+
+
+RATIO_70B = [
+    "+experiment=ratio_sweep",
+    "executor=sim",
+    "model=llama3_70b",
+    "hardware.num_devices=8",
+    "sim.profile=h100_sxm",
+]
+
+
+def placement_of(point) -> placements.Placement:
+    o = point.overrides
+    if o["mode"] == "disagg":
+        return placements.Placement(
+            "disagg", o["cluster.num_prefill"], o["cluster.prefill_tp"], o["cluster.num_decode"], o["cluster.decode_tp"]
+        )
+    return placements.Placement(o["mode"], o["cluster.num_workers"], o["cluster.tp"])
+
+
+def test_ratio_sweep_of_a_model_one_device_cannot_hold_runs_the_smallest_tp_degrees_that_fit(caplog):
+    """The issue's command: Llama-3-70B on 8 simulated H100s takes TP4 (the smallest degree that
+    holds its weights and one 32K sequence within 0.85 of 80 GB) and TP8, said in one log line;
+    every point is a placement of all 8 devices that fits memory."""
+    cfg = compose_sized(RATIO_70B)
+    assert cfg.size == "gpu" and list(cfg.experiment.tp_degrees) == [1]
+    with caplog.at_level("INFO", logger="testbed"):
+        points = catalog.ratio_sweep(cfg)
+    (line,) = [r.getMessage() for r in caplog.records if "experiment.tp_degrees=[4, 8]" in r.getMessage()]
+    assert "141.1 GB of weights" in line and "TP4 is the smallest degree" in line
+    labels = {p.knobs["label"] for p in points}
+    assert labels == {"colocated-TP4", "colocated-TP8", "1xTP4P-1xTP4D", "chunked-TP4", "chunked-TP8"}
+    assert len(points) == len(labels) * len(cfg.experiment.rates)
+    for point in points:
+        p = placement_of(point)
+        assert placements.pruned(cfg, p) is None, point.name
+        assert min(t for _, t in p.degrees()) >= 4 and p.label == point.knobs["label"]
+        assert p.workers * p.tp + p.decode * p.decode_tp == 8 if p.mode == "disagg" else p.workers * p.tp == 8
+        assert set(p.knobs.items()) <= set(point.knobs.items())
+
+
+def test_ratio_sweep_of_a_model_that_fits_one_device_is_as_before():
+    cfg = compose_sized([*RATIO_70B, "model=llama3_8b"])
+    assert placements.fitting_degrees(cfg, 8) == ([1], None)
+    configs = catalog.layouts(cfg, ["colocated", "chunked"]) + catalog.layouts(cfg, ["disagg"], all_splits=True)
+    points = catalog.ratio_sweep(cfg)
+    assert [(p.knobs["label"], p.overrides) for p in points] == [
+        (label, {**o, "workload.rate": r}) for label, o in configs for r in cfg.experiment.rates
+    ]
+    assert not any("tp" in key for p in points for key in p.overrides)
+
+
+def test_ratio_sweep_over_tp_degrees_takes_the_placement_search():
+    cfg = compose_sized([*RATIO_70B, "experiment.tp_degrees=[4]"])
+    labels = {p.knobs["label"] for p in catalog.ratio_sweep(cfg)}
+    assert labels == {"colocated-TP4", "1xTP4P-1xTP4D", "chunked-TP4"}

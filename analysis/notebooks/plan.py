@@ -58,6 +58,10 @@ print(sweep.aggregate["simulated"].get("best", {}).get("line", "no verdict saved
 # Each figure draws every cell (a point's `experiment.repeats` runs together) with its 95% interval:
 # a shaded band along a line, error bars on bars and markers. A caption names a leader only when its
 # interval clears the runner-up's.
+#
+# With `experiment.tp_degrees` beyond `[1]` the TP placement search adds `placement_goodput`: heat maps
+# of goodput per GPU by (prefill TP, decode TP) for the disaggregated placements (each cell the best
+# over worker counts, annotated with the split) and by TP for colocated and chunked.
 
 # %%
 with style.paper():

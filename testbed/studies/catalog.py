@@ -11,6 +11,7 @@ aggregate, and its record in STUDIES (tests/test_study_catalog.py holds the thre
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -23,6 +24,8 @@ from testbed.studies.aggregates import TABLE
 from testbed.studies.repeats import OTHER_REPEATS
 from testbed.studies.sweep import Point
 from testbed.tracking.results import CHECKOUT
+
+log = logging.getLogger("testbed")
 
 
 def num_devices(cfg: Config) -> int:
@@ -153,10 +156,31 @@ def _grid(cfg: Config, configs: list[tuple[str, dict]], axis: str, values: list,
 
 # -- point builders -----------------------------------------------------------------------------
 def ratio_sweep(cfg: Config) -> list[Point]:
+    """Colocated, chunked and every split at the cluster's degrees, over the rates. With
+    experiment.tp_degrees beyond [1], or a simulated model one device cannot hold (then the smallest
+    degrees that hold it: placements.fitting_degrees, said in one log line), every placement over
+    those degrees that fits memory instead (placements.search), each point with its degrees as knobs."""
     if cfg.executor == "http":
         return rate_sweep(cfg)
-    configs = layouts(cfg, ["colocated", "chunked"]) + layouts(cfg, ["disagg"], all_splits=True)
-    return _grid(cfg, configs, "rate", _rates(cfg), "workload.rate")
+    degrees = list(cfg.experiment.tp_degrees)
+    c = cfg.cluster
+    if degrees == [1] and c.tp == c.prefill_tp == c.decode_tp == 1:
+        degrees, why = placements.fitting_degrees(cfg, num_devices(cfg))
+        if why:
+            log.info("ratio_sweep: %s", why)
+    if degrees == [1]:
+        configs = layouts(cfg, ["colocated", "chunked"]) + layouts(cfg, ["disagg"], all_splits=True)
+        return _grid(cfg, configs, "rate", _rates(cfg), "workload.rate")
+    kept, pruned = placements.search(cfg, num_devices(cfg), degrees)
+    if pruned:
+        log.info(
+            "ratio_sweep: %d placements over TP %s run, %d pruned (memory or heads)", len(kept), degrees, len(pruned)
+        )
+    points = _grid(cfg, [(p.label, p.overrides_over(c)) for p in kept], "rate", _rates(cfg), "workload.rate")
+    knobs = {p.label: p.knobs for p in kept}
+    for point in points:
+        point.knobs.update(knobs[point.knobs["label"]])
+    return points
 
 
 def rate_sweep(cfg: Config) -> list[Point]:
@@ -469,7 +493,7 @@ STUDIES = (
         "goodput per GPU of every P:D split beside colocated and chunked, over rates",
         ratio_sweep,
         aggregates.goodput_study,
-        figures=("goodput_per_gpu", "attainment_vs_rate", "latency_vs_rate"),
+        figures=("goodput_per_gpu", "attainment_vs_rate", "latency_vs_rate", "placement_goodput"),
         searches_goodput=True,
         over_http=True,
         mergeable=True,
@@ -606,7 +630,7 @@ STUDIES = (
         "a simulated search of splits and chunk sizes for the most goodput per GPU",
         plan,
         aggregates.plan,
-        figures=("plan_goodput",),
+        figures=("plan_goodput", "placement_goodput"),
         searches_goodput=True,
         simulated=True,
         tiny=(

@@ -13,7 +13,7 @@ simulator's own pool rule, so a kept placement always starts).
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import NamedTuple, Optional, Sequence
 
 from testbed.config import Config
 from testbed.errors import ConfigError
@@ -125,10 +125,38 @@ def pruned(cfg: Config, placement: Placement) -> Optional[str]:
     return None
 
 
-def search(cfg: Config, n: int) -> tuple[list[Placement], dict[str, str]]:
-    """The plan study's placements of N devices over experiment.tp_degrees, in its order (colocated,
-    disagg, chunked), and those pruned with why; none left is refused in one line."""
-    degrees = list(cfg.experiment.tp_degrees)
+def holds(cfg: Config, tp: int) -> Optional[str]:
+    """Why workers of TP `tp` in every role (mixed, prefill, decode) cannot run, or None."""
+    return pruned(cfg, Placement(Mode.COLOCATED.value, 1, tp)) or pruned(
+        cfg, Placement(Mode.DISAGG.value, 1, tp, 1, tp)
+    )
+
+
+def fitting_degrees(cfg: Config, n: int) -> tuple[list[int], Optional[str]]:
+    """ratio_sweep's degrees where experiment.tp_degrees is left at [1]: [1] (and None) where one
+    device holds the model, as always; otherwise the smallest degree c dividing N whose workers
+    hold their share, and 2c where that divides N too, with one line saying why. Only a simulated
+    run on an analytical GPU can go past TP1 (real TP workers are not built)."""
+    why = holds(cfg, 1) if cfg.executor == "sim" else None
+    if why is None:
+        return [1], None
+    for c in (2**k for k in range(1, n.bit_length())):
+        if n % c == 0 and holds(cfg, c) is None:
+            degrees = [c, 2 * c] if n % (2 * c) == 0 else [c]
+            return degrees, (
+                f"experiment.tp_degrees={degrees}: one device cannot hold {cfg.model.name} ({why}); "
+                f"TP{c} is the smallest degree whose workers hold it on {n} devices"
+                + (f", TP{2 * c} the one above it" if len(degrees) > 1 else "")
+            )
+    raise ConfigError(
+        f"{cfg.model.name} fits no tensor-parallel degree of {n} devices ({why}); simulate more devices or a larger GPU"
+    )
+
+
+def search(cfg: Config, n: int, degrees: Optional[Sequence[int]] = None) -> tuple[list[Placement], dict[str, str]]:
+    """The plan study's placements of N devices over experiment.tp_degrees (or `degrees`), in its
+    order (colocated, disagg, chunked), and those pruned with why; none left is refused in one line."""
+    degrees = list(cfg.experiment.tp_degrees if degrees is None else degrees)
     found = mixed(Mode.COLOCATED.value, n, degrees) + disaggregated(n, degrees) + mixed(Mode.CHUNKED.value, n, degrees)
     why = {p.label: pruned(cfg, p) for p in found}
     kept = [p for p in found if why[p.label] is None]
