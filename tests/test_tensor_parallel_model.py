@@ -13,7 +13,7 @@ import torch
 from testbed.bench.tp_group import greedy
 from testbed.model.config import preset
 from testbed.model.llama import Transformer, checkpoint_tensors
-from testbed.model.tensor_parallel import check_shardable, kv_heads_of, shard_args, slice_of
+from testbed.model.tensor_parallel import check_shardable, shard_args, slice_of
 from tests.hf_checkpoints import hf_greedy, random_prompts, write_checkpoint
 
 TINY = replace(preset("tiny"), max_model_len=256)  # 4 heads, 2 KV heads, 128-wide MLP
@@ -51,8 +51,8 @@ def test_the_shards_add_up_to_the_full_model():
                 assert torch.equal(torch.cat(parts), tensor), name
             if name.endswith(("o_proj.weight", "down_proj.weight")):
                 assert torch.equal(torch.cat(parts, dim=1), tensor), name
-    assert [list(kv_heads_of(TINY, r, 2)) for r in range(2)] == [[0], [1]]
-    assert [list(kv_heads_of(TINY, r, 4)) for r in range(4)] == [[0], [0], [1], [1]]  # replicated
+    assert [list(TINY.kv_heads_of(r, 2)) for r in range(2)] == [[0], [1]]
+    assert [list(TINY.kv_heads_of(r, 4)) for r in range(4)] == [[0], [0], [1], [1]]  # replicated
 
 
 def test_degrees_the_shape_does_not_split_are_refused():

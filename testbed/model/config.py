@@ -12,6 +12,13 @@ from testbed.errors import ConfigError
 from testbed.model.rope import Llama3RopeScaling, read_rope
 
 
+def kv_heads_of(num_kv_heads: int, rank: int, tp: int) -> range:
+    """The KV heads rank `rank` of a tensor-parallel group of `tp` holds: a contiguous share, or the
+    one head a run of tp / num_kv_heads ranks shares where there are fewer KV heads than ranks."""
+    first = rank * num_kv_heads // tp
+    return range(first, first + max(num_kv_heads // tp, 1))
+
+
 @dataclass(frozen=True)
 class ModelArgs:
     """A fully specified Llama-family shape. `head_dim` defaults to hidden_size / num_heads; real
@@ -45,6 +52,9 @@ class ModelArgs:
         """KV heads one rank of a tensor-parallel group of `tp` holds: its share, or one head
         replicated on tp / num_kv_heads ranks when there are fewer KV heads than ranks (as vLLM)."""
         return max(self.num_kv_heads // tp, 1)
+
+    def kv_heads_of(self, rank: int, tp: int) -> range:
+        return kv_heads_of(self.num_kv_heads, rank, tp)
 
     def splits_over(self, tp: int) -> bool:
         """Query heads divide over the ranks; KV heads too, or the ranks over the KV heads."""

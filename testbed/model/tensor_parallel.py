@@ -36,13 +36,6 @@ def shard_args(args: ModelArgs, tp: int) -> ModelArgs:
     )
 
 
-def kv_heads_of(args: ModelArgs, rank: int, tp: int) -> range:
-    """The full model's KV heads rank `rank` holds (one replicated head where Hkv < tp)."""
-    per_rank = args.kv_heads_per_rank(tp)
-    first = rank * args.num_kv_heads // tp  # a group of tp / Hkv ranks shares a head where Hkv < tp
-    return range(first, first + per_rank)
-
-
 class AllReduced(nn.Module):
     """A row-parallel linear: each rank's partial product, summed over the group."""
 
@@ -80,7 +73,7 @@ def slice_of(name: str, tensor: torch.Tensor, args: ModelArgs, rank: int, tp: in
     if kind == "q_proj":  # (H D, hidden) rows, or its bias
         return tensor[rank * heads * D : (rank + 1) * heads * D]
     if kind in ("k_proj", "v_proj"):
-        kv = kv_heads_of(args, rank, tp)
+        kv = args.kv_heads_of(rank, tp)
         return tensor[kv.start * D : kv.stop * D]
     if kind == "o_proj":  # (hidden, H D): the columns of the rank's heads
         return tensor[:, rank * heads * D : (rank + 1) * heads * D]

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Mapping, Optional
 
 from testbed.control.config import TP_KEYS
+from testbed.control.reshard import busiest_link_bytes
 from testbed.engine.config import EngineConfig
 from testbed.errors import ConfigError
 from testbed.model.config import ModelArgs
@@ -41,12 +42,6 @@ class RoleProfile:
     measured: Optional[Mapping] = None  # the measured profile; None: an analytical GPU
     tp: int = 1  # tensor-parallel degree of the role's workers
     kv_share: tuple[int, int] = (1, 1)  # (KV heads one rank holds, the model's KV heads)
-
-    def link_bytes(self, nbytes: int) -> int:
-        """What one rank's link carries of a hand-off of `nbytes`: its KV heads' share (the ranks
-        move theirs in parallel; a head replicated on several ranks reaches each of them)."""
-        held, heads = self.kv_share
-        return nbytes if held == heads else -(-nbytes * held // heads)
 
     def pool_blocks(self, args: ModelArgs, engine: EngineConfig) -> int:
         """KV blocks of one worker: from the GPU's memory, or as the profiled engine sized its pool."""
@@ -148,12 +143,11 @@ def gpu_dtype_bytes(dtype: str) -> int:
 def transfer_time(
     sender: RoleProfile, receiver: RoleProfile, nbytes: int, backend: str = KVBackend.PROCESS_GROUP
 ) -> float:
-    """A KV transfer runs at the slower link of its two ends (backend: kv_transfer.backend); a
-    tensor-parallel end moves each rank's share over that rank's own link, in parallel."""
-    return max(
-        sender.cost.transfer_time(sender.link_bytes(nbytes), backend),
-        receiver.cost.transfer_time(receiver.link_bytes(nbytes), backend),
-    )
+    """A KV transfer runs at the slower link of its two ends (backend: kv_transfer.backend); between
+    tensor-parallel groups each rank moves its pieces over its own link, in parallel, so the
+    busiest rank of either end sets the time (testbed/control/reshard.py)."""
+    sent, received = busiest_link_bytes(sender.kv_share[1], sender.tp, receiver.tp, nbytes)
+    return max(sender.cost.transfer_time(sent, backend), receiver.cost.transfer_time(received, backend))
 
 
 def check_transport(cfg: Config, roles: dict[str, RoleProfile]) -> None:
