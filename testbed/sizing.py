@@ -117,13 +117,14 @@ def default_size(cfg: Config) -> tuple[str, str]:
 
 
 def simulates_gpu(cfg: Config) -> bool:
-    """A simulated study (executor=sim, or plan, whose points all are) on a GPU of the analytical
+    """A simulated study (executor=sim, or one whose points all are: Study.simulated) on a GPU of the analytical
     table or a profile measured on a GPU: it keeps its GPU size, the model included, which a
     GPU's profile describes."""
     from testbed.perf.resolve import is_gpu
+    from testbed.studies.catalog import study
 
     specs = [s for s in (cfg.sim.profile, cfg.sim.prefill_profile, cfg.sim.decode_profile) if s is not None]
-    simulated = cfg.executor == "sim" or cfg.experiment.name == "plan"
+    simulated = cfg.executor == "sim" or study(cfg.experiment.name).simulated
     return simulated and any(is_gpu(spec) or measured_on_gpu(spec) for spec in specs)
 
 

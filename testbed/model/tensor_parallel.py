@@ -91,5 +91,5 @@ def check_shardable(args: ModelArgs, tp: int) -> None:
         raise ValueError(
             f"tp={tp} must divide num_heads={args.num_heads} and intermediate_size={args.intermediate_size}"
         )
-    if args.num_kv_heads % tp and tp % args.num_kv_heads:
+    if not args.splits_over(tp):  # the KV heads' rule, as the configuration checks it
         raise ValueError(f"tp={tp} and num_kv_heads={args.num_kv_heads}: one must divide the other")

@@ -41,7 +41,7 @@ class RoleProfile:
     dtype_bytes: int  # of the KV cache
     measured: Optional[Mapping] = None  # the measured profile; None: an analytical GPU
     tp: int = 1  # tensor-parallel degree of the role's workers
-    kv_share: tuple[int, int] = (1, 1)  # (KV heads one rank holds, the model's KV heads)
+    num_kv_heads: int = 1  # the model's KV heads, which a hand-off between TP groups splits (1: moved whole)
 
     def pool_blocks(self, args: ModelArgs, engine: EngineConfig) -> int:
         """KV blocks of one worker: from the GPU's memory, or as the profiled engine sized its pool."""
@@ -72,7 +72,7 @@ def resolve_role(cfg: Config, role: str, profile: Optional[Mapping] = None) -> R
     if spec is not None and is_gpu(spec) and not given:
         dtype_bytes = gpu_dtype_bytes(cfg.model.dtype)
         model, label = analytical(spec, args, dtype_bytes, tp=tp, **cfg.engine.host_terms(cfg.model.dtype))
-        return RoleProfile(model, label, dtype_bytes, tp=tp, kv_share=(args.kv_heads_per_rank(tp), args.num_kv_heads))
+        return RoleProfile(model, label, dtype_bytes, tp=tp, num_kv_heads=args.num_kv_heads)
     name = "given" if given else spec or f"shipped:{cfg.model.name}_cpu.json"
     if tp > 1:
         raise ConfigError(
@@ -146,7 +146,7 @@ def transfer_time(
     """A KV transfer runs at the slower link of its two ends (backend: kv_transfer.backend); between
     tensor-parallel groups each rank moves its pieces over its own link, in parallel, so the
     busiest rank of either end sets the time (testbed/control/reshard.py)."""
-    sent, received = busiest_link_bytes(sender.kv_share[1], sender.tp, receiver.tp, nbytes)
+    sent, received = busiest_link_bytes(sender.num_kv_heads, sender.tp, receiver.tp, nbytes)
     return max(sender.cost.transfer_time(sent, backend), receiver.cost.transfer_time(received, backend))
 
 
