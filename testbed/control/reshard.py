@@ -12,6 +12,7 @@ the others. Pure and clock-free: the connector's plan and the simulator's hand-o
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from testbed.model.config import kv_heads_of
 
@@ -51,8 +52,16 @@ def rank_heads(pieces: list[Piece]) -> tuple[dict[int, int], dict[int, int]]:
     return sent, received
 
 
+@lru_cache(maxsize=None)
+def busiest_heads(num_kv_heads: int, prefill_tp: int, decode_tp: int) -> tuple[int, int]:
+    """(heads the busiest prefill rank sends, heads the busiest decode rank receives); cached: the
+    simulator asks it on every KV transfer with the same few degrees."""
+    sent, received = rank_heads(reshard(num_kv_heads, prefill_tp, decode_tp))
+    return max(sent.values()), max(received.values())
+
+
 def busiest_link_bytes(num_kv_heads: int, prefill_tp: int, decode_tp: int, nbytes: int) -> tuple[int, int]:
     """(bytes through the busiest prefill rank, through the busiest decode rank) of a hand-off of
     `nbytes` (the request's KV, every head once): each rank moves its pieces over its own link."""
-    sent, received = rank_heads(reshard(num_kv_heads, prefill_tp, decode_tp))
-    return (-(-nbytes * max(sent.values()) // num_kv_heads), -(-nbytes * max(received.values()) // num_kv_heads))
+    sent, received = busiest_heads(num_kv_heads, prefill_tp, decode_tp)
+    return -(-nbytes * sent // num_kv_heads), -(-nbytes * received // num_kv_heads)
