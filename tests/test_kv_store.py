@@ -94,20 +94,25 @@ def test_a_session_outlives_its_dead_worker_through_the_store(tmp_path):
         "workload=multiturn",
         "workload.num_requests=4",
         "workload.turns=2",
-        "workload.rate=20",
+        "workload.rate=100",
+        "workload.input_len.dist=fixed",
+        "workload.input_len.mean=64",
+        "workload.output_len.dist=fixed",
+        "workload.output_len.mean=16",
         "workload.think_time_s=3.0",
         "workload.think_time_dist=fixed",
         "hardware=cpu",
         "model.max_model_len=512",
         "engine.num_kv_blocks=256",
     ]
-    # the kill lands in the think time: every turn 0 is done well before 1.5 s, every turn 1 arrives after 3 s
+    # the kill lands in the think time: the four turns 0 arrive together and are the same length, so
+    # they end together, and the kill follows the fourth end, 3 s before any turn 1 arrives
     killed = [
         "mode=chunked",
         "cluster.num_workers=2",
         "cluster.dispatch=round_robin",
         "faults.kill_worker=1",
-        "faults.kill_at_s=1.5",
+        "faults.kill_after_ended=4",
     ]
     reference = serve(
         make_config(*sessions, "mode=colocated", "cluster.num_workers=1"), tmp_path / "ref", progress=False

@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
         ("model.dtype=fp8", "model.dtype='fp8' is not one of auto, float32, bfloat16, float16"),
         ("cluster.start_timeout_s=-1", "cluster.start_timeout_s=-1.0 must be > 0"),
         ("faults.kill_worker=-1", "faults.kill_worker=-1 is outside [0, inf]"),
+        ("faults.kill_after_ended=3", "faults.kill_after_ended must be >= 1 and needs faults.kill_worker set"),
         ("limits.max_run_s=0", "limits.max_run_s=0.0 must be > 0"),
     ],
 )

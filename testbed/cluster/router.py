@@ -66,6 +66,7 @@ class Router:
         self.book = RequestBook(cluster_config, kv, mode == Mode.DISAGG, roles, log, block_size, tenants)
         self.pending = [(r.arrival_s, r.request_id, r) for r in workload.requests]
         heapq.heapify(self.pending)
+        self.released = 0  # requests taken off `pending` (a session's later turns join it as they come)
         self.steps = StepLog()
         # one row per KV transfer attempt, marked where it crossed nodes
         self.transfers = TransferLog(t0, {rank: s.node for rank, s in cluster.started.items()})
@@ -73,6 +74,8 @@ class Router:
         self.last_progress = time.perf_counter()
         self.on_finish: Callable[[], None] = lambda: None
         self.cluster_faults, self.timed_faults = faults, faults.timed()
+        # a kill triggered by the run's state: (requests ended, worker), or None
+        self.counted_kill = None if faults.kill_after_ended is None else (faults.kill_after_ended, faults.kill_worker)
         self.memory = RssSampler(cluster.local_pids())
         self.faults: list[dict] = []  # every injected fault and every re-dispatch, for the results
         self.harness: list[tuple[float, float, float]] = []  # per step report: build, pipe, router queue
@@ -111,6 +114,9 @@ class Router:
             self.last_sample = now
 
     def _inject(self, now_s: float) -> None:
+        if self.counted_kill is not None and self._ended() >= self.counted_kill[0]:
+            self.timed_faults.insert(0, (now_s, "kill_worker", self.counted_kill[1]))
+            self.counted_kill = None
         while self.timed_faults and self.timed_faults[0][0] <= now_s:
             _, kind, worker = self.timed_faults.pop(0)
             if kind == "kill_worker":
@@ -119,9 +125,14 @@ class Router:
                 self.cluster.inboxes[worker].put(Stall(self.cluster_faults.stall_ms / 1000))
             self.faults.append({"kind": kind, "worker": worker, "request_id": None, "t_s": now_s})
 
+    def _ended(self) -> int:
+        """Requests that ended (finished, failed or refused): released and no longer open."""
+        return self.released - len(self.book.active)
+
     def _release(self, now_s: float) -> None:
         while self.pending and self.pending[0][0] <= now_s:
             _, _, request = heapq.heappop(self.pending)
+            self.released += 1
             self._admit(request)
 
     def _pump(self, timeout: float) -> None:

@@ -1,6 +1,8 @@
 """Fault injection (`faults:` in the config). Every injected fault is recorded in the results.
 
-- kill_worker / kill_at_s: the router kills that worker's process at that time.
+- kill_worker / kill_at_s: the router kills that worker's process at that time; or, with
+  kill_after_ended, once that many requests have ended (a state, not a time: the kill lands
+  where the run is, however loaded the machine).
 - stall_worker / stall_at_s / stall_ms: that worker sleeps, unresponsive, for stall_ms.
 - drop_kv_probability: an attempt to send a request's KV loses its data: P begins the attempt
   (D's lease starts) but sends nothing, so D's lease runs out and kv_transfer.on_failure decides
@@ -23,6 +25,7 @@ from testbed.errors import ConfigError
 class FaultsConfig:
     kill_worker: Optional[int] = None  # rank of the worker the router kills at kill_at_s; None: none
     kill_at_s: float = 1.0  # when to kill kill_worker (s after the run's start)
+    kill_after_ended: Optional[int] = None  # kill kill_worker once this many requests ended, not at kill_at_s
     stall_worker: Optional[int] = None  # rank of the worker that stalls at stall_at_s; None: none
     stall_at_s: float = 1.0  # when stall_worker stalls (s after the run's start)
     stall_ms: float = 500.0  # how long stall_worker sleeps, unresponsive (ms)
@@ -36,16 +39,26 @@ class FaultsConfig:
         for key in ("kill_at_s", "stall_at_s", "stall_ms", "delay_kv_ms"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"faults.{key} must be >= 0 (got {getattr(self, key)})")
+        if self.kill_after_ended is not None and (self.kill_worker is None or self.kill_after_ended < 1):
+            raise ConfigError(
+                f"faults.kill_after_ended must be >= 1 and needs faults.kill_worker set "
+                f"(got {self.kill_after_ended}, kill_worker={self.kill_worker})"
+            )
         return self
 
     @property
     def delay_kv_s(self) -> float:
         return self.delay_kv_ms / 1000
 
+    @property
+    def hits_workers(self) -> bool:
+        """Whether the router kills or stalls a worker (one box only: it owns their processes)."""
+        return self.kill_worker is not None or self.stall_worker is not None
+
     def timed(self) -> list[tuple[float, str, int]]:
         """(time, kind, worker) of the faults the router injects, in time order."""
         out = []
-        if self.kill_worker is not None:
+        if self.kill_worker is not None and self.kill_after_ended is None:
             out.append((self.kill_at_s, "kill_worker", self.kill_worker))
         if self.stall_worker is not None:
             out.append((self.stall_at_s, "stall_worker", self.stall_worker))

@@ -120,7 +120,7 @@ def start_cluster(cfg: Config, session=None) -> Cluster:
         check_kv_backend(plans, cfg.kv_transfer.backend)
         check_emulated_link(cfg)
         return Cluster(plans, worker_template(cfg, kv_store(cfg, plans)), cfg.cluster.start_timeout_s)
-    if cfg.kv_store.capacity_mib > 0 or cfg.faults.timed():
+    if cfg.kv_store.capacity_mib > 0 or cfg.faults.hits_workers:
         raise ConfigError(
             "under torchrun kv_store.capacity_mib must be 0 and faults.kill_worker / "
             "faults.stall_worker unset: the shared KV store and injected worker faults work on one box"
