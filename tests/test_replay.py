@@ -150,7 +150,7 @@ def test_error_arithmetic():
 def test_setup_refuses_what_cannot_be_replayed(tmp_path):
     path = tmp_path / "setup.yaml"
     for bad, words in (
-        ({"tp": 4}, "tensor parallelism"),
+        ({"tp": 0}, "tensor-parallel degree"),
         ({"gpu": "tpu"}, "gpu="),
         ({"knob": 1}, "unknown"),
         ({"policy": "disagg"}, "policy"),
@@ -159,6 +159,28 @@ def test_setup_refuses_what_cannot_be_replayed(tmp_path):
         path.write_text(yaml.safe_dump({**SMALL_SETUP, **bad}))
         with pytest.raises(ConfigError, match=words):
             load_setup(path)
+
+
+def test_a_tensor_parallel_run_replays_on_a_group_of_its_degree(tmp_path):
+    """The 70B cases (tp 4 on H100s): the simulated worker spans four devices, each rank a quarter
+    of the weights; emulation, which paces one real engine, says why it is skipped."""
+    case = REPLAY / "vllm060_h100_tp4_llama31_70b_rps4.jsonl"
+    result = replay(
+        _cfg(), case, REPLAY / "vllm060_h100_tp4.setup.yaml", tmp_path, _run_point, emulate=True, quiet=True
+    )
+    assert result["overrides"]["cluster.tp"] == 4 and result["overrides"]["hardware.num_devices"] == 4
+    assert any("emulation skipped" in note and "tp=4" in note for note in result["notes"])
+    rows = {r["figure"]: r for r in result["rows"]}
+    assert rows["tpot_p50"]["sim"] is not None and rows["tpot_p50"]["error"] is not None
+    _, cases = load_manifest(REPLAY / "cases.yaml")
+    assert {c["calibrated_by"] for c in cases if "tp4" in c["group"]} == {"sglang030_a100", "vllm060_a100"}
+
+
+def test_a_group_without_calibration_must_borrow_one(tmp_path):
+    manifest = tmp_path / "cases.yaml"
+    manifest.write_text(yaml.safe_dump({"cases": [{"name": "a", "setup": "s.yaml", "group": "g", "role": "held_out"}]}))
+    with pytest.raises(ConfigError, match="calibrated_by"):
+        load_manifest(manifest)
 
 
 def test_validation_set_files_have_provenance():

@@ -43,7 +43,7 @@ log = logging.getLogger("testbed")
 SETUP_KEYS = {
     "engine": "the real engine and version (informational)",
     "gpu": "a GPU of the analytical table (a100_80g, h100_sxm, ...)",
-    "tp": "tensor-parallel degree (1 only: the simulator has no tensor parallelism yet, issue 39)",
+    "tp": "tensor-parallel degree of the engine (--tp / --tensor-parallel-size): the devices it spans",
     "model": "a preset (llama3_8b, qwen2_5_7b, ...)",
     "model_config": "a Hugging Face config.json (path relative to the setup file); replaces `model`",
     "dtype": "float16 | bfloat16 (2 bytes) | float32",
@@ -91,11 +91,9 @@ def load_setup(path) -> dict:
         raise ConfigError(f"{path}: unknown setup key(s) {unknown}; known: {', '.join(SETUP_KEYS)}")
     if setup.get("gpu") not in GPUS:
         raise ConfigError(f"{path}: gpu={setup.get('gpu')!r} is not one of {', '.join(sorted(GPUS))}")
-    if int(setup.get("tp", 1)) != 1:
-        raise ConfigError(
-            f"{path}: tp={setup['tp']}: the simulator has no tensor parallelism yet (the "
-            f"parallelism issue); this run cannot be replayed"
-        )
+    tp = setup.get("tp", 1)
+    if not (isinstance(tp, int) and not isinstance(tp, bool) and tp >= 1):
+        raise ConfigError(f"{path}: tp={tp!r} must be an integer >= 1 (the engine's tensor-parallel degree)")
     if setup.get("policy", "colocated") not in POLICIES:
         raise ConfigError(f"{path}: policy={setup['policy']!r} is not one of {', '.join(POLICIES)}")
     if str(setup.get("dtype", "bfloat16")).lower() not in DTYPES:
@@ -161,7 +159,8 @@ def point_overrides(ref: Reference, setup: dict, trace: Optional[Path]) -> tuple
         "sim.profile": setup["gpu"],
         "mode": policy,
         "cluster.num_workers": 1,
-        "hardware.num_devices": 1,
+        "cluster.tp": int(setup.get("tp", 1)),
+        "hardware.num_devices": int(setup.get("tp", 1)),
         "scheduler.max_running": running,
         "scheduler.max_batched_tokens": budget,
         "scheduler.chunk_size": max(budget, running),
@@ -376,6 +375,12 @@ def emulate_point(cfg: Config, overrides: dict, out_dir: Path, run_point: Callab
     compute standing in: only for a small synthetic workload (at most EMULATE_MAX_REQUESTS), since
     it runs in real time on this machine."""
     count = int(overrides.get("workload.num_requests", 0))
+    if overrides.get("cluster.tp", 1) > 1:
+        return None, (
+            f"emulation skipped: the real engine runs tensor-parallel groups on the executor=real "
+            f"model only (python -m testbed.bench.tp_group), not paced as a GPU; this run has "
+            f"tp={overrides['cluster.tp']}"
+        )
     if overrides.get("workload.path") or not 0 < count <= EMULATE_MAX_REQUESTS:
         return None, (
             f"emulation skipped: it runs in real time on this CPU; only a synthetic workload of at most "

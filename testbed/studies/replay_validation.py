@@ -15,7 +15,9 @@ of the simulator, on the group's calibration cases only:
 The triple whose mean absolute error over the calibration cases' figures is least wins (ties:
 the smaller values). Everything else (the GPU profile, the roofline) is as shipped; the setup's
 own knobs (multi-step scheduling, CUDA graphs, the running cap) are the engine's settings, not
-fitted. The held-out cases run at their group's fitted values.
+fitted. The held-out cases run at their group's fitted values; a group with no calibration case
+names another (`calibrated_by`: the same engine and version on another GPU, model or degree) and
+runs at that group's values, so none of its figures was fitted on.
 """
 
 from __future__ import annotations
@@ -53,6 +55,13 @@ def load_manifest(path) -> tuple[Path, list[dict]]:
         if missing or case["role"] not in ("calibrate", "held_out"):
             raise ConfigError(
                 f"{path}: case {case.get('name')!r} needs name, setup, group and role (calibrate | held_out)"
+            )
+    fitted = {c["group"] for c in cases if c["role"] == "calibrate"}
+    for case in cases:
+        if case["group"] not in fitted and case.get("calibrated_by") not in fitted:
+            raise ConfigError(
+                f"{path}: case {case['name']!r}: group {case['group']!r} has no calibration case; "
+                f"name one that has in calibrated_by (one of {', '.join(sorted(fitted)) or 'none'})"
             )
     return path.parent, cases
 
@@ -118,7 +127,7 @@ def validate(
     base, cases = load_manifest(manifest)
     out_dir = Path(out_dir)
     fitted, results = {}, []
-    for group in dict.fromkeys(c["group"] for c in cases):
+    for group in dict.fromkeys(c["group"] for c in cases if c["role"] == "calibrate"):
         calibration = [c for c in cases if c["group"] == group and c["role"] == "calibrate"]
         scores = {}
         for fixed in grid:
@@ -155,7 +164,8 @@ def validate(
             _pct(fitted[group]["score"]),
         )
     for case in cases:
-        knobs = {key: fitted[case["group"]][key] for key in FITTED}
+        fit = fitted[case["group"]] if case["group"] in fitted else fitted[case["calibrated_by"]]
+        knobs = {key: fit[key] for key in FITTED}
         run = replay(
             cfg,
             base / f"{case['name']}.jsonl",
@@ -169,6 +179,7 @@ def validate(
             {
                 "name": case["name"],
                 "group": case["group"],
+                "calibrated_by": case.get("calibrated_by", case["group"]),
                 "role": case["role"],
                 "knobs": knobs,
                 "rows": run["rows"],
@@ -184,6 +195,11 @@ def validate(
             ("ttft", "tpot", "e2e", "requests_per_s", "output_tokens_per_s"),
         ),
         "calibration": table_mape([r for r in results if r["role"] == "calibrate"]),
+        # the held-out cases of groups that borrowed another's fit (another GPU, model or degree)
+        "held_out_elsewhere": table_mape(
+            [r for r in results if r["role"] == "held_out" and r["calibrated_by"] != r["group"]],
+            ("ttft", "tpot", "e2e", "requests_per_s", "output_tokens_per_s"),
+        ),
     }
     write_json(out_dir / "validation.json", summary)
     write_text(out_dir / "validation.md", markdown(summary))
@@ -217,8 +233,8 @@ def markdown(summary: dict) -> str:
                 f"| {row['real'] * scale:.2f} | {sim} | {_pct(row['error'])} |"
             )
     lines += ["", "| set | figure | MAPE | cases |", "|---|---|---|---|"]
-    for role in ("calibration", "held_out"):
-        for key, value in summary[role].items():
+    for role in ("calibration", "held_out", "held_out_elsewhere"):
+        for key, value in summary.get(role, {}).items():
             mape_text = "-" if value["mape"] is None else f"{100 * value['mape']:.1f}%"
             lines.append(f"| {role} | {key} | {mape_text} | {value['cases']} |")
     return "\n".join(lines) + "\n"
