@@ -432,8 +432,15 @@ def to_config(cfg: DictConfig) -> Config:
     container = OmegaConf.to_container(cfg, resolve=True)
     container.pop("hydra", None)
     _check_renamed(container)
-    typed = OmegaConf.to_object(OmegaConf.merge(_writable(OmegaConf.structured(Config)), container))
+    typed = OmegaConf.to_object(OmegaConf.merge(_schema(), container))
     return typed.validate()
+
+
+@lru_cache(maxsize=1)
+def _schema() -> DictConfig:
+    """The Config schema as a writable node, built once (half of a conversion's time): merge
+    copies it, never changes it."""
+    return _writable(OmegaConf.structured(Config))
 
 
 def with_overrides(cfg: Config, overrides: dict) -> Config:

@@ -2,7 +2,7 @@
 engine's host side fitted per engine on its calibration cases, the error reported on the
 held-out cases.
 
-    python -m testbed.studies.replay_validation tests/data/replay/cases.yaml [--out DIR] [--markdown]
+    python -m testbed.studies.replay_validation tests/data/replay/cases.yaml [--out DIR]
 
 Calibration fits three numbers per group (an engine at a version on a GPU), each a stated term
 of the simulator, on the group's calibration cases only:
