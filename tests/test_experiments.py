@@ -278,6 +278,10 @@ def test_sim_validate_errors_have_no_systematic_sign(tmp_path):
         assert abs(signed.median()) < 0.15, (metric, errors)
     signed = errors[[f"{m}_error" for m in ("ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99")]].to_numpy().ravel()
     assert (signed > 0).any() and (signed < 0).any(), errors
+    # the study's bounds, per cell, on the recorded runs (the 1P1D TPOT tail was 20-31% low while
+    # every simulated KV transfer took the link fit's median time: transfer_scale)
+    for metric in ("ttft_p99", "tpot_p99"):
+        assert (errors[f"{metric}_error"].abs() < 0.25).all(), (metric, errors)
     delays = result["aggregate"]["host_delays"]
     assert all(d["release_s"] > 0 and d["report_first_s"] > d["report_s"] for d in delays.values()), delays
     assert delays["1P1D"]["handoff_s"] > 0, delays

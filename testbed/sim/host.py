@@ -13,6 +13,8 @@
     step_scale   a real step's time over the cost model's prediction for its shape: processes
                  sharing cores make the same batch take different times (one per role: P and D
                  contend differently)
+    transfer_scale  a real KV transfer's time over the fitted link's for its bytes (drawn by
+                 the sending worker): both ends must be on a core at once
 
 Each is a distribution kept as quantiles at LEVELS (every percentile, then finer to the maximum)
 and sampled by inverse transform, so the simulation reproduces the tails as well as the medians;
@@ -148,6 +150,13 @@ def step_scale(measured: Optional[Mapping], prefill: bool = False) -> Delay:
     return Delay(tuple(found)) if found else Delay.fixed(1.0)
 
 
+def transfer_scale(measured: Optional[Mapping]) -> Delay:
+    """A role's KV transfers' time over the fitted link's: what its in-situ profile measured,
+    else none (x1)."""
+    found = ((measured or {}).get("host") or {}).get("transfer_scale")
+    return Delay(tuple(found)) if found else Delay.fixed(1.0)
+
+
 def step_scale_after_prefill(measured: Optional[Mapping]) -> Delay:
     """A role's contention on the decode step right after one that prefilled (its caches cold:
     1.5x the others' median here), else as on any decode step."""
@@ -226,6 +235,7 @@ class HostSide:
     scales: list  # by rank: (a decode step's contention, a step with prefill's, a decode step's after one)
     router: Draws
     draws: list  # by rank
+    transfer_scales: list  # by rank: the contention of the KV transfers it sends
 
     @classmethod
     def of(cls, model: HostModel, measured: Sequence[Optional[Mapping]], seed: int) -> "HostSide":
@@ -236,4 +246,5 @@ class HostSide:
             [(step_scale(m), step_scale(m, prefill=True), step_scale_after_prefill(m)) for m in measured],
             Draws(base),
             [Draws(base + 1 + rank, contention_rho(m), contention_weight(m)) for rank, m in enumerate(measured)],
+            [transfer_scale(m) for m in measured],
         )

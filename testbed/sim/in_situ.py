@@ -14,6 +14,9 @@ transfers as they went, and the host-side delays the cost model cannot see:
                  request's first token apart (report_first: about twice the others' here)
     handoff      P's first token stamped -> its KV transfer's start (disagg: bind, Reserve,
                  Ready, P between its steps)
+    transfer_scale  real KV transfer time / the fitted link's time for its bytes: both ends must
+                 be on a core at once, so a loaded run's transfers have a tail (p99 6-10x the
+                 median here) that a latency-and-bandwidth fit alone gives every transfer's median
     step_scale   real step time / the fitted model's time for its shape: contention (for decode
                  steps and for steps with prefill apart: the linear fit errs differently on each)
 
@@ -122,6 +125,7 @@ def profile_from_results(
     cost, fit, causal, scales = best_step_fit(fit_on)
     backend = config.get("kv_transfer", {}).get("backend", "process_group")
     transfer = transfer_fit(transfers, RENAMED_BACKENDS.get(backend, backend))  # a run stored before a rename too
+    scales["transfer_scale"] = transfer_scales(transfers, *transfer.values())
     return {
         "version": 1,
         "model_name": config["model"]["name"],
@@ -260,16 +264,29 @@ def phase_memory(workers: np.ndarray, starts: np.ndarray, prefill: np.ndarray, r
 def transfer_fit(transfers: pd.DataFrame, backend: str) -> dict:
     """The run's transfers as the coefficients of the transport it used (kv_transfer.backend)."""
     latency, rate = TRANSFER_TERMS[backend]
-    moved = (
-        transfers[(transfers.get("outcome", "ok") == "ok") & (transfers["end_s"] > transfers["start_s"])]
-        if len(transfers)
-        else transfers
-    )
+    moved = moved_transfers(transfers)
     if len(moved) < 2:
         return {latency: 0.0, rate: float("inf")}
     samples = [{"bytes": row.kv_bytes, "seconds": row.end_s - row.start_s} for row in moved.itertuples()]
     fitted, _ = fit_transfer(samples)
     return {latency: fitted["latency_s"], rate: fitted["bytes_per_s"]}
+
+
+def moved_transfers(transfers: pd.DataFrame) -> pd.DataFrame:
+    """The transfers that moved their KV (ended after they started, without a failure)."""
+    if not len(transfers):
+        return transfers
+    return transfers[(transfers.get("outcome", "ok") == "ok") & (transfers["end_s"] > transfers["start_s"])]
+
+
+def transfer_scales(transfers: pd.DataFrame, latency_s: float, bytes_per_s: float) -> list:
+    """Each moved transfer's time over the fitted link's for its bytes, as quantiles ([]: too
+    few transfers, or a link fitted as free)."""
+    moved = moved_transfers(transfers)
+    fitted = latency_s + moved["kv_bytes"].to_numpy(dtype=float) / bytes_per_s if len(moved) else np.zeros(0)
+    if len(moved) < MIN_STEPS or not np.all(fitted > 0):
+        return []
+    return quantiles((moved["end_s"] - moved["start_s"]).to_numpy(dtype=float) / fitted)
 
 
 def dtype_bytes(dtype: str, device: str) -> int:

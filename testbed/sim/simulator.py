@@ -287,6 +287,7 @@ class Simulation:
 
     def _send(self, rank: int, entry: Outgoing) -> None:
         seconds = transfer_time(self.roles[rank], self.roles[entry.decode_rank], self._kv_bytes(entry), self.kv_backend)
+        seconds *= self.host.draws[rank].sample(self.host.transfer_scales[rank])  # both ends' contention
         self.push(self.workers[rank].start_send(entry, self.now, seconds), KV_SENT, (rank, entry.seq.seq_id))
 
     def _kv_bytes(self, entry: Outgoing) -> int:
