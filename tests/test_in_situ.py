@@ -13,7 +13,7 @@ import pytest
 from testbed.errors import ConfigError
 from testbed.perf import CostModel
 from testbed.sim.host import Delay, Draws, HostModel, step_scale, transfer_scale
-from testbed.sim.in_situ import RUN_STRIDE, load_in_situ, phase_correlation, read_runs
+from testbed.sim.in_situ import RUN_STRIDE, load_in_situ, phase_correlation, read_runs, report_delays
 from testbed.studies.points import simulate_point
 from tests.cluster_helpers import make_config, small_workload
 
@@ -102,6 +102,22 @@ def test_a_runs_transfer_tail_is_fitted_and_simulated(tmp_path):
     for q in (0.5, 0.9):
         assert np.quantile(sim, q) == pytest.approx(np.quantile(real, q), rel=0.3), q
     assert transfer_scale(None).quantiles == (1.0,)  # no in-situ profile: the link's own time
+
+
+def test_a_router_stall_counts_once_however_many_reports_it_held():
+    """Two streams on one worker, a step every 0.5 ms, each report read 0.1 ms after its stamp,
+    but for a 50 ms stall after which the router reads the 100 reports sent meanwhile within
+    0.5 ms: one long read among the others, not a hundred (the simulator draws a delay a step,
+    independently, so a hundred would stall a hundred steps spread over the run)."""
+    stamps = np.arange(1000) * 0.0005
+    receipts = stamps + 0.0001
+    held = (stamps >= 0.2) & (stamps < 0.25)
+    receipts[held] = 0.25 + np.arange(held.sum()) * 5e-6  # the catch-up, 5 us a read
+    requests = pd.DataFrame({"token_times": [receipts, receipts], "token_worker_times": [stamps, stamps]})
+    delays = report_delays(requests)
+    assert len(delays) <= 999 - held.sum() + 1  # one read for the stall (a fresh report may join it)
+    assert (delays > 0.01).sum() == 1 and delays.max() == pytest.approx(0.05, abs=1e-3)
+    assert len(report_delays(requests, first=True)) == 1  # both streams' first token: one report
 
 
 def test_a_run_spec_must_name_a_finished_run(tmp_path):
