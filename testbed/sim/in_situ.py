@@ -330,6 +330,8 @@ def report_delays(requests: pd.DataFrame, first: bool = False) -> np.ndarray:
     if not pairs:
         return np.zeros(0)
     reports = np.unique(np.concatenate(pairs), axis=0)  # a step's tokens share its stamp and their receipt
+    if first:  # a stall holds each request's first token once: per request, as TTFT counts it
+        return reports[:, 1] - reports[:, 0]
     reports = reports[np.argsort(reports[:, 1], kind="stable")]
     delays = reports[:, 1] - reports[:, 0]
     starts = np.flatnonzero(np.diff(reports[:, 1], prepend=-np.inf) > READ_BURST_S)
