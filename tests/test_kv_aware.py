@@ -295,6 +295,8 @@ def test_real_cache_aware_runs_give_the_tokens_of_a_run_without_any_cache(tmp_pa
         *SESSIONS[:3],
         "workload.num_requests=4",
         "workload.turns=3",
+        "workload.rate=20",  # the sessions start together and think briefly: 1/s and 1 s idled 5 s a run
+        "workload.think_time_s=0.2",
         "model.max_model_len=512",
         "engine.num_kv_blocks=256",
     ]

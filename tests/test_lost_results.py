@@ -262,13 +262,24 @@ def test_an_http_run_stopped_at_a_random_moment_keeps_every_finished_request(tmp
 
 
 # -- executor=sim: nothing partial, and said so ------------------------------------------------------
-SIM_RUN = ["executor=sim", "workload.num_requests=30000"]  # ~30 s on a loaded two-core machine: ~10 s in its loop
+SIM_RUN = ["executor=sim", "workload.num_requests=10000"]  # here a 2 s loop, then 0.5 s of writing
 
 
-@pytest.mark.parametrize("seed", [0, 1])
-def test_a_simulation_stopped_at_a_random_moment_says_what_it_kept(tmp_path, seed):
+def appeared(path, proc) -> None:
+    """Wait, polled, until `path` exists (an event of the run), failing if the run ends first."""
+    deadline = time.monotonic() + HANG_S
+    while not path.exists():
+        assert proc.poll() is None, "the run ended first"
+        assert time.monotonic() < deadline, f"{path.name} never appeared"
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize("moment", ["in its loop", "while written"])
+def test_a_simulation_stopped_at_a_random_moment_says_what_it_kept(tmp_path, moment):
     """Stopped in its loop a simulation keeps nothing and says so; stopped once its files are being
-    written, it writes them whole and says they are complete. Either way the line is true."""
+    written, it writes them whole and says they are complete. Either way the line is true. The
+    moments are the run's own events: its .hydra/ made (then half a second: into the loop), its
+    config.yaml written (the first of its files)."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "testbed", *SIM_RUN, f"hydra.run.dir={tmp_path}"],
         cwd=ROOT,
@@ -277,9 +288,13 @@ def test_a_simulation_stopped_at_a_random_moment_says_what_it_kept(tmp_path, see
         text=True,
         start_new_session=True,
     )
-    time.sleep(random.Random(seed).uniform(4.0, 30.0))  # seed 0: while written (26 s), seed 1: in the loop (7 s)
-    proc.send_signal(signal.SIGTERM)
     try:
+        if moment == "while written":
+            appeared(tmp_path / "config.yaml", proc)
+        else:
+            appeared(tmp_path / ".hydra", proc)
+            time.sleep(0.5)  # where the signal lands (the wait above is on an event, not a pace)
+        proc.send_signal(signal.SIGTERM)
         _, stderr = proc.communicate(timeout=HANG_S)
     finally:
         if proc.poll() is None:
@@ -292,7 +307,7 @@ def test_a_simulation_stopped_at_a_random_moment_says_what_it_kept(tmp_path, see
         assert not (tmp_path / "summary.json").exists() and not (tmp_path / "requests.parquet").exists()
     else:
         assert "results are complete" in note, note
-        assert len(pd.read_parquet(tmp_path / "requests.parquet")) == 30000
+        assert len(pd.read_parquet(tmp_path / "requests.parquet")) == 10000
         assert "partial" not in json.loads((tmp_path / "summary.json").read_text())
     no_temporaries(tmp_path)
 

@@ -587,6 +587,7 @@ STUDIES = (
         figures=("ttft_by_turn", "kv_bytes_by_turn", "decode_itl_with_appends"),
         tiny=(
             "workload.num_requests=2",
+            "workload.rate=20",  # sessions at once: at the CPU size's 1/s the first came 2.5 s in, idle
             "workload.turns=3",
             "workload.think_time_s=0.05",
             "experiment.modes=[chunked,disagg]",
