@@ -145,8 +145,8 @@ PHASE = {
         [
             "workload.input_len.min=32",
             "workload.input_len.max=128",
-            "workload.output_len.min=400",
-            "workload.output_len.max=800",
+            "workload.output_len.min=200",
+            "workload.output_len.max=400",
             "scheduler.max_running=8",
         ],
         "[2,8]",

@@ -258,9 +258,9 @@ MODES = {
     "disagg": ["mode=disagg", "cluster.num_prefill=1", "cluster.num_decode=1"],
 }
 # disagg: before the fix every try but those whose TERM came after the last token leaked on D;
-# eight moments (half bound early, D reserving at arrival) leave that no chance to pass unseen; a
+# six moments (half bound early, D reserving at arrival) leave that no chance to pass unseen; a
 # mixed worker has no hand-off to race: two seeded moments each
-TRIES = {"colocated": 2, "chunked": 2, "disagg": 8}
+TRIES = {"colocated": 2, "chunked": 2, "disagg": 6}
 STREAMS = 6
 MAX_TOKENS = 600
 
