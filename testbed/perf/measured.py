@@ -118,6 +118,12 @@ def fit_step(samples: Sequence[Mapping]) -> tuple[dict, dict]:
     return dict(zip(STEP_TERMS, map(float, coef))), error
 
 
+def link_time(latency_s: float, bytes_per_s: float, nbytes):
+    """A KV transfer's time on a fitted link: its latency, then its bytes at its bandwidth (nbytes
+    may be an array)."""
+    return latency_s + nbytes / bytes_per_s
+
+
 def fit_transfer(samples: Sequence[Mapping]) -> tuple[dict, dict]:
     """latency_s and bytes_per_s from rows holding `bytes` and `seconds`."""
     features = np.array([[1.0, float(s["bytes"])] for s in samples])
@@ -179,7 +185,7 @@ class CostModel:
     def transfer_time(self, nbytes: int, backend: str = "process_group") -> float:
         require_transport(self, backend, "this profile")
         latency, rate = TRANSFER_TERMS[backend]
-        return getattr(self, latency) + nbytes / getattr(self, rate)
+        return link_time(getattr(self, latency), getattr(self, rate), nbytes)
 
     def as_dict(self) -> dict:
         return asdict(self)

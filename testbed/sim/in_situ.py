@@ -46,6 +46,7 @@ from testbed.perf.measured import (
     STEP_TERMS,
     TRANSFER_TERMS,
     fit_transfer,
+    link_time,
     relative_fit,
     step_features,
 )
@@ -124,8 +125,10 @@ def profile_from_results(
     model = ModelConfig(**config["model"]).args()
     cost, fit, causal, scales = best_step_fit(fit_on)
     backend = config.get("kv_transfer", {}).get("backend", "process_group")
-    transfer = transfer_fit(transfers, RENAMED_BACKENDS.get(backend, backend))  # a run stored before a rename too
-    scales["transfer_scale"] = transfer_scales(transfers, *transfer.values())
+    backend = RENAMED_BACKENDS.get(backend, backend)  # a run stored before a rename too
+    transfer = transfer_fit(transfers, backend)
+    latency, rate = TRANSFER_TERMS[backend]
+    scales["transfer_scale"] = transfer_scales(transfers, transfer[latency], transfer[rate])
     return {
         "version": 1,
         "model_name": config["model"]["name"],
@@ -283,8 +286,10 @@ def transfer_scales(transfers: pd.DataFrame, latency_s: float, bytes_per_s: floa
     """Each moved transfer's time over the fitted link's for its bytes, as quantiles ([]: too
     few transfers, or a link fitted as free)."""
     moved = moved_transfers(transfers)
-    fitted = latency_s + moved["kv_bytes"].to_numpy(dtype=float) / bytes_per_s if len(moved) else np.zeros(0)
-    if len(moved) < MIN_STEPS or not np.all(fitted > 0):
+    if len(moved) < MIN_STEPS:
+        return []
+    fitted = link_time(latency_s, bytes_per_s, moved["kv_bytes"].to_numpy(dtype=float))
+    if not np.all(fitted > 0):
         return []
     return quantiles((moved["end_s"] - moved["start_s"]).to_numpy(dtype=float) / fitted)
 

@@ -159,8 +159,8 @@ def point_overrides(ref: Reference, setup: dict, trace: Optional[Path]) -> tuple
         "sim.profile": setup["gpu"],
         "mode": policy,
         "cluster.num_workers": 1,
-        "cluster.tp": int(setup.get("tp", 1)),
-        "hardware.num_devices": int(setup.get("tp", 1)),
+        "cluster.tp": setup.get("tp", 1),  # an integer >= 1 (load_setup)
+        "hardware.num_devices": setup.get("tp", 1),  # the group's devices
         "scheduler.max_running": running,
         "scheduler.max_batched_tokens": budget,
         "scheduler.chunk_size": max(budget, running),
