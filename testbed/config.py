@@ -228,18 +228,31 @@ class Config:
         return self
 
 
+def check_real_tp(cfg: Config, what: str) -> None:
+    """What real tensor-parallel workers do not combine with, refused in one line."""
+    unsupported = {
+        "kv_transfer.backend=ipc": cfg.kv_transfer.backend == "ipc",
+        "kv_transfer.granularity=layer": cfg.kv_transfer.granularity == "layer",
+        "kv_store.capacity_mib > 0": cfg.kv_store.capacity_mib > 0,
+    }
+    for setting, asked in unsupported.items():
+        if asked:
+            raise ConfigError(
+                f"{what} with {setting}: a tensor-parallel worker's ranks send their KV shares over the process "
+                "group, whole requests, with no shared KV store; use kv_transfer.backend=process_group, "
+                "kv_transfer.granularity=request, kv_store.capacity_mib=0"
+            )
+
+
 def check_tp(cfg: Config, args) -> None:
-    """The mode's tensor-parallel degrees: simulated only, each splitting the model's heads, their
-    groups within hardware.num_devices (explicit device maps aside)."""
+    """The mode's tensor-parallel degrees, each splitting the model's heads, their groups within
+    hardware.num_devices (explicit device maps aside); real workers' limits (check_real_tp)."""
     c = cfg.cluster
     kinds = ("prefill", "decode") if cfg.mode == "disagg" else ("mixed",)
     above = {TP_KEYS[kind]: c.tp_of(kind) for kind in kinds if c.tp_of(kind) > 1}
     for key, tp in above.items():
         if cfg.executor == "real":
-            raise ConfigError(
-                f"cluster.{key}={tp}: real tensor-parallel workers are not built yet (executor=real, "
-                f"hardware.emulate included, runs one device per worker); executor=sim models them"
-            )
+            check_real_tp(cfg, f"cluster.{key}={tp}")
         check_tensor_parallel(args, tp, f"cluster.{key}")
     n = cfg.hardware.num_devices
     if not above or n is None or c.prefill_devices or c.decode_devices:
@@ -570,11 +583,34 @@ def config_problem(composed: DictConfig) -> str | None:
         typed = to_config(composed)
         # the workers' memory here, not in validate: code builds configs it never runs on CPU workers
         check_budget(typed, typed.model.args(), worker_bytes(typed, typed.model.args()))
+        check_here(typed)
     except TestbedError as error:
         return str(error)
     except OmegaConfBaseException as error:  # a value its field's type cannot hold
         return _one_line(error)
     return None
+
+
+def check_here(cfg: Config) -> None:
+    """What the run needs from this machine that a command line can check before any worker starts
+    (each is checked again where it is used: a trace may vanish between compose and run): the trace
+    file (`workload.path`, found as the run will find it), and flash-attn importing where the real
+    executor's workers are asked for `engine.attention_backend=flash`."""
+    if cfg.workload.path:
+        from testbed.workload.traces import resolve_trace_path
+
+        resolve_trace_path(cfg.workload.path)
+    if cfg.executor == "real" and cfg.engine.attention_backend == "flash":
+        from testbed.model.attention import FLASH_ATTN_AVAILABLE
+        from testbed.model.kv_layout import ATTENTION_BACKENDS
+
+        if not FLASH_ATTN_AVAILABLE:
+            others = ", ".join(b for b in ATTENTION_BACKENDS if b != "flash")
+            raise ConfigError(
+                "engine.attention_backend=flash needs flash-attn, which does not import here (pip install "
+                f"flash-attn on a CUDA machine); engine.attention_backend is one of {others} without it "
+                "(auto takes the fastest that runs)"
+            )
 
 
 OUTPUT_KEYS = ("hydra.run.dir", "hydra.sweep.dir", "output_dir")

@@ -62,6 +62,7 @@ def test_default_job_writes_the_results_contract(tmp_path):
         ("mode=disagg hardware=cpu hardware.num_devices=1", "needs 2 devices; hardware.num_devices=1 CPU workers"),
         ("engine.attention_backend=flash", "engine.attention_backend=flash needs flash-attn"),
         ("workload.path=/no/such/trace.csv", "trace file '/no/such/trace.csv' not found"),
+        ("workload.path=conf", "workload.path: trace conf: not a regular file (a directory); name a file"),
         ("kv_transfer.granularity=layer kv_transfer.decode_binding=late", "kv_transfer.granularity=layer needs"),
         ("faults.drop_kv_probability=2", "faults.drop_kv_probability must be in [0, 1]"),
         ("model.name=gpt5", "model.name='gpt5' is not a preset"),
@@ -85,6 +86,15 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, override, message):
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], out.stderr
     assert "Traceback" not in out.stderr
+    if override not in REFUSED_BY_THE_RUN:  # refused as it composed: no run directory, no worker started
+        assert not (tmp_path / ".hydra").exists()
+
+
+# refused once the run has begun: by the plan of this machine's devices, by a worker's KV pool
+REFUSED_BY_THE_RUN = (
+    "mode=disagg hardware=cpu hardware.num_devices=1",
+    "model.max_model_len=2048 engine.kv_cache_mib=0.01",
+)
 
 
 def test_a_renamed_value_is_refused_in_one_line_and_stored_results_read_under_the_new_name():
