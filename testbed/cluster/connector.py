@@ -28,6 +28,7 @@ synchronous between KVBegin and KVDone, so D's lease needs only to outlast one c
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
@@ -35,6 +36,7 @@ from typing import Callable, Optional
 from testbed.cluster.completion import BufferPool, CompletionTracker
 from testbed.cluster.kv_ipc import PeerPools, synchronize
 from testbed.cluster.kv_wire import Retired, WirePart, send_part
+from testbed.cluster.tensor_group import Groups, Mirror, SendShare
 from testbed.control.config import KVTransferConfig
 from testbed.control.ledger import Outgoing, SendLedger
 from testbed.engine import Engine, Sequence
@@ -78,8 +80,11 @@ class KVSender:
         kv: KVTransferConfig,
         faults: KVFaults,
         clock: Callable[[], float] = time.perf_counter,
+        groups: Optional[Groups] = None,
     ):
         self.engine, self.rank, self.inboxes, self.events, self.kv = engine, rank, inboxes, events, kv
+        self.groups = groups  # tensor-parallel workers: each rank sends its own pieces (tensor_group.py)
+        self.bytes_moved = 0  # this process's KV put on the wire
         self.direct = kv.direct  # kv_transfer.backend=ipc: write into D's mapped pool
         self.pools = PeerPools()
         self.by_layer, self.piece_bytes = kv.granularity == Granularity.LAYER, kv.piece_bytes
@@ -201,20 +206,42 @@ class KVSender:
         self.inboxes[entry.decode_rank].put(
             KVPart(seq.seq_id, part, shape, str(runner.dtype).removeprefix("torch."), self.rank, entry.attempt)
         )
-        wire = send_part(
-            runner,
-            seq.block_table,
-            seq.num_prompt_tokens - entry.skip,
-            layer,
-            entry.decode_rank,
-            self.buffers,
-            self.completions,
-            self.piece_bytes,
-            start=entry.skip,
-        )
-        entry.parts.append(wire)
+        num_tokens = seq.num_prompt_tokens - entry.skip
+        if isinstance(self.engine, Mirror):  # the group's other ranks send their pieces too
+            share = SendShare(seq.seq_id, entry.decode_rank, tuple(seq.block_table), num_tokens, entry.skip, layer)
+            self.engine.tell(share)
+        wires = [
+            send_part(
+                runner,
+                seq.block_table,
+                num_tokens,
+                layer,
+                dst,
+                self.buffers,
+                self.completions,
+                self.piece_bytes,
+                start=entry.skip,
+                heads=heads,
+            )
+            for dst, heads in self._pieces(entry.decode_rank)
+        ]
+        entry.parts.extend(wires)
         entry.sent_parts.add(part)
-        entry.kv_bytes += wire.nbytes
+        self.bytes_moved += sum(wire.nbytes for wire in wires)
+        entry.kv_bytes += self._group_bytes(runner.kv_shape(num_tokens, layer), entry.decode_rank)
+
+    def _pieces(self, decode_rank: int) -> list[tuple[int, Optional[slice]]]:
+        """(process rank, heads of this pool) of each piece this process sends to a decode worker."""
+        if self.groups is None:
+            return [(decode_rank, None)]
+        return self.groups.sends(self.rank, 0, decode_rank)
+
+    def _group_bytes(self, shape: tuple, decode_rank: int) -> int:
+        """The bytes a part moves over every rank of the group: each of the model's KV heads once."""
+        nbytes = math.prod(shape) * self.engine.runner.dtype.itemsize
+        if self.groups is None:
+            return nbytes
+        return nbytes * self.groups.moved_heads(self.rank, decode_rank) // shape[-2]
 
     def _write_part(self, entry: WireOutgoing, layer: Optional[int]) -> None:
         """ipc: P's blocks of the tokens D lacks, copied whole into the blocks D reserved (the

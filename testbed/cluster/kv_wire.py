@@ -46,6 +46,7 @@ class WirePart:
     views: list[torch.Tensor]
     handles: list[Handle] = field(default_factory=list)
     unpacked: int = 0  # pieces already scattered into blocks (D side)
+    heads: Optional[slice] = None  # the pool's KV heads it holds (a tensor-parallel rank's share); None: all
 
     @property
     def nbytes(self) -> int:
@@ -69,23 +70,31 @@ def send_part(
     tracker: CompletionTracker,
     piece_bytes: int = PIECE_BYTES,
     start: int = 0,
+    heads: Optional[slice] = None,
 ) -> WirePart:
-    """The KV of `num_tokens` tokens from token `start` on (start > 0: D holds the ones before)."""
-    buffer = pool.get(runner.kv_shape(num_tokens, layer))
+    """The KV of `num_tokens` tokens from token `start` on (start > 0: D holds the ones before);
+    `heads`: only those of the pool's KV heads."""
+    buffer = pool.get(runner.kv_shape(num_tokens, layer, heads))
     ranges = piece_ranges(tuple(buffer.shape), buffer.element_size(), piece_bytes)
-    part = WirePart(buffer, ranges, _views(buffer, ranges))
+    part = WirePart(buffer, ranges, _views(buffer, ranges), heads=heads)
     for (a, b), view in zip(ranges, part.views):
-        runner.read_tokens(block_table, b - a, layer, out=view, start=start + a)
+        runner.read_tokens(block_table, b - a, layer, out=view, start=start + a, heads=heads)
         part.handles.append(_post(dist.isend, view, dst, tracker))
     return part
 
 
 def receive_part(
-    shape: tuple[int, ...], src: int, pool: BufferPool, tracker: CompletionTracker, piece_bytes: int = PIECE_BYTES
+    shape: tuple[int, ...],
+    src: int,
+    pool: BufferPool,
+    tracker: CompletionTracker,
+    piece_bytes: int = PIECE_BYTES,
+    heads: Optional[slice] = None,
 ) -> WirePart:
+    """`shape` counts the heads received; `heads`: where in this pool's KV heads they go."""
     buffer = pool.get(shape)
     ranges = piece_ranges(shape, buffer.element_size(), piece_bytes)
-    part = WirePart(buffer, ranges, _views(buffer, ranges))
+    part = WirePart(buffer, ranges, _views(buffer, ranges), heads=heads)
     part.handles = [_post(dist.irecv, view, src, tracker) for view in part.views]
     return part
 
@@ -129,6 +138,6 @@ def unpack_arrived(
         if part.handles[part.unpacked].error:
             return False
         a, _ = part.ranges[part.unpacked]
-        runner.write_tokens(block_table, part.views[part.unpacked], layer, start=start + a)
+        runner.write_tokens(block_table, part.views[part.unpacked], layer, start=start + a, heads=part.heads)
         part.unpacked += 1
     return part.unpacked == len(part.views)

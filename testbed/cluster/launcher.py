@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 import torch.multiprocessing as mp
 
 from testbed.cluster.memory import ModelMemory, plan_kv_memory
+from testbed.cluster.tensor_group import Groups
 from testbed.cluster.worker import WorkerSpec, worker_main
 from testbed.control.layout import WorkerPlan
 from testbed.errors import ConfigError
@@ -46,18 +47,25 @@ def available_cores() -> list[int]:
 
 
 def plan_cores(plans: list[WorkerPlan], paced: bool) -> CorePlan | None:
-    """None for GPU workers. With more CPU workers than cores, one line says the contention will
-    show as interference, since every worker's steps then slow each other down."""
+    """None for GPU workers. With more CPU worker processes (a tensor-parallel worker's ranks each
+    count) than cores, one line says the contention will show as interference, since every
+    worker's steps then slow each other down."""
     if not plans or plans[0].device != "cpu":
         return None
-    cores = available_cores()
-    if len(plans) <= len(cores):
-        return CorePlan(round(len(cores) / len(plans), 3), tuple(cores[: len(plans)]))
+    cores, n = available_cores(), sum(p.tp for p in plans)
+    if n <= len(cores):
+        return CorePlan(round(len(cores) / n, 3), tuple(cores[:n]))
     hint = "" if paced else "; hardware.emulate paces steps to a device model instead"
     log.warning(
-        f"{len(plans)} CPU workers share {len(cores)} cores: cross-worker contention will appear as interference{hint}"
+        f"{n} CPU worker processes share {len(cores)} cores: cross-worker contention will appear as interference{hint}"
     )
-    return CorePlan(round(len(cores) / len(plans), 3), (None,) * len(plans))
+    return CorePlan(round(len(cores) / n, 3), (None,) * n)
+
+
+def processes(plans: list[WorkerPlan], groups: Groups) -> list[tuple[int, WorkerPlan, str]]:
+    """(process rank, its worker's plan, its device) of every process, in rank order."""
+    placed = [(rank, plan, device) for plan in plans for rank, device in zip(groups.ranks[plan.rank], plan.devices)]
+    return sorted(placed, key=lambda p: p[0])
 
 
 def worker_context():
@@ -76,8 +84,9 @@ class Cluster:
 
     def __init__(self, plans: list[WorkerPlan], template: WorkerSpec, start_timeout_s: float):
         self.plans, self.template, self.start_timeout_s = plans, template, start_timeout_s
-        self.processes: list = []
-        self.started: dict[int, Started] = {}
+        self.processes: list = []  # in process rank order: the workers (leaders), then their other ranks
+        self.started: dict[int, Started] = {}  # by worker (its leader's Started)
+        self.followers: dict[int, Started] = {}  # tensor-parallel ranks other than leaders, by process rank
         self.audits: dict[int, Audit] = {}
         self.cores = plan_cores(plans, template.emulation is not None)
         # each device's memory split among the workers on it: refused here, before any starts, if they cannot fit
@@ -89,32 +98,38 @@ class Cluster:
 
     def __enter__(self) -> "Cluster":
         ctx = worker_context()
-        self.inboxes = [ctx.Queue() for _ in self.plans]
-        pipes = [ctx.Pipe(duplex=False) for _ in self.plans]
+        tps = [p.tp for p in self.plans]
+        groups = Groups.of(tps, self.template.model.args().num_kv_heads) if max(tps) > 1 else None
+        placed = processes(self.plans, groups or Groups.of(tps, 1))
+        self.leader_of = [plan.rank for _, plan, _ in placed]
+        self.inboxes = [ctx.Queue() for _ in placed]
+        pipes = [ctx.Pipe(duplex=False) for _ in placed]
         self.events = ReportReader([reader for reader, _ in pipes])
         # the group's rendezvous, hosted here on the loopback alone (a worker's own would listen everywhere)
         self.store = host_store("127.0.0.1", 0, None, self.start_timeout_s)
         rendezvous = ("127.0.0.1", self.store.port, "local")
-        for plan, (_, writer) in zip(self.plans, pipes):
+        for (rank, plan, device), (_, writer) in zip(placed, pipes):
             engine = self.template.engine
             if self.kv_mib[plan.rank] is not None:
                 engine = replace(engine, kv_cache_mib=self.kv_mib[plan.rank])
             spec = replace(
                 self.template,
-                rank=plan.rank,
-                world_size=len(self.plans),
+                rank=rank,
+                world_size=len(placed),
                 role=plan.role,
                 engine=engine,
-                roles=tuple(p.role for p in self.plans),
-                device=plan.device,
+                roles=tuple(p.role for _, p, _ in placed),
+                device=device,
                 rendezvous=rendezvous,
-                cpu_core=self.cores.pins[plan.rank] if self.cores else None,
+                cpu_core=self.cores.pins[rank] if self.cores else None,
+                groups=groups,
             )
+            name = f"testbed-worker{plan.rank}-{plan.role}" + (f"-tp{rank}" if rank != plan.rank else "")
             proc = ctx.Process(
                 target=worker_main,
                 args=(spec, self.inboxes, ReportWriter(writer)),
                 daemon=True,
-                name=f"testbed-worker{plan.rank}-{plan.role}",
+                name=name,
             )
             proc.start()
             writer.close()  # the worker holds the only writing end: its exit closes the pipe
@@ -124,7 +139,7 @@ class Cluster:
 
     def _wait_started(self) -> None:
         deadline = time.monotonic() + self.start_timeout_s
-        while len(self.started) < len(self.plans):
+        while len(self.started) + len(self.followers) < self.num_processes:
             try:
                 msg = self.events.get(timeout=0.5)
             except queue.Empty:
@@ -134,8 +149,10 @@ class Cluster:
                 raise ConfigError(msg.error)
             if isinstance(msg, WorkerError):
                 raise RuntimeError(f"{self.where(msg.worker)} failed to start:\n{msg.error}")
-            if isinstance(msg, Started):
+            if isinstance(msg, Started) and msg.worker < len(self.plans):
                 self.started[msg.worker] = msg
+            elif isinstance(msg, Started):
+                self.followers[msg.worker] = msg
 
     def where(self, rank: int) -> str:
         return f"worker {rank}"
@@ -149,17 +166,27 @@ class Cluster:
     def alive(self, rank: int) -> bool:
         return self.processes[rank].exitcode is None
 
+    @property
+    def num_processes(self) -> int:
+        return len(self.processes)
+
+    def group(self, rank: int) -> list:
+        """A worker's processes: its own and its tensor-parallel ranks'."""
+        return [proc for proc, leader in zip(self.processes, self.leader_of) if leader == rank]
+
     def lose(self, rank: int, why: str) -> None:
         """A worker found dead or silent: make sure it is gone; its requests are the router's to settle."""
-        self.processes[rank].kill()
+        for proc in self.group(rank):
+            proc.kill()
 
     def kill(self, rank: int) -> None:
-        """Fault injection: the worker's process dies now."""
-        self.processes[rank].kill()
+        """Fault injection: the worker's processes die now."""
+        for proc in self.group(rank):
+            proc.kill()
 
     def local_pids(self) -> dict[str, int]:
-        """The workers whose memory this host can sample."""
-        return {f"worker{rank}": s.pid for rank, s in self.started.items()}
+        """The workers' processes whose memory this host can sample."""
+        return {f"worker{rank}": s.pid for rank, s in {**self.started, **self.followers}.items()}
 
     def topology(self) -> dict:
         """meta.json's hosts, ranks and P -> D links, from what each worker said when it started."""
@@ -199,11 +226,11 @@ class Cluster:
 
     def stop(self, leftover_events: list) -> dict[int, int]:
         """Ask every live worker for its KV audit and to exit; returns {rank: allocated blocks}."""
-        for rank, inbox in enumerate(self.inboxes):
+        for rank in range(len(self.plans)):  # a leader stops its other ranks after its own audit
             if self.alive(rank):
-                inbox.put(Stop())
+                self.inboxes[rank].put(Stop())
         deadline = time.monotonic() + STOP_TIMEOUT_S
-        expected = set(range(len(self.plans)))
+        expected = set(range(self.num_processes))
         gone: dict[int, float] = {}
         while not expected <= set(self.audits) and time.monotonic() < deadline:
             try:
@@ -218,8 +245,8 @@ class Cluster:
         return {rank: audit.used_blocks for rank, audit in self.audits.items()}
 
     def _may_still_report(self, rank: int, gone: dict[int, float]) -> bool:
-        """While stopping: a worker whose audit may still come (a pipe keeps what its writer sent)."""
-        return self.alive(rank)
+        """While stopping: a process whose audit may still come (a pipe keeps what its writer sent)."""
+        return self.processes[rank].exitcode is None
 
     def __exit__(self, *exc) -> None:
         for proc in self.processes:

@@ -132,8 +132,14 @@ def harness_breakdown(rows: list[tuple[float, float, float]]) -> dict:
 
 
 def audit_summary(audits: dict[int, Audit]) -> dict:
-    """What each worker still held at the end (all zero unless something leaked)."""
+    """What each worker's process still held at the end (all zero unless something leaked; a
+    tensor-parallel worker's other ranks under their process ranks, after the workers'), and the
+    KV bytes each put on the wire and took off it."""
     return {
+        "kv_wire_bytes": {
+            f"worker{rank}": {"sent": a.kv_bytes_sent, "received": a.kv_bytes_received}
+            for rank, a in sorted(audits.items())
+        },
         "kv_blocks_leaked": {f"worker{rank}": a.used_blocks for rank, a in sorted(audits.items())},
         "kv_blocks_cached": {f"worker{rank}": a.cached_blocks for rank, a in sorted(audits.items())},
         "kv_store": {f"worker{rank}": a.store for rank, a in sorted(audits.items()) if a.store},

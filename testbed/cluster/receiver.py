@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Optional
 
 from testbed.cluster.completion import BufferPool, CompletionTracker
 from testbed.cluster.kv_wire import Retired, receive_part, unpack_arrived
+from testbed.cluster.tensor_group import Groups, Mirror, RecvShare
 from testbed.control.config import KVTransferConfig
 from testbed.control.ledger import Incoming, ReceiveLedger
 from testbed.engine import Engine, Sequence
@@ -49,10 +50,11 @@ class WireIncoming(Incoming):
     recvs: list = field(default_factory=list)  # (layer or None for the whole request, WirePart)
     pieces: int = 0  # pieces written into the blocks so far in this attempt
     num_parts: int | None = None
+    headers: int = 0  # parts announced (a tensor-parallel part may come as several wires)
 
     def restart(self) -> None:
         super().restart()
-        self.recvs, self.pieces, self.num_parts = [], 0, None
+        self.recvs, self.pieces, self.num_parts, self.headers = [], 0, None, 0
 
     @property
     def parts(self) -> list:
@@ -70,8 +72,11 @@ class KVReceiver:
         events,
         kv: KVTransferConfig,
         clock: Callable[[], float] = time.perf_counter,
+        groups: Optional[Groups] = None,
     ):
         self.engine, self.rank, self.inboxes, self.events, self.kv = engine, rank, inboxes, events, kv
+        self.groups = groups  # tensor-parallel workers: each rank receives its own pieces (tensor_group.py)
+        self.bytes_moved = 0  # this process's KV taken off the wire into its blocks
         self.timeout_s, self.policy, self.clock = kv.timeout_s, kv.failure_policy(), clock
         self.piece_bytes = kv.piece_bytes
         self.completions = CompletionTracker(kv.timeout_s)
@@ -110,14 +115,32 @@ class KVReceiver:
 
     def on_part(self, msg: KVPart) -> None:
         assert msg.dtype == str(self.engine.runner.dtype).removeprefix("torch."), "P and D pools differ in dtype"
-        # every header gets its receive, even a stale one: later parts stay in step with P's sends
-        wire = receive_part(msg.shape, msg.src, self.buffers, self.completions, self.piece_bytes)
+        # every header gets its receives, even a stale one: later parts stay in step with P's sends
+        wires = [
+            receive_part(shape, src, self.buffers, self.completions, self.piece_bytes, heads)
+            for src, shape, heads in self._pieces(msg)
+        ]
         entry = self.ledger.current(msg.rid, msg.attempt, msg.src)
+        layer = msg.part if len(msg.shape) == 4 else None  # a layer part is 4-d
+        if isinstance(self.engine, Mirror):  # the group's other ranks receive their pieces too
+            table, start = (tuple(entry.seq.block_table), entry.seq.num_cached_tokens) if entry else ((), 0)
+            num_tokens = msg.shape[-3]
+            self.engine.tell(RecvShare(msg.rid, msg.attempt, msg.src, table, num_tokens, start, layer, entry is None))
         if entry is None:
-            self.retired.add([wire])
+            self.retired.add(wires)
             return
-        entry.recvs.append((msg.part if len(msg.shape) == 4 else None, wire))  # a layer part is 4-d
+        entry.recvs.extend((layer, wire) for wire in wires)
+        entry.headers += 1
         self.ledger.renew(entry, self.clock())
+
+    def _pieces(self, msg: KVPart) -> list[tuple[int, tuple, Optional[slice]]]:
+        """(process rank, shape, heads of this pool) of each piece of a part this process receives."""
+        if self.groups is None:
+            return [(msg.src, msg.shape, None)]
+        return [
+            (src, (*msg.shape[:-2], num_heads, msg.shape[-1]), heads)
+            for src, num_heads, heads in self.groups.receives(msg.src, self.rank, 0)
+        ]
 
     def on_done(self, msg: KVDone) -> None:
         entry = self.ledger.current(msg.rid, msg.attempt, msg.src)
@@ -158,7 +181,7 @@ class KVReceiver:
             if pieces > entry.pieces:
                 entry.pieces = pieces
                 self.ledger.renew(entry, now)
-            if entry.num_parts is not None and len(entry.recvs) == entry.num_parts and all(unpacked):
+            if entry.num_parts is not None and entry.headers == entry.num_parts and all(unpacked):
                 self._install(rid, self.clock())  # after the unpacking: when the KV is really there
             elif self.ledger.expired(entry, now, self.timeout_s):
                 self._attempt_failed(
@@ -168,6 +191,7 @@ class KVReceiver:
     def _install(self, rid: int, now: float) -> None:
         entry = self.ledger.take(rid)
         for wire in entry.parts:
+            self.bytes_moved += wire.nbytes
             self.buffers.put(wire.buffer)
         self.engine.install(rid, entry.first_token)
         self.events.put(KVArrived(rid, self.rank, now, entry.attempt, entry.prefill_rank))

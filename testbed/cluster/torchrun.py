@@ -105,6 +105,7 @@ class TorchrunCluster(Cluster):
     def __init__(self, session: Session, cfg, plans: list[WorkerPlan], template: WorkerSpec, point: int):
         self.plans, self.template, self.start_timeout_s = plans, template, session.timeout_s
         self.started: dict[int, Started] = {}
+        self.followers: dict[int, Started] = {}  # none: a tensor-parallel worker runs on one box
         self.audits: dict[int, Audit] = {}
         self.cores = None  # each host's own: one worker per rank, as torchrun placed them
         self.session, self.cfg, self.point = session, cfg, point
@@ -134,6 +135,10 @@ class TorchrunCluster(Cluster):
             self.__exit__(type(error), error, None)
             raise
         return self
+
+    @property
+    def num_processes(self) -> int:
+        return len(self.plans)
 
     def _start_child(self) -> None:
         s = self.session

@@ -27,13 +27,16 @@ import torch.distributed as dist
 
 from testbed.cluster.connector import KVSender
 from testbed.cluster.emulation import Emulation, role_pacers
+from testbed.cluster.follower import Follower
 from testbed.cluster.kv_ipc import PoolHandle, export_pool, release, shared_pool
 from testbed.cluster.pacing import hold
 from testbed.cluster.receiver import KVReceiver
+from testbed.cluster.tensor_group import Groups, Halt, Mirror, new_groups
 from testbed.control.config import ClusterConfig, KVTransferConfig
 from testbed.engine import Engine, EngineConfig, SchedulerConfig, Sequence, StepResult
 from testbed.errors import PeerLost, TestbedError
 from testbed.model.config import ModelConfig
+from testbed.model.tensor_parallel import shard_model
 from testbed.names import Granularity, Role
 from testbed.net.faults import FaultsConfig, KVFaults, Stall
 from testbed.net.messages import (
@@ -95,7 +98,8 @@ class WorkerSpec:
     rendezvous: Optional[tuple] = None
     host: str = ""  # where the worker runs (meta.json's hosts and links)
     node: int = 0
-    roles: tuple = ()  # every rank's role: P and D warm their links up before the run's clock starts
+    roles: tuple = ()  # every process rank's role: P and D warm their links up before the run's clock starts
+    groups: Optional[Groups] = None  # tensor-parallel workers' processes (None: one process per worker)
 
 
 def worker_main(spec: WorkerSpec, inboxes, events, lost_router=lambda: False) -> None:
@@ -109,6 +113,7 @@ def worker_main(spec: WorkerSpec, inboxes, events, lost_router=lambda: False) ->
     try:
         engine = _setup(spec)
         pool = _export_pool(spec, engine)
+        leader = _leader(spec)
         events.put(
             Started(
                 spec.rank,
@@ -122,19 +127,27 @@ def worker_main(spec: WorkerSpec, inboxes, events, lost_router=lambda: False) ->
             )
         )
         with torch.inference_mode():  # one mode for every tensor the worker touches, KV buffers included
-            Worker(spec, engine, inboxes, events, lost_router, pool).loop()
+            if spec.rank == leader:
+                Worker(spec, engine, inboxes, events, lost_router, pool).loop()
+            else:
+                Follower(spec, engine, inboxes[spec.rank], events).loop()
     except RouterLost:
         raise  # nobody left to report to: the rank's own process says it
     except PeerLost as lost:  # another worker stopped taking messages: the router fails the run
-        events.put(WorkerError(spec.rank, str(lost)))
+        events.put(WorkerError(_leader(spec), str(lost)))
     except TestbedError as error:  # bad input found where the engine is built: still one line
-        events.put(WorkerError(spec.rank, str(error), bad_input=True))
+        events.put(WorkerError(_leader(spec), str(error), bad_input=True))
     except Exception:  # noqa: BLE001 - the driver reports it and shuts the run down
-        events.put(WorkerError(spec.rank, traceback.format_exc()))
+        events.put(WorkerError(_leader(spec), traceback.format_exc()))
     finally:
         release(pool)
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _leader(spec: WorkerSpec) -> int:
+    """The worker this process is a rank of (its own rank for a leader): errors name it."""
+    return spec.rank if spec.groups is None else spec.groups.place(spec.rank)[0]
 
 
 def _export_pool(spec: WorkerSpec, engine: Engine) -> Optional[PoolHandle]:
@@ -163,6 +176,7 @@ def _setup(spec: WorkerSpec) -> Engine:
         os.nice(CPU_WORKER_NICE)
     # ipc moves no KV over the group, and NCCL cannot pair two ranks on one GPU (P and D may share one)
     _init_group(spec, "nccl" if device.type == "cuda" and not spec.kv.direct else "gloo")
+    tp_group = new_groups(spec.groups, spec.rank)
     if not spec.kv.direct:
         warm_links(spec.rank, spec.roles, device)
     # model.max_model_len unset: fitted to this pool, which Started reports; the driver says it once
@@ -180,6 +194,7 @@ def _setup(spec: WorkerSpec) -> Engine:
         path=spec.model.path,
         seed=spec.model.seed,
         fit_max_model_len=fit,
+        shard=_shard(spec, tp_group),
     )
     engine.warmup()
     # what start-up built (the model, torch's modules, the warm-up's tensors) out of the cyclic
@@ -187,11 +202,20 @@ def _setup(spec: WorkerSpec) -> Engine:
     # disaggregated run on this machine, holds a tiny model's step for 140 ms
     gc.collect()
     gc.freeze()
-    if spec.report_cache:  # after the warm-up: its prompts are nobody's prefix
+    if spec.report_cache and spec.rank == _leader(spec):  # after the warm-up: its prompts are nobody's prefix
         engine.track_cache_changes()
     if spec.kv_store is not None:
         engine.attach_store(spec.kv_store)
     return engine
+
+
+def _shard(spec: WorkerSpec, group):
+    """A tensor-parallel rank's model from the full one (each rank builds the same full model from
+    its seed or checkpoint, then keeps its shard); None for a worker of one process."""
+    if group is None:
+        return None
+    worker, index = spec.groups.place(spec.rank)
+    return lambda full: shard_model(full, index, spec.groups.tp(worker), group)
 
 
 def _init_group(spec: WorkerSpec, backend: str) -> None:
@@ -257,7 +281,10 @@ class Worker:
         lost_router=lambda: False,
         pool: Optional[PoolHandle] = None,
     ):
-        self.spec, self.engine, self.inbox, self.events = spec, engine, inboxes[spec.rank], events
+        self.spec, self.inbox, self.events = spec, inboxes[spec.rank], events
+        others = spec.groups.ranks[spec.rank][1:] if spec.groups is not None else ()
+        # a tensor-parallel worker's other ranks take every call that changes the engine
+        self.engine = Mirror(engine, [inboxes[r] for r in others]) if others else engine
         self.pool = pool  # ipc, D: this worker's exported pool, until every P has mapped it
         self.unattached = {r for r, role in enumerate(spec.roles) if role == Role.PREFILL_ONLY} if pool else set()
         self.lost_router = lost_router
@@ -265,11 +292,11 @@ class Worker:
         self.sender = self.receiver = None
         if spec.role == Role.PREFILL_ONLY:
             faults = KVFaults(spec.faults, seed=spec.seed * 1000 + spec.rank)
-            self.sender = KVSender(engine, spec.rank, inboxes, events, spec.kv, faults)
+            self.sender = KVSender(self.engine, spec.rank, inboxes, events, spec.kv, faults, groups=spec.groups)
             if spec.kv.granularity == Granularity.LAYER:
                 engine.after_layer = self.sender.stream_layer
         if spec.role == Role.DECODE_ONLY:
-            self.receiver = KVReceiver(engine, spec.rank, inboxes, events, spec.kv)
+            self.receiver = KVReceiver(self.engine, spec.rank, inboxes, events, spec.kv, groups=spec.groups)
             for rank in self.unattached:
                 inboxes[rank].put(KVPoolExport(spec.rank, pool))
         self.pacer = self.link = None
@@ -297,6 +324,8 @@ class Worker:
         if self.receiver is not None:
             self.receiver.close()
         self.events.put(self._audit())
+        if isinstance(self.engine, Mirror):
+            self.engine.tell(Halt())
 
     def _watch_router(self) -> None:
         now = time.perf_counter()
@@ -320,6 +349,8 @@ class Worker:
             sum(side.buffers.loaned_bytes for side in sides),
             self.engine.num_cached_blocks,
             self.engine.store_stats,
+            self.sender.bytes_moved if self.sender is not None else 0,
+            self.receiver.bytes_moved if self.receiver is not None else 0,
         )
 
     def _can_step(self) -> bool:

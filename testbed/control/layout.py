@@ -26,9 +26,9 @@ class WorkerPlan:
 
     @property
     def devices(self) -> list[str]:
-        """Every device of the worker's group, `device` first."""
-        if self.tp == 1:
-            return [self.device]
+        """Every device of the worker's group, `device` first (CPU processes all on "cpu")."""
+        if self.tp == 1 or ":" not in self.device:
+            return [self.device] * self.tp
         kind, _, first = self.device.rpartition(":")
         return [f"{kind}:{int(first) + i}" for i in range(self.tp)]
 

@@ -75,9 +75,12 @@ class Engine:
         path: str | None = None,
         seed: int = 0,
         fit_max_model_len: bool = False,
+        shard=None,
     ):
+        """`shard`: the model a tensor-parallel rank keeps of the full one (None: all of it)."""
         device = torch.device(device)
         model = build_model(args, device, resolve_dtype(dtype, device), path=path, seed=seed)
+        model = shard(model) if shard is not None else model
         return cls(model, engine_config, scheduler_config, policy, device, fit_max_model_len)
 
     # -- requests in --------------------------------------------------------------------------

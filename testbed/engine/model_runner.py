@@ -266,9 +266,11 @@ class ModelRunner:
         """One block's KV, (layers, 2, block_size, Hkv, D): a contiguous view into the pool."""
         return self.kv_cache[block_id]
 
-    def kv_shape(self, num_tokens: int, layer: int | None = None) -> tuple[int, ...]:
+    def kv_shape(self, num_tokens: int, layer: int | None = None, heads: slice | None = None) -> tuple[int, ...]:
+        """A part's shape; `heads`: a slice of this pool's KV heads (a tensor-parallel rank's piece)."""
         a = self.args
-        per_layer = (num_tokens, a.num_kv_heads, a.head_dim)
+        num_heads = len(range(a.num_kv_heads)[heads]) if heads is not None else a.num_kv_heads
+        per_layer = (num_tokens, num_heads, a.head_dim)
         return (2, *per_layer) if layer is not None else (2, a.num_layers, *per_layer)
 
     def _slabs(self, layer: int | None) -> list[tuple[int, int]]:
@@ -282,25 +284,39 @@ class ModelRunner:
         layer: int | None = None,
         out: torch.Tensor | None = None,
         start: int = 0,
+        heads: slice | None = None,
     ) -> torch.Tensor:
         """The KV of tokens [start, start + num_tokens) packed into one buffer of `kv_shape`: per
-        (K or V, layer), a plain row gather from the pool seen as rows of (Hkv, D)."""
+        (K or V, layer), a plain row gather from the pool seen as rows of (Hkv, D); `heads`: only
+        those of the pool's KV heads."""
         base = self._token_rows(block_table, start + num_tokens)[start:]
         out = (
-            torch.empty(self.kv_shape(num_tokens, layer), dtype=self.dtype, device=self.device) if out is None else out
+            torch.empty(self.kv_shape(num_tokens, layer, heads), dtype=self.dtype, device=self.device)
+            if out is None
+            else out
         )
-        rows = self.kv_cache.view(-1, *self.kv_cache.shape[-2:])
+        rows = self._rows(heads)
         for kv, i in self._slabs(layer):
             torch.index_select(
                 rows, 0, base + self._slab_offset(i, kv), out=out[kv] if layer is not None else out[kv, i]
             )
         return out
 
+    def _rows(self, heads: slice | None) -> torch.Tensor:
+        """The pool as rows of (Hkv, D), or a view of some of its heads (written through)."""
+        rows = self.kv_cache.view(-1, *self.kv_cache.shape[-2:])
+        return rows if heads is None else rows[:, heads]
+
     def write_tokens(
-        self, block_table: list[int], data: torch.Tensor, layer: int | None = None, start: int = 0
+        self,
+        block_table: list[int],
+        data: torch.Tensor,
+        layer: int | None = None,
+        start: int = 0,
+        heads: slice | None = None,
     ) -> None:
         base = self._token_rows(block_table, start + data.shape[-3])[start:]
-        rows = self.kv_cache.view(-1, *self.kv_cache.shape[-2:])
+        rows = self._rows(heads)
         for kv, i in self._slabs(layer):
             rows.index_copy_(0, base + self._slab_offset(i, kv), data[kv] if layer is not None else data[kv, i])
 

@@ -233,6 +233,8 @@ class Audit:
     loaned_bytes: int = 0
     cached_blocks: int = 0  # free blocks kept for their prefix (a cache, not a leak)
     store: dict = field(default_factory=dict)  # its traffic with the shared KV store (StoreStats)
+    kv_bytes_sent: int = 0  # KV this process put on the wire, and took off it into its blocks
+    kv_bytes_received: int = 0
 
 
 @dataclass(frozen=True)

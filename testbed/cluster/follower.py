@@ -1,0 +1,130 @@
+"""A rank of a tensor-parallel worker other than its leader (testbed/cluster/tensor_group.py).
+
+    loop: take the leader's next call -> run it on this rank's engine and KV share
+
+It decides nothing: the leader's calls arrive in the order the leader made them, so this rank's
+engine takes the leader's states; its steps' all-reduces pair with the leader's. Its KV pieces
+travel between it and the ranks of the peer group that the reshard plan names. An install waits
+for this rank's own pieces of the request (a step must not read KV that has not arrived), bounded
+by the transfer timeout: a lost peer fails the worker, and the router the run.
+"""
+
+from __future__ import annotations
+
+import pickle
+import time
+
+from testbed.cluster.completion import BufferPool, CompletionTracker
+from testbed.cluster.kv_wire import Retired, receive_part, send_part, unpack_arrived
+from testbed.cluster.tensor_group import EngineCall, Halt, RecvShare, SendShare
+from testbed.errors import PeerLost
+from testbed.net.messages import Audit
+
+WAIT_S = 0.001  # between polls of this rank's pieces while an install waits for them
+
+
+class Follower:
+    def __init__(self, spec, engine, inbox, events):
+        self.spec, self.engine, self.inbox, self.events = spec, engine, inbox, events
+        self.worker, self.index = spec.groups.place(spec.rank)
+        kv = spec.kv
+        self.completions = CompletionTracker(kv.timeout_s)
+        self.buffers = BufferPool(engine.runner.device, engine.runner.dtype)
+        self.retired = Retired(self.buffers)
+        self.incoming: dict[int, tuple[int, list]] = {}  # rid -> (attempt, [(layer, start, block table, wire)])
+        self.bytes_sent = self.bytes_received = 0
+
+    def loop(self) -> None:
+        while True:
+            message = pickle.loads(self.inbox.get())
+            if isinstance(message, Halt):
+                break
+            self.apply(message)
+            self.retired.poll()
+        self.events.put(self.audit())
+
+    def apply(self, message) -> None:
+        if isinstance(message, EngineCall):
+            self.call(message)
+        elif isinstance(message, SendShare):
+            self.send(message)
+        elif isinstance(message, RecvShare):
+            self.receive(message)
+
+    def call(self, call: EngineCall) -> None:
+        if call.name == "install":
+            self._await(call.args[0])
+        elif call.name in ("abort", "release", "recompute"):
+            self._retire(call.args[0])
+        getattr(self.engine, call.name)(*call.args)
+
+    # -- KV --------------------------------------------------------------------------------------
+    def send(self, share: SendShare) -> None:
+        runner, kv = self.engine.runner, self.spec.kv
+        for dst, heads in self.spec.groups.sends(self.worker, self.index, share.dst):
+            wire = send_part(
+                runner,
+                list(share.block_table),
+                share.num_tokens,
+                share.layer,
+                dst,
+                self.buffers,
+                self.completions,
+                kv.piece_bytes,
+                start=share.start,
+                heads=heads,
+            )
+            self.bytes_sent += wire.nbytes
+            self.retired.add([wire])  # its buffer returns once the pieces have left
+
+    def receive(self, share: RecvShare) -> None:
+        runner = self.engine.runner
+        wires = []
+        for src, num_heads, heads in self.spec.groups.receives(share.src, self.worker, self.index):
+            shape = runner.kv_shape(share.num_tokens, share.layer)
+            shape = (*shape[:-2], num_heads, shape[-1])
+            wires.append(receive_part(shape, src, self.buffers, self.completions, self.spec.kv.piece_bytes, heads))
+        if share.stale:
+            self.retired.add(wires)
+            return
+        attempt, held = self.incoming.get(share.rid, (share.attempt, []))
+        if attempt != share.attempt:  # a new attempt: the last one's pieces are abandoned
+            self.retired.add([w for *_, w in held])
+            held = []
+        held = held + [(share.layer, share.start, share.block_table, w) for w in wires]
+        self.incoming[share.rid] = (share.attempt, held)
+
+    def _await(self, rid: int) -> None:
+        """Every piece of this rank's share of `rid` in its blocks, or PeerLost."""
+        _, held = self.incoming.pop(rid, (0, []))
+        runner = self.engine.runner
+        while True:
+            arrived = [unpack_arrived(runner, list(table), w, layer, start) for layer, start, table, w in held]
+            broken = next((w.error() for *_, w in held if w.error()), None)
+            if broken:
+                raise PeerLost(f"tensor-parallel rank {self.spec.rank}: its KV share of request {rid} broke: {broken}")
+            if all(arrived):
+                break
+            time.sleep(WAIT_S)
+        for *_, wire in held:
+            self.bytes_received += wire.nbytes
+            self.buffers.put(wire.buffer)
+
+    def _retire(self, rid: int) -> None:
+        _, held = self.incoming.pop(rid, (0, []))
+        self.retired.add([w for *_, w in held])
+
+    def audit(self) -> Audit:
+        deadline = time.perf_counter() + self.spec.kv.timeout_s
+        while self.retired.parts and time.perf_counter() < deadline:
+            time.sleep(WAIT_S)
+            self.retired.poll()
+        return Audit(
+            self.spec.rank,
+            self.engine.num_used_blocks,
+            len(self.buffers.loaned),
+            self.buffers.loaned_bytes,
+            self.engine.num_cached_blocks,
+            kv_bytes_sent=self.bytes_sent,
+            kv_bytes_received=self.bytes_received,
+        )
