@@ -1,16 +1,20 @@
-"""Attention backends against SDPA: python -m testbed.bench.parity [--device cuda:0]
+"""Attention backends against SDPA: python -m testbed.bench.parity [--device cuda:0] [--size tiny]
 
 Random paged batches at Llama-3-8B's head geometry (32 query heads, 8 KV heads, head dim 128),
 scattered blocks of a block-major pool read through one layer's strided views (as the engine's),
 fresh draws per case: every backend this device can run (flash-attn, the Triton
 decode kernel) against the torch SDPA backend computed in float32 on the same inputs, as the
 relative error ||out - ref|| / ||ref||. bf16 operands land between 1e-3 and 1e-2; NaN never passes.
+`--size tiny` runs the same cases at a small shape (8 query heads over 2 KV heads of dim 64, fewer
+and shorter sequences, still spanning several blocks of either size): a check of the bench itself
+on a CPU (scripts/gpu_check --smoke), where the full shape's bf16 attention takes tens of seconds.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import dataclass
 
 import torch
 
@@ -25,7 +29,33 @@ CASES = {
 }
 
 
-def paged_batch(q_lens, kv_lens, block_size: int, device, dtype, seed: int):
+@dataclass(frozen=True)
+class Shape:
+    """The heads and the cases a parity run draws."""
+
+    heads: int
+    kv_heads: int
+    dim: int
+    cases: dict  # {name: (new tokens per sequence, context per sequence after the step)}
+
+
+SHAPES = {
+    "full": Shape(HEADS, KV_HEADS, DIM, CASES),
+    # the same kinds of step, small: decodes whose contexts span two 256-token blocks, a fresh prefill,
+    # chunks after a cached context, grouped queries (4 per KV head)
+    "tiny": Shape(
+        8,
+        2,
+        64,
+        {
+            "decode x8": ([1] * 8, [1 + 61 * i for i in range(8)]),
+            "mixed": ([1] * 4 + [64, 40, 17], [40 * i + 3 for i in range(4)] + [64, 300, 200]),
+        },
+    ),
+}
+
+
+def paged_batch(q_lens, kv_lens, block_size: int, device, dtype, seed: int, shape: Shape = SHAPES["full"]):
     gen = torch.Generator(device="cpu").manual_seed(seed)
     blocks = sum(-(-n // block_size) for n in kv_lens) + 2
     ids = torch.randperm(blocks, generator=gen).tolist()
@@ -34,11 +64,12 @@ def paged_batch(q_lens, kv_lens, block_size: int, device, dtype, seed: int):
         tables.append(ids[used : used + -(-n // block_size)])
         used += len(tables[-1])
     rand = lambda *shape: torch.randn(*shape, generator=gen).to(device=device, dtype=dtype)  # noqa: E731
-    pool = rand(blocks, 1, 2, block_size, KV_HEADS, DIM)  # (blocks, layers, K/V, ...): the engine's layout
+    heads, kv_heads, dim = shape.heads, shape.kv_heads, shape.dim
+    pool = rand(blocks, 1, 2, block_size, kv_heads, dim)  # (blocks, layers, K/V, ...): the engine's layout
     k_cache, v_cache = pool[:, 0, 0], pool[:, 0, 1]  # a block's K and V 2 x block_size rows apart
     stride = block_stride(k_cache)
     t = sum(q_lens)
-    q, k, v = rand(t, HEADS, DIM), rand(t, KV_HEADS, DIM), rand(t, KV_HEADS, DIM)
+    q, k, v = rand(t, heads, dim), rand(t, kv_heads, dim), rand(t, kv_heads, dim)
     slots = [
         tab[p // block_size] * stride + p % block_size
         for tab, ql, kl in zip(tables, q_lens, kv_lens)
@@ -61,9 +92,9 @@ def paged_batch(q_lens, kv_lens, block_size: int, device, dtype, seed: int):
     return q, k, v, k_cache, v_cache, meta
 
 
-def relative_error(name: str, device, block_size: int, case: str, seed: int) -> float:
+def relative_error(name: str, device, block_size: int, case: str, seed: int, shape: Shape = SHAPES["full"]) -> float:
     dtype = torch.bfloat16
-    q, k, v, k_cache, v_cache, meta = paged_batch(*CASES[case], block_size, device, dtype, seed)
+    q, k, v, k_cache, v_cache, meta = paged_batch(*shape.cases[case], block_size, device, dtype, seed, shape)
     backend = select_backend(name, device, dtype, block_size)
     out = backend(q, k_cache, v_cache, meta, k=k, v=v).float()
     f = lambda x: x.float()  # noqa: E731
@@ -71,14 +102,14 @@ def relative_error(name: str, device, block_size: int, case: str, seed: int) -> 
     return ((out - ref).norm() / ref.norm()).item()
 
 
-def run(device: str) -> list[dict]:
-    device = torch.device(device)
+def run(device: str, size: str = "full") -> list[dict]:
+    device, shape = torch.device(device), SHAPES[size]
     rows = []
     for name, block_sizes in (("flash", [256]), ("triton", [16, 256]), ("torch", [16])):
         for block_size in block_sizes:
-            for seed, case in enumerate(CASES):
+            for seed, case in enumerate(shape.cases):
                 try:
-                    error = relative_error(name, device, block_size, case, seed)
+                    error = relative_error(name, device, block_size, case, seed, shape)
                 except ConfigError as missing:  # the backend cannot run here: say why, once per row
                     rows.append(
                         {
@@ -105,9 +136,15 @@ def run(device: str) -> list[dict]:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda:0" if torch.cuda.is_available() else "cpu")
+    parser.add_argument(
+        "--size",
+        choices=sorted(SHAPES),
+        default="full",
+        help="full: Llama-3-8B's heads and the cases above (default); tiny: the same cases small, a check of the bench",
+    )
     parser.add_argument("--json")
     a = parser.parse_args(argv)
-    rows = run(a.device)
+    rows = run(a.device, a.size)
     print(f"{'backend':>8} {'block':>5} {'case':>11} {'rel. error':>10}")
     for r in rows:
         figure = f"{r['error']:.2e}" if r["error"] is not None else "skipped"
