@@ -15,16 +15,22 @@ def kinds(summary):
 
 
 def assert_no_leaks(summary, dead=()):
-    """Every surviving worker audited: no KV block and no staging buffer still held."""
-    survivors = {w for w in summary["workers"] if w not in dead}
+    """Every process of every surviving worker (a tensor-parallel worker's ranks each) audited: no
+    KV block and no staging buffer still held."""
+    survivors = {p for w, v in summary["workers"].items() if w not in dead for p in v["processes"]}
     assert summary["kv_blocks_leaked"] == {w: 0 for w in survivors}
     assert summary["staging_buffers_leaked"] == {w: {"count": 0, "bytes": 0} for w in survivors}
 
 
-def test_killed_prefill_worker_requests_are_redispatched(tmp_path):
+TP2 = ["cluster.prefill_tp=2", "cluster.decode_tp=2"]  # every worker two processes (sharded model, KV shares)
+
+
+@pytest.mark.parametrize("tp", [[], TP2], ids=["tp1", "tp2"])
+def test_killed_prefill_worker_requests_are_redispatched(tmp_path, tp):
     cfg = make_config(
         *small_workload(n=24, rate=30),
         *LONG,
+        *tp,
         "mode=disagg",
         "cluster.num_prefill=2",
         "cluster.num_decode=1",
@@ -65,10 +71,13 @@ def test_killed_mixed_worker_fails_its_requests(tmp_path):
     assert_no_leaks(result["summary"], dead={"worker1"})
 
 
-@pytest.mark.parametrize("on_failure", ["fail", "recompute"])
-def test_dropped_kv_times_out_and_is_failed_or_recomputed(tmp_path, on_failure):
+@pytest.mark.parametrize(
+    "on_failure, tp", [("fail", []), ("recompute", []), ("recompute", TP2)], ids=["fail", "recompute", "recompute-tp2"]
+)
+def test_dropped_kv_times_out_and_is_failed_or_recomputed(tmp_path, on_failure, tp):
     cfg = make_config(
         *small_workload(n=12, rate=30),
+        *tp,
         "mode=disagg",
         "faults.drop_kv_probability=0.3",
         "kv_transfer.timeout_s=1",
@@ -117,10 +126,13 @@ def test_retry_resends_dropped_kv_until_it_arrives(tmp_path):
     assert_no_leaks(summary)
 
 
-@pytest.mark.parametrize("fallback", ["recompute", "fail"])
-def test_retries_exhausted_fall_back_to_recompute_or_fail(tmp_path, fallback):
+@pytest.mark.parametrize(
+    "fallback, tp", [("recompute", []), ("fail", []), ("fail", TP2)], ids=["recompute", "fail", "fail-tp2"]
+)
+def test_retries_exhausted_fall_back_to_recompute_or_fail(tmp_path, fallback, tp):
     cfg = make_config(
         *small_workload(n=6, rate=30),
+        *tp,
         "mode=disagg",
         "faults.drop_kv_probability=1",
         "kv_transfer.timeout_s=0.5",
@@ -139,13 +151,16 @@ def test_retries_exhausted_fall_back_to_recompute_or_fail(tmp_path, fallback):
     assert_no_leaks(result["summary"])
 
 
-def test_decode_worker_killed_with_kv_on_the_wire_fails_for_its_death_only(tmp_path):
+@pytest.mark.parametrize("tp", [[], TP2], ids=["tp1", "tp2"])
+def test_decode_worker_killed_with_kv_on_the_wire_fails_for_its_death_only(tmp_path, tp):
     """Worker 2 stops reading (stalled) while P's sends to it wait on the wire, then dies: those
     sends break on P (or P drops them when the router ends their requests first: which comes first
-    is a race), and the requests fail because worker 2 died, not as transfer errors."""
+    is a race), and the requests fail because worker 2 died, not as transfer errors. At TP2 every
+    rank of worker 2 dies with it, and every rank of P and of worker 1 ends clean."""
     cfg = make_config(
         *small_workload(n=30, rate=40),
         *LONG,
+        *tp,
         "mode=disagg",
         "cluster.num_prefill=1",
         "cluster.num_decode=2",

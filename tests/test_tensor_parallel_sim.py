@@ -154,13 +154,13 @@ def one_line(error) -> str:
     return text
 
 
-def test_real_workers_refuse_tp_in_one_line():
-    with pytest.raises(ConfigError) as real:
-        compose_config(["model=llama3_70b", "mode=disagg", "cluster.decode_tp=2", "hardware=cpu"])
-    assert one_line(real).startswith("cluster.decode_tp=2: real tensor-parallel workers are not built yet")
-    assert "executor=sim models them" in one_line(real)
-    with pytest.raises(ConfigError, match="real tensor-parallel workers are not built yet"):
-        compose_config(["cluster.tp=2", "hardware=cpu", "hardware.emulate=h100_sxm", "model=tiny"])
+def test_real_tp_workers_refuse_what_they_do_not_combine_with_in_one_line():
+    compose_config(["model=tiny", "mode=disagg", "cluster.decode_tp=2", "hardware=cpu"])  # real TP workers run
+    for setting in ("kv_transfer.backend=ipc", "kv_transfer.granularity=layer", "kv_store.capacity_mib=8"):
+        with pytest.raises(ConfigError) as real:
+            compose_config(["model=tiny", "mode=disagg", "cluster.decode_tp=2", "hardware=cpu", setting])
+        assert one_line(real).startswith("cluster.decode_tp=2 with "), setting
+        assert "use kv_transfer.backend=process_group" in one_line(real)
 
 
 @pytest.mark.parametrize(

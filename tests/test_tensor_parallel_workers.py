@@ -10,7 +10,11 @@ from __future__ import annotations
 import pytest
 
 from testbed import LLM
-from testbed.model.config import preset
+from testbed.cluster.emulation import Emulation, emulation_meta, role_pacers
+from testbed.errors import ConfigError
+from testbed.metrics.record import StepRecord
+from testbed.model.config import PRESETS, preset
+from testbed.perf.resolve import analytical
 from testbed.studies.real_point import serve
 from testbed.workload import build_workload
 from tests.cluster_helpers import make_config
@@ -104,3 +108,53 @@ def test_dropped_kv_is_resent_by_every_rank_without_a_leak(tmp_path, reference_t
     )
     assert tokens_of(requests) == reference_tokens
     assert (result["transfers"].groupby("request_id").attempt.max() > 1).any()
+
+
+def step_record(decodes: int, context: int) -> StepRecord:
+    return StepRecord(0.0, 0.001, "chunked", 0, decodes, decodes, 0, 0, decodes, 0, 0, 0, 0, 0, (), context)
+
+
+# -- emulated tensor-parallel groups (hardware.emulate) -----------------------------------------
+def test_an_emulated_tp_group_is_paced_by_the_simulators_tp_roofline():
+    """A rank of TP2 paces its steps by the roofline split over two devices plus its all-reduces
+    (the simulator's RooflineModel at tp=2), and a hand-off by the busiest rank's share of the KV."""
+    cfg = make_config("hardware.emulate=h100_sxm", "hardware.emulate_model=llama3_8b")
+    emulation = Emulation.from_hardware(cfg.hardware)
+    tiny_kv = PRESETS["tiny"].kv_bytes_per_token * 4
+    one, link1 = role_pacers(emulation, "prefill_only", cfg.model, tiny_kv)
+    two, link2 = role_pacers(emulation, "prefill_only", cfg.model, tiny_kv, tp=2, decode_tp=2)
+    roofline, _ = analytical("h100_sxm", PRESETS["llama3_8b"], 2, tp=2, **dict(emulation.host))
+    shape = step_record(decodes=8, context=8 * 512)
+    assert two.modelled_s(shape) == roofline.step_time(0, 0.0, 8, 8 * 512)
+    assert two.modelled_s(shape) < one.modelled_s(shape)  # an 8B decode step reads half the weights per rank
+    # tiny's 2 KV heads over TP2 -> TP2: each rank one head, so each link carries half the real bytes
+    assert link2.bytes_scale == pytest.approx(link1.bytes_scale / 2)
+    assert emulation_meta(emulation, cfg.model, True, make_config("cluster.decode_tp=2").cluster)["decode"]["tp"] == 2
+
+
+def test_a_measured_profile_cannot_pace_a_tp_group(tmp_path):
+    with pytest.raises(ConfigError, match="measured profile of one device; a tensor-parallel worker"):
+        role_pacers(Emulation("p.json", "p.json", "p.json"), "chunked", make_config().model, 1, tp=2)
+
+
+def test_an_emulated_tp2_run_records_the_tp_rooflines_step_times(tmp_path, reference_tokens):
+    result, requests = run(
+        tmp_path,
+        [
+            "mode=colocated",
+            "cluster.num_workers=1",
+            "cluster.tp=2",
+            "hardware.num_devices=2",
+            "hardware.emulate=h100_sxm",
+            "hardware.emulate_model=llama3_8b",
+        ],
+    )
+    assert tokens_of(requests) == reference_tokens
+    steps = result["steps"]
+    emulation = Emulation.from_hardware(make_config("hardware.emulate=h100_sxm").hardware)
+    roofline, _ = analytical("h100_sxm", PRESETS["llama3_8b"], 2, tp=2, **dict(emulation.host))
+    decodes = steps[steps.prefill_tokens == 0]
+    shapes = zip(decodes.decode_seqs, decodes.decode_context)
+    expected = [roofline.step_time(0, 0.0, int(n), float(c)) for n, c in shapes]
+    assert decodes.modelled_s.tolist() == pytest.approx(expected)
+    assert result["summary"]["emulated"]["decode"]["tp"] == 2  # a mixed worker: both phases

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Optional
 
 from testbed.cluster.pacing import LinkPacer, StepPacer
+from testbed.control.reshard import busiest_heads, reshard
 from testbed.errors import ConfigError
 from testbed.model.config import PRESETS, ModelArgs, ModelConfig
 from testbed.names import Kind, KVBackend, Role
@@ -81,11 +82,19 @@ def modelled_args(emulation: Emulation, model: ModelConfig) -> ModelArgs:
     return PRESETS[emulation.model] if emulation.model else model.args()
 
 
-def resolve(spec: str, args: ModelArgs, dtype: str, key: str = "hardware.emulate", host: tuple = ()) -> Paced:
+def resolve(
+    spec: str, args: ModelArgs, dtype: str, key: str = "hardware.emulate", host: tuple = (), tp: int = 1
+) -> Paced:
     """The cost model a spec names, built for the shape `args` with KV elements of `dtype` (a
     measured profile must describe `args` and carries its own dtype); `host`: an analytical
-    GPU's host terms (Emulation.host)."""
-    terms = {"dtype": dtype, **dict(host)} if is_gpu(spec) else {}
+    GPU's host terms (Emulation.host); `tp`: one rank of a tensor-parallel group of that many
+    (the roofline's split work plus its all-reduces; a measured profile timed one device)."""
+    if tp > 1 and not is_gpu(spec):
+        raise ConfigError(
+            f"{key}={spec!r} is a measured profile of one device; a tensor-parallel worker (TP{tp}) is "
+            f"paced by a GPU of the analytical table ({', '.join(sorted(GPUS))})"
+        )
+    terms = {"dtype": dtype, **dict(host), **({"tp": tp} if tp > 1 else {})} if is_gpu(spec) else {}
     model, label = cost_model(spec, args, DTYPE_BYTES[dtype], key=key, **terms)
     dtype_bytes = label.get("dtype_bytes") or DTYPE_BYTES.get(label.get("dtype"), DTYPE_BYTES[dtype])
     return Paced(model, dict(label), int(dtype_bytes))
@@ -97,14 +106,30 @@ def role_pacers(
     model: ModelConfig,
     real_kv_bytes_per_token: int,
     kv_backend: str = KVBackend.PROCESS_GROUP,
+    tp: int = 1,
+    decode_tp: int = 1,
 ) -> tuple[StepPacer, LinkPacer]:
-    """The step pacer of a worker of `role`, and the link pacer its KV sends (over kv_backend) follow."""
+    """The step pacer of a worker of `role` (one rank of a group of `tp`), and the link pacer its
+    KV sends (over kv_backend, to decode groups of `decode_tp`) follow. `real_kv_bytes_per_token`:
+    the real model's, every head once."""
     args = modelled_args(emulation, model)
-    paced = resolve(emulation.spec_for(role), args, model.dtype, host=emulation.host)
+    paced = resolve(emulation.spec_for(role), args, model.dtype, host=emulation.host, tp=tp)
     if role == Role.PREFILL_ONLY:  # P's link paces the KV it sends
         require_transport(paced.model, kv_backend, f"the emulated prefill device ({emulation.spec_for(role)})")
     scale = args.kv_bytes_per_token * paced.dtype_bytes / real_kv_bytes_per_token
+    scale *= link_share(args.num_kv_heads, model.args().num_kv_heads, tp, decode_tp)
     return StepPacer(paced.model), LinkPacer(paced.model, scale, kv_backend)
+
+
+def link_share(modelled_heads: int, real_heads: int, prefill_tp: int, decode_tp: int) -> float:
+    """Between tensor-parallel groups each rank moves its pieces over its own link at once, so the
+    modelled hand-off takes the busiest rank's share of the KV (as the simulator's transfer_time);
+    the real bytes a hand-off reports count every piece (each decode rank's heads once)."""
+    if prefill_tp == decode_tp == 1:
+        return 1.0
+    sent, received = busiest_heads(modelled_heads, prefill_tp, decode_tp)
+    moved = sum(len(p.heads) for p in reshard(real_heads, prefill_tp, decode_tp))
+    return max(sent, received) / modelled_heads * real_heads / moved
 
 
 def check_link(emulation: Optional[Emulation], model: ModelConfig, kv_backend: str) -> None:
@@ -115,13 +140,20 @@ def check_link(emulation: Optional[Emulation], model: ModelConfig, kv_backend: s
         require_transport(paced.model, kv_backend, f"the emulated prefill device ({spec})")
 
 
-def emulation_meta(emulation: Optional[Emulation], model: ModelConfig, disagg: bool) -> Optional[dict]:
-    """meta.json / summary.json `emulated`: each role's cost-model label and both shapes; None when off."""
+def emulation_meta(emulation: Optional[Emulation], model: ModelConfig, disagg: bool, cluster=None) -> Optional[dict]:
+    """meta.json / summary.json `emulated`: each role's cost-model label (with its tensor-parallel
+    degree from `cluster`, a ClusterConfig) and both shapes; None when off."""
     if emulation is None:
         return None
     args = modelled_args(emulation, model)
+
+    def tp(kind: str) -> int:
+        return cluster.tp_of(kind) if cluster is not None else 1
+
     labels = {
-        key: resolve(emulation.spec_for(role if disagg else Kind.MIXED), args, model.dtype).label
+        key: resolve(
+            emulation.spec_for(role if disagg else Kind.MIXED), args, model.dtype, tp=tp(key if disagg else Kind.MIXED)
+        ).label
         for role, key in ROLE_KEYS.items()
     }
     run_name = model.path or model.name
@@ -139,20 +171,21 @@ GIB = 2**30
 
 
 def device_pool_tokens(
-    spec: str, args: ModelArgs, model: ModelConfig, utilization: float, memory_gib: Optional[float]
+    spec: str, args: ModelArgs, model: ModelConfig, utilization: float, memory_gib: Optional[float], tp: int = 1
 ) -> Optional[int]:
     """Tokens of KV the emulated device holds for the modelled shape, as the simulator sizes it
     (the utilised share of its memory less the weights); None when nothing says its memory (a
-    CPU profile without hardware.emulate_memory_gib)."""
-    paced = resolve(spec, args, model.dtype)
-    per_token = args.kv_bytes_per_token * paced.dtype_bytes
+    CPU profile without hardware.emulate_memory_gib). A tensor-parallel group's: each device's
+    memory less its share of the weights, over the rank's share of a token's KV."""
+    paced = resolve(spec, args, model.dtype, tp=tp)
+    per_token = args.kv_bytes_per_token * args.kv_heads_per_rank(tp) // args.num_kv_heads * paced.dtype_bytes
     if is_gpu(spec) and memory_gib is None:
         return max(int(paced.model.kv_pool_bytes(utilization) // per_token), 0)
     free = paced.label.get("kv_free_bytes")
     if memory_gib is not None:
         from testbed.perf.roofline import weight_params
 
-        free = memory_gib * GIB * utilization - weight_params(args) * paced.dtype_bytes
+        free = memory_gib * GIB * utilization - weight_params(args) / tp * paced.dtype_bytes
     return None if free is None else max(int(free // per_token), 0)
 
 
@@ -165,19 +198,25 @@ def emulated_pool(
     real_kv_bytes_per_token: int,
     available_bytes: Optional[int],
     fill_tokens: Optional[int] = None,
+    tps: Optional[dict] = None,
 ) -> tuple[Optional[int], str]:
     """(blocks, line): each worker's pool holds as many tokens as the emulated device would (the
     least over the roles, so memory pressure and preemption are the device's), never more than
     the scheduler can fill (`fill_tokens`: its running sequences at full length; more changes
     nothing), capped at hardware.emulate_pool_share of this machine's available memory over the
     workers, with a line saying so when capped; (None, "") when the device's memory is unknown
-    or a size was set."""
+    or a size was set. `tps`: each role's tensor-parallel degree (unset: 1)."""
     if engine.num_kv_blocks is not None or engine.kv_cache_mib is not None:
         return None, ""
     args = modelled_args(emulation, model)
     sizes = [
         device_pool_tokens(
-            emulation.spec_for(r), args, model, engine.gpu_memory_utilization, hardware.emulate_memory_gib
+            emulation.spec_for(r),
+            args,
+            model,
+            engine.gpu_memory_utilization,
+            hardware.emulate_memory_gib,
+            (tps or {}).get(r, 1),
         )
         for r in set(roles)
     ]

@@ -56,9 +56,7 @@ def plan_cores(plans: list[WorkerPlan], paced: bool) -> CorePlan | None:
     if n <= len(cores):
         return CorePlan(round(len(cores) / n, 3), tuple(cores[:n]))
     hint = "" if paced else "; hardware.emulate paces steps to a device model instead"
-    log.warning(
-        f"{n} CPU worker processes share {len(cores)} cores: cross-worker contention will appear as interference{hint}"
-    )
+    log.warning(f"{n} CPU workers share {len(cores)} cores: cross-worker contention will appear as interference{hint}")
     return CorePlan(round(len(cores) / n, 3), (None,) * n)
 
 
@@ -170,9 +168,13 @@ class Cluster:
     def num_processes(self) -> int:
         return len(self.processes)
 
+    def ranks_of(self, worker: int) -> list[int]:
+        """A worker's process ranks: its own, then its tensor-parallel ranks'."""
+        return [rank for rank, leader in enumerate(self.leader_of) if leader == worker]
+
     def group(self, rank: int) -> list:
-        """A worker's processes: its own and its tensor-parallel ranks'."""
-        return [proc for proc, leader in zip(self.processes, self.leader_of) if leader == rank]
+        """A worker's processes."""
+        return [self.processes[r] for r in self.ranks_of(rank)]
 
     def lose(self, rank: int, why: str) -> None:
         """A worker found dead or silent: make sure it is gone; its requests are the router's to settle."""

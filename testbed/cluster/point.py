@@ -22,7 +22,7 @@ from testbed.engine.kv_pool import host_available_bytes, kv_block_shape
 from testbed.errors import KVLeakError
 from testbed.metrics.latency import distribution
 from testbed.model.loader import resolve_dtype
-from testbed.names import Kind, Mode, Role
+from testbed.names import KIND_OF, Kind, Mode, Role
 from testbed.net.messages import Audit
 
 if TYPE_CHECKING:
@@ -62,6 +62,7 @@ def emulated_engine(cfg: Config, engine):
         real,
         host_available_bytes(),
         fill_tokens=cfg.scheduler.max_running * args.max_model_len,
+        tps={role: c.tp_of(KIND_OF.get(role, Kind.MIXED)) for role in roles},
     )
     if line:
         logging.getLogger("testbed").warning(line)

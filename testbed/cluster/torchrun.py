@@ -140,6 +140,9 @@ class TorchrunCluster(Cluster):
     def num_processes(self) -> int:
         return len(self.plans)
 
+    def ranks_of(self, worker: int) -> list[int]:
+        return [worker]
+
     def _start_child(self) -> None:
         s = self.session
         plan = MeshPlan(

@@ -37,7 +37,7 @@ from testbed.engine import Engine, EngineConfig, SchedulerConfig, Sequence, Step
 from testbed.errors import PeerLost, TestbedError
 from testbed.model.config import ModelConfig
 from testbed.model.tensor_parallel import shard_model
-from testbed.names import Granularity, Role
+from testbed.names import KIND_OF, Granularity, Kind, Role
 from testbed.net.faults import FaultsConfig, KVFaults, Stall
 from testbed.net.messages import (
     Abort,
@@ -301,8 +301,13 @@ class Worker:
                 inboxes[rank].put(KVPoolExport(spec.rank, pool))
         self.pacer = self.link = None
         if spec.emulation is not None:
-            real_kv_bytes = engine.args.kv_bytes_per_token * engine.runner.dtype.itemsize
-            self.pacer, self.link = role_pacers(spec.emulation, spec.role, spec.model, real_kv_bytes, spec.kv.backend)
+            # the full model's KV per token (every head once), what a hand-off's reported bytes count
+            real_kv_bytes = spec.model.args().kv_bytes_per_token * engine.runner.dtype.itemsize
+            c = spec.cluster
+            tp = c.tp_of(KIND_OF.get(spec.role, Kind.MIXED))
+            self.pacer, self.link = role_pacers(
+                spec.emulation, spec.role, spec.model, real_kv_bytes, spec.kv.backend, tp, c.decode_tp
+            )
             if self.sender is not None:
                 self.sender.link = self.link
         self.paced_until: Optional[float] = None  # the last paced step's end while work kept coming

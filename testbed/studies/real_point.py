@@ -147,7 +147,7 @@ def write_point(
     what every port turned away (HTTP by status from `workload_report`, the message ports from the
     topology), so a refused load test never reads clean."""
     plans, audits, t0 = cluster.plans, cluster.audits, log.t0
-    emulated = emulation_meta(Emulation.from_hardware(cfg.hardware), cfg.model, cfg.mode == "disagg")
+    emulated = emulation_meta(Emulation.from_hardware(cfg.hardware), cfg.model, cfg.mode == "disagg", cfg.cluster)
     requests, steps = log.table(), steps_table(router.steps, t0)
     transfers = router.transfers.table()  # one row per attempt; the figures use the attempts that arrived
     topology = cluster.topology()  # once: under torchrun it asks every rank for its refusals
@@ -157,7 +157,7 @@ def write_point(
         transfers[transfers.outcome == "ok"],
         slo=cfg.slo,
         metrics=cfg.metrics,
-        num_gpus=len(plans),
+        num_gpus=sum(p.tp for p in plans),  # a tensor-parallel worker's every device
         tenant_slos=tenant_slos(cfg.workload.tenants, cfg.slo),
         telemetry=telemetry,
         gpu_roles=gpu_roles((p.device, p.role) for p in plans if p.node == 0),
@@ -165,7 +165,14 @@ def write_point(
     summary.update(audit_summary(audits))
     summary["kv_transfer_attempts"] = {str(k): int(v) for k, v in transfers.outcome.value_counts().items()}
     summary["workers"] = {
-        f"worker{p.rank}": {"role": p.role, "device": p.device, "alive_at_end": p.rank in audits} for p in plans
+        f"worker{p.rank}": {
+            "role": p.role,
+            "device": p.device,
+            "alive_at_end": p.rank in audits,
+            "tp": p.tp,
+            "processes": [f"worker{r}" for r in cluster.ranks_of(p.rank)],  # the audits' names
+        }
+        for p in plans
     }
     summary["workload_report"] = workload_report
     summary["faults"] = router.faults
