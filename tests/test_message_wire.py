@@ -173,6 +173,7 @@ def test_node_device_names_place_workers_on_torchrun_ranks():
             ClusterConfig(num_prefill=2, num_decode=2, prefill_devices=["0:0", "0:1"], decode_devices=["2:0", "1:1"]),
             "outside 2 nodes x 2 ranks",
         ),
+        (ClusterConfig(num_prefill=1, num_decode=1, decode_tp=2), "cluster.decode_tp=2: a tensor-parallel worker"),
     ],
 )
 def test_a_layout_that_does_not_fill_the_ranks_is_one_line(cluster, message):

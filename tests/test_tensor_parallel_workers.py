@@ -15,6 +15,7 @@ from testbed.errors import ConfigError
 from testbed.metrics.record import StepRecord
 from testbed.model.config import PRESETS, preset
 from testbed.perf.resolve import analytical
+from testbed.studies import catalog, placements
 from testbed.studies.real_point import serve
 from testbed.workload import build_workload
 from tests.cluster_helpers import make_config
@@ -158,3 +159,19 @@ def test_an_emulated_tp2_run_records_the_tp_rooflines_step_times(tmp_path, refer
     expected = [roofline.step_time(0, 0.0, int(n), float(c)) for n, c in shapes]
     assert decodes.modelled_s.tolist() == pytest.approx(expected)
     assert result["summary"]["emulated"]["decode"]["tp"] == 2  # a mixed worker: both phases
+
+
+# -- the main job's placements on a GPU box ------------------------------------------------------
+def test_the_main_job_on_a_gpu_box_runs_tp_placements_of_a_model_one_gpu_cannot_hold(monkeypatch):
+    """Real workers on 8 H100s (the visible GPU's table entry, stood in for here): Llama-3-70B fits
+    no single device, so ratio_sweep runs the placements at the smallest degrees that hold it."""
+    monkeypatch.setattr(placements, "real_device", lambda cfg, kind: "h100_sxm")
+    cfg = make_config("+experiment=ratio_sweep", "model=llama3_70b", "hardware.num_devices=8", "size=gpu")
+    points = catalog.ratio_sweep(cfg)
+    assert cfg.executor == "real" and points
+    labels = {p.knobs["label"] for p in points}
+    assert labels == {"colocated-TP4", "colocated-TP8", "1xTP4P-1xTP4D", "chunked-TP4", "chunked-TP8"}
+    assert all(max(v for k, v in p.overrides.items() if k.endswith("tp")) >= 4 for p in points)
+    monkeypatch.setattr(placements, "real_device", lambda cfg, kind: None)  # CPU workers: TP1, as always
+    cpu = make_config("+experiment=ratio_sweep", "hardware.num_devices=3")
+    assert placements.fitting_degrees(cpu, 3) == ([1], None)

@@ -42,6 +42,13 @@ def plan_ranks(mode: str, cluster: ClusterConfig, hardware, world) -> list[Worke
     """Under torchrun: one worker per rank, rank = node * nproc_per_node + device (torchrun's order);
     the config must place a worker on every rank and on no rank twice."""
     kind, _ = visible_devices(hardware)
+    degrees = {key: getattr(cluster, key) for key in ("tp", "prefill_tp", "decode_tp") if getattr(cluster, key) > 1}
+    if degrees:
+        key, tp = next(iter(degrees.items()))
+        raise ConfigError(
+            f"cluster.{key}={tp}: a tensor-parallel worker's ranks run on one box (python -m testbed); "
+            "under torchrun each worker is one rank, so every degree must be 1"
+        )
     per_node = world.local_world_size
     by_rank: dict[int, WorkerPlan] = {}
     for role, node, device in node_roles(mode, cluster, per_node):

@@ -18,7 +18,7 @@ from typing import NamedTuple, Optional, Sequence
 from testbed.config import Config
 from testbed.errors import ConfigError
 from testbed.names import Kind, Mode
-from testbed.perf.resolve import analytical, is_gpu
+from testbed.perf.resolve import analytical, is_gpu, table_gpu
 from testbed.sim.devices import gpu_dtype_bytes
 
 
@@ -107,9 +107,9 @@ def pruned(cfg: Config, placement: Placement) -> Optional[str]:
     for kind, tp in placement.degrees():
         if not args.splits_over(tp):
             return f"TP{tp} does not split {args.num_heads} heads and {args.num_kv_heads} KV heads"
-        spec = cfg.sim.spec(kind)
+        spec = cfg.sim.spec(kind) if cfg.executor == "sim" else real_device(cfg, kind)
         if spec is None or not is_gpu(spec):
-            if tp > 1:
+            if tp > 1 and cfg.executor == "sim":
                 raise ConfigError(
                     f"experiment.tp_degrees: tensor parallelism is modelled on the analytical GPUs only; "
                     f"{cfg.sim.key(kind)}={spec or 'the shipped CPU profile'} is not one (sim.profile=h100_sxm, ...)"
@@ -125,6 +125,23 @@ def pruned(cfg: Config, placement: Placement) -> Optional[str]:
     return None
 
 
+def real_device(cfg: Config, kind: str) -> Optional[str]:
+    """The analytical GPU a real run's placement is judged on: the emulated device of the worker's
+    kind (hardware.emulate), else the visible GPU's entry of the table; None where neither says
+    (CPU workers, or a GPU the table lacks: every placement is tried as asked)."""
+    from testbed.cluster.emulation import Emulation
+    from testbed.cluster.layout import cuda_count
+
+    emulation = Emulation.from_hardware(cfg.hardware)
+    if emulation is not None:
+        return getattr(emulation, kind) or emulation.mixed
+    if not cuda_count(cfg.hardware):
+        return None
+    import torch
+
+    return table_gpu(torch.cuda.get_device_name(0))
+
+
 def holds(cfg: Config, tp: int) -> Optional[str]:
     """Why workers of TP `tp` in every role (mixed, prefill, decode) cannot run, or None."""
     return pruned(cfg, Placement(Mode.COLOCATED.value, 1, tp)) or pruned(
@@ -135,9 +152,9 @@ def holds(cfg: Config, tp: int) -> Optional[str]:
 def fitting_degrees(cfg: Config, n: int) -> tuple[list[int], Optional[str]]:
     """ratio_sweep's degrees where experiment.tp_degrees is left at [1]: [1] (and None) where one
     device holds the model, as always; otherwise the smallest degree c dividing N whose workers
-    hold their share, and 2c where that divides N too, with one line saying why. Only a simulated
-    run on an analytical GPU can go past TP1 (real TP workers are not built)."""
-    why = holds(cfg, 1) if cfg.executor == "sim" else None
+    hold their share, and 2c where that divides N too, with one line saying why: a simulated run on
+    an analytical GPU, or a real one on a GPU of the table or an emulated one (real_device)."""
+    why = holds(cfg, 1) if cfg.executor in ("sim", "real") else None
     if why is None:
         return [1], None
     for c in (2**k for k in range(1, n.bit_length())):
