@@ -64,6 +64,22 @@ def test_llm_on_cuda_matches_cpu_tokens_in_float32():
 
 
 @pytest.mark.multigpu
+def test_tp2_over_nccl_produces_the_tp1_tokens(tmp_path):
+    """A tensor-parallel worker over two GPUs (NCCL all-reduces; one GPU cannot pair two NCCL ranks,
+    so this path needs two) takes one GPU's greedy tokens, and no rank keeps a block."""
+    from testbed.studies.real_point import serve
+    from tests.cluster_helpers import make_config
+
+    common = ["workload.num_requests=8", "workload.rate=20", "model.max_model_len=512", "engine.num_kv_blocks=128"]
+    common += ["hardware=gpu", "model.dtype=float32", "mode=colocated", "cluster.num_workers=1"]
+    one = serve(make_config(*common), tmp_path / "tp1", progress=False)["requests"]
+    two = serve(make_config(*common, "cluster.tp=2", "hardware.num_devices=2"), tmp_path / "tp2", progress=False)
+    assert (two["requests"].status == "ok").all()
+    assert list(two["requests"].output_token_ids.map(list)) == list(one.output_token_ids.map(list))
+    assert all(v == 0 for v in two["summary"]["kv_blocks_leaked"].values())
+
+
+@pytest.mark.multigpu
 def test_disagg_over_nccl_produces_the_colocated_tokens(tmp_path):
     from testbed.studies.real_point import serve
     from tests.cluster_helpers import make_config

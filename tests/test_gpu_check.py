@@ -91,7 +91,7 @@ def test_gpu_paths_get_one_line_each_and_an_absent_flash_attn_is_not_installed(t
         assert line in summary, summary
     flash = next(x for x in summary.splitlines() if "flash bf16" in x)
     assert flash.endswith("not installed (flash-attn)"), flash
-    assert "passed: 1 (14 GPU paths and 1 steps); FAILED: none" in summary, summary
+    assert "passed: 1 (15 GPU paths and 1 steps); FAILED: none" in summary, summary
 
 
 def test_flash_attn_that_imports_with_its_test_skipped_fails(tmp_path):
