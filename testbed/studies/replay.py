@@ -373,14 +373,9 @@ EMULATE_MAX_REQUESTS = 64  # two CPU cores pace a GPU's steps in real time: a sm
 def emulate_point(cfg: Config, overrides: dict, out_dir: Path, run_point: Callable) -> tuple[Optional[dict], str]:
     """The same workload on the real engine paced as the GPU (hardware.emulate), the tiny model's
     compute standing in: only for a small synthetic workload (at most EMULATE_MAX_REQUESTS), since
-    it runs in real time on this machine."""
+    it runs in real time on this machine. A tensor-parallel setup runs a real TP group of the tiny
+    model, paced by the GPU's roofline at that degree."""
     count = int(overrides.get("workload.num_requests", 0))
-    if overrides.get("cluster.tp", 1) > 1:
-        return None, (
-            f"emulation skipped: the real engine runs tensor-parallel groups on the executor=real "
-            f"model only (python -m testbed.bench.tp_group), not paced as a GPU; this run has "
-            f"tp={overrides['cluster.tp']}"
-        )
     if overrides.get("workload.path") or not 0 < count <= EMULATE_MAX_REQUESTS:
         return None, (
             f"emulation skipped: it runs in real time on this CPU; only a synthetic workload of at most "
