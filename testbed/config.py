@@ -231,16 +231,15 @@ class Config:
 def check_real_tp(cfg: Config, what: str) -> None:
     """What real tensor-parallel workers do not combine with, refused in one line."""
     unsupported = {
-        "kv_transfer.backend=ipc": cfg.kv_transfer.backend == "ipc",
         "kv_transfer.granularity=layer": cfg.kv_transfer.granularity == "layer",
         "kv_store.capacity_mib > 0": cfg.kv_store.capacity_mib > 0,
     }
     for setting, asked in unsupported.items():
         if asked:
             raise ConfigError(
-                f"{what} with {setting}: a tensor-parallel worker's ranks send their KV shares over the process "
-                "group, whole requests, with no shared KV store; use kv_transfer.backend=process_group, "
-                "kv_transfer.granularity=request, kv_store.capacity_mib=0"
+                f"{what} with {setting}: a tensor-parallel worker's ranks send their KV shares whole "
+                "requests at a time, with no shared KV store; use kv_transfer.granularity=request, "
+                "kv_store.capacity_mib=0"
             )
 
 

@@ -156,11 +156,11 @@ def one_line(error) -> str:
 
 def test_real_tp_workers_refuse_what_they_do_not_combine_with_in_one_line():
     compose_config(["model=tiny", "mode=disagg", "cluster.decode_tp=2", "hardware=cpu"])  # real TP workers run
-    for setting in ("kv_transfer.backend=ipc", "kv_transfer.granularity=layer", "kv_store.capacity_mib=8"):
+    for setting in ("kv_transfer.granularity=layer", "kv_store.capacity_mib=8"):
         with pytest.raises(ConfigError) as real:
             compose_config(["model=tiny", "mode=disagg", "cluster.decode_tp=2", "hardware=cpu", setting])
         assert one_line(real).startswith("cluster.decode_tp=2 with "), setting
-        assert "use kv_transfer.backend=process_group" in one_line(real)
+        assert "use kv_transfer.granularity=request" in one_line(real)
 
 
 @pytest.mark.parametrize(

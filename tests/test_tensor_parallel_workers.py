@@ -86,6 +86,25 @@ def test_a_prefill_group_of_tp_a_hands_its_kv_to_a_decode_group_of_tp_b(a, b, tm
         assert all(w["sent"] for w in list(wire.values())[:1] + list(wire.values())[2:5])
 
 
+@pytest.mark.parametrize("a, b", [(2, 1), (1, 2), (2, 4)], ids=["P2-D1", "P1-D2", "P2-D4"])
+def test_over_ipc_each_prefill_rank_writes_its_heads_into_the_decode_ranks_pools(a, b, tmp_path, reference_tokens):
+    """kv_transfer.backend=ipc on one box: every rank maps the decode pools it writes into and
+    copies its heads straight into the reserved blocks; the leader's KVDone waits for every rank."""
+    result, requests = run(
+        tmp_path,
+        [
+            "mode=disagg",
+            f"cluster.prefill_tp={a}",
+            f"cluster.decode_tp={b}",
+            f"hardware.num_devices={a + b}",
+            "kv_transfer.backend=ipc",
+        ],
+    )
+    assert tokens_of(requests) == reference_tokens
+    wire = result["summary"]["kv_wire_bytes"]
+    assert sum(w["sent"] for w in wire.values()) == result["transfers"].kv_bytes.sum() > 0
+
+
 @pytest.mark.parametrize("mode", ["colocated", "chunked"])
 def test_a_mixed_worker_at_tp2_takes_the_same_tokens(mode, tmp_path, reference_tokens):
     _, requests = run(tmp_path, [f"mode={mode}", "cluster.num_workers=1", "cluster.tp=2", "hardware.num_devices=2"])

@@ -36,7 +36,7 @@ from typing import Callable, Optional
 from testbed.cluster.completion import BufferPool, CompletionTracker
 from testbed.cluster.kv_ipc import PeerPools, synchronize
 from testbed.cluster.kv_wire import Retired, WirePart, send_part
-from testbed.cluster.tensor_group import Groups, Mirror, SendShare
+from testbed.cluster.tensor_group import Attach, Groups, Mirror, SendShare, WriteShare
 from testbed.control.config import KVTransferConfig
 from testbed.control.ledger import Outgoing, SendLedger
 from testbed.engine import Engine, Sequence
@@ -101,7 +101,10 @@ class KVSender:
         return self.engine.args.num_layers if self.by_layer else 1
 
     def attach(self, msg: KVPoolExport) -> None:
-        """ipc: map a decode worker's pool, and say so (it removes its shared-memory file then)."""
+        """ipc: map a decode process's pool, and say so (it removes its shared-memory file once
+        every P process has); a TP worker's other ranks map it too."""
+        if isinstance(self.engine, Mirror):
+            self.engine.tell(Attach(msg.src, msg.handle))
         self.pools.attach(msg.src, msg.handle, self.engine.runner.kv_cache)
         self.inboxes[msg.src].put(KVPoolAttached(self.rank))
 
@@ -249,7 +252,20 @@ class KVSender:
         bs, seq = self.engine.runner.block_size, entry.seq
         assert entry.skip % bs == 0, f"a cached prefix of {entry.skip} tokens is not whole {bs}-token blocks"
         own = seq.block_table[entry.skip // bs : -(-seq.num_prompt_tokens // bs)]
-        entry.kv_bytes += self.pools[entry.decode_rank].write(own, list(entry.dst_blocks[: len(own)]), layer)
+        dst = list(entry.dst_blocks[: len(own)])
+        if self.groups is None:
+            entry.kv_bytes += self.pools[entry.decode_rank].write(own, dst, layer)
+            return
+        if isinstance(self.engine, Mirror):  # the group's other ranks write their pieces too
+            self.engine.tell(WriteShare(seq.seq_id, entry.decode_rank, tuple(own), tuple(dst), layer))
+        for rank, heads, into in self.groups.writes(self.rank, 0, entry.decode_rank):
+            self.bytes_moved += self.pools[rank].write(own, dst, layer, (heads, into))
+        if isinstance(self.engine, Mirror):
+            synchronize(self.engine.runner.device)
+            self.engine.barrier()  # every rank's copy has landed before KVDone leaves
+        pool = self.engine.runner.kv_cache  # (blocks, layers, 2, block_size, Hkv, D)
+        per_head = pool[0].numel() // pool.shape[-2] * pool.element_size() // (1 if layer is None else pool.shape[1])
+        entry.kv_bytes += len(own) * per_head * self.groups.moved_heads(self.rank, entry.decode_rank)
 
     def poll(self) -> None:
         self.retired.poll()

@@ -14,19 +14,29 @@ from __future__ import annotations
 import pickle
 import time
 
+import torch.distributed as dist
+
 from testbed.cluster.completion import BufferPool, CompletionTracker
+from testbed.cluster.kv_ipc import PeerPools, release, synchronize
 from testbed.cluster.kv_wire import Retired, receive_part, send_part, unpack_arrived
-from testbed.cluster.tensor_group import EngineCall, Halt, RecvShare, SendShare
+from testbed.cluster.tensor_group import Attach, EngineCall, Halt, RecvShare, SendShare, WriteShare
 from testbed.errors import PeerLost
-from testbed.net.messages import Audit
+from testbed.names import Role
+from testbed.net.messages import Audit, KVPoolAttached, KVPoolExport
 
 WAIT_S = 0.001  # between polls of this rank's pieces while an install waits for them
 
 
 class Follower:
-    def __init__(self, spec, engine, inbox, events):
-        self.spec, self.engine, self.inbox, self.events = spec, engine, inbox, events
+    def __init__(self, spec, engine, inboxes, events, pool=None, group=None):
+        self.spec, self.engine, self.inboxes, self.events = spec, engine, inboxes, events
+        self.inbox, self.group = inboxes[spec.rank], group
         self.worker, self.index = spec.groups.place(spec.rank)
+        self.pools = PeerPools()  # ipc, P: the decode pools this rank writes into
+        self.pool = pool  # ipc, D: this rank's exported pool, until every P process has mapped it
+        self.unattached = {r for r, role in enumerate(spec.roles) if role == Role.PREFILL_ONLY} if pool else set()
+        for rank in spec.groups.leaders(sorted(self.unattached)):
+            inboxes[rank].put(KVPoolExport(spec.rank, pool))
         kv = spec.kv
         self.completions = CompletionTracker(kv.timeout_s)
         self.buffers = BufferPool(engine.runner.device, engine.runner.dtype)
@@ -36,7 +46,8 @@ class Follower:
 
     def loop(self) -> None:
         while True:
-            message = pickle.loads(self.inbox.get())
+            message = self.inbox.get()  # the leader's calls, pickled; a P process's KVPoolAttached
+            message = pickle.loads(message) if isinstance(message, bytes) else message
             if isinstance(message, Halt):
                 break
             self.apply(message)
@@ -50,6 +61,15 @@ class Follower:
             self.send(message)
         elif isinstance(message, RecvShare):
             self.receive(message)
+        elif isinstance(message, WriteShare):
+            self.write(message)
+        elif isinstance(message, Attach):
+            self.pools.attach(message.src, message.handle, self.engine.runner.kv_cache)
+            self.inboxes[message.src].put(KVPoolAttached(self.spec.rank))
+        elif isinstance(message, KVPoolAttached):
+            self.unattached.discard(message.src)
+            if not self.unattached:  # every P process has it mapped
+                release(self.pool)
 
     def call(self, call: EngineCall) -> None:
         if call.name == "install":
@@ -76,6 +96,14 @@ class Follower:
             )
             self.bytes_sent += wire.nbytes
             self.retired.add([wire])  # its buffer returns once the pieces have left
+
+    def write(self, share: WriteShare) -> None:
+        """ipc: this rank's pieces straight into the decode ranks' pools, then the group's barrier."""
+        own, dst = list(share.block_table), list(share.dst_blocks)
+        for rank, heads, into in self.spec.groups.writes(self.worker, self.index, share.dst):
+            self.bytes_sent += self.pools[rank].write(own, dst, share.layer, (heads, into))
+        synchronize(self.engine.runner.device)
+        dist.barrier(group=self.group)
 
     def receive(self, share: RecvShare) -> None:
         runner = self.engine.runner

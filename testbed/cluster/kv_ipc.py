@@ -121,9 +121,15 @@ class BlockCopier:
     def dst_blocks(self) -> tuple[torch.Tensor, ...]:
         return self.dst.unbind(0)
 
-    def write(self, src_blocks: list[int], dst_blocks: list[int], layer: Optional[int] = None) -> int:
-        """Returns the bytes copied; the caller synchronises before saying the copy is done."""
+    def write(
+        self, src_blocks: list[int], dst_blocks: list[int], layer: Optional[int] = None, heads: Optional[tuple] = None
+    ) -> int:
+        """Returns the bytes copied; the caller synchronises before saying the copy is done.
+        `heads`: (a slice of the source pool's KV heads, where they go in the destination's), a
+        tensor-parallel rank's piece; None: every head."""
         layers = 1 if layer is None else self.src.shape[1]
+        if heads is not None:
+            return self._write_heads(src_blocks, dst_blocks, layer, *heads)
         if self.kernel:
             block_copy.copy_blocks(self.src, self.dst, src_blocks, dst_blocks, layer)
             return self.block_bytes * len(src_blocks) // layers
@@ -142,6 +148,15 @@ class BlockCopier:
                 src.append(self.src[s : s + n, layer])
         torch._foreach_copy_(dst, src)  # one call: the per-copy cost stays in C++
         return self.block_bytes * len(src_blocks) // layers
+
+    def _write_heads(self, src_blocks, dst_blocks, layer, src_heads, dst_heads) -> int:
+        """Some KV heads of each block, (blocks, layers, 2, block_size, Hkv, D) sliced on Hkv."""
+        layers = slice(None) if layer is None else slice(layer, layer + 1)
+        src_index = torch.tensor(src_blocks, device=self.src.device)
+        src = self.src.index_select(0, src_index)[:, layers, :, :, src_heads or slice(None)]
+        dst = self.dst[:, layers, :, :, dst_heads or slice(None)]  # a view: the copy writes through
+        dst.index_copy_(0, torch.tensor(dst_blocks, device=self.dst.device), src.to(self.dst.device))
+        return src.numel() * src.element_size()
 
 
 def synchronize(device: torch.device) -> None:

@@ -75,6 +75,21 @@ class Groups:
             if p.dst == index
         ]
 
+    def writes(self, src: int, index: int, dst: int) -> list[tuple[int, Optional[slice], Optional[slice]]]:
+        """kv_transfer.backend=ipc: (process rank, heads of the sender's pool, where they go in that
+        rank's pool) of each piece rank `index` of worker `src` writes into worker `dst`'s pools."""
+        a, b = self.tp(src), self.tp(dst)
+        held = kv_heads_of(self.num_kv_heads, index, a)
+        return [
+            (self.ranks[dst][p.dst], _local(p.heads, held), _local(p.heads, kv_heads_of(self.num_kv_heads, p.dst, b)))
+            for p in reshard(self.num_kv_heads, a, b)
+            if p.src == index
+        ]
+
+    def leaders(self, ranks) -> list[int]:
+        """The workers' own ranks among `ranks` (process ranks)."""
+        return [r for r in ranks if r < len(self.ranks)]
+
     def moved_heads(self, src: int, dst: int) -> int:
         """Heads one hand-off moves in all (each of the model's KV heads once)."""
         return sum(len(p.heads) for p in reshard(self.num_kv_heads, self.tp(src), self.tp(dst)))
@@ -85,13 +100,13 @@ def _local(heads: range, held: range) -> Optional[slice]:
     return None if heads == held else slice(heads.start - held.start, heads.stop - held.start)
 
 
-def new_groups(groups: Optional[Groups], rank: int):
+def new_groups(groups: Optional[Groups], rank: int, backend: Optional[str] = None):
     """Every group's process group, made by every process in the same order (torch.distributed's
-    rule); this rank's, or None when it is alone."""
+    rule); this rank's, or None when it is alone. `backend`: the groups' (None: the world's)."""
     mine = None
     for ranks in groups.ranks if groups is not None else ():
         if len(ranks) > 1:
-            group = dist.new_group(list(ranks))
+            group = dist.new_group(list(ranks), backend=backend)
             mine = group if rank in ranks else mine
     return mine
 
@@ -134,6 +149,27 @@ class RecvShare:
 
 
 @dataclass(frozen=True)
+class WriteShare:
+    """kv_transfer.backend=ipc: write this rank's pieces of `rid` from `block_table` into worker
+    `dst`'s blocks `dst_blocks` (every rank then meets the leader at the group's barrier, so the
+    leader's KVDone leaves once every rank's copy has landed)."""
+
+    rid: int
+    dst: int
+    block_table: tuple
+    dst_blocks: tuple
+    layer: Optional[int]
+
+
+@dataclass(frozen=True)
+class Attach:
+    """kv_transfer.backend=ipc: map decode process `src`'s pool (and say so to it)."""
+
+    src: int
+    handle: Any
+
+
+@dataclass(frozen=True)
 class Halt:
     """The run is over: audit and exit."""
 
@@ -145,8 +181,12 @@ class Mirror:
     """The leader's engine: a call that changes it goes to the group's other ranks first (pickled
     at once: the engine mutates the sequences it is given), then runs here."""
 
-    def __init__(self, engine, outboxes: list):
-        self.engine, self.outboxes = engine, outboxes
+    def __init__(self, engine, outboxes: list, group=None):
+        self.engine, self.outboxes, self.group = engine, outboxes, group
+
+    def barrier(self) -> None:
+        """Every rank of the group has reached the same call (a WriteShare's copies done)."""
+        dist.barrier(group=self.group)
 
     def tell(self, message: Any) -> None:
         data = pickle.dumps(message)

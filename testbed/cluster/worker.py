@@ -111,7 +111,7 @@ def worker_main(spec: WorkerSpec, inboxes, events, lost_router=lambda: False) ->
     sys.setswitchinterval(GIL_SWITCH_S)
     pool = None
     try:
-        engine = _setup(spec)
+        engine, group = _setup(spec)
         pool = _export_pool(spec, engine)
         leader = _leader(spec)
         events.put(
@@ -128,9 +128,9 @@ def worker_main(spec: WorkerSpec, inboxes, events, lost_router=lambda: False) ->
         )
         with torch.inference_mode():  # one mode for every tensor the worker touches, KV buffers included
             if spec.rank == leader:
-                Worker(spec, engine, inboxes, events, lost_router, pool).loop()
+                Worker(spec, engine, inboxes, events, lost_router, pool, group).loop()
             else:
-                Follower(spec, engine, inboxes[spec.rank], events).loop()
+                Follower(spec, engine, inboxes, events, pool, group).loop()
     except RouterLost:
         raise  # nobody left to report to: the rank's own process says it
     except PeerLost as lost:  # another worker stopped taking messages: the router fails the run
@@ -163,7 +163,8 @@ def _export_pool(spec: WorkerSpec, engine: Engine) -> Optional[PoolHandle]:
     return handle
 
 
-def _setup(spec: WorkerSpec) -> Engine:
+def _setup(spec: WorkerSpec) -> tuple[Engine, object]:
+    """The worker's engine, warmed up, and its tensor-parallel group (None: one process)."""
     device = torch.device(spec.device)
     if device.type == "cuda":
         torch.cuda.set_device(device)  # all GPUs stay visible: NCCL keeps its NVLink paths
@@ -176,7 +177,8 @@ def _setup(spec: WorkerSpec) -> Engine:
         os.nice(CPU_WORKER_NICE)
     # ipc moves no KV over the group, and NCCL cannot pair two ranks on one GPU (P and D may share one)
     _init_group(spec, "nccl" if device.type == "cuda" and not spec.kv.direct else "gloo")
-    tp_group = new_groups(spec.groups, spec.rank)
+    # a TP group's ranks are on distinct devices: NCCL pairs them even where ipc keeps the world on gloo
+    tp_group = new_groups(spec.groups, spec.rank, "nccl" if device.type == "cuda" else None)
     if not spec.kv.direct:
         warm_links(spec.rank, spec.roles, device)
     # model.max_model_len unset: fitted to this pool, which Started reports; the driver says it once
@@ -206,7 +208,7 @@ def _setup(spec: WorkerSpec) -> Engine:
         engine.track_cache_changes()
     if spec.kv_store is not None:
         engine.attach_store(spec.kv_store)
-    return engine
+    return engine, tp_group
 
 
 def _shard(spec: WorkerSpec, group):
@@ -265,6 +267,18 @@ def warm_links(rank: int, roles: tuple, device: torch.device) -> None:
         work.wait()
 
 
+def prefill_processes(spec: WorkerSpec) -> set[int]:
+    """ipc: every P process (a TP worker's ranks each map the decode pools they write into)."""
+    return {r for r, role in enumerate(spec.roles) if role == Role.PREFILL_ONLY}
+
+
+def export_to_prefill(spec: WorkerSpec, inboxes, pool: PoolHandle) -> None:
+    """ipc, a D process: its pool's handle to every P worker (a leader passes it on to its ranks)."""
+    leaders = prefill_processes(spec)
+    for rank in spec.groups.leaders(sorted(leaders)) if spec.groups is not None else leaders:
+        inboxes[rank].put(KVPoolExport(spec.rank, pool))
+
+
 def _pin(core: Optional[int]) -> None:
     """Keep a CPU worker on its own core, so workers do not migrate onto each other (Linux only)."""
     if core is not None and hasattr(os, "sched_setaffinity"):
@@ -280,13 +294,14 @@ class Worker:
         events,
         lost_router=lambda: False,
         pool: Optional[PoolHandle] = None,
+        group=None,
     ):
         self.spec, self.inbox, self.events = spec, inboxes[spec.rank], events
         others = spec.groups.ranks[spec.rank][1:] if spec.groups is not None else ()
         # a tensor-parallel worker's other ranks take every call that changes the engine
-        self.engine = Mirror(engine, [inboxes[r] for r in others]) if others else engine
-        self.pool = pool  # ipc, D: this worker's exported pool, until every P has mapped it
-        self.unattached = {r for r, role in enumerate(spec.roles) if role == Role.PREFILL_ONLY} if pool else set()
+        self.engine = Mirror(engine, [inboxes[r] for r in others], group) if others else engine
+        self.pool = pool  # ipc, D: this worker's exported pool, until every P process has mapped it
+        self.unattached = prefill_processes(spec) if pool else set()
         self.lost_router = lost_router
         self.last_watch = time.perf_counter()
         self.sender = self.receiver = None
@@ -297,8 +312,8 @@ class Worker:
                 engine.after_layer = self.sender.stream_layer
         if spec.role == Role.DECODE_ONLY:
             self.receiver = KVReceiver(self.engine, spec.rank, inboxes, events, spec.kv, groups=spec.groups)
-            for rank in self.unattached:
-                inboxes[rank].put(KVPoolExport(spec.rank, pool))
+            if pool is not None:
+                export_to_prefill(spec, inboxes, pool)
         self.pacer = self.link = None
         if spec.emulation is not None:
             # the full model's KV per token (every head once), what a hand-off's reported bytes count
