@@ -171,7 +171,10 @@ def test_default_pool_caps_max_model_len_in_one_line(reference, caplog):
 
 
 @pytest.mark.slow
-def test_disagg_1p1d_matches_transformers_greedy(reference, tmp_path):
+@pytest.mark.parametrize("tp", [[], ["cluster.prefill_tp=2", "hardware.num_devices=3"]], ids=["tp1", "p-tp2"])
+def test_disagg_1p1d_matches_transformers_greedy(reference, tmp_path, tp):
+    """At TP2 the prefill worker's two ranks each load the checkpoint and keep their shard, and the
+    decode worker takes its KV heads from them."""
     directory, model = reference("gqa")[0], reference.model("gqa")
     cfg = make_config(
         "model=hf",
@@ -180,6 +183,7 @@ def test_disagg_1p1d_matches_transformers_greedy(reference, tmp_path):
         "cluster.num_prefill=1",
         "cluster.num_decode=1",
         "hardware=cpu",
+        *tp,
         "workload.num_requests=4",
         "workload.rate=40",
         "workload.input_len.min=5",
