@@ -10,6 +10,7 @@ from testbed.errors import ConfigError
 from testbed.model.config import PRESETS
 from testbed.perf import GPUS, CostModel, RooflineModel, cost_model, weight_params
 from testbed.perf.check import DECODE, PREFILL, RIDGE, decode_rows, prefill_rows
+from testbed.perf.resolve import analytical
 from testbed.sim.executor import simulate
 from testbed.sim.load_split import analytical_split
 from testbed.sim.simulator import Simulation
@@ -17,6 +18,7 @@ from testbed.studies.points import simulate_point
 from tests.cluster_helpers import make_config, small_workload
 
 LLAMA = PRESETS["llama3_8b"]
+QWEN7B = PRESETS["qwen2_5_7b"]
 SHIPPED = Path(__file__).resolve().parents[1] / "testbed/sim/profiles/tiny_cpu.json"
 
 
@@ -34,13 +36,29 @@ def decode_s(m: RooflineModel, batch: int, context: int) -> float:
 
 # -- the GPU table and the resolver ---------------------------------------------------------------
 def test_gpu_table_has_the_named_gpus():
-    assert {"a100_80g", "h100_sxm", "h200"} <= set(GPUS)
-    for gpu in GPUS.values():
+    assert {"a10", "a100_80g", "h100_sxm", "h200"} <= set(GPUS)
+    for name, gpu in GPUS.items():
         gpu.validate()
-        assert gpu.peak_flops > 1e14 and gpu.hbm_bytes_per_s > 1e12 and gpu.nvlink_bytes_per_s > 1e11
-        assert 0 < gpu.step_overhead_s < 0.01 and gpu.memory_bytes > 40e9
+        assert gpu.peak_flops > 1e14 and 0 < gpu.step_overhead_s < 0.01
+        if name != "a10":  # the datacenter GPUs with HBM and NVLink
+            assert gpu.hbm_bytes_per_s > 1e12 and gpu.nvlink_bytes_per_s > 1e11 and gpu.memory_bytes > 40e9
+    a10 = GPUS["a10"]  # GDDR6 and PCIe: [A10-DS]
+    assert (a10.peak_flops, a10.hbm_bytes_per_s, a10.nvlink_bytes_per_s) == (125e12, 600e9, 32e9)
     assert GPUS["h200"].peak_flops == GPUS["h100_sxm"].peak_flops
     assert GPUS["h200"].hbm_bytes_per_s > GPUS["h100_sxm"].hbm_bytes_per_s
+
+
+def test_a_quantized_checkpoint_reads_its_layer_weights_at_their_width():
+    """GPTQ int4: a memory-bound decode reads a quarter of the 16-bit layer weights, the 16-bit
+    embedding and lm_head whole; compute is unchanged (dequantized into 16-bit GEMMs)."""
+    full, _ = cost_model("a10", QWEN7B, 2)
+    int4, label = analytical("a10", QWEN7B, 2, weight_bits=4)
+    vocab = QWEN7B.vocab_size * QWEN7B.hidden_size * (1 if QWEN7B.tie_embeddings else 2)
+    layers = weight_params(QWEN7B) - vocab
+    assert int4.weight_bytes == int(layers * 0.5 + vocab * 2) and full.weight_bytes == weight_params(QWEN7B) * 2
+    assert label["weight_bits"] == 4
+    assert int4.step_time(0, 0, 1, 512) < 0.5 * full.step_time(0, 0, 1, 512)  # weight-bound decode
+    assert int4.layer_gemms(8192) == pytest.approx(full.layer_gemms(8192), rel=0.02)  # compute-bound prefill
 
 
 def test_resolver_labels_analytical_and_measured():

@@ -22,6 +22,8 @@ from testbed.studies.replay_validation import (
     headline,
     load_manifest,
     markdown,
+    pair_rows,
+    reference_file,
     shifted,
     table_mape,
 )
@@ -153,7 +155,9 @@ def test_setup_refuses_what_cannot_be_replayed(tmp_path):
         ({"tp": 0}, "tensor-parallel degree"),
         ({"gpu": "tpu"}, "gpu="),
         ({"knob": 1}, "unknown"),
-        ({"policy": "disagg"}, "policy"),
+        ({"policy": "split"}, "policy"),
+        ({"policy": "disagg", "nodes": 0}, "nodes"),
+        ({"weight_bits": 3}, "weight_bits"),
         ({"dtype": "int3"}, "dtype"),
     ):
         path.write_text(yaml.safe_dump({**SMALL_SETUP, **bad}))
@@ -190,7 +194,7 @@ def test_validation_set_files_have_provenance():
     base, cases = load_manifest(REPLAY / "cases.yaml")
     assert {c["role"] for c in cases} == {"calibrate", "held_out"}
     for case in cases:
-        assert (base / f"{case['name']}.jsonl").is_file()
+        assert reference_file(base, case).is_file()
         load_setup(base / case["setup"])
         provenance = yaml.safe_load((base / f"{case['name']}.provenance.yaml").read_text())
         assert (
@@ -249,3 +253,46 @@ def test_replay_needs_its_files():
 
     with pytest.raises(ConfigError, match="experiment.reference"):
         run_replay(_cfg(), Path("."), _run_point)
+
+
+def test_a_pd_pair_compares_the_difference_disagg_makes_real_and_simulated():
+    """A pair's figure: disagg - colocated, real beside simulated, its sign and its error."""
+    results = [
+        {"name": "co", "rows": [{"figure": "ttft_mean", "real": 0.10, "sim": 0.08}]},
+        {"name": "pd", "rows": [{"figure": "ttft_mean", "real": 0.20, "sim": 0.17}]},
+        {"name": "pd2", "rows": [{"figure": "ttft_mean", "real": 0.20, "sim": 0.07}]},
+    ]
+    pairs = [{"colocated": "co", "disagg": "pd"}, {"colocated": "co", "disagg": "pd2"}]
+    good, wrong = pair_rows(results, pairs, ("ttft_mean",))
+    assert good["real"] == pytest.approx(0.10) and good["sim"] == pytest.approx(0.09)
+    assert good["same_sign"] and good["error"] == pytest.approx(-0.1) and good["within"]
+    assert not wrong["same_sign"] and not wrong["within"]
+
+
+def test_the_mooncake_pd_pairs_replay_disagg_across_two_nodes(tmp_path):
+    """Mooncake's vLLM 0.6.2 P/D benchmark on A10s: a 1P1D setup runs P and D on two nodes, the KV
+    over the stated network, the int4 checkpoint's weights read at 4 bits."""
+    setup = load_setup(REPLAY / "mooncake_vllm062_a10_in256_rdma.setup.yaml")
+    assert setup["policy"] == "disagg" and setup["weight_bits"] == 4
+    result = replay(
+        _cfg(),
+        REPLAY / "mooncake_vllm062_a10_in256_qps2_rdma.json",
+        REPLAY / "mooncake_vllm062_a10_in256_rdma.setup.yaml",
+        tmp_path,
+        _run_point,
+        quiet=True,
+    )
+    o = result["overrides"]
+    assert (o["mode"], o["cluster.num_prefill"], o["cluster.num_decode"], o["hardware.num_nodes"]) == (
+        "disagg",
+        1,
+        1,
+        2,
+    )
+    assert o["sim.weight_bits"] == 4 and o["hardware.internode_gbps"] == 12.5
+    rows = {r["figure"]: r for r in result["rows"]}
+    assert rows["ttft_mean"]["sim"] and rows["throughput_requests_per_s"]["error"] == pytest.approx(0, abs=0.05)
+    _, cases = load_manifest(REPLAY / "cases.yaml")
+    names = {c["name"] for c in cases}
+    pairs = yaml.safe_load((REPLAY / "cases.yaml").read_text())["pairs"]
+    assert len(pairs) == 10 and all(set(p.values()) <= names for p in pairs)

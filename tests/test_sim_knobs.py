@@ -187,6 +187,25 @@ def test_frontend_latency_delays_every_request_before_the_scheduler():
     assert front["summary"]["tpot"]["p50"] == pytest.approx(base["summary"]["tpot"]["p50"])
 
 
+# P and D on two nodes, a quantized checkpoint -------------------------------------------------
+def test_a_hand_off_between_nodes_crosses_the_network_at_its_rate():
+    """hardware.num_nodes=2: the 1P1D hand-off takes the network's latency + bytes / GB/s, the
+    simulator's NVLink time on one node."""
+    disagg = ["mode=disagg", "hardware.num_devices=2", "workload.input_len.min=400", "workload.input_len.max=400"]
+    one = sim(*disagg, n=10, rate=1.0)["transfers"]
+    two = sim(*disagg, "hardware.num_nodes=2", "hardware.internode_gbps=2", "hardware.internode_latency_s=0.001")
+    kv = two["transfers"]
+    assert (kv.end_s - kv.start_s).to_numpy() == pytest.approx(0.001 + kv.kv_bytes.to_numpy() / 2e9, rel=1e-6)
+    assert ((one.end_s - one.start_s) < 0.001).all()  # NVLink: 400 tokens' KV in well under a ms
+
+
+def test_int4_weights_shorten_a_weight_bound_decode():
+    base, int4 = sim(n=20), sim("sim.weight_bits=4", n=20)
+    assert int4["summary"]["tpot"]["p50"] < 0.6 * base["summary"]["tpot"]["p50"]
+    with pytest.raises(ConfigError, match="sim.weight_bits=3: allowed 4, 8, 16"):
+        make_config(*A100, "sim.weight_bits=3")
+
+
 # the replay setup reaches every knob ----------------------------------------------------------
 def test_replay_setups_state_the_engines_knobs(tmp_path):
     ref = read_reference(SGLANG_RPS4)

@@ -9,6 +9,8 @@ number carries its source. Sources named here:
   the same; FP32 67 TFLOP/s; HBM3 3.35 TB/s; NVLink 900 GB/s both directions.
 - [H200-DS] NVIDIA H200 datasheet, SXM: 141 GB HBM3e at 4.8 TB/s, NVLink 900 GB/s, the H100's
   compute.
+- [A10-DS] NVIDIA A10 Tensor Core GPU datasheet: fp16/bf16 125 TFLOP/s dense (250 with sparsity);
+  FP32 31.2 TFLOP/s; 24 GB GDDR6 at 600 GB/s; no NVLink: PCIe Gen4 x16, 64 GB/s both directions.
 - [NVSMI] total memory nvidia-smi reports: A100-SXM4-40GB 40,960 MiB; A100-SXM4-80GB 81,920 MiB;
   H100 80GB HBM3 81,559 MiB; H200 143,771 MiB.
 - [BLIS] inference-sim roofline v2, lesson 1: achievable HBM bandwidth is about 0.8 of peak
@@ -86,6 +88,20 @@ SIXTEEN_BIT = ("bfloat16", "float16", "auto")  # auto: what a CUDA engine loads 
 DTYPES = (*SIXTEEN_BIT, "float32")
 
 GPUS: dict[str, Gpu] = {
+    "a10": Gpu(
+        "NVIDIA A10",
+        peak_flops=125e12,
+        hbm_bytes_per_s=600e9,  # GDDR6 [A10-DS]
+        nvlink_bytes_per_s=32e9,  # no NVLink: a KV send or an all-reduce crosses PCIe Gen4 x16, one direction
+        memory_bytes=24 * 1024 * MIB,  # [A10-DS] 24 GB (nvidia-smi's figure not at hand)
+        matmul_mfu=0.7,
+        attention_mfu=0.5,  # as the A100 (Ampere too): no profile of the A10's kernels at hand
+        hbm_share=HBM_SHARE,
+        nvlink_share=NVLINK_SHARE,
+        step_overhead_s=STEP_OVERHEAD_S,
+        link_latency_s=LINK_LATENCY_S,
+        fp32_flops=31.2e12,
+    ),  # [A10-DS]
     "a100_40g": Gpu(
         "NVIDIA A100-SXM4-40GB",
         peak_flops=312e12,

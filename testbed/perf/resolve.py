@@ -82,10 +82,12 @@ def analytical(
     host_per_seq_s: float = 0.0,
     cuda_graphs: Optional[bool] = None,
     tp: int = 1,
+    weight_bits: Optional[int] = None,
 ) -> tuple[RooflineModel, dict]:
     """The roofline of a GPU of the table. `dtype` (unset: bfloat16 for 2 bytes, else float32)
     picks the peak FLOPs; the host terms are RooflineModel's (unset: the table's step overhead,
-    nothing per sequence, CUDA graphs on); `tp`: one rank of a tensor-parallel group of that many."""
+    nothing per sequence, CUDA graphs on); `tp`: one rank of a tensor-parallel group of that many;
+    `weight_bits`: a quantized checkpoint's layer weights (None: the dtype's)."""
     dtype = dtype if dtype not in (None, "auto") else ("bfloat16" if dtype_bytes == 2 else "float32")
     model = RooflineModel(
         gpu(name).validate(),
@@ -96,8 +98,10 @@ def analytical(
         host_per_seq_s=host_per_seq_s,
         cuda_graphs=True if cuda_graphs is None else cuda_graphs,
         tp=tp,
+        weight_bits=weight_bits,
     )
     label = {**analytical_label(name, dtype_bytes), "dtype": dtype, "host": model.host_terms()}
+    label = {**label, "weight_bits": weight_bits} if weight_bits is not None else label
     return model, {**label, "tp": tp} if tp > 1 else label
 
 

@@ -83,6 +83,10 @@ class RooflineModel:
     host_per_seq_s: float = 0.0  # more host time per sequence the step samples for
     cuda_graphs: bool = True  # decode steps replayed from CUDA graphs (False: eager launches)
     tp: int = 1  # tensor-parallel degree: the step of one rank of a group of tp GPUs
+    # a quantized checkpoint's bits per decoder-layer weight (GPTQ/AWQ int4: 4), dequantized in the
+    # GEMM (compute at `dtype`); the embedding and lm_head stay at dtype_bytes, as vLLM loads them.
+    # None: dtype_bytes
+    weight_bits: Optional[int] = None
     # the kv_transfer.backend values it times (both: the NVLink formula)
     transports: ClassVar[tuple] = ("process_group", "ipc")
 
@@ -107,6 +111,7 @@ class RooflineModel:
             "dtype": self.dtype,
             "host": self.host_terms(),
             "tp": self.tp,
+            "weight_bits": self.weight_bits,
         }
 
     def host_terms(self) -> dict:
@@ -165,21 +170,27 @@ class RooflineModel:
         gpu = self.gpu
         return max(flops / (gpu.flops_for(self.dtype) * mfu), nbytes / (gpu.hbm_bytes_per_s * gpu.hbm_share))
 
-    def gemm(self, tokens: int, k: int, n: int, out_bytes: int = 0) -> float:
+    @property
+    def layer_weight_bytes(self) -> float:
+        """Bytes per decoder-layer weight: the quantized width, else the dtype's."""
+        return self.dtype_bytes if self.weight_bits is None else self.weight_bits / 8
+
+    def gemm(self, tokens: int, k: int, n: int, out_bytes: int = 0, weight_bytes: Optional[float] = None) -> float:
         """(tokens x k) @ (k x n): weights read once, activations in and out."""
         db = self.dtype_bytes
-        nbytes = k * n * db + tokens * k * db + tokens * n * (out_bytes or db)
+        weights = k * n * (db if weight_bytes is None else weight_bytes)
+        nbytes = weights + tokens * k * db + tokens * n * (out_bytes or db)
         return self.roofline(2.0 * tokens * k * n, nbytes, self.gpu.matmul_mfu)
 
     def layer_gemms(self, tokens: int) -> float:
         """Column-parallel qkv and gate/up, row-parallel o and down: each rank's shard of the weights."""
         q, kv, inter, _ = self.shard
-        h = self.model_args.hidden_size
+        h, wb = self.model_args.hidden_size, self.layer_weight_bytes
         return (
-            self.gemm(tokens, h, q + 2 * kv)
-            + self.gemm(tokens, q, h)
-            + self.gemm(tokens, h, 2 * inter)
-            + self.gemm(tokens, inter, h)
+            self.gemm(tokens, h, q + 2 * kv, weight_bytes=wb)
+            + self.gemm(tokens, q, h, weight_bytes=wb)
+            + self.gemm(tokens, h, 2 * inter, weight_bytes=wb)
+            + self.gemm(tokens, inter, h, weight_bytes=wb)
         )
 
     def elementwise(self, tokens: int) -> float:
@@ -211,15 +222,22 @@ class RooflineModel:
 
     # -- memory (per device: one rank's) ------------------------------------------------------
     @property
+    def vocab_params(self) -> int:
+        """One rank's embedding and lm_head rows (one table when tied)."""
+        a = self.model_args
+        return self.shard.vocab * a.hidden_size * (1 if a.tie_embeddings else 2)
+
+    @property
     def weight_bytes(self) -> int:
-        return rank_params(self.model_args, self.tp) * self.dtype_bytes
+        layers = rank_params(self.model_args, self.tp) - self.vocab_params
+        return int(layers * self.layer_weight_bytes + self.vocab_params * self.dtype_bytes)
 
     def weight_read_s(self) -> float:
         """Reading every streamed weight once at the achievable bandwidth: a memory-bound step's
         floor. The input embedding is gathered row by row, not streamed (unless tied to lm_head)."""
         a = self.model_args
         gathered = 0 if a.tie_embeddings else self.shard.vocab * a.hidden_size
-        return self.roofline(0.0, (rank_params(a, self.tp) - gathered) * self.dtype_bytes, 1.0)
+        return self.roofline(0.0, self.weight_bytes - gathered * self.dtype_bytes, 1.0)
 
     def kv_pool_bytes(self, memory_utilization: float) -> float:
         """The KV pool as vLLM sizes it: the utilised share of the device memory, less the weights."""

@@ -56,6 +56,10 @@ class SimConfig:
     # many decode steps; inside it nothing waiting is admitted (new requests wait for its end) and
     # the window's tokens reach the client together at its end. A step with prefill is one step.
     num_scheduler_steps: int = 1
+    # a quantized checkpoint's bits per decoder-layer weight on an analytical GPU (GPTQ/AWQ int4: 4,
+    # int8: 8): the weights' traffic and memory at that width, the GEMMs' compute at model.dtype;
+    # the embedding and lm_head stay 16-bit. None: the model's dtype
+    weight_bits: Optional[int] = None
 
     def validate(self) -> "SimConfig":
         for key in ("dispatch_latency_s", "step_gap_s", "report_latency_s", "frontend_latency_s"):
@@ -63,6 +67,8 @@ class SimConfig:
                 raise ConfigError(f"sim.{key} must be >= 0 (got {getattr(self, key)})")
         if self.num_scheduler_steps < 1:
             raise ConfigError(f"sim.num_scheduler_steps must be >= 1 (got {self.num_scheduler_steps})")
+        if self.weight_bits not in (None, 4, 8, 16):
+            raise ConfigError(f"sim.weight_bits={self.weight_bits}: allowed 4, 8, 16 or null (the model's dtype)")
         for key in ROLE_KEYS.values():
             spec = getattr(self, key)
             if spec is None or is_gpu(spec) or is_run_spec(spec) or spec.endswith(".json") or Path(spec).is_file():

@@ -71,13 +71,20 @@ def resolve_role(cfg: Config, role: str, profile: Optional[Mapping] = None) -> R
     given = profile is not None and cfg.sim.key(role) == "sim.profile"
     if spec is not None and is_gpu(spec) and not given:
         dtype_bytes = gpu_dtype_bytes(cfg.model.dtype)
-        model, label = analytical(spec, args, dtype_bytes, tp=tp, **cfg.engine.host_terms(cfg.model.dtype))
+        model, label = analytical(
+            spec, args, dtype_bytes, tp=tp, weight_bits=cfg.sim.weight_bits, **cfg.engine.host_terms(cfg.model.dtype)
+        )
         return RoleProfile(model, label, dtype_bytes, tp=tp, num_kv_heads=args.num_kv_heads)
     name = "given" if given else spec or f"shipped:{cfg.model.name}_cpu.json"
     if tp > 1:
         raise ConfigError(
             f"cluster.{TP_KEYS[role]}={tp}: tensor parallelism is modelled on the analytical GPUs only "
             f"({cfg.sim.key(role)}={' | '.join(sorted(GPUS))}); {cfg.sim.key(role)} is a measured profile ({name})"
+        )
+    if cfg.sim.weight_bits is not None:
+        raise ConfigError(
+            f"sim.weight_bits={cfg.sim.weight_bits} models a quantized checkpoint on an analytical GPU; "
+            f"{cfg.sim.key(role)} is a measured profile ({name}), whose step times hold its own weights"
         )
     if cfg.engine.sets_host:
         raise ConfigError(
@@ -141,12 +148,20 @@ def gpu_dtype_bytes(dtype: str) -> int:
 
 
 def transfer_time(
-    sender: RoleProfile, receiver: RoleProfile, nbytes: int, backend: str = KVBackend.PROCESS_GROUP
+    sender: RoleProfile,
+    receiver: RoleProfile,
+    nbytes: int,
+    backend: str = KVBackend.PROCESS_GROUP,
+    internode: Optional[tuple[float, float]] = None,
 ) -> float:
     """A KV transfer runs at the slower link of its two ends (backend: kv_transfer.backend); between
     tensor-parallel groups each rank moves its pieces over its own link, in parallel, so the
-    busiest rank of either end sets the time (testbed/control/reshard.py)."""
+    busiest rank of either end sets the time (testbed/control/reshard.py). `internode`: (GB/s,
+    latency s) of the network between two nodes, which a hand-off between them crosses instead."""
     sent, received = busiest_link_bytes(sender.num_kv_heads, sender.tp, receiver.tp, nbytes)
+    if internode is not None:
+        gbps, latency_s = internode
+        return latency_s + max(sent, received) / (gbps * 1e9)
     return max(sender.cost.transfer_time(sent, backend), receiver.cost.transfer_time(received, backend))
 
 

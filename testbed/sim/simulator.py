@@ -4,7 +4,8 @@ The router's control plane on a virtual clock: the same request book (testbed/co
 and, in each `SimWorker`, the same hand-off ledger, Scheduler and BlockManager, with the forward
 pass replaced by its role's step time (testbed/sim/devices.py: a measured profile or an
 analytical GPU). Open-loop arrivals, closed-loop session turns. A KV transfer takes
-`transfer_time(bytes)` of the slower link of its two ends, one at a time per prefill worker.
+`transfer_time(bytes)` of the slower link of its two ends (or, between workers on different
+nodes of hardware.num_nodes, of the network between them), one at a time per prefill worker.
 Events at one instant are all delivered before idle workers look for their next step, as a
 real worker drains its inbox before stepping. The host around the engine (dispatch hop, step
 gap, report delay, contention) is drawn as testbed/sim/host.py says; a worker's quiet decode
@@ -41,6 +42,16 @@ if TYPE_CHECKING:  # annotations only: the root config is composed above the exe
 ARRIVE, DELIVER, STEP_END, KV_SENT, RESUME, RUN_END, FREE, RELEASE, SEND = range(9)
 
 
+def node_of(plans, num_devices: Optional[int], num_nodes: int) -> list[int]:
+    """Each worker's node: the devices split evenly over hardware.num_nodes, in order (P's groups
+    first, so with as many nodes as roles P and D sit on different nodes)."""
+    if num_nodes <= 1:
+        return [0] * len(plans)
+    devices = num_devices or max(int(p.device.split(":")[1]) + p.tp for p in plans)
+    per_node = max(devices // num_nodes, 1)
+    return [int(p.device.split(":")[1]) // per_node for p in plans]
+
+
 class Simulation:
     def __init__(self, cfg: Config, profile: Optional[Mapping] = None, num_devices: Optional[int] = None):
         cfg.validate()
@@ -52,6 +63,8 @@ class Simulation:
         self.profiles = resolve_roles(cfg, {KIND_OF[p.role] for p in self.plans}, profile)
         self.roles = [self.profiles[KIND_OF[p.role]] for p in self.plans]  # by rank
         self.kv_backend = cfg.kv_transfer.backend
+        self.nodes = node_of(self.plans, available, cfg.hardware.num_nodes)
+        self.internode = (cfg.hardware.internode_gbps, cfg.hardware.internode_latency_s)
         self.kv_bytes_per_token = self.args.kv_bytes_per_token * next(iter(self.profiles.values())).dtype_bytes
         blocks = role_blocks(cfg, self.profiles)
         block_bytes = self.kv_bytes_per_token * cfg.engine.block_size
@@ -286,7 +299,14 @@ class Simulation:
             self._send(rank, entry)
 
     def _send(self, rank: int, entry: Outgoing) -> None:
-        seconds = transfer_time(self.roles[rank], self.roles[entry.decode_rank], self._kv_bytes(entry), self.kv_backend)
+        crosses = self.nodes[rank] != self.nodes[entry.decode_rank]  # P's and D's nodes: the network between them
+        seconds = transfer_time(
+            self.roles[rank],
+            self.roles[entry.decode_rank],
+            self._kv_bytes(entry),
+            self.kv_backend,
+            self.internode if crosses else None,
+        )
         seconds *= self.host.draws[rank].sample(self.host.transfer_scales[rank])  # both ends' contention
         self.push(self.workers[rank].start_send(entry, self.now, seconds), KV_SENT, (rank, entry.seq.seq_id))
 

@@ -48,7 +48,14 @@ SETUP_KEYS = {
     "model_config": "a Hugging Face config.json (path relative to the setup file); replaces `model`",
     "dtype": "float16 | bfloat16 (2 bytes) | float32",
     "max_model_len": "the engine's --max-model-len",
-    "policy": "colocated (prefill steps apart from decode steps: vLLM V0 default, SGLang) | chunked",
+    "policy": "colocated (prefill steps apart from decode steps: vLLM V0 default, SGLang) | chunked | disagg "
+    "(prefill and decode instances: num_prefill, num_decode, each of `tp` GPUs)",
+    "num_prefill": "disagg: prefill instances (default 1)",
+    "num_decode": "disagg: decode instances (default 1)",
+    "nodes": "disagg: 2 when prefill and decode run on different nodes (the KV crosses the network between them)",
+    "internode_gbps": "the network between the nodes, GB/s (bytes): hardware.internode_gbps",
+    "internode_latency_s": "its latency per KV transfer: hardware.internode_latency_s",
+    "weight_bits": "a quantized checkpoint's bits per layer weight (GPTQ/AWQ int4: 4): sim.weight_bits",
     "max_batched_tokens": "a step's token budget (vLLM max_num_batched_tokens; SGLang chunked_prefill_size)",
     "max_running": "running sequences at most (vLLM max_num_seqs; SGLang max_running_requests)",
     "prefix_caching": "the engine's prefix cache on (true) or off",
@@ -62,7 +69,7 @@ SETUP_KEYS = {
     "unmodelled": "engine settings the simulator cannot express (listed in the report)",
     "seed": "the synthetic workload's seed",
 }
-POLICIES = ("colocated", "chunked")
+POLICIES = ("colocated", "chunked", "disagg")
 SESSION_KEYS = ("turns", "system_prompt_len", "think_time_s", "think_time_dist")
 SECONDS = ("host_overhead_s", "host_overhead_per_seq_s", "frontend_latency_s")
 # the fitted knobs (testbed/studies/replay_validation.py): a replay may replace the setup's
@@ -107,6 +114,12 @@ def load_setup(path) -> dict:
         value = setup.get(key)
         if value is not None and not (isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0):
             raise ConfigError(f"{path}: {key}={value!r} must be a number of seconds >= 0")
+    for key in ("num_prefill", "num_decode", "nodes"):
+        value = setup.get(key, 1)
+        if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+            raise ConfigError(f"{path}: {key}={value!r} must be an integer >= 1")
+    if setup.get("weight_bits") not in (None, 4, 8, 16):
+        raise ConfigError(f"{path}: weight_bits={setup['weight_bits']!r} is not one of 4, 8, 16, null")
     steps = setup.get("num_scheduler_steps", 1)
     if not (isinstance(steps, int) and not isinstance(steps, bool) and steps >= 1):
         raise ConfigError(f"{path}: num_scheduler_steps={steps!r} must be an integer >= 1")
@@ -148,6 +161,27 @@ def model_overrides(setup: dict) -> dict:
     return out
 
 
+def instances(setup: dict) -> dict:
+    """The workers a setup runs: one engine of `tp` GPUs, or disagg's prefill and decode instances
+    (each of `tp` GPUs, on `nodes` nodes: P's first, so with two nodes the KV crosses the network)."""
+    tp = setup.get("tp", 1)  # an integer >= 1 (load_setup)
+    if setup.get("policy") != "disagg":
+        return {"cluster.num_workers": 1, "cluster.tp": tp, "hardware.num_devices": tp}
+    p, d = setup.get("num_prefill", 1), setup.get("num_decode", 1)
+    out = {
+        "cluster.num_prefill": p,
+        "cluster.num_decode": d,
+        "cluster.prefill_tp": tp,
+        "cluster.decode_tp": tp,
+        "hardware.num_devices": (p + d) * tp,
+        "hardware.num_nodes": setup.get("nodes", 1),
+    }
+    for key in ("internode_gbps", "internode_latency_s"):
+        if setup.get(key) is not None:
+            out[f"hardware.{key}"] = setup[key]
+    return out
+
+
 def point_overrides(ref: Reference, setup: dict, trace: Optional[Path]) -> tuple[dict, list[str]]:
     """The simulated point's settings, and the notes on what the replay could not express."""
     notes = [f"not modelled: {item}" for item in setup.get("unmodelled") or []] + list(ref.notes)
@@ -157,10 +191,9 @@ def point_overrides(ref: Reference, setup: dict, trace: Optional[Path]) -> tuple
     out = {
         "executor": "sim",
         "sim.profile": setup["gpu"],
+        "sim.weight_bits": setup.get("weight_bits"),
         "mode": policy,
-        "cluster.num_workers": 1,
-        "cluster.tp": setup.get("tp", 1),  # an integer >= 1 (load_setup)
-        "hardware.num_devices": setup.get("tp", 1),  # the group's devices
+        **instances(setup),
         "scheduler.max_running": running,
         "scheduler.max_batched_tokens": budget,
         "scheduler.chunk_size": max(budget, running),

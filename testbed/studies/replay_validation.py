@@ -44,6 +44,9 @@ SHIFTED = ("ttft_", "e2e_")  # the figures a fixed front-end delay moves
 # the issue's headline figures; a case without one (a published median only) counts its median
 HEADLINE = {"ttft": ("ttft_mean", "ttft_p50"), "tpot": ("tpot_p50",), "e2e": ("e2e_mean", "e2e_p50")}
 THROUGHPUT = ("throughput_requests_per_s", "throughput_output_tokens_per_s")
+# a P/D pair's differences (disagg - colocated) compared: the figures a P/D paper argues with
+PAIR_FIGURES = ("ttft_mean", "ttft_p50", "tpot_mean", "tpot_p50", "tpot_p99")
+PAIR_BOUND = 0.25  # the difference within 25% of the real one, and of its sign
 
 
 def load_manifest(path) -> tuple[Path, list[dict]]:
@@ -63,7 +66,54 @@ def load_manifest(path) -> tuple[Path, list[dict]]:
                 f"{path}: case {case['name']!r}: group {case['group']!r} has no calibration case; "
                 f"name one that has in calibrated_by (one of {', '.join(sorted(fitted)) or 'none'})"
             )
+    names = {c["name"] for c in cases}
+    for pair in data.get("pairs") or []:
+        if set(pair) != {"colocated", "disagg"} or not set(pair.values()) <= names:
+            raise ConfigError(f"{path}: a pair names two cases of the manifest as colocated and disagg (got {pair})")
     return path.parent, cases
+
+
+def reference_file(base: Path, case: dict) -> Path:
+    """A case's result file: NAME.jsonl (SGLang's bench_serving) or NAME.json (vLLM's bench serve)."""
+    return next(
+        (p for p in (base / f"{case['name']}.jsonl", base / f"{case['name']}.json") if p.is_file()),
+        base / f"{case['name']}.jsonl",
+    )
+
+
+def load_pairs(path) -> list[dict]:
+    """The manifest's P/D pairs: {colocated: case name, disagg: case name}, checked by load_manifest."""
+    return list((yaml.safe_load(Path(path).read_text()) or {}).get("pairs") or [])
+
+
+def pair_rows(results: list[dict], pairs: list[dict], figures=PAIR_FIGURES) -> list[dict]:
+    """Each pair's difference (disagg - colocated) per figure, real and simulated: whether the
+    simulator has its sign, and (sim - real) / |real|."""
+    rows_of = {r["name"]: {row["figure"]: row for row in r["rows"]} for r in results}
+    out = []
+    for pair in pairs:
+        colocated, disagg = rows_of.get(pair["colocated"]), rows_of.get(pair["disagg"])
+        if colocated is None or disagg is None:
+            continue
+        for figure in figures:
+            a, b = colocated.get(figure) or {}, disagg.get(figure) or {}
+            if None in (a.get("real"), b.get("real"), a.get("sim"), b.get("sim")):
+                continue
+            real, sim = b["real"] - a["real"], b["sim"] - a["sim"]
+            error = (sim - real) / abs(real) if real else None
+            out.append(
+                {
+                    "colocated": pair["colocated"],
+                    "disagg": pair["disagg"],
+                    "figure": figure,
+                    "real": real,
+                    "sim": sim,
+                    "same_sign": (real > 0) == (sim > 0),
+                    "error": error,
+                    "within": error is not None and (real > 0) == (sim > 0) and abs(error) <= PAIR_BOUND,
+                }
+            )
+    return out
 
 
 def headline(rows: list[dict]) -> dict:
@@ -136,7 +186,7 @@ def validate(
                 runs = [
                     replay(
                         cfg,
-                        base / f"{c['name']}.jsonl",
+                        reference_file(base, c),
                         base / c["setup"],
                         out_dir / "fit" / group / f"{fixed * 1000:g}ms_{per_seq * 1e6:g}us" / c["name"],
                         run_point,
@@ -168,7 +218,7 @@ def validate(
         knobs = {key: fit[key] for key in FITTED}
         run = replay(
             cfg,
-            base / f"{case['name']}.jsonl",
+            reference_file(base, case),
             base / case["setup"],
             out_dir / "cases" / case["name"],
             run_point,
@@ -200,6 +250,7 @@ def validate(
             [r for r in results if r["role"] == "held_out" and r["calibrated_by"] != r["group"]],
             ("ttft", "tpot", "e2e", "requests_per_s", "output_tokens_per_s"),
         ),
+        "pairs": pair_rows(results, load_pairs(manifest)),
     }
     write_json(out_dir / "validation.json", summary)
     write_text(out_dir / "validation.md", markdown(summary))
@@ -237,7 +288,22 @@ def markdown(summary: dict) -> str:
         for key, value in summary.get(role, {}).items():
             mape_text = "-" if value["mape"] is None else f"{100 * value['mape']:.1f}%"
             lines.append(f"| {role} | {key} | {mape_text} | {value['cases']} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + pairs_markdown(summary.get("pairs") or [])) + "\n"
+
+
+def pairs_markdown(rows: list[dict]) -> list[str]:
+    """The P/D pairs' differences (ms): real, simulated, the sign, and the error of the difference."""
+    if not rows:
+        return []
+    lines = ["", "| disagg - colocated | figure | real ms | sim ms | sign | error |", "|---|---|---|---|---|---|"]
+    for row in rows:
+        lines.append(
+            f"| {row['disagg']} | {row['figure']} | {1000 * row['real']:+.2f} | {1000 * row['sim']:+.2f} "
+            f"| {'same' if row['same_sign'] else 'WRONG'} | {_pct(row['error'])} |"
+        )
+    held = sum(r["within"] for r in rows)
+    lines.append(f"\n{held} of {len(rows)} differences of the right sign and within {PAIR_BOUND:.0%} of the real one")
+    return lines
 
 
 def main(argv=None) -> int:
