@@ -296,3 +296,18 @@ def test_the_mooncake_pd_pairs_replay_disagg_across_two_nodes(tmp_path):
     names = {c["name"] for c in cases}
     pairs = yaml.safe_load((REPLAY / "cases.yaml").read_text())["pairs"]
     assert len(pairs) == 10 and all(set(p.values()) <= names for p in pairs)
+
+
+def test_a_disaggregated_group_calibrates_its_link_at_a_colocated_groups_host_terms(tmp_path):
+    """The manifest names, for a P/D calibration case, the colocated group whose host terms it runs
+    at; without one, one line says so."""
+    for name in ("mooncake_vllm062_a10_in256_rdma.setup.yaml", "mooncake_vllm062_a10_in256_colocated.setup.yaml"):
+        (tmp_path / name).write_text((REPLAY / name).read_text())
+    co = {"name": "co", "setup": "mooncake_vllm062_a10_in256_colocated.setup.yaml", "group": "a10", "role": "calibrate"}
+    pd = {"name": "pd", "setup": "mooncake_vllm062_a10_in256_rdma.setup.yaml", "group": "a10_rdma", "role": "calibrate"}
+    manifest = tmp_path / "cases.yaml"
+    manifest.write_text(yaml.safe_dump({"cases": [co, {**pd, "calibrated_by": "a10"}]}))
+    load_manifest(manifest)
+    manifest.write_text(yaml.safe_dump({"cases": [co, pd]}))
+    with pytest.raises(ConfigError, match="hand-off path at the host terms of a colocated group"):
+        load_manifest(manifest)

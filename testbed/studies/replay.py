@@ -72,8 +72,11 @@ SETUP_KEYS = {
 POLICIES = ("colocated", "chunked", "disagg")
 SESSION_KEYS = ("turns", "system_prompt_len", "think_time_s", "think_time_dist")
 SECONDS = ("host_overhead_s", "host_overhead_per_seq_s", "frontend_latency_s")
-# the fitted knobs (testbed/studies/replay_validation.py): a replay may replace the setup's
-FITTED = ("host_overhead_s", "host_overhead_per_seq_s", "frontend_latency_s")
+# the fitted knobs (testbed/studies/replay_validation.py): a replay may replace the setup's; a
+# disaggregated setup's hand-off path (its network, and whatever the engine's transfer adds) too
+HOST = ("host_overhead_s", "host_overhead_per_seq_s", "frontend_latency_s")
+LINK = ("internode_gbps", "internode_latency_s")
+FITTED = HOST + LINK
 DTYPES = {
     "float16": "float16",
     "fp16": "float16",

@@ -5,7 +5,8 @@ held-out cases.
     python -m testbed.studies.replay_validation tests/data/replay/cases.yaml [--out DIR]
 
 Calibration fits three numbers per group (an engine at a version on a GPU), each a stated term
-of the simulator, on the group's calibration cases only:
+of the simulator, on the group's calibration cases only (a disaggregated group fits its hand-off
+path instead, below):
 - the cost model's per-step host time (engine.host_overhead_s, the setup's host_overhead_s),
   from HOST_GRID_S, and its part per sequence sampled (engine.host_overhead_per_seq_s), from
   PER_SEQ_GRID_S: every pair is replayed;
@@ -18,6 +19,13 @@ own knobs (multi-step scheduling, CUDA graphs, the running cap) are the engine's
 fitted. The held-out cases run at their group's fitted values; a group with no calibration case
 names another (`calibrated_by`: the same engine and version on another GPU, model or degree) and
 runs at that group's values, so none of its figures was fitted on.
+
+A group of disaggregated setups (policy: disagg) takes the host terms of the group its
+calibration case names in `calibrated_by` (the same engine colocated) and fits its hand-off path
+on its calibration case: an effective network rate (hardware.internode_gbps, LINK_GRID_GBPS) and
+a latency per transfer (hardware.internode_latency_s, LINK_GRID_LATENCY_S), the least MAPE
+winning, so what the engine's transfer costs beyond the wire (staging through host memory, a
+proxy's second request) is one stated pair of numbers, held out on the other loads and lengths.
 """
 
 from __future__ import annotations
@@ -32,12 +40,15 @@ import yaml
 from testbed.config import Config
 from testbed.errors import ConfigError
 from testbed.interop.reference import relative_error
-from testbed.studies.replay import FITTED, mape, replay
+from testbed.studies.replay import FITTED, HOST, LINK, load_setup, mape, replay
 from testbed.tracking.results import write_json, write_text
 
 log = logging.getLogger("testbed")
 
 HOST_GRID_S = (0.0, 1e-3, 2e-3, 3e-3, 4e-3, 6e-3)
+# a disaggregated engine's hand-off path, fitted as an effective network: GB/s and a per-transfer latency
+LINK_GRID_GBPS = (0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.5, 0.7, 1.0, 2.0, 5.0, 12.5)
+LINK_GRID_LATENCY_S = (0.0, 2e-3, 5e-3, 10e-3, 20e-3, 40e-3)
 PER_SEQ_GRID_S = (0.0, 25e-6, 50e-6, 100e-6, 200e-6)
 FRONTEND_GRID_S = tuple(i * 0.5e-3 for i in range(201))  # 0 to 100 ms
 SHIFTED = ("ttft_", "e2e_")  # the figures a fixed front-end delay moves
@@ -66,6 +77,15 @@ def load_manifest(path) -> tuple[Path, list[dict]]:
                 f"{path}: case {case['name']!r}: group {case['group']!r} has no calibration case; "
                 f"name one that has in calibrated_by (one of {', '.join(sorted(fitted)) or 'none'})"
             )
+    order = list(dict.fromkeys(c["group"] for c in cases if c["role"] == "calibrate"))
+    for case in cases:
+        if case["role"] == "calibrate" and disaggregated(path.parent, [case]):
+            source = case.get("calibrated_by")
+            if source not in order[: order.index(case["group"])]:
+                raise ConfigError(
+                    f"{path}: case {case['name']!r} calibrates a disaggregated group's hand-off path at the host "
+                    f"terms of a colocated group calibrated before it: name that group in calibrated_by"
+                )
     names = {c["name"] for c in cases}
     for pair in data.get("pairs") or []:
         if set(pair) != {"colocated", "disagg"} or not set(pair.values()) <= names:
@@ -90,6 +110,7 @@ def pair_rows(results: list[dict], pairs: list[dict], figures=PAIR_FIGURES) -> l
     """Each pair's difference (disagg - colocated) per figure, real and simulated: whether the
     simulator has its sign, and (sim - real) / |real|."""
     rows_of = {r["name"]: {row["figure"]: row for row in r["rows"]} for r in results}
+    calibrated = {r["name"] for r in results if r.get("role") == "calibrate"}
     out = []
     for pair in pairs:
         colocated, disagg = rows_of.get(pair["colocated"]), rows_of.get(pair["disagg"])
@@ -111,6 +132,7 @@ def pair_rows(results: list[dict], pairs: list[dict], figures=PAIR_FIGURES) -> l
                     "same_sign": (real > 0) == (sim > 0),
                     "error": error,
                     "within": error is not None and (real > 0) == (sim > 0) and abs(error) <= PAIR_BOUND,
+                    "held_out": not ({pair["colocated"], pair["disagg"]} & calibrated),
                 }
             )
     return out
@@ -179,43 +201,14 @@ def validate(
     fitted, results = {}, []
     for group in dict.fromkeys(c["group"] for c in cases if c["role"] == "calibrate"):
         calibration = [c for c in cases if c["group"] == group and c["role"] == "calibrate"]
-        scores = {}
-        for fixed in grid:
-            for per_seq in per_seq_grid:
-                knobs = {"host_overhead_s": fixed, "host_overhead_per_seq_s": per_seq, "frontend_latency_s": 0.0}
-                runs = [
-                    replay(
-                        cfg,
-                        reference_file(base, c),
-                        base / c["setup"],
-                        out_dir / "fit" / group / f"{fixed * 1000:g}ms_{per_seq * 1e6:g}us" / c["name"],
-                        run_point,
-                        knobs=knobs,
-                        quiet=True,
-                    )["rows"]
-                    for c in calibration
-                ]
-                frontend, score = fit_frontend(runs)
-                scores[(fixed, per_seq)] = {"frontend_latency_s": frontend, "score": score}
-        best = fit_overhead(scores)
-        fitted[group] = {
-            "host_overhead_s": best[0],
-            "host_overhead_per_seq_s": best[1],
-            "frontend_latency_s": scores[best]["frontend_latency_s"] if best in scores else 0.0,
-            "score": (scores.get(best) or {}).get("score"),
-            "scores": [{"host_overhead_s": k[0], "host_overhead_per_seq_s": k[1], **v} for k, v in scores.items()],
-        }
-        log.info(
-            "%s: host %.1f ms + %.0f us per sequence, front end %.1f ms (calibration MAPE %s)",
-            group,
-            best[0] * 1000,
-            best[1] * 1e6,
-            fitted[group]["frontend_latency_s"] * 1000,
-            _pct(fitted[group]["score"]),
-        )
+        if disaggregated(base, calibration):
+            fitted[group] = fit_link(base, calibration, fitted, out_dir / "fit" / group, cfg, run_point)
+        else:
+            fitted[group] = fit_host(base, calibration, out_dir / "fit" / group, cfg, run_point, grid, per_seq_grid)
+        log.info("%s: %s (calibration MAPE %s)", group, _knobs(fitted[group]), _pct(fitted[group]["score"]))
     for case in cases:
         fit = fitted[case["group"]] if case["group"] in fitted else fitted[case["calibrated_by"]]
-        knobs = {key: fit[key] for key in FITTED}
+        knobs = {key: fit[key] for key in FITTED if key in fit}
         run = replay(
             cfg,
             reference_file(base, case),
@@ -257,17 +250,74 @@ def validate(
     return summary
 
 
+def disaggregated(base: Path, calibration: list[dict]) -> bool:
+    return any(load_setup(base / c["setup"]).get("policy") == "disagg" for c in calibration)
+
+
+def fit_host(base: Path, calibration: list[dict], out: Path, cfg, run_point, grid, per_seq_grid) -> dict:
+    """The host terms of a group of colocated or chunked setups (the module's docstring)."""
+    scores = {}
+    for fixed in grid:
+        for per_seq in per_seq_grid:
+            knobs = {"host_overhead_s": fixed, "host_overhead_per_seq_s": per_seq, "frontend_latency_s": 0.0}
+            where = out / f"{fixed * 1000:g}ms_{per_seq * 1e6:g}us"
+            runs = [_rows(base, c, where, cfg, run_point, knobs) for c in calibration]
+            frontend, score = fit_frontend(runs)
+            scores[(fixed, per_seq)] = {"frontend_latency_s": frontend, "score": score}
+    best = fit_overhead(scores)
+    return {
+        "host_overhead_s": best[0],
+        "host_overhead_per_seq_s": best[1],
+        "frontend_latency_s": scores[best]["frontend_latency_s"] if best in scores else 0.0,
+        "score": (scores.get(best) or {}).get("score"),
+        "scores": [{"host_overhead_s": k[0], "host_overhead_per_seq_s": k[1], **v} for k, v in scores.items()],
+    }
+
+
+def fit_link(base: Path, calibration: list[dict], fitted: dict, out: Path, cfg, run_point) -> dict:
+    """A disaggregated group's hand-off path on its calibration cases, at the host terms of the
+    group they name in calibrated_by (fitted before them in the manifest)."""
+    source = calibration[0]["calibrated_by"]  # a group fitted before it (load_manifest)
+    host = {key: fitted[source][key] for key in HOST}
+    scores = {}
+    for gbps in LINK_GRID_GBPS:
+        for latency in LINK_GRID_LATENCY_S:
+            knobs = {**host, "internode_gbps": gbps, "internode_latency_s": latency}
+            where = out / f"{gbps:g}GBps_{latency * 1000:g}ms"
+            errors = [mape(_rows(base, c, where, cfg, run_point, knobs)) for c in calibration]
+            errors = [e for e in errors if e is not None]
+            scores[(gbps, latency)] = sum(errors) / len(errors) if errors else None
+    scored = [(key, score) for key, score in scores.items() if score is not None]
+    (gbps, latency), score = min(scored, key=lambda item: (item[1], -item[0][0], item[0][1]))
+    return {
+        **host,
+        "internode_gbps": gbps,
+        "internode_latency_s": latency,
+        "host_from": source,
+        "score": score,
+        "scores": [{"internode_gbps": k[0], "internode_latency_s": k[1], "score": v} for k, v in scores.items()],
+    }
+
+
+def _rows(base: Path, case: dict, where: Path, cfg, run_point, knobs: dict) -> list[dict]:
+    return replay(
+        cfg, reference_file(base, case), base / case["setup"], where / case["name"], run_point, knobs=knobs, quiet=True
+    )["rows"]
+
+
 def _pct(value: Optional[float]) -> str:
     return "-" if value is None else f"{100 * value:+.1f}%"
 
 
 def _knobs(knobs: dict) -> str:
-    """The fitted host terms, short: '2 ms + 50 us/seq, front end 10 ms'."""
-    fixed, per_seq, front = (knobs.get(k) for k in FITTED)
+    """The fitted terms, short: '2 ms + 50 us/seq, front end 10 ms[, link 0.3 GB/s + 5 ms]'."""
+    fixed, per_seq, front = (knobs.get(k) for k in HOST)
     text = "table" if fixed is None else f"{fixed * 1000:g} ms"
     if per_seq:
         text += f" + {per_seq * 1e6:g} us/seq"
-    return text + (f", front end {front * 1000:g} ms" if front else "")
+    text += f", front end {front * 1000:g} ms" if front else ""
+    gbps, latency = (knobs.get(k) for k in LINK)
+    return text + (f", link {gbps:g} GB/s + {latency * 1000:g} ms" if gbps is not None else "")
 
 
 def markdown(summary: dict) -> str:
@@ -298,11 +348,17 @@ def pairs_markdown(rows: list[dict]) -> list[str]:
     lines = ["", "| disagg - colocated | figure | real ms | sim ms | sign | error |", "|---|---|---|---|---|---|"]
     for row in rows:
         lines.append(
-            f"| {row['disagg']} | {row['figure']} | {1000 * row['real']:+.2f} | {1000 * row['sim']:+.2f} "
+            f"| {row['disagg']}{'' if row['held_out'] else ' (calibrated)'} | {row['figure']} "
+            f"| {1000 * row['real']:+.2f} | {1000 * row['sim']:+.2f} "
             f"| {'same' if row['same_sign'] else 'WRONG'} | {_pct(row['error'])} |"
         )
-    held = sum(r["within"] for r in rows)
-    lines.append(f"\n{held} of {len(rows)} differences of the right sign and within {PAIR_BOUND:.0%} of the real one")
+    for label, subset in (("held-out pairs", [r for r in rows if r["held_out"]]), ("all pairs", rows)):
+        within = sum(r["within"] for r in subset)
+        signed = sum(r["same_sign"] for r in subset)
+        lines.append(
+            f"\n{label}: {signed} of {len(subset)} differences of the right sign, {within} also within "
+            f"{PAIR_BOUND:.0%} of the real one"
+        )
     return lines
 
 
