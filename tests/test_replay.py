@@ -311,3 +311,27 @@ def test_a_disaggregated_group_calibrates_its_link_at_a_colocated_groups_host_te
     manifest.write_text(yaml.safe_dump({"cases": [co, pd]}))
     with pytest.raises(ConfigError, match="hand-off path at the host terms of a colocated group"):
         load_manifest(manifest)
+
+
+def test_a_client_behind_a_disaggregating_proxy_sees_the_decode_workers_first_token(tmp_path):
+    """first_token: decode: TTFT moves to the request's second token (the decode worker's first,
+    after the KV), TPOT to the gaps after it."""
+    import pandas as pd
+
+    from testbed.studies.replay import decode_first
+
+    requests = pd.DataFrame(
+        {
+            "status": ["ok", "ok"],
+            "ttft": [0.05, 0.06],
+            "token_times": [[1.05, 1.15, 1.16, 1.17], [2.06, 2.26, 2.28, 2.30]],
+        }
+    )
+    summary = decode_first({"e2e": {"mean": 1.0}}, requests)
+    assert summary["ttft"]["mean"] == pytest.approx((0.15 + 0.26) / 2)
+    assert summary["tpot"]["mean"] == pytest.approx((0.01 + 0.02) / 2)
+    assert summary["e2e"] == {"mean": 1.0}
+    bad = yaml.safe_load((REPLAY / "mooncake_vllm062_a10_in256_rdma.setup.yaml").read_text())
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump({**bad, "first_token": "proxy"}))
+    with pytest.raises(ConfigError, match="first_token='proxy' is not one of prefill, decode"):
+        load_setup(tmp_path / "s.yaml")

@@ -29,11 +29,13 @@ import math
 from pathlib import Path
 from typing import Callable, Optional
 
+import numpy as np
 import yaml
 
 from testbed.config import Config, with_overrides
 from testbed.errors import ConfigError
 from testbed.interop.reference import FIGURES, STATS, Reference, read_reference, relative_error, trace_rows
+from testbed.metrics.latency import distribution
 from testbed.model.config import PRESETS, hf_model_args
 from testbed.perf.gpus import GPUS
 from testbed.tracking.results import write_json, write_text
@@ -56,6 +58,8 @@ SETUP_KEYS = {
     "internode_gbps": "the network between the nodes, GB/s (bytes): hardware.internode_gbps",
     "internode_latency_s": "its latency per KV transfer: hardware.internode_latency_s",
     "weight_bits": "a quantized checkpoint's bits per layer weight (GPTQ/AWQ int4: 4): sim.weight_bits",
+    "first_token": "disagg: prefill (the client's first token is the one the prefill instance makes, as here) | "
+    "decode (a proxy streams the decode instance's tokens only: the first arrives after the KV, from D's first step)",
     "max_batched_tokens": "a step's token budget (vLLM max_num_batched_tokens; SGLang chunked_prefill_size)",
     "max_running": "running sequences at most (vLLM max_num_seqs; SGLang max_running_requests)",
     "prefix_caching": "the engine's prefix cache on (true) or off",
@@ -121,6 +125,8 @@ def load_setup(path) -> dict:
         value = setup.get(key, 1)
         if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
             raise ConfigError(f"{path}: {key}={value!r} must be an integer >= 1")
+    if setup.get("first_token", "prefill") not in ("prefill", "decode"):
+        raise ConfigError(f"{path}: first_token={setup['first_token']!r} is not one of prefill, decode")
     if setup.get("weight_bits") not in (None, 4, 8, 16):
         raise ConfigError(f"{path}: weight_bits={setup['weight_bits']!r} is not one of 4, 8, 16, null")
     steps = setup.get("num_scheduler_steps", 1)
@@ -265,6 +271,18 @@ def point_overrides(ref: Reference, setup: dict, trace: Optional[Path]) -> tuple
     return out, notes
 
 
+def decode_first(summary: dict, requests) -> dict:
+    """The simulated run as a client behind a disaggregating proxy sees it: its first token is the
+    decode worker's first (the request's second here, after the KV arrived), its TPOT the mean gap
+    over the decode worker's tokens after that one."""
+    ok = requests[requests["status"] == "ok"]
+    times = [list(t) for t in ok["token_times"]]
+    first = [t[1] - t[0] if len(t) > 1 else float("nan") for t in times]
+    ttft = ok["ttft"].to_numpy(dtype=float) + np.asarray(first, dtype=float)
+    tpot = [(t[-1] - t[1]) / (len(t) - 2) if len(t) > 2 else float("nan") for t in times]
+    return {**summary, "ttft": distribution(ttft), "tpot": distribution(tpot)}
+
+
 def comparison(ref: Reference, sim_summary: dict) -> list[dict]:
     """One row per figure: real, simulated (seconds or per second) and (sim - real) / real."""
     rows = []
@@ -355,7 +373,14 @@ def replay(
         write_text(trace, "".join(json.dumps(row) + "\n" for row in trace_rows(ref.requests)))
     overrides, notes = point_overrides(ref, setup, trace)
     sim = run_point(with_overrides(cfg, overrides), out_dir / "sim")
-    rows = comparison(ref, sim["summary"])
+    summary = sim["summary"]
+    if setup.get("policy") == "disagg" and setup.get("first_token") == "decode":
+        summary = decode_first(summary, sim["requests"])
+        notes.append(
+            "first_token=decode: TTFT read at the decode worker's first token, TPOT over its tokens after it "
+            "(the client sees only the decode instance's stream)"
+        )
+    rows = comparison(ref, summary)
     emulated = None
     if emulate:
         emulated, note = emulate_point(cfg, overrides, out_dir, run_point)
