@@ -600,16 +600,24 @@ def check_here(cfg: Config) -> None:
 
         resolve_trace_path(cfg.workload.path)
     if cfg.executor == "real" and cfg.engine.attention_backend == "flash":
-        from testbed.model.attention import FLASH_ATTN_AVAILABLE
+        from importlib.util import find_spec
+
         from testbed.model.kv_layout import ATTENTION_BACKENDS
 
-        if not FLASH_ATTN_AVAILABLE:
+        # not installed: said without importing torch; installed: the workers' own test of the import
+        if find_spec("flash_attn") is None or not _flash_attn_imports():
             others = ", ".join(b for b in ATTENTION_BACKENDS if b != "flash")
             raise ConfigError(
                 "engine.attention_backend=flash needs flash-attn, which does not import here (pip install "
                 f"flash-attn on a CUDA machine); engine.attention_backend is one of {others} without it "
                 "(auto takes the fastest that runs)"
             )
+
+
+def _flash_attn_imports() -> bool:
+    from testbed.model.attention import FLASH_ATTN_AVAILABLE
+
+    return FLASH_ATTN_AVAILABLE
 
 
 OUTPUT_KEYS = ("hydra.run.dir", "hydra.sweep.dir", "output_dir")
