@@ -244,6 +244,10 @@ def validate(
             ("ttft", "tpot", "e2e", "requests_per_s", "output_tokens_per_s"),
         ),
         "pairs": pair_rows(results, load_pairs(manifest)),
+        "held_out_by_group": {
+            group: table_mape([r for r in results if r["role"] == "held_out" and r["group"] == group])
+            for group in dict.fromkeys(r["group"] for r in results if r["role"] == "held_out")
+        },
     }
     write_json(out_dir / "validation.json", summary)
     write_text(out_dir / "validation.md", markdown(summary))
@@ -338,6 +342,11 @@ def markdown(summary: dict) -> str:
         for key, value in summary.get(role, {}).items():
             mape_text = "-" if value["mape"] is None else f"{100 * value['mape']:.1f}%"
             lines.append(f"| {role} | {key} | {mape_text} | {value['cases']} |")
+    lines += ["", "| held-out group | figure | MAPE | cases |", "|---|---|---|---|"]
+    for group, figures in (summary.get("held_out_by_group") or {}).items():
+        for key, value in figures.items():
+            mape_text = "-" if value["mape"] is None else f"{100 * value['mape']:.1f}%"
+            lines.append(f"| {group} | {key} | {mape_text} | {value['cases']} |")
     return "\n".join(lines + pairs_markdown(summary.get("pairs") or [])) + "\n"
 
 
