@@ -19,10 +19,18 @@ import torch.distributed as dist
 from testbed.cluster.completion import BufferPool, CompletionTracker
 from testbed.cluster.kv_ipc import PeerPools, release, synchronize
 from testbed.cluster.kv_wire import Retired, receive_part, send_part, unpack_arrived
-from testbed.cluster.tensor_group import Attach, EngineCall, Halt, RecvShare, SendShare, WriteShare
+from testbed.cluster.tensor_group import (
+    Attach,
+    EngineCall,
+    Halt,
+    RecvShare,
+    SendShare,
+    WriteShare,
+    export_to_prefill,
+    prefill_processes,
+)
 from testbed.errors import PeerLost
-from testbed.names import Role
-from testbed.net.messages import Audit, KVPoolAttached, KVPoolExport
+from testbed.net.messages import Audit, KVPoolAttached
 
 WAIT_S = 0.001  # between polls of this rank's pieces while an install waits for them
 
@@ -34,9 +42,9 @@ class Follower:
         self.worker, self.index = spec.groups.place(spec.rank)
         self.pools = PeerPools()  # ipc, P: the decode pools this rank writes into
         self.pool = pool  # ipc, D: this rank's exported pool, until every P process has mapped it
-        self.unattached = {r for r, role in enumerate(spec.roles) if role == Role.PREFILL_ONLY} if pool else set()
-        for rank in spec.groups.leaders(sorted(self.unattached)):
-            inboxes[rank].put(KVPoolExport(spec.rank, pool))
+        self.unattached = prefill_processes(spec.roles) if pool else set()
+        if pool is not None:
+            export_to_prefill(spec.groups, spec.roles, spec.rank, inboxes, pool)
         kv = spec.kv
         self.completions = CompletionTracker(kv.timeout_s)
         self.buffers = BufferPool(engine.runner.device, engine.runner.dtype)

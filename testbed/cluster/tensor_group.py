@@ -27,6 +27,8 @@ import torch.distributed as dist
 
 from testbed.control.reshard import reshard
 from testbed.model.config import kv_heads_of
+from testbed.names import Role
+from testbed.net.messages import KVPoolExport
 
 
 @dataclass(frozen=True)
@@ -109,6 +111,18 @@ def new_groups(groups: Optional[Groups], rank: int, backend: Optional[str] = Non
             group = dist.new_group(list(ranks), backend=backend)
             mine = group if rank in ranks else mine
     return mine
+
+
+def prefill_processes(roles: tuple) -> set[int]:
+    """ipc: every P process (a TP worker's ranks each map the decode pools they write into)."""
+    return {r for r, role in enumerate(roles) if role == Role.PREFILL_ONLY}
+
+
+def export_to_prefill(groups: Optional[Groups], roles: tuple, rank: int, inboxes, pool) -> None:
+    """ipc, a D process: its pool's handle to every P worker (a leader passes it on to its ranks)."""
+    targets = sorted(prefill_processes(roles))
+    for target in groups.leaders(targets) if groups is not None else targets:
+        inboxes[target].put(KVPoolExport(rank, pool))
 
 
 # -- what a leader tells the other ranks of its group ----------------------------------------

@@ -31,7 +31,7 @@ from testbed.cluster.follower import Follower
 from testbed.cluster.kv_ipc import PoolHandle, export_pool, release, shared_pool
 from testbed.cluster.pacing import hold
 from testbed.cluster.receiver import KVReceiver
-from testbed.cluster.tensor_group import Groups, Halt, Mirror, new_groups
+from testbed.cluster.tensor_group import Groups, Halt, Mirror, export_to_prefill, new_groups, prefill_processes
 from testbed.control.config import ClusterConfig, KVTransferConfig
 from testbed.engine import Engine, EngineConfig, SchedulerConfig, Sequence, StepResult
 from testbed.errors import PeerLost, TestbedError
@@ -267,18 +267,6 @@ def warm_links(rank: int, roles: tuple, device: torch.device) -> None:
         work.wait()
 
 
-def prefill_processes(spec: WorkerSpec) -> set[int]:
-    """ipc: every P process (a TP worker's ranks each map the decode pools they write into)."""
-    return {r for r, role in enumerate(spec.roles) if role == Role.PREFILL_ONLY}
-
-
-def export_to_prefill(spec: WorkerSpec, inboxes, pool: PoolHandle) -> None:
-    """ipc, a D process: its pool's handle to every P worker (a leader passes it on to its ranks)."""
-    leaders = prefill_processes(spec)
-    for rank in spec.groups.leaders(sorted(leaders)) if spec.groups is not None else leaders:
-        inboxes[rank].put(KVPoolExport(spec.rank, pool))
-
-
 def _pin(core: Optional[int]) -> None:
     """Keep a CPU worker on its own core, so workers do not migrate onto each other (Linux only)."""
     if core is not None and hasattr(os, "sched_setaffinity"):
@@ -301,7 +289,7 @@ class Worker:
         # a tensor-parallel worker's other ranks take every call that changes the engine
         self.engine = Mirror(engine, [inboxes[r] for r in others], group) if others else engine
         self.pool = pool  # ipc, D: this worker's exported pool, until every P process has mapped it
-        self.unattached = prefill_processes(spec) if pool else set()
+        self.unattached = prefill_processes(spec.roles) if pool else set()
         self.lost_router = lost_router
         self.last_watch = time.perf_counter()
         self.sender = self.receiver = None
@@ -313,7 +301,7 @@ class Worker:
         if spec.role == Role.DECODE_ONLY:
             self.receiver = KVReceiver(self.engine, spec.rank, inboxes, events, spec.kv, groups=spec.groups)
             if pool is not None:
-                export_to_prefill(spec, inboxes, pool)
+                export_to_prefill(spec.groups, spec.roles, spec.rank, inboxes, pool)
         self.pacer = self.link = None
         if spec.emulation is not None:
             # the full model's KV per token (every head once), what a hand-off's reported bytes count
