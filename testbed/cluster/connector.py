@@ -35,8 +35,8 @@ from typing import Callable, Optional
 
 from testbed.cluster.completion import BufferPool, CompletionTracker
 from testbed.cluster.kv_ipc import PeerPools, synchronize
-from testbed.cluster.kv_wire import Retired, WirePart, send_part
-from testbed.cluster.tensor_group import Attach, Groups, Mirror, SendShare, WriteShare
+from testbed.cluster.kv_wire import Retired, WirePart, send_pieces
+from testbed.cluster.tensor_group import Attach, Groups, Mirror, SendShare, WriteShare, write_pieces
 from testbed.control.config import KVTransferConfig
 from testbed.control.ledger import Outgoing, SendLedger
 from testbed.engine import Engine, Sequence
@@ -213,21 +213,18 @@ class KVSender:
         if isinstance(self.engine, Mirror):  # the group's other ranks send their pieces too
             share = SendShare(seq.seq_id, entry.decode_rank, tuple(seq.block_table), num_tokens, entry.skip, layer)
             self.engine.tell(share)
-        wires = [
-            send_part(
-                runner,
-                seq.block_table,
-                num_tokens,
-                layer,
-                dst,
-                self.buffers,
-                self.completions,
-                self.piece_bytes,
-                start=entry.skip,
-                heads=heads,
-            )
-            for dst, heads in self._pieces(entry.decode_rank)
-        ]
+        pieces = self._pieces(entry.decode_rank)
+        wires = send_pieces(
+            runner,
+            seq.block_table,
+            num_tokens,
+            layer,
+            pieces,
+            self.buffers,
+            self.completions,
+            self.piece_bytes,
+            entry.skip,
+        )
         entry.parts.extend(wires)
         entry.sent_parts.add(part)
         self.bytes_moved += sum(wire.nbytes for wire in wires)
@@ -258,8 +255,9 @@ class KVSender:
             return
         if isinstance(self.engine, Mirror):  # the group's other ranks write their pieces too
             self.engine.tell(WriteShare(seq.seq_id, entry.decode_rank, tuple(own), tuple(dst), layer))
-        for rank, heads, into in self.groups.writes(self.rank, 0, entry.decode_rank):
-            self.bytes_moved += self.pools[rank].write(own, dst, layer, (heads, into))
+        self.bytes_moved += write_pieces(
+            self.groups.writes(self.rank, 0, entry.decode_rank), self.pools, own, dst, layer
+        )
         if isinstance(self.engine, Mirror):
             synchronize(self.engine.runner.device)
             self.engine.barrier()  # every rank's copy has landed before KVDone leaves

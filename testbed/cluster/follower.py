@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from testbed.cluster.completion import BufferPool, CompletionTracker
 from testbed.cluster.kv_ipc import PeerPools, release, synchronize
-from testbed.cluster.kv_wire import Retired, receive_part, send_part, unpack_arrived
+from testbed.cluster.kv_wire import Retired, receive_part, send_pieces, unpack_arrived
 from testbed.cluster.tensor_group import (
     Attach,
     EngineCall,
@@ -28,6 +28,7 @@ from testbed.cluster.tensor_group import (
     WriteShare,
     export_to_prefill,
     prefill_processes,
+    write_pieces,
 )
 from testbed.errors import PeerLost
 from testbed.net.messages import Audit, KVPoolAttached
@@ -89,27 +90,26 @@ class Follower:
     # -- KV --------------------------------------------------------------------------------------
     def send(self, share: SendShare) -> None:
         runner, kv = self.engine.runner, self.spec.kv
-        for dst, heads in self.spec.groups.sends(self.worker, self.index, share.dst):
-            wire = send_part(
-                runner,
-                list(share.block_table),
-                share.num_tokens,
-                share.layer,
-                dst,
-                self.buffers,
-                self.completions,
-                kv.piece_bytes,
-                start=share.start,
-                heads=heads,
-            )
-            self.bytes_sent += wire.nbytes
-            self.retired.add([wire])  # its buffer returns once the pieces have left
+        pieces = self.spec.groups.sends(self.worker, self.index, share.dst)
+        wires = send_pieces(
+            runner,
+            list(share.block_table),
+            share.num_tokens,
+            share.layer,
+            pieces,
+            self.buffers,
+            self.completions,
+            kv.piece_bytes,
+            share.start,
+        )
+        self.bytes_sent += sum(wire.nbytes for wire in wires)
+        self.retired.add(wires)  # their buffers return once the pieces have left
 
     def write(self, share: WriteShare) -> None:
         """ipc: this rank's pieces straight into the decode ranks' pools, then the group's barrier."""
         own, dst = list(share.block_table), list(share.dst_blocks)
-        for rank, heads, into in self.spec.groups.writes(self.worker, self.index, share.dst):
-            self.bytes_sent += self.pools[rank].write(own, dst, share.layer, (heads, into))
+        pieces = self.spec.groups.writes(self.worker, self.index, share.dst)
+        self.bytes_sent += write_pieces(pieces, self.pools, own, dst, share.layer)
         synchronize(self.engine.runner.device)
         dist.barrier(group=self.group)
 

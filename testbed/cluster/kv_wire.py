@@ -83,6 +83,24 @@ def send_part(
     return part
 
 
+def send_pieces(
+    runner: ModelRunner,
+    block_table: list[int],
+    num_tokens: int,
+    layer: Optional[int],
+    pieces: list[tuple[int, Optional[slice]]],
+    pool: BufferPool,
+    tracker: CompletionTracker,
+    piece_bytes: int = PIECE_BYTES,
+    start: int = 0,
+) -> list[WirePart]:
+    """One part to each (peer rank, heads) of `pieces`: a tensor-parallel rank's shares of it."""
+    return [
+        send_part(runner, block_table, num_tokens, layer, dst, pool, tracker, piece_bytes, start=start, heads=heads)
+        for dst, heads in pieces
+    ]
+
+
 def receive_part(
     shape: tuple[int, ...],
     src: int,

@@ -125,6 +125,12 @@ def export_to_prefill(groups: Optional[Groups], roles: tuple, rank: int, inboxes
         inboxes[target].put(KVPoolExport(rank, pool))
 
 
+def write_pieces(pieces: list, pools, own: list[int], dst_blocks: list[int], layer: Optional[int]) -> int:
+    """ipc: a rank's pieces (Groups.writes) copied from its blocks `own` into the decode ranks'
+    mapped pools (kv_ipc.PeerPools) at `dst_blocks`; the bytes copied."""
+    return sum(pools[rank].write(own, dst_blocks, layer, (heads, into)) for rank, heads, into in pieces)
+
+
 # -- what a leader tells the other ranks of its group ----------------------------------------
 @dataclass(frozen=True)
 class EngineCall:
