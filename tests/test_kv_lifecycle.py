@@ -90,8 +90,10 @@ def wire(monkeypatch):
     monkeypatch.setattr(receiver, "receive_part", lambda shape, src, pool, *rest: wire.post(shape, pool))
     monkeypatch.setattr(
         connector,
-        "send_part",
-        lambda runner, table, n, layer, dst, pool, *rest, **kw: wire.post(runner.kv_shape(n, layer), pool),
+        "send_pieces",
+        lambda runner, table, n, layer, pieces, pool, *rest, **kw: [
+            wire.post(runner.kv_shape(n, layer), pool) for _ in pieces
+        ],
     )
     monkeypatch.setattr(receiver, "unpack_arrived", _unpack_without_writing)
     return wire

@@ -8,6 +8,7 @@ buffer; the mixed modes run at TP2 too."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from testbed import LLM
 from testbed.cluster.emulation import Emulation, emulation_meta, role_pacers
@@ -194,3 +195,25 @@ def test_the_main_job_on_a_gpu_box_runs_tp_placements_of_a_model_one_gpu_cannot_
     monkeypatch.setattr(placements, "real_device", lambda cfg, kind: None)  # CPU workers: TP1, as always
     cpu = make_config("+experiment=ratio_sweep", "hardware.num_devices=3")
     assert placements.fitting_degrees(cpu, 3) == ([1], None)
+
+
+def test_a_rank_whose_share_broke_says_no_and_retires_it(monkeypatch):
+    """The leader's pieces may all arrive while a rank's, from a prefill rank that died mid-send, do
+    not: that rank votes no (the leader then fails the attempt on every rank) and returns its
+    buffers once they settle, instead of installing KV that is not there."""
+    from testbed.cluster import follower as module
+    from testbed.cluster.completion import BufferPool, Handle
+    from testbed.cluster.kv_wire import Retired, WirePart
+
+    votes = []
+    monkeypatch.setattr(module, "agreed", lambda yes, group, device: votes.append(yes) or yes)
+    rank = object.__new__(module.Follower)
+    rank.engine = type("E", (), {"runner": type("R", (), {"device": "cpu"})()})()
+    rank.group, rank.buffers = None, BufferPool("cpu", torch.float32)
+    rank.retired = Retired(rank.buffers)
+    buffer = rank.buffers.get((2, 4, 1, 16))
+    wire = WirePart(buffer, [(0, 4)], [buffer], [Handle.failed("connection reset by peer")])
+    rank.incoming = {7: (1, [(None, 0, (0,), wire)])}
+    rank.confirm(7)
+    assert votes == [False] and 7 not in rank.incoming
+    assert not rank.retired.parts and not rank.buffers.loaned  # settled (failed): returned at once

@@ -4,9 +4,11 @@
 
 It decides nothing: the leader's calls arrive in the order the leader made them, so this rank's
 engine takes the leader's states; its steps' all-reduces pair with the leader's. Its KV pieces
-travel between it and the ranks of the peer group that the reshard plan names. An install waits
-for this rank's own pieces of the request (a step must not read KV that has not arrived), bounded
-by the transfer timeout: a lost peer fails the worker, and the router the run.
+travel between it and the ranks of the peer group that the reshard plan names. Before the leader
+installs a request, every rank says whether its own share arrived whole (`Confirm`, one
+all-reduce; each piece bounded by the transfer timeout): a share broken by a peer that died
+mid-transfer fails the attempt on every rank alike, as the leader's own broken piece would, and
+the failure policy (retry, recompute, fail) follows. A step never reads KV that has not arrived.
 """
 
 from __future__ import annotations
@@ -21,11 +23,13 @@ from testbed.cluster.kv_ipc import PeerPools, release, synchronize
 from testbed.cluster.kv_wire import Retired, receive_part, send_pieces, unpack_arrived
 from testbed.cluster.tensor_group import (
     Attach,
+    Confirm,
     EngineCall,
     Halt,
     RecvShare,
     SendShare,
     WriteShare,
+    agreed,
     export_to_prefill,
     prefill_processes,
     write_pieces,
@@ -72,6 +76,8 @@ class Follower:
             self.receive(message)
         elif isinstance(message, WriteShare):
             self.write(message)
+        elif isinstance(message, Confirm):
+            self.confirm(message.rid)
         elif isinstance(message, Attach):
             self.pools.attach(message.src, message.handle, self.engine.runner.kv_cache)
             self.inboxes[message.src].put(KVPoolAttached(self.spec.rank))
@@ -130,18 +136,32 @@ class Follower:
         held = held + [(share.layer, share.start, share.block_table, w) for w in wires]
         self.incoming[share.rid] = (share.attempt, held)
 
-    def _await(self, rid: int) -> None:
-        """Every piece of this rank's share of `rid` in its blocks, or PeerLost."""
-        _, held = self.incoming.pop(rid, (0, []))
+    def confirm(self, rid: int) -> None:
+        """Say whether this rank's share of `rid` arrived whole (waiting for it, each piece bounded
+        by the transfer timeout); a broken share is retired, the leader fails the attempt."""
+        whole = self._arrived(rid) is None
+        if not whole:
+            self._retire(rid)
+        agreed(whole, self.group, self.engine.runner.device)
+
+    def _arrived(self, rid: int):
+        """None once every piece of this rank's share of `rid` is in its blocks; else the error
+        that broke one."""
+        _, held = self.incoming.get(rid, (0, []))
         runner = self.engine.runner
         while True:
             arrived = [unpack_arrived(runner, list(table), w, layer, start) for layer, start, table, w in held]
             broken = next((w.error() for *_, w in held if w.error()), None)
-            if broken:
-                raise PeerLost(f"tensor-parallel rank {self.spec.rank}: its KV share of request {rid} broke: {broken}")
-            if all(arrived):
-                break
+            if broken or all(arrived):
+                return broken
             time.sleep(WAIT_S)
+
+    def _await(self, rid: int) -> None:
+        """Every piece of this rank's share of `rid` in its blocks (Confirm said so), or PeerLost."""
+        broken = self._arrived(rid)
+        if broken:
+            raise PeerLost(f"tensor-parallel rank {self.spec.rank}: its KV share of request {rid} broke: {broken}")
+        _, held = self.incoming.pop(rid, (0, []))
         for *_, wire in held:
             self.bytes_received += wire.nbytes
             self.buffers.put(wire.buffer)

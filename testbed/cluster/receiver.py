@@ -23,7 +23,7 @@ from typing import Callable, Optional
 
 from testbed.cluster.completion import BufferPool, CompletionTracker
 from testbed.cluster.kv_wire import Retired, receive_part, unpack_arrived
-from testbed.cluster.tensor_group import Groups, Mirror, RecvShare
+from testbed.cluster.tensor_group import Confirm, Groups, Mirror, RecvShare
 from testbed.control.config import KVTransferConfig
 from testbed.control.ledger import Incoming, ReceiveLedger
 from testbed.engine import Engine, Sequence
@@ -182,11 +182,20 @@ class KVReceiver:
                 entry.pieces = pieces
                 self.ledger.renew(entry, now)
             if entry.num_parts is not None and entry.headers == entry.num_parts and all(unpacked):
+                if not self._every_rank_has(rid):
+                    reason = "KV transfer broke: a tensor-parallel rank's share did not arrive"
+                    self._attempt_failed(rid, entry, "error", reason, now)
+                    continue
                 self._install(rid, self.clock())  # after the unpacking: when the KV is really there
             elif self.ledger.expired(entry, now, self.timeout_s):
                 self._attempt_failed(
                     rid, entry, "timed_out", f"KV transfer timed out: nothing arrived for {self.timeout_s:g} s", now
                 )
+
+    def _every_rank_has(self, rid: int) -> bool:
+        """A tensor-parallel worker's ranks each hold their share of `rid` (they agree at once: a
+        rank whose peer died mid-transfer says no, and the attempt fails on every rank alike)."""
+        return self.engine.agree(Confirm(rid)) if isinstance(self.engine, Mirror) else True
 
     def _install(self, rid: int, now: float) -> None:
         entry = self.ledger.take(rid)

@@ -23,6 +23,7 @@ import pickle
 from dataclasses import dataclass
 from typing import Any, Optional
 
+import torch
 import torch.distributed as dist
 
 from testbed.control.reshard import reshard
@@ -190,6 +191,21 @@ class Attach:
 
 
 @dataclass(frozen=True)
+class Confirm:
+    """Every rank says whether its share of `rid` has arrived whole (the group's MIN), before the
+    leader installs it."""
+
+    rid: int
+
+
+def agreed(yes: bool, group, device) -> bool:
+    """True when every rank of `group` says yes: one all-reduce (MIN) of a flag."""
+    flag = torch.tensor([1 if yes else 0], dtype=torch.int32, device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
+    return bool(flag.item())
+
+
+@dataclass(frozen=True)
 class Halt:
     """The run is over: audit and exit."""
 
@@ -207,6 +223,11 @@ class Mirror:
     def barrier(self) -> None:
         """Every rank of the group has reached the same call (a WriteShare's copies done)."""
         dist.barrier(group=self.group)
+
+    def agree(self, confirm: Confirm) -> bool:
+        """Ask every rank (the leader's own share is in already) whether its share has arrived."""
+        self.tell(confirm)
+        return agreed(True, self.group, self.engine.runner.device)
 
     def tell(self, message: Any) -> None:
         data = pickle.dumps(message)
