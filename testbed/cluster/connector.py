@@ -261,9 +261,8 @@ class KVSender:
         if isinstance(self.engine, Mirror):
             synchronize(self.engine.runner.device)
             self.engine.barrier()  # every rank's copy has landed before KVDone leaves
-        pool = self.engine.runner.kv_cache  # (blocks, layers, 2, block_size, Hkv, D)
-        per_head = pool[0].numel() // pool.shape[-2] * pool.element_size() // (1 if layer is None else pool.shape[1])
-        entry.kv_bytes += len(own) * per_head * self.groups.moved_heads(self.rank, entry.decode_rank)
+        # whole blocks, as the copies move them
+        entry.kv_bytes += self._group_bytes(self.engine.runner.kv_shape(len(own) * bs, layer), entry.decode_rank)
 
     def poll(self) -> None:
         self.retired.poll()

@@ -120,12 +120,11 @@ class Follower:
         dist.barrier(group=self.group)
 
     def receive(self, share: RecvShare) -> None:
-        runner = self.engine.runner
-        wires = []
-        for src, num_heads, heads in self.spec.groups.receives(share.src, self.worker, self.index):
-            shape = runner.kv_shape(share.num_tokens, share.layer)
-            shape = (*shape[:-2], num_heads, shape[-1])
-            wires.append(receive_part(shape, src, self.buffers, self.completions, self.spec.kv.piece_bytes, heads))
+        part = self.engine.runner.kv_shape(share.num_tokens, share.layer)
+        wires = [
+            receive_part(shape, src, self.buffers, self.completions, self.spec.kv.piece_bytes, heads)
+            for src, shape, heads in self.spec.groups.receives(share.src, self.worker, self.index, part)
+        ]
         if share.stale:
             self.retired.add(wires)
             return

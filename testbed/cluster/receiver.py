@@ -137,10 +137,7 @@ class KVReceiver:
         """(process rank, shape, heads of this pool) of each piece of a part this process receives."""
         if self.groups is None:
             return [(msg.src, msg.shape, None)]
-        return [
-            (src, (*msg.shape[:-2], num_heads, msg.shape[-1]), heads)
-            for src, num_heads, heads in self.groups.receives(msg.src, self.rank, 0)
-        ]
+        return self.groups.receives(msg.src, self.rank, 0, msg.shape)
 
     def on_done(self, msg: KVDone) -> None:
         entry = self.ledger.current(msg.rid, msg.attempt, msg.src)

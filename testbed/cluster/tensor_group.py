@@ -67,13 +67,14 @@ class Groups:
             (self.ranks[dst][p.dst], _local(p.heads, held)) for p in reshard(self.num_kv_heads, a, b) if p.src == index
         ]
 
-    def receives(self, src: int, dst: int, index: int) -> list[tuple[int, int, Optional[slice]]]:
-        """(process rank, heads, where they go in this rank's pool) of each piece rank `index` of
-        worker `dst` receives from worker `src` in one hand-off, in the sender's order per peer."""
+    def receives(self, src: int, dst: int, index: int, shape: tuple) -> list[tuple[int, tuple, Optional[slice]]]:
+        """(process rank, the piece's shape, where its heads go in this rank's pool) of each piece
+        rank `index` of worker `dst` receives from worker `src` in one hand-off, in the sender's
+        order per peer; `shape`: the part's, (..., tokens, heads, head_dim), its heads replaced."""
         a, b = self.tp(src), self.tp(dst)
         held = kv_heads_of(self.num_kv_heads, index, b)
         return [
-            (self.ranks[src][p.src], len(p.heads), _local(p.heads, held))
+            (self.ranks[src][p.src], (*shape[:-2], len(p.heads), shape[-1]), _local(p.heads, held))
             for p in reshard(self.num_kv_heads, a, b)
             if p.dst == index
         ]
