@@ -21,6 +21,29 @@ def test_no_gpu_chooses_the_cpu_size_and_the_command_line_wins():
     assert (cfg.size, cfg.workload.num_requests, cfg.model.name, cfg.hardware.num_devices) == ("cpu", 5, "small", 3)
 
 
+def test_a_box_without_a_gpu_driver_sizes_without_importing_torch(monkeypatch):
+    """No driver, no CUDA device: torch is not asked (a second and more of every command's start)."""
+    import subprocess
+    import sys
+
+    if layout.driver_loaded():
+        pytest.skip("a GPU driver is loaded here: torch is asked")
+    said = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from testbed.sizing import choose; "
+            "print(choose(['+experiment=ratio_sweep']).choice, 'torch' in sys.modules)",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    assert said == ["cpu", "False"]
+    monkeypatch.setattr(layout, "driver_loaded", lambda: True)  # a driver: torch decides (no device here)
+    assert layout.cuda_count(compose_sized([]).hardware) == 0
+
+
 def test_a_gpu_box_keeps_the_study_files_top_level(monkeypatch):
     monkeypatch.setattr(layout, "cuda_count", lambda hardware: 8)
     cfg = compose_sized(["+experiment=ratio_sweep"])
