@@ -155,6 +155,7 @@ def test_emulated_interference_rises_with_prefill_length_only_where_phases_share
         tmp_path / "run",
         f"hardware.emulate={profile}",
         *SEEDS,
+        "experiment.modes=[colocated,disagg]",  # the two the phenomenon is about (chunked: the test below)
         "experiment.prefill_lengths=[128,2048]",
         "workload.background_requests=4",
         "workload.background_output_len=50",

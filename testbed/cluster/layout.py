@@ -15,7 +15,6 @@ from testbed.control.config import ClusterConfig
 from testbed.control.layout import WorkerPlan, describe, node_roles
 from testbed.errors import ConfigError
 
-
 # what a Linux box with a GPU driver loaded has (NVIDIA's, ROCm's, WSL's): without any of them torch
 # finds no CUDA device, so it need not be imported to say so
 DRIVER_PATHS = ("/proc/driver/nvidia", "/dev/nvidiactl", "/dev/nvidia0", "/dev/kfd", "/dev/dxg")

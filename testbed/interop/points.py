@@ -342,7 +342,7 @@ def export_run(
         decode=decode,
         detailed=detailed,
     )
-    write_json(out / "vllm_result.json", result)
+    write_json(out / "vllm_result.json", result, indent=None)  # as vLLM's bench writes it: one line
     files.append(out / "vllm_result.json")
     if workload.get("arrival", "poisson") not in ("poisson", "gamma", "constant"):
         notes.append(

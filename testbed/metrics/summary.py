@@ -281,6 +281,11 @@ def _curve(table, slo, scales, tenant_slos) -> dict[str, list]:
 def json_safe(value: Any) -> Any:
     """Plain Python values for json.dumps(allow_nan=False): numpy scalars and arrays unwrapped,
     NaN and infinities as None, tuples as lists, keys as strings."""
+    kind = type(value)  # the plain types first: a point's summary holds tens of thousands of values
+    if kind is float:
+        return value if math.isfinite(value) else None
+    if kind is int or kind is str or kind is bool or value is None:
+        return value
     if isinstance(value, Mapping):
         return {str(k): json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple, np.ndarray, pd.Series)):

@@ -139,19 +139,38 @@ class RooflineModel:
         layers = self.model_args.num_layers
         tokens = prefill_tokens + decode_seqs
         sampled = decode_seqs + (1 if prefill_tokens else 0)
-        return {
+        batch = self.token_terms(tokens, sampled)
+        return {  # summed in this order: the simulator's times, to the last bit, depend on it
             "overhead": self.host_fixed,
             "host_per_seq": self.host_per_seq_s * sampled,
             "launch": self.eager_launch_s() if decode_seqs and not prefill_tokens else 0.0,
-            "gemm": layers * self.layer_gemms(tokens) if tokens else 0.0,
-            "elementwise": self.elementwise(tokens),
+            "gemm": batch["gemm"],
+            "elementwise": batch["elementwise"],
             "prefill_attention": layers * self.prefill_attention(prefill_tokens, prefill_context),
             "decode_attention": layers * self.decode_attention(decode_seqs, decode_context),
-            "lm_head": self.gemm(sampled, self.model_args.hidden_size, self.shard.vocab, out_bytes=4)
-            if sampled
-            else 0.0,
-            "all_reduce": 2 * layers * self.all_reduce(tokens),
+            "lm_head": batch["lm_head"],
+            "all_reduce": batch["all_reduce"],
         }
+
+    def token_terms(self, tokens: int, sampled: int) -> dict[str, float]:
+        """The components set by the batch's token counts alone (remembered: a simulation asks for
+        the same few batch sizes hundreds of thousands of times)."""
+        key = (tokens, sampled)
+        if key not in self._token_terms:
+            layers = self.model_args.num_layers
+            self._token_terms[key] = {
+                "gemm": layers * self.layer_gemms(tokens) if tokens else 0.0,
+                "elementwise": self.elementwise(tokens),
+                "lm_head": self.gemm(sampled, self.model_args.hidden_size, self.shard.vocab, out_bytes=4)
+                if sampled
+                else 0.0,
+                "all_reduce": 2 * layers * self.all_reduce(tokens),
+            }
+        return self._token_terms[key]
+
+    @cached_property
+    def _token_terms(self) -> dict:
+        return {}
 
     @cached_property
     def shard(self) -> Shard:

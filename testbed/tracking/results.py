@@ -147,8 +147,9 @@ def write_text(path: Path, text: str) -> None:
     _atomic(Path(path), lambda f: f.write(text.encode()))
 
 
-def write_json(path: Path, data: dict) -> None:
-    text = json.dumps(json_safe(data), indent=2, allow_nan=False, sort_keys=False)
+def write_json(path: Path, data: dict, indent: Optional[int] = 2) -> None:
+    """`indent=None` for a file of long per-token lists, read by programs (json's C encoder: ~5x faster)."""
+    text = json.dumps(json_safe(data), indent=indent, allow_nan=False, sort_keys=False)
     _atomic(path, lambda f: f.write(text.encode()))
 
 
