@@ -125,7 +125,7 @@ def time_run(
         end = t + cost.step_time(0, 0.0, n, context + n * i) * draws.contention(scale, taken)
         run.phases.append(draws.z)
         report = sample(host.report, taken)
-        gap = sample(host.step_gap, taken)
+        gap = draws.gap(host.step_gap, taken)
         run.starts.append(t)
         run.ends.append(end)
         run.reports.append(report)

@@ -150,6 +150,12 @@ def step_scale(measured: Optional[Mapping], prefill: bool = False) -> Delay:
     return Delay(tuple(found)) if found else Delay.fixed(1.0)
 
 
+def gap_phase(measured: Optional[Mapping]) -> float:
+    """The share of a role's step gaps (normal score) that moves with its contention phase
+    (in-situ profiles; 0: each gap drawn on its own, as profiles written before it was fitted)."""
+    return float(((measured or {}).get("host") or {}).get("step_gap_phase") or 0.0)
+
+
 def transfer_scale(measured: Optional[Mapping]) -> Delay:
     """A role's KV transfers' time over the fitted link's: what its in-situ profile measured,
     else none (x1)."""
@@ -179,11 +185,12 @@ class Draws:
     and a request's decode steps share the phase they fall in. weight=1: one AR(1), one uniform
     a step (`scale_draws`)."""
 
-    def __init__(self, seed: int, rho: float = 0.0, weight: float = 1.0):
+    def __init__(self, seed: int, rho: float = 0.0, weight: float = 1.0, gap_phase: float = 0.0):
         self.rng = random.Random(seed)
         self.returned: list[float] = []  # a stack: the next draw on top
         self.rho = rho
         self.weight = weight if rho else 1.0
+        self.gap_phase = gap_phase if rho else 0.0
         self.z = 0.0  # the contention phase: a standard normal state
 
     def scale_draws(self, delay: Delay) -> int:
@@ -210,6 +217,15 @@ class Draws:
                 z = math.sqrt(self.weight) * z + math.sqrt(1 - self.weight) * own
             u = min(_NORMAL.cdf(z), 1 - 1e-12)
         return delay.sample(u)
+
+    def gap(self, delay: Delay, taken: Optional[list] = None) -> float:
+        """A busy worker's gap between steps, in its current contention phase: one uniform, as
+        `sample` takes, its normal score mixed with the phase's at `gap_phase`."""
+        if delay.is_fixed or not self.gap_phase:
+            return self.sample(delay, taken)
+        own = _NORMAL.inv_cdf(min(max(self._uniform(taken), 1e-12), 1 - 1e-12))
+        z = math.sqrt(self.gap_phase) * self.z + math.sqrt(1 - self.gap_phase) * own
+        return delay.sample(min(_NORMAL.cdf(z), 1 - 1e-12))
 
     def _uniform(self, taken: Optional[list]) -> float:
         u = self.returned.pop() if self.returned else self.rng.random()
@@ -245,6 +261,9 @@ class HostSide:
             model,
             [(step_scale(m), step_scale(m, prefill=True), step_scale_after_prefill(m)) for m in measured],
             Draws(base),
-            [Draws(base + 1 + rank, contention_rho(m), contention_weight(m)) for rank, m in enumerate(measured)],
+            [
+                Draws(base + 1 + rank, contention_rho(m), contention_weight(m), gap_phase(m))
+                for rank, m in enumerate(measured)
+            ],
             [transfer_scale(m) for m in measured],
         )

@@ -237,7 +237,7 @@ class Simulation:
             steps, worker.deferred = worker.deferred, []
             for step in steps:
                 self._report(step, received)
-        self._pause(rank, now + draws.sample(self.host.model.gap_after(worker.shape.prefill_tokens > 0)))
+        self._pause(rank, now + draws.gap(self.host.model.gap_after(worker.shape.prefill_tokens > 0)))
 
     def _report(self, step: WorkerStep, received: float) -> None:
         for tracked in self.book.step_report(step, received, self._reserve):
