@@ -4,7 +4,8 @@
                  reports, or waking from its wait); the client's clock runs from the arrival
     dispatch     router -> worker: the request's message and the worker's wake-up
     step_gap     a busy worker's gap between two steps: its report, inbox and KV polling; after
-                 a step that prefilled apart (step_gap_prefill: twice the others' here), else `step_gap`
+                 a step that prefilled apart (step_gap_prefill: twice the others' here), else `step_gap`;
+                 drawn in the worker's contention phase at the share `step_gap_phase` measured
     report       worker -> router: a step's tokens until the router reads them (harness delay)
     report_first the same for a step that carries a request's first token (about twice as long
                  on this machine: the router is more often asleep in its wait), else `report`
