@@ -384,6 +384,7 @@ def _writable(node: DictConfig) -> DictConfig:
     return node
 
 
+@lru_cache(maxsize=1)  # once a process: Hydra's store keeps it (a second structuring costs 0.1 s a compose)
 def register_configs() -> None:
     ConfigStore.instance().store(name="base_config", node=_writable(OmegaConf.structured(Config)))
 
