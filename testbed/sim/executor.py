@@ -12,7 +12,7 @@ from testbed.metrics.slo import tenant_slos
 from testbed.metrics.steps import steps_table
 from testbed.metrics.summary import summarize
 from testbed.names import Executor
-from testbed.sim.host import contention_rho, step_scale, transfer_scale
+from testbed.sim.host import contention_rho, gap_phase, step_scale, transfer_scale
 from testbed.sim.simulator import Simulation
 
 if TYPE_CHECKING:  # annotations only: the root config is composed above the executors and handed in
@@ -76,6 +76,7 @@ def simulate(cfg: Config, profile: Optional[Mapping] = None, *, num_devices: Opt
             **sim.host.model.as_dict(),
             **{f"step_scale_{role}": step_scale(r.measured).median for role, r in sim.profiles.items()},
             **{f"contention_rho_{role}": contention_rho(r.measured) for role, r in sim.profiles.items()},
+            **{f"step_gap_phase_{role}": gap_phase(r.measured) for role, r in sim.profiles.items()},
             **{
                 f"transfer_scale_p90_{role}": transfer_scale(r.measured).sample(0.9) for role, r in sim.profiles.items()
             },
