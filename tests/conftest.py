@@ -1,7 +1,4 @@
-import collections
-import json
 import os
-from pathlib import Path
 
 import pytest
 import torch
@@ -24,36 +21,18 @@ figures.draw_with(draw_study_figures)  # as the entry points do: the studies run
 # The files that read the session's study runs (study_results, repeated_results) share a worker
 # under `pytest -n 2`, so the studies run once.
 STUDY_READERS = {"test_analysis.py", "test_experiments.py", "test_notebooks.py"}
-# Each file's seconds in a measured run (`pytest -n 2 --store-durations` rewrites it): the longest
-# scopes are handed out first, so the run does not end on one worker finishing a long file alone.
-DURATIONS = Path(__file__).parent / "durations.json"
-UNMEASURED_S = 1.0  # a test of a file not in DURATIONS
-
-
-def file_of(nodeid: str) -> str:
-    return nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
-
-
-def scope_of(nodeid: str) -> str:
-    name = file_of(nodeid)
-    return "studies" if name in STUDY_READERS else name
-
-
-def pytest_addoption(parser):
-    parser.addoption("--store-durations", action="store_true", help=f"write each test file's seconds to {DURATIONS}")
 
 
 @pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist (the dev extra): absent without it
 def pytest_xdist_make_scheduler(config, log):
-    """Tests go to workers a file at a time (a file's module fixtures run once), in the order
-    collected: the longest scopes first (pytest_collection_modifyitems)."""
+    """Tests go to workers a file at a time (a file's module fixtures run once)."""
     from xdist.scheduler import LoadScopeScheduling
 
     class ByFile(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return scope_of(nodeid)
+            name = nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
+            return "studies" if name in STUDY_READERS else name
 
-    config.option.loadscopereorder = False  # xdist's own order is by test count
     return ByFile(config, log)
 
 
@@ -65,28 +44,6 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason="needs a CUDA device"))
         if "multigpu" in item.keywords and not multi:
             item.add_marker(pytest.mark.skip(reason="needs two or more CUDA devices"))
-    measured = json.loads(DURATIONS.read_text()) if DURATIONS.is_file() else {}
-    seconds = collections.Counter()
-    for item in items:
-        name = file_of(item.nodeid)
-        seconds[scope_of(item.nodeid)] += 0.0 if name in measured else UNMEASURED_S
-    for name, s in measured.items():
-        seconds[scope_of(name)] += s
-    items.sort(
-        key=lambda item: (-seconds[scope_of(item.nodeid)], scope_of(item.nodeid))
-    )  # stable: a file keeps its order
-
-
-_measured: collections.Counter = collections.Counter()  # --store-durations: seconds by file, on the controller
-
-
-def pytest_runtest_logreport(report):
-    _measured[file_of(report.nodeid)] += report.duration
-
-
-def pytest_sessionfinish(session):
-    if session.config.getoption("--store-durations") and not hasattr(session.config, "workerinput"):
-        DURATIONS.write_text(json.dumps({k: round(v, 1) for k, v in _measured.most_common()}, indent=1) + "\n")
 
 
 @pytest.fixture(scope="session")
