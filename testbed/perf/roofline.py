@@ -139,37 +139,47 @@ class RooflineModel:
         layers = self.model_args.num_layers
         tokens = prefill_tokens + decode_seqs
         sampled = decode_seqs + (1 if prefill_tokens else 0)
-        batch = self.token_terms(tokens, sampled)
+        gemm, elementwise, all_reduce = self.token_terms(tokens)
         return {  # summed in this order: the simulator's times, to the last bit, depend on it
             "overhead": self.host_fixed,
             "host_per_seq": self.host_per_seq_s * sampled,
             "launch": self.eager_launch_s() if decode_seqs and not prefill_tokens else 0.0,
-            "gemm": batch["gemm"],
-            "elementwise": batch["elementwise"],
+            "gemm": gemm,
+            "elementwise": elementwise,
             "prefill_attention": layers * self.prefill_attention(prefill_tokens, prefill_context),
             "decode_attention": layers * self.decode_attention(decode_seqs, decode_context),
-            "lm_head": batch["lm_head"],
-            "all_reduce": batch["all_reduce"],
+            "lm_head": self.lm_head(sampled),
+            "all_reduce": all_reduce,
         }
 
-    def token_terms(self, tokens: int, sampled: int) -> dict[str, float]:
-        """The components set by the batch's token counts alone (remembered: a simulation asks for
-        the same few batch sizes hundreds of thousands of times)."""
-        key = (tokens, sampled)
-        if key not in self._token_terms:
+    def token_terms(self, tokens: int) -> tuple[float, float, float]:
+        """(GEMMs, elementwise, all-reduces) of a batch of `tokens`: set by the count alone, so
+        remembered (a simulation asks for the same few hundred counts hundreds of thousands of
+        times; at most the token budget's worth are ever kept)."""
+        if tokens not in self._by_tokens:
             layers = self.model_args.num_layers
-            self._token_terms[key] = {
-                "gemm": layers * self.layer_gemms(tokens) if tokens else 0.0,
-                "elementwise": self.elementwise(tokens),
-                "lm_head": self.gemm(sampled, self.model_args.hidden_size, self.shard.vocab, out_bytes=4)
-                if sampled
-                else 0.0,
-                "all_reduce": 2 * layers * self.all_reduce(tokens),
-            }
-        return self._token_terms[key]
+            self._by_tokens[tokens] = (
+                layers * self.layer_gemms(tokens) if tokens else 0.0,
+                self.elementwise(tokens),
+                2 * layers * self.all_reduce(tokens),
+            )
+        return self._by_tokens[tokens]
+
+    def lm_head(self, sampled: int) -> float:
+        """The logits of the `sampled` sequences (remembered, as token_terms)."""
+        if sampled not in self._by_sampled:
+            a = self.model_args
+            self._by_sampled[sampled] = (
+                self.gemm(sampled, a.hidden_size, self.shard.vocab, out_bytes=4) if sampled else 0.0
+            )
+        return self._by_sampled[sampled]
 
     @cached_property
-    def _token_terms(self) -> dict:
+    def _by_tokens(self) -> dict:
+        return {}
+
+    @cached_property
+    def _by_sampled(self) -> dict:
         return {}
 
     @cached_property

@@ -275,10 +275,7 @@ def gap_phase(steps: pd.DataFrame, rho: float) -> float:
     if not rho:
         return 0.0
     workers, scores = [np.zeros(0)], [np.zeros(0)]
-    for worker, own in steps.sort_values("start_s").groupby("worker"):
-        busy = (own["num_waiting"] + own["num_running"]).to_numpy()[:-1] > 0
-        gaps = (own["start_s"].to_numpy()[1:] - own["end_s"].to_numpy()[:-1])[busy]
-        prefilled = (own["prefill_tokens"].to_numpy()[:-1] > 0)[busy]
+    for worker, gaps, prefilled in busy_gaps(steps):
         score = np.zeros(len(gaps))
         for kind in (False, True):  # after a prefill the gap has its own distribution (step_gap_prefill)
             score[prefilled == kind] = normal_scores(gaps[prefilled == kind])
@@ -393,13 +390,19 @@ def handoff_delays(requests: pd.DataFrame) -> np.ndarray:
 def step_gaps(steps: pd.DataFrame, prefilled: Optional[bool] = None) -> np.ndarray:
     """A worker's next step start less this step's end, where the step left work behind; after
     steps that prefilled only, or after decode-only steps only (`prefilled`), or after any."""
-    gaps = [np.zeros(0)]
-    for _, own in steps.sort_values("start_s").groupby("worker"):
+    found = [np.zeros(0)]
+    for _, gaps, after_prefill in busy_gaps(steps):
+        found.append(gaps if prefilled is None else gaps[after_prefill == prefilled])
+    return np.concatenate(found)
+
+
+def busy_gaps(steps: pd.DataFrame):
+    """Per worker, in step order: (worker, each gap after a step that left work behind, whether
+    that step prefilled)."""
+    for worker, own in steps.sort_values("start_s").groupby("worker"):
         busy = (own["num_waiting"] + own["num_running"]).to_numpy()[:-1] > 0
-        if prefilled is not None:
-            busy &= (own["prefill_tokens"].to_numpy()[:-1] > 0) == prefilled
-        gaps.append((own["start_s"].to_numpy()[1:] - own["end_s"].to_numpy()[:-1])[busy])
-    return np.concatenate(gaps)
+        gaps = own["start_s"].to_numpy()[1:] - own["end_s"].to_numpy()[:-1]
+        yield worker, gaps[busy], (own["prefill_tokens"].to_numpy()[:-1] > 0)[busy]
 
 
 def dispatch_delays(steps: pd.DataFrame, requests: pd.DataFrame) -> np.ndarray:
