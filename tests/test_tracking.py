@@ -534,12 +534,17 @@ def records_of(root: Path) -> dict:
 
 
 def test_wandb_offline_records_the_artifacts_metrics_and_group(tmp_path, no_network):
+    import wandb
+
     tracker = make_tracker(
         TrackerConfig(name="wandb", mode="offline"), group="mode_compare-2026-01-02-03-04-05", run_id="k3x9q2ab"
     )
     point = point_dir(tmp_path / "sweep" / "points" / "chunked")
     track_point(tracker, "chunked", "03-04-05", make_config("executor=sim"), point, point_result(SHIPPED_LABEL, 4))
     track_figures(tracker, "03-04-05", make_config("+experiment=rate_sweep"), tmp_path / "sweep", {}, [], sweep_table())
+    # run.finish() hands a run's close to W&B's service without waiting for it to write the file's
+    # last records; teardown waits for the service (at a process's exit it runs by itself)
+    wandb.teardown()
     records = records_of(point)
     assert records["run"][0].run_group == "mode_compare-2026-01-02-03-04-05-k3x9q2ab"
     [results] = [a for a in records["artifact"] if a.type == "results"]
