@@ -12,6 +12,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from testbed.cluster import fork_server
 from testbed.config import CONF_DIR, check_overrides, register_configs, to_config
 from testbed.errors import ConfigError, TestbedError
 from testbed.experiment import ONE_POINT
@@ -23,8 +24,6 @@ register_configs()
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
 def main(cfg: DictConfig) -> None:
-    from testbed.server.app import HttpServer  # after Hydra: keeps `--help` fast
-
     out_dir = Path(cfg.output_dir or HydraConfig.get().runtime.output_dir)
     try:
         config = to_config(cfg)
@@ -38,6 +37,9 @@ def main(cfg: DictConfig) -> None:
                 "the HTTP server runs its workers on one box; across hosts run "
                 "torchrun ... -m testbed (README, Across hosts)"
             )
+        fork_server.start()  # the workers' imports beside the server's own
+        from testbed.server.app import HttpServer  # after Hydra and the fork server: keeps `--help` fast
+
         tokenizer = load_tokenizer(config.http.tokenizer or config.model.path)
         with HttpServer(config, out_dir, **tokenizer) as server:
             STOP.first = lambda: None  # serving: the first signal ends the wait below, nothing is raised

@@ -15,8 +15,9 @@ import queue
 import time
 from dataclasses import dataclass, replace
 
-import torch.multiprocessing as mp
+import torch.multiprocessing  # noqa: F401 - its pickler reductions: a tensor put on an inbox travels in shared memory
 
+from testbed.cluster.fork_server import worker_context
 from testbed.cluster.memory import ModelMemory, plan_kv_memory
 from testbed.cluster.tensor_group import Groups
 from testbed.cluster.worker import WorkerSpec, worker_main
@@ -64,17 +65,6 @@ def processes(plans: list[WorkerPlan], groups: Groups) -> list[tuple[int, Worker
     """(process rank, its worker's plan, its device) of every process, in rank order."""
     placed = [(rank, plan, device) for plan in plans for rank, device in zip(groups.ranks[plan.rank], plan.devices)]
     return sorted(placed, key=lambda p: p[0])
-
-
-def worker_context():
-    """Where worker processes come from: a fork server that imported torch and the worker once
-    (a study's points then start their workers in a fraction of a second each instead of
-    importing torch anew); spawn where the platform has no fork server."""
-    if "forkserver" not in mp.get_all_start_methods():
-        return mp.get_context("spawn")
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["testbed.cluster.worker"])
-    return ctx
 
 
 class Cluster:

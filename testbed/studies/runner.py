@@ -10,8 +10,10 @@ from typing import Optional
 
 import pandas as pd
 
+from testbed.cluster import fork_server
 from testbed.config import Config
 from testbed.errors import ConfigError
+from testbed.names import Executor
 from testbed.stopping import Stopped
 from testbed.studies import aggregates, catalog
 from testbed.studies.catalog import Study
@@ -137,11 +139,18 @@ def run(cfg: Config, out_dir: Path, session=None) -> dict:
     study = catalog.study(cfg.experiment.name)
     catalog.check_executor(cfg)
     tracker = make_tracker(cfg.tracker, group=run_group(study.name))  # one group per run(): its points and sweep run
+    if starts_workers(study, cfg, session):
+        fork_server.start()  # its imports beside this process's own, not before the first point's workers
     if study.runs is not None:
         return study.runs(cfg, out_dir, run_point)
     if not study.sweeps:
         return run_one_point(cfg, out_dir, session, tracker)
     return run_sweep(study, cfg, out_dir, session, tracker)
+
+
+def starts_workers(study: Study, cfg: Config, session) -> bool:
+    """Whether the run starts this box's worker processes (under torchrun the ranks serve)."""
+    return cfg.executor == Executor.REAL and session is None and study.runs is None and not study.simulated
 
 
 def run_one_point(cfg: Config, out_dir: Path, session, tracker) -> dict:
