@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import random
 import resource
 import signal
 import socket
@@ -14,6 +15,8 @@ import subprocess
 import sys
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from types import SimpleNamespace
 
 import pytest
@@ -291,49 +294,71 @@ def ending(stream: bytes) -> str:
     return "finished"
 
 
+@dataclass(frozen=True)
+class Moment:
+    """Where one try's SIGTERM lands: its streams' prompt lengths, then once stream `which` has sent
+    `events` events (its first token, while later requests are still in prefill or in transfer;
+    or well into the decodes)."""
+
+    prompts: tuple[int, ...]
+    which: int
+    events: int
+
+
+def moments(mode: str) -> list[Moment]:
+    """Each try's moment, drawn from one seeded stream before any try runs."""
+    chance, drawn = random.Random(43), []
+    for _ in range(TRIES[mode]):
+        prompts = tuple(chance.randint(20, 400) for _ in range(STREAMS))
+        which = chance.randrange(STREAMS)
+        drawn.append(Moment(prompts, which, chance.choice([1, chance.randint(2, 30), chance.randint(30, 500)])))
+    return drawn
+
+
+def sigterm_try(out, mode: str, attempt: int, moment: Moment) -> list[str]:
+    """One server, its streams opened and SIGTERM sent at `moment`: each stream's final event
+    ("refused", "cut" or "finished"), once the exit, the log, the KV audit and the results hold."""
+    out.mkdir()
+    binding = [f"kv_transfer.decode_binding={('early', 'late')[attempt % 2]}"] if mode == "disagg" else []
+    server, url = serve_http(out, *MODES[mode], *binding, "model.max_model_len=1024", "engine.num_kv_blocks=512")
+    streams, which = [], moment.which
+    try:
+        for i, length in enumerate(moment.prompts):
+            streams.append(open_stream(url, [3 + i] * length, MAX_TOKENS))
+        before = read_events(streams[which], moment.events)  # the point of the test: where the signal lands
+        server.send_signal(signal.SIGTERM)
+        ends = [
+            read_until(stream, b"[DONE]") if b"[DONE]" not in before or i != which else b""
+            for i, stream in enumerate(streams)
+        ]
+        ends[which] = before + ends[which]
+    finally:
+        for stream in streams:
+            stream.close()
+        code = stop(server) if server.poll() is None else server.wait()
+    said = (out / "server.log").read_text() + "".join(p.read_text() for p in (out / "run").glob("*.log"))
+    where = f"try {attempt} ({' '.join(binding)}): SIGTERM after event {moment.events} of stream {which}"
+    assert code == 0 and "Traceback" not in said and "KVLeakError" not in said, f"{where}\n{said[-3000:]}"
+    endings = [ending(end) for end in ends]  # each stream's final event: cut short, it says why
+    summary = json.loads((out / "run" / "summary.json").read_text())
+    assert not any(summary["kv_blocks_leaked"].values()), (where, summary["kv_blocks_leaked"])
+    assert not any(b["count"] for b in summary["staging_buffers_leaked"].values()), where
+    # the results are kept: every stream that got a token is in them (one refused may not have been admitted)
+    assert sum(e != "refused" for e in endings) <= summary["num_requests"]["total"] <= STREAMS, where
+    return endings
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["colocated", "chunked", "disagg"])
 def test_sigterm_with_streams_open_ends_each_stream_and_exits_0(tmp_path, mode):
-    """SIGTERM at seeded random moments while streams are open: once a randomly chosen stream has
-    sent a random number of events (its first token, while later requests are still in prefill or
-    in transfer; or well into the decodes), read, not slept for. Each stream gets its final event,
-    the KV audit is clean, exit 0 with no traceback, and the results are written."""
-    import random
-
-    chance = random.Random(43)
-    endings = []
-    for attempt in range(TRIES[mode]):
-        out = tmp_path / str(attempt)
-        out.mkdir()
-        binding = [f"kv_transfer.decode_binding={('early', 'late')[attempt % 2]}"] if mode == "disagg" else []
-        server, url = serve_http(out, *MODES[mode], *binding, "model.max_model_len=1024", "engine.num_kv_blocks=512")
-        streams = []
-        try:
-            for i in range(STREAMS):
-                streams.append(open_stream(url, [3 + i] * chance.randint(20, 400), MAX_TOKENS))
-            # the point of the test: where the signal lands
-            which, events = (
-                chance.randrange(STREAMS),
-                chance.choice([1, chance.randint(2, 30), chance.randint(30, 500)]),
-            )
-            before = read_events(streams[which], events)
-            server.send_signal(signal.SIGTERM)
-            ends = [
-                read_until(stream, b"[DONE]") if b"[DONE]" not in before or i != which else b""
-                for i, stream in enumerate(streams)
-            ]
-            ends[which] = before + ends[which]
-        finally:
-            for stream in streams:
-                stream.close()
-            code = stop(server) if server.poll() is None else server.wait()
-        said = (out / "server.log").read_text() + "".join(p.read_text() for p in (out / "run").glob("*.log"))
-        where = f"try {attempt} ({' '.join(binding)}): SIGTERM after event {events} of stream {which}"
-        assert code == 0 and "Traceback" not in said and "KVLeakError" not in said, f"{where}\n{said[-3000:]}"
-        endings.append([ending(end) for end in ends])  # each stream's final event: cut short, it says why
-        summary = json.loads((out / "run" / "summary.json").read_text())
-        assert not any(summary["kv_blocks_leaked"].values()), (where, summary["kv_blocks_leaked"])
-        assert not any(b["count"] for b in summary["staging_buffers_leaked"].values()), where
-        # the results are kept: every stream that got a token is in them (one refused may not have been admitted)
-        assert sum(e != "refused" for e in endings[-1]) <= summary["num_requests"]["total"] <= STREAMS, where
+    """SIGTERM at seeded random moments while streams are open (Moment), read, not slept for. Each
+    stream gets its final event, the KV audit is clean, exit 0 with no traceback, and the results
+    are written. The tries are independent servers, two at a time: each mostly waits on its
+    streams and its processes' start."""
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        tries = [
+            pool.submit(sigterm_try, tmp_path / str(attempt), mode, attempt, moment)
+            for attempt, moment in enumerate(moments(mode))
+        ]
+        endings = [done.result() for done in tries]
     assert any("cut" in tried for tried in endings), endings  # the signal did land while streams were open
