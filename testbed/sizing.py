@@ -38,8 +38,17 @@ def compose_raw(overrides: list[str]) -> DictConfig:
 
 
 def compose_sized(overrides: list[str]) -> Config:
-    """The Config a command line of these overrides runs: its size applied (tests, analysis.render)."""
-    return to_config(compose_raw(sized(overrides)))
+    """The Config a command line of these overrides runs: its size applied (tests, analysis.render).
+    A size with no values of its own (a config with no study sizes) only sets `size`, so the
+    composition that chose it is the one that runs: one composition instead of two."""
+    rest = [o for o in overrides if not is_size(o)]
+    composed = compose_raw(rest)
+    sizing = choose(overrides, lambda _: composed)
+    if sizing.values:
+        composed = compose_raw([*rest, *sizing.values, f"size={sizing.choice}"])
+    else:
+        composed.size = sizing.choice
+    return to_config(composed)
 
 
 def sized(overrides: list[str], compose: Compose = compose_raw) -> list[str]:
