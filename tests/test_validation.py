@@ -15,7 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
-from testbed.config import CONF_DIR, check_overrides, config_problem, register_configs
+from testbed import errors
+from testbed.config import CONF_DIR, check_overrides, config_problem, register_configs, to_config, to_config_by_merge
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -152,7 +153,24 @@ def compose_and_validate(groups: dict, values: list) -> str | None:
         )
     except (HydraException, OmegaConfBaseException) as error:
         return _one_line(error)
+    assert_built_as_merged(cfg)
     return config_problem(cfg)
+
+
+def typed_or_refusal(convert, cfg):
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        return convert(cfg)
+    except (errors.TestbedError, OmegaConfBaseException) as error:
+        return type(error), str(error)
+
+
+def assert_built_as_merged(cfg) -> None:
+    """to_config builds a composed config's dataclasses directly where every value has its field's
+    type, and merges through OmegaConf otherwise: either way the Config (or the refusal) OmegaConf's
+    merge gives."""
+    assert typed_or_refusal(to_config, cfg) == typed_or_refusal(to_config_by_merge, cfg)
 
 
 @settings(max_examples=500, deadline=None, database=None, suppress_health_check=list(HealthCheck))
