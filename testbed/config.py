@@ -442,23 +442,30 @@ def config_from_dict(stored: dict) -> Config:
 
 def to_config(cfg: DictConfig) -> Config:
     """Typed, validated config from a composed DictConfig (Hydra's own keys dropped)."""
-    container = OmegaConf.to_container(cfg, resolve=True)
-    container.pop("hydra", None)
-    _check_renamed(container)
+    container = _container(cfg)
     try:  # a composed config's values have their fields' types already: built directly, ten times faster
         typed = _built(Config, container)
     except _NotPlain:  # a value OmegaConf must convert, or refuse in its own words
-        typed = OmegaConf.to_object(OmegaConf.merge(_schema(), container))
+        typed = _merged(container)
     return typed.validate()
 
 
 def to_config_by_merge(cfg: DictConfig) -> Config:
     """to_config with every value merged into the schema by OmegaConf (what to_config's direct
     build must equal: tests/test_validation.py)."""
+    return _merged(_container(cfg)).validate()
+
+
+def _container(cfg: DictConfig) -> dict:
+    """The composed config's plain values, Hydra's own keys dropped, renamed keys refused."""
     container = OmegaConf.to_container(cfg, resolve=True)
     container.pop("hydra", None)
     _check_renamed(container)
-    return OmegaConf.to_object(OmegaConf.merge(_schema(), container)).validate()
+    return container
+
+
+def _merged(container: dict) -> Config:
+    return OmegaConf.to_object(OmegaConf.merge(_schema(), container))
 
 
 @lru_cache(maxsize=1)

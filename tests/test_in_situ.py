@@ -13,7 +13,7 @@ import pytest
 from testbed.errors import ConfigError
 from testbed.perf import CostModel
 from testbed.sim.host import Delay, Draws, HostModel, step_scale, transfer_scale
-from testbed.sim.in_situ import RUN_STRIDE, gap_phase, load_in_situ, phase_correlation, read_runs, report_delays
+from testbed.sim.in_situ import RUN_STRIDE, fit_gap_phase, load_in_situ, phase_correlation, read_runs, report_delays
 from testbed.studies.points import simulate_point
 from tests.cluster_helpers import make_config, small_workload
 
@@ -166,7 +166,7 @@ def test_contention_in_phases_keeps_its_distribution_and_its_correlation():
 
 def test_gaps_in_the_phase_keep_their_distribution_and_the_fit_recovers_their_share():
     """Draws.gap: a step gap's measured distribution, moving with the worker's contention phase at
-    the share it was given (a request's gaps then do not average out over its decode); gap_phase
+    the share it was given (a request's gaps then do not average out over its decode); fit_gap_phase
     recovers that share from a run's steps, and finds none where gaps are independent."""
     scale, gaps = Delay(tuple(np.linspace(0.8, 1.6, 101))), Delay(tuple(np.linspace(1e-4, 5e-4, 101)))
     n, rho = 6000, 0.9
@@ -192,8 +192,8 @@ def test_gaps_in_the_phase_keep_their_distribution_and_the_fit_recovers_their_sh
     drawn = steps["start_s"].to_numpy()[1:] - steps["end_s"].to_numpy()[:-1]
     assert np.median(drawn) == pytest.approx(gaps.median, rel=0.05)
     assert np.percentile(drawn, 90) == pytest.approx(gaps.sample(0.9), rel=0.05)
-    assert gap_phase(steps, rho) == pytest.approx(0.6, abs=0.1)
-    assert gap_phase(run(0.0), rho) < 0.05 and gap_phase(steps, 0.0) == 0.0
+    assert fit_gap_phase(steps, rho) == pytest.approx(0.6, abs=0.1)
+    assert fit_gap_phase(run(0.0), rho) < 0.05 and fit_gap_phase(steps, 0.0) == 0.0
 
 
 def test_one_stall_in_thousands_keeps_its_weight_when_sampled():

@@ -210,12 +210,11 @@ class Draws:
             return delay.quantiles[0]
         u = self._uniform(taken)
         if self.rho:
-            innovation = _NORMAL.inv_cdf(min(max(u, 1e-12), 1 - 1e-12))
+            innovation = _score(u)
             self.z = self.rho * self.z + math.sqrt(1 - self.rho * self.rho) * innovation
             z = self.z
             if self.weight < 1:  # the step's own jitter on top of the phase
-                own = _NORMAL.inv_cdf(min(max(self._uniform(taken), 1e-12), 1 - 1e-12))
-                z = math.sqrt(self.weight) * z + math.sqrt(1 - self.weight) * own
+                z = _mixed(z, _score(self._uniform(taken)), self.weight)
             u = min(_NORMAL.cdf(z), 1 - 1e-12)
         return delay.sample(u)
 
@@ -224,8 +223,7 @@ class Draws:
         `sample` takes, its normal score mixed with the phase's at `gap_phase`."""
         if delay.is_fixed or not self.gap_phase:
             return self.sample(delay, taken)
-        own = _NORMAL.inv_cdf(min(max(self._uniform(taken), 1e-12), 1 - 1e-12))
-        z = math.sqrt(self.gap_phase) * self.z + math.sqrt(1 - self.gap_phase) * own
+        z = _mixed(self.z, _score(self._uniform(taken)), self.gap_phase)
         return delay.sample(min(_NORMAL.cdf(z), 1 - 1e-12))
 
     def _uniform(self, taken: Optional[list]) -> float:
@@ -242,6 +240,16 @@ class Draws:
 
 
 _NORMAL = NormalDist()
+
+
+def _score(u: float) -> float:
+    """A uniform's standard normal score (clamped off 0 and 1)."""
+    return _NORMAL.inv_cdf(min(max(u, 1e-12), 1 - 1e-12))
+
+
+def _mixed(phase: float, own: float, share: float) -> float:
+    """A normal score carrying `share` of the phase's variance and the rest its own."""
+    return math.sqrt(share) * phase + math.sqrt(1 - share) * own
 
 
 @dataclass

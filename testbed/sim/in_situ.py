@@ -130,7 +130,7 @@ def profile_from_results(
     transfer = transfer_fit(transfers, backend)
     latency, rate = TRANSFER_TERMS[backend]
     scales["transfer_scale"] = transfer_scales(transfers, transfer[latency], transfer[rate])
-    scales["step_gap_phase"] = gap_phase(fit_on, scales.get("step_scale_rho", 0.0))
+    scales["step_gap_phase"] = fit_gap_phase(fit_on, scales.get("step_scale_rho", 0.0))
     return {
         "version": 1,
         "model_name": config["model"]["name"],
@@ -259,14 +259,14 @@ def phase_memory(workers: np.ndarray, starts: np.ndarray, prefill: np.ndarray, r
     best = (np.inf, 0.0, 1.0)
     for rho in np.linspace(0.0, 0.99, 199)[1:]:
         powers = rho**lags
-        weight = float(np.clip(np.dot(acf, powers) / np.dot(powers, powers), 0.0, 1.0))
+        weight = phase_share(acf, powers)
         error = float(np.sum((acf - weight * powers) ** 2))
         if error < best[0]:
             best = (error, float(rho), weight)
     return {"step_scale_rho": best[1], "step_scale_weight": best[2]}
 
 
-def gap_phase(steps: pd.DataFrame, rho: float) -> float:
+def fit_gap_phase(steps: pd.DataFrame, rho: float) -> float:
     """How much of a busy worker's gap between steps moves with its contention phase: the share c2
     of the gap's normal score that the phase carries, fitted on the gaps' own correlation k gaps
     apart as c2 x rho^k (rho: the steps' phase). On this machine gaps are 0.7 correlated a step
@@ -285,9 +285,12 @@ def gap_phase(steps: pd.DataFrame, rho: float) -> float:
     acf = np.array([lag_correlation(workers, scores, lag) for lag in PHASE_LAGS])
     powers = rho ** np.array(PHASE_LAGS, dtype=float)
     known = np.isfinite(acf)
-    if not known.any():
-        return 0.0
-    return float(np.clip(np.dot(acf[known], powers[known]) / np.dot(powers[known], powers[known]), 0.0, 1.0))
+    return phase_share(acf[known], powers[known]) if known.any() else 0.0
+
+
+def phase_share(acf: np.ndarray, powers: np.ndarray) -> float:
+    """The least-squares share w of correlations k apart that a phase of rho^k explains (w x rho^k)."""
+    return float(np.clip(np.dot(acf, powers) / np.dot(powers, powers), 0.0, 1.0))
 
 
 def normal_scores(values: np.ndarray) -> np.ndarray:
