@@ -251,11 +251,13 @@ def plans(n: int, device: str = "cpu") -> list:
     return [launcher.WorkerPlan(rank, "chunked", device) for rank in range(n)]
 
 
-def test_more_workers_than_cores_says_so_in_one_line(monkeypatch, caplog):
+def test_more_workers_than_cores_says_so_in_one_line_once(monkeypatch, caplog):
     monkeypatch.setattr(launcher, "available_cores", lambda: [0, 1])
+    monkeypatch.setattr(launcher, "said", set())  # as in a fresh process
     with caplog.at_level(logging.WARNING, logger=launcher.__name__):
         shared = launcher.plan_cores(plans(4), paced=False)
-    assert shared.pins == (None,) * 4 and shared.cores_per_worker == 0.5
+        again = launcher.plan_cores(plans(4), paced=False)  # the next point of a sweep
+    assert shared.pins == again.pins == (None,) * 4 and shared.cores_per_worker == 0.5
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 1 and "4 CPU workers share 2 cores" in lines[0] and "interference" in lines[0]
     assert "hardware.emulate" in lines[0]

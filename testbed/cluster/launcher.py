@@ -2,7 +2,7 @@
 
 GPUs: `cuda:i` with every GPU visible, NCCL. No CUDA: CPU processes on gloo, one thread each,
 so `hardware.num_devices=4` stands for four GPUs, each pinned to a core of its own when there are
-enough (else one line warns that they share cores). A free port is picked per run, so two runs on
+enough (else one line, once per process, warns that they share cores). A free port is picked per run, so two runs on
 one machine never collide. Every wait has a timeout; a worker that does not stop is killed.
 Which worker runs where is planned in `testbed.cluster.layout`, which holds no process code.
 """
@@ -30,6 +30,7 @@ from testbed.net.rendezvous import host_store
 
 STOP_TIMEOUT_S = 30.0
 log = logging.getLogger(__name__)
+said: set[str] = set()  # warnings this process gave: a sweep's points start their workers on the same cores
 
 
 @dataclass(frozen=True)
@@ -57,8 +58,18 @@ def plan_cores(plans: list[WorkerPlan], paced: bool) -> CorePlan | None:
     if n <= len(cores):
         return CorePlan(round(len(cores) / n, 3), tuple(cores[:n]))
     hint = "" if paced else "; hardware.emulate paces steps to a device model instead"
-    log.warning(f"{n} CPU workers share {len(cores)} cores: cross-worker contention will appear as interference{hint}")
+    warn_once(f"{n} CPU workers share {len(cores)} cores: cross-worker contention will appear as interference{hint}")
     return CorePlan(round(len(cores) / n, 3), (None,) * n)
+
+
+def warn_once(message: str) -> None:
+    """A warning given once per process (a run, or a sweep of many points); repeats go to the debug
+    level, which the job's log keeps only when asked for."""
+    if message in said:
+        log.debug(message)
+        return
+    said.add(message)
+    log.warning(message)
 
 
 def processes(plans: list[WorkerPlan], groups: Groups) -> list[tuple[int, WorkerPlan, str]]:

@@ -154,7 +154,7 @@ def verdict(values: Mapping[str, Mapping[int, Goodput]], unit: str = "req/s per 
         tied = [c.other for c in comparisons if not c.separated]
         line = (
             f"leaders not separated at this sample size: {leader} vs {', '.join(tied)} "
-            f"(paired differences below; experiment.repeats sets the repeats)"
+            f"(paired differences above; experiment.repeats sets the repeats)"
         )
     return {
         "label": leader,

@@ -11,7 +11,7 @@ import pandas as pd
 from testbed.config import Config
 from testbed.metrics.comparisons import verdict
 from testbed.metrics.interference import background_gaps, decode_steps, injection_window
-from testbed.metrics.rate_search import Goodput, goodput_of
+from testbed.metrics.rate_search import ABOVE, BELOW, Goodput, goodput_of
 from testbed.metrics.slo import attainment_curve, capacity, filtered_out, meets_slo, tenant_slos
 from testbed.metrics.summary import decode_itl_samples, measured
 from testbed.metrics.uncertainty import ratio_interval, request_units, sample_interval, share_interval
@@ -67,9 +67,11 @@ def goodput_by_label(table: pd.DataFrame, cfg: Config, out_dir: Path) -> dict:
         for rows in per_repeat(group):
             seed = int(rows["seed"].iloc[0]) if "seed" in rows.columns else len(totals)
             totals[seed] = goodput_of(rows["rate"], rows["slo_attainment"], weights=requests_counted(rows))
-            capacities.append(capacity(rows["rate"], rows["itl_p99"], cfg.slo.tpot_s))
+            capacities.append(capacity_of(rows["rate"], rows["itl_p99"], cfg.slo.tpot_s))
         highest = float(group["rate"].max())
         total = goodput_interval(list(totals.values()), highest)
+        cap = goodput_interval(capacities, highest)
+        cap_censored = {c.censored for c in capacities if c.censored}
         per_gpu = goodput_interval([per_device(g, gpus) for g in totals.values()], highest / gpus)
         curve = on_grid(group).groupby("rate")["slo_attainment"].mean()
         out[label] = {
@@ -89,12 +91,27 @@ def goodput_by_label(table: pd.DataFrame, cfg: Config, out_dir: Path) -> dict:
             "seeds": list(totals),
             "num_gpus": gpus,
             "repeats": len(totals),
-            "capacity": float(np.mean(capacities)),
+            # the mean of capacity()'s values (0.0 where no rate passes); a bound where censored
+            "capacity": float(np.mean([0.0 if c.censored == BELOW else c.value for c in capacities])),
+            "capacity_low": cap["low"],
+            "capacity_high": cap["high"],
+            "capacity_censored": "both" if len(cap_censored) > 1 else "".join(cap_censored),
+            "capacity_bound": cap["mean"],  # the mean with a repeat that no rate passed at its lowest rate
             "rates_tried": int(group["rate"].nunique()),
             "rates": curve.index.tolist(),
             "attainment": curve.tolist(),
         }
     return out
+
+
+def capacity_of(rates, p99_itl, itl_slo: float) -> Goodput:
+    """One repeat's capacity (metrics.slo.capacity), a bound where the rates tried do not bracket
+    it: above when the highest rate keeps p99 ITL under the SLO, below (the lowest rate) when none does."""
+    rates, p99_itl = np.asarray(rates, dtype=np.float64), np.asarray(p99_itl, dtype=np.float64)
+    if not (p99_itl <= itl_slo).any():  # NaN fails
+        return Goodput(float(rates.min()), BELOW)
+    value = capacity(rates, p99_itl, itl_slo)
+    return Goodput(value, ABOVE if value >= rates.max() else "")
 
 
 def per_device(g: Goodput, gpus: int) -> Goodput:

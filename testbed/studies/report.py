@@ -13,8 +13,40 @@ from testbed.metrics.comparisons import comparison_lines
 log = logging.getLogger("testbed")
 
 
+LATENCIES = ("ttft", "tpot", "itl", "e2e")  # figures in seconds in the results, shown in ms
+TITLES = {"slo_attainment": "SLO attainment", "throughput_requests_per_s": "throughput req/s"}
+
+
 def _ms(x) -> str:
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{1000 * x:8.1f}"
+
+
+def is_latency(column: str) -> bool:
+    return column.split("_")[0] in LATENCIES
+
+
+def title(column: str) -> str:
+    """A table column's heading: what it is and its unit (`ttft_p99` -> `TTFT p99 ms`)."""
+    if is_latency(column):
+        metric, _, stat = column.partition("_")
+        return f"{metric.upper()} {stat.replace('_', ' ')} ms".replace("  ", " ")
+    return TITLES.get(column, column)
+
+
+def _figure(x) -> str:
+    return "-" if x is None or x != x else f"{x:.4g}"
+
+
+def shown_table(table: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
+    """The sweep's points as printed: latencies in ms, every column headed by what it holds."""
+    shown = pd.DataFrame({"point": table["point"]})
+    if "status" in table:
+        shown["status"] = table["status"]
+    for column in columns:
+        if column in table.columns:
+            scale = 1000.0 if is_latency(column) else 1.0
+            shown[title(column)] = [_figure(scale * v if v is not None else None) for v in table[column]]
+    return shown
 
 
 def request_lines(requests: pd.DataFrame, limit: int = 20) -> list[str]:
@@ -67,19 +99,33 @@ def cell_lines(cells: pd.DataFrame, columns: list[str]) -> list[str]:
     for column in shown:
         low, high, note = (cells.get(f"{column}_{k}") for k in ("low", "high", "note"))
         at = lambda series, i: None if series is None else series.iloc[i]  # noqa: E731
-        table[column] = [
-            _with_interval(v, at(low, i), at(high, i), note=at(note, i) or "") for i, v in enumerate(cells[column])
+        scale = 1000.0 if is_latency(column) else 1.0
+        table[title(column)] = [
+            _with_interval(v, at(low, i), at(high, i), scale, note=at(note, i) or "")
+            for i, v in enumerate(cells[column])
         ]
     return [
         "per cell: latency percentiles and attainment of the repeats' requests pooled, other figures "
-        "the mean over repeats; [95% interval over the runs] (latencies in seconds)",
+        "the mean over repeats; [95% interval over the runs]",
         table.to_string(index=False),
     ]
 
 
+def capacity_text(g: dict) -> str:
+    """The capacity column: the mean over repeats with its interval, or the bound the rates tried
+    give (>= the highest when every rate passes, < the lowest when none does)."""
+    censored = g.get("capacity_censored", "")
+    if censored == "both":  # bounds both ways: nothing is known of the mean
+        return "- (bounds)"
+    value = g["capacity_bound"] if censored else g["capacity"]
+    return _with_interval(value, g.get("capacity_low"), g.get("capacity_high"), censored=censored)
+
+
 def goodput_lines(goodput: dict) -> list[str]:
+    width = max([14, *map(len, goodput)])
     lines = [
-        f"{'configuration':>14} {'goodput req/s':>24} {'per GPU':>24} {'search error':>12} {'rates':>5} {'capacity':>9}"
+        f"{'configuration':>{width}} {'goodput req/s':>24} {'goodput req/s per GPU':>24} {'search error':>12} "
+        f"{'rates tried':>11} {'capacity req/s':>24}"
     ]
     for label, g in goodput.items():
         censored = g.get("goodput_censored", "")
@@ -88,13 +134,14 @@ def goodput_lines(goodput: dict) -> list[str]:
             g["goodput_per_gpu"], g.get("goodput_per_gpu_low"), g.get("goodput_per_gpu_high"), censored=censored
         )
         lines.append(
-            f"{label:>14} {total:>24} {per_gpu:>24} {_search_error(g):>12} "
-            f"{g.get('rates_tried', len(g['rates'])):>5} {g['capacity']:>9.2f}"
+            f"{label:>{width}} {total:>24} {per_gpu:>24} {_search_error(g):>12} "
+            f"{g.get('rates_tried', len(g['rates'])):>11} {capacity_text(g):>24}"
         )
     lines.append(
-        "search error: the largest over repeats of how far the crossing may lie from its goodput "
-        "within the fitted bracket (% of it); capacity: the highest rate whose p99 ITL stays under "
-        "slo.tpot_s (Sarathi-Serve), mean over repeats"
+        "goodput: the highest rate with 90% of requests within both SLOs (DistServe); search error: the "
+        "largest over repeats of how far the crossing may lie from its goodput within the fitted bracket "
+        "(% of it); capacity: the highest rate whose p99 ITL stays under slo.tpot_s (Sarathi-Serve); "
+        "mean over repeats [95% interval], '>=' / '<': a bound where the rates tried do not bracket it"
     )
     bent = {
         label: g["monotone_per_repeat"].count(False)
@@ -129,18 +176,20 @@ def print_sweep(
     figures,
     cells: pd.DataFrame | None = None,
 ) -> None:
-    shown = ["point", "status"] + [c for c in columns if c in table.columns]
-    lines = [f"\n{name}: {len(table)} points", table[shown].to_string(index=False, float_format=lambda x: f"{x:.4g}")]
+    """The points, then the study's summary, its verdict last above the figures' and results' paths
+    (the last lines on screen)."""
+    lines = [f"\n{name}: {len(table)} points", shown_table(table, columns).to_string(index=False)]
     failed = table[table["status"] == "failed"] if "status" in table else table.iloc[0:0]
     lines += [f"FAILED {row.point}: {row.error}" for row in failed.itertuples()]
     lines += cell_lines(cells, columns)
+    lines += plan_lines(aggregate) + validation_lines(aggregate)
     if aggregate.get("goodput"):
         lines += goodput_lines(aggregate["goodput"])
     if aggregate.get("best"):
         lines += comparison_lines(aggregate["best"].get("comparisons", []))
-        lines.append(aggregate["best"]["line"])
     lines += overrun_lines(table)
-    lines += plan_lines(aggregate) + validation_lines(aggregate)
+    if aggregate.get("best"):
+        lines.append(aggregate["best"]["line"])
     lines += [f"figure: {f}" for f in figures] + [f"results: {out_dir}"]
     log.info("\n".join(lines))
 
