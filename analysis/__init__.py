@@ -13,8 +13,10 @@
     standard_figures  study_figures(name, sweep_dir), run_figures(run_dir), draw(name, sweep);
                       MAKERS: one maker per figure, by name
     plotted       what figures plotted, as JSON (a notebook's `plotted`)
+    compare       B - A between two runs per configuration, paired by seed where they share seeds
 
-`python -m analysis RESULTS_DIR` regenerates the figures of a sweep or of one run.
+`python -m analysis RESULTS_DIR` regenerates the figures of a sweep or of one run;
+`python -m analysis compare RUN_A RUN_B` compares two runs.
 """
 
 from analysis.load import Sweep, load_run, load_runs, load_sweep, point_itls, served
