@@ -20,6 +20,7 @@ from testbed.cluster.emulation import check_spec
 from testbed.control.book import follows_caches
 from testbed.control.config import RENAMED_BACKENDS, TP_KEYS, ClusterConfig, KVTransferConfig
 from testbed.control.layout import describe
+from testbed.deploy.config import VllmConfig
 from testbed.engine.config import EngineConfig, KVStoreConfig, SchedulerConfig
 from testbed.errors import ConfigError, TestbedError
 from testbed.experiment import ONE_POINT, SIZES, ExperimentConfig
@@ -33,7 +34,7 @@ from testbed.workload.config import WorkloadConfig
 from testbed.workload.estimate import arrival_span_s, host_bytes
 
 MODES = ("colocated", "chunked", "disagg")
-EXECUTORS = ("real", "sim", "http")
+EXECUTORS = ("real", "sim", "http", "vllm")
 # the Hydra configs: conf/ beside testbed/ in a checkout; an installed wheel has them in testbed/conf/
 # (setup.py maps conf/ there). Judged by config.yaml: a stale testbed/conf/__pycache__ is no config.
 _PACKAGED = Path(__file__).resolve().parent / "conf"
@@ -153,9 +154,11 @@ class Config:
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     tracker: TrackerConfig = field(default_factory=TrackerConfig)
     experiment: ExperimentConfig = field(default_factory=ExperimentConfig)
-    executor: str = "real"  # real | sim (the calibrated simulator) | http (an OpenAI-compatible server)
+    # real | sim (the calibrated simulator) | http (an OpenAI-compatible server) | vllm (deployments it launches)
+    executor: str = "real"
     sim: SimConfig = field(default_factory=SimConfig)
     http: HttpConfig = field(default_factory=HttpConfig)
+    vllm: VllmConfig = field(default_factory=VllmConfig)
     output_dir: Optional[str] = None  # default: Hydra's run directory
     size: str = "gpu"  # gpu | cpu | tiny: the study's size that ran (chosen by testbed/sizing.py where unset)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
@@ -223,6 +226,7 @@ class Config:
         self.experiment.validate(study_names())
         self.sim.validate()
         self.http.validate()
+        self.vllm.validate()
         self.limits.validate()
         check_budget(self, args)  # the workers' share only where a command line runs it: config_problem
         return self

@@ -11,6 +11,7 @@ from testbed.errors import ConfigError
 ONE_POINT = "serve"  # the study without a conf/experiment file: one point with the config as it is
 # A study's sizes (`size=NAME`, testbed/sizing.py): gpu is its file's top level, cpu its
 # experiment.sizes.cpu on top, tiny (the least that exercises it) its catalog record's on top of cpu.
+# With executor=vllm the CPU size is experiment.sizes.vllm_cpu over the catalog's VLLM_CPU_BASE.
 SIZES = ("gpu", "cpu", "tiny")
 
 
@@ -72,10 +73,10 @@ class ExperimentConfig:
         """`studies`: the names experiment.name may say (the config layer reads them from conf/)."""
         if self.name not in studies:
             raise ConfigError(f"experiment.name={self.name!r} is not one of {', '.join(studies)}")
-        if set(self.sizes) - {"cpu"}:
+        if set(self.sizes) - {"cpu", "vllm_cpu"}:
             raise ConfigError(
-                f"experiment.sizes has {sorted(set(self.sizes) - {'cpu'})}; allowed: cpu (gpu is the "
-                f"study file's top level, tiny its catalog record)"
+                f"experiment.sizes has {sorted(set(self.sizes) - {'cpu', 'vllm_cpu'})}; allowed: cpu, vllm_cpu "
+                f"(gpu is the study file's top level, tiny its catalog record)"
             )
         bad = [m for m in self.modes if m not in ("colocated", "chunked", "disagg")]
         if bad:

@@ -52,6 +52,7 @@ class Executor(StrEnum):
     REAL = "real"  # worker processes on the real clock
     SIM = "sim"  # the simulator
     HTTP = "http"  # a client of an OpenAI-compatible server
+    VLLM = "vllm"  # vLLM deployments the testbed launches and drives (testbed/deploy/)
 
 
 # -- the KV hand-off (kv_transfer.*) --------------------------------------------------------------

@@ -154,6 +154,8 @@ def size_values(composed: DictConfig, choice: str) -> list[str]:
     if choice == "gpu":
         return []
     sizes = OmegaConf.to_container(composed.experiment.sizes, resolve=True)
+    if composed.executor == "vllm":
+        return vllm_size_values(composed.experiment.name, sizes.get("vllm_cpu") or {}, choice)
     values = {key: f"{key}={override_value(value)}" for key, value in (sizes.get("cpu") or {}).items()}
     if choice == "tiny":
         from testbed.studies.catalog import study, tiny_values
@@ -162,6 +164,18 @@ def size_values(composed: DictConfig, choice: str) -> list[str]:
         keys = override_keys(tiny)  # each wins over the cpu values at, above and below it (`hardware=cpu`)
         values = {k: v for k, v in values.items() if not any(related(k, key) for key in keys)}
         values.update({override.split("=", 1)[0]: override for override in tiny})
+    return list(values.values())
+
+
+def vllm_size_values(name: str, own: dict, choice: str) -> list[str]:
+    """executor=vllm on CPU: the catalog's VLLM_CPU_BASE (real vLLM instances, one core each, rates
+    one core serves), the study's sizes.vllm_cpu over it; tiny adds VLLM_TINY (a handful of requests)."""
+    from testbed.studies.catalog import VLLM_CPU_BASE, VLLM_TINY
+
+    values = {o.split("=", 1)[0]: o for o in VLLM_CPU_BASE}
+    values.update({key: f"{key}={override_value(value)}" for key, value in own.items()})
+    if choice == "tiny":
+        values.update({o.split("=", 1)[0]: o for o in VLLM_TINY})
     return list(values.values())
 
 

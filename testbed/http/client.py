@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Optional
 import aiohttp
 
 from testbed.errors import ConfigError, PeerLost
+from testbed.http.config import HttpConfig
 from testbed.http.protocol import read_event
 from testbed.metrics.events import Event, RequestLog
 from testbed.stopping import INTERRUPTED
@@ -34,12 +35,12 @@ STOP_POLL_S = 0.1  # how soon a stopped replay notices the signal
 
 
 class Replay:
-    def __init__(self, cfg: Config, workload: Workload, model: str, prompts=None, on_finish=None):
-        self.cfg, self.http, self.workload, self.model = cfg, cfg.http, workload, model
+    def __init__(self, http: HttpConfig, workload: Workload, model: str, prompts=None, on_finish=None):
+        self.http, self.workload, self.model = http, workload, model
         self.prompts = prompts  # TextPrompts for http.prompt=text, else None (ids are sent)
         # text made before the clock starts: tokenizing on the loop would delay the chunks' stamps
         self.ready = {r.request_id: self._as_sent(r) for r in workload.requests} if prompts is not None else {}
-        self.url = self.http.url.rstrip("/") + self.http.endpoint
+        self.url = (self.http.url or "").rstrip("/") + self.http.endpoint  # a subclass may route per request
         self.pending = [(r.arrival_s, r.request_id, r) for r in workload.requests]
         heapq.heapify(self.pending)
         self.tasks: set[asyncio.Task] = set()
@@ -132,9 +133,13 @@ class Replay:
     async def _stream(self, request: Request, prompt, ids: list[int], times: list[float]) -> tuple[list[float], str]:
         """Fills `ids` and `times` (one receipt time per token); (the times, with any tokens only
         the usage counted, and why it failed or "")."""
+        return await self.stream_from(self.url, self.payload(request, prompt), ids, times)
+
+    async def stream_from(self, url: str, body: dict, ids: list[int], times: list[float]) -> tuple[list[float], str]:
+        """POST `body` to `url` and read its stream into `ids` and `times` (see _stream)."""
         headers = bearer(self.http.client_key())
         try:
-            async with self.session.post(self.url, json=self.payload(request, prompt), headers=headers) as response:
+            async with self.session.post(url, json=body, headers=headers) as response:
                 if response.status != 200:
                     return times, f"http {response.status}: {_reason(await response.text())}"
                 used = None  # the usage chunk's completion_tokens, when the server sends one
@@ -192,8 +197,7 @@ def bearer(key: Optional[str]) -> dict:
     return {"Authorization": f"Bearer {key}"} if key else {}
 
 
-def session_for(cfg: Config) -> aiohttp.ClientSession:
-    http = cfg.http
+def session_for(http: HttpConfig) -> aiohttp.ClientSession:
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=http.connect_timeout_s, sock_read=http.stall_timeout_s)
     return aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=http.max_concurrency))
 

@@ -52,12 +52,12 @@ def replay_point(cfg: Config, progress: bool = True, stop=None) -> dict:
 
 
 async def _replay(cfg: Config, prompts, progress: bool, stop):
-    async with session_for(cfg) as session:
+    async with session_for(cfg.http) as session:
         model, listing = await served_model(cfg, session)
         workload = build_workload(
             cfg.workload, seed=cfg.seed, vocab_size=_vocab(cfg, prompts), max_model_len=_max_model_len(cfg, listing)
         )
-        replay = Replay(cfg, workload, model, prompts)
+        replay = Replay(cfg.http, workload, model, prompts)
         log = RequestLog(time.perf_counter())
         with tqdm(
             total=len(workload.requests),

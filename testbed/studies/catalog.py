@@ -46,6 +46,11 @@ def check_executor(cfg: Config) -> None:
             f"executor=http runs {over_http}; experiment={cfg.experiment.name} varies or "
             f"measures the testbed's own engine"
         )
+    if cfg.executor == "vllm" and not study(cfg.experiment.name).on_vllm:
+        on_vllm = ", ".join(s.name for s in STUDIES if s.on_vllm)
+        raise ConfigError(
+            f"executor=vllm runs {on_vllm}; experiment={cfg.experiment.name} varies or measures the testbed's own engine"
+        )
     check_profiles(cfg)
 
 
@@ -451,6 +456,7 @@ class Study:
     figures: tuple[str, ...] = ()  # figure makers by name (analysis/standard_figures.py MAKERS)
     searches_goodput: bool = False  # after the grid, a goodput search per configuration (goodput_search.py)
     over_http: bool = False  # its points differ in traffic and SLOs only: executor=http can run it
+    on_vllm: bool = False  # its points differ in mode, split, chunk size and traffic: executor=vllm can run it
     one_box: bool = False  # it measures this machine: never under torchrun
     simulated: bool = False  # every point runs in the simulator, whatever the executor
     fits_in_situ: bool = False  # half its points simulated, on profiles fitted to the other, real half
@@ -487,7 +493,7 @@ BUCKETS = [f"ttft_by_bucket_{b}_{s}" for b in ("0-1K", "1K-4K", "4K-16K", "16K+"
 REPLAYED = CHECKOUT / "tests" / "data" / "replay"
 
 STUDIES = (
-    Study(ONE_POINT, "one point with the config as it is", over_http=True),
+    Study(ONE_POINT, "one point with the config as it is", over_http=True, on_vllm=True),
     Study(
         "ratio_sweep",
         "goodput per GPU of every P:D split beside colocated and chunked, over rates",
@@ -499,6 +505,7 @@ STUDIES = (
         mergeable=True,
         rate_axis=True,
         needs_requests=True,
+        on_vllm=True,
         tiny=("experiment.rates=[20,40]",),
     ),
     Study(
@@ -512,6 +519,7 @@ STUDIES = (
         mergeable=True,
         rate_axis=True,
         needs_requests=True,
+        on_vllm=True,
         tiny=("experiment.rates=[20,40]", "experiment.modes=[chunked,disagg]"),
     ),
     Study(
@@ -522,6 +530,7 @@ STUDIES = (
         figures=("latency_summary", "latency_cdfs", "timelines", "telemetry"),
         over_http=True,
         mergeable=True,
+        on_vllm=True,
     ),
     Study(
         "slo_scale",
@@ -532,6 +541,7 @@ STUDIES = (
         over_http=True,
         mergeable=True,
         needs_requests=True,
+        on_vllm=True,
         tiny=("experiment.modes=[colocated,disagg]",),
     ),
     Study(
@@ -541,6 +551,7 @@ STUDIES = (
         aggregates.interference,
         figures=("itl_inflation",),
         # probes 0.2 s apart: the background is decoding when the first arrives, on a loaded CPU too
+        on_vllm=True,
         tiny=(
             "experiment.modes=[colocated,disagg]",
             "experiment.prefill_lengths=[256]",
@@ -557,6 +568,7 @@ STUDIES = (
         chunk_sweep,
         aggregates.by_label(["chunk", *TABLE]),
         figures=("chunk_tradeoff",),
+        on_vllm=True,
         tiny=("experiment.chunk_sizes=[32,256]", "hardware.num_devices=1"),
     ),
     Study(
@@ -568,6 +580,7 @@ STUDIES = (
         over_http=True,
         mergeable=True,
         needs_requests=True,
+        on_vllm=True,
         tiny=("experiment.modes=[chunked,disagg]", "workload.input_len.max=6000"),
     ),
     Study(
@@ -577,6 +590,7 @@ STUDIES = (
         aggregates.burstiness,
         figures=("burstiness",),
         over_http=True,
+        on_vllm=True,
         tiny=("experiment.burstiness=[0.5,2.0]", "experiment.modes=[chunked]"),
     ),
     Study(
@@ -585,6 +599,7 @@ STUDIES = (
         multiturn,
         aggregates.multiturn,
         figures=("ttft_by_turn", "kv_bytes_by_turn", "decode_itl_with_appends"),
+        on_vllm=True,
         tiny=(
             "workload.num_requests=2",
             "workload.rate=20",  # sessions at once: at the CPU size's 1/s the first came 2.5 s in, idle
@@ -665,6 +680,34 @@ TINY_BASE = (
     "workload.num_requests=6",
     "slo.ttft_s=0.5",
     "slo.tpot_s=0.05",
+)
+
+
+# executor=vllm on CPU (size=cpu): real vLLM instances on one core each (two cores: 1P1D against two
+# colocated and two chunked instances), the test checkpoint's 30 layers at rates one core serves
+VLLM_CPU_BASE = (
+    "hardware=cpu",
+    "hardware.num_devices=2",
+    "model.name=tiny",  # the own engine's model is not what runs; vllm.model is
+    "workload.num_requests=24",
+    "workload.rate=0.5",
+    "workload.length_scale=1.0",
+    "workload.input_len.dist=uniform",
+    "workload.input_len.min=32",
+    "workload.input_len.max=384",
+    "workload.output_len.dist=uniform",
+    "workload.output_len.min=8",
+    "workload.output_len.max=40",
+    "scheduler.chunk_size=64",
+    "slo.ttft_s=2.0",
+    "slo.tpot_s=0.25",
+)
+VLLM_TINY = (
+    "experiment.figures=false",
+    "experiment.repeats=1",
+    "experiment.search_points=0",
+    "experiment.rates=[1.0]",
+    "workload.num_requests=4",
 )
 
 

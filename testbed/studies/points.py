@@ -160,3 +160,68 @@ def _port(name: str) -> Optional[str]:
     if name.startswith("rank"):
         return "agent"
     return "worker" if name.startswith("worker") else None
+
+
+# -- executor=vllm --------------------------------------------------------------------------------
+def vllm_pool(cfg: Config, out_dir: Path):
+    """The deployments a run's points share (testbed/deploy/deployment.py): vLLM checked, the model
+    resolved (the test checkpoint made on first use), the instances' logs under out_dir/vllm_logs."""
+    import os
+    import sys
+
+    from testbed.cluster.layout import cuda_count
+    from testbed.deploy.checkpoint import test_checkpoint
+    from testbed.deploy.deployment import Deployments, Host
+    from testbed.deploy.install import check_install
+
+    vllm = cfg.vllm
+    python = vllm.python or sys.executable
+    modes = {cfg.mode, *cfg.experiment.modes} if cfg.experiment.name != "serve" else {cfg.mode}
+    check_install(python, needs_nixl=vllm.connector == "nixl" and "disagg" in modes)
+    cache = Path(vllm.cache_dir or os.path.join(os.path.expanduser("~"), ".cache", "testbed", "vllm"))
+    model = vllm.model or str(test_checkpoint(cache, python))
+    return Deployments(vllm, model, Host.here(vllm, cuda_count(cfg.hardware)), cache, out_dir / "vllm_logs")
+
+
+def vllm_point(cfg: Config, out_dir: Path, pool, progress: bool = True) -> dict:
+    """One point on a vLLM deployment of `pool`, written as a results directory. A signal ends the
+    replay (the finished requests written, summary.json marked partial), then Stopped is raised; an
+    instance that died is named in one line once the point's finished requests are written."""
+    from testbed.deploy.executor import PointSettings, serve_point
+    from testbed.deploy.instance import InstanceFailed
+    from testbed.metrics.slo import tenant_slos
+
+    point = PointSettings(
+        mode=cfg.mode,
+        seed=cfg.seed,
+        cluster=cfg.cluster,
+        chunk_size=cfg.scheduler.chunk_size,
+        workload=cfg.workload,
+        slo=cfg.slo,
+        metrics=cfg.metrics,
+        tenant_slos=tenant_slos(cfg.workload.tenants, cfg.slo),
+        http=cfg.http,
+        vllm=cfg.vllm,
+    )
+    with polled() as stop:
+        result = serve_point(pool, point, progress, stop)
+        result["summary"]["refused"] = refusals()
+        write_files(
+            cfg,
+            out_dir,
+            requests=result["requests"],
+            transfers=result["transfers"],
+            summary=result["summary"],
+            prompts=result["prompts"],
+            meta=result["meta"],
+        )
+    if stop.is_set():
+        raise Stopped(kept(result["summary"], out_dir))
+    dead = result["summary"]["vllm"]["dead_instances"]
+    if dead:
+        logs = result["meta"]["vllm"]["instances"]
+        raise InstanceFailed(
+            f"vLLM instance {', '.join(dead)} died during the point (log {logs[dead[0]]['log']}); its finished "
+            f"requests are kept in {out_dir}, the others failed (cluster.on_worker_failure={cfg.cluster.on_worker_failure})"
+        )
+    return result

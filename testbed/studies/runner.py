@@ -58,6 +58,12 @@ def overrun_points(table) -> list[str]:
 
 
 def run_point(cfg: Config, out_dir: Path, session=None) -> dict:
+    """`session`: what the points share: rank 0's torchrun session, or with executor=vllm the pool
+    of deployments (testbed/deploy/deployment.py)."""
+    if cfg.executor == "vllm":
+        from testbed.studies.points import vllm_point
+
+        return vllm_point(cfg, out_dir, session)
     if cfg.executor == "sim":
         from testbed.studies.points import simulate_point
 
@@ -141,6 +147,15 @@ def run(cfg: Config, out_dir: Path, session=None) -> dict:
     tracker = make_tracker(cfg.tracker, group=run_group(study.name))  # one group per run(): its points and sweep run
     if starts_workers(study, cfg, session):
         fork_server.start()  # its imports beside this process's own, not before the first point's workers
+    if cfg.executor == Executor.VLLM:  # the deployments live as long as the run: every path out ends them
+        from testbed.studies.points import vllm_pool
+
+        with vllm_pool(cfg, out_dir) as pool:
+            return run_points(study, cfg, out_dir, pool, tracker)
+    return run_points(study, cfg, out_dir, session, tracker)
+
+
+def run_points(study: Study, cfg: Config, out_dir: Path, session, tracker) -> dict:
     if study.runs is not None:
         return study.runs(cfg, out_dir, run_point)
     if not study.sweeps:
