@@ -1,19 +1,27 @@
-"""python -m testbed [+experiment=NAME] [key=value ...], or the `testbed` command"""
+"""python -m testbed [+experiment=NAME] [key=value ...], or the `testbed` command. Importing this
+module loads no Hydra, config or torch: `--help` answers from the conf/ listing alone, and a
+worker that runs the `testbed` script's main again pays nothing for it."""
+
+from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import hydra
-from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
-from testbed.config import CONF_DIR, check_overrides, register_configs, to_config
-from testbed.errors import TestbedError
-from testbed.stopping import StopOnce
-
-register_configs()
+HELP_FLAGS = ("--help", "-h")  # Hydra's own (its full config dump) stays behind --hydra-help and --cfg job
+EXAMPLES = (
+    ("python -m testbed", "one run of the default job (tiny model, chunked, Poisson arrivals)"),
+    ("python -m testbed +experiment=ratio_sweep size=tiny", "the main study at its smallest size"),
+    ("python -m testbed +experiment=ratio_sweep", "the main study at this machine's size (cpu or gpu)"),
+    ("python -m testbed +experiment=rate_sweep executor=sim", "a study in the simulator, in seconds"),
+    ("python -m testbed mode=disagg hardware.num_devices=2 workload.rate=8", "one run, 1P1D at 8 req/s"),
+)
 
 
 def draw_study_figures(name: str, sweep_dir: Path) -> list[Path]:
@@ -24,10 +32,73 @@ def draw_study_figures(name: str, sweep_dir: Path) -> list[Path]:
     return study_figures(name, sweep_dir)
 
 
-@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
-def main(cfg: DictConfig) -> None:
+def conf_dir() -> Path:
+    """Where the Hydra configs are, by testbed.config.CONF_DIR's rule (conf/ beside testbed/ in a
+    checkout, testbed/conf/ in a wheel), without importing it: tests/test_cli.py holds the two equal."""
+    packaged = Path(__file__).resolve().parent / "conf"
+    return packaged if (packaged / "config.yaml").is_file() else Path(__file__).resolve().parents[1] / "conf"
+
+
+def described(path: Path) -> str:
+    """A study's first sentence from its file's opening comment (after `# @package`)."""
+    comment = []
+    for line in path.read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        if not line.startswith("# @package"):
+            comment.append(line.lstrip("#").strip())
+    text = " ".join(comment)
+    first = re.split(r"(?<=[a-z)]\.)\s+(?=[A-Z])", text, maxsplit=2)  # sentences ("1:N-1 .. N-1:1" is none)
+    said = first[0] if len(first[0]) >= 40 or len(first) == 1 else f"{first[0]} {first[1]}"
+    return said if len(said) <= 96 else said[:93].rsplit(" ", 1)[0].rstrip(" ,;:(") + " ..."
+
+
+def usage(conf: Path | None = None) -> str:
+    """The short answer to `--help`: the studies, the config groups and their options, examples."""
+    conf = conf or conf_dir()
+    studies = sorted((conf / "experiment").glob("*.yaml"))
+    width = max(len(p.stem) for p in studies)
+    groups = sorted(d for d in conf.iterdir() if d.is_dir() and d.name != "experiment" and any(d.glob("*.yaml")))
+    example_width = max(len(command) for command, _ in EXAMPLES)
+    return "\n".join(
+        [
+            "usage: python -m testbed [+experiment=STUDY] [size=tiny|cpu|gpu] [key=value ...]   (or: testbed ...)",
+            "",
+            "One serving job by default; +experiment=STUDY runs a study: its points, figures and verdict.",
+            "",
+            "studies (+experiment=NAME):",
+            *(f"  {p.stem:<{width}}  {described(p)}" for p in studies),
+            "",
+            "config groups (group=option):",
+            *(f"  {d.name}: {', '.join(sorted(p.stem for p in d.glob('*.yaml')))}" for d in groups),
+            "  size: tiny, cpu, gpu (a study's size; unset: cpu without CUDA, else gpu)",
+            "",
+            "examples:",
+            *(f"  {command:<{example_width}}  # {what}" for command, what in EXAMPLES),
+            "",
+            "The full configuration, every key with its value: python -m testbed [overrides] --cfg job",
+            "(--cfg hydra for Hydra's own, --hydra-help for its flags). Every key: docs/configuration.md.",
+        ]
+    )
+
+
+def main() -> None:
+    """Hydra composes the command line's config and runs the job (Hydra and the config load here)."""
+    import hydra
+
+    from testbed.config import CONF_DIR, register_configs
+
+    register_configs()  # again after cli(): the store replaces its one base_config
+    hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")(job)()
+
+
+def job(cfg: DictConfig) -> None:
+    from hydra.core.hydra_config import HydraConfig
+
+    from testbed.config import to_config
+    from testbed.errors import TestbedError
     from testbed.studies import figures
-    from testbed.studies.runner import interrupted_note, run_job  # after Hydra: keeps `--help` fast
+    from testbed.studies.runner import interrupted_note, run_job
 
     figures.draw_with(draw_study_figures)
     hydra_cfg = HydraConfig.get()
@@ -71,6 +142,7 @@ def with_size(argv: list[str]) -> list[str]:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
+    from testbed.errors import TestbedError
     from testbed.sizing import sized_args
 
     try:
@@ -87,6 +159,13 @@ def with_size(argv: list[str]) -> list[str]:
 
 
 def cli() -> None:
+    if any(a in HELP_FLAGS for a in sys.argv[1:]):
+        print(usage())
+        return
+    from testbed.config import check_overrides, register_configs
+    from testbed.stopping import StopOnce
+
+    register_configs()  # the structured configs every compose below validates against
     StopOnce().install()  # SIGINT/SIGTERM: workers stopped, finished requests and points kept; later signals wait
     sys.argv[1:] = with_size(quiet_rank_args(sys.argv[1:]))
     problem = check_overrides(sys.argv[1:])

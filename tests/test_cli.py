@@ -49,6 +49,42 @@ def test_default_job_writes_the_results_contract(tmp_path):
     assert "ttft ms" in out.stdout and "throughput" in out.stdout
 
 
+def test_help_is_short_fast_and_loads_neither_hydra_nor_torch():
+    """`--help` answers from the conf/ listing: no Hydra, config, pandas or torch imported, no
+    compose (it took 1.6 s and printed Hydra's 274-line config dump)."""
+    probe = (
+        "import sys, time; t = time.perf_counter(); sys.argv = ['testbed', '--help']\n"
+        "from testbed.__main__ import cli; cli()\n"
+        "print('seconds', time.perf_counter() - t)\n"
+        "print('loaded', [m for m in ('hydra', 'omegaconf', 'torch', 'pandas', 'testbed.config') if m in sys.modules])"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[-1] == "loaded []" and float(lines[-2].split()[1]) < 0.5
+    text = "\n".join(lines[:-2])
+    assert len(lines) - 2 < 50 and "--cfg job" in text and "--hydra-help" in text
+    studies = sorted(p.stem for p in (ROOT / "conf" / "experiment").glob("*.yaml"))
+    assert all(f"\n  {name} " in text for name in studies)
+    for group in ("hardware", "mode", "model", "tracker", "workload"):
+        assert f"\n  {group}: " in text
+    assert "llama3_70b" in text and "size: tiny, cpu, gpu" in text
+    shown = subprocess.run([sys.executable, "-m", "testbed", "-h"], cwd=ROOT, capture_output=True, text=True)
+    assert shown.returncode == 0 and shown.stdout.strip() == text
+
+
+def test_the_help_finds_the_configs_where_the_config_does_and_its_examples_compose():
+    from testbed import __main__ as entry
+    from testbed.config import CONF_DIR, check_overrides, register_configs
+
+    register_configs()
+    assert entry.conf_dir() == CONF_DIR
+    assert len(entry.EXAMPLES) == 5
+    for command, _ in entry.EXAMPLES:
+        assert command.startswith("python -m testbed")
+        assert check_overrides(command.split()[3:]) is None, command
+
+
 @pytest.mark.parametrize(
     "override, message",
     [
