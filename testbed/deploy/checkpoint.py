@@ -27,8 +27,7 @@ if not gguf:
     sys.exit(f"no .gguf file in {folder}")
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
-target, partial = Path(sys.argv[1]), Path(sys.argv[1] + ".partial")
-shutil.rmtree(partial, ignore_errors=True)
+target, partial = Path(sys.argv[1]), Path(f"{sys.argv[1]}.partial{os.getpid()}")  # two converting at once: each its own
 loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf[0].name, dtype=torch.float32)
 tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=gguf[0].name)
 config = loaded.config
@@ -38,7 +37,12 @@ model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
 model.load_state_dict(loaded.state_dict())
 model.save_pretrained(partial, safe_serialization=True)
 tokenizer.save_pretrained(partial)
-os.replace(partial, target)
+try:
+    os.replace(partial, target)
+except OSError:  # another conversion finished first: its copy stands
+    shutil.rmtree(partial, ignore_errors=True)
+    if not (target / "config.json").is_file():
+        raise
 """
 
 

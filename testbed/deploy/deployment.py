@@ -71,7 +71,16 @@ class Host:
     @classmethod
     def here(cls, vllm: VllmConfig, cuda_count: int) -> "Host":
         device = vllm.device if vllm.device != "auto" else ("cuda" if cuda_count else "cpu")
-        return cls(device, cuda_count if device == "cuda" else (os.cpu_count() or 1))
+        return cls(device, cuda_count if device == "cuda" else len(cls.cores()))
+
+    @staticmethod
+    def cores() -> list[int]:
+        """The cores this process may run on (a container's cpuset, not the machine's count)."""
+        return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+
+    def devices(self, first: int, n: int) -> list[int]:
+        """Device (GPU index, or core id) numbers first .. first + n - 1 of this host."""
+        return list(range(first, first + n)) if self.device == "cuda" else self.cores()[first : first + n]
 
 
 def instance_specs(shape: Shape, vllm: VllmConfig, model: str, host: Host, cache: Path) -> list[InstanceSpec]:
@@ -86,14 +95,15 @@ def instance_specs(shape: Shape, vllm: VllmConfig, model: str, host: Host, cache
     specs, first = [], 0
     counts = {kind: 0 for kind in (Kind.MIXED, Kind.PREFILL, Kind.DECODE)}
     for kind, tp, n in zip(shape.kinds, shape.tp, per):
-        devices = list(range(first, first + n))
+        devices = host.devices(first, n)
         first += n
         name = f"{kind.value[0]}{counts[kind]}"
         counts[kind] += 1
         port, side_port = free_port(), free_port()
         argv = _argv(shape, vllm, model, kind, tp, port, side_port, host, cache)
         env = {**_env(vllm, host, devices, cache, side_port, kind), MARKER: f"{os.getpid()}:{port}"}
-        specs.append(InstanceSpec(name, kind.value, port, tuple(argv), env))
+        cpus = tuple(devices) if host.device == "cpu" else ()
+        specs.append(InstanceSpec(name, kind.value, port, tuple(argv), env, cpus))
     return specs
 
 

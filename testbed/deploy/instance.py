@@ -40,6 +40,7 @@ class InstanceSpec:
     port: int
     argv: tuple  # the words after the interpreter: -m vllm.entrypoints.openai.api_server ...
     env: dict = field(default_factory=dict)
+    cpus: tuple = ()  # CPU: every process of the instance on these cores (its server and engine core too)
 
     @property
     def url(self) -> str:
@@ -48,7 +49,8 @@ class InstanceSpec:
     def shell_line(self, python: str) -> str:
         """The command a user can paste to start this instance by hand."""
         env = " ".join(f"{k}={_quoted(v)}" for k, v in sorted(self.env.items()))
-        return f"{env} {python} " + " ".join(_quoted(a) for a in self.argv)
+        pin = f"taskset -c {','.join(map(str, self.cpus))} " if self.cpus else ""
+        return f"{env} {pin}{python} " + " ".join(_quoted(a) for a in self.argv)
 
 
 class Instance:
@@ -68,9 +70,14 @@ class Instance:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,  # its own process group: one killpg ends what it forked
+                preexec_fn=self._pin if self.spec.cpus else None,
             )
         LIVE.add(self)
         return self
+
+    def _pin(self) -> None:
+        """In the child before exec: the instance and all it forks on its own cores."""
+        os.sched_setaffinity(0, self.spec.cpus)
 
     @property
     def pid(self) -> Optional[int]:

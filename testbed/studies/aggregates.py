@@ -365,6 +365,7 @@ def sim_validate(table, cfg, out_dir) -> dict:
     within = {m: int(table_errors[f"{m}_within_real"].sum()) if len(table_errors) else 0 for m in VALIDATED}
     return {
         "errors": errors,
+        "disagg_sign": disagg_signs(real, sim),
         "goodput_by_executor": goodputs,
         "goodput_error": goodput_errors,
         "worst_abs_error": worst,
@@ -372,6 +373,25 @@ def sim_validate(table, cfg, out_dir) -> dict:
         "points_compared": len(errors),
         "host_delays": _host_delays(rows),
     }
+
+
+def disagg_signs(real: pd.DataFrame, sim: pd.DataFrame) -> dict:
+    """Per rate and figure, whether the simulation gives the disaggregated split's difference from
+    colocated the sign the real runs gave ({"1P1D - colocated @1": {"ttft_p50": true, ...}})."""
+    out = {}
+    labels = set(real.index.get_level_values(0)) if len(real) else set()
+    splits = sorted(label for label in labels if label[:1].isdigit() and "P" in label)
+    for split in splits if "colocated" in labels else []:
+        for rate in sorted(set(real.loc[split].index) & set(real.loc["colocated"].index)):
+            if (split, rate) not in sim.index or ("colocated", rate) not in sim.index:
+                continue
+            row = {}
+            for m in VALIDATED:
+                diff_real = real.loc[(split, rate), m] - real.loc[("colocated", rate), m]
+                diff_sim = sim.loc[(split, rate), m] - sim.loc[("colocated", rate), m]
+                row[m] = bool(np.sign(diff_real) == np.sign(diff_sim))
+            out[f"{split} - colocated @{rate:g}"] = row
+    return out
 
 
 def _host_delays(rows: pd.DataFrame) -> dict:
@@ -401,16 +421,25 @@ def _relative(simulated: float, real: float) -> float:
 
 def plan(table, cfg, out_dir) -> dict:
     """The analytical split, the simulated best configuration and, given a real sweep, the measured
-    one; with experiment.tp_degrees beyond [1], the placement search's best and what it pruned."""
+    one; with experiment.tp_degrees beyond [1], the placement search's best and what it pruned. The
+    planners propose only workers that fit their devices: of the smallest TP degree that holds a
+    model one device cannot (placements.planning, said under `planned_tp`), none where none does."""
+    from testbed.errors import ConfigError
     from testbed.sim.load_split import analytical_split
     from testbed.studies.catalog import num_devices
+    from testbed.studies.placements import planning
 
     simulated = goodput_by_label(table, cfg, out_dir)
-    out = {
-        "analytical": analytical_split(cfg, None, num_devices(cfg)),  # each role's device from cfg.sim
-        **slo_plan(cfg),
-        "simulated": {"goodput": simulated, "best": best_of(simulated)},
-    }
+    out = {}
+    try:
+        planned, why = planning(cfg, num_devices(cfg))
+        out["analytical"] = analytical_split(planned, None, num_devices(cfg))  # each role's device from cfg.sim
+    except ConfigError as error:
+        planned, why = cfg, None
+        out.update(analytical=None, analytical_skipped=str(error))
+    if why:
+        out["planned_tp"] = why
+    out.update(slo_plan(planned), simulated={"goodput": simulated, "best": best_of(simulated)})
     if list(cfg.experiment.tp_degrees) != [1]:
         out["placements"] = placement_search(cfg, simulated, out["simulated"]["best"])
     if cfg.experiment.measured_sweep:
@@ -420,7 +449,8 @@ def plan(table, cfg, out_dir) -> dict:
 
 
 def slo_plan(cfg) -> dict:
-    """The SLO-aware split of one-device workers; a model one device cannot hold has none (said why)."""
+    """The SLO-aware split of the cluster's prefill and decode workers; none where they do not fit
+    their devices (said why)."""
     from testbed.errors import ConfigError
     from testbed.sim.slo_split import slo_split
     from testbed.studies.catalog import num_devices

@@ -17,6 +17,7 @@ from typing import Callable, Optional
 
 from testbed.cluster.layout import cuda_count
 from testbed.config import Config
+from testbed.deploy.checkpoint import NAME as CHECKPOINT
 from testbed.errors import ConfigError
 from testbed.experiment import ONE_POINT
 from testbed.studies import aggregates, placements
@@ -49,7 +50,8 @@ def check_executor(cfg: Config) -> None:
     if cfg.executor == "vllm" and not study(cfg.experiment.name).on_vllm:
         on_vllm = ", ".join(s.name for s in STUDIES if s.on_vllm)
         raise ConfigError(
-            f"executor=vllm runs {on_vllm}; experiment={cfg.experiment.name} varies or measures the testbed's own engine"
+            f"executor=vllm runs {on_vllm}; experiment={cfg.experiment.name} varies or measures the testbed's "
+            f"own engine"
         )
     check_profiles(cfg)
 
@@ -325,6 +327,8 @@ def sim_validate(cfg: Config) -> list[Point]:
     all real points run first); with one repeat, on a calibration run of its own seed at the
     middle rate. With hardware.emulate it runs on the very cost model that paces the real
     workers instead, so what differs is the control plane alone; an explicit sim.profile is kept."""
+    if cfg.executor == "vllm":
+        return sim_validate_vllm(cfg)
     calibrate = not emulated_sim(cfg) and cfg.sim.profile is None
     cells = rate_sweep(cfg)
     real = [
@@ -368,6 +372,34 @@ def sim_validate(cfg: Config) -> list[Point]:
             )
         )
     return calibration + real + sims
+
+
+def sim_validate_vllm(cfg: Config) -> list[Point]:
+    """sim_validate against vLLM: the real points on vLLM deployments, the simulated ones on a
+    profile of vLLM measured beforehand (`+experiment=profile executor=vllm`: its steps, its KV
+    link and its front end), the simulator given the served checkpoint's shape."""
+    import json
+    from pathlib import Path
+
+    if cfg.sim.profile is None or not cfg.sim.profile.endswith(".json"):
+        raise ConfigError(
+            "sim_validate with executor=vllm simulates on a profile of vLLM: measure it with `python -m testbed "
+            "+experiment=profile executor=vllm` and pass sim.profile=<its profile.json>"
+        )
+    profile = json.loads(Path(cfg.sim.profile).read_text())
+    if profile.get("engine") != "vllm":
+        raise ConfigError(f"sim.profile={cfg.sim.profile} was measured on the testbed's engine, not on vLLM")
+    model = cfg.vllm.model or str(Path(cfg.vllm.cache_dir or Path.home() / ".cache/testbed/vllm") / CHECKPOINT)
+    cells = rate_sweep(cfg)
+    real = [Point(f"{p.name}_real", {**p.overrides}, {**p.knobs, "executor": "real"}) for p in cells]
+    simulated = {
+        "executor": "sim",
+        "model.name": "hf",
+        "model.path": model,
+        "sim.frontend_latency_s": float(profile.get("frontend_latency_s") or 0.0),
+    }
+    sims = [Point(f"{p.name}_sim", {**p.overrides, **simulated}, {**p.knobs, "executor": "sim"}) for p in cells]
+    return real + sims
 
 
 def emulated_sim(cfg: Config) -> dict:
@@ -440,7 +472,7 @@ def tp_configs(cfg: Config) -> list[tuple[str, dict, dict]]:
 # -- the studies ---------------------------------------------------------------------------------
 Builder = Callable[[Config], list[Point]]
 Aggregate = Callable[..., dict]  # (sweep table, cfg, out_dir) -> sweep.json's aggregate
-Runs = Callable[..., dict]  # (cfg, out_dir, run_point) -> the study's results
+Runs = Callable[..., dict]  # (cfg, out_dir, run_point, session) -> the study's results
 
 
 @dataclass(frozen=True)
@@ -471,19 +503,21 @@ class Study:
 
 
 # Studies that are no sweep, imported when they run: kv_bandwidth and profile load torch.
-def _kv_bandwidth(cfg: Config, out_dir, run_point) -> dict:
+def _kv_bandwidth(cfg: Config, out_dir, run_point, session=None) -> dict:
     from testbed.studies.kv_bandwidth import run_kv_bandwidth
 
     return run_kv_bandwidth(cfg, out_dir)
 
 
-def _profile(cfg: Config, out_dir, run_point) -> dict:
-    from testbed.studies.profile import run_profile
+def _profile(cfg: Config, out_dir, run_point, session=None) -> dict:
+    from testbed.studies.profile import run_profile, run_vllm_profile
 
+    if cfg.executor == "vllm":  # `session`: the run's vLLM deployments
+        return run_vllm_profile(cfg, out_dir, session)
     return run_profile(cfg, out_dir)
 
 
-def _replay(cfg: Config, out_dir, run_point) -> dict:
+def _replay(cfg: Config, out_dir, run_point, session=None) -> dict:
     from testbed.studies.replay import run_replay
 
     return run_replay(cfg, out_dir, run_point)
@@ -622,6 +656,7 @@ STUDIES = (
         "this machine's step times, fitted to the cost model the simulator runs on",
         runs=_profile,
         one_box=True,
+        on_vllm=True,  # vLLM's steps from its metrics (testbed/deploy/profile.py)
         tiny=("experiment.quick_profile=true",),
     ),
     Study(
@@ -633,6 +668,7 @@ STUDIES = (
         fits_in_situ=True,
         # a tiny paced run on a shared CPU exercises the study, it measures no fidelity: kept in its
         # tables however many steps overran (tests/test_experiments.py judges the pace itself)
+        on_vllm=True,  # against vLLM: its real points on vLLM, its simulated ones on a profile of vLLM
         tiny=(
             "experiment.rates=[20]",
             "experiment.modes=[chunked]",
@@ -699,8 +735,8 @@ VLLM_CPU_BASE = (
     "workload.output_len.min=8",
     "workload.output_len.max=40",
     "scheduler.chunk_size=64",
-    "slo.ttft_s=2.0",
-    "slo.tpot_s=0.25",
+    "slo.ttft_s=1.0",
+    "slo.tpot_s=0.15",
 )
 VLLM_TINY = (
     "experiment.figures=false",

@@ -222,6 +222,7 @@ def vllm_point(cfg: Config, out_dir: Path, pool, progress: bool = True) -> dict:
         logs = result["meta"]["vllm"]["instances"]
         raise InstanceFailed(
             f"vLLM instance {', '.join(dead)} died during the point (log {logs[dead[0]]['log']}); its finished "
-            f"requests are kept in {out_dir}, the others failed (cluster.on_worker_failure={cfg.cluster.on_worker_failure})"
+            f"requests are kept in {out_dir}, the others failed "
+            f"(cluster.on_worker_failure={cfg.cluster.on_worker_failure})"
         )
     return result

@@ -31,3 +31,24 @@ def run_profile(cfg: Config, out_dir: Path) -> dict:
         f"plan on it: python -m testbed +experiment=plan {model_overrides(cfg)} sim.profile={path}"
     )
     return {"profile": profile, "path": path}
+
+
+def run_vllm_profile(cfg: Config, out_dir: Path, pool) -> dict:
+    """vLLM's steps, link and front end measured on the pool's model (testbed/deploy/profile.py)."""
+    from testbed.deploy.profile import profile_vllm
+
+    profile = profile_vllm(pool, quick=cfg.experiment.quick_profile)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "profile.json"
+    path.write_text(json.dumps(profile, indent=1) + "\n")
+    fit = profile["fit"]
+    log.info(
+        f"profiled vLLM serving {pool.model}: {len(profile['samples']['step'])} step samples, fit error mean "
+        f"{fit['step_relative_error']['mean']:.1%}; KV link fit error {fit['transfer_relative_error']['mean']:.1%}; "
+        f"front end {profile['frontend_latency_s'] * 1e3:.1f} ms"
+    )
+    log.info(
+        f"wrote {path}\nsimulate vLLM with: python -m testbed executor=sim model=hf model.path={pool.model} "
+        f"sim.profile={path} sim.frontend_latency_s={profile['frontend_latency_s']:.4f} ..."
+    )
+    return {"profile": profile, "path": path}

@@ -157,7 +157,7 @@ def run(cfg: Config, out_dir: Path, session=None) -> dict:
 
 def run_points(study: Study, cfg: Config, out_dir: Path, session, tracker) -> dict:
     if study.runs is not None:
-        return study.runs(cfg, out_dir, run_point)
+        return study.runs(cfg, out_dir, run_point, session)
     if not study.sweeps:
         return run_one_point(cfg, out_dir, session, tracker)
     return run_sweep(study, cfg, out_dir, session, tracker)
