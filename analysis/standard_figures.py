@@ -171,7 +171,7 @@ def plan_goodput(sweep: Sweep) -> Made:
     fig, ax = style.figure()
     simulated = sweep.aggregate["simulated"]
     plotted = figures.goodput_by_split(ax, simulated["goodput"])
-    analytical = sweep.aggregate["analytical"]["split"]
+    analytical = (sweep.aggregate.get("analytical") or {}).get("split", "none (no split fits the devices)")
     text = f"{captions.goodput_per_gpu(plotted, simulated.get('best'))} First-order analytical split: {analytical}."
     return [("plan_goodput_per_gpu", fig, text, plotted)]
 

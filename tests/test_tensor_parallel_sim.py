@@ -288,6 +288,35 @@ def test_plan_over_tp_degrees_prunes_what_does_not_fit_memory():
     assert disagg[0].overrides["cluster.prefill_tp"] == 4 and disagg[0].overrides["executor"] == "sim"
 
 
+def test_the_planners_propose_only_layouts_that_fit_70b_on_eight_h100s():
+    """Llama-3-70B on 8 H100s: one device holds no worker, so no planner may answer a one-device
+    split (the analytical one answered 7P1D, a layout the placement search prunes). Both refuse it
+    with the search's own reason (one rule), and plan workers of the smallest degree that holds
+    the model instead: a layout the search keeps."""
+    from testbed.sim.load_split import analytical_split
+    from testbed.sim.slo_split import slo_split
+    from testbed.studies.report import plan_lines
+
+    cfg = plan_config("model=llama3_70b")
+    kept, pruned = placements.search(cfg, 8, [1, 2, 4, 8])
+    for planner in (lambda c: analytical_split(c, None, 8), lambda c: slo_split(c, 8)):
+        with pytest.raises(ConfigError, match="no P:D split of 8 devices to propose") as refused:
+            planner(cfg)
+        assert pruned["7P1D"] in str(refused.value)
+    planned, why = placements.planning(cfg, 8)
+    assert (planned.cluster.prefill_tp, planned.cluster.decode_tp) == (4, 4) and why.startswith("workers of TP4")
+    labels = {p.label for p in kept}
+    analytical = analytical_split(planned, None, 8)
+    assert analytical["split"] == analytical["mean"]["split"] == "1xTP4P-1xTP4D" and "1xTP4P-1xTP4D" in labels
+    slo = slo_split(planned, 8, rate=1.0)
+    assert set(slo["splits"]) == {"1xTP4P-1xTP4D"} and slo["best"] in (None, "1xTP4P-1xTP4D")
+    skipped = {"analytical": None, "analytical_skipped": "no P:D split", "simulated": {"goodput": {}, "best": {}}}
+    assert plan_lines(skipped)[1] == "  analytical: none (no P:D split)"
+    small = plan_config("model=llama3_8b")  # one device holds it: the one-device splits, as always
+    assert placements.planning(small, 8) == (small, None)
+    assert analytical_split(small, None, 8)["split"] in {f"{p}P{8 - p}D" for p in range(1, 8)}
+
+
 def test_plan_over_tp_degrees_runs_every_placement_on_all_the_devices(tmp_path):
     from testbed.studies.runner import run
 

@@ -6,6 +6,11 @@
 
 The rate cancels out of the share; it matters only for how many devices a rate needs. Mean
 lengths give the average balance; p95 lengths correct it for the tail that drives queueing.
+
+Workers are the cluster's: prefill workers of cluster.prefill_tp devices, decode workers of
+cluster.decode_tp (one each by default), and the split proposed is the one of N devices whose
+prefill devices come nearest the share. Nothing is proposed for workers that do not fit their
+devices (testbed/sim/fit.py, the placement search's rule): the split is refused in one line.
 """
 
 from __future__ import annotations
@@ -14,9 +19,11 @@ from typing import TYPE_CHECKING, Mapping, Optional
 
 import numpy as np
 
+from testbed.errors import ConfigError
 from testbed.names import Kind
 from testbed.perf.resolve import StepCostModel
 from testbed.sim.devices import resolve_roles
+from testbed.sim.fit import split_counts, split_label, split_unfit
 from testbed.workload import build_workload
 
 if TYPE_CHECKING:  # annotations only: the root config is composed above the executors and handed in
@@ -46,6 +53,11 @@ def worker_rates(
 def analytical_split(cfg: Config, profile: Optional[Mapping], num_devices: int) -> dict:
     """`profile`: a loaded measured profile standing for sim.profile, or None to take every role's
     device from cfg.sim (GPUs of the analytical table, heterogeneous P and D included)."""
+    a, b = cfg.cluster.prefill_tp, cfg.cluster.decode_tp
+    splits = split_counts(num_devices, a, b)
+    why = split_unfit(cfg, profile) or (None if splits else f"no P x {a} + D x {b} = {num_devices} with P, D >= 1")
+    if why:
+        raise ConfigError(f"no P:D split of {num_devices} devices to propose: {why}")
     args = cfg.model.args()
     workload = build_workload(cfg.workload, seed=cfg.seed, vocab_size=args.vocab_size, max_model_len=args.max_model_len)
     inputs = np.array([r.input_len for r in workload.requests], dtype=float)
@@ -61,17 +73,23 @@ def analytical_split(cfg: Config, profile: Optional[Mapping], num_devices: int) 
             cfg.scheduler.max_running,
             roles[Kind.DECODE].cost,
         )
-        prefill_load = pick(inputs) / rates["prefill_tokens_per_s"]  # device-seconds per request
+        prefill_load = pick(inputs) / rates["prefill_tokens_per_s"]  # worker-seconds per request
         decode_load = pick(outputs) / rates["decode_tokens_per_s"]
-        share = prefill_load / (prefill_load + decode_load)
-        p = int(np.clip(round(share * num_devices), 1, max(num_devices - 1, 1)))
+        share = prefill_load * a / (prefill_load * a + decode_load * b)  # of the devices
+        p, d = nearest(splits, share * num_devices, a)
         out[stat] = {
             **rates,
             "input_len": float(pick(inputs)),
             "output_len": float(pick(outputs)),
             "prefill_share": float(share),
-            "split": f"{p}P{num_devices - p}D",
-            "max_rate": float(min(p / prefill_load, (num_devices - p) / decode_load)),
+            "split": split_label(p, a, d, b),
+            "max_rate": float(min(p / prefill_load, d / decode_load)),
         }
     out["split"] = out["p95"]["split"]
     return out
+
+
+def nearest(splits: list[tuple[int, int]], prefill_devices: float, a: int) -> tuple[int, int]:
+    """The split whose prefill workers' devices come nearest `prefill_devices` (ties: the half-even
+    rounding of one-device workers, so TP1 proposes round(share x N) as always)."""
+    return min(splits, key=lambda s: (abs(s[0] * a - prefill_devices), s[0] * a != round(prefill_devices)))

@@ -18,6 +18,11 @@ L and out are the workload's p90 lengths (goodput counts a rate when 90% of requ
 SLOs, as DistServe); E[S], E[S^2] are over the workload's prompts. The best split is the one with
 the highest SLO-feasible rate per device. With num_nodes > 1, P fills whole nodes first and D the
 rest, so some P and D always sit on different nodes and the hand-off is priced at the network.
+
+Workers are the cluster's (prefill workers of cluster.prefill_tp devices, decode workers of
+cluster.decode_tp): p and N - p above count workers, over every split of N devices into them. No
+split is proposed for workers that do not fit their devices (testbed/sim/fit.py, the placement
+search's rule): it is refused in one line.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from testbed.errors import ConfigError
 from testbed.names import Kind
 from testbed.perf.resolve import StepCostModel
 from testbed.sim.devices import RoleProfile, resolve_roles, transfer_time
+from testbed.sim.fit import split_counts, split_label, split_unfit
 from testbed.workload import build_workload
 
 if TYPE_CHECKING:  # annotations only: the root config is composed above the executors and handed in
@@ -161,22 +167,26 @@ def slo_split(cfg: Config, num_devices: int, rate: Optional[float] = None, profi
     """Per split: estimates at `rate` (when given) and the largest SLO-feasible rate; the best split."""
     if num_devices % cfg.hardware.num_nodes:
         raise ConfigError(f"{num_devices} devices do not divide over hardware.num_nodes={cfg.hardware.num_nodes}")
+    a, b = cfg.cluster.prefill_tp, cfg.cluster.decode_tp
+    splits = split_counts(num_devices, a, b)
+    why = split_unfit(cfg, profile) or (None if splits else f"no P x {a} + D x {b} = {num_devices} with P, D >= 1")
+    if why:
+        raise ConfigError(f"no P:D split of {num_devices} devices to propose: {why}")
     roles = resolve_roles(cfg, {Kind.PREFILL, Kind.DECODE}, profile)
     demand = demand_of(cfg, roles)
     context = demand.prompt_len + demand.output_len / 2  # a decoding sequence's mean context
     out = {}
-    for p in range(1, num_devices):
-        d = num_devices - p
+    for p, d in splits:
         best_rate = max_rate(demand, roles[Kind.DECODE], context, p, d, cfg.slo.ttft_s, cfg.slo.tpot_s)
         row = {
             "max_rate": best_rate,
             "rate_per_device": best_rate / num_devices,
-            **placement(p, num_devices, cfg.hardware.num_nodes),
+            **placement(p * a, num_devices, cfg.hardware.num_nodes),
         }
         if rate is not None:
             e = estimate(demand, roles[Kind.DECODE], context, p, d, rate)
             row.update(e, rate=rate, feasible=within(e, cfg.slo.ttft_s, cfg.slo.tpot_s))
-        out[f"{p}P{d}D"] = row
+        out[split_label(p, a, d, b)] = row
     best = max(out, key=lambda k: out[k]["max_rate"])
     return {
         "num_devices": num_devices,

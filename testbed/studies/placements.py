@@ -8,18 +8,20 @@ placement still pairs with a measured ratio_sweep, and say the degrees otherwise
 `colocated-TP2`). A placement is pruned, before anything runs, when one of its degrees does not
 split the model's heads, or when a device of one of its groups cannot hold its share of the
 weights and of one max_model_len sequence's KV within engine.gpu_memory_utilization (the
-simulator's own pool rule, so a kept placement always starts).
+simulator's own pool rule, so a kept placement always starts): testbed/sim/fit.py, the rule the
+planners check too.
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple, Optional, Sequence
 
-from testbed.config import Config
+from testbed.config import Config, with_overrides
 from testbed.errors import ConfigError
 from testbed.names import Kind, Mode
-from testbed.perf.resolve import analytical, is_gpu, table_gpu
+from testbed.perf.resolve import is_gpu, table_gpu
 from testbed.sim.devices import gpu_dtype_bytes
+from testbed.sim.fit import split_counts, split_label, unfit
 
 
 class Placement(NamedTuple):
@@ -33,9 +35,7 @@ class Placement(NamedTuple):
     def label(self) -> str:
         if self.mode != Mode.DISAGG:
             return self.mode if self.tp == 1 else f"{self.mode}-TP{self.tp}"
-        if self.tp == self.decode_tp == 1:
-            return f"{self.workers}P{self.decode}D"
-        return f"{self.workers}xTP{self.tp}P-{self.decode}xTP{self.decode_tp}D"
+        return split_label(self.workers, self.tp, self.decode, self.decode_tp)
 
     @property
     def overrides(self) -> dict:
@@ -83,10 +83,7 @@ def disaggregated(n: int, degrees: list[int]) -> list[Placement]:
     out = []
     for a in sorted(set(degrees)):
         for b in sorted(set(degrees)):
-            for p in range(1, n // a + 1):
-                rest = n - p * a
-                if rest >= b and rest % b == 0:
-                    out.append(Placement(Mode.DISAGG.value, p, a, rest // b, b))
+            out += [Placement(Mode.DISAGG.value, p, a, d, b) for p, d in split_counts(n, a, b)]
     return out
 
 
@@ -103,25 +100,19 @@ def middle_split(n: int, a: int, b: int) -> Optional[Placement]:
 def pruned(cfg: Config, placement: Placement) -> Optional[str]:
     """Why a placement cannot run (heads that do not split, a device that does not hold its share),
     or None."""
-    args = cfg.model.args()
+    args, simulated = cfg.model.args(), cfg.executor == "sim"
     for kind, tp in placement.degrees():
-        if not args.splits_over(tp):
-            return f"TP{tp} does not split {args.num_heads} heads and {args.num_kv_heads} KV heads"
-        spec = cfg.sim.spec(kind) if cfg.executor == "sim" else real_device(cfg, kind)
-        if spec is None or not is_gpu(spec):
-            if tp > 1 and cfg.executor == "sim":
-                raise ConfigError(
-                    f"experiment.tp_degrees: tensor parallelism is modelled on the analytical GPUs only; "
-                    f"{cfg.sim.key(kind)}={spec or 'the shipped CPU profile'} is not one (sim.profile=h100_sxm, ...)"
-                )
-            continue
-        model, _ = analytical(spec, args, gpu_dtype_bytes(cfg.model.dtype), tp=tp)
-        if not model.holds_one_sequence(cfg.engine.gpu_memory_utilization):
-            return (
-                f"TP{tp} on {spec}: {model.weight_bytes / 1e9:.1f} GB of weights and "
-                f"{args.max_model_len * model.rank_kv_bytes_per_token / 1e9:.1f} GB of one {args.max_model_len}-token "
-                f"sequence's KV per device exceed engine.gpu_memory_utilization={cfg.engine.gpu_memory_utilization}"
+        spec = cfg.sim.spec(kind) if simulated else real_device(cfg, kind)
+        if args.splits_over(tp) and tp > 1 and simulated and (spec is None or not is_gpu(spec)):
+            raise ConfigError(
+                f"experiment.tp_degrees: tensor parallelism is modelled on the analytical GPUs only; "
+                f"{cfg.sim.key(kind)}={spec or 'the shipped CPU profile'} is not one (sim.profile=h100_sxm, ...)"
             )
+        # a simulated device holds quantized weights as sim.weight_bits says; a real one its checkpoint's
+        bits = cfg.sim.weight_bits if simulated else None
+        why = unfit(args, tp, spec, gpu_dtype_bytes(cfg.model.dtype), cfg.engine.gpu_memory_utilization, bits)
+        if why:
+            return why
     return None
 
 
@@ -167,6 +158,24 @@ def fitting_degrees(cfg: Config, n: int) -> tuple[list[int], Optional[str]]:
             )
     raise ConfigError(
         f"{cfg.model.name} fits no tensor-parallel degree of {n} devices ({why}); simulate more devices or a larger GPU"
+    )
+
+
+def planning(cfg: Config, n: int) -> tuple[Config, Optional[str]]:
+    """The configuration the P:D planners (testbed/sim/load_split.py, slo_split.py) plan N simulated
+    devices with: the cluster's own degrees, or where those are one device each and one device
+    cannot hold the model, prefill and decode workers of the smallest degree whose workers hold it
+    (fitting_degrees, judged on the simulated devices), with one line saying why."""
+    c = cfg.cluster
+    if (c.prefill_tp, c.decode_tp) != (1, 1):
+        return cfg, None
+    simulated = cfg if cfg.executor == "sim" else with_overrides(cfg, {"executor": "sim"})
+    degrees, why = fitting_degrees(simulated, n)
+    if why is None:
+        return cfg, None
+    tp = degrees[0]
+    return with_overrides(cfg, {"cluster.prefill_tp": tp, "cluster.decode_tp": tp}), (
+        f"workers of TP{tp}: one device cannot hold {cfg.model.name} ({holds(simulated, 1)})"
     )
 
 

@@ -199,10 +199,18 @@ def plan_lines(aggregate: dict) -> list[str]:
         return []
     a, sim = aggregate["analytical"], aggregate["simulated"]
     measured = aggregate.get("measured", {})
+    analytical = (
+        [
+            f"  analytical (p95 lengths): {a['p95']['split']}   (mean lengths: {a['mean']['split']}; "
+            f"prefill share {a['p95']['prefill_share']:.2f})"
+        ]
+        if a
+        else [f"  analytical: none ({aggregate.get('analytical_skipped', 'not planned')})"]
+    )
+    devices = (a or aggregate.get("slo_plan") or {}).get("num_devices", "?")
     lines = [
-        f"P:D plan for {a['num_devices']} devices",
-        f"  analytical (p95 lengths): {a['p95']['split']}   (mean lengths: {a['mean']['split']}; "
-        f"prefill share {a['p95']['prefill_share']:.2f})",
+        f"P:D plan for {devices} devices" + (f" ({aggregate['planned_tp']})" if aggregate.get("planned_tp") else ""),
+        *analytical,
         *slo_split_lines(aggregate.get("slo_plan")),
         *([f"  SLO-aware: none ({aggregate['slo_plan_skipped']})"] if aggregate.get("slo_plan_skipped") else []),
         f"  simulated: {sim['best'].get('line', '')}",
