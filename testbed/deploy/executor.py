@@ -51,6 +51,7 @@ class PointSettings:
     slo: object  # SLOConfig
     metrics: object  # MetricsConfig
     tenant_slos: dict = field(default_factory=dict)
+    on_kv_failure: str = "fail"  # kv_transfer.on_failure: a failed hand-off fails, is retried, or D recomputes
     http: HttpConfig = field(default_factory=HttpConfig)
     vllm: VllmConfig = field(default_factory=VllmConfig)
 
@@ -79,10 +80,12 @@ def serve_point(pool: Deployments, point: PointSettings, progress: bool = True, 
         },
         "dead_instances": [i.spec.name for i in deployment.dead()],
         "errors": dict(replay.errors),
+        "kv_failures": replay.kv_failures,
     }
     if cut is not None:
         summary["partial"], summary["interrupted"] = True, cut
     meta = {"executor": "vllm", "vllm": deployment_meta(deployment, pool)}
+    summary["vllm"]["version"], summary["vllm"]["connector"] = meta["vllm"]["version"], meta["vllm"]["connector"]
     return {"requests": requests, "transfers": transfers, "summary": summary, "prompts": log.prompts, "meta": meta}
 
 
@@ -112,6 +115,7 @@ async def _drive(deployment: Deployment, point: PointSettings, model: ModelFacts
     name, per_token = point.vllm.served_name, model.kv_bytes_per_token
     replay = DeploymentReplay(point.http, workload, name, urls, point.cluster, per_token)
     replay.redispatch = point.cluster.on_worker_failure == "redispatch"
+    replay.on_kv_failure = point.on_kv_failure
     samples: dict = {i.spec.name: [] for i in deployment.instances}
     log = RequestLog(time.perf_counter())
     async with session_for(point.http) as session:

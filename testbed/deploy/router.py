@@ -56,6 +56,8 @@ class DeploymentReplay(Replay):
         self.refused: set[int] = set()  # refused at admission: recorded as such, not as finished
         self.lost: set[tuple] = set()  # (kind, instance index) of the instances that died
         self.redispatch = False  # a request an instance's death failed is sent once more
+        self.on_kv_failure = "fail"  # a hand-off that failed with both instances alive: fail | retry | recompute
+        self.kv_failures = 0
         self.hand_offs: list[dict] = []  # kv_transfers.parquet's rows
 
     def _dispatcher(self, policy: str, n: int, for_decode: bool) -> Dispatcher:
@@ -144,9 +146,17 @@ class DeploymentReplay(Replay):
         if d is None:
             return times, "no live decode instance to serve it", [(Kind.PREFILL, p)]
         self.log.event(rid, Event.KV_TRANSFER_START, done, decode_worker=d)
-        body = {**self.payload(request, prompt), "kv_transfer_params": params}
         try:
-            times, why = await self.stream_from(self.urls[Kind.DECODE][d] + self.http.endpoint, body, ids, times)
+            times, why = await self._decode(d, request, prompt, params, ids, times)
+            if why and not times and (Kind.DECODE, d) not in self.lost and self.on_kv_failure != "fail":
+                self.kv_failures += 1  # the hand-off failed with D alive: kv_transfer.on_failure
+                if self.on_kv_failure == "retry":
+                    params, why = await self._prefill(self.urls[Kind.PREFILL][p], request, prompt)
+                else:  # recompute: D prefills the prompt itself
+                    params = None
+                    self.log.prefilled_on(rid, Kind.DECODE)
+                if not why:
+                    times, why = await self._decode(d, request, prompt, params, ids, times)
         finally:
             self.back.loads[d].bound_sequences -= 1
             self.back.loads[d].bound_tokens -= request.input_len
@@ -166,6 +176,12 @@ class DeploymentReplay(Replay):
                 }
             )
         return times, why, [(Kind.PREFILL, p), (Kind.DECODE, d)]
+
+    async def _decode(self, d: int, request: Request, prompt, params: Optional[dict], ids, times):
+        body = self.payload(request, prompt)
+        if params is not None:
+            body["kv_transfer_params"] = params
+        return await self.stream_from(self.urls[Kind.DECODE][d] + self.http.endpoint, body, ids, times)
 
     async def _prefill(self, url: str, request: Request, prompt) -> tuple[Optional[dict], str]:
         """The prefill request: (the kv_transfer_params it answered, "") or (None, why it failed)."""

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from testbed.cluster.layout import cuda_count
-from testbed.config import Config
+from testbed.config import Config, with_overrides
 from testbed.deploy.checkpoint import NAME as CHECKPOINT
 from testbed.errors import ConfigError
 from testbed.experiment import ONE_POINT
@@ -422,8 +422,17 @@ def plan(cfg: Config) -> list[Point]:
     labelled plain `chunked`, as in ratio_sweep), over the rates. With experiment.tp_degrees beyond
     [1]: every placement of the devices over those degrees that can run (studies/placements.py),
     chunked's chunk sizes tried at TP1 only (TP multiplies the placements; the chunk size is its own
-    axis), each point with its degrees as knobs."""
-    if list(cfg.experiment.tp_degrees) == [1]:
+    axis), each point with its degrees as knobs. Left at [1] where one device cannot hold the
+    model: the smallest degrees that hold it (placements.fitting_degrees, as ratio_sweep), so no
+    layout that cannot fit is simulated."""
+    degrees, why = list(cfg.experiment.tp_degrees), None
+    c = cfg.cluster
+    if degrees == [1] and c.tp == c.prefill_tp == c.decode_tp == 1:
+        simulated = cfg if cfg.executor == "sim" else with_overrides(cfg, {"executor": "sim"})
+        degrees, why = placements.fitting_degrees(simulated, num_devices(cfg))
+        if why:
+            log.info("plan: %s", why)
+    if degrees == [1]:
         configs = [
             (label, o, {}) for label, o in layouts(cfg, ["colocated"]) + layouts(cfg, ["disagg"], all_splits=True)
         ]
@@ -431,7 +440,7 @@ def plan(cfg: Config) -> list[Point]:
             (name, o, {}) for label, o in layouts(cfg, ["chunked"]) for name, o in chunk_variants(cfg, label, o)
         ]
     else:
-        configs = tp_configs(cfg)
+        configs = tp_configs(with_overrides(cfg, {"experiment.tp_degrees": degrees}) if why else cfg)
     points = _grid(cfg, [(label, o) for label, o, _ in configs], "rate", _rates(cfg), "workload.rate")
     knobs = {label: k for label, _, k in configs}
     for point in points:

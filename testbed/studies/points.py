@@ -202,6 +202,7 @@ def vllm_point(cfg: Config, out_dir: Path, pool, progress: bool = True) -> dict:
         tenant_slos=tenant_slos(cfg.workload.tenants, cfg.slo),
         http=cfg.http,
         vllm=cfg.vllm,
+        on_kv_failure=cfg.kv_transfer.on_failure,
     )
     with polled() as stop:
         result = serve_point(pool, point, progress, stop)

@@ -213,11 +213,14 @@ def track_point(tracker, name: str, group: str, cfg: Config, directory: Path, re
         if result.get("telemetry") is not None:
             tracker.log_series("telemetry", result["telemetry"], time="t_s", by="gpu")
         labels = result["summary"].get("sim", {}).get("profiles", {})  # an analytical GPU's name has no file
+        metadata = {"point": name, "mode": cfg.mode, "executor": cfg.executor, "profiles": labels}
+        if "vllm" in result.get("meta", {}):  # vLLM's version, connector, launch lines and environment
+            metadata["vllm"] = result["meta"]["vllm"]
         tracker.log_artifact(
             f"{tracker.group or group}-{name}",
             "results",
             directory,
-            metadata={"point": name, "mode": cfg.mode, "executor": cfg.executor, "profiles": labels},
+            metadata=metadata,
             profiles=profile_files(cfg, labels) if cfg.executor == "sim" else None,
         )
     finally:
