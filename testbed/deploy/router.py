@@ -52,6 +52,7 @@ class DeploymentReplay(Replay):
         front = urls[Kind.PREFILL] if self.disagg else urls[Kind.MIXED]
         self.front = self._dispatcher(cluster.dispatch, len(front), for_decode=False)
         self.back = self._dispatcher(cluster.decode_dispatch, len(urls.get(Kind.DECODE, [])), for_decode=True)
+        self.decode_base = len(front)  # requests.parquet numbers instances as the deployment lists them
         self.outstanding = 0
         self.refused: set[int] = set()  # refused at admission: recorded as such, not as finished
         self.lost: set[tuple] = set()  # (kind, instance index) of the instances that died
@@ -108,13 +109,17 @@ class DeploymentReplay(Replay):
         load = self.front.loads[worker]
         load.queued_prompt_tokens += request.input_len
         rid = request.request_id
-        self.log.event(rid, Event.DISPATCHED, time.perf_counter(), prefill_worker=worker, decode_worker=worker)
+        sent = time.perf_counter()
+        self.log.event(rid, Event.DISPATCHED, sent, prefill_worker=worker, decode_worker=worker)
+        self.log.event(rid, Event.PREFILL_START, sent, worker=worker)  # as the client sees it: sent to first token
         self.log.prefilled_on(rid, Kind.MIXED)
         url = self.urls[Kind.MIXED][worker] + self.http.endpoint
         try:
             times, why = await self._counting_first(url, self.payload(request, prompt), ids, times, load, request)
         finally:
             self._remember(self.front, worker, request)
+        if times:
+            self.log.event(rid, Event.PREFILL_END, times[0], worker=worker)
         return times, why, [(Kind.MIXED, worker)]
 
     async def _counting_first(self, url, body, ids, times, load, request):
@@ -131,7 +136,9 @@ class DeploymentReplay(Replay):
             return times, "no live prefill instance to serve it", []
         p_load = self.front.loads[p]
         p_load.queued_prompt_tokens += request.input_len
-        self.log.event(rid, Event.DISPATCHED, time.perf_counter(), prefill_worker=p)
+        sent = time.perf_counter()
+        self.log.event(rid, Event.DISPATCHED, sent, prefill_worker=p)
+        self.log.event(rid, Event.PREFILL_START, sent, worker=p)  # sent to the prefill's answer
         self.log.prefilled_on(rid, Kind.PREFILL)
         try:
             params, why = await self._prefill(self.urls[Kind.PREFILL][p], request, prompt)
@@ -145,7 +152,7 @@ class DeploymentReplay(Replay):
         d = self._bind(request)
         if d is None:
             return times, "no live decode instance to serve it", [(Kind.PREFILL, p)]
-        self.log.event(rid, Event.KV_TRANSFER_START, done, decode_worker=d)
+        self.log.event(rid, Event.KV_TRANSFER_START, done, decode_worker=self.decode_base + d)
         try:
             times, why = await self._decode(d, request, prompt, params, ids, times)
             if why and not times and (Kind.DECODE, d) not in self.lost and self.on_kv_failure != "fail":
@@ -163,13 +170,13 @@ class DeploymentReplay(Replay):
             self._remember(self.back, d, request)
         if times:
             kv_bytes = self.kv_bytes_per_token * request.input_len
-            self.log.event(rid, Event.KV_TRANSFER_END, times[0], decode_worker=d, kv_bytes=kv_bytes)
-            self.log.event(rid, Event.DECODE_START, times[0], decode_worker=d)
+            self.log.event(rid, Event.KV_TRANSFER_END, times[0], decode_worker=self.decode_base + d, kv_bytes=kv_bytes)
+            self.log.event(rid, Event.DECODE_START, times[0], decode_worker=self.decode_base + d)
             self.hand_offs.append(
                 {
                     "request_id": rid,
                     "prefill_worker": p,
-                    "decode_worker": d,
+                    "decode_worker": self.decode_base + d,
                     "kv_bytes": kv_bytes,
                     "start_s": done - self.log.t0,
                     "end_s": times[0] - self.log.t0,

@@ -36,10 +36,15 @@ def prefill_windows(requests: pd.DataFrame) -> pd.DataFrame:
     )
 
 
-def worker_roles(steps: pd.DataFrame) -> dict[int, str]:
-    if steps is None or steps.empty:
+def worker_roles(steps: pd.DataFrame, requests: pd.DataFrame | None = None) -> dict[int, str]:
+    """Each worker's role, from its steps; a run whose steps are not visible (an engine measured from
+    outside) names as decode-only the workers that decoded requests and prefilled none."""
+    if steps is not None and not steps.empty:
+        return {int(w): str(r) for w, r in steps.groupby("worker")["role"].first().items()}
+    if requests is None or requests.empty:
         return {}
-    return {int(w): str(r) for w, r in steps.groupby("worker")["role"].first().items()}
+    decoded = set(requests["decode_worker"].dropna().astype(int)) - set(requests["prefill_worker"].dropna().astype(int))
+    return {w: DECODE_ONLY for w in decoded}
 
 
 def _overlaps(lo: np.ndarray, hi: np.ndarray, windows: pd.DataFrame) -> np.ndarray:
@@ -75,7 +80,7 @@ def background_gaps(
     if background.empty:
         return pd.DataFrame({"itl": [], "worker": [], "exposed": []})
     settled = max(as_times(t)[0] for t in background["token_worker_times"] if as_times(t).size)
-    windows, roles = prefill_windows(requests), worker_roles(steps)
+    windows, roles = prefill_windows(requests), worker_roles(steps, requests)
     frames = []
     for row in background.itertuples():
         stamped = as_times(row.token_worker_times)
@@ -106,7 +111,7 @@ def decode_steps(
         rows = rows[(rows["start_s"] >= window[0]) & (rows["start_s"] <= window[1])]
     if rows is None or rows.empty:
         return pd.DataFrame({"seconds": [], "with_prefill": []})
-    windows, roles = prefill_windows(requests), worker_roles(steps)
+    windows, roles = prefill_windows(requests), worker_roles(steps, requests)
     with_prefill = (rows["prefill_tokens"] > 0).to_numpy().copy()
     for worker, group in rows.groupby("worker"):
         if roles.get(int(worker)) == DECODE_ONLY:
