@@ -163,6 +163,7 @@ def check_audit(audits: dict[int, Audit], out_dir: Path) -> None:
 def stop_cluster(cluster: Cluster, router: Router, sampler) -> Optional[object]:
     """Stop the workers (each sends its KV audit) and take in their last reports; the telemetry."""
     router.memory.sample()
+    router.host.sample()
     telemetry = sampler.stop()
     leftovers: list = []
     cluster.stop(leftovers)

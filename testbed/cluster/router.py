@@ -16,6 +16,7 @@ import queue
 import time
 from typing import Callable
 
+from testbed.cluster.contention import ContentionSampler
 from testbed.cluster.launcher import Cluster
 from testbed.cluster.memory import RssSampler
 from testbed.control.book import RequestBook
@@ -77,6 +78,7 @@ class Router:
         # a kill triggered by the run's state: (requests ended, worker), or None
         self.counted_kill = None if faults.kill_after_ended is None else (faults.kill_after_ended, faults.kill_worker)
         self.memory = RssSampler(cluster.local_pids())
+        self.host = ContentionSampler(cluster.local_pids())  # what the host gave the run's processes
         self.faults: list[dict] = []  # every injected fault and every re-dispatch, for the results
         self.harness: list[tuple[float, float, float]] = []  # per step report: build, pipe, router queue
         self.last_check = self.last_sample = 0.0  # the liveness check's and the memory sample's (_watch)
@@ -104,13 +106,14 @@ class Router:
 
     def _watch(self, now: float) -> None:
         """The liveness block of every router loop: each LIVENESS_CHECK_S, the workers' liveness and
-        the run's progress; each MEMORY_SAMPLE_S, the processes' memory."""
+        the run's progress; each MEMORY_SAMPLE_S, the processes' memory and CPU counters."""
         if now - self.last_check > LIVENESS_CHECK_S:
             self._check_workers(now)
             self._check_progress(now)
             self.last_check = now
         if now - self.last_sample > MEMORY_SAMPLE_S:
             self.memory.sample()
+            self.host.sample()
             self.last_sample = now
 
     def _inject(self, now_s: float) -> None:

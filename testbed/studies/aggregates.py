@@ -145,9 +145,36 @@ def best_of(goodputs: dict) -> dict:
 
 
 def goodput_study(table, cfg, out_dir) -> dict:
-    """ratio_sweep and rate_sweep: goodput per configuration and the paired verdict."""
+    """ratio_sweep and rate_sweep: goodput per configuration and the paired verdict (none named
+    from points that ran on a contended host)."""
     goodputs = goodput_by_label(table, cfg, out_dir)
-    return {"goodput": goodputs, "best": best_of(goodputs), "repeats": cfg.experiment.repeats}
+    best = refused_on_contention(best_of(goodputs), table)
+    return {"goodput": goodputs, "best": best, "repeats": cfg.experiment.repeats}
+
+
+def contended(table: pd.DataFrame) -> pd.DataFrame:
+    """The points that count but ran on a contended host (summary.json's host.contended)."""
+    rows = finished(table)
+    if "host_contended" not in rows.columns:
+        return rows.iloc[0:0]
+    return rows[rows["host_contended"].fillna(0).astype(bool)]
+
+
+def refused_on_contention(best: dict, table: pd.DataFrame) -> dict:
+    """The verdict, or where points that ran on a contended host took part, no winner: their
+    figures measure the host's other work as much as the configurations (the paired comparisons
+    stay, under `comparisons`; `contended_points` names the points)."""
+    hit = contended(table)
+    if not best or hit.empty:
+        return best
+    worst = float(hit["host_stretch"].max()) if "host_stretch" in hit.columns else float("nan")
+    threshold = float(hit["host_threshold"].iloc[0]) if "host_threshold" in hit.columns else float("nan")
+    line = (
+        f"no winner named: {len(hit)} of {len(finished(table))} points ran on a contended host (waiting for a "
+        f"core stretched their processes' CPU time up to x{worst:.2f}, over metrics.contended_stretch={threshold:g}); "
+        f"rerun on a quiet host. On these points: {best['line']}"
+    )
+    return {**best, "separated": False, "line": line, "contended_points": list(hit["point"])}
 
 
 def slo_scale(table, cfg, out_dir) -> dict:

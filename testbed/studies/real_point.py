@@ -31,7 +31,7 @@ from testbed.errors import ConfigError
 from testbed.metrics.events import RequestLog
 from testbed.metrics.slo import tenant_slos
 from testbed.metrics.steps import steps_table
-from testbed.metrics.summary import summarize
+from testbed.metrics.summary import json_safe, summarize
 from testbed.metrics.telemetry import gpu_roles
 from testbed.stopping import Stopped, polled
 from testbed.studies.points import INTERRUPTED, kept, refusals, write_files
@@ -178,6 +178,7 @@ def write_point(
     summary["faults"] = router.faults
     summary["harness_breakdown"] = harness_breakdown(router.harness)
     summary["memory"] = router.memory.summary()
+    summary["host"] = json_safe(router.host.summary(cfg.metrics.contended_stretch))
     summary["emulated"], summary["pacing"] = emulated, pace_summary(steps)
     summary["refused"] = refusals(workload_report.get("http_refused"), topology.get("messages_refused"))
     if partial is not None:

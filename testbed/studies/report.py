@@ -70,7 +70,28 @@ def summary_lines(summary: dict) -> list[str]:
     lines.append("throughput  " + "  ".join(f"{k} {v:.1f}" for k, v in tp.items() if isinstance(v, (int, float))))
     if "slo_attainment" in summary:
         lines.append(f"SLO attainment {summary['slo_attainment']}")
-    return lines
+    said = host_line(summary.get("host"))
+    return lines + ([said] if said else [])
+
+
+def _known(x) -> bool:
+    return x is not None and x == x
+
+
+def host_line(host: dict | None) -> str:
+    """What the host gave the run (testbed/cluster/contention.py); '' where it was not measured."""
+    if not host or not _known(host.get("stretch")):
+        return ""
+    load, cores = host.get("load_1m_end", host.get("load_1m")), host.get("cores", "?")
+    on = f"load {load:.1f} on {cores} cores" if _known(load) else f"{cores} cores"
+    waited = f"the run's processes waited for a core {host['stretch'] - 1:.0%} of the time they ran"
+    if host["contended"]:
+        return (
+            f"WARNING: contended host: {waited} (stretch x{host['stretch']:.2f} > metrics.contended_stretch="
+            f"{host['threshold']:g}; {on}): these figures measure the host's other work as much as the "
+            "system; rerun on a quiet host"
+        )
+    return f"host: not contended ({waited}, stretch x{host['stretch']:.2f}; {on})"
 
 
 def print_run(requests: pd.DataFrame, summary: dict, out_dir) -> None:
@@ -187,7 +208,7 @@ def print_sweep(
         lines += goodput_lines(aggregate["goodput"])
     if aggregate.get("best"):
         lines += comparison_lines(aggregate["best"].get("comparisons", []))
-    lines += overrun_lines(table)
+    lines += overrun_lines(table) + contention_lines(table)
     if aggregate.get("best"):
         lines.append(aggregate["best"]["line"])
     lines += [f"figure: {f}" for f in figures] + [f"results: {out_dir}"]
@@ -297,4 +318,16 @@ def overrun_lines(table: pd.DataFrame) -> list[str]:
         f"WARNING: {len(dropped)} emulated point(s) overran their modelled step times in more than "
         f"hardware.max_overrun_share of steps and are left out of every verdict: "
         f"{', '.join(dropped['point'])}"
+    ]
+
+
+def contention_lines(table: pd.DataFrame) -> list[str]:
+    """The warning for real points that ran on a contended host (their summary.json's `host`)."""
+    if "host_contended" not in table.columns or not table["host_contended"].fillna(0).astype(bool).any():
+        return []
+    hit = table[table["host_contended"].fillna(0).astype(bool)]
+    worst = hit["host_stretch"].max() if "host_stretch" in hit.columns else float("nan")
+    return [
+        f"WARNING: {len(hit)} of {len(table)} point(s) ran on a contended host (waiting for a core "
+        f"stretched their processes' CPU time up to x{worst:.2f}): {', '.join(hit['point'])}"
     ]
