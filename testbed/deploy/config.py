@@ -23,7 +23,7 @@ class VllmConfig:
     served_name: str = "model"  # the id the instances serve it under
     device: str = "auto"  # auto: cuda where CUDA devices are, else cpu
     dtype: str = "auto"  # auto: float32 on CPU (bfloat16 is emulated there, 6-9x slower), the checkpoint's on GPU
-    max_model_len: int = 2048
+    max_model_len: int = 2048  # --max-model-len: the longest prompt and output an instance serves
     max_num_seqs: int = 64  # sequences an instance batches at once
     connector: str = "nixl"  # the P/D hand-off: nixl everywhere, p2pnccl on GPUs, example (a shared folder)
     cores_per_instance: int = 1  # CPU: OpenMP threads an instance computes on, each instance its own cores
