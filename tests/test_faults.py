@@ -196,24 +196,47 @@ def test_delayed_kv_shows_in_transfer_times(tmp_path):
     assert_no_leaks(result["summary"])
 
 
-def test_stalled_worker_past_its_heartbeat_is_declared_lost(tmp_path):
-    cfg = make_config(
-        *small_workload(n=20, rate=20),
-        *LONG,
-        "mode=chunked",
-        "cluster.num_workers=2",
-        "scheduler.chunk_size=64",
-        "scheduler.max_running=16",
-        "faults.stall_worker=1",
-        "faults.stall_at_s=0.3",
-        "faults.stall_ms=3000",
-        "cluster.heartbeat_s=0.1",
-        "cluster.on_worker_failure=redispatch",
-    )
+STALLED = [
+    *small_workload(n=20, rate=20),
+    *LONG,
+    "mode=chunked",
+    "cluster.num_workers=2",
+    "scheduler.chunk_size=64",
+    "scheduler.max_running=16",
+    "faults.stall_worker=1",
+    "faults.stall_at_s=0.3",
+    "faults.stall_ms=3000",
+    "cluster.heartbeat_s=0.1",
+]
+
+
+def test_a_stalled_worker_whose_process_lives_is_slow_not_lost(tmp_path):
+    """Silent for 3 s, six times the 5 heartbeats (0.5 s) that once declared it dead, but its process
+    is alive: it is counted slow, nothing is redispatched or failed, and its requests finish."""
+    result = serve(make_config(*STALLED, "cluster.on_worker_failure=redispatch"), tmp_path, progress=False)
+    requests, summary = result["requests"], result["summary"]
+    assert "stall_worker" in kinds(summary) and "redispatch" not in kinds(summary)
+    assert (requests.status == "ok").all(), requests.reason.unique()
+    assert (requests.output_token_ids.map(len) == requests.output_len).all()
+    assert (requests.prefill_worker == 1).any()  # the stalled worker served its share
+    worker = summary["workers"]["worker1"]
+    assert worker["alive_at_end"] and worker["slow_periods"] >= 1
+    stalled = [s for s in summary["slow_periods"] if s["worker"] == "worker1" and s["silent_s"] > 2.5]
+    assert stalled and stalled[0]["ended"] == "reported", summary["slow_periods"]
+    assert stalled[0]["cpu_s"] is None or stalled[0]["cpu_s"] < 0.5  # asleep, not computing
+    assert_no_leaks(summary)
+
+
+def test_a_silent_worker_past_the_stall_timeout_is_lost_as_hung(tmp_path):
+    """The same stall past cluster.stall_timeout_s (1 s): the worker is lost as hung, though its
+    process is alive, and its requests are redispatched."""
+    cfg = make_config(*STALLED, "cluster.stall_timeout_s=1", "cluster.on_worker_failure=redispatch")
     result = serve(cfg, tmp_path, progress=False)
     requests, summary = result["requests"], result["summary"]
     assert "stall_worker" in kinds(summary) and "redispatch" in kinds(summary)
-    assert (requests.status == "ok").all()
+    assert (requests.status == "ok").all(), requests.reason.unique()
+    assert not summary["workers"]["worker1"]["alive_at_end"]
+    assert [s["ended"] for s in summary["slow_periods"] if s["worker"] == "worker1"][-1] == "lost (hung)"
     assert_no_leaks(summary, dead={"worker1"})
 
 

@@ -16,7 +16,7 @@ import queue
 import time
 from typing import Callable
 
-from testbed.cluster.contention import ContentionSampler
+from testbed.cluster.contention import ContentionSampler, schedstat
 from testbed.cluster.launcher import Cluster
 from testbed.cluster.memory import RssSampler
 from testbed.control.book import RequestBook
@@ -72,6 +72,12 @@ class Router:
         # one row per KV transfer attempt, marked where it crossed nodes
         self.transfers = TransferLog(t0, {rank: s.node for rank, s in cluster.started.items()})
         self.last_seen = {rank: time.perf_counter() for rank in roles}
+        # liveness: a worker silent for 5 heartbeats whose process is alive is slow, not lost: its
+        # open silence (rank -> (when it last reported, its process's CPU s when found silent)) and
+        # every silence that ended (slow_periods); lost only when silent for hang_s
+        self.silent: dict[int, tuple[float, float | None]] = {}
+        self.slow_periods: list[dict] = []
+        self.pids = {int(name.removeprefix("worker")): pid for name, pid in cluster.local_pids().items()}
         self.last_progress = time.perf_counter()
         self.on_finish: Callable[[], None] = lambda: None
         self.cluster_faults, self.timed_faults = faults, faults.timed()
@@ -174,7 +180,9 @@ class Router:
     # -- worker reports ------------------------------------------------------------------------
     def handle(self, msg) -> None:
         if hasattr(msg, "worker"):
-            self.last_seen[msg.worker] = time.perf_counter()
+            self.last_seen[msg.worker] = now = time.perf_counter()
+            if msg.worker in self.silent:
+                self._end_silence(msg.worker, now, "reported")
         if isinstance(msg, StepEvents):
             self._on_step(msg)
         elif isinstance(msg, KVSent):
@@ -245,21 +253,66 @@ class Router:
             if worker is not None and self.cluster.alive(worker):
                 self.cluster.inboxes[worker].put(Abort(rid, reason))
 
+    @property
+    def hang_s(self) -> float:
+        """How long a worker whose process is alive may stay silent before it is lost as hung:
+        cluster.stall_timeout_s, and never less than the 5 heartbeats that make it slow."""
+        return max(self.cluster_config.stall_timeout_s, 5 * self.cluster_config.heartbeat_s)
+
     def _check_workers(self, now: float) -> None:
-        silent_limit = 5 * self.cluster_config.heartbeat_s
+        """A worker whose process is gone is lost. One whose process is alive but that sent nothing
+        for 5 heartbeats is slow (a starved host, a long step): counted, not failed, and its
+        requests wait; silent for hang_s it is lost as hung (under torchrun the run fails here)."""
+        beats = 5 * self.cluster_config.heartbeat_s
         for rank, load in self.book.loads.items():
             if not load.alive:
                 continue
-            dead = not self.cluster.alive(rank)
-            silent = now - self.last_seen[rank] > silent_limit
-            if dead or silent:  # silent too long: treated as lost (under torchrun the run fails here)
-                self.cluster.lose(
-                    rank,
-                    "its process is gone" if dead else f"silent for {silent_limit:.0f} s (5 x cluster.heartbeat_s)",
+            silent_s = now - self.last_seen[rank]
+            if self.cluster.alive(rank):
+                if silent_s <= self.hang_s:
+                    if silent_s > beats and rank not in self.silent:
+                        self.silent[rank] = (self.last_seen[rank], self._cpu_s(rank))
+                    continue
+                why = (
+                    f"hung: silent for {silent_s:.0f} s with its process alive (over {self.hang_s:g} s: "
+                    "cluster.stall_timeout_s, and at least 5 x cluster.heartbeat_s)"
                 )
-                role = self.cluster.plans[rank].role
-                for rid in self.book.lose_worker(rank):
-                    self._lost(rid, f"worker {rank} ({role}) died", now)
+                ended = "hung"
+            else:
+                why, ended = "its process is gone", "died"
+            if rank in self.silent:
+                self._end_silence(rank, now, f"lost ({ended})")
+            self.cluster.lose(rank, why)
+            role = self.cluster.plans[rank].role
+            for rid in self.book.lose_worker(rank):
+                self._lost(rid, f"worker {rank} ({role}) {ended}", now)
+
+    def _cpu_s(self, rank: int) -> float | None:
+        """The on-CPU seconds of a local worker's main thread (None where not measured)."""
+        counters = schedstat(self.pids[rank]) if rank in self.pids else None
+        return None if counters is None else counters[0]
+
+    def _end_silence(self, rank: int, now: float, ended: str) -> None:
+        since, cpu = self.silent.pop(rank)
+        cpu_now = self._cpu_s(rank) if cpu is not None else None
+        self.slow_periods.append(
+            {
+                "worker": f"worker{rank}",
+                "from_s": since - self.t0,
+                "to_s": now - self.t0,
+                "silent_s": now - since,
+                # what its process ran from when it was found silent: ~0 blocked, else working slowly
+                "cpu_s": None if cpu_now is None else cpu_now - cpu,
+                "ended": ended,
+            }
+        )
+
+    def liveness(self) -> list[dict]:
+        """Every slow period of the run (those still open end now, with the run)."""
+        now = time.perf_counter()
+        for rank in list(self.silent):
+            self._end_silence(rank, now, "run ended")
+        return self.slow_periods
 
     def _check_progress(self, now: float) -> None:
         """The run's own bound: when no step anywhere has run for stall_timeout_s while requests

@@ -38,9 +38,12 @@ class ClusterConfig:
     max_prompt_len: Optional[int] = None  # admission control: longer prompts are rejected
     max_outstanding: Optional[int] = None  # admission control: requests in the system at once
     start_timeout_s: float = 300.0  # workers up and process group formed
-    heartbeat_s: float = 2.0  # a silent live worker is declared dead after 5 heartbeats
+    # a worker silent for 5 heartbeats whose process is alive is slow: counted, not failed
+    heartbeat_s: float = 2.0
     on_worker_failure: str = "fail"  # fail | redispatch: what becomes of a lost worker's requests
-    stall_timeout_s: float = 120.0  # no report from any worker for this long: the rest fails
+    # no report from any worker for this long: the rest fails; one worker silent this long (and at
+    # least 5 heartbeats) with its process alive is lost as hung
+    stall_timeout_s: float = 120.0
     # under torchrun: the address this host's control sockets listen on (None: the interface that
     # reaches the rendezvous host; every-interface addresses are refused)
     bind: Optional[str] = None

@@ -164,6 +164,7 @@ def write_point(
     )
     summary.update(audit_summary(audits))
     summary["kv_transfer_attempts"] = {str(k): int(v) for k, v in transfers.outcome.value_counts().items()}
+    slow = router.liveness()  # silences of 5 heartbeats or more whose process stayed alive
     summary["workers"] = {
         f"worker{p.rank}": {
             "role": p.role,
@@ -171,9 +172,12 @@ def write_point(
             "alive_at_end": p.rank in audits,
             "tp": p.tp,
             "processes": [f"worker{r}" for r in cluster.ranks_of(p.rank)],  # the audits' names
+            "slow_periods": sum(s["worker"] == f"worker{p.rank}" for s in slow),
+            "slow_s": sum(s["silent_s"] for s in slow if s["worker"] == f"worker{p.rank}"),
         }
         for p in plans
     }
+    summary["slow_periods"] = slow
     summary["workload_report"] = workload_report
     summary["faults"] = router.faults
     summary["harness_breakdown"] = harness_breakdown(router.harness)
