@@ -28,6 +28,9 @@ class VllmConfig:
     connector: str = "nixl"  # the P/D hand-off: nixl everywhere, p2pnccl on GPUs, example (a shared folder)
     cores_per_instance: int = 1  # CPU: OpenMP threads an instance computes on, each instance its own cores
     kv_space_gib: float = 1.0  # CPU: an instance's KV cache (VLLM_CPU_KVCACHE_SPACE)
+    # CPU: the pause of NIXL's progress thread between polls (NIXL's own is 0: it spins, taking about half
+    # of a one-core instance); 0 keeps NIXL's
+    nixl_progress_delay_us: int = 100
     gpu_memory_utilization: float = 0.85  # GPU: the share of each device an instance takes
     eager: bool = True  # --enforce-eager: no compilation or CUDA graphs, the fastest start
     prefix_caching: bool = False  # --enable-prefix-caching (multiturn sets it)
@@ -45,6 +48,8 @@ class VllmConfig:
             raise ConfigError(f"vllm.dtype={self.dtype!r} is not one of {', '.join(DTYPES)}")
         if self.device not in DEVICES:
             raise ConfigError(f"vllm.device={self.device!r} is not one of {', '.join(DEVICES)}")
+        if self.nixl_progress_delay_us < 0:
+            raise ConfigError(f"vllm.nixl_progress_delay_us must be >= 0 (got {self.nixl_progress_delay_us})")
         for key in ("max_model_len", "max_num_seqs", "cores_per_instance"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"vllm.{key} must be >= 1 (got {getattr(self, key)})")

@@ -165,6 +165,7 @@ def _env(vllm: VllmConfig, host: Host, devices: list[int], cache: Path, side_por
             VLLM_CPU_KVCACHE_SPACE=f"{vllm.kv_space_gib:g}",
             VLLM_CPU_OMP_THREADS_BIND=cores,
             TESTBED_VLLM_KV_CORES=cores,
+            TESTBED_NIXL_PROGRESS_DELAY_US=str(vllm.nixl_progress_delay_us or ""),
             UCX_NET_DEVICES="lo",
             PYTHONPATH=os.pathsep.join(p for p in (str(SITE), os.environ.get("PYTHONPATH", "")) if p),
         )

@@ -87,7 +87,8 @@ def test_versions_are_read_leniently():
 def test_every_study_on_vllm_composes_at_its_cpu_size(study):
     cfg = compose_sized([f"+experiment={study}", "executor=vllm", "size=cpu"])
     assert cfg.size == "cpu" and cfg.executor == "vllm" and cfg.hardware.num_devices == 2
-    assert cfg.workload.rate <= 1.0 and max(cfg.experiment.rates or [cfg.workload.rate]) <= 1.0  # one core's rates
+    per_core = max(cfg.experiment.rates or [cfg.workload.rate]) / cfg.hardware.num_devices
+    assert per_core <= 1.0  # the rates one core serves (about 1 req/s at 256 + 32 tokens)
 
 
 def test_a_study_vllm_cannot_run_is_refused():
