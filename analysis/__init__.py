@@ -1,6 +1,7 @@
 """Paper figures from saved results, without rerunning anything.
 
     load          results directories -> DataFrames (load_run, load_sweep, load_runs, point_itls);
+                  latest_results(study): the newest run of a study (what its notebook reads)
                   Sweep.cells(): one row per cell (a point's repeats) with 95% intervals
     figures       one function per figure: figure(ax, data) draws, bounds included, and returns
                   what it plotted
@@ -19,6 +20,6 @@
 `python -m analysis compare RUN_A RUN_B` compares two runs.
 """
 
-from analysis.load import Sweep, load_run, load_runs, load_sweep, point_itls, served
+from analysis.load import Sweep, latest_results, load_run, load_runs, load_sweep, point_itls, served
 
-__all__ = ["Sweep", "load_run", "load_runs", "load_sweep", "point_itls", "served"]
+__all__ = ["Sweep", "latest_results", "load_run", "load_runs", "load_sweep", "point_itls", "served"]

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Mapping, Optional
@@ -26,6 +27,31 @@ from testbed.studies.repeats import KNOBS as CELL_KNOBS
 FINISHED = ("ok", "skipped")  # a resumed sweep marks points it did not rerun as "skipped"
 # The columns that say what a cell is (those a study's points vary), in reading order.
 KNOBS = ("cell", *CELL_KNOBS, "repeats")
+
+
+RESULTS_ENV = "TESTBED_RESULTS_DIR"  # a notebook's results directory, over its default
+
+
+def latest_results(study: str, start=None) -> Path:
+    """The results a study's notebook reads: TESTBED_RESULTS_DIR when set, else the newest run of
+    the study (by its sweep.json's last write) where the command writes it: Hydra's run directory
+    outputs/<study>/<date>/<time>/, or experiments/<study>/results/ (the study's README command),
+    in the first of the working directory and its parents that holds one (a notebook runs in
+    analysis/notebooks/, the command in the repository)."""
+    override = os.environ.get(RESULTS_ENV)
+    if override:
+        return Path(override)
+    here = Path(start or Path.cwd()).resolve()
+    for root in (here, *here.parents):
+        found = [p.parent for p in root.glob(f"outputs/{study}/*/*/sweep.json")]
+        found += [p.parent for p in root.glob(f"experiments/{study}/results/sweep.json")]
+        if found:
+            return max(found, key=lambda d: (d / "sweep.json").stat().st_mtime)
+    raise FileNotFoundError(
+        f"no results of {study} in outputs/{study}/ or experiments/{study}/results/ from {here} up: run "
+        f"python -m testbed +experiment={study} in the repository (it writes outputs/{study}/<date>/<time>/), "
+        f"or set {RESULTS_ENV} to a results directory"
+    )
 
 
 def is_sweep(directory) -> bool:

@@ -1,7 +1,7 @@
 """Every study notebook executes, top to bottom, against the results the tool itself produced
 (the `study_results` fixture, and ratio_sweep also against `repeated_results`), with the venv's
 own python3 kernel; a cell that raises fails it. The notebooks read their results directory from
-TESTBED_RESULTS_DIR (their parameters cell).
+TESTBED_RESULTS_DIR (their parameters cell), else the study's newest run under outputs/<study>/.
 
 Each notebook ends by leaving what its figures plotted in `plotted`; the test appends a cell that
 prints it as JSON, reads it back from the executed notebook's output, and holds it to the saved
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -32,21 +33,24 @@ READBACK = "from analysis.plotted import dumps\n\nprint(dumps(plotted))"
 DRAWN = {s.name: s.figures for s in STUDIES if s.figures}  # study -> the figures it draws
 
 
-def execute(notebook: Path, results_dir: Path) -> dict:
+def execute(notebook: Path, results_dir: Path | None, folder: Path = NOTEBOOKS) -> dict:
     """Run one notebook, and a last cell printing its `plotted` as JSON, in a fresh kernel
-    (jupyter_client starts it with this interpreter) with the results directory injected through
-    the environment the kernel inherits; returns `plotted` as read back from that cell's output."""
+    (jupyter_client starts it with this interpreter, in `folder`) with the results directory
+    injected through the environment the kernel inherits (None: none, the notebook's default);
+    returns `plotted` as read back from that cell's output."""
     nb = nbformat.read(notebook, as_version=4)
     nb.cells.append(nbformat.v4.new_code_cell(READBACK))
     # PYTHONPATH: the kernel imports this checkout's analysis package, however it was installed.
     path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    env = {**os.environ, "TESTBED_RESULTS_DIR": str(results_dir), "PYTHONPATH": path}
+    env = {k: v for k, v in os.environ.items() if k != "TESTBED_RESULTS_DIR"} | {"PYTHONPATH": path}
+    if results_dir is not None:
+        env["TESTBED_RESULTS_DIR"] = str(results_dir)
     # over unix sockets in a directory of its own: kernels started side by side over TCP may pick
     # the same free port (jupyter_client frees the ports it probed before the kernel binds them)
     with tempfile.TemporaryDirectory(prefix="nb-") as sockets:
         km = KernelManager(kernel_name="python3", transport="ipc", ip=os.path.join(sockets, "kernel"))
         client = nbclient.NotebookClient(
-            nb, km=km, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOKS)}}
+            nb, km=km, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(folder)}}
         )
         client.execute(env=env)
     return printed_json(nb.cells[-1])
@@ -93,6 +97,20 @@ def test_notebooks_execute_and_plot_the_saved_summaries(study_results, repeated_
         except AssertionError as error:
             errors[key] = f"plotted data against the saved results: {error}"
     assert not errors, errors
+
+
+def test_a_notebook_reads_its_studys_newest_run_by_default(repeated_results, tmp_path):
+    """No TESTBED_RESULTS_DIR: a notebook in a checkout's analysis/notebooks reads the newest run the
+    command wrote under outputs/<study>/<date>/<time>/ (an older, damaged run beside it is not read)."""
+    notebooks = tmp_path / "analysis" / "notebooks"
+    notebooks.mkdir(parents=True)
+    older = tmp_path / "outputs" / "ratio_sweep" / "2026-01-01" / "09-00-00"
+    older.mkdir(parents=True)
+    (older / "sweep.json").write_text("not a sweep")
+    os.utime(older / "sweep.json", (1_000, 1_000))
+    newest = tmp_path / "outputs" / "ratio_sweep" / "2026-01-01" / "10-00-00"
+    shutil.copytree(repeated_results, newest)
+    check_study(execute(NOTEBOOKS / "ratio_sweep.ipynb", None, notebooks), newest)
 
 
 def test_every_committed_notebook_shows_its_figures():

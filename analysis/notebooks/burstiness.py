@@ -18,14 +18,15 @@
 #
 # Gamma arrivals at a fixed mean rate; burstiness 1 is Poisson, below 1 burstier.
 #
-# Results come from `python -m testbed +experiment=burstiness output_dir=experiments/burstiness/results`
-# (see `experiments/burstiness/README.md`); nothing here reruns anything. Set `results_dir` below,
-# or the environment variable TESTBED_RESULTS_DIR, to read another run of the study.
+# Results come from `python -m testbed +experiment=burstiness` (see `experiments/burstiness/README.md`);
+# nothing here reruns anything. By default it reads the study's newest run: `outputs/burstiness/<date>/<time>/`,
+# where that command writes, or `experiments/burstiness/results/`. Set `results_dir` below, or the
+# environment variable TESTBED_RESULTS_DIR, to read another.
 
 # %% tags=["parameters"]
-import os
+from analysis import latest_results
 
-results_dir = os.environ.get("TESTBED_RESULTS_DIR", "../../experiments/burstiness/results")
+results_dir = latest_results("burstiness")  # TESTBED_RESULTS_DIR, else the newest run
 write_figures = False  # True: also write PDF/PNG/caption files into <results_dir>/figures/
 
 # %%

@@ -18,14 +18,15 @@
 #
 # Chunked prefill over chunk sizes (the step's token budget): TTFT against p99 ITL (Sarathi-Serve).
 #
-# Results come from `python -m testbed +experiment=chunk_sweep output_dir=experiments/chunk_sweep/results`
-# (see `experiments/chunk_sweep/README.md`); nothing here reruns anything. Set `results_dir` below,
-# or the environment variable TESTBED_RESULTS_DIR, to read another run of the study.
+# Results come from `python -m testbed +experiment=chunk_sweep` (see `experiments/chunk_sweep/README.md`);
+# nothing here reruns anything. By default it reads the study's newest run: `outputs/chunk_sweep/<date>/<time>/`,
+# where that command writes, or `experiments/chunk_sweep/results/`. Set `results_dir` below, or the
+# environment variable TESTBED_RESULTS_DIR, to read another.
 
 # %% tags=["parameters"]
-import os
+from analysis import latest_results
 
-results_dir = os.environ.get("TESTBED_RESULTS_DIR", "../../experiments/chunk_sweep/results")
+results_dir = latest_results("chunk_sweep")  # TESTBED_RESULTS_DIR, else the newest run
 write_figures = False  # True: also write PDF/PNG/caption files into <results_dir>/figures/
 
 # %%

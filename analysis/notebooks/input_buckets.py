@@ -18,14 +18,15 @@
 #
 # Each mode on a heavy-tailed length mix; TTFT per input-length bucket (0-1K, 1K-4K, 4K-16K, 16K+).
 #
-# Results come from `python -m testbed +experiment=input_buckets output_dir=experiments/input_buckets/results`
-# (see `experiments/input_buckets/README.md`); nothing here reruns anything. Set `results_dir` below,
-# or the environment variable TESTBED_RESULTS_DIR, to read another run of the study.
+# Results come from `python -m testbed +experiment=input_buckets` (see `experiments/input_buckets/README.md`);
+# nothing here reruns anything. By default it reads the study's newest run: `outputs/input_buckets/<date>/<time>/`,
+# where that command writes, or `experiments/input_buckets/results/`. Set `results_dir` below, or the
+# environment variable TESTBED_RESULTS_DIR, to read another.
 
 # %% tags=["parameters"]
-import os
+from analysis import latest_results
 
-results_dir = os.environ.get("TESTBED_RESULTS_DIR", "../../experiments/input_buckets/results")
+results_dir = latest_results("input_buckets")  # TESTBED_RESULTS_DIR, else the newest run
 write_figures = False  # True: also write PDF/PNG/caption files into <results_dir>/figures/
 
 # %%

@@ -20,14 +20,15 @@
 # of the background's inter-token gaps that overlap a prefill over p99 of those that do not, in the
 # same run) and the step-level view (decode step time with and without prefill work alongside).
 #
-# Results come from `python -m testbed +experiment=interference output_dir=experiments/interference/results`
-# (see `experiments/interference/README.md`); nothing here reruns anything. Set `results_dir` below,
-# or the environment variable TESTBED_RESULTS_DIR, to read another run of the study.
+# Results come from `python -m testbed +experiment=interference` (see `experiments/interference/README.md`);
+# nothing here reruns anything. By default it reads the study's newest run: `outputs/interference/<date>/<time>/`,
+# where that command writes, or `experiments/interference/results/`. Set `results_dir` below, or the
+# environment variable TESTBED_RESULTS_DIR, to read another.
 
 # %% tags=["parameters"]
-import os
+from analysis import latest_results
 
-results_dir = os.environ.get("TESTBED_RESULTS_DIR", "../../experiments/interference/results")
+results_dir = latest_results("interference")  # TESTBED_RESULTS_DIR, else the newest run
 write_figures = False  # True: also write PDF/PNG/caption files into <results_dir>/figures/
 
 # %%

@@ -19,14 +19,15 @@
 # The KV connector's bandwidth next to a raw contiguous send (its ceiling on this link), and on two
 # GPUs a device-to-device copy.
 #
-# Results come from `python -m testbed +experiment=kv_bandwidth output_dir=experiments/kv_bandwidth/results`
-# (see `experiments/kv_bandwidth/README.md`); nothing here reruns anything. Set `results_dir` below,
-# or the environment variable TESTBED_RESULTS_DIR, to read another run of the study.
+# Results come from `python -m testbed +experiment=kv_bandwidth` (see `experiments/kv_bandwidth/README.md`);
+# nothing here reruns anything. By default it reads the study's newest run: `outputs/kv_bandwidth/<date>/<time>/`,
+# where that command writes, or `experiments/kv_bandwidth/results/`. Set `results_dir` below, or the
+# environment variable TESTBED_RESULTS_DIR, to read another.
 
 # %% tags=["parameters"]
-import os
+from analysis import latest_results
 
-results_dir = os.environ.get("TESTBED_RESULTS_DIR", "../../experiments/kv_bandwidth/results")
+results_dir = latest_results("kv_bandwidth")  # TESTBED_RESULTS_DIR, else the newest run
 write_figures = False  # True: also write PDF/PNG/caption files into <results_dir>/figures/
 
 # %%

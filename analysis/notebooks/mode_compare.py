@@ -18,14 +18,15 @@
 #
 # Colocated, chunked and disaggregated serving of the same requests at one rate.
 #
-# Results come from `python -m testbed +experiment=mode_compare output_dir=experiments/mode_compare/results`
-# (see `experiments/mode_compare/README.md`); nothing here reruns anything. Set `results_dir` below,
-# or the environment variable TESTBED_RESULTS_DIR, to read another run of the study.
+# Results come from `python -m testbed +experiment=mode_compare` (see `experiments/mode_compare/README.md`);
+# nothing here reruns anything. By default it reads the study's newest run: `outputs/mode_compare/<date>/<time>/`,
+# where that command writes, or `experiments/mode_compare/results/`. Set `results_dir` below, or the
+# environment variable TESTBED_RESULTS_DIR, to read another.
 
 # %% tags=["parameters"]
-import os
+from analysis import latest_results
 
-results_dir = os.environ.get("TESTBED_RESULTS_DIR", "../../experiments/mode_compare/results")
+results_dir = latest_results("mode_compare")  # TESTBED_RESULTS_DIR, else the newest run
 write_figures = False  # True: also write PDF/PNG/caption files into <results_dir>/figures/
 
 # %%

@@ -19,14 +19,15 @@
 # Agent sessions whose turns reuse the previous context: mean TTFT per turn with session affinity
 # against round robin, per mode.
 #
-# Results come from `python -m testbed +experiment=multiturn output_dir=experiments/multiturn/results`
-# (see `experiments/multiturn/README.md`); nothing here reruns anything. Set `results_dir` below,
-# or the environment variable TESTBED_RESULTS_DIR, to read another run of the study.
+# Results come from `python -m testbed +experiment=multiturn` (see `experiments/multiturn/README.md`);
+# nothing here reruns anything. By default it reads the study's newest run: `outputs/multiturn/<date>/<time>/`,
+# where that command writes, or `experiments/multiturn/results/`. Set `results_dir` below, or the
+# environment variable TESTBED_RESULTS_DIR, to read another.
 
 # %% tags=["parameters"]
-import os
+from analysis import latest_results
 
-results_dir = os.environ.get("TESTBED_RESULTS_DIR", "../../experiments/multiturn/results")
+results_dir = latest_results("multiturn")  # TESTBED_RESULTS_DIR, else the newest run
 write_figures = False  # True: also write PDF/PNG/caption files into <results_dir>/figures/
 
 # %%

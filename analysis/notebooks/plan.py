@@ -19,14 +19,15 @@
 # The first-order analytical split, the simulated goodput per GPU of every split and chunk size,
 # and, when the study was given a real ratio_sweep, the measured one beside it.
 #
-# Results come from `python -m testbed +experiment=plan output_dir=experiments/plan/results`
-# (see `experiments/plan/README.md`); nothing here reruns anything. Set `results_dir` below,
-# or the environment variable TESTBED_RESULTS_DIR, to read another run of the study.
+# Results come from `python -m testbed +experiment=plan` (see `experiments/plan/README.md`);
+# nothing here reruns anything. By default it reads the study's newest run: `outputs/plan/<date>/<time>/`,
+# where that command writes, or `experiments/plan/results/`. Set `results_dir` below, or the
+# environment variable TESTBED_RESULTS_DIR, to read another.
 
 # %% tags=["parameters"]
-import os
+from analysis import latest_results
 
-results_dir = os.environ.get("TESTBED_RESULTS_DIR", "../../experiments/plan/results")
+results_dir = latest_results("plan")  # TESTBED_RESULTS_DIR, else the newest run
 write_figures = False  # True: also write PDF/PNG/caption files into <results_dir>/figures/
 
 # %%

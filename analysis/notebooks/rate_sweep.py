@@ -18,14 +18,15 @@
 #
 # Each mode over a sweep of request rates on the same devices (DistServe's figure).
 #
-# Results come from `python -m testbed +experiment=rate_sweep output_dir=experiments/rate_sweep/results`
-# (see `experiments/rate_sweep/README.md`); nothing here reruns anything. Set `results_dir` below,
-# or the environment variable TESTBED_RESULTS_DIR, to read another run of the study.
+# Results come from `python -m testbed +experiment=rate_sweep` (see `experiments/rate_sweep/README.md`);
+# nothing here reruns anything. By default it reads the study's newest run: `outputs/rate_sweep/<date>/<time>/`,
+# where that command writes, or `experiments/rate_sweep/results/`. Set `results_dir` below, or the
+# environment variable TESTBED_RESULTS_DIR, to read another.
 
 # %% tags=["parameters"]
-import os
+from analysis import latest_results
 
-results_dir = os.environ.get("TESTBED_RESULTS_DIR", "../../experiments/rate_sweep/results")
+results_dir = latest_results("rate_sweep")  # TESTBED_RESULTS_DIR, else the newest run
 write_figures = False  # True: also write PDF/PNG/caption files into <results_dir>/figures/
 
 # %%

@@ -19,14 +19,15 @@
 # Every P:D split of N devices against colocated and chunked on the same N devices, over a sweep of
 # request rates; goodput is the highest rate with 90% SLO attainment (DistServe).
 #
-# Results come from `python -m testbed +experiment=ratio_sweep output_dir=experiments/ratio_sweep/results`
-# (see `experiments/ratio_sweep/README.md`); nothing here reruns anything. Set `results_dir` below,
-# or the environment variable TESTBED_RESULTS_DIR, to read another run of the study.
+# Results come from `python -m testbed +experiment=ratio_sweep` (see `experiments/ratio_sweep/README.md`);
+# nothing here reruns anything. By default it reads the study's newest run: `outputs/ratio_sweep/<date>/<time>/`,
+# where that command writes, or `experiments/ratio_sweep/results/`. Set `results_dir` below, or the
+# environment variable TESTBED_RESULTS_DIR, to read another.
 
 # %% tags=["parameters"]
-import os
+from analysis import latest_results
 
-results_dir = os.environ.get("TESTBED_RESULTS_DIR", "../../experiments/ratio_sweep/results")
+results_dir = latest_results("ratio_sweep")  # TESTBED_RESULTS_DIR, else the newest run
 write_figures = False  # True: also write PDF/PNG/caption files into <results_dir>/figures/
 
 # %%

@@ -19,14 +19,15 @@
 # The same workload real and simulated: relative error of TTFT and TPOT at p50 and p99 per
 # point, and of goodput per mode.
 #
-# Results come from `python -m testbed +experiment=sim_validate output_dir=experiments/sim_validate/results`
-# (see `experiments/sim_validate/README.md`); nothing here reruns anything. Set `results_dir` below,
-# or the environment variable TESTBED_RESULTS_DIR, to read another run of the study.
+# Results come from `python -m testbed +experiment=sim_validate` (see `experiments/sim_validate/README.md`);
+# nothing here reruns anything. By default it reads the study's newest run: `outputs/sim_validate/<date>/<time>/`,
+# where that command writes, or `experiments/sim_validate/results/`. Set `results_dir` below, or the
+# environment variable TESTBED_RESULTS_DIR, to read another.
 
 # %% tags=["parameters"]
-import os
+from analysis import latest_results
 
-results_dir = os.environ.get("TESTBED_RESULTS_DIR", "../../experiments/sim_validate/results")
+results_dir = latest_results("sim_validate")  # TESTBED_RESULTS_DIR, else the newest run
 write_figures = False  # True: also write PDF/PNG/caption files into <results_dir>/figures/
 
 # %%

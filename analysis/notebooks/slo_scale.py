@@ -18,14 +18,15 @@
 #
 # Every mode at one rate; both SLOs multiplied by a scale (DistServe's SLO-scale figure).
 #
-# Results come from `python -m testbed +experiment=slo_scale output_dir=experiments/slo_scale/results`
-# (see `experiments/slo_scale/README.md`); nothing here reruns anything. Set `results_dir` below,
-# or the environment variable TESTBED_RESULTS_DIR, to read another run of the study.
+# Results come from `python -m testbed +experiment=slo_scale` (see `experiments/slo_scale/README.md`);
+# nothing here reruns anything. By default it reads the study's newest run: `outputs/slo_scale/<date>/<time>/`,
+# where that command writes, or `experiments/slo_scale/results/`. Set `results_dir` below, or the
+# environment variable TESTBED_RESULTS_DIR, to read another.
 
 # %% tags=["parameters"]
-import os
+from analysis import latest_results
 
-results_dir = os.environ.get("TESTBED_RESULTS_DIR", "../../experiments/slo_scale/results")
+results_dir = latest_results("slo_scale")  # TESTBED_RESULTS_DIR, else the newest run
 write_figures = False  # True: also write PDF/PNG/caption files into <results_dir>/figures/
 
 # %%
