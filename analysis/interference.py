@@ -30,24 +30,24 @@ def _length_axis(ax, plotted: Mapping[str, Mapping]) -> None:
     ax.set_xlabel("injected prefill length (tokens)")
 
 
-def itl_inflation(ax, interference: Mapping[str, Mapping]) -> dict[str, dict]:
+def itl_inflation(ax, interference: Mapping[str, Mapping], against: str = "inflation") -> dict[str, dict]:
     """interference's aggregate ({label: {prefill_len: {"inflation", "inflation_low", ...}}}):
     p99 of the decode background's ITL gaps that overlap an injected prefill over p99 of those
-    that do not (same run), with its 95% interval, against the injected length.
+    that do not (same run), with its 95% interval, against the injected length; with
+    against="inflation_vs_baseline", over p99 of the decode-only baseline run's gaps instead.
     {label: {"prefill_len", "inflation", "low", "high"}}."""
     plotted = {}
     for label in style.order(interference):
         lengths, entries = _injected(interference, label)
         inflation, low, high = (
-            np.array([as_float(e.get(key)) for e in entries])
-            for key in ("inflation", "inflation_low", "inflation_high")
+            np.array([as_float(e.get(key)) for e in entries]) for key in (against, f"{against}_low", f"{against}_high")
         )
         ax.plot(lengths, inflation, **style.line_style(label))
         error_bars(ax, lengths, low, high, style.colour(label), f"{label}:inflation")
         plotted[label] = {"prefill_len": lengths, "inflation": inflation, "low": low, "high": high}
     ax.axhline(1.0, color="black", linewidth=0.7, linestyle=":")  # no interference
     _length_axis(ax, plotted)
-    ax.set_ylabel("p99 ITL, with / without prefill")
+    ax.set_ylabel("p99 ITL, with / without prefill" if against == "inflation" else "p99 ITL, with prefill / baseline")
     style.legend(ax)
     return plotted
 
