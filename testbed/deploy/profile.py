@@ -77,6 +77,9 @@ def profile_vllm(pool: Deployments, quick: bool = False) -> dict:
         "quick": quick,
         "samples": {"step": steps, "transfer": transfers},
         "frontend_latency_s": statistics.median(front),
+        # the hand-off beyond the transfer: the decode request's hop, its wait for the pull, the last
+        # token's step (the simulator's sim.handoff_latency_s)
+        "handoff_latency_s": statistics.median(max(0.0, t["handoff_s"] - t["seconds"]) for t in transfers),
         "profile_s": time.perf_counter() - started,
     }
     profile["cost_model"], profile["fit"] = fit_profile(profile)
@@ -145,12 +148,16 @@ class Client:
         return total / count
 
     def transfer(self, prefill_url: str, length: int) -> dict:
-        """One P/D hand-off of `length` tokens: NIXL's bytes and seconds on the decode instance."""
+        """One P/D hand-off of `length` tokens: NIXL's bytes and seconds on the decode instance, and
+        the whole hand-off (the decode request's first token after the prefill's answer) beside it."""
         from testbed.deploy.router import REMOTE_DECODE
 
         before = self.metrics()
         prompt = self.prompt(length)
         answer = self.post({"prompt": prompt, "max_tokens": 1, "kv_transfer_params": REMOTE_DECODE}, prefill_url)
-        self.post({"prompt": prompt, "max_tokens": 2, "kv_transfer_params": answer["kv_transfer_params"]})
+        sent = time.perf_counter()
+        self.post({"prompt": prompt, "max_tokens": 1, "kv_transfer_params": answer["kv_transfer_params"]})
+        handoff = time.perf_counter() - sent
         figures = prometheus.point_figures(before, self.metrics(), [])
-        return {"bytes": figures["kv_transfer_bytes"], "seconds": figures["kv_transfer_s"]["mean"]}
+        seconds = figures["kv_transfer_s"]["mean"]
+        return {"bytes": figures["kv_transfer_bytes"], "seconds": seconds, "handoff_s": handoff}

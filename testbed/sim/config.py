@@ -52,6 +52,10 @@ class SimConfig:
     # server, tokenising, the hop to the scheduler process (what a benchmark client's TTFT holds
     # and the engine's step times do not). Added to every request's dispatch.
     frontend_latency_s: float = 0.0
+    # A production engine's P/D hand-off beyond moving the KV (disagg), per request: the decode request's
+    # HTTP hop, its wait for the pull, the last prompt token's step (vLLM's NixlConnector: measured by
+    # +experiment=profile executor=vllm). None: what an in-situ profile measured, else none.
+    handoff_latency_s: Optional[float] = None
     # Multi-step scheduling (vLLM --num-scheduler-steps): a decode-only step opens a window of this
     # many decode steps; inside it nothing waiting is admitted (new requests wait for its end) and
     # the window's tokens reach the client together at its end. A step with prefill is one step.
@@ -62,7 +66,7 @@ class SimConfig:
     weight_bits: Optional[int] = None
 
     def validate(self) -> "SimConfig":
-        for key in ("dispatch_latency_s", "step_gap_s", "report_latency_s", "frontend_latency_s"):
+        for key in ("dispatch_latency_s", "step_gap_s", "report_latency_s", "frontend_latency_s", "handoff_latency_s"):
             if getattr(self, key) is not None and getattr(self, key) < 0:
                 raise ConfigError(f"sim.{key} must be >= 0 (got {getattr(self, key)})")
         if self.num_scheduler_steps < 1:
@@ -81,7 +85,12 @@ class SimConfig:
 
     def host_model(self, measured: Optional[dict] = None) -> HostModel:
         """The delays set here; an unset one as the in-situ profile measured it, else none."""
-        fixed = {"dispatch": self.dispatch_latency_s, "step_gap": self.step_gap_s, "report": self.report_latency_s}
+        fixed = {
+            "dispatch": self.dispatch_latency_s,
+            "step_gap": self.step_gap_s,
+            "report": self.report_latency_s,
+            "handoff": self.handoff_latency_s,
+        }
         return HostModel.from_dict((measured or {}).get("host", {}), fixed)
 
     def spec(self, role: str) -> Optional[str]:

@@ -396,7 +396,10 @@ def sim_validate_vllm(cfg: Config) -> list[Point]:
         "executor": "sim",
         "model.name": "hf",
         "model.path": model,
+        "model.max_model_len": cfg.vllm.max_model_len,  # what the instances serve, not the checkpoint's 8K
+        "engine.kv_cache_mib": int(cfg.vllm.kv_space_gib * 1024),  # each instance's KV space
         "sim.frontend_latency_s": float(profile.get("frontend_latency_s") or 0.0),
+        "sim.handoff_latency_s": profile.get("handoff_latency_s"),
     }
     sims = [Point(f"{p.name}_sim", {**p.overrides, **simulated}, {**p.knobs, "executor": "sim"}) for p in cells]
     return real + sims

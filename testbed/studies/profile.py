@@ -49,6 +49,7 @@ def run_vllm_profile(cfg: Config, out_dir: Path, pool) -> dict:
     )
     log.info(
         f"wrote {path}\nsimulate vLLM with: python -m testbed executor=sim model=hf model.path={pool.model} "
-        f"sim.profile={path} sim.frontend_latency_s={profile['frontend_latency_s']:.4f} ..."
+        f"sim.profile={path} sim.frontend_latency_s={profile['frontend_latency_s']:.4f} "
+        f"sim.handoff_latency_s={profile['handoff_latency_s']:.4f} ..."
     )
     return {"profile": profile, "path": path}
