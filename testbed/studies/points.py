@@ -105,13 +105,26 @@ def http_point(cfg: Config, out_dir: Path, progress: bool = True) -> dict:
     with summary.json marked partial, then Stopped is raised."""
     from testbed.http.executor import replay_point
 
+    return written_replay(
+        cfg,
+        out_dir,
+        lambda stop: replay_point(cfg, progress, stop),
+        lambda summary: refusals(summary["http"]["refused"]),  # the server's, as seen here
+    )
+
+
+def written_replay(cfg: Config, out_dir: Path, replay, refused) -> dict:
+    """A point replayed against real servers (`replay(stop)`: the tables and the summary), written as
+    a results directory with summary.json's `refused` from `refused(summary)`. A SIGINT/SIGTERM ends
+    the replay between two requests' events: the finished ones are written, then Stopped is raised."""
     with polled() as stop:
-        result = replay_point(cfg, progress, stop)
-        result["summary"]["refused"] = refusals(result["summary"]["http"]["refused"])  # the server's, as seen here
+        result = replay(stop)
+        result["summary"]["refused"] = refused(result["summary"])
         write_files(
             cfg,
             out_dir,
             requests=result["requests"],
+            transfers=result.get("transfers"),
             summary=result["summary"],
             prompts=result["prompts"],
             meta=result["meta"],
@@ -204,20 +217,7 @@ def vllm_point(cfg: Config, out_dir: Path, pool, progress: bool = True) -> dict:
         vllm=cfg.vllm,
         on_kv_failure=cfg.kv_transfer.on_failure,
     )
-    with polled() as stop:
-        result = serve_point(pool, point, progress, stop)
-        result["summary"]["refused"] = refusals()
-        write_files(
-            cfg,
-            out_dir,
-            requests=result["requests"],
-            transfers=result["transfers"],
-            summary=result["summary"],
-            prompts=result["prompts"],
-            meta=result["meta"],
-        )
-    if stop.is_set():
-        raise Stopped(kept(result["summary"], out_dir))
+    result = written_replay(cfg, out_dir, lambda stop: serve_point(pool, point, progress, stop), lambda _: refusals())
     dead = result["summary"]["vllm"]["dead_instances"]
     if dead:
         logs = result["meta"]["vllm"]["instances"]
