@@ -21,6 +21,9 @@ figures.draw_with(draw_study_figures)  # as the entry points do: the studies run
 # The files that read the session's study runs (study_results, repeated_results) share a worker
 # under `pytest -n 2`, so the studies run once.
 STUDY_READERS = {"test_analysis.py", "test_experiments.py", "test_notebooks.py"}
+# Files whose vLLM instances take both cores for minutes: on the same worker as the studies, one after
+# the other, so no study's own timing (sim_validate's calibration run) shares its cores with them.
+VLLM_FILES = {"test_vllm_serving.py", "test_vllm_cli.py"}
 
 
 @pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist (the dev extra): absent without it
@@ -31,7 +34,7 @@ def pytest_xdist_make_scheduler(config, log):
     class ByFile(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             name = nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
-            return "studies" if name in STUDY_READERS else name
+            return "studies" if name in STUDY_READERS | VLLM_FILES else name
 
     return ByFile(config, log)
 

@@ -50,7 +50,7 @@ def is_checkpoint(path: Path) -> bool:
     return (path / "config.json").is_file() and any(path.glob("*.safetensors"))
 
 
-def test_checkpoint(cache_dir: Path, python: str) -> Path:
+def bundled_checkpoint(cache_dir: Path, python: str) -> Path:
     """The converted directory under `cache_dir`, made on first use (about a minute)."""
     target = cache_dir / NAME
     if is_checkpoint(target):

@@ -183,7 +183,7 @@ def vllm_pool(cfg: Config, out_dir: Path):
     import sys
 
     from testbed.cluster.layout import cuda_count
-    from testbed.deploy.checkpoint import test_checkpoint
+    from testbed.deploy.checkpoint import bundled_checkpoint
     from testbed.deploy.deployment import Deployments, Host
     from testbed.deploy.install import check_install
 
@@ -192,7 +192,7 @@ def vllm_pool(cfg: Config, out_dir: Path):
     modes = {cfg.mode, *cfg.experiment.modes} if cfg.experiment.name != "serve" else {cfg.mode}
     check_install(python, needs_nixl=vllm.connector == "nixl" and "disagg" in modes)
     cache = Path(vllm.cache_dir or os.path.join(os.path.expanduser("~"), ".cache", "testbed", "vllm"))
-    model = vllm.model or str(test_checkpoint(cache, python))
+    model = vllm.model or str(bundled_checkpoint(cache, python))
     return Deployments(vllm, model, Host.here(vllm, cuda_count(cfg.hardware)), cache, out_dir / "vllm_logs")
 
 

@@ -96,3 +96,24 @@ def test_a_study_vllm_cannot_run_is_refused():
 
     with pytest.raises(ConfigError, match="executor=vllm runs"):
         check_executor(compose_sized(["+experiment=kv_bandwidth", "executor=vllm", "size=cpu"]))
+
+
+def test_instances_load_the_site_hook_that_keeps_nixl_on_their_own_cores():
+    """The hook ships with the package, and in an interpreter with vLLM it gives NIXL's reserved core
+    the instance's own and NIXL's progress thread its pause (skipped there without vLLM)."""
+    import importlib.util
+    import os
+    import subprocess
+
+    from testbed.deploy.deployment import SITE
+
+    assert (SITE / "sitecustomize.py").is_file()
+    python = os.environ.get("TESTBED_VLLM_PYTHON", sys.executable)
+    has_vllm = subprocess.run([python, "-c", "import importlib.util as u; exit(u.find_spec('vllm') is None)"])
+    if has_vllm.returncode:
+        pytest.skip("no vLLM here: the hook's effect is checked where vLLM is installed")
+    probe = "from vllm.platforms.cpu import CpuPlatform; print(CpuPlatform.discover_numa_topology())"
+    env = {**os.environ, "PYTHONPATH": str(SITE), "TESTBED_VLLM_KV_CORES": "1", "VLLM_TARGET_DEVICE": "cpu"}
+    done = subprocess.run([python, "-c", probe], env=env, capture_output=True, text=True, timeout=300)
+    assert done.stdout.strip().splitlines()[-1] == "[[1]]", done.stderr[-2000:]
+    assert importlib.util.find_spec("testbed.deploy") is not None

@@ -17,14 +17,14 @@ from tests.deploy.vllm_helpers import port_free, processes_of, vllm_python
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 
-def testbed(*args: str, python: str, out: Path) -> list[str]:
+def command_line(*args: str, python: str, out: Path) -> list[str]:
     return [sys.executable, "-m", "testbed", "executor=vllm", f"vllm.python={python}", f"hydra.run.dir={out}", *args]
 
 
 def test_a_termed_run_ends_every_instance_and_keeps_what_finished(tmp_path):
     python = vllm_python()
     run = subprocess.Popen(
-        testbed("mode=colocated", "workload.num_requests=40", "workload.rate=1", python=python, out=tmp_path),
+        command_line("mode=colocated", "workload.num_requests=40", "workload.rate=1", python=python, out=tmp_path),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -62,7 +62,7 @@ def wait_for_requests(out: Path, run: subprocess.Popen, timeout_s: float = 900.0
 def test_ratio_sweep_on_vllm_runs_every_split_and_says_its_verdict(tmp_path):
     python = vllm_python()
     done = subprocess.run(
-        testbed("+experiment=ratio_sweep", "size=tiny", python=python, out=tmp_path),
+        command_line("+experiment=ratio_sweep", "size=tiny", python=python, out=tmp_path),
         capture_output=True,
         text=True,
         timeout=1800,

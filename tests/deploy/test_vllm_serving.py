@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from testbed.deploy.checkpoint import test_checkpoint
+from testbed.deploy.checkpoint import bundled_checkpoint
 from testbed.deploy.config import VllmConfig
 from testbed.deploy.deployment import Deployments, Host
 from testbed.deploy.instance import InstanceFailed
@@ -30,7 +30,7 @@ def pool(tmp_path_factory):
     python = vllm_python()
     vllm = VllmConfig(python=python)
     cache = Path(os.environ.get("TESTBED_VLLM_CACHE", "~/.cache/testbed/vllm")).expanduser()  # the run's default
-    model = test_checkpoint(cache, python)
+    model = bundled_checkpoint(cache, python)
     # colocated (one instance) and 1P1D up together: the tests of this file share them
     with Deployments(
         vllm, str(model), Host("cpu", os.cpu_count() or 1), cache, tmp_path_factory.mktemp("logs"), keep=2

@@ -40,7 +40,10 @@ def processes_of(owner: int) -> list[int]:
 
 
 def port_free(port: int) -> bool:
+    """Nothing listens on the port any more (connections it served may linger in TIME_WAIT, as after
+    any server: SO_REUSEADDR binds past those, never past a listener)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:
