@@ -25,7 +25,7 @@ import aiohttp
 from testbed.control.dispatch import Dispatcher, WorkerLoad, admission_refusal
 from testbed.control.kv_index import KVIndex
 from testbed.engine.prefix import prompt_hashes
-from testbed.http.client import Replay, _reason, bearer
+from testbed.http.client import Replay, bearer, error_reason
 from testbed.metrics.events import Event
 from testbed.names import Kind
 from testbed.workload import Request
@@ -201,7 +201,7 @@ class DeploymentReplay(Replay):
             ) as response:
                 text = await response.text()
                 if response.status != 200:
-                    return None, f"http {response.status}: {_reason(text)}"
+                    return None, f"http {response.status}: {error_reason(text)}"
         except (aiohttp.ClientError, OSError) as error:
             return None, f"{type(error).__name__}: {error}"
         try:

@@ -141,7 +141,7 @@ class Replay:
         try:
             async with self.session.post(url, json=body, headers=headers) as response:
                 if response.status != 200:
-                    return times, f"http {response.status}: {_reason(await response.text())}"
+                    return times, f"http {response.status}: {error_reason(await response.text())}"
                 used = None  # the usage chunk's completion_tokens, when the server sends one
                 async for line in response.content:
                     t = time.perf_counter()
@@ -183,7 +183,7 @@ def _counted(times: list[float], ids: list[int], used) -> list[float]:
     return times + [times[-1]] * (int(used) - len(times))
 
 
-def _reason(body: str) -> str:
+def error_reason(body: str) -> str:
     """The first line of an error body (an OpenAI error object's message when it is one)."""
     try:
         error = json.loads(body).get("error", body)
@@ -233,10 +233,10 @@ async def served_model(cfg: Config, session: aiohttp.ClientSession) -> tuple[str
         listing = None
     if status in (401, 403) or (status != 200 and not cfg.http.model):
         hint = " (check http.api_key or OPENAI_API_KEY)" if status in (401, 403) else "; or set http.model"
-        raise ConfigError(f"http.url={cfg.http.url}: GET /v1/models answered {status}: {_reason(body)}{hint}")
+        raise ConfigError(f"http.url={cfg.http.url}: GET /v1/models answered {status}: {error_reason(body)}{hint}")
     if listing is None and not cfg.http.model:
         raise ConfigError(
-            f"http.url={cfg.http.url}: GET /v1/models answered with no JSON: {_reason(body)}; set http.model"
+            f"http.url={cfg.http.url}: GET /v1/models answered with no JSON: {error_reason(body)}; set http.model"
         )
     listing = listing if isinstance(listing, dict) else {}
     models = [m.get("id") for m in listing.get("data", []) if isinstance(m, dict)]
