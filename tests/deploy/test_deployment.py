@@ -2,6 +2,7 @@
 hand), its refusals in one line, and how a study sizes itself on vLLM. No vLLM runs here."""
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -117,3 +118,29 @@ def test_instances_load_the_site_hook_that_keeps_nixl_on_their_own_cores():
     done = subprocess.run([python, "-c", probe], env=env, capture_output=True, text=True, timeout=300)
     assert done.stdout.strip().splitlines()[-1] == "[[1]]", done.stderr[-2000:]
     assert importlib.util.find_spec("testbed.deploy") is not None
+
+
+def test_an_instance_that_fails_to_start_is_one_line_with_its_log_and_leaves_nothing(tmp_path):
+    """What vLLM prints when it cannot start (a port taken, a bad flag) ends the start in one line
+    naming the instance, its exit status and its last log lines; its process group is gone."""
+    import socket
+
+    from testbed.deploy.deployment import Deployment
+    from testbed.deploy.instance import InstanceFailed, InstanceSpec
+    from tests.deploy.vllm_helpers import processes_of
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        script = f"import socket, sys; socket.socket().bind(('127.0.0.1', {port}))"
+        spec = InstanceSpec("m0", "mixed", port, ("-c", script), {MARKER: f"{os.getpid()}:{port}"})
+        deployment = Deployment(
+            Shape.of("colocated", ClusterConfig(), 64, False), [spec], sys.executable, tmp_path, VllmConfig()
+        )
+        with pytest.raises(InstanceFailed) as error:
+            deployment.start()
+    message = str(error.value)
+    assert "\n" not in message and "m0" in message and "exit status 1" in message
+    assert "Address already in use" in message  # the log's last line, in the error
+    assert not processes_of(os.getpid())
