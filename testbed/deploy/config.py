@@ -5,7 +5,9 @@ never the root configuration."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import List, Optional
 
 from testbed.errors import ConfigError
@@ -40,6 +42,10 @@ class VllmConfig:
     cache_dir: Optional[str] = None  # compile caches and the converted test checkpoint; None: ~/.cache/testbed/vllm
     metrics: bool = True  # scrape each instance's Prometheus /metrics before and after every point
     hand_off_timeout_s: float = 300.0  # a prefill request, from sending to its answer
+
+    def cache(self) -> Path:
+        """Where compile caches and the converted test checkpoint live."""
+        return Path(self.cache_dir or os.path.join(os.path.expanduser("~"), ".cache", "testbed", "vllm"))
 
     def validate(self) -> "VllmConfig":
         if self.connector not in CONNECTORS:

@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from testbed.deploy import prometheus
 from testbed.deploy.config import VllmConfig
-from testbed.deploy.deployment import Deployment, Deployments, Shape
+from testbed.deploy.deployment import Deployment, Deployments, Shape, dtype
 from testbed.deploy.router import DeploymentReplay
 from testbed.http.client import session_for
 from testbed.http.config import HttpConfig
@@ -59,7 +59,7 @@ class PointSettings:
 def serve_point(pool: Deployments, point: PointSettings, progress: bool = True, stop=None) -> dict:
     shape = Shape.of(point.mode, point.cluster, point.chunk_size, point.vllm.prefix_caching)
     deployment = pool.get(shape)
-    model = ModelFacts.read(pool.model)
+    model = ModelFacts.read(pool.model, dtype(point.vllm, pool.host))
     before = scrape_all(deployment) if point.vllm.metrics else {}
     log, replay, samples, cut = asyncio.run(_drive(deployment, point, model, progress, stop))
     after = scrape_all(deployment) if point.vllm.metrics else {}
@@ -95,16 +95,16 @@ class ModelFacts:
     kv_bytes_per_token: float  # K and V of every layer, in the served dtype
 
     @classmethod
-    def read(cls, model: str) -> "ModelFacts":
-        """From the checkpoint's config.json (a hub id without a local copy: vocabulary of 32000, no KV size)."""
-        path = Path(model) / "config.json"
-        if not path.is_file():
+    def read(cls, model: str, served_dtype: str) -> "ModelFacts":
+        """From the checkpoint's config.json, read as the testbed's loader reads it (a hub id without a
+        local copy: a vocabulary of 32000, no KV size)."""
+        from testbed.model.config import ModelConfig
+
+        if not (Path(model) / "config.json").is_file():
             return cls(32000, float("nan"))
-        config = json.loads(path.read_text())
-        heads = config.get("num_key_value_heads") or config["num_attention_heads"]
-        head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
-        width = {"float32": 4}.get(str(config.get("dtype") or config.get("torch_dtype")), 2)
-        return cls(int(config["vocab_size"]), 2.0 * config["num_hidden_layers"] * heads * head_dim * width)
+        args = ModelConfig(name="hf", path=model).args()
+        width = 4 if served_dtype == "float32" else 2
+        return cls(args.vocab_size, 2.0 * args.num_layers * args.num_kv_heads * args.head_dim * width)
 
 
 async def _drive(deployment: Deployment, point: PointSettings, model: ModelFacts, progress: bool, stop):

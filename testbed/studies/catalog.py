@@ -389,7 +389,7 @@ def sim_validate_vllm(cfg: Config) -> list[Point]:
     profile = json.loads(Path(cfg.sim.profile).read_text())
     if profile.get("engine") != "vllm":
         raise ConfigError(f"sim.profile={cfg.sim.profile} was measured on the testbed's engine, not on vLLM")
-    model = cfg.vllm.model or str(Path(cfg.vllm.cache_dir or Path.home() / ".cache/testbed/vllm") / CHECKPOINT)
+    model = cfg.vllm.model or str(cfg.vllm.cache() / CHECKPOINT)
     cells = rate_sweep(cfg)
     real = [Point(f"{p.name}_real", {**p.overrides}, {**p.knobs, "executor": "real"}) for p in cells]
     simulated = {

@@ -179,7 +179,6 @@ def _port(name: str) -> Optional[str]:
 def vllm_pool(cfg: Config, out_dir: Path):
     """The deployments a run's points share (testbed/deploy/deployment.py): vLLM checked, the model
     resolved (the test checkpoint made on first use), the instances' logs under out_dir/vllm_logs."""
-    import os
     import sys
 
     from testbed.cluster.layout import cuda_count
@@ -191,7 +190,7 @@ def vllm_pool(cfg: Config, out_dir: Path):
     python = vllm.python or sys.executable
     modes = {cfg.mode, *cfg.experiment.modes} if cfg.experiment.name != "serve" else {cfg.mode}
     check_install(python, needs_nixl=vllm.connector == "nixl" and "disagg" in modes)
-    cache = Path(vllm.cache_dir or os.path.join(os.path.expanduser("~"), ".cache", "testbed", "vllm"))
+    cache = vllm.cache()
     model = vllm.model or str(bundled_checkpoint(cache, python))
     return Deployments(vllm, model, Host.here(vllm, cuda_count(cfg.hardware)), cache, out_dir / "vllm_logs")
 
