@@ -13,6 +13,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from testbed import notices
 from testbed.cluster import launcher
 from testbed.studies.aggregates import capacity_of
 from testbed.studies.report import capacity_text, goodput_lines, shown_table, title
@@ -47,14 +48,18 @@ def test_a_study_with_figures_prints_no_library_chatter_and_ends_on_its_verdict(
     assert figures and lines[-1] == f"results: {tmp_path}" and lines[-1 - len(figures) : -1] == figures
     assert lines[-2 - len(figures)].startswith(("best configuration", "leaders not separated"))
     assert "TTFT p99 ms" in out.stdout and "ttft_p99" not in out.stdout
+    points = (tmp_path / "points.txt").read_text().splitlines()  # the per-point table: in its file, named on screen
+    assert len(points) > 2 and f"one row each in {tmp_path / 'points.txt'}" in out.stdout
+    assert not [line for line in lines if line.split()[1:2] == ["ok"]]  # no per-point row on screen
 
 
 @pytest.mark.slow
-def test_the_shared_cores_warning_is_said_once_across_a_sweeps_points(tmp_path, monkeypatch, caplog):
+def test_the_shared_cores_warning_is_said_once_across_a_sweeps_points(tmp_path, monkeypatch, caplog, capsys):
     monkeypatch.setattr(launcher, "available_cores", lambda: [0])  # two workers on one core
-    monkeypatch.setattr(launcher, "said", set())  # as in a fresh process
+    monkeypatch.setattr(notices, "_said", set())  # as in a fresh process
     with caplog.at_level(logging.WARNING, logger=launcher.__name__):
         result = run_study("chunk_sweep", tmp_path, "hardware.num_devices=2")
+    assert capsys.readouterr().err.count("telemetry: ") == 1  # on or off: said at the first point only
     assert len(result["table"]) >= 2 and set(result["table"]["status"]) == {"ok"}
     said = [r.getMessage() for r in caplog.records if "CPU workers share" in r.getMessage()]
     assert said == [

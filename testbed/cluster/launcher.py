@@ -27,10 +27,10 @@ from testbed.names import KVBackend, Role
 from testbed.net.channel import ReportReader, ReportWriter
 from testbed.net.messages import Audit, Started, Stop, WorkerError
 from testbed.net.rendezvous import host_store
+from testbed.notices import warn_once
 
 STOP_TIMEOUT_S = 30.0
 log = logging.getLogger(__name__)
-said: set[str] = set()  # warnings this process gave: a sweep's points start their workers on the same cores
 
 
 @dataclass(frozen=True)
@@ -58,18 +58,9 @@ def plan_cores(plans: list[WorkerPlan], paced: bool) -> CorePlan | None:
     if n <= len(cores):
         return CorePlan(round(len(cores) / n, 3), tuple(cores[:n]))
     hint = "" if paced else "; hardware.emulate paces steps to a device model instead"
-    warn_once(f"{n} CPU workers share {len(cores)} cores: cross-worker contention will appear as interference{hint}")
+    warn_once(log, f"{n} CPU workers share {len(cores)} cores: cross-worker contention will appear as interference{hint}")
     return CorePlan(round(len(cores) / n, 3), (None,) * n)
 
-
-def warn_once(message: str) -> None:
-    """A warning given once per process (a run, or a sweep of many points); repeats go to the debug
-    level, which the job's log keeps only when asked for."""
-    if message in said:
-        log.debug(message)
-        return
-    said.add(message)
-    log.warning(message)
 
 
 def processes(plans: list[WorkerPlan], groups: Groups) -> list[tuple[int, WorkerPlan, str]]:

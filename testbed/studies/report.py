@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import math
+from pathlib import Path
 
 import pandas as pd
 
@@ -197,9 +198,11 @@ def print_sweep(
     figures,
     cells: pd.DataFrame | None = None,
 ) -> None:
-    """The points, then the study's summary, its verdict last above the figures' and results' paths
-    (the last lines on screen)."""
-    lines = [f"\n{name}: {len(table)} points", shown_table(table, columns).to_string(index=False)]
+    """The study's summary, its verdict last above the figures' and results' paths (the last lines
+    on screen); the one-row-per-point table goes to points.txt beside them, named in one line."""
+    points_txt = Path(out_dir) / "points.txt"
+    points_txt.write_text(shown_table(table, columns).to_string(index=False) + "\n")
+    lines = [f"\n{name}: {len(table)} points, one row each in {points_txt}"]
     failed = table[table["status"] == "failed"] if "status" in table else table.iloc[0:0]
     lines += [f"FAILED {row.point}: {row.error}" for row in failed.itertuples()]
     lines += cell_lines(cells, columns)

@@ -17,13 +17,14 @@ and times in seconds since the run's t0 on the perf_counter clock the lifecycle 
 from __future__ import annotations
 
 import math
-import sys
 import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Optional, Union
 
 import pandas as pd
+
+from testbed.notices import print_once
 
 COLUMNS = [
     "t_s",
@@ -197,17 +198,17 @@ Sampler = Union[NvmlSampler, NullSampler]
 
 def start_telemetry(t0: float, interval_s: float = 0.1, announce: bool = True) -> Sampler:
     """Start sampling (t_s = perf_counter() - t0). Prints one line to stderr saying whether
-    telemetry is on, unless announce is False (a sweep announces only its first point)."""
+    telemetry is on, once per process (a sweep's points share it), unless announce is False."""
     nvml, gpus, reason = _discover()
     if nvml is None:
         if announce:
-            print(f"telemetry: off (NVML not available: {reason})", file=sys.stderr)
+            print_once(f"telemetry: off (NVML not available: {reason})")
         return NullSampler(reason)
     for gpu in gpus:
         gpu.nvlink_scopes = probe_nvlink_scopes(nvml, gpu.handle)
         gpu.gpm = Gpm.open(nvml, gpu.handle)
     if announce:
-        print(f"telemetry: on ({len(gpus)} GPU(s) via NVML, every {interval_s:g} s)", file=sys.stderr)
+        print_once(f"telemetry: on ({len(gpus)} GPU(s) via NVML, every {interval_s:g} s)")
     return NvmlSampler(nvml, gpus, t0, interval_s)
 
 
