@@ -58,9 +58,9 @@ def plan_cores(plans: list[WorkerPlan], paced: bool) -> CorePlan | None:
     if n <= len(cores):
         return CorePlan(round(len(cores) / n, 3), tuple(cores[:n]))
     hint = "" if paced else "; hardware.emulate paces steps to a device model instead"
-    warn_once(log, f"{n} CPU workers share {len(cores)} cores: cross-worker contention will appear as interference{hint}")
+    shared = f"{n} CPU workers share {len(cores)} cores: cross-worker contention will appear as interference"
+    warn_once(log, shared + hint)
     return CorePlan(round(len(cores) / n, 3), (None,) * n)
-
 
 
 def processes(plans: list[WorkerPlan], groups: Groups) -> list[tuple[int, WorkerPlan, str]]:
