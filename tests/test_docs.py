@@ -44,7 +44,7 @@ def test_ci_runs_the_readmes_installs_and_test_command():
 
 def test_the_readme_is_a_five_minute_read_with_its_figure():
     text = (ROOT / "README.md").read_text()
-    assert len(text.splitlines()) <= 200
+    assert len(text.splitlines()) <= 120  # a front page, not a manual: the rest is in docs/
     images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text)
     assert images and all((ROOT / image).is_file() for image in images)
     for link in re.findall(r"\]\((docs/[^)#]+)", text):  # every page it links to exists
