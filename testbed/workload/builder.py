@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Optional
 
 import numpy as np
 
 from testbed.workload import arrivals
+from testbed.workload.closed_loop import Users
 from testbed.workload.config import WorkloadConfig, WorkloadError
 from testbed.workload.lengths import sample_lengths, scale_lengths
 from testbed.workload.request import (
@@ -23,6 +24,7 @@ from testbed.workload.request import (
 )
 from testbed.workload.sessions import TurnPlanner, system_prompt
 from testbed.workload.traces import read_trace, resolve_trace_path, select
+from testbed.workload.workload import Workload
 
 
 @dataclass(frozen=True)
@@ -35,30 +37,6 @@ class Shape:
     tenant: list
     hash_ids: Optional[list] = None
     prompts: Optional[list] = None
-
-
-class Workload:
-    """The open-loop requests of a run (sorted by arrival), those refused at build time, a report,
-    and `next_turn` for closed-loop sessions."""
-
-    def __init__(
-        self, requests: list[Request], rejected: list[tuple[Request, str]], report: dict, planner: Optional[TurnPlanner]
-    ):
-        self.requests = requests
-        self.rejected = rejected
-        self.report = report
-        self._planner = planner
-
-    def next_turn(self, request: Request, output_token_ids: Sequence[int], finished_s: float) -> Optional[Request]:
-        """The session's next turn, arriving finished_s + think time; None when the session is done
-        (or its next prompt would not fit in max_model_len, counted in report["sessions_ended_overlength"])."""
-        turn, why = self._planner.next_turn(request, output_token_ids, finished_s)
-        if why == "overlength":
-            self.report["sessions_ended_overlength"] += 1
-        return turn
-
-    def __len__(self) -> int:
-        return len(self.requests)
 
 
 def empty_workload() -> Workload:
@@ -96,7 +74,8 @@ def build_workload(cfg: WorkloadConfig, *, seed: int, vocab_size: int, max_model
             rejected.append((request, reasons[row]))
     report.update(_summary(requests, rejected))
     planner = TurnPlanner(cfg, seed, vocab_size, max_model_len, len(order), tokens)
-    return Workload(requests, rejected, report, planner)
+    users = Users(requests, cfg, seed) if cfg.concurrency else None
+    return Workload(requests, rejected, report, planner, users)
 
 
 def _synthetic_shape(cfg: WorkloadConfig, seed: int) -> tuple[Shape, dict]:

@@ -129,8 +129,14 @@ class WorkloadConfig:
     ramp_s: float = 10.0  # seconds the rate rises over (arrival=ramp)
     # Sessions (closed loop after the first turn).
     turns: int = 1  # turns per session (1: single requests)
-    think_time_s: float = 1.0  # wait from a turn's end to the session's next turn (s; the mean when exponential)
+    # wait from a request's end to its session's next turn or its closed-loop user's next request
+    # (s; the mean when exponential); None: 1 s between a session's turns, 0 between a user's requests
+    think_time_s: Optional[float] = None
     think_time_dist: str = "fixed"  # fixed | exponential: how think_time_s is drawn
+    # Closed loop: `concurrency` users, each sending its next request when its last one ended
+    # (+ think time); the requests (lengths, trace rows) are drawn as for the open loop.
+    concurrency: int = 0  # users of a closed loop (never more requests in flight); 0: open loop
+    paced: bool = False  # closed loop: also wait for each request's open-loop arrival (vLLM's --max-concurrency)
     system_prompt_len: int = 0  # tokens of one system prompt every synthetic request starts with (added to input_len)
     tenants: List[TenantConfig] = field(default_factory=list)  # mixed workload's traffic classes; empty: one, "default"
     # A decode background (interference studies): requests with short prompts and long outputs,
@@ -148,10 +154,16 @@ class WorkloadConfig:
             _choice("workload.format", self.format, TRACE_FORMATS)
         for key in ("rate", "length_scale", "speedup", "burstiness", "on_s", "ramp_s"):
             _positive(f"workload.{key}", getattr(self, key))
-        for key in ("start_s", "off_s", "think_time_s", "ramp_start_rate"):
+        for key in ("start_s", "off_s", "ramp_start_rate"):
             _non_negative(f"workload.{key}", getattr(self, key))
-        for key in ("num_requests", "system_prompt_len", "background_requests"):
+        if self.think_time_s is not None:
+            _non_negative("workload.think_time_s", self.think_time_s)
+        for key in ("num_requests", "system_prompt_len", "background_requests", "concurrency"):
             _non_negative(f"workload.{key}", getattr(self, key))
+        if self.concurrency and self.num_requests == 0 and not self.path:
+            raise WorkloadError(
+                "workload.num_requests must be > 0 with workload.concurrency > 0 (the requests its users send)"
+            )
         if self.duration_s is not None:
             _positive("workload.duration_s", self.duration_s)
         if self.window_s is not None:
@@ -175,6 +187,12 @@ class WorkloadConfig:
         self.output_len.validate("workload.output_len")
         self._validate_tenants()
         return self
+
+    def think_s(self, closed: bool) -> float:
+        """The mean think time: between a closed-loop user's requests (closed) or a session's turns."""
+        if self.think_time_s is not None:
+            return self.think_time_s
+        return 0.0 if closed else 1.0
 
     def _validate_tenants(self) -> None:
         names = [t.name for t in self.tenants]

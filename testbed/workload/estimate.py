@@ -62,7 +62,9 @@ def arrival_span_s(cfg: WorkloadConfig) -> Optional[float]:
         span = None if n is None else _synthetic_span(cfg, n)
         if span is not None and cfg.duration_s is not None:
             span = min(span, cfg.duration_s)
-    return None if span is None else span + (cfg.turns - 1) * cfg.think_time_s
+    if cfg.concurrency:  # a closed loop's span is its service time, unknown here: its think times bound it below
+        return -(-(drawn_arrivals(cfg) or 0) // cfg.concurrency) * cfg.turns * cfg.think_s(closed=True)
+    return None if span is None else span + (cfg.turns - 1) * cfg.think_s(closed=False)
 
 
 def _synthetic_span(cfg: WorkloadConfig, n: float) -> float:

@@ -56,4 +56,4 @@ def derived_rng(seed: int, *path: int) -> np.random.Generator:
 
 
 # Tags for derived_rng: one per use of randomness.
-TAG_ARRIVALS, TAG_LENGTHS, TAG_PROMPTS, TAG_BLOCKS, TAG_SYSTEM, TAG_TURNS, TAG_TENANTS = range(1, 8)
+TAG_ARRIVALS, TAG_LENGTHS, TAG_PROMPTS, TAG_BLOCKS, TAG_SYSTEM, TAG_TURNS, TAG_TENANTS, TAG_THINK = range(1, 9)

@@ -51,9 +51,9 @@ class TurnPlanner:
         input_cfg, output_cfg = self.lengths_for(request.tenant)
         user_len = int(sample_lengths(input_cfg, 1, rng)[0][0])
         output_len = int(sample_lengths(output_cfg, 1, rng)[0][0])
-        think = self.cfg.think_time_s
+        think = self.cfg.think_s(closed=False)
         if self.cfg.think_time_dist == "exponential":
-            think = float(rng.exponential(self.cfg.think_time_s))
+            think = float(rng.exponential(think))
         history = list(request.prompt_token_ids) + [int(t) for t in output_token_ids]
         prompt = np.concatenate([np.asarray(history, dtype=np.int64), random_tokens(rng, user_len, self.vocab_size)])
         room = self.max_model_len - len(prompt)
