@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, List, Optional
 
+from testbed.control.handoff import HandoffRule, Link, Mechanism, network_of
 from testbed.errors import ConfigError
 from testbed.names import Binding, Granularity, Kind, KVBackend, Multiturn, OnFailure
 
@@ -159,6 +160,31 @@ class KVTransferConfig:
     # how the KV moves: process_group (torch.distributed's process group: NCCL between GPUs, gloo on
     # CPU) or ipc (P writes into D's blocks through D's mapped pool: one box; P and D may share one GPU)
     backend: str = KVBackend.PROCESS_GROUP.value
+    # how a connector's hand-off is timed by the simulator and the emulation (testbed/control/handoff.py):
+    # send (one packed message after the prefill), pull (NIXL: D reads P's blocks after the prefill,
+    # a descriptor per layer, block, K and V) or push_layerwise (P2pNccl, Mooncake, LMCache: each
+    # layer as its prefill ends, overlapping the prefill)
+    mechanism: str = Mechanism.SEND.value
+    # pull, push_layerwise: the cost of one block descriptor. 3.5 us: vLLM #50913 cut a ~5k-token
+    # NIXL pull's window by ~58 ms going from 16- to 64-token blocks, ~16.8k fewer descriptors at 36 layers
+    descriptor_cost_s: float = 3.5e-6
+    # the decode side's fixed path from the KV landing to its first token (0: the testbed's engine;
+    # vLLM's NIXL P/D measured ~197 ms p50 of which the transfer was ~29 ms: vLLM PR #51919)
+    first_token_path_s: float = 0.0
+    # the hand-off's link: auto (the device link inside a node, hardware.internode_gbps between
+    # nodes), nvlink (the same, refused across nodes), rdma or tcp (every hand-off crosses that network)
+    link: str = Link.AUTO.value
+    link_gbps: Optional[float] = None  # rdma, tcp: the network's GB/s (bytes); None: 45 (rdma), 10 (tcp)
+    link_latency_s: Optional[float] = None  # rdma, tcp: its latency per transfer; None: 5 us (rdma), 50 us (tcp)
+
+    def handoff_rule(self, layers: int, block_size: int) -> HandoffRule:
+        """The hand-off's timing rule for a model of `layers` layers in blocks of `block_size`."""
+        return HandoffRule(self.mechanism, self.descriptor_cost_s, self.first_token_path_s, layers, block_size)
+
+    @property
+    def network(self) -> Optional[tuple[float, float]]:
+        """(GB/s, latency s) of the network every hand-off crosses (link=rdma|tcp); None: the device link."""
+        return network_of(self.link, self.link_gbps, self.link_latency_s)
 
     @property
     def follows_caches(self) -> bool:
@@ -200,6 +226,8 @@ class KVTransferConfig:
             "retry_fallback": (OnFailure.RECOMPUTE, OnFailure.FAIL),
             "multiturn": tuple(Multiturn),
             "backend": tuple(KVBackend),
+            "mechanism": tuple(Mechanism),
+            "link": tuple(Link),
         }
         for key, allowed in choices.items():
             if getattr(self, key) not in allowed:
@@ -212,6 +240,19 @@ class KVTransferConfig:
         for key in ("ppd_max_append_tokens", "local_prefill_max_tokens"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"kv_transfer.{key} must be >= 0 (got {getattr(self, key)})")
+        for key in ("descriptor_cost_s", "first_token_path_s"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"kv_transfer.{key} must be >= 0 (got {getattr(self, key)})")
+        if self.link_gbps is not None and self.link_gbps <= 0 or (self.link_latency_s or 0) < 0:
+            raise ConfigError(
+                f"kv_transfer.link_gbps must be > 0 and kv_transfer.link_latency_s >= 0 when set "
+                f"(got {self.link_gbps}, {self.link_latency_s})"
+            )
+        if self.network is None and (self.link_gbps, self.link_latency_s) != (None, None):
+            raise ConfigError(
+                f"kv_transfer.link_gbps and link_latency_s set a network's rate: kv_transfer.link="
+                f"{self.link} has none (use rdma or tcp; between nodes hardware.internode_gbps)"
+            )
         if self.piece_kib < 1:
             raise ConfigError(f"kv_transfer.piece_kib must be >= 1 (got {self.piece_kib})")
         if self.max_retries < 0:

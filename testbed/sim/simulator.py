@@ -7,12 +7,13 @@ analytical GPU). Open-loop arrivals; closed-loop session turns and users (testbe
 closed_loop.py), whose next request arrives a think time after the last one's end reached the
 router. A KV transfer takes `transfer_time(bytes)` of the slower link of its two ends (or,
 between workers on different nodes of hardware.num_nodes, of the network between them), one at
-a time per prefill worker. Events at one instant are all delivered before idle workers look for their next step, as a
+a time per prefill worker, as the connector's mechanism has it (testbed/sim/handoff.py). Events at one instant are all delivered before idle workers look for their next step, as a
 real worker drains its inbox before stepping. The host around the engine (dispatch hop, step
 gap, report delay, contention) is drawn as testbed/sim/host.py says; a worker's quiet decode
 steps go in one event (testbed/sim/decode_run.py), with the results of stepping one at a time.
 
-Simplifications: layer-wise streaming moves the KV after the prefill, like granularity=request;
+Simplifications: granularity=layer moves the KV after the prefill, like granularity=request
+(kv_transfer.mechanism=push_layerwise times a push that overlaps the prefill);
 workers never die and transfers never fail; a KV send costs the prefill worker no compute.
 """
 
@@ -32,7 +33,8 @@ from testbed.errors import ConfigError
 from testbed.metrics.events import RequestLog
 from testbed.metrics.steps import StepLog
 from testbed.names import KIND_OF, Mode, Role
-from testbed.sim.devices import resolve_roles, role_blocks, transfer_time
+from testbed.sim.devices import resolve_roles, role_blocks
+from testbed.sim.handoff import SimHandoff
 from testbed.sim.host import HostSide
 from testbed.sim.worker import SAMPLED_TOKEN, SimWorker
 from testbed.workload import Request, build_workload
@@ -40,7 +42,7 @@ from testbed.workload import Request, build_workload
 if TYPE_CHECKING:  # annotations only: the root config is composed above the executors and handed in
     from testbed.config import Config
 
-ARRIVE, DELIVER, STEP_END, KV_SENT, RESUME, RUN_END, FREE, RELEASE, SEND = range(9)
+ARRIVE, DELIVER, STEP_END, KV_SENT, RESUME, RUN_END, FREE, RELEASE, SEND, KV_READY = range(10)
 
 
 def node_of(plans, num_devices: Optional[int], num_nodes: int) -> list[int]:
@@ -63,9 +65,9 @@ class Simulation:
         )
         self.profiles = resolve_roles(cfg, {KIND_OF[p.role] for p in self.plans}, profile)
         self.roles = [self.profiles[KIND_OF[p.role]] for p in self.plans]  # by rank
-        self.kv_backend = cfg.kv_transfer.backend
         self.nodes = node_of(self.plans, available, cfg.hardware.num_nodes)
-        self.internode = (cfg.hardware.internode_gbps, cfg.hardware.internode_latency_s)
+        self.handoff = SimHandoff(cfg, self.roles, self.nodes, self.args.num_layers)
+        self.prefill_s: dict[tuple[int, int], float] = {}  # (P, request): its last prefill step (a push overlaps it)
         self.kv_bytes_per_token = self.args.kv_bytes_per_token * next(iter(self.profiles.values())).dtype_bytes
         blocks = role_blocks(cfg, self.profiles)
         block_bytes = self.kv_bytes_per_token * cfg.engine.block_size
@@ -144,6 +146,7 @@ class Simulation:
             FREE: self._free,
             RELEASE: self._release,
             SEND: self._handed_off,
+            KV_READY: self._kv_ready,
         }
         queue = self.queue
         while queue:
@@ -229,6 +232,8 @@ class Simulation:
         self.steps.add(rank, record)
         cached = worker.block_manager.drain_changes() if self.book.index is not None else None  # before the hand-offs
         for seq in result.handoff:
+            if self.handoff.rule.layerwise:
+                self.prefill_s[(rank, seq.seq_id)] = now - record.start
             self._send_when_ready(rank, worker.handoff(seq, now))
         worker.deferred.append(
             WorkerStep(rank, record.start, now, worker.block_manager.num_free_blocks, result.by_id(), cached)
@@ -290,7 +295,7 @@ class Simulation:
         if key in self.handing_off:
             return
         # bind, Reserve, Ready, P between its steps: the send waits that long, the link does not
-        wait = self.host.draws[rank].sample(self.host.model.handoff)
+        wait = self.host.draws[rank].sample(self.host.model.handoff) if self.handoff.waits_for_host else 0.0
         if wait > 0:
             self.handing_off.add(key)
             self.push(self.now + wait, SEND, (rank, entry))
@@ -304,16 +309,20 @@ class Simulation:
             self._send(rank, entry)
 
     def _send(self, rank: int, entry: Outgoing) -> None:
-        crosses = self.nodes[rank] != self.nodes[entry.decode_rank]  # P's and D's nodes: the network between them
-        seconds = transfer_time(
-            self.roles[rank],
-            self.roles[entry.decode_rank],
+        worker, rid = self.workers[rank], entry.seq.seq_id
+        slot = self.handoff.slot(
+            rank,
+            entry.decode_rank,
             self._kv_bytes(entry),
-            self.kv_backend,
-            self.internode if crosses else None,
+            entry.seq.num_prompt_tokens - entry.skip,
+            self.now,
+            worker.link_free_at,
+            self.host.draws[rank].sample(self.host.transfer_scales[rank]),  # both ends' contention
+            entry.handoff_t,
+            self.prefill_s.pop((rank, rid), 0.0),
+            entry.ready_t,
         )
-        seconds *= self.host.draws[rank].sample(self.host.transfer_scales[rank])  # both ends' contention
-        self.push(self.workers[rank].start_send(entry, self.now, seconds), KV_SENT, (rank, entry.seq.seq_id))
+        self.push(worker.hold_link(entry, slot.start, slot.end), KV_SENT, (rank, rid))
 
     def _kv_bytes(self, entry: Outgoing) -> int:
         return (entry.seq.num_prompt_tokens - entry.skip) * self.kv_bytes_per_token
@@ -325,7 +334,16 @@ class Simulation:
         self.transfers.sent(rid, rank, decode, entry.attempt, nbytes, entry.start, now, entry.wait_s)
         self.transfers.arrived(rid, rank, decode, entry.attempt, now)
         self.book.kv_sent(rid, rank, decode, entry.start, nbytes, moved=True)
+        self.dirty.add(rank)
+        path = self.handoff.rule.first_token_path_s
+        if path > 0:  # D's own path from the KV landing to its first decode
+            self.push(now + path, KV_READY, (decode, rid))
+        else:
+            self._kv_ready((decode, rid))
+
+    def _kv_ready(self, payload: tuple[int, int]) -> None:
+        decode, rid = payload
         self._interrupt(decode)  # before the install: D's steps until now ran without it
         self.workers[decode].install(rid)
-        self.book.kv_arrived(rid, decode, now)
-        self.dirty.update((rank, decode))
+        self.book.kv_arrived(rid, decode, self.now)
+        self.dirty.add(decode)

@@ -212,11 +212,10 @@ class SimWorker:
         """D reserved blocks, holding the first `skip` prompt tokens already: the entry (attempt 1)."""
         return self.sender.ready(rid, decode_rank, 1, now, skip)
 
-    def start_send(self, entry: Outgoing, now: float, seconds: float) -> float:
-        """Put `entry`'s KV on the link after the sends before it; when it will have arrived."""
-        entry.start = max(now, self.link_free_at)
-        self.link_free_at = entry.start + seconds
-        return self.link_free_at
+    def hold_link(self, entry: Outgoing, start: float, end: float) -> float:
+        """`entry`'s KV holds P's link from `start` to `end` (testbed/sim/handoff.py); returns `end`."""
+        entry.start, self.link_free_at = start, max(self.link_free_at, end)
+        return end
 
     def sent(self, rid: int) -> Outgoing:
         """The KV has left: P's blocks are free again."""
