@@ -37,11 +37,27 @@ class ModelArgs:
     qkv_bias: bool = False
     head_dim: Optional[int] = None
     rope_scaling: Optional[Llama3RopeScaling] = None  # None: plain RoPE
+    # Mixture-of-Experts (simulator only): every layer's MLP is num_experts routed SwiGLU experts of
+    # width expert_intermediate_size (None: intermediate_size), experts_per_token of them per token,
+    # plus num_shared_experts that every token passes. 0 experts: a dense MLP
+    num_experts: int = 0
+    experts_per_token: int = 0
+    num_shared_experts: int = 0
+    expert_intermediate_size: Optional[int] = None
 
     def __post_init__(self):
         # derived only where it divides evenly; validate() names the shape that does not
         if self.head_dim is None and self.num_heads > 0 and self.hidden_size % self.num_heads == 0:
             object.__setattr__(self, "head_dim", self.hidden_size // self.num_heads)
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def expert_width(self) -> int:
+        """One expert's MLP width (its gate and up project to it, its down back from it)."""
+        return self.expert_intermediate_size or self.intermediate_size
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -84,6 +100,16 @@ class ModelArgs:
             raise ConfigError(f"model.head_dim={self.head_dim} must be even and > 0 for RoPE")
         if self.rope_theta <= 0:
             raise ConfigError(f"model.rope_theta must be > 0 (got {self.rope_theta})")
+        return self.validate_experts()
+
+    def validate_experts(self) -> "ModelArgs":
+        e, k = self.num_experts, self.experts_per_token
+        if e < 0 or self.num_shared_experts < 0 or (self.expert_intermediate_size or 1) <= 0:
+            raise ConfigError("model.num_experts, num_shared_experts and expert_intermediate_size must be >= 0")
+        if e and not 1 <= k <= e:
+            raise ConfigError(f"model.experts_per_token={k} must be in 1..model.num_experts={e}")
+        if not e and (k or self.num_shared_experts):
+            raise ConfigError("model.experts_per_token and num_shared_experts need model.num_experts > 0")
         return self
 
 
@@ -175,6 +201,59 @@ PRESETS: dict[str, ModelArgs] = {
         rms_norm_eps=1e-6,
         qkv_bias=True,
     ),
+    # Mixture-of-Experts shapes, simulator only (executor=sim on an analytical GPU): the real engine
+    # runs dense Llama-family MLPs. Each from the checkpoint's public config.json on Hugging Face.
+    # mistralai/Mixtral-8x7B-v0.1: num_local_experts 8, num_experts_per_tok 2, intermediate_size
+    # 14336 (each expert), sliding_window null; 46.7B parameters, 93 GB in bf16
+    "mixtral_8x7b": ModelArgs(
+        vocab_size=32000,
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_layers=32,
+        num_heads=32,
+        num_kv_heads=8,
+        max_model_len=32768,
+        rope_theta=1000000.0,
+        num_experts=8,
+        experts_per_token=2,
+    ),
+    # Qwen/Qwen3-30B-A3B: num_experts 128, num_experts_per_tok 8, moe_intermediate_size 768, every
+    # layer sparse (decoder_sparse_step 1, mlp_only_layers []), head_dim 128 apart from hidden 2048;
+    # its per-head q/k RMSNorms are not counted (2 x 128 weights a layer)
+    "qwen3_30b_a3b": ModelArgs(
+        vocab_size=151936,
+        hidden_size=2048,
+        intermediate_size=6144,
+        num_layers=48,
+        num_heads=32,
+        num_kv_heads=4,
+        max_model_len=40960,
+        rope_theta=1000000.0,
+        rms_norm_eps=1e-6,
+        head_dim=128,
+        num_experts=128,
+        experts_per_token=8,
+        expert_intermediate_size=768,
+    ),
+    # openai/gpt-oss-120b: num_local_experts 128, experts_per_token 4, intermediate_size 2880, head_dim
+    # 64, attention_bias true (q/k/v biases counted; o's and the experts' are not). Simplified: every
+    # layer full causal attention (the checkpoint alternates it with a 128-token sliding window, so
+    # this overstates long contexts' attention and KV), no attention sinks, YaRN RoPE not modelled,
+    # weights at the model's dtype (the checkpoint's experts are MXFP4: sim.weight_bits=4 is closer)
+    "gpt_oss_120b": ModelArgs(
+        vocab_size=201088,
+        hidden_size=2880,
+        intermediate_size=2880,
+        num_layers=36,
+        num_heads=64,
+        num_kv_heads=8,
+        max_model_len=131072,
+        rope_theta=150000.0,
+        qkv_bias=True,
+        head_dim=64,
+        num_experts=128,
+        experts_per_token=4,
+    ),
 }
 
 # rope_scaling comes from a checkpoint's config.json only; every other field is a preset override
@@ -202,6 +281,10 @@ class ModelConfig:
     tie_embeddings: Optional[bool] = None  # LM head shares the token embedding's weights; None: the preset's
     qkv_bias: Optional[bool] = None  # biases on the q/k/v projection (Qwen2); None: the preset's
     head_dim: Optional[int] = None  # per-head dimension (even); None: hidden_size / num_heads
+    num_experts: Optional[int] = None  # MoE routed experts a layer (0: dense MLP); None: the preset's
+    experts_per_token: Optional[int] = None  # MoE experts each token is routed to (top-k); None: the preset's
+    num_shared_experts: Optional[int] = None  # MoE experts every token passes; None: the preset's
+    expert_intermediate_size: Optional[int] = None  # one expert's MLP width; None: the preset's (or intermediate_size)
 
     def args(self) -> ModelArgs:
         overrides = {k: getattr(self, k) for k in _SHAPE_FIELDS if getattr(self, k) is not None}
@@ -211,8 +294,11 @@ class ModelConfig:
                     f"model.path is set: only model.max_model_len may override its shape (got {sorted(overrides)})"
                 )
             return dataclasses.replace(hf_model_args(Path(self.path)), **overrides).validate()
-        # a preset's head_dim is derived: re-derive it from overridden hidden_size / num_heads
-        return dataclasses.replace(preset(self.name), **{"head_dim": None, **overrides}).validate()
+        # a preset's derived head_dim is re-derived from overridden hidden_size / num_heads; one set
+        # apart from them (Qwen3, gpt-oss) stays
+        shape = preset(self.name)
+        derived = shape.head_dim * shape.num_heads == shape.hidden_size
+        return dataclasses.replace(shape, **{"head_dim": None if derived else shape.head_dim, **overrides}).validate()
 
 
 def check_tensor_parallel(args: ModelArgs, tp: int, key: str) -> None:

@@ -25,6 +25,11 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 def build_model(
     args: ModelArgs, device: torch.device, dtype: torch.dtype, *, path: str | None = None, seed: int = 0
 ) -> Transformer:
+    if args.is_moe:  # a dense build of a MoE shape would run another model without a word
+        raise ConfigError(
+            f"a Mixture-of-Experts shape ({args.num_experts} experts) runs in the simulator only "
+            f"(executor=sim, sim.profile=<a GPU of the analytical table>): the engine's MLP is dense"
+        )
     # built in the target dtype: an fp32 build cast afterwards holds twice the weights at its peak
     # and leaves the fp32 storage cached on the device (Llama-3-8B: 29.9 GiB against 15)
     with torch.device(device), default_dtype(dtype):

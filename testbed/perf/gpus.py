@@ -9,6 +9,18 @@ number carries its source. Sources named here:
   the same; FP32 67 TFLOP/s; HBM3 3.35 TB/s; NVLink 900 GB/s both directions.
 - [H200-DS] NVIDIA H200 datasheet, SXM: 141 GB HBM3e at 4.8 TB/s, NVLink 900 GB/s, the H100's
   compute.
+- [H100-FP8] the same datasheets (H100 SXM, H200 SXM): FP8 tensor core 3,958 TFLOP/s with 2:4
+  sparsity, so 1,979 dense.
+- [B200-DS] NVIDIA HGX B200 datasheet, per GPU (1,000 W): FP8 9 PFLOP/s and bf16 4.5 with sparsity,
+  so 4.5 and 2.25 dense; FP32 80 TFLOP/s; 180 GB HBM3e (1,440 GB over 8) at 8 TB/s; NVLink 5
+  1.8 TB/s both directions.
+- [L40S-DS] NVIDIA L40S datasheet: bf16 362.05 TFLOP/s dense (733 with sparsity), FP8 733 dense
+  (1,466 with sparsity), FP32 91.6; 48 GB GDDR6 at 864 GB/s; no NVLink: PCIe Gen4 x16, 64 GB/s
+  both directions.
+- [RTXPRO-DS] NVIDIA RTX PRO 6000 Blackwell (Workstation Edition) datasheet: 96 GB GDDR7 at
+  1,792 GB/s, 4,000 AI TOPS (FP4 with sparsity), FP32 125 TFLOP/s, PCIe Gen5 x16 (128 GB/s both
+  directions, no NVLink). Dense FP8 and bf16 halve FP4's sparse figure once for the sparsity and
+  once per precision step: 1,000 and 500 TFLOP/s (188 SMs x 1,024 bf16 FLOP a clock x 2.6 GHz).
 - [A10-DS] NVIDIA A10 Tensor Core GPU datasheet: fp16/bf16 125 TFLOP/s dense (250 with sparsity);
   FP32 31.2 TFLOP/s; 24 GB GDDR6 at 600 GB/s; no NVLink: PCIe Gen4 x16, 64 GB/s both directions.
 - [NVSMI] total memory nvidia-smi reports: A100-SXM4-40GB 40,960 MiB; A100-SXM4-80GB 81,920 MiB;
@@ -58,16 +70,21 @@ class Gpu:
     step_overhead_s: float  # per-step CPU time of a Python engine outside kernels
     link_latency_s: float  # fixed cost of one KV send
     fp32_flops: float = 0.0  # dense FP32 FLOP/s without tensor cores (torch's default: TF32 matmuls off)
+    fp8_flops: float = 0.0  # dense FP8 tensor-core FLOP/s; 0: no FP8 tensor cores (Ampere)
     # one step of a ring all-reduce over NVLink (a tensor-parallel group's), 2(tp-1) steps each
     nvlink_hop_latency_s: float = NVLINK_HOP_LATENCY_S
 
     def flops_for(self, dtype: str) -> float:
         """The peak a matmul of this dtype reaches: the 16-bit tensor-core peak for float16 and
-        bfloat16 (equal on these GPUs), the FP32 peak for float32."""
+        bfloat16 (equal on these GPUs), the FP32 peak for float32, the FP8 peak for fp8. A GPU
+        without FP8 tensor cores runs an FP8 checkpoint weight-only (vLLM's Marlin kernel: the
+        weights dequantized to 16 bits in the GEMM), so at the 16-bit peak."""
         if dtype in SIXTEEN_BIT:
             return self.peak_flops
         if dtype == "float32":
             return self.fp32_flops or self.peak_flops
+        if dtype in FP8:
+            return self.fp8_flops or self.peak_flops
         raise ConfigError(f"gpu {self.name}: no peak for dtype {dtype!r} (one of {', '.join(DTYPES)})")
 
     def validate(self) -> "Gpu":
@@ -85,7 +102,8 @@ STEP_OVERHEAD_S = 2e-3  # [BLIS] lesson 2
 LINK_LATENCY_S = 10e-6  # [VIDUR] small-message send_recv 4-17 us
 KERNEL_LAUNCH_S = 5e-6  # [LAUNCH]
 SIXTEEN_BIT = ("bfloat16", "float16", "auto")  # auto: what a CUDA engine loads a 16-bit checkpoint in
-DTYPES = (*SIXTEEN_BIT, "float32")
+FP8 = ("fp8", "fp8_e4m3", "fp8_e5m2")  # vLLM's names (--quantization fp8, --kv-cache-dtype)
+DTYPES = (*SIXTEEN_BIT, "float32", *FP8)
 
 GPUS: dict[str, Gpu] = {
     "a10": Gpu(
@@ -143,6 +161,7 @@ GPUS: dict[str, Gpu] = {
         step_overhead_s=STEP_OVERHEAD_S,
         link_latency_s=LINK_LATENCY_S,
         fp32_flops=67e12,
+        fp8_flops=1979e12,  # [H100-FP8]
     ),  # [H100-DS]
     "h200": Gpu(
         "NVIDIA H200 (SXM)",
@@ -157,7 +176,53 @@ GPUS: dict[str, Gpu] = {
         step_overhead_s=STEP_OVERHEAD_S,
         link_latency_s=LINK_LATENCY_S,
         fp32_flops=67e12,
+        fp8_flops=1979e12,  # [H100-FP8]
     ),  # the H100's compute
+    "b200": Gpu(
+        "NVIDIA B200",
+        peak_flops=2250e12,
+        hbm_bytes_per_s=8000e9,  # [B200-DS]
+        nvlink_bytes_per_s=900e9,  # NVLink 5, one direction
+        memory_bytes=180e9,  # [B200-DS] (nvidia-smi's figure not at hand)
+        matmul_mfu=0.75,  # as h100_sxm: no profile of Blackwell's kernels at hand
+        attention_mfu=0.35,  # as h100_sxm
+        hbm_share=HBM_SHARE,
+        nvlink_share=NVLINK_SHARE,
+        step_overhead_s=STEP_OVERHEAD_S,
+        link_latency_s=LINK_LATENCY_S,
+        fp32_flops=80e12,
+        fp8_flops=4500e12,
+    ),  # [B200-DS]
+    "l40s": Gpu(
+        "NVIDIA L40S",
+        peak_flops=362.05e12,
+        hbm_bytes_per_s=864e9,  # GDDR6 [L40S-DS]
+        nvlink_bytes_per_s=32e9,  # no NVLink: PCIe Gen4 x16, one direction (as a10)
+        memory_bytes=48 * 1024 * MIB,  # [L40S-DS] 48 GB (nvidia-smi's figure not at hand)
+        matmul_mfu=0.7,  # as a10: no profile of Ada's kernels at hand
+        attention_mfu=0.5,  # as a10
+        hbm_share=HBM_SHARE,
+        nvlink_share=NVLINK_SHARE,
+        step_overhead_s=STEP_OVERHEAD_S,
+        link_latency_s=LINK_LATENCY_S,
+        fp32_flops=91.6e12,
+        fp8_flops=733e12,
+    ),  # [L40S-DS]
+    "rtx_pro_6000": Gpu(
+        "NVIDIA RTX PRO 6000 Blackwell Workstation Edition",
+        peak_flops=500e12,
+        hbm_bytes_per_s=1792e9,  # GDDR7 [RTXPRO-DS]
+        nvlink_bytes_per_s=64e9,  # no NVLink: PCIe Gen5 x16, one direction
+        memory_bytes=96 * 1024 * MIB,  # [RTXPRO-DS] 96 GB (nvidia-smi's figure not at hand)
+        matmul_mfu=0.7,  # as l40s
+        attention_mfu=0.5,  # as l40s
+        hbm_share=HBM_SHARE,
+        nvlink_share=NVLINK_SHARE,
+        step_overhead_s=STEP_OVERHEAD_S,
+        link_latency_s=LINK_LATENCY_S,
+        fp32_flops=125e12,
+        fp8_flops=1000e12,
+    ),  # [RTXPRO-DS]
 }
 
 

@@ -83,11 +83,15 @@ def analytical(
     cuda_graphs: Optional[bool] = None,
     tp: int = 1,
     weight_bits: Optional[int] = None,
+    weight_dtype: str = "auto",
+    kv_dtype: str = "auto",
 ) -> tuple[RooflineModel, dict]:
     """The roofline of a GPU of the table. `dtype` (unset: bfloat16 for 2 bytes, else float32)
     picks the peak FLOPs; the host terms are RooflineModel's (unset: the table's step overhead,
     nothing per sequence, CUDA graphs on); `tp`: one rank of a tensor-parallel group of that many;
-    `weight_bits`: a quantized checkpoint's layer weights (None: the dtype's)."""
+    `weight_bits`: a quantized checkpoint's layer weights (None: the dtype's); `weight_dtype`,
+    `kv_dtype`: the layers' weights and the KV cache in another dtype (fp8; auto: the dtype's,
+    testbed/perf/precision.py)."""
     dtype = dtype if dtype not in (None, "auto") else ("bfloat16" if dtype_bytes == 2 else "float32")
     model = RooflineModel(
         gpu(name).validate(),
@@ -99,9 +103,13 @@ def analytical(
         cuda_graphs=True if cuda_graphs is None else cuda_graphs,
         tp=tp,
         weight_bits=weight_bits,
+        weight_dtype=weight_dtype,
+        kv_dtype=kv_dtype,
     )
     label = {**analytical_label(name, dtype_bytes), "dtype": dtype, "host": model.host_terms()}
     label = {**label, "weight_bits": weight_bits} if weight_bits is not None else label
+    precision = {"weight_dtype": weight_dtype, "kv_dtype": kv_dtype}
+    label = {**label, **{k: v for k, v in precision.items() if v != "auto"}}
     return model, {**label, "tp": tp} if tp > 1 else label
 
 

@@ -21,6 +21,17 @@ The engine's host side, stated apart from the kernels (`host_terms`):
   eagerly, and the GPU idles KERNEL_LAUNCH_S between them. Prefill steps run eagerly either way,
   their kernels long enough to hide the launches.
 
+Mixture-of-Experts (model_args.num_experts > 0): the MLP of every layer is a router, shared experts
+and the routed experts' grouped GEMMs, whose weights a step reads only for the experts its tokens
+touch: E(1 - (1 - k/E)^tokens) of them under uniform routing (testbed/perf/moe.py, with the
+assumption and how tensor and expert parallelism split them).
+
+Precision apart from `dtype` (testbed/perf/precision.py): `weight_dtype="fp8"` holds the decoder
+layers' weights in one byte and runs their GEMMs at the GPU's FP8 peak (the 16-bit peak on a GPU
+without FP8 tensor cores); the embedding, lm_head, router and attention stay at `dtype`, and so do
+the activations. `kv_dtype` (fp8: one byte) sizes K and V everywhere: the cache reads and writes of
+attention, the pool, a hand-off's bytes (rank_kv_bytes_per_token).
+
 Tensor parallelism (`tp` > 1): the step of one rank of a Megatron-style group of tp GPUs, which
 every rank runs in lockstep. q/k/v and gate/up are column-parallel, o and down row-parallel, so each
 rank's GEMMs hold 1/tp of the FLOPs and weights; attention runs num_heads / tp query heads over the
@@ -47,6 +58,8 @@ from typing import ClassVar, Iterable, NamedTuple, Optional
 from testbed.model.config import ModelArgs
 from testbed.perf.attention import attended_context
 from testbed.perf.gpus import KERNEL_LAUNCH_S, Gpu
+from testbed.perf.moe import expert_shard, moe_layer_params, moe_mlp
+from testbed.perf.precision import element_bytes, is_fp8
 
 FLASH_QUERY_TILE = 128  # flash-attn reads a chunk's cached keys once per tile of this many queries
 # kernels of one decoder layer run eagerly: 2 RMSNorms, qkv, RoPE, the KV-cache write, attention,
@@ -87,6 +100,8 @@ class RooflineModel:
     # GEMM (compute at `dtype`); the embedding and lm_head stay at dtype_bytes, as vLLM loads them.
     # None: dtype_bytes
     weight_bits: Optional[int] = None
+    weight_dtype: str = "auto"  # the decoder layers' weights (fp8: one byte, the FP8 peak); auto: dtype
+    kv_dtype: str = "auto"  # the KV cache's elements (fp8, fp8_e4m3, fp8_e5m2: one byte); auto: dtype
     # the kv_transfer.backend values it times (both: the NVLink formula)
     transports: ClassVar[tuple] = ("process_group", "ipc")
 
@@ -112,6 +127,8 @@ class RooflineModel:
             "host": self.host_terms(),
             "tp": self.tp,
             "weight_bits": self.weight_bits,
+            "weight_dtype": self.weight_dtype,
+            "kv_dtype": self.kv_dtype,
         }
 
     def host_terms(self) -> dict:
@@ -195,39 +212,75 @@ class RooflineModel:
         nbytes = tokens * self.model_args.hidden_size * self.dtype_bytes
         return steps / self.tp * nbytes / (gpu.nvlink_bytes_per_s * gpu.nvlink_share) + steps * gpu.nvlink_hop_latency_s
 
-    def roofline(self, flops: float, nbytes: float, mfu: float) -> float:
+    def roofline(self, flops: float, nbytes: float, mfu: float, dtype: Optional[str] = None) -> float:
+        """max(compute, memory) at the peak of `dtype` (None: the model's)."""
         gpu = self.gpu
-        return max(flops / (gpu.flops_for(self.dtype) * mfu), nbytes / (gpu.hbm_bytes_per_s * gpu.hbm_share))
+        peak = gpu.flops_for(dtype or self.dtype)
+        return max(flops / (peak * mfu), nbytes / (gpu.hbm_bytes_per_s * gpu.hbm_share))
 
     @property
     def layer_weight_bytes(self) -> float:
-        """Bytes per decoder-layer weight: the quantized width, else the dtype's."""
-        return self.dtype_bytes if self.weight_bits is None else self.weight_bits / 8
+        """Bytes per decoder-layer weight: the quantized width, else weight_dtype's, else the dtype's."""
+        if self.weight_bits is not None:
+            return self.weight_bits / 8
+        return element_bytes(self.weight_dtype, self.dtype_bytes)
 
-    def gemm(self, tokens: int, k: int, n: int, out_bytes: int = 0, weight_bytes: Optional[float] = None) -> float:
+    @property
+    def gemm_dtype(self) -> str:
+        """The peak the decoder layers' GEMMs run at: FP8 weights on FP8 tensor cores, else dtype's."""
+        return "fp8" if is_fp8(self.weight_dtype) else self.dtype
+
+    @property
+    def kv_bytes(self) -> int:
+        """Bytes per K or V element in the cache."""
+        return element_bytes(self.kv_dtype, self.dtype_bytes)
+
+    def gemm(
+        self,
+        tokens: int,
+        k: int,
+        n: int,
+        out_bytes: int = 0,
+        weight_bytes: Optional[float] = None,
+        dtype: Optional[str] = None,
+    ) -> float:
         """(tokens x k) @ (k x n): weights read once, activations in and out."""
         db = self.dtype_bytes
         weights = k * n * (db if weight_bytes is None else weight_bytes)
         nbytes = weights + tokens * k * db + tokens * n * (out_bytes or db)
-        return self.roofline(2.0 * tokens * k * n, nbytes, self.gpu.matmul_mfu)
+        return self.roofline(2.0 * tokens * k * n, nbytes, self.gpu.matmul_mfu, dtype)
 
     def layer_gemms(self, tokens: int) -> float:
-        """Column-parallel qkv and gate/up, row-parallel o and down: each rank's shard of the weights."""
+        """Column-parallel qkv and gate/up, row-parallel o and down: each rank's shard of the weights;
+        a MoE layer's MLP as testbed/perf/moe.py."""
         q, kv, inter, _ = self.shard
-        h, wb = self.model_args.hidden_size, self.layer_weight_bytes
-        return (
-            self.gemm(tokens, h, q + 2 * kv, weight_bytes=wb)
-            + self.gemm(tokens, q, h, weight_bytes=wb)
-            + self.gemm(tokens, h, 2 * inter, weight_bytes=wb)
-            + self.gemm(tokens, inter, h, weight_bytes=wb)
+        h, wb, dt = self.model_args.hidden_size, self.layer_weight_bytes, self.gemm_dtype
+        attention = self.gemm(tokens, h, q + 2 * kv, weight_bytes=wb, dtype=dt) + self.gemm(
+            tokens, q, h, weight_bytes=wb, dtype=dt
         )
+        if self.model_args.is_moe:
+            return attention + moe_mlp(self, tokens, wb, dt)
+        return (
+            attention
+            + self.gemm(tokens, h, 2 * inter, weight_bytes=wb, dtype=dt)
+            + self.gemm(tokens, inter, h, weight_bytes=wb, dtype=dt)
+        )
+
+    @cached_property
+    def mlp_width(self) -> int:
+        """One token's MLP width on this rank: the dense intermediate, or its experts' (k routed and
+        the shared ones)."""
+        a = self.model_args
+        if not a.is_moe:
+            return self.shard.inter
+        return (a.experts_per_token + a.num_shared_experts) * expert_shard(a, self.tp)
 
     def elementwise(self, tokens: int) -> float:
         """Norms, RoPE, SiLU x up, residual adds: elements read + written per token per layer,
         plus the embedding gather and the final norm. Norms and residuals run whole on every rank."""
         a = self.model_args
-        q, kv, inter, _ = self.shard
-        per_layer = 10 * a.hidden_size + 2 * (q + kv) + 3 * inter
+        q, kv = self.shard.q, self.shard.kv
+        per_layer = 10 * a.hidden_size + 2 * (q + kv) + 3 * self.mlp_width
         elements = tokens * (a.num_layers * per_layer + 3 * a.hidden_size)
         return self.roofline(0.0, elements * self.dtype_bytes, 1.0)
 
@@ -236,17 +289,17 @@ class RooflineModel:
         keys each query tile reads."""
         if not tokens:
             return 0.0
-        q, kv = self.shard.q, self.shard.kv
+        q, kv, db, kvb = self.shard.q, self.shard.kv, self.dtype_bytes, self.kv_bytes
         tiles = max(1.0, tokens / FLASH_QUERY_TILE)
-        nbytes = (tokens * (2 * q + 2 * kv) + tiles * context * 2 * kv) * self.dtype_bytes
+        nbytes = tokens * (2 * q * db + 2 * kv * kvb) + tiles * context * 2 * kv * kvb
         return self.roofline(4.0 * tokens * context * q, nbytes, self.gpu.attention_mfu)
 
     def decode_attention(self, seqs: int, context: int) -> float:
         """One layer: every decode reads its whole K and V; writes its own new K/V."""
         if not seqs:
             return 0.0
-        q, kv = self.shard.q, self.shard.kv
-        nbytes = (context * 2 * kv + seqs * (2 * q + 2 * kv)) * self.dtype_bytes
+        q, kv, db, kvb = self.shard.q, self.shard.kv, self.dtype_bytes, self.kv_bytes
+        nbytes = context * 2 * kv * kvb + seqs * (2 * q * db + 2 * kv * kvb)
         return self.roofline(4.0 * context * q, nbytes, self.gpu.attention_mfu)
 
     # -- memory (per device: one rank's) ------------------------------------------------------
@@ -276,7 +329,7 @@ class RooflineModel:
     def rank_kv_bytes_per_token(self) -> int:
         """K and V of every layer for one token on one rank: its KV heads, a replicated one whole.
         The group's pool holds as many tokens as one rank's pool does."""
-        return 2 * self.model_args.num_layers * self.shard.kv * self.dtype_bytes
+        return 2 * self.model_args.num_layers * self.shard.kv * self.kv_bytes
 
     def holds_one_sequence(self, memory_utilization: float) -> bool:
         """The weights and the KV of one max_model_len sequence fit each device of the group."""
@@ -291,9 +344,10 @@ def weight_params(a: ModelArgs) -> int:
 def rank_params(a: ModelArgs, tp: int = 1) -> int:
     """Parameters one rank of a tensor-parallel group holds: its shard of every linear layer (KV
     heads replicated where fewer than ranks), its vocabulary rows of the embedding and lm_head, and
-    the norms whole."""
+    the norms whole; a MoE layer's experts and router as testbed/perf/moe.py."""
     q, kv, inter, vocab = shard(a, tp)
-    per_layer = a.hidden_size * (q + 2 * kv) + q * a.hidden_size + 3 * a.hidden_size * inter
+    mlp = moe_layer_params(a, tp) if a.is_moe else 3 * a.hidden_size * inter
+    per_layer = a.hidden_size * (q + 2 * kv) + q * a.hidden_size + mlp
     per_layer += 2 * a.hidden_size + (q + 2 * kv if a.qkv_bias else 0)
     embeddings = vocab * a.hidden_size * (1 if a.tie_embeddings else 2)
     return embeddings + a.num_layers * per_layer + a.hidden_size

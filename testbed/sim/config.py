@@ -10,6 +10,7 @@ from testbed.errors import ConfigError
 from testbed.names import Kind
 from testbed.perf.gpus import GPUS
 from testbed.perf.measured import load_profile
+from testbed.perf.precision import KV_DTYPES, WEIGHT_DTYPES, check_dtype
 from testbed.perf.resolve import is_gpu
 from testbed.sim.host import HostModel
 from testbed.sim.in_situ import is_run_spec, load_in_situ
@@ -64,6 +65,11 @@ class SimConfig:
     # int8: 8): the weights' traffic and memory at that width, the GEMMs' compute at model.dtype;
     # the embedding and lm_head stay 16-bit. None: the model's dtype
     weight_bits: Optional[int] = None
+    # an analytical GPU's decoder-layer weights (fp8: vLLM's --quantization fp8, one byte, GEMMs at the
+    # GPU's FP8 peak) and KV cache (fp8 | fp8_e4m3 | fp8_e5m2: vLLM's --kv-cache-dtype, one byte an
+    # element: pool, reads, hand-off bytes). auto: model.dtype (testbed/perf/precision.py)
+    weight_dtype: str = "auto"
+    kv_dtype: str = "auto"  # an analytical GPU's KV cache: auto | bfloat16 | float16 | fp8 | fp8_e4m3 | fp8_e5m2
 
     def validate(self) -> "SimConfig":
         for key in ("dispatch_latency_s", "step_gap_s", "report_latency_s", "frontend_latency_s", "handoff_latency_s"):
@@ -73,6 +79,13 @@ class SimConfig:
             raise ConfigError(f"sim.num_scheduler_steps must be >= 1 (got {self.num_scheduler_steps})")
         if self.weight_bits not in (None, 4, 8, 16):
             raise ConfigError(f"sim.weight_bits={self.weight_bits}: allowed 4, 8, 16 or null (the model's dtype)")
+        check_dtype(self.weight_dtype, "sim.weight_dtype", WEIGHT_DTYPES)
+        check_dtype(self.kv_dtype, "sim.kv_dtype", KV_DTYPES)
+        if self.weight_bits is not None and self.weight_dtype != "auto":
+            raise ConfigError(
+                f"sim.weight_bits={self.weight_bits} and sim.weight_dtype={self.weight_dtype} both set the "
+                f"weights' width: set one"
+            )
         for key in ROLE_KEYS.values():
             spec = getattr(self, key)
             if spec is None or is_gpu(spec) or is_run_spec(spec) or spec.endswith(".json") or Path(spec).is_file():
@@ -92,6 +105,10 @@ class SimConfig:
             "handoff": self.handoff_latency_s,
         }
         return HostModel.from_dict((measured or {}).get("host", {}), fixed)
+
+    def precision(self) -> dict:
+        """An analytical GPU's weight and KV widths, as testbed.perf.resolve.analytical takes them."""
+        return {"weight_bits": self.weight_bits, "weight_dtype": self.weight_dtype, "kv_dtype": self.kv_dtype}
 
     def spec(self, role: str) -> Optional[str]:
         """What simulates a worker of this role ("mixed", "prefill", "decode"); None: the shipped profile."""

@@ -72,9 +72,10 @@ def resolve_role(cfg: Config, role: str, profile: Optional[Mapping] = None) -> R
     if spec is not None and is_gpu(spec) and not given:
         dtype_bytes = gpu_dtype_bytes(cfg.model.dtype)
         model, label = analytical(
-            spec, args, dtype_bytes, tp=tp, weight_bits=cfg.sim.weight_bits, **cfg.engine.host_terms(cfg.model.dtype)
+            spec, args, dtype_bytes, tp=tp, **cfg.sim.precision(), **cfg.engine.host_terms(cfg.model.dtype)
         )
-        return RoleProfile(model, label, dtype_bytes, tp=tp, num_kv_heads=args.num_kv_heads)
+        # the KV dtype (sim.kv_dtype) sizes every KV byte the simulator counts: pool, hand-off
+        return RoleProfile(model, label, model.kv_bytes, tp=tp, num_kv_heads=args.num_kv_heads)
     name = "given" if given else spec or f"shipped:{cfg.model.name}_cpu.json"
     if tp > 1:
         raise ConfigError(
@@ -85,6 +86,11 @@ def resolve_role(cfg: Config, role: str, profile: Optional[Mapping] = None) -> R
         raise ConfigError(
             f"sim.weight_bits={cfg.sim.weight_bits} models a quantized checkpoint on an analytical GPU; "
             f"{cfg.sim.key(role)} is a measured profile ({name}), whose step times hold its own weights"
+        )
+    if (cfg.sim.weight_dtype, cfg.sim.kv_dtype) != ("auto", "auto"):
+        raise ConfigError(
+            f"sim.weight_dtype / sim.kv_dtype set an analytical GPU's widths; {cfg.sim.key(role)} is a "
+            f"measured profile ({name}), whose step times and pool hold its own"
         )
     if cfg.engine.sets_host:
         raise ConfigError(

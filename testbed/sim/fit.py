@@ -33,14 +33,20 @@ def unfit(
     dtype_bytes: int,
     memory_utilization: float,
     weight_bits: Optional[int] = None,
+    weight_dtype: str = "auto",
+    kv_dtype: str = "auto",
 ) -> Optional[str]:
     """Why a worker of TP `tp` on the device `spec` (an analytical GPU's name; None or a measured
-    profile: the heads alone) cannot serve the model, in one line; None when it fits."""
+    profile: the heads alone) cannot serve the model, in one line; None when it fits. The weights
+    and the KV at their widths (sim.weight_bits or sim.weight_dtype, sim.kv_dtype): a MoE model's
+    every expert, split over the group."""
     if not args.splits_over(tp):
         return f"TP{tp} does not split {args.num_heads} heads and {args.num_kv_heads} KV heads"
     if spec is None or not is_gpu(spec):
         return None
-    model, _ = analytical(spec, args, dtype_bytes, tp=tp, weight_bits=weight_bits)
+    model, _ = analytical(
+        spec, args, dtype_bytes, tp=tp, weight_bits=weight_bits, weight_dtype=weight_dtype, kv_dtype=kv_dtype
+    )
     if model.holds_one_sequence(memory_utilization):
         return None
     return (
@@ -61,7 +67,7 @@ def role_unfit(cfg: Config, role: str, tp: int, profile: Optional[Mapping] = Non
         spec,
         gpu_dtype_bytes(cfg.model.dtype),
         cfg.engine.gpu_memory_utilization,
-        cfg.sim.weight_bits,
+        **cfg.sim.precision(),
     )
 
 

@@ -108,9 +108,10 @@ def pruned(cfg: Config, placement: Placement) -> Optional[str]:
                 f"experiment.tp_degrees: tensor parallelism is modelled on the analytical GPUs only; "
                 f"{cfg.sim.key(kind)}={spec or 'the shipped CPU profile'} is not one (sim.profile=h100_sxm, ...)"
             )
-        # a simulated device holds quantized weights as sim.weight_bits says; a real one its checkpoint's
-        bits = cfg.sim.weight_bits if simulated else None
-        why = unfit(args, tp, spec, gpu_dtype_bytes(cfg.model.dtype), cfg.engine.gpu_memory_utilization, bits)
+        # a simulated device holds its weights and KV as sim.weight_bits / weight_dtype / kv_dtype say;
+        # a real one its checkpoint's
+        widths = cfg.sim.precision() if simulated else {}
+        why = unfit(args, tp, spec, gpu_dtype_bytes(cfg.model.dtype), cfg.engine.gpu_memory_utilization, **widths)
         if why:
             return why
     return None
