@@ -17,6 +17,7 @@ from testbed.errors import ConfigError
 from testbed.model.config import ModelArgs
 from testbed.perf.gpus import GPUS, gpu
 from testbed.perf.measured import CostModel, check_profile, load_profile
+from testbed.perf.overlap import AsyncRoofline
 from testbed.perf.roofline import RooflineModel
 
 PROFILE_FIELDS = ("model_name", "device", "device_name", "dtype")
@@ -83,17 +84,18 @@ def analytical(
     cuda_graphs: Optional[bool] = None,
     tp: int = 1,
     weight_bits: Optional[int] = None,
+    async_scheduling: bool = False,
     weight_dtype: str = "auto",
     kv_dtype: str = "auto",
 ) -> tuple[RooflineModel, dict]:
     """The roofline of a GPU of the table. `dtype` (unset: bfloat16 for 2 bytes, else float32)
     picks the peak FLOPs; the host terms are RooflineModel's (unset: the table's step overhead,
     nothing per sequence, CUDA graphs on); `tp`: one rank of a tensor-parallel group of that many;
-    `weight_bits`: a quantized checkpoint's layer weights (None: the dtype's); `weight_dtype`,
-    `kv_dtype`: the layers' weights and the KV cache in another dtype (fp8; auto: the dtype's,
-    testbed/perf/precision.py)."""
+    `weight_bits`: a quantized checkpoint's layer weights (None: the dtype's); `async_scheduling`: the
+    host work overlaps the GPU step (testbed/perf/overlap.py); `weight_dtype`, `kv_dtype`: the layers'
+    weights and the KV cache in another dtype (fp8; auto: the dtype's, testbed/perf/precision.py)."""
     dtype = dtype if dtype not in (None, "auto") else ("bfloat16" if dtype_bytes == 2 else "float32")
-    model = RooflineModel(
+    model = (AsyncRoofline if async_scheduling else RooflineModel)(
         gpu(name).validate(),
         model_args,
         dtype_bytes,

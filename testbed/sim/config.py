@@ -12,6 +12,7 @@ from testbed.perf.gpus import GPUS
 from testbed.perf.measured import load_profile
 from testbed.perf.precision import KV_DTYPES, WEIGHT_DTYPES, check_dtype
 from testbed.perf.resolve import is_gpu
+from testbed.sim.engine_profile import engine_profile, frontend_s
 from testbed.sim.host import HostModel
 from testbed.sim.in_situ import is_run_spec, load_in_situ
 
@@ -70,11 +71,20 @@ class SimConfig:
     # element: pool, reads, hand-off bytes). auto: model.dtype (testbed/perf/precision.py)
     weight_dtype: str = "auto"
     kv_dtype: str = "auto"  # an analytical GPU's KV cache: auto | bfloat16 | float16 | fp8 | fp8_e4m3 | fp8_e5m2
+    # the production engine an analytical GPU runs (testbed/sim/profiles/engines.yaml): its host terms,
+    # front end, CUDA graphs and async scheduling; vllm_v0 | vllm_v1 | sglang. None: the GPU table's host term
+    engine_profile: Optional[str] = None
+
+    def frontend_s(self) -> float:
+        """The front end per request: frontend_latency_s where above 0, else the engine profile's."""
+        return frontend_s(self.frontend_latency_s, self.engine_profile)
 
     def validate(self) -> "SimConfig":
         for key in ("dispatch_latency_s", "step_gap_s", "report_latency_s", "frontend_latency_s", "handoff_latency_s"):
             if getattr(self, key) is not None and getattr(self, key) < 0:
                 raise ConfigError(f"sim.{key} must be >= 0 (got {getattr(self, key)})")
+        if self.engine_profile is not None:
+            engine_profile(self.engine_profile)
         if self.num_scheduler_steps < 1:
             raise ConfigError(f"sim.num_scheduler_steps must be >= 1 (got {self.num_scheduler_steps})")
         if self.weight_bits not in (None, 4, 8, 16):

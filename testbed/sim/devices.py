@@ -25,6 +25,7 @@ from testbed.names import Kind, KVBackend
 from testbed.perf.gpus import GPUS
 from testbed.perf.measured import require_transport
 from testbed.perf.resolve import StepCostModel, analytical, is_gpu, measured
+from testbed.sim.engine_profile import host_terms
 from testbed.sim.pools import gpu_pool_blocks, pool_blocks
 
 if TYPE_CHECKING:  # annotations only: the root config composes the studies layer's
@@ -72,8 +73,10 @@ def resolve_role(cfg: Config, role: str, profile: Optional[Mapping] = None) -> R
     if spec is not None and is_gpu(spec) and not given:
         dtype_bytes = gpu_dtype_bytes(cfg.model.dtype)
         model, label = analytical(
-            spec, args, dtype_bytes, tp=tp, **cfg.sim.precision(), **cfg.engine.host_terms(cfg.model.dtype)
+            spec, args, dtype_bytes, tp=tp, **cfg.sim.precision(),
+            **host_terms(cfg.engine, cfg.sim.engine_profile, cfg.model.dtype),
         )
+        label = {**label, "engine_profile": cfg.sim.engine_profile} if cfg.sim.engine_profile else label
         # the KV dtype (sim.kv_dtype) sizes every KV byte the simulator counts: pool, hand-off
         return RoleProfile(model, label, model.kv_bytes, tp=tp, num_kv_heads=args.num_kv_heads)
     name = "given" if given else spec or f"shipped:{cfg.model.name}_cpu.json"

@@ -60,10 +60,12 @@ PAIR_FIGURES = ("ttft_mean", "ttft_p50", "tpot_mean", "tpot_p50", "tpot_p99")
 PAIR_BOUND = 0.25  # the difference within 25% of the real one, and of its sign
 
 
-def load_manifest(path) -> tuple[Path, list[dict]]:
+def load_manifest(path, only: Optional[str] = None) -> tuple[Path, list[dict]]:
+    """The manifest's directory and cases (`only`: the cases whose group starts with it)."""
     path = Path(path)
     data = yaml.safe_load(path.read_text()) or {}
-    cases = data.get("cases") or []
+    every = data.get("cases") or []
+    cases = [c for c in every if only is None or str(c.get("group")).startswith(only)]
     for case in cases:
         missing = [k for k in ("name", "setup", "group", "role") if k not in case]
         if missing or case["role"] not in ("calibrate", "held_out"):
@@ -86,7 +88,7 @@ def load_manifest(path) -> tuple[Path, list[dict]]:
                     f"{path}: case {case['name']!r} calibrates a disaggregated group's hand-off path at the host "
                     f"terms of a colocated group calibrated before it: name that group in calibrated_by"
                 )
-    names = {c["name"] for c in cases}
+    names = {c["name"] for c in every}
     for pair in data.get("pairs") or []:
         if set(pair) != {"colocated", "disagg"} or not set(pair.values()) <= names:
             raise ConfigError(f"{path}: a pair names two cases of the manifest as colocated and disagg (got {pair})")
@@ -194,9 +196,15 @@ def table_mape(results: list[dict], keys=("ttft", "tpot", "e2e")) -> dict:
 
 
 def validate(
-    manifest, out_dir, cfg: Config, run_point: Callable, grid=HOST_GRID_S, per_seq_grid=PER_SEQ_GRID_S
+    manifest,
+    out_dir,
+    cfg: Config,
+    run_point: Callable,
+    grid=HOST_GRID_S,
+    per_seq_grid=PER_SEQ_GRID_S,
+    only: Optional[str] = None,
 ) -> dict:
-    base, cases = load_manifest(manifest)
+    base, cases = load_manifest(manifest, only)
     out_dir = Path(out_dir)
     fitted, results = {}, []
     for group in dict.fromkeys(c["group"] for c in cases if c["role"] == "calibrate"):
@@ -371,6 +379,11 @@ def pairs_markdown(rows: list[dict]) -> list[str]:
     return lines
 
 
+def _grid(text: Optional[str], per_second: float, default: tuple) -> tuple:
+    """A comma-separated grid in ms or us as seconds (None: the default)."""
+    return default if text is None else tuple(float(v) / per_second for v in text.split(","))
+
+
 def main(argv=None) -> int:
     from testbed.config import Config as Root
     from testbed.config import with_overrides
@@ -383,11 +396,16 @@ def main(argv=None) -> int:
     )
     parser.add_argument("manifest", help="the validation set's cases.yaml")
     parser.add_argument("--out", default="outputs/replay_validation", help="where the runs and tables go")
+    parser.add_argument("--host-grid-ms", default=None, help="the per-step host times tried, ms (e.g. 0,2,4)")
+    parser.add_argument("--per-seq-grid-us", default=None, help="the per-sequence host times tried, us (e.g. 0,50)")
+    parser.add_argument("--only", default=None, help="only the groups whose name starts with this (e.g. vllm0151)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     logging.getLogger("testbed.sim").setLevel(logging.WARNING)
     cfg = with_overrides(Root(), {"experiment.name": "replay", "experiment.repeats": 1})
-    summary = validate(args.manifest, args.out, cfg, run_point)
+    grid = _grid(args.host_grid_ms, 1e3, HOST_GRID_S)
+    per_seq = _grid(args.per_seq_grid_us, 1e6, PER_SEQ_GRID_S)
+    summary = validate(args.manifest, args.out, cfg, run_point, grid, per_seq, only=args.only)
     print(markdown(summary))
     return 0
 
