@@ -7,11 +7,16 @@ heads x 128 dims x 2 bytes x 32 layers = 131,072 bytes a token, so a 5,000-token
 
 import pytest
 
+from testbed.cluster.emulation import Emulation, role_pacers
+from testbed.cluster.pacing import LinkPacer
 from testbed.control.config import KVTransferConfig
 from testbed.control.handoff import NETWORKS, HandoffRule, layerwise_end
 from testbed.errors import ConfigError
+from testbed.perf.measured import STEP_TERMS, CostModel
 from testbed.sim.executor import simulate
-from tests.cluster_helpers import make_config
+from testbed.studies.real_point import serve
+from tests.cluster_helpers import make_config, small_workload
+from tests.test_emulate import write_profile
 
 TOKENS, LAYERS, NBYTES = 5000, 32, 5000 * 131072
 COST = 3.5e-6  # kv_transfer.descriptor_cost_s's default
@@ -125,6 +130,7 @@ def test_each_mechanism_moves_the_decode_side_ttft_with_the_right_sign():
     # the same prefill, the same decode step: a pull is later by exactly its descriptors (20,032 x 3.5 us)
     assert pull16["ttft_d"] - send["ttft_d"] == pytest.approx(20032 * COST, rel=1e-6)
     assert path["ttft_d"] - pull16["ttft_d"] == pytest.approx(0.2, rel=1e-6)
+    assert path["kv"].end_s - path["kv"].send_end_s == pytest.approx(0.2)  # P's link was free before
     # P's own first token does not move; the push's transfer row spans the prefill it overlapped
     assert {r["row"].ttft for r in (send, pull16, push, path)} == {send["row"].ttft}
     assert push["kv"].start_s < push["row"].prefill_end_s < push["kv"].end_s
@@ -136,3 +142,64 @@ def test_a_cross_node_plan_pays_the_named_network():
     assert rdma.end_s - rdma.start_s == pytest.approx(latency + rdma.kv_bytes / (gbps * 1e9), rel=1e-9)
     with pytest.raises(ConfigError, match="kv_transfer.link=nvlink: P and D sit on different nodes"):
         one_request("kv_transfer.link=nvlink", "hardware.num_nodes=2")
+
+
+# the emulated cluster: the same rule on P's paced link ----------------------------------------
+def paced_link(mechanism: str, path: float = 0.0, network=None) -> LinkPacer:
+    """P's link at 10 us + bytes / 10 GB/s (a fitted profile's two terms, nothing else)."""
+    model = CostModel(**dict.fromkeys(STEP_TERMS, 0.0), transfer_latency_s=10e-6, transfer_bytes_per_s=10e9)
+    return LinkPacer(model, rule=rule(mechanism, path=path), network=network)
+
+
+def test_the_emulated_pull_is_held_for_its_descriptors_and_the_first_token_path():
+    link = paced_link("pull", path=0.2)
+    assert not link.arrived(1, 10.0, NBYTES, now=10.0, tokens=TOKENS)
+    due = 10.0 + 0.065546 + 0.070112 + 0.2  # link, 20,032 descriptors, D's path (the link frees before it)
+    assert link.next_due(10.0) == pytest.approx(due)
+    assert link.free_at == pytest.approx(due - 0.2)
+    assert not link.arrived(1, 10.0, NBYTES, now=due - 1e-6, tokens=TOKENS)
+    assert link.arrived(1, 10.0, NBYTES, now=due, tokens=TOKENS)
+
+
+def test_the_emulated_push_overlaps_its_paced_prefill():
+    # D ready before the prefill, a 0.384 s paced prefill ending at 10.0: one layer's send after it
+    link = paced_link("push_layerwise")
+    link.prefilled(1, 0.384)
+    assert not link.arrived(1, 10.0, NBYTES, now=10.0, tokens=TOKENS, handoff_t=10.0, ready_t=9.5)
+    assert link.next_due(10.0) == pytest.approx(10.0 + 0.004249)
+
+
+def test_the_emulated_link_crosses_a_named_network():
+    link = paced_link("send", network=(2.0, 0.001))  # 2 GB/s, 1 ms
+    assert link.modelled_s(10**6) == pytest.approx(0.001 + 1e6 / 2e9)
+
+
+def test_role_pacers_build_the_rule_from_kv_transfer():
+    cfg = make_config("hardware.emulate=a100_80g", "hardware.emulate_model=llama3_8b", "kv_transfer.mechanism=pull")
+    real_kv = cfg.model.args().kv_bytes_per_token * 4
+    emulation = Emulation.from_hardware(cfg.hardware)
+    _, link = role_pacers(emulation, "prefill_only", cfg.model, real_kv, kv=cfg.kv_transfer, block_size=16)
+    assert link.rule.mechanism == "pull" and link.rule.layers == 32 and link.rule.block_size == 16
+
+
+def test_an_emulated_disagg_run_holds_each_pull_for_its_descriptors_and_path(tmp_path):
+    """Real workers paced to a profile whose link is 30 ms + bytes / 20 MB/s: each pull of a prompt
+    of n tokens (the tiny model: 2 layers, 16-token blocks) ends no sooner than that link time +
+    2 x ceil(n / 16) x 2 descriptors x 1 ms + D's 50 ms path after it began."""
+    profile = write_profile(tmp_path / "p.json", overhead_s=0.01, transfer_latency_s=0.03, transfer_bytes_per_s=2e7)
+    cfg = make_config(
+        *small_workload(4, rate=20.0),
+        "mode=disagg",
+        f"hardware.emulate={profile}",
+        "kv_transfer.mechanism=pull",
+        "kv_transfer.descriptor_cost_s=0.001",
+        "kv_transfer.first_token_path_s=0.05",
+    )
+    result = serve(cfg, tmp_path / "run", progress=False)
+    requests = result["requests"].set_index("request_id")
+    assert (requests.status == "ok").all(), requests.reason.unique()
+    kv = result["transfers"].join(requests["input_len"], on="request_id")
+    layers = cfg.model.args().num_layers
+    descriptors = layers * -(-kv.input_len // cfg.engine.block_size) * 2
+    floor = 0.03 + kv.kv_bytes / 2e7 + descriptors * 0.001 + 0.05
+    assert len(kv) and ((kv.end_s - kv.start_s) >= floor - 1e-6).all()

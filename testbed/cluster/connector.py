@@ -167,7 +167,7 @@ class KVSender:
         for part in range(self.num_parts):
             if part not in entry.sent_parts:
                 self._send_part(entry, part)
-        if self.link is not None and not self.link.arrived(entry.seq.seq_id, entry.start, entry.kv_bytes, self.clock()):
+        if self.link is not None and not self._link_arrived(entry):
             self._renew_lease(entry)  # emulated link: D may not install the KV (nor P free it) before its
             return  # modelled time, and must not time the attempt out while the modelled link holds it
         if self.direct:
@@ -182,6 +182,11 @@ class KVSender:
             )
         )
         entry.done_sent = True
+
+    def _link_arrived(self, entry: WireOutgoing) -> bool:
+        """Has the emulated link (and D's first-token path) passed its modelled time for this KV?"""
+        rid, tokens, now = entry.seq.seq_id, entry.seq.num_prompt_tokens - entry.skip, self.clock()
+        return self.link.arrived(rid, entry.start, entry.kv_bytes, now, tokens, entry.handoff_t, entry.ready_t)
 
     def _renew_lease(self, entry: WireOutgoing) -> None:
         """KVBegin again for the attempt under way restarts D's lease (receiver.on_begin): sent a

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Optional
 
 from testbed.cluster.pacing import LinkPacer, StepPacer
+from testbed.control.config import KVTransferConfig
 from testbed.control.reshard import busiest_heads, reshard
 from testbed.errors import ConfigError
 from testbed.model.config import PRESETS, ModelArgs, ModelConfig
@@ -108,17 +109,22 @@ def role_pacers(
     kv_backend: str = KVBackend.PROCESS_GROUP,
     tp: int = 1,
     decode_tp: int = 1,
+    kv: Optional[KVTransferConfig] = None,
+    block_size: int = 16,
 ) -> tuple[StepPacer, LinkPacer]:
     """The step pacer of a worker of `role` (one rank of a group of `tp`), and the link pacer its
-    KV sends (over kv_backend, to decode groups of `decode_tp`) follow. `real_kv_bytes_per_token`:
-    the real model's, every head once."""
+    KV sends (over kv_backend, to decode groups of `decode_tp`, by kv's mechanism and link: the
+    modelled shape's layers in blocks of `block_size`) follow. `real_kv_bytes_per_token`: the real
+    model's, every head once."""
     args = modelled_args(emulation, model)
     paced = resolve(emulation.spec_for(role), args, model.dtype, host=emulation.host, tp=tp)
     if role == Role.PREFILL_ONLY:  # P's link paces the KV it sends
         require_transport(paced.model, kv_backend, f"the emulated prefill device ({emulation.spec_for(role)})")
     scale = args.kv_bytes_per_token * paced.dtype_bytes / real_kv_bytes_per_token
     scale *= link_share(args.num_kv_heads, model.args().num_kv_heads, tp, decode_tp)
-    return StepPacer(paced.model), LinkPacer(paced.model, scale, kv_backend)
+    kv = kv or KVTransferConfig()
+    rule = kv.handoff_rule(args.num_layers, block_size)
+    return StepPacer(paced.model), LinkPacer(paced.model, scale, kv_backend, rule, kv.network)
 
 
 def link_share(modelled_heads: int, real_heads: int, prefill_tp: int, decode_tp: int) -> float:

@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Optional
 
+from testbed.control.handoff import HandoffRule
 from testbed.names import KVBackend
 
 LATE_SHARE = 0.5  # a paced step that ends this share of its modelled time after due has lost the pace
@@ -73,29 +74,68 @@ class StepPacer:
 
 
 class LinkPacer:
-    """A prefill worker's link: one transfer at a time, each `transfer_time(bytes)` long (the
-    simulator's link). `bytes_scale` turns the real KV bytes into the modelled shape's bytes."""
+    """A prefill worker's link: one transfer at a time, each `transfer_time(bytes)` long, timed by
+    the connector's rule (testbed/control/handoff.py, as the simulator's link): `rule` (default:
+    send), `network` (GB/s, latency s) when every hand-off crosses one (kv_transfer.link=rdma|tcp).
+    `bytes_scale` turns the real KV bytes into the modelled shape's bytes."""
 
-    def __init__(self, model, bytes_scale: float = 1.0, backend: str = KVBackend.PROCESS_GROUP):
+    def __init__(
+        self,
+        model,
+        bytes_scale: float = 1.0,
+        backend: str = KVBackend.PROCESS_GROUP,
+        rule: Optional[HandoffRule] = None,
+        network: Optional[tuple[float, float]] = None,
+    ):
         self.model, self.bytes_scale, self.backend = model, bytes_scale, backend
+        self.rule, self.network = rule or HandoffRule(), network
         self.free_at = -math.inf
-        self.begin: dict[tuple[int, float], float] = {}  # (request, start) -> when it has the link
+        self.begin: dict[tuple[int, float], float] = {}  # (request, start) -> when the link is free for it
         self.due: dict[tuple[int, float], float] = {}  # (request, start) -> when the KV may arrive
+        self.prefill_s: dict[int, float] = {}  # request -> its last prefill step's modelled time (a push overlaps it)
 
-    def modelled_s(self, nbytes: int) -> float:
-        return self.model.transfer_time(nbytes * self.bytes_scale, self.backend)
+    def link_s(self, modelled_bytes: float) -> float:
+        if self.network is not None:
+            gbps, latency_s = self.network
+            return latency_s + modelled_bytes / (gbps * 1e9)
+        return self.model.transfer_time(modelled_bytes, self.backend)
 
-    def arrived(self, rid: int, start: float, nbytes: int, now: float) -> bool:
-        """May this transfer (all of its bytes posted, the first at `start`) complete at `now`?
-        The first call books it on the link; keyed by start too, so a re-dispatched request books anew."""
+    def modelled_s(self, nbytes: int, tokens: int = 0) -> float:
+        """send, pull: how long `nbytes` real bytes of `tokens` tokens hold the link."""
+        return self.rule.busy_s(self.link_s, nbytes * self.bytes_scale, tokens)
+
+    def prefilled(self, rid: int, modelled_s: float) -> None:
+        """The request's prefill ended with a paced step this long (push_layerwise overlaps it)."""
+        if self.rule.layerwise:
+            self.prefill_s[rid] = modelled_s
+
+    def arrived(
+        self,
+        rid: int,
+        start: float,
+        nbytes: int,
+        now: float,
+        tokens: int = 0,
+        handoff_t: Optional[float] = None,
+        ready_t: Optional[float] = None,
+    ) -> bool:
+        """May this transfer (all of its bytes posted, the first at `start`; the prefill ended at
+        `handoff_t`, D ready at `ready_t`) complete at `now`? The first call books it on the link;
+        keyed by start too, so a re-dispatched request books anew."""
         key = (rid, start)
-        begin = self.begin.setdefault(key, max(start, self.free_at))
-        # from the bytes posted so far: a later call may know of more
-        due = self.due[key] = begin + self.modelled_s(nbytes)
-        self.free_at = max(self.free_at, due)
+        if self.rule.layerwise and handoff_t is not None:
+            since = self.begin.setdefault(key, max(self.free_at, start if ready_t is None else ready_t))
+            prefill_s, modelled = self.prefill_s.get(rid, 0.0), nbytes * self.bytes_scale
+            end = handoff_t + self.rule.leg(self.link_s, modelled, tokens, prefill_s, since - handoff_t).end
+        else:
+            # from the bytes posted so far: a later call may know of more
+            end = self.begin.setdefault(key, max(start, self.free_at)) + self.modelled_s(nbytes, tokens)
+        self.free_at = max(self.free_at, end)
+        due = self.due[key] = end + self.rule.first_token_path_s  # D's own path after the KV landed
         if now < due:
             return False
         del self.due[key], self.begin[key]
+        self.prefill_s.pop(rid, None)
         return True
 
     def next_due(self, now: float) -> Optional[float]:

@@ -313,7 +313,15 @@ class Worker:
             c = spec.cluster
             tp = c.tp_of(KIND_OF.get(spec.role, Kind.MIXED))
             self.pacer, self.link = role_pacers(
-                spec.emulation, spec.role, spec.model, real_kv_bytes, spec.kv.backend, tp, c.decode_tp
+                spec.emulation,
+                spec.role,
+                spec.model,
+                real_kv_bytes,
+                spec.kv.backend,
+                tp,
+                c.decode_tp,
+                spec.kv,
+                spec.engine.block_size,
             )
             if self.sender is not None:
                 self.sender.link = self.link
@@ -440,6 +448,8 @@ class Worker:
         t = time.perf_counter()
         self._report(self._step_events(result, record, t))  # the first token leaves before its KV
         for seq in result.handoff:
+            if self.link is not None:  # the paced prefill a layer-wise push overlaps
+                self.link.prefilled(seq.seq_id, record.modelled_s)
             self.sender.handoff(seq, t)
 
     def _pace(self, record):

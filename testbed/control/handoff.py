@@ -97,7 +97,12 @@ class HandoffRule:
         return link(nbytes / self.layers) + self.descriptor_s(tokens) / self.layers
 
     def leg(
-        self, link: Callable[[float], float], nbytes: float, tokens: int, prefill_s: float = 0.0, link_from_s: float = 0.0
+        self,
+        link: Callable[[float], float],
+        nbytes: float,
+        tokens: int,
+        prefill_s: float = 0.0,
+        link_from_s: float = 0.0,
     ) -> Leg:
         """The hand-off of `nbytes` (`tokens` tokens) whose prefill took `prefill_s`, the link free
         for it from `link_from_s` (from the prefill's end; negative: free while it ran)."""

@@ -7,8 +7,9 @@ analytical GPU). Open-loop arrivals; closed-loop session turns and users (testbe
 closed_loop.py), whose next request arrives a think time after the last one's end reached the
 router. A KV transfer takes `transfer_time(bytes)` of the slower link of its two ends (or,
 between workers on different nodes of hardware.num_nodes, of the network between them), one at
-a time per prefill worker, as the connector's mechanism has it (testbed/sim/handoff.py). Events at one instant are all delivered before idle workers look for their next step, as a
-real worker drains its inbox before stepping. The host around the engine (dispatch hop, step
+a time per prefill worker, as the connector's mechanism has it (testbed/sim/handoff.py). Events
+at one instant are all delivered before idle workers look for their next step, as a real worker
+drains its inbox before stepping. The host around the engine (dispatch hop, step
 gap, report delay, contention) is drawn as testbed/sim/host.py says; a worker's quiet decode
 steps go in one event (testbed/sim/decode_run.py), with the results of stepping one at a time.
 
@@ -332,17 +333,18 @@ class Simulation:
         entry = self.workers[rank].sent(rid)
         decode, now, nbytes = entry.decode_rank, self.now, self._kv_bytes(entry)
         self.transfers.sent(rid, rank, decode, entry.attempt, nbytes, entry.start, now, entry.wait_s)
-        self.transfers.arrived(rid, rank, decode, entry.attempt, now)
         self.book.kv_sent(rid, rank, decode, entry.start, nbytes, moved=True)
         self.dirty.add(rank)
+        ready = (rank, decode, rid, entry.attempt)
         path = self.handoff.rule.first_token_path_s
-        if path > 0:  # D's own path from the KV landing to its first decode
-            self.push(now + path, KV_READY, (decode, rid))
+        if path > 0:  # D's own path from the KV landing to its first decode (the transfer's end_s)
+            self.push(now + path, KV_READY, ready)
         else:
-            self._kv_ready((decode, rid))
+            self._kv_ready(ready)
 
-    def _kv_ready(self, payload: tuple[int, int]) -> None:
-        decode, rid = payload
+    def _kv_ready(self, payload: tuple[int, int, int, int]) -> None:
+        rank, decode, rid, attempt = payload
+        self.transfers.arrived(rid, rank, decode, attempt, self.now)
         self._interrupt(decode)  # before the install: D's steps until now ran without it
         self.workers[decode].install(rid)
         self.book.kv_arrived(rid, decode, self.now)
