@@ -1,18 +1,29 @@
 """Closed-loop clients (workload.concurrency): never more than N in flight, think times kept,
 Little's law, the same requests as the open loop; the simulator and one real CPU point."""
 
+import asyncio
 import json
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
+import yaml
+from aiohttp import web
 
+from testbed.config import Config, with_overrides
 from testbed.sim.executor import simulate
+from testbed.studies.points import http_point
+from testbed.studies.real_point import serve
+from testbed.studies.replay import replay
+from testbed.studies.runner import run_point
 from testbed.workload import WorkloadConfig, WorkloadError, build_workload
 from tests.cluster_helpers import make_config, small_workload
+from tests.stub_server import served
 
 PROFILE = json.loads((Path(__file__).resolve().parents[1] / "testbed/sim/profiles/tiny_cpu.json").read_text())
 TINY = dict(vocab_size=512, max_model_len=2048)
+REPLAY = Path(__file__).parent / "data" / "replay"
 
 
 def max_in_flight(requests) -> int:
@@ -136,3 +147,97 @@ def test_sim_ttft_excludes_the_think_time():
     assert out["summary"]["ttft"]["max"] < 0.05
     assert out["summary"]["workload_report"]["mean_think_s"] == pytest.approx(0.5)
     assert requests["arrival_s"].max() > 19 * 0.5  # 20 rounds of two users: the waits happened
+
+
+# -- one real CPU point --------------------------------------------------------------------------------
+
+
+def test_real_cpu_point_keeps_the_bound_and_littles_law(tmp_path):
+    n, think = 2, 0.01
+    cfg = make_config(
+        *small_workload(30, 40.0),
+        "mode=colocated",
+        "cluster.num_workers=1",
+        f"workload.concurrency={n}",
+        f"workload.think_time_s={think}",
+    )
+    result = serve(cfg, tmp_path, progress=False)
+    requests, summary = result["requests"], result["summary"]
+    assert (requests["status"] == "ok").all() and len(requests) == 30
+    assert max_in_flight(requests) == n
+    later = np.sort(requests["arrival_s"].to_numpy())[n:]
+    ends = requests["finished_s"].to_numpy()
+    assert np.abs(ends[None, :] + think - later[:, None]).min(axis=1).max() < 1e-9  # sent a think after an end
+    # Little's law as in the simulator's test: N / M = 2 / 30 for the start and the drain, plus 1%
+    r = float((requests["finished_s"] - requests["arrival_s"]).mean())
+    assert summary["throughput"]["requests_per_s"] == pytest.approx(n / (r + think), rel=n / 30 + 0.01)
+    assert summary["workload_report"]["loop"] == "closed" and summary["workload_report"]["concurrency"] == n
+
+
+# -- the HTTP client against a stub server -------------------------------------------------------------
+
+
+class Counting:
+    """Streams max_tokens tokens, a chunk each event-loop turn after a short hold, and counts the
+    streams open at once: the server's own witness of the client's concurrency."""
+
+    def __init__(self):
+        self.open = self.peak = self.served = 0
+
+    async def models(self, request):
+        return web.json_response({"data": [{"id": "m", "max_model_len": 256}]})
+
+    async def completions(self, request):
+        body = await request.json()
+        self.open += 1
+        self.peak, self.served = max(self.peak, self.open), self.served + 1
+        try:
+            response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await response.prepare(request)
+            for i in range(body["max_tokens"]):
+                await asyncio.sleep(0.002)  # the stub's service time (a pace, not a synchronisation)
+                await response.write(b'data: {"choices":[{"text":" x","token_ids":[%d]}]}\n\n' % i)
+            await response.write(b"data: [DONE]\n\n")
+            await response.write_eof()
+            return response
+        finally:
+            self.open -= 1
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_http_client_is_a_closed_loop_of_n_users(n, tmp_path):
+    stub = Counting()
+    with served(stub) as url:
+        cfg = make_config(
+            *small_workload(24, 1000.0),
+            "executor=http",
+            f"http.url={url}",
+            "http.max_concurrency=16",
+            f"workload.concurrency={n}",
+        )
+        result = http_point(cfg, tmp_path, progress=False)
+    requests = result["requests"]
+    assert (requests["status"] == "ok").all() and len(requests) == 24 == stub.served
+    # the client's records (all n users start at 0, so the bound is reached) and the server agree
+    assert max_in_flight(requests) == n and stub.peak <= n
+    assert result["summary"]["workload_report"]["concurrency"] == n
+
+
+# -- replay of a published run with a concurrency cap ----------------------------------------------------
+
+
+def test_a_reference_with_max_concurrency_replays_as_a_closed_loop(tmp_path):
+    """vLLM's bench serve JSON states --max-concurrency; the replay's simulated point runs that many
+    users, paced by the file's request rate, and never has more in flight."""
+    data = json.loads((REPLAY / "vllm060_a100_llama31_8b_rps4.jsonl").read_text().splitlines()[-1])
+    data["max_concurrency"] = 3
+    reference = tmp_path / "capped.jsonl"
+    reference.write_text(json.dumps(data) + "\n")
+    setup = tmp_path / "setup.yaml"
+    setup.write_text(yaml.safe_dump({"gpu": "a100_80g", "model": "llama3_8b", "policy": "chunked"}))
+    cfg = with_overrides(Config(), {"experiment.name": "replay"})
+    result = replay(cfg, reference, setup, tmp_path / "out", run_point, quiet=True)
+    overrides = result["overrides"]
+    assert overrides["workload.concurrency"] == 3 and overrides["workload.paced"] is True
+    requests = pd.read_parquet(tmp_path / "out" / "sim" / "requests.parquet")
+    assert max_in_flight(requests) == 3

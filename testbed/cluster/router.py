@@ -1,7 +1,9 @@
 """The router (driver): replays the workload, turns worker reports into calls on the request book.
 
 Open loop: requests are released at their arrival times whatever the system's state; a
-session's next turn is released a think time after its previous turn finished (closed loop).
+session's next turn is released a think time after its previous turn finished, and so is a
+closed loop's next request after any of its user's requests ended (finished, failed, refused:
+testbed/workload/closed_loop.py), so a loop of N users never has more than N in flight.
 Every rule about a request (admission, loads, binding, token order, endings) lives in the
 request book (testbed/control/book.py), which the simulator drives too; the router stamps times,
 sends messages and watches the workers. Every token is stamped twice: on the worker (end of its
@@ -65,7 +67,7 @@ class Router:
         self.cluster_config = cluster_config
         roles = {p.rank: p.role for p in cluster.plans}
         self.book = RequestBook(cluster_config, kv, mode == Mode.DISAGG, roles, log, block_size, tenants)
-        self.pending = [(r.arrival_s, r.request_id, r) for r in workload.requests]
+        self.pending = [(r.arrival_s, r.request_id, r) for r in workload.initial()]
         heapq.heapify(self.pending)
         self.released = 0  # requests taken off `pending` (a session's later turns join it as they come)
         self.steps = StepLog()
@@ -161,6 +163,8 @@ class Router:
         tracked = self.book.admit(request, t)
         if tracked is not None:
             self._dispatch(tracked)
+        else:  # refused: a closed loop's user sends its next request
+            self._follow(self.workload.ended(request, t - self.t0))
 
     def _dispatch(self, tracked: Tracked) -> None:
         self.book.deliver(tracked, self._reserve, self._serve, time.perf_counter)
@@ -237,7 +241,10 @@ class Router:
     # -- endings -------------------------------------------------------------------------------
     def _finished(self, tracked: Tracked, t: float) -> None:
         self.on_finish()
-        follow_up = self.workload.next_turn(tracked.request, tracked.output, t - self.t0)
+        self._follow(self.workload.next_turn(tracked.request, tracked.output, t - self.t0))
+
+    def _follow(self, follow_up) -> None:
+        """A session's next turn or a closed loop's next request waits for its arrival time."""
         if follow_up is not None:
             heapq.heappush(self.pending, (follow_up.arrival_s, follow_up.request_id, follow_up))
 
@@ -249,6 +256,7 @@ class Router:
         if self.book.fail(rid, t, reason) is None:
             return
         self.on_finish()
+        self._follow(self.workload.ended(tracked.request, t - self.t0))
         for worker in workers:
             if worker is not None and self.cluster.alive(worker):
                 self.cluster.inboxes[worker].put(Abort(rid, reason))

@@ -2,11 +2,13 @@
 
 Open loop as for the built-in engine: each request is sent at its arrival time whatever the
 server's state (up to http.max_concurrency in flight; a later one waits, and its wait counts in
-its TTFT); a session's next turn is sent a think time after its previous turn's last chunk
-(closed loop). Token times are the receipt times of the stream's chunks, so TTFT, TPOT and ITL
-mean what they mean for a built-in run. Every failure (an HTTP error, a stream that stops or
-goes silent, a timeout) is recorded on its request, and every request ends within
-http.timeout_s of being sent.
+its TTFT); a session's next turn is sent a think time after its previous turn's last chunk.
+Closed loop (workload.concurrency = N, testbed/workload/closed_loop.py), as `vllm bench serve
+--max-concurrency N`: N users, each sending its next request a think time after its last one
+ended however it ended, so no more than N are in flight. Token times are the receipt times of
+the stream's chunks, so TTFT, TPOT and ITL mean what they mean for a built-in run. Every
+failure (an HTTP error, a stream that stops or goes silent, a timeout) is recorded on its
+request, and every request ends within http.timeout_s of being sent.
 """
 
 from __future__ import annotations
@@ -41,11 +43,12 @@ class Replay:
         # text made before the clock starts: tokenizing on the loop would delay the chunks' stamps
         self.ready = {r.request_id: self._as_sent(r) for r in workload.requests} if prompts is not None else {}
         self.url = (self.http.url or "").rstrip("/") + self.http.endpoint  # a subclass may route per request
-        self.pending = [(r.arrival_s, r.request_id, r) for r in workload.requests]
+        self.pending = [(r.arrival_s, r.request_id, r) for r in workload.initial()]
         heapq.heapify(self.pending)
         self.tasks: set[asyncio.Task] = set()
         self.errors: Counter = Counter()
         self.on_finish = on_finish or (lambda: None)
+        self.refused: set[int] = set()  # refused by a router in front (DeploymentReplay): no session goes on
 
     async def run(self, session: aiohttp.ClientSession, log: RequestLog, stop=None) -> None:
         """Replay everything; `log` holds the run's clock (its t0) and every request's events.
@@ -78,7 +81,8 @@ class Replay:
         now = time.perf_counter() - self.log.t0
         while self.pending and self.pending[0][0] <= now:
             request = heapq.heappop(self.pending)[2]
-            request = self.ready.pop(request.request_id, None) or self._as_sent(request)
+            ready = self.ready.pop(request.request_id, None)  # its text, made at its open-loop time
+            request = (replace(ready[0], arrival_s=request.arrival_s), ready[1]) if ready else self._as_sent(request)
             task = asyncio.create_task(self._one(request))
             self.tasks.add(task)
             task.add_done_callback(self._done)
@@ -129,6 +133,7 @@ class Replay:
         except asyncio.CancelledError:  # interrupt(): the run was stopped
             why = INTERRUPTED
         self._end(request, ids, times, why)
+        self._follow(request, ids, times, why)
 
     async def _stream(self, request: Request, prompt, ids: list[int], times: list[float]) -> tuple[list[float], str]:
         """Fills `ids` and `times` (one receipt time per token); (the times, with any tokens only
@@ -169,10 +174,17 @@ class Replay:
                 f"stopped after {len(times)} of {request.output_len} tokens" if len(times) < request.output_len else ""
             )
             self.log.event(rid, Event.FINISHED, end, reason=short)
-            follow_up = self.workload.next_turn(request, ids or [0] * len(times), end - self.log.t0)
-            if follow_up is not None:
-                heapq.heappush(self.pending, (follow_up.arrival_s, follow_up.request_id, follow_up))
         self.on_finish()
+
+    def _follow(self, request: Request, ids: list[int], times: list[float], why: str) -> None:
+        """After any ending: a session's next turn (after a finish) or a closed loop's next request."""
+        end = (times[-1] if times else time.perf_counter()) - self.log.t0
+        if why or request.request_id in self.refused:
+            follow_up = self.workload.ended(request, end)
+        else:
+            follow_up = self.workload.next_turn(request, ids or [0] * len(times), end)
+        if follow_up is not None:
+            heapq.heappush(self.pending, (follow_up.arrival_s, follow_up.request_id, follow_up))
 
 
 def _counted(times: list[float], ids: list[int], used) -> list[float]:

@@ -83,7 +83,7 @@ async def interrupted(replay: Replay, t0: float) -> dict:
         "at_s": at_s,
         "requests_planned": len(workload.requests) + len(workload.rejected),
         "requests_cut": cut,
-        "requests_not_sent": len(replay.pending),
+        "requests_not_sent": len(replay.pending) + workload.unsent,  # a closed loop's too
     }
 
 
