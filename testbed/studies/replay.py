@@ -38,12 +38,14 @@ from testbed.interop.reference import FIGURES, STATS, Reference, read_reference,
 from testbed.metrics.latency import distribution
 from testbed.model.config import PRESETS, hf_model_args
 from testbed.perf.gpus import GPUS
+from testbed.sim.engine_profile import engine_profile, for_engine
 from testbed.tracking.results import write_json, write_text
 
 log = logging.getLogger("testbed")
 
 SETUP_KEYS = {
-    "engine": "the real engine and version (informational)",
+    "engine": "the real engine and version (vllm 0.15.1): picks the engine profile (sim.engine_profile) whose host "
+    "terms, front end and scheduling the setup's null keys take",
     "gpu": "a GPU of the analytical table (a100_80g, h100_sxm, ...)",
     "tp": "tensor-parallel degree of the engine (--tp / --tensor-parallel-size): the devices it spans",
     "model": "a preset (llama3_8b, qwen2_5_7b, ...)",
@@ -134,6 +136,7 @@ def load_setup(path) -> dict:
         raise ConfigError(f"{path}: num_scheduler_steps={steps!r} must be an integer >= 1")
     if setup.get("cuda_graphs") not in (None, True, False):
         raise ConfigError(f"{path}: cuda_graphs={setup['cuda_graphs']!r} must be true, false or null")
+    setup["_profile"] = for_engine(setup["engine"], f"{path}: engine") if setup.get("engine") else None
     setup["_dir"] = str(path.parent)
     return setup
 
@@ -197,6 +200,10 @@ def point_overrides(ref: Reference, setup: dict, trace: Optional[Path]) -> tuple
     policy = setup.get("policy", "colocated")
     running = int(setup.get("max_running", 256))
     budget = int(setup.get("max_batched_tokens", 2048))
+    profile = setup.get("_profile")
+    front = setup.get("frontend_latency_s")  # null: the engine profile's (a fitted knob, 0 included, replaces it)
+    if front is None:
+        front = engine_profile(profile).frontend_latency_s if profile else 0.0
     out = {
         "executor": "sim",
         "sim.profile": setup["gpu"],
@@ -210,7 +217,8 @@ def point_overrides(ref: Reference, setup: dict, trace: Optional[Path]) -> tuple
         "engine.host_overhead_s": setup.get("host_overhead_s"),
         "engine.host_overhead_per_seq_s": float(setup.get("host_overhead_per_seq_s") or 0.0),
         "engine.cuda_graphs": setup.get("cuda_graphs"),
-        "sim.frontend_latency_s": float(setup.get("frontend_latency_s") or 0.0),
+        "sim.frontend_latency_s": float(front),
+        "sim.engine_profile": profile,
         "sim.num_scheduler_steps": int(setup.get("num_scheduler_steps", 1)),
         "sim.step_gap_s": 0.0,
         "seed": int(setup.get("seed", 0)),
@@ -407,6 +415,7 @@ def replay(
         "detailed": ref.detailed,
         "definitions": ref.definitions,
         "gpu": setup["gpu"],
+        "engine_profile": setup.get("_profile"),
         "knobs": {key: setup.get(key) for key in FITTED},
         "overrides": overrides,
         "notes": notes,
@@ -422,10 +431,11 @@ def replay(
     )
     if not quiet:
         log.info(
-            "replay of %s (%s, %s)\n%s",
+            "replay of %s (%s, %s; engine profile %s)\n%s",
             reference,
             ref.format,
             "per-request" if ref.detailed else "summary-only",
+            setup.get("_profile") or "none (the GPU table's host term)",
             error_table(rows),
         )
         for note in notes:
