@@ -176,3 +176,20 @@ def test_the_simulator_counts_kv_at_the_kv_dtype():
     fp8 = resolve_roles(compose_config([*base, "sim.kv_dtype=fp8"]), {"mixed"})["mixed"]
     assert (bf16.dtype_bytes, fp8.dtype_bytes) == (2, 1) and fp8.label["kv_dtype"] == "fp8"
     assert fp8.cost.rank_kv_bytes_per_token * 2 == bf16.cost.rank_kv_bytes_per_token
+
+
+# -- the planner ---------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "widths, degrees",
+    [([], [2, 4]), (["sim.weight_dtype=fp8", "sim.kv_dtype=fp8"], [1])],
+)
+def test_the_planner_places_mixtral_on_h100s_only_where_it_fits(widths, degrees):
+    """bf16: 93.4 GB a device at TP1 does not fit, 46.7 GB at TP2 does; FP8: 47.0 GB at TP1 does."""
+    from testbed.sim.fit import split_unfit
+    from testbed.studies import placements
+
+    base = ["executor=sim", "sim.profile=h100_sxm", "model=mixtral_8x7b", "hardware=cpu", "hardware.num_devices=8"]
+    cfg = compose_config([*base, *widths])
+    assert placements.fitting_degrees(cfg, 8)[0] == degrees
+    tp1 = compose_config([*base, *widths, "mode=disagg"])
+    assert (split_unfit(tp1) is None) == (degrees == [1])
