@@ -141,6 +141,28 @@ def burstiness(sweep: Sweep) -> Made:
     return [("burstiness", fig, text, {"attainment": attainment, "ttft": ttft})]
 
 
+def latency_vs_concurrency(sweep: Sweep) -> Made:
+    """A closed loop's throughput and latency against its users (the requests in flight at most)."""
+    fig, axes = style.figure("double", cols=3)
+    cells = sweep.cells()
+    throughput = figures.metric_by_label(axes[0], cells, "concurrency", "throughput_requests_per_s")
+    axes[0].set(xlabel="users (closed loop)", ylabel="throughput (req/s)")
+    plotted = {"throughput": throughput}
+    for ax, metric in zip(axes[1:], ("ttft", "tpot")):
+        plotted[metric] = figures.latency_vs_rate(ax, cells, metric, x="concurrency")
+        ax.set_xlabel("users (closed loop)")
+    for ax in axes:
+        ax.set_xscale("log", base=2)
+        style.plain_ticks(ax.xaxis)
+    text = " ".join(
+        [
+            captions.by_knob(throughput, "throughput (req/s)", "users", better="higher"),
+            captions.by_knob(plotted["ttft"]["p99"], "p99 TTFT (ms)", "users", better="lower"),
+        ]
+    )
+    return [("latency_vs_concurrency", fig, text, plotted)]
+
+
 def ttft_by_turn(sweep: Sweep) -> Made:
     fig, ax = style.figure()
     plotted = figures.ttft_by_turn(ax, sweep.aggregate["turns"], sweep.cells())
@@ -226,6 +248,7 @@ MAKERS: dict[str, Callable[[Sweep], Made]] = {
         chunk_tradeoff,
         ttft_by_bucket,
         burstiness,
+        latency_vs_concurrency,
         ttft_by_turn,
         kv_bytes_by_turn,
         decode_itl_with_appends,

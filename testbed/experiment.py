@@ -23,6 +23,8 @@ class ExperimentConfig:
     rates: List[float] = field(default_factory=list)  # empty: workload.rate alone
     # chunk_sweep and plan: the scheduler.chunk_size values tried (tokens)
     chunk_sizes: List[int] = field(default_factory=lambda: [256, 512, 1024, 2048, 4096, 8192])
+    # concurrency_sweep: the closed loop's users (workload.concurrency) swept
+    concurrencies: List[int] = field(default_factory=lambda: [1, 2, 4, 8, 16])
     # burstiness study: the gamma shapes (workload.burstiness) swept
     burstiness: List[float] = field(default_factory=lambda: [0.25, 0.5, 1.0, 2.0, 4.0])
     # slo_scale: the factors both SLOs are scaled by
@@ -81,7 +83,15 @@ class ExperimentConfig:
         bad = [m for m in self.modes if m not in ("colocated", "chunked", "disagg")]
         if bad:
             raise ConfigError(f"experiment.modes has {bad}; allowed: colocated, chunked, disagg")
-        for key in ("rates", "chunk_sizes", "burstiness", "slo_scales", "prefill_lengths", "tp_degrees"):
+        for key in (
+            "rates",
+            "chunk_sizes",
+            "burstiness",
+            "slo_scales",
+            "prefill_lengths",
+            "tp_degrees",
+            "concurrencies",
+        ):
             if any(v <= 0 for v in getattr(self, key)):
                 raise ConfigError(f"experiment.{key} must all be > 0 (got {list(getattr(self, key))})")
         bad = [h for h in self.handoffs if h not in ("resend", "incremental", "ppd")]

@@ -211,6 +211,14 @@ def burstiness(plotted, saved: Saved) -> None:
     latency_lines(plotted["ttft"], saved, "ttft", x="burstiness")
 
 
+def latency_vs_concurrency(plotted, saved: Saved) -> None:
+    for label, line in plotted["throughput"].items():
+        keys = [str(int(n)) for n in line["x"]]
+        expect(line["y"], [saved.aggregate[label][k] for k in keys], f"{label} throughput")
+    for metric in ("ttft", "tpot"):
+        latency_lines(plotted[metric], saved, metric, x="concurrency")
+
+
 def ttft_by_turn(plotted, saved: Saved, name: str = "ttft", y: str = "ttft", scale: float = MS) -> None:
     turns = saved.aggregate["turns"]
     assert set(plotted) == set(turns)
@@ -297,6 +305,7 @@ CHECKS = {
     "chunk_tradeoff": chunk_tradeoff,
     "ttft_by_bucket": ttft_by_bucket,
     "burstiness": burstiness,
+    "latency_vs_concurrency": latency_vs_concurrency,
     "ttft_by_turn": ttft_by_turn,
     "kv_bytes_by_turn": kv_bytes_by_turn,
     "decode_itl_with_appends": decode_itl_with_appends,

@@ -358,6 +358,20 @@ def burstiness(table, cfg, out_dir) -> dict:
     return out
 
 
+def concurrency_sweep(table, cfg, out_dir) -> dict:
+    """Per configuration: {users: mean throughput (req/s) over repeats}, and its p50/p99 TTFT and TPOT."""
+    out = {}
+    for label, group in cells(out_dir).groupby("label"):
+        group = group.sort_values("concurrency")
+        users = [int(n) for n in group["concurrency"]]
+        out[label] = dict(zip(users, group["throughput_requests_per_s"]))
+        out[f"{label}_latency"] = {
+            n: {key: row[key] for key in ("ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99")}
+            for n, (_, row) in zip(users, group.iterrows())
+        }
+    return out
+
+
 VALIDATED = ("ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99")
 
 

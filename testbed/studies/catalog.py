@@ -222,6 +222,12 @@ def burstiness(cfg: Config) -> list[Point]:
     return points
 
 
+def concurrency_sweep(cfg: Config) -> list[Point]:
+    """Every mode under a closed loop of each number of users (no offered rate: the users' pace)."""
+    configs = layouts(cfg, list(cfg.experiment.modes))
+    return _grid(cfg, configs, "concurrency", list(cfg.experiment.concurrencies), "workload.concurrency")
+
+
 def interference(cfg: Config) -> list[Point]:
     """Per mode: the decode background alone (the baseline), then with prefills of each length,
     one at a time at evenly spaced arrivals, the background sized to keep decoding through them."""
@@ -638,6 +644,16 @@ STUDIES = (
         over_http=True,
         on_vllm=True,
         tiny=("experiment.burstiness=[0.5,2.0]", "experiment.modes=[chunked]"),
+    ),
+    Study(
+        "concurrency_sweep",
+        "closed-loop users: throughput and latency against the number of requests in flight",
+        concurrency_sweep,
+        aggregates.concurrency_sweep,
+        figures=("latency_vs_concurrency",),
+        over_http=True,
+        on_vllm=True,
+        tiny=("experiment.concurrencies=[1,4]", "experiment.modes=[chunked]"),
     ),
     Study(
         "multiturn",

@@ -60,7 +60,19 @@ def _other_repeats(overrides: dict, repeat: int) -> dict:
     return {k: v.replace(OTHER_REPEATS, f"[!{repeat}]") if isinstance(v, str) else v for k, v in overrides.items()}
 
 
-KNOBS = ("label", "mode", "executor", "rate", "burstiness", "chunk", "prefill_len", "dispatch", "handoff", "num_gpus")
+KNOBS = (
+    "label",
+    "mode",
+    "executor",
+    "rate",
+    "concurrency",
+    "burstiness",
+    "chunk",
+    "prefill_len",
+    "dispatch",
+    "handoff",
+    "num_gpus",
+)
 
 
 def cell_knobs(table: pd.DataFrame) -> list[str]:
