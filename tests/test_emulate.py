@@ -9,7 +9,7 @@ import os
 import numpy as np
 import pytest
 
-from testbed import LLM
+from testbed import LLM, notices
 from testbed.cluster import launcher
 from testbed.cluster.emulation import Emulation, emulation_meta, role_pacers
 from testbed.cluster.pacing import LinkPacer, StepPace, StepPacer, hold, pace_summary
@@ -253,7 +253,7 @@ def plans(n: int, device: str = "cpu") -> list:
 
 def test_more_workers_than_cores_says_so_in_one_line_once(monkeypatch, caplog):
     monkeypatch.setattr(launcher, "available_cores", lambda: [0, 1])
-    monkeypatch.setattr(launcher, "said", set())  # as in a fresh process
+    monkeypatch.setattr(notices, "_said", set())  # as in a fresh process
     with caplog.at_level(logging.WARNING, logger=launcher.__name__):
         shared = launcher.plan_cores(plans(4), paced=False)
         again = launcher.plan_cores(plans(4), paced=False)  # the next point of a sweep

@@ -73,7 +73,11 @@ def resolve_role(cfg: Config, role: str, profile: Optional[Mapping] = None) -> R
     if spec is not None and is_gpu(spec) and not given:
         dtype_bytes = gpu_dtype_bytes(cfg.model.dtype)
         model, label = analytical(
-            spec, args, dtype_bytes, tp=tp, **cfg.sim.precision(),
+            spec,
+            args,
+            dtype_bytes,
+            tp=tp,
+            **cfg.sim.precision(),
             **host_terms(cfg.engine, cfg.sim.engine_profile, cfg.model.dtype),
         )
         label = {**label, "engine_profile": cfg.sim.engine_profile} if cfg.sim.engine_profile else label

@@ -48,16 +48,18 @@ class EngineProfile:
 
     def label(self) -> dict:
         """What summary.json and the planner say about the profile."""
-        return {"name": self.name, "engine": self.engine, "async_scheduling": self.async_scheduling,
-                "calibration": self.calibration.get("runs")}
+        return {
+            "name": self.name,
+            "engine": self.engine,
+            "async_scheduling": self.async_scheduling,
+            "calibration": self.calibration.get("runs"),
+        }
 
 
 @functools.lru_cache(maxsize=4)
 def profiles(path: Path = TABLE) -> dict[str, EngineProfile]:
     rows = yaml.safe_load(Path(path).read_text()) or {}
-    return {
-        name: EngineProfile(name=name, **{**row, "versions": tuple(row["versions"])}) for name, row in rows.items()
-    }
+    return {name: EngineProfile(name=name, **{**row, "versions": tuple(row["versions"])}) for name, row in rows.items()}
 
 
 def engine_profile(name: str, key: str = "sim.engine_profile") -> EngineProfile:
