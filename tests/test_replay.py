@@ -47,6 +47,7 @@ def _run_point(cfg, out_dir):
 
 SMALL_SETUP = {
     "engine": "sglang 0.5.2 (fixture)",
+    "profile": "sglang",  # no profile covers SGLang 0.5: the setup names the nearest
     "gpu": "a100_80g",
     "tp": 1,
     "model": "llama3_8b",

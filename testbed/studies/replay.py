@@ -44,6 +44,7 @@ from testbed.tracking.results import write_json, write_text
 log = logging.getLogger("testbed")
 
 SETUP_KEYS = {
+    "profile": "the engine profile to use (sim.engine_profile), where no profile covers `engine`",
     "engine": "the real engine and version (vllm 0.15.1): picks the engine profile (sim.engine_profile) whose host "
     "terms, front end and scheduling the setup's null keys take",
     "gpu": "a GPU of the analytical table (a100_80g, h100_sxm, ...)",
@@ -136,9 +137,22 @@ def load_setup(path) -> dict:
         raise ConfigError(f"{path}: num_scheduler_steps={steps!r} must be an integer >= 1")
     if setup.get("cuda_graphs") not in (None, True, False):
         raise ConfigError(f"{path}: cuda_graphs={setup['cuda_graphs']!r} must be true, false or null")
-    setup["_profile"] = for_engine(setup["engine"], f"{path}: engine") if setup.get("engine") else None
+    setup["_profile"] = setup_profile(setup, path)
     setup["_dir"] = str(path.parent)
     return setup
+
+
+def setup_profile(setup: dict, path: Path) -> Optional[str]:
+    """The engine profile a setup names (`profile: NAME`), else the one covering its `engine`; an
+    engine at a version no profile covers, without `profile:`, is refused in one line."""
+    if setup.get("profile") is not None:
+        return engine_profile(str(setup["profile"]), f"{path}: profile").name
+    if not setup.get("engine"):
+        return None
+    try:
+        return for_engine(setup["engine"], f"{path}: engine")
+    except ConfigError as e:
+        raise ConfigError(f"{e}; or name one with profile: NAME") from None
 
 
 def model_overrides(setup: dict) -> dict:
