@@ -76,6 +76,36 @@ def goodput_by_split(ax, goodputs: Mapping[str, Mapping]) -> dict[str, dict]:
     return {label: plotted[label] for label in style.order(goodputs)}
 
 
+def goodput_bars(ax, goodputs: Mapping[str, Mapping]) -> dict[str, dict]:
+    """The planner's search: one bar per configuration (splits, TP placements and baselines alike),
+    its interval as an error bar, a bound hatched with its ">=" or "<" over it.
+    {label: {"goodput_per_gpu", "low", "high", "censored"} as plotted}."""
+    labels = style.order(goodputs)
+    plotted = {
+        label: {
+            "goodput_per_gpu": float(goodputs[label]["goodput_per_gpu"]),
+            "low": as_float(goodputs[label].get("goodput_per_gpu_low")),
+            "high": as_float(goodputs[label].get("goodput_per_gpu_high")),
+            "censored": goodputs[label].get("goodput_censored") or "",
+        }
+        for label in labels
+    }
+    at = np.arange(len(labels))
+    bars = ax.bar(
+        at, [plotted[k]["goodput_per_gpu"] for k in labels], 0.6, color=[style.colour(k) for k in labels], **BAR
+    )
+    for x, label, bar in zip(at, labels, bars):
+        error_bars(ax, [x], [plotted[label]["low"]], [plotted[label]["high"]], "black", label)
+        if plotted[label]["censored"]:
+            bar.set_hatch("//")
+            ax.annotate(
+                bound_text(plotted[label]), (x, plotted[label]["goodput_per_gpu"]), ha="center", va="bottom", fontsize=7
+            )
+    ax.set_xticks(at, labels, rotation=30, ha="right", fontsize=7)
+    ax.set(xlabel="configuration", ylabel="goodput per GPU (req/s)")
+    return plotted
+
+
 def bound_text(line: Mapping) -> str:
     return f"{'>=' if line['censored'] == 'above' else '<'} {line['goodput_per_gpu']:.3g}"
 

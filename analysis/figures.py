@@ -22,7 +22,7 @@ import pandas as pd
 from matplotlib.ticker import PercentFormatter
 
 from analysis import style
-from analysis.bars import MS, goodput_by_split, grouped_bars, latency_summary, ttft_by_bucket  # noqa: F401
+from analysis.bars import MS, goodput_bars, goodput_by_split, grouped_bars, latency_summary, ttft_by_bucket  # noqa: F401
 from analysis.bounds import as_float, band, column_bounds, error_bars
 from analysis.interference import decode_step_times, itl_inflation  # noqa: F401  (re-exported)
 from analysis.system import gpu_telemetry, kv_bandwidth, request_timeline  # noqa: F401  (re-exported)
@@ -83,15 +83,21 @@ def latency_vs_rate(
     percentiles=("p50", "p99"),
     x: str = "rate",
     slo_s: float | None = None,
+    points: pd.DataFrame | None = None,
+    crossings: Mapping[str, float] | None = None,
 ) -> dict[str, dict]:
     """p50 (solid) and p99 (dashed) of a latency metric against the rate, per label, each with its
-    interval, and the metric's SLO as a horizontal line where given:
-    {percentile: {label: {"x", "y", "low", "high"} (ms)}}."""
+    interval; every run at every rate (`points`: a goodput search's rates too) as a dot; each
+    label's goodput (`crossings`) as a dotted vertical line; the metric's SLO as a horizontal line
+    where given: {percentile: {label: {"x", "y", "low", "high", "runs_x", "runs_y", "crossing"} (ms)}}."""
     plotted = {}
     for i, p in enumerate(percentiles):
         plotted[p] = metric_by_label(
             ax, cells, x, f"{metric}_{p}", MS, style.PERCENTILE_STYLES.get(p, ":"), legend=i == 0
         )
+        for label, line in plotted[p].items():
+            line.update(_runs_of(ax, points, label, x, f"{metric}_{p}", "o" if i == 0 else "^"))
+            line["crossing"] = _crossing(ax, (crossings or {}).get(label), label, first=i == 0)
     if slo_s:
         ax.axhline(slo_s * MS, color="black", linewidth=0.7, linestyle=":")
         ax.annotate(
@@ -102,6 +108,25 @@ def latency_vs_rate(
     style.plain_ticks(ax.yaxis)
     style.legend(ax, {p: style.PERCENTILE_STYLES.get(p, ":") for p in percentiles})  # colour: config, line: percentile
     return plotted
+
+
+def _runs_of(ax, points: pd.DataFrame | None, label: str, x: str, y: str, marker: str) -> dict:
+    """Each run of `label` as a small dot at its own rate (ms): what the cell lines leave out."""
+    if points is None or y not in points or x not in points:
+        return {"runs_x": np.array([]), "runs_y": np.array([])}
+    rows = points[points["label"] == label]
+    xs, ys = rows[x].to_numpy(dtype=float), rows[y].to_numpy(dtype=float) * MS
+    ax.scatter(xs, ys, s=6, marker=marker, color=style.colour(label), alpha=0.6, linewidths=0, label="_nolegend_")
+    return {"runs_x": xs, "runs_y": ys}
+
+
+def _crossing(ax, rate: float | None, label: str, first: bool) -> float:
+    """The label's goodput as a vertical dotted line (drawn once per axis); NaN where it has none."""
+    if rate is None or not np.isfinite(rate) or rate <= 0:
+        return np.nan
+    if first:
+        ax.axvline(rate, color=style.colour(label), linewidth=0.8, linestyle=":", label="_nolegend_")
+    return float(rate)
 
 
 def attainment_vs_rate(

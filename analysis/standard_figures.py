@@ -45,14 +45,21 @@ def attainment_vs_rate(sweep: Sweep) -> Made:
 def latency_vs_rate(sweep: Sweep) -> Made:
     fig, axes = style.figure("double", cols=2)
     slo = sweep.slo()
+    goodputs = sweep.aggregate.get("goodput") or {}
+    crossings = {label: g["goodput"] for label, g in goodputs.items() if not g.get("goodput_censored")}
     plotted = {
-        m: figures.latency_vs_rate(ax, sweep.cells(), m, slo_s=slo.get(f"{m}_s"))
+        m: figures.latency_vs_rate(
+            ax, sweep.cells(), m, slo_s=slo.get(f"{m}_s"), points=sweep.searched(), crossings=crossings
+        )
         for ax, m in zip(axes, ("ttft", "tpot"))
     }
     runs = sweep.finished()
-    return [
-        ("latency_vs_rate", fig, " ".join(captions.latency_vs_rate(v, m, runs) for m, v in plotted.items()), plotted)
-    ]
+    text = " ".join(captions.latency_vs_rate(v, m, runs) for m, v in plotted.items())
+    text += (
+        " Lines: the grid rates' cells with their 95% intervals; dots (p50) and triangles (p99): each run at its"
+        " own rate, a goodput search's included; dotted verticals: each configuration's goodput."
+    )
+    return [("latency_vs_rate", fig, text, plotted)]
 
 
 def latency_cdfs(sweep: Sweep) -> Made:
@@ -202,7 +209,7 @@ def plan_goodput(sweep: Sweep) -> Made:
     """The simulated search of `plan`: goodput per GPU per split, the baselines as lines."""
     fig, ax = style.figure()
     simulated = sweep.aggregate["simulated"]
-    plotted = figures.goodput_by_split(ax, simulated["goodput"])
+    plotted = figures.goodput_bars(ax, simulated["goodput"])
     analytical = (sweep.aggregate.get("analytical") or {}).get("split", "none (no split fits the devices)")
     text = f"{captions.goodput_per_gpu(plotted, simulated.get('best'))} First-order analytical split: {analytical}."
     return [("plan_goodput_per_gpu", fig, text, plotted)]

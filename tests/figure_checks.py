@@ -97,8 +97,19 @@ def latency_lines(plotted, saved: Saved, metric: str, x: str = "rate") -> None:
 
 
 def latency_vs_rate(plotted, saved: Saved) -> None:
+    """The cells' lines as saved; every finished run (a search's rates too) as a dot at its rate;
+    each uncensored goodput marked where the aggregate put it."""
+    done = saved.table[saved.table["status"].isin(["ok", "skipped"])]
+    if "overrun" in done.columns:
+        done = done[~done["overrun"].fillna(False).astype(bool)]
+    goodput = saved.aggregate.get("goodput") or {}
     for metric in ("ttft", "tpot"):
         latency_lines(plotted[metric], saved, metric)
+        for label, line in plotted[metric]["p50"].items():
+            expect(sorted(line["runs_x"]), sorted(done[done["label"] == label]["rate"]), f"{label} every run's rate")
+            g = goodput.get(label)
+            if g and not g.get("goodput_censored"):
+                expect(line["crossing"], g["goodput"], f"{label} crossing")
 
 
 def latency_cdf(plotted, saved: Saved) -> None:

@@ -239,6 +239,7 @@ def plan_lines(aggregate: dict) -> list[str]:
         *([f"  SLO-aware: none ({aggregate['slo_plan_skipped']})"] if aggregate.get("slo_plan_skipped") else []),
         f"  simulated: {sim['best'].get('line', '')}",
         *placement_lines(aggregate.get("placements")),
+        *why_planners_differ(aggregate),
     ]
     if measured:
         best = measured.get("best", {})
@@ -249,6 +250,29 @@ def plan_lines(aggregate: dict) -> list[str]:
         m = measured.get("goodput", {}).get(label, {}).get("goodput_per_gpu")
         lines.append(f"  {label:>{width}} {g['goodput_per_gpu']:>14.2f} {'-' if m is None else f'{m:.2f}':>13}")
     return lines
+
+
+# what each planner sees, so a reader knows why their answers may part
+PLANNERS = (
+    ("analytical", "balances prefill against decode work per request at the p95 lengths; no queueing, no SLO"),
+    ("SLO-aware", "the highest rate a split serves with each phase's queue within its SLO; no batching effects"),
+    (
+        "simulated",
+        "every configuration stepped on the cost model, colocated and chunked too; batching and interference",
+    ),
+)
+
+
+def why_planners_differ(aggregate: dict) -> list[str]:
+    """One line per planner saying what it models, where their answers are not one split."""
+    analytical = (aggregate.get("analytical") or {}).get("split")
+    slo = (aggregate.get("slo_plan") or {}).get("best")
+    best = (aggregate.get("simulated") or {}).get("best") or {}
+    simulated = best.get("label") if best.get("separated") else None
+    answers = {a for a in (analytical, slo, simulated) if a}
+    if len(answers) <= 1 and simulated:
+        return ["  the three planners agree"]
+    return ["  why the answers may differ:", *(f"    {name}: {what}" for name, what in PLANNERS)]
 
 
 def placement_lines(search: dict | None) -> list[str]:
