@@ -38,6 +38,7 @@ from testbed.interop.reference import FIGURES, STATS, Reference, read_reference,
 from testbed.metrics.latency import distribution
 from testbed.model.config import PRESETS, hf_model_args
 from testbed.perf.gpus import GPUS
+from testbed.perf.precision import KV_DTYPES, WEIGHT_DTYPES, check_dtype
 from testbed.sim.engine_profile import engine_profile, for_engine
 from testbed.tracking.results import write_json, write_text
 
@@ -57,10 +58,15 @@ SETUP_KEYS = {
     "(prefill and decode instances: num_prefill, num_decode, each of `tp` GPUs)",
     "num_prefill": "disagg: prefill instances (default 1)",
     "num_decode": "disagg: decode instances (default 1)",
+    "prefill_tp": "disagg: each prefill instance's tensor-parallel degree where it differs from `tp`",
+    "decode_tp": "disagg: each decode instance's tensor-parallel degree where it differs from `tp`",
+    "replicas": "colocated | chunked: engine replicas behind one router, each of `tp` GPUs (default 1)",
     "nodes": "disagg: 2 when prefill and decode run on different nodes (the KV crosses the network between them)",
     "internode_gbps": "the network between the nodes, GB/s (bytes): hardware.internode_gbps",
     "internode_latency_s": "its latency per KV transfer: hardware.internode_latency_s",
     "weight_bits": "a quantized checkpoint's bits per layer weight (GPTQ/AWQ int4: 4): sim.weight_bits",
+    "weight_dtype": "the layer weights' type (fp8: an FP8 checkpoint, GEMMs at the FP8 peak): sim.weight_dtype",
+    "kv_dtype": "the KV cache's type (fp8: vLLM --kv-cache-dtype fp8): sim.kv_dtype",
     "first_token": "disagg: prefill (the client's first token is the one the prefill instance makes, as here) | "
     "decode (a proxy streams the decode instance's tokens only: the first arrives after the KV, from D's first step)",
     "max_batched_tokens": "a step's token budget (vLLM max_num_batched_tokens; SGLang chunked_prefill_size)",
@@ -124,7 +130,7 @@ def load_setup(path) -> dict:
         value = setup.get(key)
         if value is not None and not (isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0):
             raise ConfigError(f"{path}: {key}={value!r} must be a number of seconds >= 0")
-    for key in ("num_prefill", "num_decode", "nodes"):
+    for key in ("num_prefill", "num_decode", "nodes", "replicas", "prefill_tp", "decode_tp"):
         value = setup.get(key, 1)
         if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
             raise ConfigError(f"{path}: {key}={value!r} must be an integer >= 1")
@@ -132,6 +138,8 @@ def load_setup(path) -> dict:
         raise ConfigError(f"{path}: first_token={setup['first_token']!r} is not one of prefill, decode")
     if setup.get("weight_bits") not in (None, 4, 8, 16):
         raise ConfigError(f"{path}: weight_bits={setup['weight_bits']!r} is not one of 4, 8, 16, null")
+    check_dtype(str(setup.get("weight_dtype", "auto")), f"{path}: weight_dtype", WEIGHT_DTYPES)
+    check_dtype(str(setup.get("kv_dtype", "auto")), f"{path}: kv_dtype", KV_DTYPES)
     steps = setup.get("num_scheduler_steps", 1)
     if not (isinstance(steps, int) and not isinstance(steps, bool) and steps >= 1):
         raise ConfigError(f"{path}: num_scheduler_steps={steps!r} must be an integer >= 1")
@@ -192,14 +200,16 @@ def instances(setup: dict) -> dict:
     (each of `tp` GPUs, on `nodes` nodes: P's first, so with two nodes the KV crosses the network)."""
     tp = setup.get("tp", 1)  # an integer >= 1 (load_setup)
     if setup.get("policy") != "disagg":
-        return {"cluster.num_workers": 1, "cluster.tp": tp, "hardware.num_devices": tp}
+        n = setup.get("replicas", 1)
+        return {"cluster.num_workers": n, "cluster.tp": tp, "hardware.num_devices": n * tp}
     p, d = setup.get("num_prefill", 1), setup.get("num_decode", 1)
+    ptp, dtp = setup.get("prefill_tp", tp), setup.get("decode_tp", tp)
     out = {
         "cluster.num_prefill": p,
         "cluster.num_decode": d,
-        "cluster.prefill_tp": tp,
-        "cluster.decode_tp": tp,
-        "hardware.num_devices": (p + d) * tp,
+        "cluster.prefill_tp": ptp,
+        "cluster.decode_tp": dtp,
+        "hardware.num_devices": p * ptp + d * dtp,
         "hardware.num_nodes": setup.get("nodes", 1),
     }
     for key in ("internode_gbps", "internode_latency_s"):
@@ -222,6 +232,8 @@ def point_overrides(ref: Reference, setup: dict, trace: Optional[Path]) -> tuple
         "executor": "sim",
         "sim.profile": setup["gpu"],
         "sim.weight_bits": setup.get("weight_bits"),
+        "sim.weight_dtype": str(setup.get("weight_dtype", "auto")),
+        "sim.kv_dtype": str(setup.get("kv_dtype", "auto")),
         "mode": policy,
         **instances(setup),
         "scheduler.max_running": running,

@@ -58,6 +58,9 @@ THROUGHPUT = ("throughput_requests_per_s", "throughput_output_tokens_per_s")
 # a P/D pair's differences (disagg - colocated) compared: the figures a P/D paper argues with
 PAIR_FIGURES = ("ttft_mean", "ttft_p50", "tpot_mean", "tpot_p50", "tpot_p99")
 PAIR_BOUND = 0.25  # the difference within 25% of the real one, and of its sign
+# calibrated_by: engine_profile: a held-out case run at its setup's engine profile, nothing fitted
+# (runs on GPUs and engines no calibration case here covers)
+PROFILE = "engine_profile"
 
 
 def load_manifest(path, only: Optional[str] = None) -> tuple[Path, list[dict]]:
@@ -74,10 +77,13 @@ def load_manifest(path, only: Optional[str] = None) -> tuple[Path, list[dict]]:
             )
     fitted = {c["group"] for c in cases if c["role"] == "calibrate"}
     for case in cases:
+        if case.get("calibrated_by") == PROFILE and case["role"] == "held_out":
+            continue
         if case["group"] not in fitted and case.get("calibrated_by") not in fitted:
             raise ConfigError(
                 f"{path}: case {case['name']!r}: group {case['group']!r} has no calibration case; "
-                f"name one that has in calibrated_by (one of {', '.join(sorted(fitted)) or 'none'})"
+                f"name one that has in calibrated_by (one of {', '.join(sorted(fitted)) or 'none'}), "
+                f"or {PROFILE} (held out at the setup's engine profile)"
             )
     order = list(dict.fromkeys(c["group"] for c in cases if c["role"] == "calibrate"))
     for case in cases:
@@ -106,6 +112,11 @@ def reference_file(base: Path, case: dict) -> Path:
 def load_pairs(path) -> list[dict]:
     """The manifest's P/D pairs: {colocated: case name, disagg: case name}, checked by load_manifest."""
     return list((yaml.safe_load(Path(path).read_text()) or {}).get("pairs") or [])
+
+
+def pair_figures(path) -> tuple:
+    """The figures a manifest's pairs compare (`pair_figures:`, as published), else PAIR_FIGURES."""
+    return tuple((yaml.safe_load(Path(path).read_text()) or {}).get("pair_figures") or PAIR_FIGURES)
 
 
 def pair_rows(results: list[dict], pairs: list[dict], figures=PAIR_FIGURES) -> list[dict]:
@@ -215,8 +226,11 @@ def validate(
             fitted[group] = fit_host(base, calibration, out_dir / "fit" / group, cfg, run_point, grid, per_seq_grid)
         log.info("%s: %s (calibration MAPE %s)", group, _knobs(fitted[group]), _pct(fitted[group]["score"]))
     for case in cases:
-        fit = fitted[case["group"]] if case["group"] in fitted else fitted[case["calibrated_by"]]
-        knobs = {key: fit[key] for key in FITTED if key in fit}
+        if case["group"] not in fitted and case.get("calibrated_by") == PROFILE:
+            knobs = {}
+        else:
+            fit = fitted[case["group"]] if case["group"] in fitted else fitted[case["calibrated_by"]]
+            knobs = {key: fit[key] for key in FITTED if key in fit}
         run = replay(
             cfg,
             reference_file(base, case),
@@ -251,7 +265,7 @@ def validate(
             [r for r in results if r["role"] == "held_out" and r["calibrated_by"] != r["group"]],
             ("ttft", "tpot", "e2e", "requests_per_s", "output_tokens_per_s"),
         ),
-        "pairs": pair_rows(results, load_pairs(manifest)),
+        "pairs": pair_rows(results, load_pairs(manifest), pair_figures(manifest)),
         "held_out_by_group": {
             group: table_mape([r for r in results if r["role"] == "held_out" and r["group"] == group])
             for group in dict.fromkeys(r["group"] for r in results if r["role"] == "held_out")
@@ -359,14 +373,15 @@ def markdown(summary: dict) -> str:
 
 
 def pairs_markdown(rows: list[dict]) -> list[str]:
-    """The P/D pairs' differences (ms): real, simulated, the sign, and the error of the difference."""
+    """The P/D pairs' differences (ms; throughput per second): real, simulated, the sign, the error."""
     if not rows:
         return []
-    lines = ["", "| disagg - colocated | figure | real ms | sim ms | sign | error |", "|---|---|---|---|---|---|"]
+    lines = ["", "| disagg - colocated | figure | real | sim | sign | error |", "|---|---|---|---|---|---|"]
     for row in rows:
+        scale = 1 if row["figure"].startswith("throughput") else 1000  # rates per second; latencies in ms
         lines.append(
             f"| {row['disagg']}{'' if row['held_out'] else ' (calibrated)'} | {row['figure']} "
-            f"| {1000 * row['real']:+.2f} | {1000 * row['sim']:+.2f} "
+            f"| {scale * row['real']:+.2f} | {scale * row['sim']:+.2f} "
             f"| {'same' if row['same_sign'] else 'WRONG'} | {_pct(row['error'])} |"
         )
     for label, subset in (("held-out pairs", [r for r in rows if r["held_out"]]), ("all pairs", rows)):
