@@ -131,3 +131,15 @@ def test_every_test_a_doc_page_names_exists():
             if not known and not (name.endswith("_") and any(d.startswith(name) for d in defined)):
                 missing.add(f"{page.relative_to(ROOT)} names {name}")
     assert not missing, sorted(missing)
+
+
+def test_every_study_has_its_yaml_and_its_readme():
+    """A study is `+experiment=NAME`: its settings in conf/experiment/NAME.yaml and its README in
+    experiments/NAME/, for every study the catalog runs (`serve`, the single run without
+    +experiment, aside: the README's first command is its page)."""
+    from testbed.studies.catalog import STUDIES
+
+    names = {study.name for study in STUDIES} - {"serve"}
+    missing = [n for n in sorted(names) if not (ROOT / "experiments" / n / "README.md").is_file()]
+    missing += [f"conf/{n}" for n in sorted(names) if not (ROOT / "conf" / "experiment" / f"{n}.yaml").is_file()]
+    assert not missing, missing
