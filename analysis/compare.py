@@ -67,6 +67,12 @@ class Side:
             if load
             else "load not recorded"
         )
+        contended = self.host.get("contended")
+        if contended and contended["points"]:
+            worst = f"stretch up to x{contended['stretch_max']:.2f}"
+            state += f"; CONTENDED: {contended['points']} of {contended['of']} points ({worst})"
+        elif contended:
+            state += "; not contended"
         seeds = sorted({int(s) for s in self.rows["seed"]}) if len(self.rows) else []
         return (
             f"{self.dir} ({self.experiment}; code {', '.join(self.versions) or 'unrecorded'}; {where}, {state}; "
@@ -157,6 +163,10 @@ def host_of(metas: list[dict], rows: pd.DataFrame | None) -> dict:
         if load.size:
             host["load_1m"] = {"mean": float(load.mean()), "min": float(load.min()), "max": float(load.max()),
                                "points": int(len(rows))}  # fmt: skip
+    if rows is not None and "host_contended" in rows.columns:
+        flags = rows["host_contended"].dropna().astype(bool)
+        stretch = rows.loc[flags[flags].index, "host_stretch"] if "host_stretch" in rows.columns else pd.Series([])
+        host["contended"] = {"points": int(flags.sum()), "of": int(len(flags)), "stretch_max": _num(stretch.max())}
     return host
 
 
