@@ -152,11 +152,11 @@ def test_step_record_holds_the_cost_shape():
     scheduler = SchedulerConfig(chunk_size=32, max_running=8)
     engine = Engine.build(args, EngineConfig(num_kv_blocks=64), scheduler, "chunked")
     engine.add(Sequence(1, list(range(40)), 3))
-    _, first = engine.step()
-    _, second = engine.step()
+    first = engine.step().record
+    second = engine.step().record
     assert first.prefill_chunks == ((32, 0),) and first.decode_context == 0
     assert second.prefill_chunks == ((8, 32),)
-    _, third = engine.step()
+    third = engine.step().record
     assert third.prefill_chunks == () and third.decode_seqs == 1 and third.decode_context == 41
 
 

@@ -167,9 +167,9 @@ def test_llm_defaults_prefill_a_whole_batch_at_once_and_decode_it_together():
     gen = torch.Generator().manual_seed(0)
     for i in range(32):
         llm.engine.add(Sequence(i, torch.randint(0, 512, (128,), generator=gen).tolist(), 8))
-    _, first = llm.engine.step()
+    first = llm.engine.step().record
     assert first.prefill_tokens == 32 * 128  # the whole batch in one step
-    _, second = llm.engine.step()
+    second = llm.engine.step().record
     assert (second.prefill_tokens, second.decode_seqs) == (0, 32)  # then all of it decodes together
     llm.engine.run_until_done()
     # what the caller gives wins; a chunk given alone bounds the running sequences (chunked mode)

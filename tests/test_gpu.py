@@ -149,7 +149,7 @@ def test_a_memory_sized_pool_leaves_room_for_its_largest_step():
     assert engine.runner.num_blocks * engine.runner.block_size >= args.max_model_len
     for i in range(4):  # four prompts of 4000 tokens: one step near max_batched_tokens
         engine.add(Sequence(i, [(i + j) % 4000 + 1 for j in range(4000)], 2))
-    _, record = engine.step()
+    record = engine.step().record
     assert record.prefill_tokens == 16000
     engine.run_until_done()
     free, total = torch.cuda.mem_get_info(0)

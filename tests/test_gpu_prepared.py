@@ -198,7 +198,7 @@ def test_a_step_record_carries_the_device_time_of_its_forward():
     marks = iter([FakeEvent(0.0), FakeEvent(1e6)])  # a forward that ran "1000 s" on the device
     engine.clock = SimpleNamespace(mark=lambda: next(marks), split=ForwardClock.split)
     engine.add(Sequence(0, list(range(1, 40)), 2))
-    _, record = engine.step()
+    record = engine.step().record
     assert record.sample_s == 0.0 and record.forward_s > 0  # all of forward + sample is the forward's
     parts = record.schedule_s + record.prepare_s + record.forward_s + record.sample_s + record.postprocess_s
     assert parts == pytest.approx(record.end - record.start)

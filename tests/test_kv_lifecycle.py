@@ -152,7 +152,7 @@ def prefill(engine, rid: int = 7, prompt: tuple = PROMPT) -> Sequence:
     seq = Sequence(rid, list(prompt), 4)
     engine.add(seq)
     with torch.inference_mode():
-        result, _ = engine.step()
+        result = engine.step().result
     assert result.handoff == [seq]
     return seq
 

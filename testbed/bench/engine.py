@@ -46,9 +46,9 @@ def measure(engine: Engine, batch: int, prompt_len: int, decode_steps: int) -> d
     for i in range(batch):
         prompt = torch.randint(0, engine.args.vocab_size, (prompt_len,), generator=g).tolist()
         engine.add(Sequence(i, prompt, decode_steps + 1))
-    _, prefill = engine.step()  # all prompts in one prefill step
+    prefill = engine.step().record  # all prompts in one prefill step
     assert prefill.prefill_tokens == batch * prompt_len
-    decodes = [engine.step()[1] for _ in range(decode_steps)]
+    decodes = [engine.step().record for _ in range(decode_steps)]
     while engine.has_work():
         engine.step()
     assert engine.num_used_blocks == 0

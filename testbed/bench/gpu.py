@@ -95,7 +95,7 @@ def decode_step_s(engine: Engine, batch: int, context: int, steps: int, graphs: 
     records = []
     try:
         while len(records) < steps:  # the prefill step(s) first, untimed
-            _, record = engine.step()
+            record = engine.step().record
             if record.prefill_tokens == 0 and record.decode_seqs == batch:
                 records.append(record)
     finally:
@@ -110,7 +110,7 @@ def prefill_s(engine: Engine, tokens: int, repeats: int) -> float:
     for r in range(repeats + 1):
         prompt = torch.randint(0, engine.args.vocab_size, (tokens,), generator=torch.Generator().manual_seed(r))
         engine.add(Sequence(r, prompt.tolist(), 1))
-        _, record = engine.step()
+        record = engine.step().record
         assert record.prefill_tokens == tokens, "the prompt did not fit one step"
         while engine.has_work():
             engine.step()

@@ -88,7 +88,7 @@ def time_shape(engine: Engine, shape: Shape, repeats: int) -> float:
     times = []
     for _ in range(repeats + 1):  # the first run warms caches and allocator
         staged = stage(engine, shape)
-        _, record = engine.step()
+        record = engine.step().record
         assert record.prefill_tokens == sum(n for n, _ in shape.chunks) and record.decode_seqs == len(shape.decodes)
         for seq in staged:
             engine.abort(seq.seq_id)

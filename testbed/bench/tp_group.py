@@ -87,7 +87,7 @@ def run_rank(rank: int, tp: int, group, job: Job) -> dict:
     decode = []
     while engine.has_work():
         start = time.perf_counter()
-        result, _ = engine.step()
+        result = engine.step().result
         if result.scheduled and not any(prefill for _, _, prefill in result.scheduled):
             decode.append(time.perf_counter() - start)
     timed = decode[1 : 1 + decode_steps] if decode_steps else []  # the first decode step warms up

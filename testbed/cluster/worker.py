@@ -440,14 +440,13 @@ class Worker:
             self.receiver.poll()
 
     def _step(self) -> None:
-        result, record = self.engine.step()
-        if record is None:
+        step = self.engine.step()
+        if step.record is None:
             return
-        if self.pacer is not None:
-            record = self._pace(record)
+        record = step.record if self.pacer is None else self._pace(step.record)
         t = time.perf_counter()
-        self._report(self._step_events(result, record, t))  # the first token leaves before its KV
-        for seq in result.handoff:
+        self._report(self._step_events(step.result, record, t))  # the first token leaves before its KV
+        for seq in step.result.handoff:
             if self.link is not None:  # the paced prefill a layer-wise push overlaps
                 self.link.prefilled(seq.seq_id, record.modelled_s)
             self.sender.handoff(seq, t)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import NamedTuple
 
 import torch
 
@@ -12,9 +13,9 @@ from testbed.engine.config import EngineConfig, SchedulerConfig
 from testbed.engine.kv_store import StoreView
 from testbed.engine.model_runner import ModelRunner
 from testbed.engine.policies import make_policy
-from testbed.engine.scheduler import Scheduler, StepResult
+from testbed.engine.scheduler import Batch, Scheduler, StepResult
 from testbed.engine.sequence import Sequence, check_fits
-from testbed.engine.step_shape import StepShape, hit_tokens, step_shape
+from testbed.engine.step_shape import StepOutput, StepShape, hit_tokens, step_shape
 from testbed.metrics.record import StepRecord
 from testbed.model.attention import jit_compiles
 from testbed.model.config import ModelArgs
@@ -23,6 +24,19 @@ from testbed.model.loader import build_model, resolve_dtype
 from testbed.names import Role
 
 log = logging.getLogger(__name__)
+
+
+class ModelPart(NamedTuple):
+    """The model's part of a step (prepare, forward, sample): the order it ran the batch's items in,
+    the tokens it sampled, and its times (perf_counter seconds)."""
+
+    order: list[int]
+    tokens: list[int]
+    start: float  # the preparation began
+    end: float  # the sampled tokens are on the host
+    prepare_s: float
+    forward_s: float
+    sample_s: float
 
 
 class Engine:
@@ -95,26 +109,27 @@ class Engine:
         return self.scheduler.has_work()
 
     # -- the step loop ------------------------------------------------------------------------
-    def step(self) -> tuple[StepResult, StepRecord | None]:
-        compiled = jit_compiles()
-        t0 = time.perf_counter()
+    def step(self) -> StepOutput:
+        compiled, start = jit_compiles(), time.perf_counter()
         batch = self.scheduler.schedule()
         if not batch.items:
-            return StepResult(), None
-        shape = step_shape(batch)
+            return StepOutput(StepResult(), None)
+        shape = step_shape(batch)  # before the postprocess moves the sequences on
+        ran = self._run(batch)
+        result = self.scheduler.postprocess(batch, self.runner.scatter(batch, ran.order, ran.tokens))
+        end = time.perf_counter()
+        return StepOutput(result, self._record(shape, ran, (start, end), result, compiled))
+
+    def _run(self, batch: Batch) -> ModelPart:
         t1 = time.perf_counter()
-        order, ids, pos, meta, rows = self.runner.prepare(batch)
+        prepared = self.runner.prepare(batch)
         t2, began = time.perf_counter(), self.clock.mark()
-        logits = self.runner.forward(ids, pos, meta, rows, self._layer_hook(batch))
+        logits = self.runner.forward(prepared, self._layer_hook(batch))
         ended, t3 = self.clock.mark(), time.perf_counter()  # on CUDA the forward is still in flight here
         tokens = self.runner.sample(logits)  # the host sync: the forward has run once this returns
         t4 = time.perf_counter()
-        result = self.scheduler.postprocess(batch, self.runner.scatter(batch, order, tokens))
-        t5 = time.perf_counter()
-        split = self.clock.split(began, ended, t3 - t2, t4 - t3)
-        return result, self._record(
-            shape, (t0, t1, t2, t4, t5), split, hit_tokens(result.hits), jit_compiles() - compiled
-        )
+        forward_s, sample_s = self.clock.split(began, ended, t3 - t2, t4 - t3)
+        return ModelPart(prepared.order, tokens, t1, t4, t2 - t1, forward_s, sample_s)
 
     def _layer_hook(self, batch):
         """after_layer bound to the sequences whose prefill this step completes, or None."""
@@ -124,12 +139,14 @@ class Engine:
         return (lambda layer: self.after_layer(layer, finishing)) if finishing else None
 
     def _record(
-        self, shape: StepShape, times: tuple[float, ...], split: tuple[float, float], hits: int, compiles: int
+        self, shape: StepShape, ran: ModelPart, span: tuple[float, float], result: StepResult, compiled: int
     ) -> StepRecord:
-        t0, t1, t2, t4, t5 = times
+        """The step's steps.parquet row; `span`: (start, end) of the whole step, `compiled`: the JIT
+        compiles counted before it."""
+        start, end = span
         return StepRecord(
-            start=t0,
-            end=t5,
+            start=start,
+            end=end,
             role=self.role,
             prefill_tokens=shape.prefill_tokens,
             decode_seqs=shape.decode_seqs,
@@ -137,22 +154,22 @@ class Engine:
             kv_blocks_used=self.block_manager.num_used_blocks,
             num_waiting=len(self.scheduler.waiting),
             num_running=len(self.scheduler.running),
-            schedule_s=t1 - t0,
-            prepare_s=t2 - t1,
-            forward_s=split[0],
-            sample_s=split[1],
-            postprocess_s=t5 - t4,
+            schedule_s=ran.start - start,
+            prepare_s=ran.prepare_s,
+            forward_s=ran.forward_s,
+            sample_s=ran.sample_s,
+            postprocess_s=end - ran.end,
             prefill_chunks=shape.prefill_chunks,
             decode_context=shape.decode_context,
             kv_blocks_total=self.block_manager.num_blocks,
-            prefix_hit_tokens=hits,
-            jit_compiles=compiles,
+            prefix_hit_tokens=hit_tokens(result.hits),
+            jit_compiles=jit_compiles() - compiled,
         )
 
     def run_until_done(self) -> list[StepRecord]:
         records = []
         while self.has_work():
-            _, record = self.step()
+            record = self.step().record
             assert record is not None, "the engine has work but scheduled nothing"
             records.append(record)
         return records

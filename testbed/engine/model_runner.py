@@ -6,6 +6,7 @@ import array
 import dataclasses
 import logging
 from itertools import accumulate
+from typing import NamedTuple
 
 import torch
 
@@ -27,6 +28,16 @@ from testbed.model.llama import Transformer
 
 log = logging.getLogger(__name__)
 ARRAY_CODES = {torch.int64: "q", torch.int32: "i"}
+
+
+class PreparedBatch(NamedTuple):
+    """A batch as the model runs it (ModelRunner.prepare): its items reordered, decodes first."""
+
+    order: list[int]  # the batch's item indices in the order the model runs them
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    meta: AttentionMetadata
+    sample_rows: list[int]  # the rows sampled: one per item that reaches its sequence's end
 
 
 class ModelRunner:
@@ -160,7 +171,7 @@ class ModelRunner:
         self.model.args = args  # one max_model_len for everything that reads the model's shape
         return args
 
-    def prepare(self, batch: Batch) -> tuple[list[int], torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
+    def prepare(self, batch: Batch) -> PreparedBatch:
         """Order: single-token items first (the backends' batched decode path), then chunks."""
         order = sorted(range(len(batch.items)), key=lambda i: batch.items[i][1] != 1)
         input_ids, positions, slots, tables, q_lens, kv_lens, sample_rows = [], [], [], [], [], [], []
@@ -200,8 +211,7 @@ class ModelRunner:
         if cached:  # the SDPA backends' chunk indices: once a step, not once a layer
             meta.chunks = chunk_plan(q_lens, kv_lens, cached, self._to_device)
         ids = self._to_device(input_ids, torch.int64)
-        pos = self._to_device(positions, torch.int64)
-        return order, ids, pos, meta, sample_rows
+        return PreparedBatch(order, ids, self._to_device(positions, torch.int64), meta, sample_rows)
 
     def _to_device(self, data, dtype: torch.dtype) -> torch.Tensor:
         """Host ints to the device, through an array (several times faster than torch.tensor of a
@@ -218,22 +228,23 @@ class ModelRunner:
         return host.pin_memory().to(self.device, non_blocking=True)
 
     @torch.inference_mode()
-    def forward(self, ids, pos, meta, sample_rows, after_layer=None) -> torch.Tensor:
+    def forward(self, prepared: PreparedBatch, after_layer=None) -> torch.Tensor:
+        ids, pos, meta, rows = prepared.input_ids, prepared.positions, prepared.meta, prepared.sample_rows
         if self.graphs is not None and after_layer is None and self.graphs.fits(meta):
             hidden = self.graphs.run(ids, pos, meta)
         else:
             hidden = self.model(ids, pos, self.kv_caches, meta, self.backend, after_layer)
-        if len(sample_rows) < hidden.shape[0]:  # else every row, in order (a decode-only step)
-            hidden = hidden[sample_rows]
+        if len(rows) < hidden.shape[0]:  # else every row, in order (a decode-only step)
+            hidden = hidden[rows]
         return self.model.logits(hidden)  # (num sampled, vocab), float32
 
     def run(self, batch: Batch) -> tuple[list[int | None], torch.Tensor]:
         """Sampled token per batch item (None for a chunk that stops short of the sequence end),
         and the logits of the sampled rows in batch order."""
-        order, ids, pos, meta, rows = self.prepare(batch)
-        logits = self.forward(ids, pos, meta, rows)
-        sampled = self.scatter(batch, order, self.sample(logits))
-        sampled_order = [i for i in order if sampled[i] is not None]
+        prepared = self.prepare(batch)
+        logits = self.forward(prepared)
+        sampled = self.scatter(batch, prepared.order, self.sample(logits))
+        sampled_order = [i for i in prepared.order if sampled[i] is not None]
         by_item = sorted(range(len(sampled_order)), key=lambda k: sampled_order[k])
         return sampled, logits[by_item]
 

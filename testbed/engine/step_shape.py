@@ -1,10 +1,15 @@
 """What the engine reads of a step for its steps.parquet row (testbed/metrics/record.py's
 StepRecord), before the forward runs: the batch's shape as a cost model reads it, and the
-prompt tokens its prefills found cached. The simulator times a step from the same shape."""
+prompt tokens its prefills found cached. The simulator times a step from the same shape.
+And what a step gives back (StepOutput)."""
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    from testbed.engine.scheduler import StepResult
+    from testbed.metrics.record import StepRecord
 
 
 class StepShape(NamedTuple):
@@ -34,3 +39,11 @@ def step_shape(batch) -> StepShape:
 def hit_tokens(hits) -> int:
     """The prompt tokens a step's StepResult.hits, (rid, cached tokens) pairs, found cached."""
     return sum(tokens for _, tokens in hits)
+
+
+class StepOutput(NamedTuple):
+    """What Engine.step gives back: what the step changed, and its steps.parquet row (None when
+    nothing was scheduled)."""
+
+    result: StepResult
+    record: StepRecord | None
