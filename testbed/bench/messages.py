@@ -83,7 +83,8 @@ def echo_zmq(back: str, count: int) -> None:
 
     ctx = zmq.Context()
     inbox, out = Inbox(ctx, "127.0.0.1", TOKEN, 2.0, "echo"), Outbox(ctx, back, TOKEN, 2.0)
-    out.put(Started(0, "echo", "cpu", 0, 0, host=inbox.address))  # the echo's own address: its first message
+    # the echo's own address: its first message
+    out.put(Started(worker=0, role="echo", device="cpu", num_blocks=0, pid=0, host=inbox.address))
     for _ in range(count):
         out.put(inbox.get())
     out.close()

@@ -116,14 +116,14 @@ def worker_main(spec: WorkerSpec, inboxes, events, lost_router=lambda: False) ->
         leader = _leader(spec)
         events.put(
             Started(
-                spec.rank,
-                spec.role,
-                spec.device,
-                engine.runner.num_blocks,
-                os.getpid(),
-                spec.host or socket.gethostname(),
-                spec.node,
-                engine.runner.backend.name,
+                worker=spec.rank,
+                role=spec.role,
+                device=spec.device,
+                num_blocks=engine.runner.num_blocks,
+                pid=os.getpid(),
+                host=spec.host or socket.gethostname(),
+                node=spec.node,
+                attention_backend=engine.runner.backend.name,
             )
         )
         with torch.inference_mode():  # one mode for every tensor the worker touches, KV buffers included

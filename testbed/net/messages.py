@@ -125,7 +125,7 @@ class KVDone:
     src: Optional[int] = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)  # eight fields: built by name
 class Started:
     worker: int
     role: str
