@@ -7,7 +7,7 @@ which finds the devices) and the simulator (numbered simulated devices) plan the
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import NamedTuple, Optional
 
 from testbed.control.config import ClusterConfig, device_ref
 from testbed.errors import ConfigError
@@ -33,8 +33,16 @@ class WorkerPlan:
         return [f"{kind}:{int(first) + i}" for i in range(self.tp)]
 
 
-def node_roles(mode: str, cluster: ClusterConfig, per_node: int | None = None) -> list[tuple[Role, int, int]]:
-    """(scheduler policy, node, device index) per worker, in rank order: P workers before D workers.
+class NodeRole(NamedTuple):
+    """Where one worker runs, and as what."""
+
+    role: Role  # its scheduler policy
+    node: int
+    device: int  # the device index on its node (its tensor-parallel group's first)
+
+
+def node_roles(mode: str, cluster: ClusterConfig, per_node: int | None = None) -> list[NodeRole]:
+    """A NodeRole per worker, in rank order: P workers before D workers.
     Devices not named go in order: on this box, or node by node (`per_node` devices each). A worker
     of tensor-parallel degree tp is placed at its group's first device; the group takes tp of them
     (a named device is the first of its group)."""
@@ -43,7 +51,7 @@ def node_roles(mode: str, cluster: ClusterConfig, per_node: int | None = None) -
         return divmod(i, per_node) if per_node else (0, i)
 
     if mode in ROLES_OF_MODE:
-        return [(ROLES_OF_MODE[mode], *place(i * cluster.tp)) for i in range(cluster.num_workers)]
+        return [NodeRole(ROLES_OF_MODE[mode], *place(i * cluster.tp)) for i in range(cluster.num_workers)]
     prefill = (
         [device_ref(d) for d in cluster.prefill_devices]
         if cluster.prefill_devices
@@ -55,19 +63,19 @@ def node_roles(mode: str, cluster: ClusterConfig, per_node: int | None = None) -
         if cluster.decode_devices
         else [place(first + i * cluster.decode_tp) for i in range(cluster.num_decode)]
     )
-    return [(Role.PREFILL_ONLY, *ref) for ref in prefill] + [(Role.DECODE_ONLY, *ref) for ref in decode]
+    return [NodeRole(Role.PREFILL_ONLY, *ref) for ref in prefill] + [NodeRole(Role.DECODE_ONLY, *ref) for ref in decode]
 
 
 def worker_roles(mode: str, cluster: ClusterConfig) -> list[tuple[Role, int]]:
     """(scheduler policy, device index) per worker on one box; a node other than 0 needs torchrun."""
     roles = node_roles(mode, cluster)
-    beyond = sorted({node for _, node, _ in roles if node})
+    beyond = sorted({r.node for r in roles if r.node})
     if beyond:
         raise ConfigError(
             f"the devices name node {beyond[0]}, but this run is on one box: start it under "
             "torchrun --nnodes=N ... -m testbed (README, Across hosts)"
         )
-    return [(role, device) for role, _, device in roles]
+    return [(r.role, r.device) for r in roles]
 
 
 def plan_on_devices(
