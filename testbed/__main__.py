@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
+    from testbed.config import Decided
+
 HELP_FLAGS = ("--help", "-h")  # Hydra's own (its full config dump) stays behind --hydra-help and --cfg job
 EXAMPLES = (
     ("python -m testbed", "one run of the default job (tiny model, chunked, Poisson arrivals)"),
@@ -116,14 +118,14 @@ def job(cfg: DictConfig) -> None:
         sys.exit(130)
 
 
-def record_decided(decided: dict, hydra_dir: Path | None) -> None:
+def record_decided(decided: dict[str, Decided], hydra_dir: Path | None) -> None:
     """Print what the configuration chose for itself and keep it beside Hydra's record
     (`.hydra/decided.yaml`), so what ran is what the record says."""
     if not decided:
         return
-    print("decided: " + ", ".join(f"{key}={value} ({why})" for key, (value, why) in decided.items()))
+    print("decided: " + ", ".join(f"{key}={d.value} ({d.why})" for key, d in decided.items()))
     if hydra_dir is not None and hydra_dir.is_dir():
-        lines = [f"{key}: {json.dumps(value)}  # {why}" for key, (value, why) in decided.items()]
+        lines = [f"{key}: {json.dumps(d.value)}  # {d.why}" for key, d in decided.items()]
         (hydra_dir / "decided.yaml").write_text("\n".join(lines) + "\n")
 
 

@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Optional, Union, get_args, get_origin, get_type_hints
+from typing import Any, NamedTuple, Optional, Union, get_args, get_origin, get_type_hints
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -137,6 +137,13 @@ class LimitsConfig:
         return self
 
 
+class Decided(NamedTuple):
+    """A value the configuration chose for itself, and why."""
+
+    value: Any
+    why: str
+
+
 @dataclass(frozen=True)
 class Config:
     mode: str = "chunked"  # colocated | chunked | disagg (separate prefill and decode workers)
@@ -173,15 +180,17 @@ class Config:
         wants_cache = self.follows_caches or self.kv_store.capacity_mib > 0  # routes to, or fills, the caches
         if wants_cache and not self.engine.enable_prefix_caching:
             object.__setattr__(self, "engine", replace(self.engine, enable_prefix_caching=True))
-            decided["engine.enable_prefix_caching"] = (True, "routing follows the caches or kv_store fills them")
+            decided["engine.enable_prefix_caching"] = Decided(True, "routing follows the caches or kv_store fills them")
         if self.engine.block_size is None:  # one block size for the workers, the simulator and the split estimates
             object.__setattr__(self, "engine", replace(self.engine, block_size=self._default_block_size()))
-            decided["engine.block_size"] = (self.engine.block_size, "flash-attn's page size where it runs, else 16")
+            decided["engine.block_size"] = Decided(
+                self.engine.block_size, "flash-attn's page size where it runs, else 16"
+            )
         object.__setattr__(self, "_decided", decided)  # not a field: results and round trips keep the values only
 
     @property
-    def decided(self) -> dict:
-        """{key: (value, why)} for each value the configuration chose itself (engine.block_size
+    def decided(self) -> dict[str, Decided]:
+        """{key: Decided(value, why)} for each value the configuration chose itself (engine.block_size
         when unset, prefix caching where routing or the KV store needs it)."""
         return dict(getattr(self, "_decided", {}))
 

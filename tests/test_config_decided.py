@@ -13,7 +13,7 @@ def test_an_unset_block_size_and_prefix_caching_turned_on_are_decided_with_a_rea
     cfg = compose_config(["mode=disagg", "kv_transfer.multiturn=incremental"])
     assert cfg.engine.enable_prefix_caching and cfg.engine.block_size == 16
     assert set(cfg.decided) == {"engine.enable_prefix_caching", "engine.block_size"}
-    assert all(why for _, why in cfg.decided.values())
+    assert all(d.why for d in cfg.decided.values())
 
 
 def test_a_value_set_on_the_command_line_is_not_decided():
