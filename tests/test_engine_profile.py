@@ -18,6 +18,8 @@ from testbed.perf.overlap import AsyncRoofline, overlapped
 from testbed.perf.resolve import analytical
 from testbed.sim.config import SimConfig
 from testbed.sim.engine_profile import engine_profile, for_engine, frontend_s, host_terms, profiles
+from testbed.sim.executor import simulate
+from tests.cluster_helpers import make_config
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data" / "replay" / "inference_sim"
@@ -58,8 +60,58 @@ def test_set_engine_terms_replace_the_profiles_and_the_front_end_falls_back_to_i
     assert terms["host_fixed_s"] == v1.host_overhead_s and terms["async_scheduling"] is True
     assert host_terms(EngineConfig(host_overhead_s=0.007), "vllm_v1")["host_fixed_s"] == 0.007
     assert "async_scheduling" not in host_terms(EngineConfig(), None)
-    assert frontend_s(0.0, "vllm_v0") == engine_profile("vllm_v0").frontend_latency_s
-    assert frontend_s(0.004, "vllm_v0") == 0.004 and frontend_s(0.0, None) == 0.0
+    assert frontend_s(None, "vllm_v0") == engine_profile("vllm_v0").frontend_latency_s
+    assert frontend_s(0.004, "vllm_v0") == 0.004 and frontend_s(None, None) == 0.0
+    assert frontend_s(0.0, "vllm_v0") == 0.0  # a set 0 (a replay's fitted front end) replaces it
+
+
+def test_an_analytical_gpu_runs_the_current_vllm_unless_another_profile_is_named():
+    assert SimConfig().engine_profile == "vllm_v1" and for_engine("vllm 0.15.1") == "vllm_v1"
+    label = one_request("sim.profile=h100_sxm")["summary"]["sim"]["profiles"]["mixed"]
+    assert label["engine_profile"] == "vllm_v1" and label["host"]["async_scheduling"] is True
+    assert SimConfig().frontend_s(analytical=False) == 0.0  # a measured profile holds its own host side
+
+
+def test_the_profile_alone_sets_host_terms_async_overlap_and_the_front_end():
+    """One 512-token prompt on an idle H100: its TTFT is the front end + the prefill step.
+    vllm_v1: 3.5 ms + max(host 0, gpu); vllm_v0: 12.5 ms + (3 ms host + gpu), in sequence. The GPU
+    part is the same kernels, so v0 - v1 = (12.5 + 3) - 3.5 = 12 ms; without the profile's front
+    end (sim.frontend_latency_s=0) v1 is 3.5 ms sooner."""
+    ttft = {
+        name: one_request("sim.profile=h100_sxm", *extra)["requests"].ttft.iloc[0]
+        for name, extra in {
+            "v1": (),
+            "v1_no_front": ("sim.frontend_latency_s=0",),
+            "v0": ("sim.engine_profile=vllm_v0",),
+        }.items()
+    }
+    assert ttft["v0"] - ttft["v1"] == pytest.approx(0.012, abs=1e-9)
+    assert ttft["v1"] - ttft["v1_no_front"] == pytest.approx(0.0035, abs=1e-9)
+
+
+def test_a_measured_profile_ignores_the_engine_profile():
+    """The shipped CPU profile's step times hold its own host side: no front end, no host terms."""
+    default, none = (one_request(*extra)["requests"].ttft.iloc[0] for extra in ((), ("sim.engine_profile=null",)))
+    assert default == pytest.approx(none, abs=1e-12)
+
+
+def one_request(*overrides: str) -> dict:
+    return simulate(
+        make_config(
+            "executor=sim",
+            "model=tiny",
+            "mode=colocated",
+            "cluster.num_workers=1",
+            "hardware=cpu",
+            "hardware.num_devices=1",
+            "workload.num_requests=1",
+            "workload.input_len.min=512",
+            "workload.input_len.max=512",
+            "workload.output_len.min=4",
+            "workload.output_len.max=4",
+            *overrides,
+        )
+    )
 
 
 def test_async_scheduling_costs_the_longer_of_host_and_gpu():

@@ -138,6 +138,7 @@ def test_plan_puts_analytical_simulated_side_by_side(study_results):
     best = aggregate["simulated"]["best"]
     simulated = aggregate["simulated"]["goodput"]
     assert simulated[best["label"]]["goodput_per_gpu"] == max(g["goodput_per_gpu"] for g in simulated.values())
+    assert aggregate["engine_profile"] is None and aggregate["engine"].startswith("none (measured")  # CPU profile
 
 
 @pytest.mark.slow

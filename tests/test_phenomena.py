@@ -121,7 +121,9 @@ def test_disaggregation_holds_attainment_at_a_tight_tpot_where_colocated_loses_i
         "workload.output_len.min=64",
         "workload.output_len.max=256",
         "slo.ttft_s=1.0",
-        "slo.tpot_s=0.012",
+        # tight against vllm_v1's decode step (6.5 ms: async scheduling hides the host time) plus
+        # one prefill's stall; 12 ms was tight for a step of 8.9 ms with the host in sequence
+        "slo.tpot_s=0.009",
         "experiment.slo_scales=[1.0,4.0]",
     )
     curves = {label: dict(zip(c["scales"], c["attainment"])) for label, c in result["aggregate"]["curves"].items()}

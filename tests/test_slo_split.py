@@ -136,6 +136,8 @@ def test_best_split_agrees_with_the_simulated_search(tmp_path):
     simulated = {k: v["goodput_per_gpu"] for k, v in aggregate["simulated"]["goodput"].items() if "P" in k}
     best = max(simulated, key=simulated.get)
     assert abs(split_p(aggregate["slo_plan"]["best"]) - split_p(best)) <= 1, (aggregate["slo_plan"]["best"], simulated)
+    # every planner ran the current vLLM's host side, and the plan says so
+    assert aggregate["engine_profile"] == "vllm_v1" and aggregate["engine"].startswith("vllm_v1 (vllm >=0.14")
 
 
 def test_report_names_the_slo_aware_split():

@@ -12,7 +12,7 @@ from testbed.perf.gpus import GPUS
 from testbed.perf.measured import load_profile
 from testbed.perf.precision import KV_DTYPES, WEIGHT_DTYPES, check_dtype
 from testbed.perf.resolve import is_gpu
-from testbed.sim.engine_profile import engine_profile, frontend_s
+from testbed.sim.engine_profile import describe, engine_profile, frontend_s
 from testbed.sim.host import HostModel
 from testbed.sim.in_situ import is_run_spec, load_in_situ
 
@@ -52,8 +52,9 @@ class SimConfig:
     decode_runs: bool = True
     # A real engine's front end, per request, before the request reaches the scheduler: its HTTP
     # server, tokenising, the hop to the scheduler process (what a benchmark client's TTFT holds
-    # and the engine's step times do not). Added to every request's dispatch.
-    frontend_latency_s: float = 0.0
+    # and the engine's step times do not). Added to every request's dispatch. None: the engine
+    # profile's on analytical GPUs, else 0; a value (0 included) replaces it
+    frontend_latency_s: Optional[float] = None
     # A production engine's P/D hand-off beyond moving the KV (disagg), per request: the decode request's
     # HTTP hop, its wait for the pull, the last prompt token's step (vLLM's NixlConnector: measured by
     # +experiment=profile executor=vllm). None: what an in-situ profile measured, else none.
@@ -71,13 +72,24 @@ class SimConfig:
     # element: pool, reads, hand-off bytes). auto: model.dtype (testbed/perf/precision.py)
     weight_dtype: str = "auto"
     kv_dtype: str = "auto"  # an analytical GPU's KV cache: auto | bfloat16 | float16 | fp8 | fp8_e4m3 | fp8_e5m2
-    # the production engine an analytical GPU runs (testbed/sim/profiles/engines.yaml): its host terms,
-    # front end, CUDA graphs and async scheduling; vllm_v0 | vllm_v1 | sglang. None: the GPU table's host term
-    engine_profile: Optional[str] = None
+    # the production engine the analytical GPUs run (testbed/sim/profiles/engines.yaml): its host terms,
+    # front end, CUDA graphs and async scheduling; vllm_v0 | vllm_v1 | sglang. The current vLLM (V1) unless
+    # named; a measured profile (.json, run:) holds its own host side and ignores it. null: none (the
+    # GPU table's host term, no front end)
+    engine_profile: Optional[str] = "vllm_v1"
 
-    def frontend_s(self) -> float:
-        """The front end per request: frontend_latency_s where above 0, else the engine profile's."""
-        return frontend_s(self.frontend_latency_s, self.engine_profile)
+    def frontend_s(self, analytical: bool = True) -> float:
+        """The front end per request: frontend_latency_s where set, else the engine profile's on
+        analytical GPUs (`analytical`: every simulated device is one), else none."""
+        return frontend_s(self.frontend_latency_s, self.engine_profile if analytical else None)
+
+    def analytical(self) -> bool:
+        """Whether a role's device is an analytical GPU: where the engine profile applies."""
+        return any(is_gpu(self.spec(role) or "") for role in ROLE_KEYS)
+
+    def engine_line(self) -> str:
+        """The engine profile the run simulates, in one line (the plan study's printout)."""
+        return describe(self.engine_profile, self.analytical())
 
     def validate(self) -> "SimConfig":
         for key in ("dispatch_latency_s", "step_gap_s", "report_latency_s", "frontend_latency_s", "handoff_latency_s"):

@@ -5,14 +5,15 @@ A profile (a row of testbed/sim/profiles/engines.yaml) holds the terms the roofl
 - the per-step host time, a fixed part and a part per sequence the step samples for
   (engine.host_overhead_s, engine.host_overhead_per_seq_s: set there, they replace the profile's);
 - the front end per request, added to its TTFT and E2E (HTTP, tokenising, the hop to the engine
-  core: sim.frontend_latency_s above 0 replaces it);
+  core: sim.frontend_latency_s, set, replaces it);
 - CUDA graphs for decode (engine.cuda_graphs, set, replaces it);
 - async scheduling: the host work overlaps the GPU step, which then costs max(host, gpu) instead
   of host + gpu (testbed/perf/overlap.py);
 
-and names what calibrated it (`calibration`: the runs and the figures fitted). A measured
-profile (sim.profile=<profile.json>) has its own host side: an engine profile applies to the
-analytical GPUs only.
+and names what calibrated it (`calibration`: the runs and the figures fitted). An analytical GPU
+runs `vllm_v1`, the current vLLM, unless sim.engine_profile names another (null: none). A measured
+profile (sim.profile=<profile.json>, run:<dir>) has its own host side: an engine profile applies
+to the analytical GPUs only.
 """
 
 from __future__ import annotations
@@ -97,9 +98,30 @@ def host_terms(engine, profile: Optional[str], dtype: str = "auto") -> dict:
     }
 
 
-def frontend_s(set_s: float, profile: Optional[str]) -> float:
-    """The front end per request: sim.frontend_latency_s where above 0, else the profile's."""
-    return set_s if set_s > 0 or profile is None else engine_profile(profile).frontend_latency_s
+def frontend_s(set_s: Optional[float], profile: Optional[str]) -> float:
+    """The front end per request: sim.frontend_latency_s where set (0 included), else the profile's."""
+    if set_s is not None:
+        return set_s
+    return 0.0 if profile is None else engine_profile(profile).frontend_latency_s
+
+
+def describe(name: Optional[str], analytical: bool = True) -> str:
+    """One line naming the engine profile a run simulates (`analytical`: on an analytical GPU) and
+    what calibrated it."""
+    if not analytical:
+        return "none (measured profiles: their step times hold their own host side)"
+    if name is None:
+        return "none (sim.engine_profile=null: the GPU table's host term in sequence, no front end)"
+    p = engine_profile(name)
+    overlap = "async scheduling" if p.async_scheduling else "host and GPU in sequence"
+    return (
+        f"{p.name} ({p.engine} {_span(p.versions)}, {overlap}, front end {p.frontend_latency_s * 1e3:g} ms; "
+        f"fitted on {p.calibration.get('engine', '?')}: {_runs(len(p.calibration['runs']))})"
+    )
+
+
+def _runs(n: int) -> str:
+    return f"{n} run" + ("s" if n != 1 else "")
 
 
 def _version(text: str) -> tuple:

@@ -115,7 +115,7 @@ class Simulation:
         self.runs = (
             cfg.sim.decode_runs and not cfg.follows_caches and store is None and cfg.sim.num_scheduler_steps == 1
         )
-        self.frontend_s = cfg.sim.frontend_latency_s
+        self.frontend_s = cfg.sim.frontend_s(analytical=all(r.measured is None for r in self.roles))
         self.paused: set[int] = set()  # workers in their gap between steps
         self.handing_off: set[tuple[int, int]] = set()  # (P, request): KV sends waiting out their hand-off
         self.queue: list = []

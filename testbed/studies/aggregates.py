@@ -471,7 +471,8 @@ def plan(table, cfg, out_dir) -> dict:
     from testbed.studies.placements import planning
 
     simulated = goodput_by_label(table, cfg, out_dir)
-    out = {}
+    # what every planner's devices run: the profile's name (None: none) and its line
+    out = {"engine_profile": cfg.sim.engine_profile if cfg.sim.analytical() else None, "engine": cfg.sim.engine_line()}
     try:
         planned, why = planning(cfg, num_devices(cfg))
         out["analytical"] = analytical_split(planned, None, num_devices(cfg))  # each role's device from cfg.sim

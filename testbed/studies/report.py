@@ -234,6 +234,7 @@ def plan_lines(aggregate: dict) -> list[str]:
     devices = (a or aggregate.get("slo_plan") or {}).get("num_devices", "?")
     lines = [
         f"P:D plan for {devices} devices" + (f" ({aggregate['planned_tp']})" if aggregate.get("planned_tp") else ""),
+        *([f"  engine profile: {aggregate['engine']}"] if "engine" in aggregate else []),
         *analytical,
         *slo_split_lines(aggregate.get("slo_plan")),
         *([f"  SLO-aware: none ({aggregate['slo_plan_skipped']})"] if aggregate.get("slo_plan_skipped") else []),
