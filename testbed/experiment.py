@@ -70,6 +70,14 @@ class ExperimentConfig:
     reference: Optional[str] = None
     setup: Optional[str] = None  # replay: the reference run's setup YAML (GPU, model, engine knobs)
     replay_emulate: bool = False  # replay: also run the workload in emulation (small synthetic workloads only)
+    # a sweep's points as separate jobs (testbed/studies/shards.py): this job runs block `shard` of
+    # `shards` of the grid, or the grid points (or cells) named in `points`, into output_dir; then
+    # `merge` checks every grid point is there, runs the goodput search and aggregates
+    shard: Optional[int] = None
+    shards: int = 1
+    points: List[str] = field(default_factory=list)
+    merge: bool = False
+    dry_run: bool = False  # print the model, the sizing and the points with a time estimate; run none
 
     def validate(self, studies: Sequence[str]) -> "ExperimentConfig":
         """`studies`: the names experiment.name may say (the config layer reads them from conf/)."""
@@ -110,4 +118,16 @@ class ExperimentConfig:
             raise ConfigError(f"experiment.placement_requests must be >= 1 when set (got {self.placement_requests})")
         if self.repeats < 1:
             raise ConfigError(f"experiment.repeats must be >= 1 (got {self.repeats})")
+        self._validate_shards()
         return self
+
+    def _validate_shards(self) -> None:
+        if self.shards < 1 or (self.shard is not None and not 0 <= self.shard < self.shards):
+            raise ConfigError(
+                f"experiment.shard must be in [0, experiment.shards) and shards >= 1 (got shard={self.shard}, "
+                f"shards={self.shards})"
+            )
+        if self.shard is not None and self.points:
+            raise ConfigError("experiment.shard and experiment.points both choose the points: set one")
+        if self.merge and (self.shard is not None or self.points):
+            raise ConfigError("experiment.merge gathers every shard's points: leave experiment.shard and points unset")

@@ -15,7 +15,7 @@ from testbed.config import Config
 from testbed.errors import ConfigError
 from testbed.names import Executor
 from testbed.stopping import Stopped
-from testbed.studies import aggregates, catalog
+from testbed.studies import aggregates, catalog, dry_run, shards
 from testbed.studies.catalog import Study
 from testbed.studies.figures import study_figures
 from testbed.studies.goodput_search import search_goodput
@@ -141,9 +141,11 @@ def run_job(cfg: Config, out_dir: Path) -> dict:
 def run(cfg: Config, out_dir: Path, session=None) -> dict:
     """`cfg` as composed, its size included (testbed/sizing.py). `session`: under torchrun, rank
     0's session; every point's workers are its ranks."""
-    ensure_writable(out_dir)
     study = catalog.study(cfg.experiment.name)
     catalog.check_executor(cfg)
+    if cfg.experiment.dry_run:  # before any directory, worker or deployment
+        return dry_run.show(study, cfg)
+    ensure_writable(out_dir)
     tracker = make_tracker(cfg.tracker, group=run_group(study.name))  # one group per run(): its points and sweep run
     if starts_workers(study, cfg, session):
         fork_server.start()  # its imports beside this process's own, not before the first point's workers
@@ -156,6 +158,8 @@ def run(cfg: Config, out_dir: Path, session=None) -> dict:
 
 
 def run_points(study: Study, cfg: Config, out_dir: Path, session, tracker) -> dict:
+    if shards.partial(cfg.experiment) or cfg.experiment.merge:
+        shards.check_study(study.name, study.sweeps and study.runs is None, None)
     if study.runs is not None:
         return study.runs(cfg, out_dir, run_point, session)
     if not study.sweeps:
@@ -179,8 +183,16 @@ def run_one_point(cfg: Config, out_dir: Path, session, tracker) -> dict:
 
 
 def run_sweep(study: Study, cfg: Config, out_dir: Path, session, tracker) -> dict:
-    sweep = Sweep(cfg, with_repeats(study.points(cfg), cfg), out_dir, partial(run_point, session=session), tracker)
+    points, run = with_repeats(study.points(cfg), cfg), partial(run_point, session=session)
+    if shards.partial(cfg.experiment):
+        shards.check_study(study.name, True, points)
+        return shards.run_shard(cfg, points, out_dir, run, tracker)
+    if cfg.experiment.merge:
+        shards.check_merge(points, out_dir, cfg.experiment.shards)
+    sweep = Sweep(cfg, points, out_dir, run, tracker)
     sweep.run()  # a Ctrl-C leaves the table of every finished point behind
+    if cfg.experiment.merge:
+        shards.adopt(sweep, out_dir)
     table = search_goodput(sweep, cfg) if study.searches_goodput else sweep.table()
     cells = cell_table(table, cfg, out_dir)
     write_parquet(out_dir / "intervals.parquet", cells)
