@@ -70,13 +70,11 @@ class ExperimentConfig:
     reference: Optional[str] = None
     setup: Optional[str] = None  # replay: the reference run's setup YAML (GPU, model, engine knobs)
     replay_emulate: bool = False  # replay: also run the workload in emulation (small synthetic workloads only)
-    # a sweep's points as separate jobs (testbed/studies/shards.py): this job runs block `shard` of
-    # `shards` of the grid, or the grid points (or cells) named in `points`, into output_dir; then
-    # `merge` checks every grid point is there, runs the goodput search and aggregates
-    shard: Optional[int] = None
-    shards: int = 1
-    points: List[str] = field(default_factory=list)
-    merge: bool = False
+    # a sweep's points as separate jobs (testbed/studies/shards.py), all into one output_dir:
+    shard: Optional[int] = None  # this job runs block `shard` (0-based) of `shards` of the grid; None: all
+    shards: int = 1  # how many blocks the grid is cut into (contiguous, in the order one process runs them)
+    points: List[str] = field(default_factory=list)  # this job runs these grid points or cells instead
+    merge: bool = False  # every grid point there: run the goodput search, aggregate, draw (no grid point runs)
     dry_run: bool = False  # print the model, the sizing and the points with a time estimate; run none
 
     def validate(self, studies: Sequence[str]) -> "ExperimentConfig":
