@@ -102,7 +102,7 @@ def write_problem(out_dir) -> Optional[str]:
     out = Path(out_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)
-        probe = out / ".write-probe"
+        probe = out / f".write-probe-{socket.gethostname()}-{os.getpid()}"  # jobs sharing a directory probe at once
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as e:
