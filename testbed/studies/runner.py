@@ -158,7 +158,7 @@ def run(cfg: Config, out_dir: Path, session=None) -> dict:
 
 
 def run_points(study: Study, cfg: Config, out_dir: Path, session, tracker) -> dict:
-    if shards.partial(cfg.experiment) or cfg.experiment.merge:
+    if shards.runs_part(cfg.experiment) or cfg.experiment.merge:
         shards.check_study(study.name, study.sweeps and study.runs is None, None)
     if study.runs is not None:
         return study.runs(cfg, out_dir, run_point, session)
@@ -182,17 +182,24 @@ def run_one_point(cfg: Config, out_dir: Path, session, tracker) -> dict:
     return result
 
 
-def run_sweep(study: Study, cfg: Config, out_dir: Path, session, tracker) -> dict:
-    points, run = with_repeats(study.points(cfg), cfg), partial(run_point, session=session)
-    if shards.partial(cfg.experiment):
-        shards.check_study(study.name, True, points)
-        return shards.run_shard(cfg, points, out_dir, run, tracker)
+def grid_sweep(cfg: Config, points: list, out_dir: Path, run, tracker) -> Sweep:
+    """The grid run; merging shards (experiment.merge), found whole in out_dir and its rows taken
+    as the shards recorded them."""
     if cfg.experiment.merge:
         shards.check_merge(points, out_dir, cfg.experiment.shards)
     sweep = Sweep(cfg, points, out_dir, run, tracker)
     sweep.run()  # a Ctrl-C leaves the table of every finished point behind
     if cfg.experiment.merge:
         shards.adopt(sweep, out_dir)
+    return sweep
+
+
+def run_sweep(study: Study, cfg: Config, out_dir: Path, session, tracker) -> dict:
+    points, run = with_repeats(study.points(cfg), cfg), partial(run_point, session=session)
+    if shards.runs_part(cfg.experiment):
+        shards.check_study(study.name, True, points)
+        return shards.run_shard(cfg, points, out_dir, run, tracker)
+    sweep = grid_sweep(cfg, points, out_dir, run, tracker)
     table = search_goodput(sweep, cfg) if study.searches_goodput else sweep.table()
     cells = cell_table(table, cfg, out_dir)
     write_parquet(out_dir / "intervals.parquet", cells)

@@ -30,7 +30,7 @@ SHARDS = "shards"  # <out>/shards/<tag>.parquet: one job's rows
 SHOWN = 5  # names listed in a one-line error
 
 
-def partial(e: ExperimentConfig) -> bool:
+def runs_part(e: ExperimentConfig) -> bool:
     """Whether this job runs a part of the grid (a shard, or named points)."""
     return e.shard is not None or bool(e.points)
 
