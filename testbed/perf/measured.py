@@ -182,6 +182,19 @@ class CostModel:
             + self.per_decode_context_token_s * decode_context
         )
 
+    def decode_times(self, decode_seqs: int, context: int, steps: int) -> list[float]:
+        """step_time(0, 0.0, decode_seqs, context + decode_seqs x i) for i < steps, to the last bit:
+        the sum's terms before the context's are the same float at every step (a decode run's)."""
+        head = (
+            self.overhead_s
+            + 0.0
+            + self.per_prefill_token_s * 0
+            + self.per_attended_pair_s * 0 * 0.0
+            + self.per_decode_seq_s * decode_seqs
+        )
+        per = self.per_decode_context_token_s
+        return [head + per * c for c in range(context, context + decode_seqs * steps, decode_seqs)]
+
     def transfer_time(self, nbytes: int, backend: str = "process_group") -> float:
         require_transport(self, backend, "this profile")
         latency, rate = TRANSFER_TERMS[backend]

@@ -33,5 +33,8 @@ class AsyncRoofline(RooflineModel):
     def step_time(self, prefill_tokens: int, prefill_context: float, decode_seqs: int, decode_context: int) -> float:
         return overlapped(self.breakdown(prefill_tokens, prefill_context, decode_seqs, decode_context))
 
+    def combine(self, parts: dict[str, float]) -> float:
+        return overlapped(parts)
+
     def host_terms(self) -> dict:
         return {**super().host_terms(), "async_scheduling": True}

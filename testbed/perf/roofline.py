@@ -110,7 +110,27 @@ class RooflineModel:
         return attended_context(chunks, self.causal_attention)
 
     def step_time(self, prefill_tokens: int, prefill_context: float, decode_seqs: int, decode_context: int) -> float:
-        return sum(self.breakdown(prefill_tokens, prefill_context, decode_seqs, decode_context).values())
+        return self.combine(self.breakdown(prefill_tokens, prefill_context, decode_seqs, decode_context))
+
+    def combine(self, parts: dict[str, float]) -> float:
+        """A step's time from its components: their sum (AsyncRoofline overlaps host and GPU)."""
+        return sum(parts.values())
+
+    def decode_times(self, decode_seqs: int, context: int, steps: int) -> list[float]:
+        """step_time(0, 0.0, decode_seqs, context + decode_seqs x i) for i < steps, to the last bit:
+        one breakdown, whose decode attention alone changes with the context (a decode run's steps)."""
+        parts = self.breakdown(0, 0.0, decode_seqs, context)
+        layers, combine = self.model_args.num_layers, self.combine
+        q, kv, db, kvb = self.shard.q, self.shard.kv, self.dtype_bytes, self.kv_bytes
+        gpu = self.gpu
+        compute = gpu.flops_for(self.dtype) * gpu.attention_mfu  # decode_attention's roofline, inlined
+        memory = gpu.hbm_bytes_per_s * gpu.hbm_share
+        own = decode_seqs * (2 * q * db + 2 * kv * kvb)
+        times = []
+        for c in range(context, context + decode_seqs * steps, decode_seqs):
+            parts["decode_attention"] = layers * max(4.0 * c * q / compute, (c * 2 * kv * kvb + own) / memory)
+            times.append(combine(parts))
+        return times
 
     def transfer_time(self, nbytes: int, backend: str = "process_group") -> float:
         """A KV send over NVLink (one direction). ipc (P's copy into D's pool over peer access)
