@@ -202,7 +202,7 @@ class Simulation:
         decode_only = Role.DECODE_ONLY  # a local: a member read off its class costs more than the compare
         for rank in ranks:
             worker = self.workers[rank]
-            if worker.role == decode_only:
+            if worker.role == decode_only and worker.receiver.queued:  # none queued: none to admit
                 for entry in worker.admit(self.now):
                     sender = self.workers[entry.prefill_rank]
                     self._send_when_ready(
@@ -315,8 +315,10 @@ class Simulation:
         if worker.run is None:
             return
         run, done, in_flight = worker.end_run(self.now, self.host.draws[rank])
-        self.steps.add_many(rank, done, **run.step_fields(done, worker.role, worker.block_manager.num_blocks))
-        self.book.on_run(rank, run.quiet.seqs, run.report(done, worker.block_manager.num_blocks), SAMPLED_TOKEN)
+        if done:  # a run cut before its first step ended records and reports nothing
+            num_blocks = worker.block_manager.num_blocks
+            self.steps.add_many(rank, done, **run.step_fields(done, worker.role, num_blocks))
+            self.book.on_run(rank, run.quiet.seqs, run.report(done, num_blocks), SAMPLED_TOKEN)
         if in_flight and run.ends[done] == self.now:  # the run's finishing step ends now
             self._step_end(rank)
         elif in_flight:
