@@ -2,6 +2,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
+TEST_DATA = ROOT / "tests" / "data"  # the fixtures beside the tests, whichever folder a test is in
 
 
 def error_lines(stderr: str) -> list[str]:

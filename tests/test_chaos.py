@@ -2,7 +2,7 @@
 port of the run (raw garbage, ZeroMQ frames without keys: garbage, too deep, too large, a frame
 replayed from an earlier run; CURVE with keys the run does not know) while the run serves. The run
 completes with every request served, no rank dies, the KV audit is clean, and meta.json counts
-what each rank turned away. (A killed node: tests/test_torchrun.py.)"""
+what each rank turned away. (A killed node: tests/cluster/test_torchrun.py.)"""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ import zmq
 
 from testbed.net import wire
 from testbed.net.messages import Stop
+from tests.cluster.test_torchrun import DEADLINE_S, WORKLOAD, finish, torchrun
 from tests.paths import error_lines
-from tests.test_torchrun import DEADLINE_S, WORKLOAD, finish, torchrun
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="Linux /proc")]
 SCOPE = "none-0"  # torchrun's run id under a static rendezvous, restart 0
@@ -128,7 +128,7 @@ def test_a_message_connection_reset_mid_run_is_survived_or_one_line(tmp_path):
     import subprocess
 
     from testbed.ports import free_port
-    from tests.test_torchrun import descendants, left_running, wait_for
+    from tests.cluster.test_torchrun import descendants, left_running, wait_for
 
     if shutil.which("ss") is None:
         pytest.skip("needs ss (iproute2) to reset a connection")

@@ -169,7 +169,7 @@ def test_setup_refuses_what_cannot_be_replayed(tmp_path):
 def test_a_tensor_parallel_run_replays_on_a_group_of_its_degree(tmp_path):
     """The 70B cases (tp 4 on H100s): the simulated worker spans four devices, each rank a quarter
     of the weights; emulation, which runs in real time, skips a run this long and says so (a TP
-    group is emulated as any worker: tests/test_tensor_parallel_workers.py)."""
+    group is emulated as any worker: tests/cluster/test_tensor_parallel_workers.py)."""
     case = REPLAY / "vllm060_h100_tp4_llama31_70b_rps4.jsonl"
     result = replay(
         _cfg(), case, REPLAY / "vllm060_h100_tp4.setup.yaml", tmp_path, _run_point, emulate=True, quiet=True

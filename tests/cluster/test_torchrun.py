@@ -19,10 +19,9 @@ import zmq
 
 from testbed.model import cpu_ops
 from testbed.ports import free_port
-from tests.paths import error_lines
+from tests.paths import ROOT, error_lines
 
 CPU_BACKEND = "cpu" if cpu_ops.supports("cpu", torch.float32) else "torch"  # what auto takes here
-ROOT = Path(__file__).resolve().parents[1]
 WORKLOAD = [
     "workload.num_requests=8",
     "workload.rate=40",

@@ -17,7 +17,7 @@ from testbed.engine import Sequence
 from testbed.errors import ConfigError
 from testbed.net.faults import FaultsConfig, KVFaults
 from testbed.net.messages import KVArrived, KVBegin, KVDone, KVFence, KVPoolAttached, KVPoolExport, Ready, Reserve
-from tests.test_kv_lifecycle import Box, Clock, FakeTracker, kv_config, prefill
+from tests.cluster.test_kv_lifecycle import Box, Clock, FakeTracker, kv_config, prefill
 
 P, D = 0, 1
 PROMPT = tuple(range(3, 60))  # 57 tokens: a partial last block

@@ -1,7 +1,7 @@
 """The CPU's packed GEMM (testbed.model.linear): the same numbers as torch's linear to float32
 rounding, the same Parameters (tied weights stay tied), a fresh packing after an in-place edit,
 torch's path under autograd, and small weights left alone. Transformers' greedy tokens through
-it: tests/test_loader.py's `wide` checkpoint."""
+it: tests/model/test_loader.py's `wide` checkpoint."""
 
 from __future__ import annotations
 

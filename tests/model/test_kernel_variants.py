@@ -2,7 +2,7 @@
 warm-up, so no JIT compile lands in a timed step; the step records count any that would.
 
 On CPU: the split choice and the unspecialised strides read directly, and an engine on the triton
-backend under triton's interpreter (a child process, as in tests/test_paged_decode.py) with a GPU's
+backend under triton's interpreter (a child process, as in tests/model/test_paged_decode.py) with a GPU's
 multiprocessor count pretended, so its steps pick the splits a GPU would. On CUDA (gpu marker) the
 counter reads the JIT's own caches."""
 
@@ -58,7 +58,7 @@ def warm_engine_run(path=None) -> dict:
     serves prompts whose decode batches and contexts vary; what the counter and records say."""
     from testbed.engine import Engine, EngineConfig, SchedulerConfig, Sequence
     from testbed.model.config import PRESETS
-    from tests.test_paged_decode import _fix_interpreter_for_numpy_2_4
+    from tests.model.test_paged_decode import _fix_interpreter_for_numpy_2_4
 
     _fix_interpreter_for_numpy_2_4()
     real, pd._multiprocessors = pd._multiprocessors, lambda device: H100_SMS  # a GPU's split choice
@@ -98,7 +98,7 @@ def warm_run(tmp_path_factory):
     if pd.usable("cpu"):
         return warm_engine_run()
     path = tmp_path_factory.mktemp("variants") / "run.pt"
-    code = f"from tests.test_kernel_variants import warm_engine_run; warm_engine_run({str(path)!r})"
+    code = f"from tests.model.test_kernel_variants import warm_engine_run; warm_engine_run({str(path)!r})"
     proc = subprocess.run(
         [sys.executable, "-c", code],
         cwd=ROOT,

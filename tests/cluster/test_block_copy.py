@@ -1,5 +1,5 @@
 """The one-launch block copy (testbed/cluster/block_copy.py) against torch's block-by-block copy:
-on CPU under triton's interpreter (in a child process, as tests/test_paged_decode.py explains), and
+on CPU under triton's interpreter (in a child process, as tests/model/test_paged_decode.py explains), and
 on CUDA (gpu marker) through BlockCopier, which takes it when both pools share the GPU."""
 
 import os
@@ -61,7 +61,7 @@ def outputs(tmp_path_factory):
     if block_copy.usable("cpu"):
         return run_cases()
     path = tmp_path_factory.mktemp("block_copy") / "outputs.pt"
-    code = f"from tests.test_block_copy import run_cases; run_cases({str(path)!r})"
+    code = f"from tests.cluster.test_block_copy import run_cases; run_cases({str(path)!r})"
     proc = subprocess.run(
         [sys.executable, "-c", code],
         cwd=ROOT,

@@ -182,7 +182,7 @@ def test_when_a_decode_worker_prefills_a_request_itself():
 
 
 def test_a_later_turn_goes_to_the_decode_worker_holding_its_session_and_ends_there():
-    from tests.test_control_book import loads_balanced
+    from tests.control.test_control_book import loads_balanced
 
     roles = {0: "prefill_only", 1: "decode_only", 2: "decode_only"}
     kv = KVTransferConfig(multiturn="ppd", decode_binding="early")

@@ -12,7 +12,7 @@ from testbed.engine.host_store import SharedKVStore, create_store
 from testbed.engine.kv_store import HashStore, StoreView, store_blocks
 from testbed.engine.prefix import prompt_hashes
 from tests.cluster_helpers import make_config
-from tests.test_kv_aware import BS, prefill
+from tests.control.test_kv_aware import BS, prefill
 
 
 def test_the_hash_store_forgets_the_least_recently_used_block():

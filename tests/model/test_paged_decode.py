@@ -131,7 +131,7 @@ def outputs(tmp_path_factory):
     if pd.usable("cpu"):  # this process imported triton under TRITON_INTERPRET=1
         return run_cases()
     path = tmp_path_factory.mktemp("paged_decode") / "outputs.pt"
-    code = f"from tests.test_paged_decode import run_cases; run_cases({str(path)!r})"
+    code = f"from tests.model.test_paged_decode import run_cases; run_cases({str(path)!r})"
     proc = subprocess.run(
         [sys.executable, "-c", code],
         cwd=ROOT,

@@ -15,8 +15,8 @@ from testbed.errors import ConfigError
 from testbed.perf.measured import STEP_TERMS, CostModel
 from testbed.sim.executor import simulate
 from testbed.studies.real_point import serve
+from tests.cluster.test_emulate import write_profile
 from tests.cluster_helpers import make_config, small_workload
-from tests.test_emulate import write_profile
 
 TOKENS, LAYERS, NBYTES = 5000, 32, 5000 * 131072
 COST = 3.5e-6  # kv_transfer.descriptor_cost_s's default
