@@ -9,7 +9,7 @@ the stamp, and the stamp must not be past the following step's start. The produc
 the request's prefill worker for its first token and its decode worker (its prefill worker when
 it has none) for the others. That is exact for every request whose tokens came from the workers
 it names, which is every request of a run without faults (the simulator and a real 1P1D run
-join every token: tests/test_observations.py). A request that a failure moved between workers
+join every token: tests/metrics/test_observations.py). A request that a failure moved between workers
 (re-dispatched, or recomputed on D after P sent its first token) may have tokens from a worker
 it no longer names: one whose stamp falls inside a step of the named worker has no batch (NaN,
 counted as `tokens_unjoined`); one whose stamp falls in that worker's idle gap is joined to the

@@ -8,7 +8,7 @@ host's draws in the order stepping would draw them) and posts one event at the r
 it applies the quiet steps together and finishes the last one as an ordinary step. A message
 that reaches the worker first cuts the run (`cut`): the steps begun before it stand, the one in
 flight finishes as an ordinary step, and the draws of the rest go back to the worker's stream.
-So a run gives the results of stepping one at a time (tests/test_decode_run.py checks they are
+So a run gives the results of stepping one at a time (tests/sim/test_decode_run.py checks they are
 identical), in a few events instead of one per step.
 """
 

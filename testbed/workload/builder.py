@@ -195,7 +195,7 @@ class _Prompts:
     def _synthetic(self, lengths: np.ndarray) -> list[tuple[tuple, tuple]]:
         """System prompt + random user tokens for each length, as `build` makes them. The user
         tokens of every request come from one draw: Generator.integers gives the same stream
-        whether drawn at once or request by request (tests/test_scale.py checks it), and one
+        whether drawn at once or request by request (tests/metrics/test_scale.py checks it), and one
         call instead of one per request saves seconds on 100k requests."""
         heads = np.minimum(lengths, len(self.system))
         ends = np.cumsum(lengths - heads)

@@ -78,7 +78,7 @@ def test_the_book_refuses_with_the_reason_and_routes_within_the_pool():
 
 def test_a_simulated_run_refuses_a_limited_tenant_and_counts_the_refusals_as_misses():
     from testbed.sim.executor import simulate
-    from tests.test_sim import PROFILE
+    from tests.sim.test_sim import PROFILE
 
     cfg = make_config(
         "workload=mixed_tenants",

@@ -212,7 +212,7 @@ SESSIONS = ["workload=multiturn", "workload.num_requests=16", "hardware=cpu", "e
 
 def _sim(*overrides):
     from testbed.sim.executor import simulate
-    from tests.test_sim import PROFILE  # the shipped CPU profile
+    from tests.sim.test_sim import PROFILE  # the shipped CPU profile
 
     return simulate(make_config(*SESSIONS, *overrides), PROFILE, num_devices=4)
 

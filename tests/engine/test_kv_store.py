@@ -60,7 +60,7 @@ def test_the_shared_store_keeps_the_kv_and_evicts_the_least_recently_used_slot()
 
 def test_a_simulated_store_serves_what_a_small_pool_evicted():
     from testbed.sim.executor import simulate
-    from tests.test_sim import PROFILE
+    from tests.sim.test_sim import PROFILE
 
     base = [
         "workload=multiturn",

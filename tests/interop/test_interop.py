@@ -42,8 +42,9 @@ from testbed.studies.merge import MERGEABLE, add_point, rewrite
 from testbed.studies.sweep import flatten
 from testbed.tracking.results import write_json, write_results
 from testbed.workload.traces import read_mooncake_jsonl
+from tests.paths import ROOT, TEST_DATA
 
-DATA = Path(__file__).parent / "data" / "interop"
+DATA = TEST_DATA / "interop"
 VLLM, VLLM_OLD, SGLANG = (
     DATA / "vllm_bench_serve.json",
     DATA / "vllm_benchmark_serving_old.json",
@@ -304,7 +305,7 @@ def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
         [sys.executable, "-m", "testbed.interop", "add", str(tmp_path), str(VLLM), "--label", "x"],
         capture_output=True,
         text=True,
-        cwd=Path(__file__).resolve().parents[1],
+        cwd=ROOT,
         timeout=120,
     )
     assert done.returncode == 2 and done.stderr.startswith("error: ") and "Traceback" not in done.stderr
@@ -381,7 +382,7 @@ def test_the_cli_refuses_a_fifo_in_one_line_without_hanging(tmp_path):
         capture_output=True,
         text=True,
         timeout=120,
-        cwd=Path(__file__).resolve().parents[1],
+        cwd=ROOT,
     )
     assert done.returncode == 2 and "not a regular file (a FIFO)" in done.stderr and "Traceback" not in done.stderr
 

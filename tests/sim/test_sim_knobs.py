@@ -123,7 +123,7 @@ def test_host_overhead_is_a_fixed_part_plus_a_part_per_sequence():
         assert extra == pytest.approx(1e-3 - base.gpu.step_overhead_s + n * 100e-6)
     assert host.breakdown(512, 256.0, 0, 0)["host_per_seq"] == pytest.approx(100e-6)  # the chunk ending a prompt
     # the host in sequence with the GPU, as the roofline above: no engine profile (vllm_v1's async
-    # scheduling hides this host time under the GPU step; tests/test_engine_profile.py)
+    # scheduling hides this host time under the GPU step; tests/sim/test_engine_profile.py)
     sync = "sim.engine_profile=null"
     fast, slow = sim(sync, n=40, rate=8.0), sim(sync, "engine.host_overhead_per_seq_s=1e-4", n=40, rate=8.0)
     assert slow["summary"]["tpot"]["p50"] > fast["summary"]["tpot"]["p50"] + 0.0005

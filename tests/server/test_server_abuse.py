@@ -30,8 +30,8 @@ from testbed.server.app import HttpServer
 from testbed.workload import Request
 from testbed.workload.builder import empty_workload
 from tests.cluster_helpers import make_config, small_workload
+from tests.http.test_http import health, open_stream, post, read_until
 from tests.paths import ROOT
-from tests.test_http import health, open_stream, post, read_until
 
 IDLE = 400
 FD_LIMIT = 256

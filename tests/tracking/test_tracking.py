@@ -30,9 +30,9 @@ from testbed.tracking.results import collect_meta
 from testbed.tracking.tracked import flatten_summary, profile_files, rate_history, series_rows, table_sample
 from testbed.tracking.wandb_tracker import NullTracker, TrackerError, WandbTracker, make_tracker
 from tests.cluster_helpers import make_config
+from tests.paths import ROOT
 
 matplotlib.use("Agg")
-ROOT = Path(__file__).resolve().parents[1]
 
 
 # ---- config ---------------------------------------------------------------------------------

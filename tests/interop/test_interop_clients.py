@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 import pytest
 import yaml
@@ -19,8 +18,9 @@ from testbed.interop.inference_perf import read_inference_perf
 from testbed.interop.points import detect_format
 from testbed.interop.reference import read_reference
 from testbed.metrics.config import SLOConfig
+from tests.paths import TEST_DATA
 
-DATA = Path(__file__).parent / "data" / "interop"
+DATA = TEST_DATA / "interop"
 GUIDELLM_05 = DATA / "guidellm_050_poisson5_trimmed.json"  # a real GPU run (2 x T4, llm-d P/D)
 GUIDELLM_02 = DATA / "guidellm_020_synchronous_trimmed.json"  # GuideLLM's own test asset (0.2 layout)
 INFERENCE_PERF = DATA / "inference_perf_llmd_pd_gptoss120b_summary.json"  # llm-d's P/D guide's summary

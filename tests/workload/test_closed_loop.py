@@ -3,7 +3,6 @@ Little's law, the same requests as the open loop; the simulator and one real CPU
 
 import asyncio
 import json
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -19,11 +18,12 @@ from testbed.studies.replay import replay
 from testbed.studies.runner import run_point
 from testbed.workload import WorkloadConfig, WorkloadError, build_workload
 from tests.cluster_helpers import make_config, small_workload
+from tests.paths import ROOT, TEST_DATA
 from tests.stub_server import served
 
-PROFILE = json.loads((Path(__file__).resolve().parents[1] / "testbed/sim/profiles/tiny_cpu.json").read_text())
+PROFILE = json.loads((ROOT / "testbed/sim/profiles/tiny_cpu.json").read_text())
 TINY = dict(vocab_size=512, max_model_len=2048)
-REPLAY = Path(__file__).parent / "data" / "replay"
+REPLAY = TEST_DATA / "replay"
 
 
 def max_in_flight(requests) -> int:

@@ -462,7 +462,7 @@ SIM_LAYOUTS = {
 def test_the_simulator_fills_pool_and_prefix_columns_and_joins_every_token(layout):
     from testbed.sim.executor import simulate
     from tests.cluster_helpers import make_config
-    from tests.test_sim import PROFILE
+    from tests.sim.test_sim import PROFILE
 
     result = simulate(
         make_config(

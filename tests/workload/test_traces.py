@@ -8,13 +8,14 @@ import pytest
 
 from testbed.workload import WorkloadConfig, WorkloadError, build_workload
 from testbed.workload.traces import read_trace, select
+from tests.paths import ROOT
 
 TINY = dict(vocab_size=512, max_model_len=2048)
 
 
 @pytest.fixture(scope="module")
 def traces() -> Path:
-    folder = Path(__file__).resolve().parents[1] / "traces"
+    folder = ROOT / "traces"
     if not folder.is_dir():
         pytest.skip(f"full traces not found at {folder}")
     return folder
@@ -153,7 +154,7 @@ def test_native_jsonl_replays_explicit_prompts(tmp_path):
 def test_bundled_slices_hold_the_first_thousand_requests(name):
     from testbed.workload.traces import read_trace
 
-    bundled = Path(__file__).resolve().parents[1] / "testbed" / "workload" / "traces" / name
+    bundled = ROOT / "testbed" / "workload" / "traces" / name
     assert len(read_trace(bundled).input_len) == 1000
 
 

@@ -1,7 +1,6 @@
 """Workload generation: arrival processes, lengths, sessions, tenants, presets, validation."""
 
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,8 +9,9 @@ from omegaconf import OmegaConf
 from testbed.workload import LengthConfig, TenantConfig, WorkloadConfig, WorkloadError, arrivals, build_workload
 from testbed.workload.lengths import sample_lengths
 from testbed.workload.traces import resolve_trace_path
+from tests.paths import ROOT
 
-CONF = Path(__file__).resolve().parents[1] / "conf" / "workload"
+CONF = ROOT / "conf" / "workload"
 TINY = dict(vocab_size=512, max_model_len=2048)
 
 

@@ -1,7 +1,6 @@
 """The simulator: cost-model fit, conservation, KV accounting, back-pressure and determinism."""
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -14,8 +13,9 @@ from testbed.model.config import ModelConfig
 from testbed.sim.cost_model import STEP_TERMS, CostModel, attended_context, fit_step, fit_transfer
 from testbed.sim.executor import simulate
 from tests.cluster_helpers import make_config, small_workload
+from tests.paths import ROOT
 
-PROFILE = json.loads((Path(__file__).resolve().parents[1] / "testbed/sim/profiles/tiny_cpu.json").read_text())
+PROFILE = json.loads((ROOT / "testbed/sim/profiles/tiny_cpu.json").read_text())
 COST = CostModel.from_profile(PROFILE)
 KV_BYTES_PER_TOKEN = 2 * 2 * 2 * 16 * 4  # tiny: K and V x 2 layers x 2 KV heads x head dim 16, float32
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import csv
 import json
 import re
-from pathlib import Path
 
 import pytest
 import yaml
@@ -20,8 +19,8 @@ from testbed.sim.config import SimConfig
 from testbed.sim.engine_profile import engine_profile, for_engine, frontend_s, host_terms, profiles
 from testbed.sim.executor import simulate
 from tests.cluster_helpers import make_config
+from tests.paths import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data" / "replay" / "inference_sim"
 HELD_OUT_MODELS = {"meta-llama/Llama-2-7b-hf", "meta-llama/Llama-2-70b-hf"}
 MIXTRAL = "mistralai/Mixtral-8x7B-v0.1"  # a mixture of experts in the fit set (model=mixtral_8x7b)

@@ -1,7 +1,6 @@
 """Analytical GPU profiles: the roofline's physics, the resolver, and simulations on named GPUs."""
 
 import json
-from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -16,10 +15,11 @@ from testbed.sim.load_split import analytical_split
 from testbed.sim.simulator import Simulation
 from testbed.studies.points import simulate_point
 from tests.cluster_helpers import make_config, small_workload
+from tests.paths import ROOT
 
 LLAMA = PRESETS["llama3_8b"]
 QWEN7B = PRESETS["qwen2_5_7b"]
-SHIPPED = Path(__file__).resolve().parents[1] / "testbed/sim/profiles/tiny_cpu.json"
+SHIPPED = ROOT / "testbed/sim/profiles/tiny_cpu.json"
 
 
 def model(name: str = "h100_sxm") -> RooflineModel:
