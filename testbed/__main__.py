@@ -36,7 +36,7 @@ def draw_study_figures(name: str, sweep_dir: Path) -> list[Path]:
 
 def conf_dir() -> Path:
     """Where the Hydra configs are, by testbed.config.CONF_DIR's rule (conf/ beside testbed/ in a
-    checkout, testbed/conf/ in a wheel), without importing it: tests/test_cli.py holds the two equal."""
+    checkout, testbed/conf/ in a wheel), without importing it: tests/config/test_cli.py holds the two equal."""
     packaged = Path(__file__).resolve().parent / "conf"
     return packaged if (packaged / "config.yaml").is_file() else Path(__file__).resolve().parents[1] / "conf"
 

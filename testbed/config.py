@@ -45,7 +45,7 @@ HARDWARE = ("auto", "cpu", "gpu")
 @lru_cache(maxsize=1)
 def study_names() -> tuple[str, ...]:
     """What experiment.name may say: the one point, and each conf/experiment/NAME.yaml (the studies
-    layer's catalog holds one record per name: tests/test_study_catalog.py)."""
+    layer's catalog holds one record per name: tests/studies/test_study_catalog.py)."""
     return ONE_POINT, *sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
 
 
@@ -465,7 +465,7 @@ def to_config(cfg: DictConfig) -> Config:
 
 def to_config_by_merge(cfg: DictConfig) -> Config:
     """to_config with every value merged into the schema by OmegaConf (what to_config's direct
-    build must equal: tests/test_validation.py)."""
+    build must equal: tests/config/test_validation.py)."""
     return _merged(_container(cfg)).validate()
 
 

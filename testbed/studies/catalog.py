@@ -6,7 +6,7 @@ configurations compare at equal hardware: colocated and chunked use N mixed work
 disaggregated split pP:dD has p + d = N.
 
 A new study is three files: conf/experiment/NAME.yaml, a module with its points builder and
-aggregate, and its record in STUDIES (tests/test_study_catalog.py holds the three together).
+aggregate, and its record in STUDIES (tests/studies/test_study_catalog.py holds the three together).
 """
 
 from __future__ import annotations

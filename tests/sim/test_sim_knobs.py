@@ -15,7 +15,7 @@ from testbed.perf.roofline import KERNELS_PER_LAYER
 from testbed.sim.executor import simulate
 from testbed.studies.replay import load_setup, point_overrides
 from tests.cluster_helpers import make_config
-from tests.test_replay import REPLAY, SGLANG_RPS4
+from tests.studies.test_replay import REPLAY, SGLANG_RPS4
 
 LLAMA3, LLAMA2 = PRESETS["llama3_8b"], PRESETS["llama2_7b"]
 A100 = [

@@ -8,9 +8,8 @@ import sys
 
 from testbed.studies import catalog
 from testbed.studies.dry_run import show
-
-from .paths import ROOT
-from .study_runs import compose_study, run_study
+from tests.paths import ROOT
+from tests.study_runs import compose_study, run_study
 
 TINY = ("executor=sim", "experiment.repeats=2", "experiment.search_points=2")
 

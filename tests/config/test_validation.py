@@ -8,7 +8,6 @@ import copy
 import subprocess
 import sys
 from functools import lru_cache
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -17,8 +16,7 @@ from omegaconf import OmegaConf
 
 from testbed import errors
 from testbed.config import CONF_DIR, check_overrides, config_problem, register_configs, to_config, to_config_by_merge
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.paths import ROOT
 
 
 @pytest.mark.parametrize(

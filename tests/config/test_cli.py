@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from testbed.model import cpu_ops
+from tests.paths import ROOT
 
 CPU_BACKEND = "cpu" if cpu_ops.supports("cpu", torch.float32) else "torch"  # what auto takes here
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def cli(*overrides, tmp_path):

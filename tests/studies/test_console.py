@@ -8,7 +8,6 @@ import logging
 import math
 import subprocess
 import sys
-from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -17,9 +16,9 @@ from testbed import notices
 from testbed.cluster import launcher
 from testbed.studies.aggregates import capacity_of
 from testbed.studies.report import capacity_text, goodput_lines, shown_table, title
+from tests.paths import ROOT
 from tests.study_runs import run_study
 
-ROOT = Path(__file__).resolve().parents[1]
 # fontTools' subset lines as the console's plain format prints them, and the loggers' names in the
 # job's log file (stamped with the logger's name)
 SAID = ("pruned", "dropped", "subsetting", "fontManager")

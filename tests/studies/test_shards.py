@@ -17,9 +17,8 @@ from testbed.errors import ConfigError
 from testbed.experiment import ExperimentConfig
 from testbed.studies import shards
 from testbed.studies.sweep import Point
-
-from .paths import ROOT
-from .study_runs import run_study
+from tests.paths import ROOT
+from tests.study_runs import run_study
 
 # what the simulator measures of its own host: wall-clock, and the host's load while a point ran
 TIMINGS = ("sim_loop_s", "sim_events_per_s", "host_load_1m", "host_load_1m_end")

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import csv
 import re
-from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -15,10 +14,11 @@ import yaml
 from testbed.interop.reference import read_reference
 from testbed.studies.replay import instances, load_setup
 from testbed.studies.replay_validation import PROFILE, load_manifest, load_pairs, pair_figures, reference_file
+from tests.paths import ROOT, TEST_DATA
 
-REPLAY = Path(__file__).parent / "data" / "replay"
+REPLAY = TEST_DATA / "replay"
 MANIFEST = REPLAY / "pd_pairs_2026.yaml"
-DOCS = Path(__file__).parent.parent / "docs" / "validation.md"
+DOCS = ROOT / "docs" / "validation.md"
 SIMULATED = REPLAY / "pd2026_ankdeshm_gke" / "simulated.csv"
 NAMES = {
     "TTFT mean ms": "ttft_mean",

@@ -27,10 +27,10 @@ from testbed.studies.replay_validation import (
     shifted,
     table_mape,
 )
+from tests.paths import ROOT, TEST_DATA
 
-ROOT = Path(__file__).resolve().parents[1]
-REPLAY = Path(__file__).parent / "data" / "replay"
-INTEROP = Path(__file__).parent / "data" / "interop"
+REPLAY = TEST_DATA / "replay"
+INTEROP = TEST_DATA / "interop"
 SGLANG_RPS4 = REPLAY / "sglang030_a100_llama31_8b_rps4.jsonl"
 VLLM_OFFLINE = REPLAY / "vllm060_a100_llama31_8b_offline.jsonl"
 
