@@ -4,7 +4,7 @@ Every key of the root configuration (testbed/config.py `Config` and the dataclas
 type, its default as `python -m testbed` composes it, and its field doc: the comment on the
 field's line, or the comment lines right above it. The table is written between the two marker
 lines of docs/configuration.md; `--check` exits 1 if the page is not what this would write
-(tests/test_config_reference.py runs it), or if a key has no doc.
+(tests/repo/test_config_reference.py runs it), or if a key has no doc.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ the picture are the picture's.
     python scripts/front_page.py RUN_DIR    # an earlier run of it (its results directory)
 
 It copies the run's figures/goodput_per_gpu.png to docs/img/, writes the run's figures to
-docs/img/goodput_per_gpu.json (what tests/test_front_page.py regenerates the text from), and
+docs/img/goodput_per_gpu.json (what tests/repo/test_front_page.py regenerates the text from), and
 replaces the README's block between the `front-page` markers and docs/main-job.md's printed
 summary between the `printed` markers.
 """

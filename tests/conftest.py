@@ -18,6 +18,9 @@ def draw_study_figures(name, sweep_dir):
 figures.draw_with(draw_study_figures)  # as the entry points do: the studies run here write their figures
 
 
+# Test files live in folders that mirror the packages (tests/engine/, tests/sim/, ..., tests/e2e/,
+# tests/repo/); workers are given files by file name, so a name is unique across the folders
+# (pytest_collection_modifyitems refuses two files of one name).
 # The files that read the session's study runs (study_results, repeated_results) share a worker
 # under `pytest -n 2`, so the studies run once.
 STUDY_READERS = {"test_analysis.py", "test_experiments.py", "test_notebooks.py"}
@@ -40,6 +43,14 @@ def pytest_xdist_make_scheduler(config, log):
 
 
 def pytest_collection_modifyitems(config, items):
+    files = {}
+    for path in {item.path for item in items}:
+        files.setdefault(path.name, []).append(path)
+    twice = sorted(
+        " and ".join(sorted(str(p.relative_to(config.rootpath)) for p in ps)) for ps in files.values() if len(ps) > 1
+    )
+    if twice:  # ByFile would put both files on one worker, and STUDY_READERS would name either
+        raise pytest.UsageError(f"test file names must be unique across tests/ folders: {', '.join(twice)}")
     has_cuda = torch.cuda.is_available()
     multi = has_cuda and torch.cuda.device_count() >= 2
     for item in items:

@@ -695,7 +695,7 @@ STUDIES = (
         figures=("sim_vs_real",),
         fits_in_situ=True,
         # a tiny paced run on a shared CPU exercises the study, it measures no fidelity: kept in its
-        # tables however many steps overran (tests/test_experiments.py judges the pace itself)
+        # tables however many steps overran (tests/e2e/test_experiments.py judges the pace itself)
         on_vllm=True,  # against vLLM: its real points on vLLM, its simulated ones on a profile of vLLM
         tiny=(
             "experiment.rates=[20]",

@@ -8,11 +8,10 @@ import re
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.paths import ROOT
 
 
 def readme_commands() -> list[str]:
@@ -67,7 +66,7 @@ def test_the_docs_site_builds_strict(tmp_path):
 
 def test_no_doc_docstring_or_test_names_a_folder_outside_the_repository():
     """A user's clone has only the repository: nothing may point to a folder beside it."""
-    root = Path(__file__).resolve().parents[1]
+    root = ROOT
     files = [
         p
         for d in ("testbed", "analysis", "tests", "docs", "conf", "scripts", "experiments")

@@ -7,11 +7,11 @@ from __future__ import annotations
 import importlib.util
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.paths import ROOT
+
 _spec = importlib.util.spec_from_file_location("front_page", ROOT / "scripts/front_page.py")
 front_page = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(front_page)
