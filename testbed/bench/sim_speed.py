@@ -2,20 +2,23 @@
 
 Runs two commands through the CLI, each on this checkout and on REV (a `git worktree` of it in a
 temporary directory, removed afterwards), interleaved round by round on the same machine, and
-prints each wall time and the ratio REV s / this s measured within each round:
+prints each one's wall and CPU time and the ratios REV s / this s measured within each round:
 
 - `sim`: 100,000 requests over 64 simulated workers (16 P + 48 D, the tiny model's CPU profile);
 - `plan`: the plan study of Llama-3-70B on 8 simulated H100s over tensor-parallel degrees 1-8.
 
-A shared machine's load moves a single wall time by tens of percent; the ratio of two runs minutes
-apart moves less, and the load average printed beside each round says how busy the machine was.
+A shared machine's load moves a single wall time by tens of percent, and the ratio of two runs
+minutes apart with it: the CPU time (user + system) moves less, and the load average printed beside
+each round says how busy the machine was. Run more --rounds on a busy machine.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -54,16 +57,19 @@ def command(name: str, requests: int, out: Path) -> list[str]:
     return [sys.executable, "-m", "testbed", *overrides, f"hydra.run.dir={out}", "tracker=none"]
 
 
-def timed(cmd: list[str], cwd: Path, log: Path) -> float:
-    """Wall seconds of `cmd` run in `cwd` (its `testbed` package first on the path)."""
+def timed(cmd: list[str], cwd: Path, log: Path) -> tuple[float, float]:
+    """(wall, CPU) seconds of `cmd` run in `cwd` (its `testbed` package first on the path); CPU:
+    user + system of the command and its children, which a busy machine moves less than the wall."""
     env = {**os.environ, "PYTHONPATH": str(cwd)}
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     with log.open("w") as stream:
         code = subprocess.run(cmd, cwd=cwd, env=env, stdout=stream, stderr=subprocess.STDOUT).returncode
     seconds = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if code:
         raise SystemExit(f"{' '.join(cmd)} failed in {cwd} (exit {code}); its output: {log}")
-    return seconds
+    return seconds, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
 def which_testbed(cwd: Path) -> str:
@@ -80,6 +86,7 @@ def main(argv=None) -> None:
     parser.add_argument("--requests", type=int, default=100_000, help="the sim command's requests")
     a = parser.parse_args(argv)
     names = a.only or list(COMMANDS)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped benchmark removes its worktree too
     scratch = Path(tempfile.mkdtemp(prefix="sim_speed_"))
     old = scratch / "old"
     subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(old), a.against], check=True)
@@ -88,25 +95,31 @@ def main(argv=None) -> None:
         if Path(found) != old:
             raise SystemExit(f"the old checkout's runs would import testbed from {found}, not {old}")
         print(f"old: {a.against} ({old}); new: this checkout ({ROOT}); {os.cpu_count()} CPUs", flush=True)
-        ratios: dict[str, list[float]] = {name: [] for name in names}
+        ratios: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
         for r in range(a.rounds):
             for name in names:
                 order = [("old", old), ("new", ROOT)] if r % 2 == 0 else [("new", ROOT), ("old", old)]
-                seconds, loads = {}, []
+                wall, cpu, loads = {}, {}, []
                 for which, cwd in order:
                     loads.append(os.getloadavg()[0])
                     out = scratch / f"{name}_{which}_{r}"
-                    seconds[which] = timed(command(name, a.requests, out), cwd, scratch / f"{name}_{which}_{r}.log")
+                    log = scratch / f"{name}_{which}_{r}.log"
+                    wall[which], cpu[which] = timed(command(name, a.requests, out), cwd, log)
                     shutil.rmtree(out, ignore_errors=True)
-                ratio = seconds["old"] / seconds["new"]
+                ratio = (wall["old"] / wall["new"], cpu["old"] / cpu["new"])
                 ratios[name].append(ratio)
                 print(
-                    f"round {r + 1} {name}: old {seconds['old']:.1f} s, new {seconds['new']:.1f} s, "
-                    f"old/new {ratio:.2f} (load average at the starts: {', '.join(f'{x:.1f}' for x in loads)})",
+                    f"round {r + 1} {name}: wall old {wall['old']:.1f} s, new {wall['new']:.1f} s, old/new "
+                    f"{ratio[0]:.2f}; CPU old {cpu['old']:.1f} s, new {cpu['new']:.1f} s, old/new {ratio[1]:.2f} "
+                    f"(load average at the starts: {', '.join(f'{x:.1f}' for x in loads)})",
                     flush=True,
                 )
         for name, values in ratios.items():
-            print(f"{name}: old/new median {statistics.median(values):.2f} over {len(values)} round(s)")
+            walls, cpus = zip(*values)
+            print(
+                f"{name}: old/new median wall {statistics.median(walls):.2f}, "
+                f"CPU {statistics.median(cpus):.2f} over {len(values)} round(s)"
+            )
     finally:
         subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(old)], check=False)
         shutil.rmtree(scratch, ignore_errors=True)
