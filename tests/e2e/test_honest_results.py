@@ -24,8 +24,8 @@ OVERLOAD = [
     "workload.input_len.max=128",
     "workload.output_len.min=16",
     "workload.output_len.max=32",
-    "slo.ttft_s=2.0",
-    "slo.tpot_s=0.2",
+    "slo.ttft_s=600",  # loose enough that the open door meets them on a busy host too: only refusals miss
+    "slo.tpot_s=60",
 ]
 
 
