@@ -1,6 +1,6 @@
 """python scripts/config_reference.py [--check]: docs/configuration.md's key reference, generated.
 
-Every key of the root configuration (testbed/config.py `Config` and the dataclasses it holds), its
+Every key of the root configuration (testbed/config/root.py `Config` and the dataclasses it holds), its
 type, its default as `python -m testbed` composes it, and its field doc: the comment on the
 field's line, or the comment lines right above it. The table is written between the two marker
 lines of docs/configuration.md; `--check` exits 1 if the page is not what this would write

@@ -46,7 +46,8 @@ CASES = {
 
 
 def row(name: str, overrides: list[str]) -> str:
-    run = simulate(compose_sized(overrides))
+    cfg = compose_sized(overrides)
+    run = simulate(cfg.serving, cfg.sim)
     ok = run["requests"][run["requests"].status == "ok"]
     d_first = np.array([list(t)[1] for t in ok.token_times]) - ok.arrival_s.to_numpy()
     span = (run["transfers"].end_s - run["transfers"].start_s).to_numpy()

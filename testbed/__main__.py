@@ -160,6 +160,26 @@ def with_size(argv: list[str]) -> list[str]:
     return argv
 
 
+def shows_job(argv: list[str]) -> bool:
+    """`--cfg job` (or `-c job`, `--cfg=job`) of one job: the configuration that runs, printed by
+    job_config; a multirun's, `--cfg hydra` and `--cfg all` stay Hydra's."""
+    pairs = zip(argv, argv[1:] + [""])
+    asked = "--cfg=job" in argv or any(a in ("--cfg", "-c") and b == "job" for a, b in pairs)
+    return asked and not any(a in ("-m", "--multirun", "-p", "--package") for a in argv)
+
+
+def job_config(argv: list[str]) -> str:
+    """The resolved configuration with the study's own experiment keys, and its grid of points
+    (testbed/studies/dry_run.py job_text), composed once from the command line's overrides."""
+    from testbed.config import compose_config
+    from testbed.studies.catalog import study
+    from testbed.studies.dry_run import job_text
+
+    overrides = [a for a in argv if "=" in a and not a.startswith("-") and not a.startswith("hydra.")]
+    cfg = compose_config(overrides)
+    return job_text(study(cfg.experiment.name), cfg)
+
+
 def cli() -> None:
     if any(a in HELP_FLAGS for a in sys.argv[1:]):
         print(usage())
@@ -174,6 +194,15 @@ def cli() -> None:
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         sys.exit(2)
+    if shows_job(sys.argv[1:]):
+        from testbed.errors import TestbedError
+
+        try:
+            print(job_config(sys.argv[1:]), end="")
+        except TestbedError as error:  # a grid the study cannot lay out here (no placement fits, ...)
+            print(f"error: {error}", file=sys.stderr)
+            sys.exit(2)
+        return
     try:
         main()
     finally:

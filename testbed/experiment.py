@@ -13,6 +13,22 @@ ONE_POINT = "serve"  # the study without a conf/experiment file: one point with 
 # experiment.sizes.cpu on top, tiny (the least that exercises it) its catalog record's on top of cpu.
 # With executor=vllm the CPU size is experiment.sizes.vllm_cpu over the catalog's VLLM_CPU_BASE.
 SIZES = ("gpu", "cpu", "tiny")
+# the keys every study reads (its name, rates, repeats, sizes, figures, resume and job-splitting
+# settings); a goodput search's own; each study adds its axes (testbed/studies/catalog.py Study.keys)
+COMMON_KEYS = (
+    "name",
+    "rates",
+    "sizes",
+    "figures",
+    "repeats",
+    "on_changed",
+    "shard",
+    "shards",
+    "points",
+    "merge",
+    "dry_run",
+)
+SEARCH_KEYS = ("search_points", "search_tolerance", "search_span")
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,11 @@ def make_config(*overrides: str) -> Config:
     return compose_sized(list(overrides))
 
 
+def sim_args(cfg: Config) -> tuple:
+    """What the simulator takes of a root config: the served sections and its own."""
+    return cfg.serving, cfg.sim
+
+
 def small_workload(n: int = 10, rate: float = 40.0) -> list[str]:
     """Short prompts and outputs at a high rate, so steps batch several requests together."""
     return [

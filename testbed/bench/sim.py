@@ -48,7 +48,7 @@ def main(argv=None) -> None:
     parser.add_argument("overrides", nargs="*", help="more config overrides, key=value")
     a = parser.parse_args(argv)
     cfg = bench_config(a.requests, a.prefill, a.decode, a.rate, a.seed, a.overrides)
-    result = simulate(cfg, json.loads(Path(a.profile).read_text()), num_devices=a.prefill + a.decode)
+    result = simulate(cfg.serving, cfg.sim, json.loads(Path(a.profile).read_text()), num_devices=a.prefill + a.decode)
     s, sim = result["summary"], result["summary"]["sim"]
     tokens = int(result["requests"]["num_tokens"].sum())
     print(f"workers: {a.prefill}P + {a.decode}D = {a.prefill + a.decode}; requests: {s['num_requests']}")

@@ -49,7 +49,7 @@ def run_steps(model: str, spec: str, tp: int, prompt: int, requests: int) -> lis
             f"scheduler.max_batched_tokens={max(prompt * requests, 2048)}",
         ]
     )
-    return simulate(cfg)["steps"]
+    return simulate(cfg.serving, cfg.sim)["steps"]
 
 
 def reference_s(model: str, spec: str, tp: int, tokens: int, context: float, seqs: int, decode_context: int) -> float:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Optional
 
 from testbed.cluster.pacing import LinkPacer, StepPacer
@@ -68,15 +67,6 @@ class Paced:
     model: StepCostModel
     label: dict  # {"kind": "analytical" | "measured", "name": ...}
     dtype_bytes: int  # bytes per KV element on the modelled device
-
-
-def check_spec(key: str, spec: str) -> None:
-    """One line when `spec` is neither a GPU of the analytical table nor a profile file."""
-    if not (is_gpu(spec) or Path(spec).is_file()):
-        raise ConfigError(
-            f"{key}={spec!r} is neither a GPU of the analytical table ({', '.join(sorted(GPUS))}) "
-            f"nor a profile .json file (from +experiment=profile)"
-        )
 
 
 def modelled_args(emulation: Emulation, model: ModelConfig) -> ModelArgs:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 import numpy as np
 import torch
@@ -21,17 +21,16 @@ from testbed.engine.host_store import create_store
 from testbed.engine.kv_pool import host_available_bytes, kv_block_shape
 from testbed.errors import KVLeakError
 from testbed.metrics.latency import distribution
+from testbed.model.config import ModelConfig
 from testbed.model.loader import resolve_dtype
 from testbed.names import KIND_OF, Kind, Mode, Role
 from testbed.net.messages import Audit
-
-if TYPE_CHECKING:
-    from testbed.config import Config
+from testbed.serving import Serving
 
 _log = logging.getLogger("testbed")
 
 
-def kv_store(cfg: Config, plans) -> Optional[object]:
+def kv_store(cfg: Serving, plans) -> Optional[object]:
     """The run's shared KV store (kv_store.capacity_mib), in the workers' KV dtype; None when off."""
     if cfg.kv_store.capacity_mib <= 0:
         return None
@@ -40,7 +39,7 @@ def kv_store(cfg: Config, plans) -> Optional[object]:
     return create_store(cfg.kv_store.capacity_mib, kv_block_shape(args, cfg.engine.block_size), dtype)
 
 
-def emulated_engine(cfg: Config, engine):
+def emulated_engine(cfg: Serving, engine):
     """CPU workers paced to an emulated device get that device's KV pool (cluster/emulation.py)."""
     emulation = Emulation.from_hardware(cfg.hardware)
     if emulation is None or cuda_count(cfg.hardware):
@@ -69,8 +68,8 @@ def emulated_engine(cfg: Config, engine):
     return engine if blocks is None else dataclasses.replace(engine, num_kv_blocks=blocks)
 
 
-def fit_to_pools(cfg: Config, cluster) -> Config:
-    """`cfg` with model.max_model_len set to what every started worker's KV pool holds, when it
+def fit_to_pools(cfg: Serving, cluster) -> ModelConfig:
+    """`cfg.model` with model.max_model_len set to what every started worker's KV pool holds, when it
     was left unset and some pool holds less than the model's own length (a checkpoint's
     max_position_embeddings often exceeds a CPU pool); said in one line, as `LLM` does. The
     workers fit their own engines to their pools (testbed/cluster/worker.py) and report the pool
@@ -78,14 +77,14 @@ def fit_to_pools(cfg: Config, cluster) -> Config:
     stopped the workers' start with the error. The CLI's points (testbed/studies/real_point.py) and
     the HTTP server both call this once their workers are up."""
     if cfg.model.max_model_len is not None:
-        return cfg
+        return cfg.model
     started = list(getattr(cluster, "started", {}).values())
     if not started:
-        return cfg
+        return cfg.model
     wanted = cfg.model.args().max_model_len
     held = min(s.num_blocks * cfg.engine.for_device(s.device.split(":")[0]).block_size for s in started)
     if held >= wanted:
-        return cfg
+        return cfg.model
     smallest = min(started, key=lambda s: s.num_blocks)
     key = (wanted, held)
     if key not in _said:  # once per process: a study's points would repeat it
@@ -95,13 +94,13 @@ def fit_to_pools(cfg: Config, cluster) -> Config:
             f"({smallest.num_blocks} blocks, worker {smallest.worker}) holds; set model.max_model_len, "
             f"or raise engine.kv_cache_mib / engine.num_kv_blocks / engine.gpu_memory_utilization for more"
         )
-    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, max_model_len=held))
+    return dataclasses.replace(cfg.model, max_model_len=held)
 
 
 _said: set = set()
 
 
-def worker_template(cfg: Config, store=None) -> WorkerSpec:
+def worker_template(cfg: Serving, store=None) -> WorkerSpec:
     """Every worker's spec but its place (rank, role, device): the launcher fills that in."""
     engine = emulated_engine(cfg, cfg.engine)
     if cfg.faults.exhaust_kv_pool:  # the least pool that still holds one request of max_model_len

@@ -122,7 +122,7 @@ def rank_spec(template: WorkerSpec, plans: list[WorkerPlan], rank: int, world: W
 
 def serve_rank(world: World, cluster_cfg, read_config: Callable[[dict], Any]) -> None:
     """A rank other than 0: serve every point rank 0 launches, until it says the run is over.
-    `read_config`: a point's Config from the dict rank 0 sends (handed in: the root config is above)."""
+    `read_config`: a point's Serving from the dict rank 0 sends (handed in: the root config is above)."""
     store = connect_store(world, cluster_cfg.start_timeout_s)
     token = run_token(store, world)
     bind, beat = bind_address(cluster_cfg.bind, world), cluster_cfg.heartbeat_s

@@ -19,7 +19,7 @@ import json
 import time
 from collections import Counter
 from dataclasses import replace
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 import aiohttp
 
@@ -29,9 +29,6 @@ from testbed.http.protocol import read_event
 from testbed.metrics.events import Event, RequestLog
 from testbed.stopping import INTERRUPTED
 from testbed.workload import Request, Workload
-
-if TYPE_CHECKING:  # annotations only: the root config is composed above the executors and handed in
-    from testbed.config import Config
 
 STOP_POLL_S = 0.1  # how soon a stopped replay notices the signal
 
@@ -219,12 +216,12 @@ class ServerUnreachable(PeerLost, ConfigError):
     (exit status 1), so a study ends at once instead of recording every point as failed."""
 
 
-async def served_model(cfg: Config, session: aiohttp.ClientSession) -> tuple[str, dict]:
+async def served_model(http: HttpConfig, session: aiohttp.ClientSession) -> tuple[str, dict]:
     """(the model to ask for, what GET /v1/models answered). The endpoint is checked before any
     request is sent, whatever is set: a server that cannot be reached (neither /v1/models nor
     /health answers) is a one-line error, never a run of failed requests."""
-    base = cfg.http.url.rstrip("/")
-    headers = bearer(cfg.http.client_key())
+    base = http.url.rstrip("/")
+    headers = bearer(http.client_key())
     try:
         status, body = await _get(session, base + "/v1/models", headers)
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as error:
@@ -233,29 +230,29 @@ async def served_model(cfg: Config, session: aiohttp.ClientSession) -> tuple[str
             await _get(session, base + "/health", headers)
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
             raise ServerUnreachable(
-                f"http.url={cfg.http.url}: no server answers: GET /v1/models failed ({why}), "
+                f"http.url={http.url}: no server answers: GET /v1/models failed ({why}), "
                 f"and so did GET /health; start the server or fix http.url"
             ) from None
-        if cfg.http.model:
-            return cfg.http.model, {}
-        raise ConfigError(f"http.url={cfg.http.url}: GET /v1/models failed ({why}); set http.model") from None
+        if http.model:
+            return http.model, {}
+        raise ConfigError(f"http.url={http.url}: GET /v1/models failed ({why}); set http.model") from None
     try:
         listing = json.loads(body) if status == 200 else {}
     except ValueError:
         listing = None
-    if status in (401, 403) or (status != 200 and not cfg.http.model):
+    if status in (401, 403) or (status != 200 and not http.model):
         hint = " (check http.api_key or OPENAI_API_KEY)" if status in (401, 403) else "; or set http.model"
-        raise ConfigError(f"http.url={cfg.http.url}: GET /v1/models answered {status}: {error_reason(body)}{hint}")
-    if listing is None and not cfg.http.model:
+        raise ConfigError(f"http.url={http.url}: GET /v1/models answered {status}: {error_reason(body)}{hint}")
+    if listing is None and not http.model:
         raise ConfigError(
-            f"http.url={cfg.http.url}: GET /v1/models answered with no JSON: {error_reason(body)}; set http.model"
+            f"http.url={http.url}: GET /v1/models answered with no JSON: {error_reason(body)}; set http.model"
         )
     listing = listing if isinstance(listing, dict) else {}
     models = [m.get("id") for m in listing.get("data", []) if isinstance(m, dict)]
-    if cfg.http.model:
-        return cfg.http.model, listing
+    if http.model:
+        return http.model, listing
     if not models:
-        raise ConfigError(f"http.url={cfg.http.url}: /v1/models lists no model; set http.model")
+        raise ConfigError(f"http.url={http.url}: /v1/models lists no model; set http.model")
     return models[0], listing
 
 

@@ -6,62 +6,60 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING
 
 from tqdm import tqdm
 
 from testbed.http.client import Replay, served_model, session_for
+from testbed.http.config import HttpConfig
 from testbed.http.prompts import TextPrompts, need_tokenizer
 from testbed.metrics.events import RequestLog
 from testbed.metrics.slo import tenant_slos
 from testbed.metrics.summary import summarize
+from testbed.serving import Serving
 from testbed.workload import build_workload
 
-if TYPE_CHECKING:  # annotations only: the root config is composed above the executors and handed in
-    from testbed.config import Config
 
-
-def replay_point(cfg: Config, progress: bool = True, stop=None) -> dict:
-    """The workload replayed against cfg.http.url: {"requests", "summary", "prompts", "meta"}.
+def replay_point(cfg: Serving, http: HttpConfig, progress: bool = True, stop=None) -> dict:
+    """The workload replayed against http.url: {"requests", "summary", "prompts", "meta"}.
     `stop` (a threading.Event, set by a signal): the replay ends, the requests open are cut, and
     summary.json says `"partial": true` with the counts under `interrupted`."""
-    cfg.http.check_client()
-    prompts = TextPrompts(need_tokenizer(cfg.http.tokenizer or cfg.model.path)) if cfg.http.prompt == "text" else None
-    log, replay, listing, cut = asyncio.run(_replay(cfg, prompts, progress, stop))
+    http.check_client()
+    prompts = TextPrompts(need_tokenizer(http.tokenizer or cfg.model.path)) if http.prompt == "text" else None
+    log, replay, listing, cut = asyncio.run(_replay(cfg, http, prompts, progress, stop))
     requests = log.table()
     summary = summarize(
         requests,
         slo=cfg.slo,
         metrics=cfg.metrics,
-        num_gpus=cfg.http.num_gpus,
+        num_gpus=http.num_gpus,
         tenant_slos=tenant_slos(cfg.workload.tenants, cfg.slo),
     )
     summary["executor"] = "http"
     summary["workload_report"] = replay.workload.report
     summary["http"] = {
-        "url": cfg.http.url,
+        "url": http.url,
         "model": replay.model,
-        "prompt": cfg.http.prompt,
+        "prompt": http.prompt,
         "errors": dict(replay.errors),
         "refused": refused_by_status(replay.errors),
     }
     if cut is not None:
         summary["partial"], summary["interrupted"] = True, cut
-    meta = {"executor": "http", "url": cfg.http.url, "model": replay.model, "models": listing}
+    meta = {"executor": "http", "url": http.url, "model": replay.model, "models": listing}
     return {"requests": requests, "summary": summary, "prompts": log.prompts, "meta": meta}
 
 
-async def _replay(cfg: Config, prompts, progress: bool, stop):
-    async with session_for(cfg.http) as session:
-        model, listing = await served_model(cfg, session)
+async def _replay(cfg: Serving, http: HttpConfig, prompts, progress: bool, stop):
+    async with session_for(http) as session:
+        model, listing = await served_model(http, session)
         workload = build_workload(
             cfg.workload, seed=cfg.seed, vocab_size=_vocab(cfg, prompts), max_model_len=_max_model_len(cfg, listing)
         )
-        replay = Replay(cfg.http, workload, model, prompts)
+        replay = Replay(http, workload, model, prompts)
         log = RequestLog(time.perf_counter())
         with tqdm(
             total=len(workload.requests),
-            desc=f"{cfg.http.label} requests",
+            desc=f"{http.label} requests",
             unit="req",
             leave=False,
             disable=not progress,
@@ -97,11 +95,11 @@ def refused_by_status(errors) -> dict[str, int]:
     return out
 
 
-def _vocab(cfg: Config, prompts) -> int:
+def _vocab(cfg: Serving, prompts) -> int:
     return prompts.vocab_size if prompts is not None else cfg.model.args().vocab_size
 
 
-def _max_model_len(cfg: Config, listing: dict) -> int:
+def _max_model_len(cfg: Serving, listing: dict) -> int:
     """The served model's limit when /v1/models says it (vLLM and this testbed do), else the
     configured model's: prompts are clipped to what the server accepts."""
     for model in listing.get("data", []):

@@ -15,7 +15,7 @@ Coefficients are non-negative (a negative cost would let a bigger batch run fast
 fitted by non-negative least squares on relative error: step times span milliseconds to
 seconds and a plain fit would ignore the short steps, which are most of a decode-heavy run.
 
-A profile is JSON written by `+experiment=profile` (testbed.bench.step_profile). This module is pure
+A profile is JSON written by `+experiment=profile` (testbed.measure.step_profile). This module is pure
 (numpy only) so the simulator and the real cluster's paced workers share it.
 """
 

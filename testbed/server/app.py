@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 from contextlib import ExitStack, contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -268,7 +269,9 @@ class HttpServer:
 
     def _start(self, sock: socket.socket) -> None:
         t0 = time.perf_counter()
-        self.cfg = fit_to_pools(self.cfg, self.cluster)  # an unset max_model_len lowered to the pools, in one line
+        self.cfg = replace(
+            self.cfg, model=fit_to_pools(self.cfg.serving, self.cluster)
+        )  # an unset max_model_len lowered to the pools, in one line
         self.log, self.sampler = RequestLog(t0), start_telemetry(t0, announce=False)
         self._stack.callback(self.sampler.stop)  # a start that fails further on leaves no thread
         self.router = LiveRouter(self.cluster, self.log, self.cfg, t0)

@@ -31,7 +31,7 @@ ROLE_KEYS = {Kind.MIXED: "profile", Kind.PREFILL: "prefill_profile", Kind.DECODE
 class SimConfig:
     """`profile`: the simulated device. A GPU of the analytical table (testbed.perf.gpus: a
     roofline of that GPU for the configured model), or a profile file written by `+experiment=profile`
-    (python -m testbed.bench.step_profile): measured on a device, it replaces the analytical model there.
+    (python -m testbed.measure.step_profile): measured on a device, it replaces the analytical model there.
     Unset: the profile shipped for the model preset, `testbed/sim/profiles/<model>_cpu.json`.
     `prefill_profile` / `decode_profile`: P's and D's own device (heterogeneous pools); unset, sim.profile."""
 

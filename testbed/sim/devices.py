@@ -14,7 +14,7 @@ the weights. A measured profile timed one device of this engine, so TP is refuse
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Mapping, Optional
+from typing import Mapping, Optional
 
 from testbed.control.config import TP_KEYS
 from testbed.control.reshard import busiest_link_bytes
@@ -25,11 +25,10 @@ from testbed.names import Kind, KVBackend
 from testbed.perf.gpus import GPUS
 from testbed.perf.measured import require_transport
 from testbed.perf.resolve import StepCostModel, analytical, is_gpu, measured
+from testbed.serving import Serving
+from testbed.sim.config import SimConfig
 from testbed.sim.engine_profile import host_terms
 from testbed.sim.pools import gpu_pool_blocks, pool_blocks
-
-if TYPE_CHECKING:  # annotations only: the root config composes the studies layer's
-    from testbed.config import Config
 
 # a simulated GPU holds the weights in 16 bits unless the model's dtype says float32 (auto: bfloat16 on CUDA)
 GPU_DTYPE_BYTES = {"auto": 2, "bfloat16": 2, "float16": 2, "float32": 4}
@@ -51,15 +50,17 @@ class RoleProfile:
         return pool_blocks(args, engine, self.measured)
 
 
-def resolve_roles(cfg: Config, roles: set[str], profile: Optional[Mapping] = None) -> dict[str, RoleProfile]:
+def resolve_roles(
+    cfg: Serving, sim: SimConfig, roles: set[str], profile: Optional[Mapping] = None
+) -> dict[str, RoleProfile]:
     """A RoleProfile per role in `roles`; `profile`, when given, is a loaded measured profile
     standing for sim.profile (P's and D's own settings still apply)."""
-    out = {role: resolve_role(cfg, role, profile) for role in sorted(roles)}
+    out = {role: resolve_role(cfg, sim, role, profile) for role in sorted(roles)}
     if {Kind.PREFILL, Kind.DECODE} <= roles:
         check_transport(cfg, out)
     sizes = {role: r.dtype_bytes for role, r in out.items()}
     if len(set(sizes.values())) > 1:
-        got = ", ".join(f"{cfg.sim.key(role)}: {n} bytes" for role, n in sizes.items())
+        got = ", ".join(f"{sim.key(role)}: {n} bytes" for role, n in sizes.items())
         raise ConfigError(
             f"the simulated devices hold the KV cache in different dtypes ({got}): "
             f"a measured CPU profile (float32) cannot pair with a GPU; pick GPUs or profiles of one dtype"
@@ -67,9 +68,9 @@ def resolve_roles(cfg: Config, roles: set[str], profile: Optional[Mapping] = Non
     return out
 
 
-def resolve_role(cfg: Config, role: str, profile: Optional[Mapping] = None) -> RoleProfile:
-    args, spec, tp = cfg.model.args(), cfg.sim.spec(role), cfg.cluster.tp_of(role)
-    given = profile is not None and cfg.sim.key(role) == "sim.profile"
+def resolve_role(cfg: Serving, sim: SimConfig, role: str, profile: Optional[Mapping] = None) -> RoleProfile:
+    args, spec, tp = cfg.model.args(), sim.spec(role), cfg.cluster.tp_of(role)
+    given = profile is not None and sim.key(role) == "sim.profile"
     if spec is not None and is_gpu(spec) and not given:
         dtype_bytes = gpu_dtype_bytes(cfg.model.dtype)
         model, label = analytical(
@@ -77,40 +78,40 @@ def resolve_role(cfg: Config, role: str, profile: Optional[Mapping] = None) -> R
             args,
             dtype_bytes,
             tp=tp,
-            **cfg.sim.precision(),
-            **host_terms(cfg.engine, cfg.sim.engine_profile, cfg.model.dtype),
+            **sim.precision(),
+            **host_terms(cfg.engine, sim.engine_profile, cfg.model.dtype),
         )
-        label = {**label, "engine_profile": cfg.sim.engine_profile} if cfg.sim.engine_profile else label
+        label = {**label, "engine_profile": sim.engine_profile} if sim.engine_profile else label
         # the KV dtype (sim.kv_dtype) sizes every KV byte the simulator counts: pool, hand-off
         return RoleProfile(model, label, model.kv_bytes, tp=tp, num_kv_heads=args.num_kv_heads)
     name = "given" if given else spec or f"shipped:{cfg.model.name}_cpu.json"
     if tp > 1:
         raise ConfigError(
             f"cluster.{TP_KEYS[role]}={tp}: tensor parallelism is modelled on the analytical GPUs only "
-            f"({cfg.sim.key(role)}={' | '.join(sorted(GPUS))}); {cfg.sim.key(role)} is a measured profile ({name})"
+            f"({sim.key(role)}={' | '.join(sorted(GPUS))}); {sim.key(role)} is a measured profile ({name})"
         )
-    if cfg.sim.weight_bits is not None:
+    if sim.weight_bits is not None:
         raise ConfigError(
-            f"sim.weight_bits={cfg.sim.weight_bits} models a quantized checkpoint on an analytical GPU; "
-            f"{cfg.sim.key(role)} is a measured profile ({name}), whose step times hold its own weights"
+            f"sim.weight_bits={sim.weight_bits} models a quantized checkpoint on an analytical GPU; "
+            f"{sim.key(role)} is a measured profile ({name}), whose step times hold its own weights"
         )
-    if (cfg.sim.weight_dtype, cfg.sim.kv_dtype) != ("auto", "auto"):
+    if (sim.weight_dtype, sim.kv_dtype) != ("auto", "auto"):
         raise ConfigError(
-            f"sim.weight_dtype / sim.kv_dtype set an analytical GPU's widths; {cfg.sim.key(role)} is a "
+            f"sim.weight_dtype / sim.kv_dtype set an analytical GPU's widths; {sim.key(role)} is a "
             f"measured profile ({name}), whose step times and pool hold its own"
         )
     if cfg.engine.sets_host:
         raise ConfigError(
             f"engine.host_overhead_s / engine.host_overhead_per_seq_s are an analytical GPU's host "
-            f"terms; {cfg.sim.key(role)} is a measured profile ({name}), whose step times hold its own"
+            f"terms; {sim.key(role)} is a measured profile ({name}), whose step times hold its own"
         )
     try:
-        loaded = profile if given else cfg.sim.load(cfg.model.name, role)
+        loaded = profile if given else sim.load(cfg.model.name, role)
         model, label = measured(loaded, args, name)
         return RoleProfile(model, label, int(loaded["dtype_bytes"]), loaded)
     except MALFORMED as error:  # a file another tool wrote, or a damaged one: one line naming it
         raise ConfigError(
-            f"{cfg.sim.key(role)}: {name} is not a measured profile ({_what(error)}); "
+            f"{sim.key(role)}: {name} is not a measured profile ({_what(error)}); "
             f"make one with `python -m testbed +experiment=profile`"
         ) from None
 
@@ -134,7 +135,7 @@ def _what(error: BaseException) -> str:
     return text if len(text) <= 120 else text[:117] + "..."
 
 
-def role_blocks(cfg: Config, profiles: dict[str, RoleProfile]) -> dict[str, int]:
+def role_blocks(cfg: Serving, profiles: dict[str, RoleProfile]) -> dict[str, int]:
     """KV blocks of one worker of each role. Without prefix caching, blocks past what a worker can
     ever hold change nothing, so they are not built: a tiny model on an 80 GB GPU would otherwise
     be tens of millions of Block objects per worker."""
@@ -178,7 +179,7 @@ def transfer_time(
     return max(sender.cost.transfer_time(sent, backend), receiver.cost.transfer_time(received, backend))
 
 
-def check_transport(cfg: Config, roles: dict[str, RoleProfile]) -> None:
+def check_transport(cfg: Serving, roles: dict[str, RoleProfile]) -> None:
     """P -> D transfers over kv_transfer.backend need times for it on both ends."""
     for role in (Kind.PREFILL, Kind.DECODE):
         name = roles[role].label.get("name")

@@ -6,17 +6,16 @@ from __future__ import annotations
 import gc
 import time
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Mapping, Optional
+from typing import Mapping, Optional
 
 from testbed.metrics.slo import tenant_slos
 from testbed.metrics.steps import steps_table
 from testbed.metrics.summary import summarize
 from testbed.names import Executor
+from testbed.serving import Serving
+from testbed.sim.config import SimConfig
 from testbed.sim.host import contention_rho, gap_phase, step_scale, transfer_scale
 from testbed.sim.simulator import Simulation
-
-if TYPE_CHECKING:  # annotations only: the root config is composed above the executors and handed in
-    from testbed.config import Config
 
 
 @contextmanager
@@ -38,19 +37,21 @@ def worker_entry(plan) -> dict:
     return {"role": plan.role, "device": plan.device, "tp": plan.tp, "devices": plan.devices, "alive_at_end": True}
 
 
-def simulate(cfg: Config, profile: Optional[Mapping] = None, *, num_devices: Optional[int] = None) -> dict:
+def simulate(
+    cfg: Serving, sim: SimConfig, profile: Optional[Mapping] = None, *, num_devices: Optional[int] = None
+) -> dict:
     """Simulate one serving point; the same tables and summary as a real run's serve(). The
-    devices come from cfg.sim; `profile`, a loaded measured profile, stands for sim.profile."""
+    devices come from `sim`; `profile`, a loaded measured profile, stands for sim.profile."""
     # paused for the whole point, the Simulation dropped before the collector is back: reference
     # counting frees its objects first, where a collection on re-enabling walked them all (28 ms
     # of a 300 ms point)
     with cyclic_gc_paused():
-        return _simulate(cfg, profile, num_devices)
+        return _simulate(cfg, sim, profile, num_devices)
 
 
-def _simulate(cfg: Config, profile: Optional[Mapping], num_devices: Optional[int]) -> dict:
+def _simulate(cfg: Serving, sim_cfg: SimConfig, profile: Optional[Mapping], num_devices: Optional[int]) -> dict:
     started = time.perf_counter()
-    sim = Simulation(cfg, profile, num_devices)
+    sim = Simulation(cfg, sim_cfg, profile, num_devices)
     sim.run()
     loop_s = time.perf_counter() - started
     requests, steps, transfers = sim.log.table(), steps_table(sim.steps, 0.0), sim.transfers.table()

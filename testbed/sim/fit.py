@@ -15,15 +15,14 @@ degrees otherwise (`1xTP4P-1xTP4D`).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Mapping, Optional
+from typing import Mapping, Optional
 
 from testbed.model.config import ModelArgs
 from testbed.names import Kind
 from testbed.perf.resolve import analytical, is_gpu
+from testbed.serving import Serving
+from testbed.sim.config import SimConfig
 from testbed.sim.devices import gpu_dtype_bytes
-
-if TYPE_CHECKING:  # annotations only: the root config is composed above the executors and handed in
-    from testbed.config import Config
 
 
 def unfit(
@@ -56,26 +55,26 @@ def unfit(
     )
 
 
-def role_unfit(cfg: Config, role: str, tp: int, profile: Optional[Mapping] = None) -> Optional[str]:
+def role_unfit(cfg: Serving, sim: SimConfig, role: str, tp: int, profile: Optional[Mapping] = None) -> Optional[str]:
     """`unfit` for a worker of `role` at TP `tp` on the device the simulator gives that role
     (`profile`, a loaded measured profile standing for sim.profile, has no memory rule)."""
-    given = profile is not None and cfg.sim.key(role) == "sim.profile"
-    spec = None if given else cfg.sim.spec(role)
+    given = profile is not None and sim.key(role) == "sim.profile"
+    spec = None if given else sim.spec(role)
     return unfit(
         cfg.model.args(),
         tp,
         spec,
         gpu_dtype_bytes(cfg.model.dtype),
         cfg.engine.gpu_memory_utilization,
-        **cfg.sim.precision(),
+        **sim.precision(),
     )
 
 
-def split_unfit(cfg: Config, profile: Optional[Mapping] = None) -> Optional[str]:
+def split_unfit(cfg: Serving, sim: SimConfig, profile: Optional[Mapping] = None) -> Optional[str]:
     """Why the cluster's prefill and decode workers (cluster.prefill_tp, decode_tp) do not fit the
     simulated devices, or None: what a planner checks before it proposes any split."""
     for role in (Kind.PREFILL, Kind.DECODE):
-        why = role_unfit(cfg, role, cfg.cluster.tp_of(role), profile)
+        why = role_unfit(cfg, sim, role, cfg.cluster.tp_of(role), profile)
         if why:
             return f"{role} workers: {why}"
     return None

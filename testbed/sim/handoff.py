@@ -12,14 +12,12 @@ layers with its last step only (earlier chunks' KV goes with the last step's lay
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 from testbed.control.handoff import HandoffRule, Link
 from testbed.errors import ConfigError
+from testbed.serving import Serving
 from testbed.sim.devices import RoleProfile, transfer_time
-
-if TYPE_CHECKING:  # annotations only: the root config is composed above the executors and handed in
-    from testbed.config import Config
 
 
 @dataclass(frozen=True)
@@ -33,7 +31,7 @@ class LinkSlot:
 
 
 class SimHandoff:
-    def __init__(self, cfg: Config, roles: list[RoleProfile], nodes: list[int], layers: int):
+    def __init__(self, cfg: Serving, roles: list[RoleProfile], nodes: list[int], layers: int):
         kv = cfg.kv_transfer
         self.rule: HandoffRule = kv.handoff_rule(layers, cfg.engine.block_size)
         self.roles, self.nodes, self.backend = roles, nodes, kv.backend

@@ -15,19 +15,18 @@ devices (testbed/sim/fit.py, the placement search's rule): the split is refused 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Mapping, Optional
+from typing import Mapping, Optional
 
 import numpy as np
 
 from testbed.errors import ConfigError
 from testbed.names import Kind
 from testbed.perf.resolve import StepCostModel
+from testbed.serving import Serving
+from testbed.sim.config import SimConfig
 from testbed.sim.devices import resolve_roles
 from testbed.sim.fit import split_counts, split_label, split_unfit
 from testbed.workload import build_workload
-
-if TYPE_CHECKING:  # annotations only: the root config is composed above the executors and handed in
-    from testbed.config import Config
 
 
 def worker_rates(
@@ -50,19 +49,19 @@ def worker_rates(
     return {"prefill_tokens_per_s": prefill, "decode_tokens_per_s": decode}
 
 
-def analytical_split(cfg: Config, profile: Optional[Mapping], num_devices: int) -> dict:
+def analytical_split(cfg: Serving, sim: SimConfig, profile: Optional[Mapping], num_devices: int) -> dict:
     """`profile`: a loaded measured profile standing for sim.profile, or None to take every role's
     device from cfg.sim (GPUs of the analytical table, heterogeneous P and D included)."""
     a, b = cfg.cluster.prefill_tp, cfg.cluster.decode_tp
     splits = split_counts(num_devices, a, b)
-    why = split_unfit(cfg, profile) or (None if splits else f"no P x {a} + D x {b} = {num_devices} with P, D >= 1")
+    why = split_unfit(cfg, sim, profile) or (None if splits else f"no P x {a} + D x {b} = {num_devices} with P, D >= 1")
     if why:
         raise ConfigError(f"no P:D split of {num_devices} devices to propose: {why}")
     args = cfg.model.args()
     workload = build_workload(cfg.workload, seed=cfg.seed, vocab_size=args.vocab_size, max_model_len=args.max_model_len)
     inputs = np.array([r.input_len for r in workload.requests], dtype=float)
     outputs = np.array([r.output_len for r in workload.requests], dtype=float)
-    roles = resolve_roles(cfg, {Kind.PREFILL, Kind.DECODE}, profile)
+    roles = resolve_roles(cfg, sim, {Kind.PREFILL, Kind.DECODE}, profile)
     out = {"num_devices": num_devices}
     for stat, pick in (("mean", np.mean), ("p95", lambda x: np.percentile(x, 95))):
         rates = worker_rates(

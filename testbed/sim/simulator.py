@@ -24,7 +24,7 @@ import copy
 import heapq
 import os
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Mapping, Optional
+from typing import Mapping, Optional
 
 from testbed.control.book import RequestBook
 from testbed.control.layout import plan_on_devices
@@ -37,6 +37,8 @@ from testbed.errors import ConfigError
 from testbed.metrics.events import RequestLog
 from testbed.metrics.steps import StepLog
 from testbed.names import KIND_OF, Mode, Role
+from testbed.serving import Serving
+from testbed.sim.config import SimConfig
 from testbed.sim.devices import resolve_roles, role_blocks
 from testbed.sim.handoff import SimHandoff
 from testbed.sim.host import HostSide
@@ -45,9 +47,6 @@ from testbed.workload import Request, build_workload
 from testbed.workload.config import WorkloadError
 from testbed.workload.traces import resolve_trace_path
 from testbed.workload.workload import Workload
-
-if TYPE_CHECKING:  # annotations only: the root config is composed above the executors and handed in
-    from testbed.config import Config
 
 ARRIVE, DELIVER, STEP_END, KV_SENT, RESUME, RUN_END, FREE, RELEASE, SEND, KV_READY = range(10)
 
@@ -97,14 +96,16 @@ def workload_for(cfg, seed: int, vocab_size: int, max_model_len: int) -> Workloa
 
 
 class Simulation:
-    def __init__(self, cfg: Config, profile: Optional[Mapping] = None, num_devices: Optional[int] = None):
+    def __init__(
+        self, cfg: Serving, sim: SimConfig, profile: Optional[Mapping] = None, num_devices: Optional[int] = None
+    ):
         cfg.validate()
         self.args = cfg.model.args()
         available = num_devices if num_devices is not None else cfg.hardware.num_devices
         self.plans = plan_on_devices(
             cfg.mode, cfg.cluster, "sim", available, f"the simulation was given num_devices={available}"
         )
-        self.profiles = resolve_roles(cfg, {KIND_OF[p.role] for p in self.plans}, profile)
+        self.profiles = resolve_roles(cfg, sim, {KIND_OF[p.role] for p in self.plans}, profile)
         self.roles = [self.profiles[KIND_OF[p.role]] for p in self.plans]  # by rank
         self.nodes = node_of(self.plans, available, cfg.hardware.num_nodes)
         self.handoff = SimHandoff(cfg, self.roles, self.nodes, self.args.num_layers)
@@ -123,13 +124,13 @@ class Simulation:
                 cfg.scheduler,
                 cfg.kv_transfer,
                 cfg.kv_store,
-                cfg.sim,
+                sim,
                 cfg.follows_caches,
                 StoreView(store, block_bytes) if store else None,
             )
             for p in self.plans
         ]
-        if cfg.sim.num_scheduler_steps > 1 and cfg.mode == Mode.DISAGG:
+        if sim.num_scheduler_steps > 1 and cfg.mode == Mode.DISAGG:
             raise ConfigError(
                 "sim.num_scheduler_steps > 1 (multi-step scheduling) is modelled for mixed workers "
                 "(mode=colocated or chunked), not mode=disagg"
@@ -146,14 +147,12 @@ class Simulation:
             cfg.workload.tenants,
         )
         measured = [r.measured for r in self.roles]
-        self.host = HostSide.of(cfg.sim.host_model(next(filter(None, measured), None)), measured, cfg.seed)
+        self.host = HostSide.of(sim.host_model(next(filter(None, measured), None)), measured, cfg.seed)
         # quiet decode steps in one event (testbed/sim/decode_run.py); not where the router follows
         # the caches, whose changes each step reports, nor with a store, which each step fills
         # nor under multi-step scheduling, whose windows step one at a time
-        self.runs = (
-            cfg.sim.decode_runs and not cfg.follows_caches and store is None and cfg.sim.num_scheduler_steps == 1
-        )
-        self.frontend_s = cfg.sim.frontend_s(analytical=all(r.measured is None for r in self.roles))
+        self.runs = sim.decode_runs and not cfg.follows_caches and store is None and sim.num_scheduler_steps == 1
+        self.frontend_s = sim.frontend_s(analytical=all(r.measured is None for r in self.roles))
         self.paused: set[int] = set()  # workers in their gap between steps
         self.handing_off: set[tuple[int, int]] = set()  # (P, request): KV sends waiting out their hand-off
         self.queue: list = []

@@ -29,19 +29,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Mapping, Optional
+from typing import Mapping, Optional
 
 import numpy as np
 
 from testbed.errors import ConfigError
 from testbed.names import Kind
 from testbed.perf.resolve import StepCostModel
+from testbed.serving import Serving
+from testbed.sim.config import SimConfig
 from testbed.sim.devices import RoleProfile, resolve_roles, transfer_time
 from testbed.sim.fit import split_counts, split_label, split_unfit
 from testbed.workload import build_workload
-
-if TYPE_CHECKING:  # annotations only: the root config is composed above the executors and handed in
-    from testbed.config import Config
 
 PERCENTILE = 90  # the attainment goodput asks for (90% of requests within both SLOs)
 
@@ -131,7 +130,7 @@ def placement(p: int, num_devices: int, num_nodes: int) -> dict:
     return {"prefill_nodes": list(range(-(-p // per_node))), "decode_nodes": list(range(p // per_node, num_nodes))}
 
 
-def hand_off_s(cfg: Config, roles: dict[str, RoleProfile], nbytes: int) -> float:
+def hand_off_s(cfg: Serving, roles: dict[str, RoleProfile], nbytes: int) -> float:
     """Intra-node link of the two devices on one node; the inter-node network across nodes."""
     hw = cfg.hardware
     if hw.num_nodes > 1:
@@ -139,7 +138,7 @@ def hand_off_s(cfg: Config, roles: dict[str, RoleProfile], nbytes: int) -> float
     return transfer_time(roles[Kind.PREFILL], roles[Kind.DECODE], nbytes, cfg.kv_transfer.backend)
 
 
-def demand_of(cfg: Config, roles: dict[str, RoleProfile]) -> Demand:
+def demand_of(cfg: Serving, roles: dict[str, RoleProfile]) -> Demand:
     args = cfg.model.args()
     workload = build_workload(cfg.workload, seed=cfg.seed, vocab_size=args.vocab_size, max_model_len=args.max_model_len)
     inputs = np.array([max(r.input_len, 1) for r in workload.requests])
@@ -163,16 +162,18 @@ def demand_of(cfg: Config, roles: dict[str, RoleProfile]) -> Demand:
     )
 
 
-def slo_split(cfg: Config, num_devices: int, rate: Optional[float] = None, profile: Optional[Mapping] = None) -> dict:
+def slo_split(
+    cfg: Serving, sim: SimConfig, num_devices: int, rate: Optional[float] = None, profile: Optional[Mapping] = None
+) -> dict:
     """Per split: estimates at `rate` (when given) and the largest SLO-feasible rate; the best split."""
     if num_devices % cfg.hardware.num_nodes:
         raise ConfigError(f"{num_devices} devices do not divide over hardware.num_nodes={cfg.hardware.num_nodes}")
     a, b = cfg.cluster.prefill_tp, cfg.cluster.decode_tp
     splits = split_counts(num_devices, a, b)
-    why = split_unfit(cfg, profile) or (None if splits else f"no P x {a} + D x {b} = {num_devices} with P, D >= 1")
+    why = split_unfit(cfg, sim, profile) or (None if splits else f"no P x {a} + D x {b} = {num_devices} with P, D >= 1")
     if why:
         raise ConfigError(f"no P:D split of {num_devices} devices to propose: {why}")
-    roles = resolve_roles(cfg, {Kind.PREFILL, Kind.DECODE}, profile)
+    roles = resolve_roles(cfg, sim, {Kind.PREFILL, Kind.DECODE}, profile)
     demand = demand_of(cfg, roles)
     context = demand.prompt_len + demand.output_len / 2  # a decoding sequence's mean context
     out = {}

@@ -15,6 +15,7 @@ from testbed.metrics.rate_search import ABOVE, BELOW, Goodput, goodput_of
 from testbed.metrics.slo import attainment_curve, capacity, filtered_out, meets_slo, tenant_slos
 from testbed.metrics.summary import decode_itl_samples, measured
 from testbed.metrics.uncertainty import ratio_interval, request_units, sample_interval, share_interval
+from testbed.studies.machine import num_devices
 from testbed.studies.repeats import goodput_interval, per_repeat
 
 # the figures of a sweep's printed table, and what the by-label aggregates tabulate
@@ -467,7 +468,6 @@ def plan(table, cfg, out_dir) -> dict:
     model one device cannot (placements.planning, said under `planned_tp`), none where none does."""
     from testbed.errors import ConfigError
     from testbed.sim.load_split import analytical_split
-    from testbed.studies.catalog import num_devices
     from testbed.studies.placements import planning
 
     simulated = goodput_by_label(table, cfg, out_dir)
@@ -475,7 +475,9 @@ def plan(table, cfg, out_dir) -> dict:
     out = {"engine_profile": cfg.sim.engine_profile if cfg.sim.analytical() else None, "engine": cfg.sim.engine_line()}
     try:
         planned, why = planning(cfg, num_devices(cfg))
-        out["analytical"] = analytical_split(planned, None, num_devices(cfg))  # each role's device from cfg.sim
+        out["analytical"] = analytical_split(
+            planned.serving, planned.sim, None, num_devices(cfg)
+        )  # each role's device from cfg.sim
     except ConfigError as error:
         planned, why = cfg, None
         out.update(analytical=None, analytical_skipped=str(error))
@@ -495,10 +497,9 @@ def slo_plan(cfg) -> dict:
     their devices (said why)."""
     from testbed.errors import ConfigError
     from testbed.sim.slo_split import slo_split
-    from testbed.studies.catalog import num_devices
 
     try:
-        return {"slo_plan": slo_split(cfg, num_devices(cfg), rate=max(cfg.experiment.rates))}
+        return {"slo_plan": slo_split(cfg.serving, cfg.sim, num_devices(cfg), rate=max(cfg.experiment.rates))}
     except ConfigError as error:
         return {"slo_plan": None, "slo_plan_skipped": str(error)}
 
@@ -506,7 +507,6 @@ def slo_plan(cfg) -> dict:
 def placement_search(cfg, simulated: dict, best: dict) -> dict:
     """The TP placement search: the degrees, what ran, what was pruned and why, and the leader by
     goodput per GPU with its 95% interval (best_of's verdict says whether it is separated)."""
-    from testbed.studies.catalog import num_devices
     from testbed.studies.placements import search
 
     _, pruned = search(cfg, num_devices(cfg))

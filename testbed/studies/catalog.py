@@ -12,30 +12,22 @@ aggregate, and its record in STUDIES (tests/studies/test_study_catalog.py holds 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Callable, Optional
 
 from testbed.cluster.layout import cuda_count
 from testbed.config import Config, with_overrides
 from testbed.deploy.checkpoint import NAME as CHECKPOINT
 from testbed.errors import ConfigError
-from testbed.experiment import ONE_POINT
+from testbed.experiment import COMMON_KEYS, ONE_POINT, SEARCH_KEYS, ExperimentConfig
 from testbed.studies import aggregates, placements
 from testbed.studies.aggregates import TABLE
+from testbed.studies.machine import missing_profile, num_devices
 from testbed.studies.repeats import OTHER_REPEATS
 from testbed.studies.sweep import Point
 from testbed.tracking.results import CHECKOUT
 
 log = logging.getLogger("testbed")
-
-
-def num_devices(cfg: Config) -> int:
-    if cfg.hardware.num_devices is not None:
-        return cfg.hardware.num_devices
-    count = cuda_count(cfg.hardware)
-    if count:
-        return count
-    return 2
 
 
 def check_executor(cfg: Config) -> None:
@@ -82,44 +74,6 @@ def simulates(cfg: Config) -> bool:
     """The study's points run in the simulator: executor=sim, plan, or sim_validate's half."""
     chosen = study(cfg.experiment.name)
     return cfg.executor == "sim" or chosen.simulated or chosen.fits_in_situ
-
-
-def missing_profile(cfg: Config, key: str, spec: str | None) -> str:
-    """One line: which profile is missing and the commands that make or replace it."""
-    from testbed.perf import GPUS
-
-    what = f"{key}={spec} was measured on a CPU" if spec else f"{key} is unset (a shipped CPU profile by default)"
-    analytical = gpu_here() or " | ".join(sorted(GPUS))
-    return (
-        f"{what}, but experiment={cfg.experiment.name} on this GPU box simulates this GPU: measure it with "
-        f"`{profile_command(cfg)}` and pass {key}=<its profile.json>, or take the roofline: {key}={analytical}"
-    )
-
-
-def profile_command(cfg: Config) -> str:
-    """The profile study for the configured model: its shape (and context) is what the profile must match."""
-    return f"python -m testbed +experiment=profile {model_overrides(cfg)}"
-
-
-def model_overrides(cfg: Config) -> str:
-    """The command-line settings that give another run this run's model (`model=NAME model.KEY=...`)."""
-    from dataclasses import fields
-
-    from testbed.model.config import ModelArgs
-
-    model = cfg.model
-    out = ["model=hf", f"model.path={model.path}"] if model.path else [f"model={model.name}"]
-    keys = [f.name for f in fields(ModelArgs) if f.name != "rope_scaling"]
-    return " ".join(out + [f"model.{k}={getattr(model, k)}" for k in keys if getattr(model, k) is not None])
-
-
-def gpu_here() -> str | None:
-    """The analytical table's name for CUDA device 0 (None without CUDA or for a GPU it lacks)."""
-    import torch
-
-    from testbed.perf.resolve import table_gpu
-
-    return table_gpu(torch.cuda.get_device_name(0)) if torch.cuda.is_available() else None
 
 
 def layouts(cfg: Config, modes: list[str], all_splits: bool = False) -> list[tuple[str, dict]]:
@@ -514,6 +468,15 @@ class Study:
     rate_axis: bool = False  # merge.py: an outside run's point is <label>_rate<R>, so its rate must be known
     needs_requests: bool = False  # merge.py: its aggregate needs requests; summary-only imports stay out
     tiny: tuple[str, ...] = ()  # size=tiny: on its CPU size and TINY_BASE, the least that exercises it
+    # the experiment keys it reads beyond every study's (COMMON_KEYS, and SEARCH_KEYS where it
+    # searches goodput): `--cfg job` shows these and no other study's (tests/studies/test_cfg_job.py)
+    keys: tuple[str, ...] = ()
+
+    @property
+    def settings(self) -> tuple[str, ...]:
+        """Every experiment key the study reads, in ExperimentConfig's order."""
+        own = {*COMMON_KEYS, *(SEARCH_KEYS if self.searches_goodput else ()), *self.keys}
+        return tuple(f.name for f in fields(ExperimentConfig) if f.name in own)
 
     @property
     def sweeps(self) -> bool:
@@ -559,6 +522,7 @@ STUDIES = (
         needs_requests=True,
         on_vllm=True,
         tiny=("experiment.rates=[20,40]",),
+        keys=("tp_degrees", "placement_requests", "modes"),
     ),
     Study(
         "rate_sweep",
@@ -573,6 +537,7 @@ STUDIES = (
         needs_requests=True,
         on_vllm=True,
         tiny=("experiment.rates=[20,40]", "experiment.modes=[chunked,disagg]"),
+        keys=("modes",),
     ),
     Study(
         "mode_compare",
@@ -583,6 +548,7 @@ STUDIES = (
         over_http=True,
         mergeable=True,
         on_vllm=True,
+        keys=("modes",),
     ),
     Study(
         "slo_scale",
@@ -595,6 +561,7 @@ STUDIES = (
         needs_requests=True,
         on_vllm=True,
         tiny=("experiment.modes=[colocated,disagg]",),
+        keys=("modes", "slo_scales"),
     ),
     Study(
         "interference",
@@ -613,6 +580,7 @@ STUDIES = (
             "workload.rate=5",
             "experiment.background_margin=1",
         ),
+        keys=("modes", "prefill_lengths", "background_margin"),
     ),
     Study(
         "chunk_sweep",
@@ -622,6 +590,7 @@ STUDIES = (
         figures=("chunk_tradeoff",),
         on_vllm=True,
         tiny=("experiment.chunk_sizes=[32,256]", "hardware.num_devices=1"),
+        keys=("chunk_sizes",),
     ),
     Study(
         "input_buckets",
@@ -634,6 +603,7 @@ STUDIES = (
         needs_requests=True,
         on_vllm=True,
         tiny=("experiment.modes=[chunked,disagg]", "workload.input_len.max=6000"),
+        keys=("modes",),
     ),
     Study(
         "burstiness",
@@ -644,6 +614,7 @@ STUDIES = (
         over_http=True,
         on_vllm=True,
         tiny=("experiment.burstiness=[0.5,2.0]", "experiment.modes=[chunked]"),
+        keys=("modes", "burstiness"),
     ),
     Study(
         "concurrency_sweep",
@@ -654,6 +625,7 @@ STUDIES = (
         over_http=True,
         on_vllm=True,
         tiny=("experiment.concurrencies=[1,4]", "experiment.modes=[chunked]"),
+        keys=("modes", "concurrencies"),
     ),
     Study(
         "multiturn",
@@ -670,6 +642,7 @@ STUDIES = (
             "experiment.modes=[chunked,disagg]",
             "experiment.dispatch=[kv_aware]",
         ),
+        keys=("modes", "dispatch", "handoffs"),
     ),
     Study(
         "kv_bandwidth",
@@ -678,6 +651,7 @@ STUDIES = (
         figures=("kv_bandwidth",),
         one_box=True,
         tiny=("experiment.message_mib=1",),
+        keys=("message_mib",),
     ),
     Study(
         "profile",
@@ -686,6 +660,7 @@ STUDIES = (
         one_box=True,
         on_vllm=True,  # vLLM's steps from its metrics (testbed/deploy/profile.py)
         tiny=("experiment.quick_profile=true",),
+        keys=("quick_profile",),
     ),
     Study(
         "sim_validate",
@@ -704,6 +679,7 @@ STUDIES = (
             "hardware.emulate_model=llama3_8b",
             "hardware.max_overrun_share=1",
         ),
+        keys=("modes",),
     ),
     Study(
         "plan",
@@ -719,6 +695,7 @@ STUDIES = (
             "hardware.num_devices=3",
             "workload.num_requests=40",
         ),
+        keys=("tp_degrees", "placement_requests", "chunk_sizes", "measured_sweep"),
     ),
     # a published GPU run replayed in the simulator (its workload is the reference's, not TINY_BASE's)
     Study(
@@ -729,6 +706,7 @@ STUDIES = (
             f"experiment.reference={REPLAYED / 'sglang030_a100_llama31_8b_rps4.jsonl'}",
             f"experiment.setup={REPLAYED / 'sglang030_a100.setup.yaml'}",
         ),
+        keys=("reference", "setup", "replay_emulate"),
     ),
 )
 BY_NAME = {s.name: s for s in STUDIES}

@@ -13,12 +13,16 @@ estimate prices each like the grid's mean point (the CPU main job: 84 at most, 5
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
+
+import yaml
 
 from testbed.config import Config, with_overrides
 from testbed.errors import TestbedError
+from testbed.experiment import ONE_POINT
 from testbed.perf.roofline import weight_params
-from testbed.studies.catalog import Study, num_devices
+from testbed.studies.catalog import Study, simulates
+from testbed.studies.machine import num_devices
 from testbed.studies.repeats import with_repeats
 from testbed.studies.sweep import Point
 
@@ -39,9 +43,39 @@ def show(study: Study, cfg: Config) -> dict:
     """Print the dry run and return what it printed, as data (the tests read it)."""
     points = grid(study, cfg)
     estimate = estimated(study, cfg, points)
-    lines = [*model_lines(cfg), *sizing_lines(cfg), *point_lines(points), estimate_line(cfg, points, estimate)]
+    lines = [*model_lines(cfg), *sizing_lines(cfg), *point_lines(points, study), estimate_line(cfg, points, estimate)]
     print("\n".join(lines))
     return {"dry_run": True, "points": [p.name for p in points], "estimate": estimate, "lines": lines}
+
+
+def job_text(study: Study, cfg: Config) -> str:
+    """What `--cfg job` prints: the configuration that runs as YAML, resolved (the model's shape,
+    engine.block_size and every other value the configuration decides), `experiment` with the
+    study's own keys alone; then, as comments, the keys its points set, what was decided and
+    why, and the dry run (model, sizing, the grid of points, the time estimate)."""
+    config = asdict(cfg)
+    runs_on = {"sim": simulates(cfg), "http": cfg.executor == "http", "vllm": cfg.executor == "vllm"}
+    for section, runs in runs_on.items():
+        if not runs:  # another executor's settings: not what runs
+            config.pop(section)
+    if "http" in config:
+        config["http"]["api_key"] = "***" if cfg.http.api_key else None
+    config["experiment"] = {key: config["experiment"][key] for key in study.settings}
+    args = cfg.model.args()
+    resolved = {f.name: getattr(args, f.name) for f in fields(args) if config["model"].get(f.name, 0) is None}
+    config["model"].update(resolved)  # the preset's shape, as the run resolves it
+    points = grid(study, cfg)
+    swept = sorted({key for p in points for key in p.overrides})
+    timed = points or ([Point(ONE_POINT, {}, {})] if study.runs is None else [])  # the one point is timed too
+    comments = [
+        *([f"set per point by {study.name} (the grid below): {', '.join(swept)}"] if swept else []),
+        *model_lines(cfg),
+        *sizing_lines(cfg),
+        *point_lines(points, study),
+        estimate_line(cfg, timed, estimated(study, cfg, timed)),
+    ]
+    body = yaml.safe_dump(config, sort_keys=False, default_flow_style=False, width=120)
+    return body + "\n".join(f"# {line}" for line in comments) + "\n"
 
 
 def grid(study: Study, cfg: Config) -> list[Point]:
@@ -69,12 +103,16 @@ def sizing_lines(cfg: Config) -> list[str]:
     ]
 
 
-def point_lines(points: list[Point]) -> list[str]:
+def point_lines(points: list[Point], study: Study) -> list[str]:
+    if not points and study.runs is None:
+        return ["points: 1, the configuration as it is"]
     if not points:
         return ["points: the study decides its own points as it runs (not a grid): none listed"]
-    rows = [[p.name, *(_cell(p.knobs.get(c)) for c in COLUMNS)] for p in points]
-    widths = [max(len(r[i]) for r in [["point", *COLUMNS], *rows]) for i in range(len(COLUMNS) + 1)]
-    table = [["point", *COLUMNS], *rows]
+    axes = [k for k in dict.fromkeys(k for p in points for k in p.knobs) if k not in (*COLUMNS, "cell")]
+    columns = [*COLUMNS[:2], *axes, *COLUMNS[2:]]
+    rows = [[p.name, *(_cell(p.knobs.get(c)) for c in columns)] for p in points]
+    widths = [max(len(r[i]) for r in [["point", *columns], *rows]) for i in range(len(columns) + 1)]
+    table = [["point", *columns], *rows]
     return [f"points: {len(points)}"] + [
         "  " + "  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in table
     ]

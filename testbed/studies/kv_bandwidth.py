@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from testbed.bench.kv_transfer import measure, report_lines
 from testbed.config import Config
+from testbed.measure.kv_transfer import measure, report_lines
 from testbed.studies.figures import study_figures
 from testbed.tracking.results import collect_meta, write_json, write_parquet
 

@@ -60,7 +60,7 @@ def simulate_point(cfg: Config, out_dir: Path) -> dict:
     written (a simulated run has no partial results); one while the files are written waits for them."""
     with cyclic_gc_paused():
         try:
-            result = simulate(cfg)  # each role's device from cfg.sim
+            result = simulate(cfg.serving, cfg.sim)  # each role's device from cfg.sim
         except KeyboardInterrupt:
             raise Stopped(
                 f"the simulation was stopped before its end: nothing kept in {out_dir} (a simulated run "
@@ -108,7 +108,7 @@ def http_point(cfg: Config, out_dir: Path, progress: bool = True) -> dict:
     return written_replay(
         cfg,
         out_dir,
-        lambda stop: replay_point(cfg, progress, stop),
+        lambda stop: replay_point(cfg.serving, cfg.http, progress, stop),
         lambda summary: refusals(summary["http"]["refused"]),  # the server's, as seen here
     )
 

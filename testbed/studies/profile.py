@@ -6,10 +6,10 @@ import json
 import logging
 from pathlib import Path
 
-from testbed.bench.step_profile import profile_engine
 from testbed.cluster.layout import cuda_count
 from testbed.config import Config
-from testbed.studies.catalog import model_overrides
+from testbed.measure.step_profile import profile_engine
+from testbed.studies.machine import model_overrides
 
 log = logging.getLogger("testbed")
 

@@ -6,6 +6,7 @@ results directory (`write_point`)."""
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -52,7 +53,7 @@ def serve(
     are failed, the finished ones written with summary.json marked partial, then KeyboardInterrupt
     is raised (a signal while the files are written waits for them)."""
     with start_cluster(cfg, session) as cluster, polled() as stop:
-        cfg = fit_to_pools(cfg, cluster)
+        cfg = replace(cfg, model=fit_to_pools(cfg.serving, cluster))
         args = cfg.model.args()
         workload = build_workload(
             cfg.workload, seed=cfg.seed, vocab_size=args.vocab_size, max_model_len=args.max_model_len
@@ -119,7 +120,7 @@ def start_cluster(cfg: Config, session=None) -> Cluster:
         plans = plan_on_this_box(cfg.mode, cfg.cluster, cfg.hardware)
         check_kv_backend(plans, cfg.kv_transfer.backend)
         check_emulated_link(cfg)
-        return Cluster(plans, worker_template(cfg, kv_store(cfg, plans)), cfg.cluster.start_timeout_s)
+        return Cluster(plans, worker_template(cfg.serving, kv_store(cfg.serving, plans)), cfg.cluster.start_timeout_s)
     if cfg.kv_store.capacity_mib > 0 or cfg.faults.hits_workers:
         raise ConfigError(
             "under torchrun kv_store.capacity_mib must be 0 and faults.kill_worker / "
@@ -128,7 +129,7 @@ def start_cluster(cfg: Config, session=None) -> Cluster:
     plans = plan_ranks(cfg.mode, cfg.cluster, cfg.hardware, session.world)
     check_kv_backend(plans, cfg.kv_transfer.backend, across_hosts=True)
     check_emulated_link(cfg)
-    return session.cluster(cfg, plans, worker_template(cfg))
+    return session.cluster(cfg, plans, worker_template(cfg.serving))
 
 
 def write_point(

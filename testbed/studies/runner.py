@@ -132,7 +132,7 @@ def run_job(cfg: Config, out_dir: Path) -> dict:
             "every rank at once; sweep with a study (+experiment=...) or one torchrun per job"
         )
     if world.rank != 0:
-        serve_rank(world, cfg.cluster, config_from_dict)
+        serve_rank(world, cfg.cluster, lambda stored: config_from_dict(stored).serving)
         return {}
     with Session(world, cfg.cluster) as session:
         return run(cfg, out_dir, session)

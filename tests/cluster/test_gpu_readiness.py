@@ -72,7 +72,7 @@ def test_a_plan_that_cannot_fit_is_refused_in_one_line_before_any_worker_starts(
     )
     monkeypatch.setattr(memory, "device_bytes", lambda device: 80 * GIB)
     with pytest.raises(ConfigError) as refused:
-        Cluster(ONE_GPU_1P1D, worker_template(cfg), 10.0)  # no process is started before __enter__
+        Cluster(ONE_GPU_1P1D, worker_template(cfg.serving), 10.0)  # no process is started before __enter__
     message = str(refused.value)
     assert "\n" not in message
     assert message.startswith(

@@ -214,7 +214,7 @@ def test_overlength_prompts_are_rejected_with_a_reason(tmp_path):
 
 
 def composed(command: list[str], cwd: Path, env=None) -> str:
-    """The job config `command` composes (Hydra's --cfg job: composed and printed, nothing run)."""
+    """The job config `command` composes (--cfg job: composed, resolved and printed with its grid, nothing run)."""
     out = subprocess.run(
         [*command, "--cfg", "job", *COMPOSE], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
     )
@@ -228,13 +228,12 @@ COMPOSE = ["+experiment=ratio_sweep", "model=small", "workload=azure_conv", "mod
 def test_the_checkout_composes_the_top_level_conf():
     """`python -m testbed` in the checkout reads conf/ beside testbed/ (nothing of it under testbed/),
     and `--cfg job` shows what runs: on this GPU-less machine the study's CPU size (size=cpu)."""
-    from omegaconf import OmegaConf
-
+    from testbed.__main__ import job_config
     from testbed.config import CONF_DIR
-    from testbed.sizing import compose_raw, sized
+    from testbed.sizing import sized
 
     assert CONF_DIR == ROOT / "conf" and not (ROOT / "testbed" / "conf" / "config.yaml").exists()
-    expected = OmegaConf.to_yaml(compose_raw(sized(COMPOSE)))
+    expected = job_config(sized(COMPOSE))
     assert "size: cpu" in expected and "num_devices: 3" in expected  # ratio_sweep's experiment.sizes.cpu
     assert "name: small" in expected  # the command line's model wins over the size's tiny one
     assert composed([sys.executable, "-m", "testbed"], ROOT) == expected

@@ -1,4 +1,4 @@
-"""What the configuration decides for itself (testbed/config.py `Config.decided`) is said and kept:
+"""What the configuration decides for itself (testbed/config/root.py `Config.decided`) is said and kept:
 printed by the entry point and written to `.hydra/decided.yaml`, so Hydra's record is what ran."""
 
 from __future__ import annotations

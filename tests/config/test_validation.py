@@ -141,7 +141,7 @@ def compose_and_validate(groups: dict, values: list) -> str | None:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from testbed.config import _one_line
+    from testbed.config.command import _one_line
 
     choices = {"hardware": 0, **groups}  # hardware=cpu unless drawn: auto probes CUDA
     cfg = copy.deepcopy(composed(tuple(f"{g}={GROUPS[g][i % len(GROUPS[g])]}" for g, i in sorted(choices.items()))))

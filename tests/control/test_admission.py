@@ -89,7 +89,7 @@ def test_a_simulated_run_refuses_a_limited_tenant_and_counts_the_refusals_as_mis
         "cluster.num_workers=2",
         "+workload.tenants.1.rate_limit.requests_per_s=2",
     )
-    result = simulate(cfg, PROFILE, num_devices=2)
+    result = simulate(cfg.serving, cfg.sim, PROFILE, num_devices=2)
     requests = result["requests"]
     refused = requests[requests.status == "rejected"]
     assert len(refused) > 0 and set(refused.tenant) == {"summarize"}

@@ -16,7 +16,7 @@ from testbed.perf.measured import STEP_TERMS, CostModel
 from testbed.sim.executor import simulate
 from testbed.studies.real_point import serve
 from tests.cluster.test_emulate import write_profile
-from tests.cluster_helpers import make_config, small_workload
+from tests.cluster_helpers import make_config, sim_args, small_workload
 
 TOKENS, LAYERS, NBYTES = 5000, 32, 5000 * 131072
 COST = 3.5e-6  # kv_transfer.descriptor_cost_s's default
@@ -116,7 +116,7 @@ ONE_LONG_PROMPT = [
 def one_request(*overrides: str) -> dict:
     """The request's row, its transfer's row and the TTFT a client behind a disaggregating proxy
     sees (the decode worker's first token: the second here, after the KV)."""
-    run = simulate(make_config(*ONE_LONG_PROMPT, *overrides))
+    run = simulate(*sim_args(make_config(*ONE_LONG_PROMPT, *overrides)))
     row, kv = run["requests"].iloc[0], run["transfers"].iloc[0]
     return {"row": row, "kv": kv, "ttft_d": list(row.token_times)[1] - row.arrival_s}
 

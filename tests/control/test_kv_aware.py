@@ -16,7 +16,7 @@ from testbed.engine.scheduler import StepReport
 from testbed.errors import ConfigError
 from testbed.metrics.events import RequestLog
 from testbed.workload import Request
-from tests.cluster_helpers import make_config
+from tests.cluster_helpers import make_config, sim_args
 
 BS = 4
 
@@ -214,7 +214,7 @@ def _sim(*overrides):
     from testbed.sim.executor import simulate
     from tests.sim.test_sim import PROFILE  # the shipped CPU profile
 
-    return simulate(make_config(*SESSIONS, *overrides), PROFILE, num_devices=4)
+    return simulate(*sim_args(make_config(*SESSIONS, *overrides)), PROFILE, num_devices=4)
 
 
 def test_simulated_kv_aware_routing_finds_more_of_each_prompt_cached_than_round_robin():

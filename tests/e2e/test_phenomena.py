@@ -249,7 +249,7 @@ def test_connector_approaches_the_raw_link_as_messages_grow(tmp_path):
     rows = sorted(result["aggregate"]["rows"], key=lambda r: r["bytes"])
     ratios = [r["ratio_best"] for r in rows]
     # the claim is the trend, measured in one run: the larger half of the sizes sits above the
-    # smaller half. An absolute floor is the benchmark's to print (python -m testbed.bench.kv_transfer).
+    # smaller half. An absolute floor is the benchmark's to print (python -m testbed.measure.kv_transfer).
     # On a loaded machine a median draw can be a scheduler's hiccup, so each size is taken at its
     # best draw and the halves compared by their medians
     half = len(ratios) // 2

@@ -11,7 +11,7 @@ from testbed.engine import BlockManager, Sequence
 from testbed.engine.host_store import SharedKVStore, create_store
 from testbed.engine.kv_store import HashStore, StoreView, store_blocks
 from testbed.engine.prefix import prompt_hashes
-from tests.cluster_helpers import make_config
+from tests.cluster_helpers import make_config, sim_args
 from tests.control.test_kv_aware import BS, prefill
 
 
@@ -72,15 +72,17 @@ def test_a_simulated_store_serves_what_a_small_pool_evicted():
         "engine.num_kv_blocks=64",
         "engine.enable_prefix_caching=true",
     ]
-    off = simulate(make_config(*base), PROFILE, num_devices=2)
-    on = simulate(make_config(*base, "kv_store.capacity_mib=64"), PROFILE, num_devices=2)
+    off = simulate(*sim_args(make_config(*base)), PROFILE, num_devices=2)
+    on = simulate(*sim_args(make_config(*base, "kv_store.capacity_mib=64")), PROFILE, num_devices=2)
     assert on["summary"]["prefix_cache"]["hit_rate"] > off["summary"]["prefix_cache"]["hit_rate"]
     assert sum(w["hits"] for w in on["summary"]["kv_store"].values()) > 0 and off["summary"]["kv_store"] == {}
     for result in (on, off):
         assert (result["requests"].status == "ok").all()
         assert sum(result["summary"]["kv_blocks_leaked"].values()) == 0
     assert make_config("kv_store.capacity_mib=8").engine.enable_prefix_caching
-    slow = simulate(make_config(*base, "kv_store.capacity_mib=64", "kv_store.gbps=0.001"), PROFILE, num_devices=2)
+    slow = simulate(
+        *sim_args(make_config(*base, "kv_store.capacity_mib=64", "kv_store.gbps=0.001")), PROFILE, num_devices=2
+    )
     assert slow["summary"]["ttft"]["mean"] > on["summary"]["ttft"]["mean"]  # the store's traffic takes time
 
 

@@ -178,7 +178,7 @@ def run(seed: int, **overrides):
     from testbed.sim.executor import simulate
 
     cfg = with_overrides(dataclasses.replace(base_config(), seed=seed), overrides)
-    return measured(simulate(cfg)["requests"], cfg.metrics).assign(point=f"r{seed}")
+    return measured(simulate(cfg.serving, cfg.sim)["requests"], cfg.metrics).assign(point=f"r{seed}")
 
 
 @lru_cache(maxsize=1)

@@ -461,18 +461,20 @@ SIM_LAYOUTS = {
 @pytest.mark.parametrize("layout", list(SIM_LAYOUTS))
 def test_the_simulator_fills_pool_and_prefix_columns_and_joins_every_token(layout):
     from testbed.sim.executor import simulate
-    from tests.cluster_helpers import make_config
+    from tests.cluster_helpers import make_config, sim_args
     from tests.sim.test_sim import PROFILE
 
     result = simulate(
-        make_config(
-            "workload=multiturn",
-            "workload.num_requests=24",
-            "workload.rate=50",
-            "workload.think_time_s=0.01",
-            "engine.enable_prefix_caching=true",
-            "hardware=cpu",
-            *SIM_LAYOUTS[layout],
+        *sim_args(
+            make_config(
+                "workload=multiturn",
+                "workload.num_requests=24",
+                "workload.rate=50",
+                "workload.think_time_s=0.01",
+                "engine.enable_prefix_caching=true",
+                "hardware=cpu",
+                *SIM_LAYOUTS[layout],
+            )
         ),
         PROFILE,
     )

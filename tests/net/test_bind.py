@@ -75,13 +75,14 @@ class ChildStarts(Exception):
 
 
 def test_the_benchmarks_host_their_rendezvous_on_the_loopback_alone(monkeypatch):
-    """python -m testbed.bench.kv_transfer and .messages: the store their processes meet through
+    """python -m testbed.measure.kv_transfer and testbed.bench.messages: the store their processes meet through
     listens on 127.0.0.1 alone, hosted before the other processes start and handed to them by port."""
     import multiprocessing
 
     import torch.multiprocessing
 
-    from testbed.bench import kv_transfer, messages
+    from testbed.bench import messages
+    from testbed.measure import kv_transfer
 
     handed = []
 

@@ -14,7 +14,6 @@ import pytest
 import zmq
 
 from testbed.cluster.layout import plan_on_this_box, plan_ranks
-from testbed.config import HardwareConfig
 from testbed.control.config import ClusterConfig, device_ref
 from testbed.engine.scheduler import StepReport
 from testbed.errors import ConfigError
@@ -23,6 +22,7 @@ from testbed.net import wire
 from testbed.net.messages import Audit, Heartbeat, KVPart, Serve, StepEvents, Stop
 from testbed.net.rendezvous import World, bind_address, torchrun_world
 from testbed.net.transport import Inbox, Outbox, refused_counts
+from testbed.perf.hardware import HardwareConfig
 from tests.cluster_helpers import read_until
 
 TOKEN = "a" * 32

@@ -20,6 +20,7 @@ from testbed.perf import GPUS, RooflineModel, weight_params
 from testbed.perf.moe import expected_experts, routed_gemm
 from testbed.sim.devices import resolve_roles
 from testbed.sim.fit import unfit
+from tests.cluster_helpers import sim_args
 
 H100 = GPUS["h100_sxm"]
 HBM = 3350e9 * 0.8  # achievable bytes/s
@@ -172,8 +173,8 @@ def test_a_moe_shape_refuses_the_real_engine():
 
 def test_the_simulator_counts_kv_at_the_kv_dtype():
     base = ["executor=sim", "sim.profile=h100_sxm", "model=mixtral_8x7b", "sim.weight_dtype=fp8", "hardware=cpu"]
-    bf16 = resolve_roles(compose_config(base), {"mixed"})["mixed"]
-    fp8 = resolve_roles(compose_config([*base, "sim.kv_dtype=fp8"]), {"mixed"})["mixed"]
+    bf16 = resolve_roles(*sim_args(compose_config(base)), {"mixed"})["mixed"]
+    fp8 = resolve_roles(*sim_args(compose_config([*base, "sim.kv_dtype=fp8"])), {"mixed"})["mixed"]
     assert (bf16.dtype_bytes, fp8.dtype_bytes) == (2, 1) and fp8.label["kv_dtype"] == "fp8"
     assert fp8.cost.rank_kv_bytes_per_token * 2 == bf16.cost.rank_kv_bytes_per_token
 
@@ -192,4 +193,4 @@ def test_the_planner_places_mixtral_on_h100s_only_where_it_fits(widths, degrees)
     cfg = compose_config([*base, *widths])
     assert placements.fitting_degrees(cfg, 8)[0] == degrees
     tp1 = compose_config([*base, *widths, "mode=disagg"])
-    assert (split_unfit(tp1) is None) == (degrees == [1])
+    assert (split_unfit(tp1.serving, tp1.sim) is None) == (degrees == [1])

@@ -14,7 +14,7 @@ from testbed.sim.executor import simulate
 from testbed.sim.load_split import analytical_split
 from testbed.sim.simulator import Simulation
 from testbed.studies.points import simulate_point
-from tests.cluster_helpers import make_config, small_workload
+from tests.cluster_helpers import make_config, sim_args, small_workload
 from tests.paths import ROOT
 
 LLAMA = PRESETS["llama3_8b"]
@@ -165,7 +165,7 @@ def test_simulated_h100_gives_gpu_plausible_latencies(tmp_path):
 
 def test_heterogeneous_pools_name_both_devices_and_use_the_slower_link():
     cfg = llama_config("mode=disagg", "sim.prefill_profile=a100_80g", "sim.decode_profile=h200")
-    result = simulate(cfg)
+    result = simulate(cfg.serving, cfg.sim)
     profiles = result["summary"]["sim"]["profiles"]
     assert {role: p["name"] for role, p in profiles.items()} == {"prefill": "a100_80g", "decode": "h200"}
     assert all(p["kind"] == "analytical" for p in profiles.values())
@@ -178,8 +178,8 @@ def test_heterogeneous_pools_name_both_devices_and_use_the_slower_link():
 
 def test_decode_on_h200_beats_decode_on_h100():
     base = ["mode=disagg", "sim.prefill_profile=h100_sxm"]
-    h100 = simulate(llama_config(*base, "sim.decode_profile=h100_sxm"))["summary"]
-    h200 = simulate(llama_config(*base, "sim.decode_profile=h200"))["summary"]
+    h100 = simulate(*sim_args(llama_config(*base, "sim.decode_profile=h100_sxm")))["summary"]
+    h200 = simulate(*sim_args(llama_config(*base, "sim.decode_profile=h200")))["summary"]
     assert h200["tpot"]["p50"] < 0.85 * h100["tpot"]["p50"]
 
 
@@ -193,36 +193,40 @@ def test_an_analytical_pool_comes_from_the_gpu_memory():
         "sim.prefill_profile=h100_sxm",
         "sim.decode_profile=h200",
     )
-    sim = Simulation(cfg)
+    sim = Simulation(cfg.serving, cfg.sim)
     block_bytes = LLAMA.kv_bytes_per_token * 2 * cfg.engine.block_size
     for worker, gpu in zip(sim.workers, ("h100_sxm", "h200")):
         pool = GPUS[gpu].memory_bytes * cfg.engine.gpu_memory_utilization - weight_params(LLAMA) * 2
         assert worker.block_manager.num_blocks == int(pool // block_bytes)
     with pytest.raises(ConfigError, match="do not fit"):
         Simulation(
-            make_config(
-                *small_workload(4, 4.0)[:-1],
-                "model=llama3_8b",
-                "sim.profile=a100_40g",
-                "engine.gpu_memory_utilization=0.3",
+            *sim_args(
+                make_config(
+                    *small_workload(4, 4.0)[:-1],
+                    "model=llama3_8b",
+                    "sim.profile=a100_40g",
+                    "engine.gpu_memory_utilization=0.3",
+                )
             )
         )
 
 
 def test_a_small_model_on_a_big_gpu_builds_only_the_blocks_it_can_use():
     cfg = make_config(*small_workload(20, 40.0)[:-1], "mode=disagg", "sim.profile=h100_sxm")  # tiny, no explicit pool
-    sim = Simulation(cfg)
+    sim = Simulation(cfg.serving, cfg.sim)
     per_sequence = -(-(cfg.model.args().max_model_len + 1) // cfg.engine.block_size)
     cap = (2 * cfg.scheduler.max_running + cfg.kv_transfer.max_pending) * per_sequence
     assert all(w.block_manager.num_blocks == cap for w in sim.workers)  # not the GPU's millions
-    capped = simulate(cfg)
+    capped = simulate(cfg.serving, cfg.sim)
     peak = int(capped["steps"].kv_blocks_used.max())
     explicit = simulate(
-        make_config(
-            *small_workload(20, 40.0)[:-1],
-            "mode=disagg",
-            "sim.profile=h100_sxm",
-            f"engine.num_kv_blocks={max(peak + 1, 17)}",
+        *sim_args(
+            make_config(
+                *small_workload(20, 40.0)[:-1],
+                "mode=disagg",
+                "sim.profile=h100_sxm",
+                f"engine.num_kv_blocks={max(peak + 1, 17)}",
+            )
         )
     )
     pool = ["kv_blocks_total", "kv_occupancy"]  # what describes the pool's size itself
@@ -234,7 +238,7 @@ def test_a_small_model_on_a_big_gpu_builds_only_the_blocks_it_can_use():
 
 def test_a_measured_cpu_profile_cannot_pair_with_a_gpu():
     with pytest.raises(ConfigError, match="different dtypes"):
-        simulate(make_config(*small_workload(4, 4.0), "mode=disagg", "sim.decode_profile=h200"))
+        simulate(*sim_args(make_config(*small_workload(4, 4.0), "mode=disagg", "sim.decode_profile=h200")))
 
 
 def test_a_bad_profile_name_is_refused_at_validation():
@@ -245,12 +249,12 @@ def test_a_bad_profile_name_is_refused_at_validation():
 def test_a_gpu_name_loads_no_profile_file():
     cfg = llama_config("sim.profile=h200")
     assert cfg.sim.load(cfg.model.name) is None  # the load split then takes the GPU from cfg.sim
-    assert analytical_split(cfg, cfg.sim.load(cfg.model.name), 8)["split"].endswith("D")
+    assert analytical_split(cfg.serving, cfg.sim, cfg.sim.load(cfg.model.name), 8)["split"].endswith("D")
 
 
 def test_the_load_split_takes_each_role_s_gpu():
     base = ["mode=disagg", "sim.prefill_profile=h100_sxm"]
-    same = analytical_split(llama_config(*base, "sim.decode_profile=h100_sxm"), None, 8)
-    faster_decode = analytical_split(llama_config(*base, "sim.decode_profile=h200"), None, 8)
+    same = analytical_split(*sim_args(llama_config(*base, "sim.decode_profile=h100_sxm")), None, 8)
+    faster_decode = analytical_split(*sim_args(llama_config(*base, "sim.decode_profile=h200")), None, 8)
     assert faster_decode["mean"]["decode_tokens_per_s"] > same["mean"]["decode_tokens_per_s"]
     assert faster_decode["mean"]["prefill_tokens_per_s"] == pytest.approx(same["mean"]["prefill_tokens_per_s"])

@@ -44,7 +44,7 @@ def _profile(sampled: bool) -> dict:
 
 def _tables(overrides: list[str], requests: int, rate: float, sampled: bool, runs: bool):
     cfg = bench_config(requests, 2, 3, rate, 0, [*overrides, f"sim.decode_runs={str(runs).lower()}"])
-    result = simulate(cfg, _profile(sampled), num_devices=5)
+    result = simulate(cfg.serving, cfg.sim, _profile(sampled), num_devices=5)
     order = {"requests": ["request_id"], "steps": ["worker", "step"], "transfers": ["request_id", "attempt"]}
     return {name: result[name].sort_values(keys).reset_index(drop=True) for name, keys in order.items()}, result
 

@@ -18,7 +18,7 @@ from testbed.perf.resolve import analytical
 from testbed.sim.config import SimConfig
 from testbed.sim.engine_profile import engine_profile, for_engine, frontend_s, host_terms, profiles
 from testbed.sim.executor import simulate
-from tests.cluster_helpers import make_config
+from tests.cluster_helpers import make_config, sim_args
 from tests.paths import ROOT
 
 DATA = ROOT / "tests" / "data" / "replay" / "inference_sim"
@@ -97,19 +97,21 @@ def test_a_measured_profile_ignores_the_engine_profile():
 
 def one_request(*overrides: str) -> dict:
     return simulate(
-        make_config(
-            "executor=sim",
-            "model=tiny",
-            "mode=colocated",
-            "cluster.num_workers=1",
-            "hardware=cpu",
-            "hardware.num_devices=1",
-            "workload.num_requests=1",
-            "workload.input_len.min=512",
-            "workload.input_len.max=512",
-            "workload.output_len.min=4",
-            "workload.output_len.max=4",
-            *overrides,
+        *sim_args(
+            make_config(
+                "executor=sim",
+                "model=tiny",
+                "mode=colocated",
+                "cluster.num_workers=1",
+                "hardware=cpu",
+                "hardware.num_devices=1",
+                "workload.num_requests=1",
+                "workload.input_len.min=512",
+                "workload.input_len.max=512",
+                "workload.output_len.min=4",
+                "workload.output_len.max=4",
+                *overrides,
+            )
         )
     )
 

@@ -16,14 +16,14 @@ from hypothesis import strategies as st
 from testbed.errors import ConfigError
 from testbed.sim.config import SHIPPED
 from testbed.sim.devices import resolve_roles
-from tests.cluster_helpers import make_config
+from tests.cluster_helpers import make_config, sim_args
 from tests.fuzzing import fuzz_selected, long, quick  # noqa: F401 - fuzz_selected is a fixture
 
 GOOD = json.loads((SHIPPED / "tiny_cpu.json").read_text())
 
 
 def resolve(path: Path):
-    return resolve_roles(make_config("executor=sim", "model=tiny", f"sim.profile={path}"), {"mixed"})
+    return resolve_roles(*sim_args(make_config("executor=sim", "model=tiny", f"sim.profile={path}")), {"mixed"})
 
 
 @pytest.mark.parametrize(
@@ -64,7 +64,8 @@ def one_profile(content: bytes):
         path.write_bytes(content)
         try:
             resolve_roles(
-                dataclasses.replace(CONFIG, sim=dataclasses.replace(CONFIG.sim, profile=str(path))), {"mixed"}
+                *sim_args(dataclasses.replace(CONFIG, sim=dataclasses.replace(CONFIG.sim, profile=str(path)))),
+                {"mixed"},
             )
         except ConfigError as refused:
             assert "\n" not in str(refused) and "sim.profile" in str(refused)

@@ -6,13 +6,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from testbed.bench.step_profile import profile_engine
 from testbed.engine import EngineConfig
 from testbed.errors import ConfigError
+from testbed.measure.step_profile import profile_engine
 from testbed.model.config import ModelConfig
 from testbed.sim.cost_model import STEP_TERMS, CostModel, attended_context, fit_step, fit_transfer
 from testbed.sim.executor import simulate
-from tests.cluster_helpers import make_config, small_workload
+from tests.cluster_helpers import make_config, sim_args, small_workload
 from tests.paths import ROOT
 
 PROFILE = json.loads((ROOT / "testbed/sim/profiles/tiny_cpu.json").read_text())
@@ -34,7 +34,7 @@ for p, d in [(1, 1), (2, 2)]:
 
 
 def run(*overrides, **kwargs):
-    return simulate(make_config(*small_workload(40, 40.0), *overrides), PROFILE, **kwargs)
+    return simulate(*sim_args(make_config(*small_workload(40, 40.0), *overrides)), PROFILE, **kwargs)
 
 
 def lone_prefill_s(input_len: int) -> float:
@@ -144,17 +144,17 @@ def test_ipc_on_a_profile_made_before_the_ipc_transport_is_refused_in_one_line()
     old = {**PROFILE, "samples": {k: v for k, v in PROFILE["samples"].items() if k != "transfer_ipc"}}
     old["cost_model"] = {k: v for k, v in PROFILE["cost_model"].items() if not k.startswith("ipc_")}
     assert CostModel.from_profile(old).transports == ("process_group",)
-    simulate(make_config(*small_workload(4, 40.0), "mode=disagg"), old)  # the wire still simulates
+    simulate(*sim_args(make_config(*small_workload(4, 40.0), "mode=disagg")), old)  # the wire still simulates
     with pytest.raises(
         ConfigError, match=r"kv_transfer.backend=ipc: the prefill profile \(given\) has no ipc transfer samples"
     ):
-        simulate(make_config(*small_workload(4, 40.0), "mode=disagg", "kv_transfer.backend=ipc"), old)
+        simulate(*sim_args(make_config(*small_workload(4, 40.0), "mode=disagg", "kv_transfer.backend=ipc")), old)
 
 
 def test_queueing_grows_past_capacity():
     base = ["mode=colocated", "cluster.num_workers=1"]
-    light = simulate(make_config(*small_workload(60, 5.0), *base), PROFILE)["summary"]
-    heavy = simulate(make_config(*small_workload(60, 5000.0), *base), PROFILE)["summary"]
+    light = simulate(*sim_args(make_config(*small_workload(60, 5.0), *base)), PROFILE)["summary"]
+    heavy = simulate(*sim_args(make_config(*small_workload(60, 5000.0), *base)), PROFILE)["summary"]
     assert heavy["queue"]["prefill_queue_s"]["mean"] > 10 * max(light["queue"]["prefill_queue_s"]["mean"], 1e-4)
     assert heavy["ttft"]["p50"] > 5 * light["ttft"]["p50"]
 
@@ -167,14 +167,16 @@ def test_same_seed_same_tables():
 
 def test_sessions_admission_and_waits_past_the_lease_leak_nothing():
     sessions = simulate(
-        make_config(
-            "workload=multiturn",
-            "workload.num_requests=6",
-            "workload.rate=50",
-            "workload.think_time_s=0.01",
-            "engine.enable_prefix_caching=true",
-            "mode=chunked",
-            "hardware=cpu",
+        *sim_args(
+            make_config(
+                "workload=multiturn",
+                "workload.num_requests=6",
+                "workload.rate=50",
+                "workload.think_time_s=0.01",
+                "engine.enable_prefix_caching=true",
+                "mode=chunked",
+                "hardware=cpu",
+            )
         ),
         PROFILE,
     )
@@ -203,8 +205,8 @@ def test_sessions_admission_and_waits_past_the_lease_leak_nothing():
 def test_device_count_is_a_parameter():
     cfg = make_config(*small_workload(8), *MODES["disagg-2P2D-late"], "hardware.num_devices=2")
     with pytest.raises(ConfigError, match="needs 4 devices"):
-        simulate(cfg, PROFILE)
-    assert simulate(cfg, PROFILE, num_devices=64)["summary"]["num_gpus"] == 4
+        simulate(cfg.serving, cfg.sim, PROFILE)
+    assert simulate(cfg.serving, cfg.sim, PROFILE, num_devices=64)["summary"]["num_gpus"] == 4
 
 
 def test_profile_of_another_model_is_refused():

@@ -14,7 +14,7 @@ from testbed.perf.gpus import KERNEL_LAUNCH_S
 from testbed.perf.roofline import KERNELS_PER_LAYER
 from testbed.sim.executor import simulate
 from testbed.studies.replay import load_setup, point_overrides
-from tests.cluster_helpers import make_config
+from tests.cluster_helpers import make_config, sim_args
 from tests.studies.test_replay import REPLAY, SGLANG_RPS4
 
 LLAMA3, LLAMA2 = PRESETS["llama3_8b"], PRESETS["llama2_7b"]
@@ -36,7 +36,7 @@ A100 = [
 
 
 def sim(*overrides, n: int = 60, rate: float = 4.0) -> dict:
-    return simulate(make_config(*A100, f"workload.num_requests={n}", f"workload.rate={rate}", *overrides))
+    return simulate(*sim_args(make_config(*A100, f"workload.num_requests={n}", f"workload.rate={rate}", *overrides)))
 
 
 def roofline(args=LLAMA3, **host):
@@ -128,7 +128,7 @@ def test_host_overhead_is_a_fixed_part_plus_a_part_per_sequence():
     fast, slow = sim(sync, n=40, rate=8.0), sim(sync, "engine.host_overhead_per_seq_s=1e-4", n=40, rate=8.0)
     assert slow["summary"]["tpot"]["p50"] > fast["summary"]["tpot"]["p50"] + 0.0005
     with pytest.raises(ConfigError, match="measured profile"):
-        simulate(make_config("executor=sim", "hardware=cpu", "engine.host_overhead_s=0.001"))
+        simulate(*sim_args(make_config("executor=sim", "hardware=cpu", "engine.host_overhead_s=0.001")))
 
 
 def test_emulation_paces_with_the_same_host_terms():
@@ -171,13 +171,15 @@ def test_multi_step_windows_hold_new_requests_and_release_tokens_together():
     assert (lengths.iloc[:-1] >= 10).mean() > 0.9  # a prefill waits for the window to end
     with pytest.raises(ConfigError, match="disagg"):
         simulate(
-            make_config(
-                *A100,
-                "mode=disagg",
-                "cluster.num_prefill=1",
-                "cluster.num_decode=1",
-                "hardware.num_devices=2",
-                "sim.num_scheduler_steps=4",
+            *sim_args(
+                make_config(
+                    *A100,
+                    "mode=disagg",
+                    "cluster.num_prefill=1",
+                    "cluster.num_decode=1",
+                    "hardware.num_devices=2",
+                    "sim.num_scheduler_steps=4",
+                )
             )
         )
 

@@ -16,6 +16,7 @@ from testbed.errors import ConfigError
 from testbed.sim.slo_split import Demand, decode_batch, estimate, max_rate, pk_wait, placement, prefill_time, slo_split
 from testbed.sizing import compose_sized
 from testbed.studies.runner import run
+from tests.cluster_helpers import sim_args
 from tests.paths import CONF
 
 register_configs()
@@ -101,15 +102,15 @@ def split_p(name: str) -> int:
 
 
 def test_tighter_ttft_slo_wants_more_prefill():
-    loose = slo_split(config("hardware.num_devices=8", "slo.ttft_s=5.0", "slo.tpot_s=0.1"), 8)
-    tight = slo_split(config("hardware.num_devices=8", "slo.ttft_s=0.3", "slo.tpot_s=0.1"), 8)
+    loose = slo_split(*sim_args(config("hardware.num_devices=8", "slo.ttft_s=5.0", "slo.tpot_s=0.1")), 8)
+    tight = slo_split(*sim_args(config("hardware.num_devices=8", "slo.ttft_s=0.3", "slo.tpot_s=0.1")), 8)
     assert split_p(tight["best"]) > split_p(loose["best"]), (loose["best"], tight["best"])
 
 
 def test_slower_internode_link_serves_less():
     shape = ("hardware.num_devices=16", "hardware.num_nodes=2", "slo.ttft_s=1.0")
-    fast = slo_split(config(*shape, "hardware.internode_gbps=25"), 16)
-    slow = slo_split(config(*shape, "hardware.internode_gbps=2"), 16)
+    fast = slo_split(*sim_args(config(*shape, "hardware.internode_gbps=25")), 16)
+    slow = slo_split(*sim_args(config(*shape, "hardware.internode_gbps=2")), 16)
     assert slow["transfer_s"] > fast["transfer_s"]
     assert slow["splits"][slow["best"]]["max_rate"] < fast["splits"][fast["best"]]["max_rate"]
 

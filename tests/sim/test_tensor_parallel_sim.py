@@ -66,7 +66,7 @@ def test_a_config_json_alone_serves_the_simulator(tmp_path):
     cfg = sim_config(
         "model=hf", f"model.path={tmp_path}", "cluster.tp=4", "cluster.num_workers=2", "workload.num_requests=8"
     )
-    result = simulate(cfg)
+    result = simulate(cfg.serving, cfg.sim)
     assert (result["requests"]["status"] == "ok").sum() == 8 and result["summary"]["num_gpus"] == 8
 
 
@@ -188,7 +188,7 @@ def test_kv_heads_fewer_than_ranks_are_replicated_not_refused():
 def test_a_measured_profile_refuses_tp_in_one_line():
     cfg = compose_config(["executor=sim", "hardware=cpu", "cluster.tp=2", "hardware.num_devices=2"])
     with pytest.raises(ConfigError) as refused:
-        simulate(cfg)
+        simulate(cfg.serving, cfg.sim)
     assert "tensor parallelism is modelled on the analytical GPUs only" in one_line(refused)
 
 
@@ -221,7 +221,7 @@ def test_the_kv_moves_once_each_rank_its_share_in_parallel(p_tp, d_tp):
         *fixed("workload.input_len", 1000),
         *fixed("workload.output_len", 8),
     )
-    result = simulate(cfg)
+    result = simulate(cfg.serving, cfg.sim)
     transfers, summary = result["transfers"], result["summary"]
     kv = 1000 * PRESETS["llama3_8b"].kv_bytes_per_token * 2
     assert (transfers["kv_bytes"] == kv).all()  # the request's KV, each byte once
@@ -299,22 +299,22 @@ def test_the_planners_propose_only_layouts_that_fit_70b_on_eight_h100s():
 
     cfg = plan_config("model=llama3_70b")
     kept, pruned = placements.search(cfg, 8, [1, 2, 4, 8])
-    for planner in (lambda c: analytical_split(c, None, 8), lambda c: slo_split(c, 8)):
+    for planner in (lambda c: analytical_split(c.serving, c.sim, None, 8), lambda c: slo_split(c.serving, c.sim, 8)):
         with pytest.raises(ConfigError, match="no P:D split of 8 devices to propose") as refused:
             planner(cfg)
         assert pruned["7P1D"] in str(refused.value)
     planned, why = placements.planning(cfg, 8)
     assert (planned.cluster.prefill_tp, planned.cluster.decode_tp) == (4, 4) and why.startswith("workers of TP4")
     labels = {p.label for p in kept}
-    analytical = analytical_split(planned, None, 8)
+    analytical = analytical_split(planned.serving, planned.sim, None, 8)
     assert analytical["split"] == analytical["mean"]["split"] == "1xTP4P-1xTP4D" and "1xTP4P-1xTP4D" in labels
-    slo = slo_split(planned, 8, rate=1.0)
+    slo = slo_split(planned.serving, planned.sim, 8, rate=1.0)
     assert set(slo["splits"]) == {"1xTP4P-1xTP4D"} and slo["best"] in (None, "1xTP4P-1xTP4D")
     skipped = {"analytical": None, "analytical_skipped": "no P:D split", "simulated": {"goodput": {}, "best": {}}}
     assert plan_lines(skipped)[1] == "  analytical: none (no P:D split)"
     small = plan_config("model=llama3_8b")  # one device holds it: the one-device splits, as always
     assert placements.planning(small, 8) == (small, None)
-    assert analytical_split(small, None, 8)["split"] in {f"{p}P{8 - p}D" for p in range(1, 8)}
+    assert analytical_split(small.serving, small.sim, None, 8)["split"] in {f"{p}P{8 - p}D" for p in range(1, 8)}
 
 
 def test_plan_over_tp_degrees_runs_every_placement_on_all_the_devices(tmp_path):
@@ -371,7 +371,7 @@ def colocated_run(tp: int, *workload: str) -> dict:
         "engine.host_overhead_s=0",
         *workload,
     )
-    return simulate(cfg)["summary"]
+    return simulate(cfg.serving, cfg.sim)["summary"]
 
 
 def test_decode_tpot_falls_with_tp_while_per_gpu_throughput_falls():

@@ -2,7 +2,7 @@
 a 7-8B model whose bf16 weights and the KV of one max_model_len sequence fit an 80 GB GPU, with
 every request of the workload within that context; the same study on a CPU box (its
 size=cpu chosen) runs the tiny model. Simulated studies on a GPU box run on a
-GPU's profile, never on the shipped CPU one. CUDA is pretended (catalog.cuda_count)."""
+GPU's profile, never on the shipped CPU one. CUDA is pretended (catalog.cuda_count, machine.cuda_count)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from testbed.perf import weight_params
 from testbed.perf.resolve import table_gpu
 from testbed.sim.config import SHIPPED
 from testbed.sizing import compose_sized
-from testbed.studies import catalog
+from testbed.studies import catalog, machine
 from testbed.studies.runner import run
 from testbed.workload.lengths import scale_lengths
 from testbed.workload.traces import read_trace, resolve_trace_path, select
@@ -32,6 +32,7 @@ CPU_PROFILE = str(SHIPPED / "tiny_cpu.json")
 def compose_study(monkeypatch, name: str, *extra: str, gpus: int):
     """The study as the command line composes it on a box with `gpus` CUDA devices (size=cpu on none)."""
     monkeypatch.setattr(catalog, "cuda_count", lambda hardware: gpus)
+    monkeypatch.setattr(machine, "cuda_count", lambda hardware: gpus)
     monkeypatch.setattr(layout, "cuda_count", lambda hardware: gpus)
     return compose_sized([f"+experiment={name}", *extra])
 
@@ -74,7 +75,7 @@ def test_a_cpu_box_runs_the_tiny_model(monkeypatch, name):
 
 
 def test_plan_on_a_gpu_box_without_a_gpu_profile_stops_in_one_line(monkeypatch, tmp_path):
-    monkeypatch.setattr(catalog, "gpu_here", lambda: "h100_sxm")
+    monkeypatch.setattr(machine, "gpu_here", lambda: "h100_sxm")
     cfg = compose_study(monkeypatch, "plan", gpus=8)
     with pytest.raises(ConfigError) as unset:
         run(cfg, tmp_path)
@@ -156,7 +157,7 @@ def test_profile_stages_the_kv_the_device_holds(free_gib, tokens):
     # Llama-3-8B in bf16 (16 GB of weights): an 80 GB GPU leaves about 63 GiB, a 141 GB one about 124
     import torch
 
-    from testbed.bench.step_profile import kv_token_budget
+    from testbed.measure.step_profile import kv_token_budget
     from testbed.model.config import PRESETS
 
     args = dataclasses.replace(PRESETS["llama3_8b"], max_model_len=32768)
@@ -170,7 +171,7 @@ def test_profile_stages_the_kv_the_device_holds(free_gib, tokens):
 def test_profile_on_a_gpu_too_full_for_its_context_stops_in_one_line():
     import torch
 
-    from testbed.bench.step_profile import kv_token_budget
+    from testbed.measure.step_profile import kv_token_budget
     from testbed.model.config import PRESETS
 
     with pytest.raises(ConfigError, match="lower model.max_model_len"):
@@ -182,7 +183,7 @@ def test_the_profiler_s_command_line_reports_bad_input_in_one_line(tmp_path):
     import sys
 
     done = subprocess.run(
-        [sys.executable, "-m", "testbed.bench.step_profile", "--model", "nope", "--out", str(tmp_path / "p.json")],
+        [sys.executable, "-m", "testbed.measure.step_profile", "--model", "nope", "--out", str(tmp_path / "p.json")],
         capture_output=True,
         text=True,
     )

@@ -41,7 +41,7 @@ def sim(n: int, *extra: str, requests: int = 300):
     cfg = make_config(
         *small_workload(requests, 40.0), "mode=chunked", "cluster.num_workers=1", f"workload.concurrency={n}", *extra
     )
-    return simulate(cfg, PROFILE)
+    return simulate(cfg.serving, cfg.sim, PROFILE)
 
 
 # -- the workload alone ------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The ipc KV transport against a plain copy of the same bytes (part of python -m testbed.bench.kv_transfer).
+"""The ipc KV transport against a plain copy of the same bytes (part of python -m testbed.measure.kv_transfer).
 
 Two processes: D makes its KV pool shareable (shared memory on CPU, a CUDA IPC handle on GPUs)
 and P maps it, as kv_transfer.backend=ipc does. In P, for each message size, alternating draws of

@@ -2,7 +2,7 @@
 
 - `wire` (the default): two processes in one torch.distributed group time the connector's own
   path, gather from a paged pool, isend -> irecv, scatter into the receiver's blocks
-  (`testbed.bench.kv_transfer.run_rank`): gloo between CPU processes, NCCL between two GPUs.
+  (`testbed.measure.kv_transfer.run_rank`): gloo between CPU processes, NCCL between two GPUs.
 - `pack` (quick mode, or a single GPU, where there is no peer): the same gather and scatter on
   this device with a device copy standing for the wire. It leaves the link out, so it is a lower
   bound on the transfer time; the profile says which source it used.
@@ -37,7 +37,7 @@ def measure_wire(device: torch.device, repeats: int) -> list[dict]:
     # process code (spawn, the benchmark's ranks) is imported only when a wire is measured
     import torch.multiprocessing as mp
 
-    from testbed.bench.kv_transfer import run_rank
+    from testbed.measure.kv_transfer import run_rank
 
     use_cuda = device.type == "cuda"
     out = mp.get_context("spawn").Queue()

@@ -1,4 +1,4 @@
-"""KV-transfer bandwidth: python -m testbed.bench.kv_transfer [--max-mib 1024] [--repeats 3]
+"""KV-transfer bandwidth: python -m testbed.measure.kv_transfer [--max-mib 1024] [--repeats 3]
 
 Two processes (P and D) in one torch.distributed group: gloo on CPU, NCCL on two GPUs. For each
 message size (4 KiB up to --max-mib) it times, in the same run:
@@ -7,7 +7,7 @@ message size (4 KiB up to --max-mib) it times, in the same run:
              header, isend -> irecv, scatter into D's blocks
 and prints both bandwidths and their ratio. On GPUs it also times a device-to-device copy_,
 the link's ceiling. Times are on one clock (perf_counter is CLOCK_MONOTONIC for every process).
-Then the ipc transport against a plain copy of the same bytes (testbed/bench/ipc_copy.py).
+Then the ipc transport against a plain copy of the same bytes (testbed/measure/ipc_copy.py).
 """
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from testbed.bench.ipc_copy import ipc_lines, measure_ipc, sizes
 from testbed.cluster.completion import BufferPool, CompletionTracker
 from testbed.cluster.kv_wire import receive_part, send_part, unpack_arrived
 from testbed.engine import EngineConfig
 from testbed.engine.model_runner import ModelRunner
+from testbed.measure.ipc_copy import ipc_lines, measure_ipc, sizes
 from testbed.model.config import ModelArgs
 from testbed.model.llama import Transformer
 from testbed.net.rendezvous import host_store, store_client
@@ -174,7 +174,7 @@ def copy_ceiling(max_mib: int, repeats: int) -> float:
 def measure(max_mib: int, repeats: int, ipc: bool = True) -> dict:
     """{"backend", "rows": [{bytes, raw_s, connector_s, raw_gbps, connector_gbps, ratio, and the best
     draws' raw_best_s, connector_best_s, ratio_best}], "ceiling"?,
-    "ipc"?: testbed.bench.ipc_copy.measure_ipc's figures}"""
+    "ipc"?: testbed.measure.ipc_copy.measure_ipc's figures}"""
     use_cuda = torch.cuda.is_available() and torch.cuda.device_count() >= 2
     ctx = mp.get_context("spawn")
     out = ctx.Queue()

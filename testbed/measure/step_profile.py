@@ -1,4 +1,4 @@
-"""Profile one engine on this device: python -m testbed.bench.step_profile --model tiny --out p.json [--quick]
+"""Profile one engine on this device: python -m testbed.measure.step_profile --model tiny --out p.json [--quick]
 
 Step time is measured with a real `Engine` (chunked policy, so one step can hold decodes and
 prefill chunks): sequences are staged directly in the scheduler in the state a shape needs (a
@@ -6,7 +6,7 @@ prefill chunk after k cached tokens, decodes of a given context), then one `engi
 timed, scheduling and postprocessing included, as a worker's step is. Median of a few repeats
 after one warm-up. On the CPU the engine runs on one thread, as CPU workers do.
 
-KV transfer is measured by `testbed.bench.transfer_profile` (two gloo / NCCL processes, or the
+KV transfer is measured by `testbed.measure.transfer_profile` (two gloo / NCCL processes, or the
 pack + unpack of the connector in quick mode). The profile is JSON: model shape, device, dtype,
 versions, raw samples, the fitted cost model and its relative error on the samples.
 """
@@ -24,9 +24,9 @@ from pathlib import Path
 
 import torch
 
-from testbed.bench.transfer_profile import measure_ipc, measure_transfer
 from testbed.engine import Engine, EngineConfig, SchedulerConfig, Sequence
 from testbed.errors import ConfigError, TestbedError
+from testbed.measure.transfer_profile import measure_ipc, measure_transfer
 from testbed.model.config import ModelConfig
 from testbed.model.loader import build_model, resolve_dtype
 from testbed.sim.cost_model import attended_context, fit_profile
