@@ -22,13 +22,10 @@ NOTEBOOKS = ROOT / "analysis" / "notebooks"
 
 def run_small(name: str, out_dir: Path, *extra: str) -> dict:
     """The study at its small size into out_dir (what the notebooks and the tests read)."""
-    from analysis.standard_figures import study_figures
     from testbed.sizing import compose_sized
-    from testbed.studies import figures
     from testbed.studies.catalog import tiny_overrides
     from testbed.studies.runner import run
 
-    figures.draw_with(study_figures)
     return run(compose_sized(tiny_overrides(name, *extra)), out_dir)
 
 

@@ -18,10 +18,12 @@ from typing import Callable
 
 import pandas as pd
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, NullFormatter
 
 from analysis import captions, figures, style, system
 from analysis.load import Sweep, by_label, load_run, load_sweep, served
 from testbed.studies.catalog import BY_NAME
+from testbed.studies.study import Curve
 
 Made = list[tuple[str, Figure, str, object]]  # (file stem, figure, caption, what it plotted)
 TIMELINE_REQUESTS = 40  # the first requests by arrival: enough to see the pattern, few enough to read
@@ -267,10 +269,37 @@ MAKERS: dict[str, Callable[[Sweep], Made]] = {
 }
 
 
+def curve(sweep: Sweep, spec: Curve) -> Made:
+    """A figure a study declares as data (testbed/studies/study.py Curve): `spec.y` against the
+    knob `spec.x`, one line per configuration, each cell's interval shaded."""
+    fig, ax = style.figure()
+    plotted = figures.metric_by_label(ax, sweep.cells(), spec.x, spec.y)
+    ax.set(xlabel=spec.xlabel or spec.x, ylabel=spec.ylabel or spec.y)
+    if spec.log_x:
+        ax.set_xscale("log", base=2)
+    ax.set_xticks(sorted({x for line in plotted.values() for x in line["x"]}))  # each value tried, labelled
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    style.legend(ax)
+    text = captions.by_knob(plotted, spec.ylabel or spec.y, spec.x, better=spec.better)
+    return [(spec.stem, fig, text, plotted)]
+
+
 def makers(name: str) -> list[Callable[[Sweep], Made]]:
-    """The makers of the figures the study's record names ([] for a study without figures)."""
+    """The makers of the figures the study's record names ([] for a study without figures): a
+    maker of MAKERS by name, or `curve` for a declared Curve."""
     study = BY_NAME.get(name)
-    return [MAKERS[figure] for figure in study.figures] if study else []
+    if study is None:
+        return []
+    return [MAKERS[f] if isinstance(f, str) else declared(f) for f in study.figures]
+
+
+def declared(spec: Curve) -> Callable[[Sweep], Made]:
+    def make(sweep: Sweep) -> Made:
+        return curve(sweep, spec)
+
+    make.__name__ = spec.stem  # what leaving_out and the figure checks name it by
+    return make
 
 
 def draw(name: str, sweep: Sweep) -> Made:

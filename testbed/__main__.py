@@ -26,14 +26,6 @@ EXAMPLES = (
 )
 
 
-def draw_study_figures(name: str, sweep_dir: Path) -> list[Path]:
-    """The analysis layer's figures of a study, handed to the studies layer (matplotlib loads only
-    when a study draws)."""
-    from analysis.standard_figures import study_figures
-
-    return study_figures(name, sweep_dir)
-
-
 def conf_dir() -> Path:
     """Where the Hydra configs are, by testbed.config.CONF_DIR's rule (conf/ beside testbed/ in a
     checkout, testbed/conf/ in a wheel), without importing it: tests/config/test_cli.py holds the two equal."""
@@ -99,10 +91,8 @@ def job(cfg: DictConfig) -> None:
 
     from testbed.config import to_config
     from testbed.errors import TestbedError
-    from testbed.studies import figures
     from testbed.studies.runner import interrupted_note, run_job
 
-    figures.draw_with(draw_study_figures)
     hydra_cfg = HydraConfig.get()
     out_dir = Path(cfg.output_dir or hydra_cfg.runtime.output_dir)
     try:

@@ -38,7 +38,7 @@ def torch_items() -> Iterator[Item]:
     if not (dist.is_available() and dist.is_nccl_available()):
         yield "nccl", "not available"
     elif cuda:
-        from testbed.tracking.results import nccl_version
+        from testbed.tracking.run_meta import nccl_version
 
         yield "nccl", f"available, version {nccl_version(torch)}"
     else:

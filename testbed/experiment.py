@@ -92,6 +92,8 @@ class ExperimentConfig:
     points: List[str] = field(default_factory=list)  # this job runs these grid points or cells instead
     merge: bool = False  # every grid point there: run the goodput search, aggregate, draw (no grid point runs)
     dry_run: bool = False  # print the model, the sizing and the points with a time estimate; run none
+    # a study module's own settings (its Settings dataclass, testbed/studies/NAME.py): {key: value}
+    own: Dict[str, Any] = field(default_factory=dict)
 
     def validate(self, studies: Sequence[str]) -> "ExperimentConfig":
         """`studies`: the names experiment.name may say (the config layer reads them from conf/)."""

@@ -3,19 +3,8 @@ import os
 import pytest
 import torch
 
-from testbed.studies import figures
-
 torch.set_num_threads(1)
 os.environ.setdefault("WANDB_MODE", "disabled")
-
-
-def draw_study_figures(name, sweep_dir):
-    from analysis.standard_figures import study_figures  # matplotlib only when a study draws
-
-    return study_figures(name, sweep_dir)
-
-
-figures.draw_with(draw_study_figures)  # as the entry points do: the studies run here write their figures
 
 
 # Test files live in folders that mirror the packages (tests/engine/, tests/sim/, ..., tests/e2e/,

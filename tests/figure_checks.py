@@ -15,6 +15,8 @@ from analysis.load import served
 from testbed.metrics.latency import BUCKETS
 from testbed.metrics.results_dir import read_results
 from testbed.metrics.uncertainty import request_units, sample_interval
+from testbed.studies.catalog import STUDIES
+from testbed.studies.study import Curve
 
 MS = 1e3
 
@@ -326,12 +328,30 @@ CHECKS = {
 }
 
 
+def declared_curve(spec, plotted, saved: Saved) -> None:
+    """A curve a study declares (testbed/studies/study.py Curve): each configuration's cells, by
+    the knob, as saved, with their intervals where the sweep has them."""
+    assert set(plotted) == set(saved.cells["label"]), spec.stem
+    for label, rows in saved.cells.groupby("label"):
+        rows, line = rows.sort_values(spec.x), plotted[label]
+        expect(line["x"], rows[spec.x], f"{spec.stem} {label} x")
+        if f"{spec.y}_low" in rows.columns:
+            expect_bounds(line, rows, spec.y, 1.0, f"{spec.stem} {label}")
+        else:
+            expect(line["y"], rows[spec.y], f"{spec.stem} {label}")
+
+
+CURVES = {f.stem: f for s in STUDIES for f in s.figures if isinstance(f, Curve)}  # declared curves by stem
+
+
 def check_study(plotted: dict, directory: Path) -> list[str]:
     """Hold every figure's plotted data to the saved results; returns the stems checked. A stem
-    without a check fails: a new figure needs one here."""
+    without a check fails: a new figure needs one here (a declared Curve has its check already)."""
     saved = Saved(directory)
     for stem, data in plotted.items():
-        if stem.startswith("timeline_"):
+        if stem in CURVES:
+            declared_curve(CURVES[stem], data, saved)
+        elif stem.startswith("timeline_"):
             timeline(data, saved, stem[len("timeline_") :])
         elif stem.startswith("telemetry_"):
             assert data, stem  # drawn only where NVML recorded something

@@ -185,7 +185,7 @@ def _serve_point(
 ) -> None:
     """(secrets: the run token and this rank's CURVE keys)"""
     from testbed.cluster.layout import plan_ranks
-    from testbed.cluster.point import worker_template
+    from testbed.cluster.lifecycle import worker_template
 
     cfg = read_config(launch.config)
     plans = plan_ranks(cfg.mode, cfg.cluster, cfg.hardware, world)

@@ -186,7 +186,7 @@ def _setup(spec: WorkerSpec) -> tuple[Engine, object]:
     if not spec.kv.direct:
         warm_links(spec.rank, spec.roles, device)
     # model.max_model_len unset: fitted to this pool, which Started reports; the driver says it once
-    # for every worker (testbed/cluster/point.py: fit_to_pools)
+    # for every worker (testbed/cluster/lifecycle.py: fit_to_pools)
     fit = spec.model.max_model_len is None
     if fit:
         logging.getLogger("testbed.engine.model_runner").setLevel(logging.ERROR)

@@ -116,7 +116,7 @@ OUTPUT_KEYS = ("hydra.run.dir", "hydra.sweep.dir", "output_dir")
 def output_dir_problem(argv: list[str]) -> str | None:
     """Where results go must be writable before Hydra tries (its own failure is a traceback): the
     directory is created (Hydra would create it next) and probed, as every run's results are."""
-    from testbed.tracking.results import write_problem
+    from testbed.metrics.results_dir import write_problem
 
     given = {a.split("=", 1)[0].lstrip("+"): a.split("=", 1)[1] for a in argv if "=" in a}
     for key in OUTPUT_KEYS:

@@ -1,5 +1,5 @@
 """`executor=http`: one point replayed against a server (`replay_point`), with the requests table
-and the summary of a built-in run; testbed/studies/points.py writes them as the same results
+and the summary of a built-in run; testbed/studies/executors.py writes them as the same results
 directory (steps and transfers stay empty: the server's insides are not visible from here)."""
 
 from __future__ import annotations

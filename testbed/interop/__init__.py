@@ -11,8 +11,8 @@ Command line: `python -m testbed.interop {export,import,add} ...` (see __main__.
 Nothing here imports torch or an HTTP client.
 """
 
+from testbed.interop.exchange import detect_format, export_point, export_run, import_run, offered_rows
 from testbed.interop.mooncake import block_hash_ids, trace_arrivals, write_mooncake_jsonl
-from testbed.interop.points import detect_format, export_point, export_run, import_run, offered_rows
 from testbed.interop.sglang import read_sglang_result
 from testbed.interop.table import InteropError
 from testbed.interop.vllm import bench_result, read_vllm_result, write_vllm_custom_jsonl

@@ -60,7 +60,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def export(args) -> None:
-    from testbed.interop.points import export_point, load_decode
+    from testbed.interop.exchange import export_point, load_decode
 
     decode, vocab = load_decode(args.tokenizer) if args.tokenizer else (None, None)
     done = export_point(args.point_dir, args.out, decode, vocab)
@@ -72,7 +72,7 @@ def export(args) -> None:
 
 
 def import_file(args) -> None:
-    from testbed.interop.points import import_run
+    from testbed.interop.exchange import import_run
 
     slo = SLOConfig(ttft_s=args.slo_ttft, tpot_s=args.slo_tpot).validate()
     done = import_run(
@@ -99,13 +99,9 @@ def import_file(args) -> None:
 
 
 def add(args) -> None:
-    # an entry point, on top of the layers like python -m testbed: it runs the studies layer and
-    # hands it the analysis layer's figures
-    from analysis.standard_figures import study_figures
-    from testbed.studies import figures
+    # an entry point, on top of the layers like python -m testbed: it runs the studies layer (which
+    # draws through the analysis layer's entry point)
     from testbed.studies.merge import add_point
-
-    figures.draw_with(study_figures)
 
     knobs = {"num_gpus": args.num_gpus, **({"rate": args.rate} if args.rate is not None else {})}
     done = add_point(

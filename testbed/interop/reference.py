@@ -40,9 +40,9 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
+from testbed.interop.exchange import format_of
 from testbed.interop.guidellm import read_guidellm
 from testbed.interop.inference_perf import read_inference_perf
-from testbed.interop.points import format_of
 from testbed.interop.sglang import read_sglang_result
 from testbed.interop.summary import METRICS, STATISTICS, is_summary_only, number, parse_rate
 from testbed.interop.table import InteropError, load_runs, pick_run

@@ -18,7 +18,7 @@ import pandas as pd
 
 from testbed.errors import TestbedError
 from testbed.metrics.events import request_table
-from testbed.tracking.results import write_text
+from testbed.metrics.results_dir import write_text
 from testbed.workload.traces import MAX_COUNT, file_problem
 
 MAX_FILE_BYTES = 1 << 30  # a result file, read whole: a million requests' details are ~200 MB
@@ -243,7 +243,7 @@ def sorted_rows(rows: pd.DataFrame) -> pd.DataFrame:
 
 
 def write_lines(path, lines: list[str]) -> Path:
-    """Text lines written atomically (tracking/results.py: a temporary file renamed into place)."""
+    """Text lines written atomically (metrics/results_dir.py: a temporary file renamed into place)."""
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

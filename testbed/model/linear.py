@@ -4,7 +4,7 @@ torch's `F.linear` on CPU calls the BLAS it was built with (MKL), which on some 
 generic path: on a two-core AMD EPYC, float32, one thread, oneDNN's packed GEMM (which torch
 ships for its own CPU compiler) ran the small preset's projections 1.6-1.8x faster at 32 rows (a
 decode step) and 1.6-2.3x at 4096 (a batch's prefill), within float32 rounding of a float64
-product as MKL is (`python -m testbed.bench.engine --linear`).
+product as MKL is (`python -m testbed.bench.engine_speed --linear`).
 
 `pack_linears(model)` swaps every nn.Linear of a CPU model for a PackedLinear holding the same
 Parameters (tied embeddings stay tied); the packed copy is made at the swap and again whenever

@@ -24,7 +24,7 @@ from typing import Callable, Optional
 
 from aiohttp import web
 
-from testbed.cluster.point import fit_to_pools, stop_cluster
+from testbed.cluster.lifecycle import fit_to_pools, stop_cluster
 from testbed.config import Config
 from testbed.errors import ConfigError
 from testbed.http.protocol import (
@@ -41,7 +41,7 @@ from testbed.http.protocol import (
 from testbed.metrics.events import RequestLog
 from testbed.server.doors import Doorman, accept_errors, connection_cap, json_error
 from testbed.server.live import LiveRouter
-from testbed.studies.real_point import start_cluster, write_point
+from testbed.studies.real_cluster import start_cluster, write_point
 from testbed.tracking.nvml import start_telemetry
 from testbed.workload import Request
 

@@ -41,8 +41,8 @@ def config(mode: str, requests: int, rate: float, seed: int) -> Config:
 def one_repeat(cfg: Config, root: Path) -> tuple:
     """(in-process requests, HTTP requests) of one seed."""
     from testbed.server.app import HttpServer
-    from testbed.studies.points import http_point
-    from testbed.studies.real_point import serve
+    from testbed.studies.executors import http_point
+    from testbed.studies.real_cluster import serve
 
     local = serve(cfg, root / "local", progress=False)["requests"]
     with HttpServer(cfg) as server:

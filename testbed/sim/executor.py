@@ -1,5 +1,5 @@
 """`executor=sim`: one point through the simulator, with the tables and the summary of a real
-run (`simulate`); testbed/studies/points.py writes them as the same results directory."""
+run (`simulate`); testbed/studies/executors.py writes them as the same results directory."""
 
 from __future__ import annotations
 

@@ -400,7 +400,7 @@ def sim_validate(table, cfg, out_dir) -> dict:
     }
     table_errors = pd.DataFrame(errors)
     if len(table_errors):
-        from testbed.tracking.results import write_parquet
+        from testbed.metrics.results_dir import write_parquet
 
         write_parquet(out_dir / "validation.parquet", table_errors)
     worst = {m: float(table_errors[f"{m}_error"].abs().max()) if len(table_errors) else np.nan for m in VALIDATED}

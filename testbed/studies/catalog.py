@@ -5,27 +5,29 @@ Every study runs on the same N devices (hardware.num_devices, or every visible G
 configurations compare at equal hardware: colocated and chunked use N mixed workers, and a
 disaggregated split pP:dD has p + d = N.
 
-A new study is three files: conf/experiment/NAME.yaml, a module with its points builder and
-aggregate, and its record in STUDIES (tests/studies/test_study_catalog.py holds the three together).
+A new study is three files: testbed/studies/NAME.py (its settings, points, aggregate and declared
+figures, and its record STUDY: testbed/studies/study.py), conf/experiment/NAME.yaml, and
+experiments/NAME/README.md; module_studies finds it by its YAML (testbed/studies/batch_cap.py is one).
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, fields
-from typing import Callable, Optional
+from importlib import import_module
 
 from testbed.cluster.layout import cuda_count
-from testbed.config import Config, with_overrides
+from testbed.config import Config, study_names, with_overrides
 from testbed.deploy.checkpoint import NAME as CHECKPOINT
 from testbed.errors import ConfigError
-from testbed.experiment import COMMON_KEYS, ONE_POINT, SEARCH_KEYS, ExperimentConfig
+from testbed.experiment import ONE_POINT
 from testbed.studies import aggregates, placements
 from testbed.studies.aggregates import TABLE
+from testbed.studies.layouts import axis_grid, layouts, rates
 from testbed.studies.machine import missing_profile, num_devices
 from testbed.studies.repeats import OTHER_REPEATS
+from testbed.studies.study import Study
 from testbed.studies.sweep import Point
-from testbed.tracking.results import CHECKOUT
+from testbed.tracking.run_meta import CHECKOUT
 
 log = logging.getLogger("testbed")
 
@@ -76,45 +78,6 @@ def simulates(cfg: Config) -> bool:
     return cfg.executor == "sim" or chosen.simulated or chosen.fits_in_situ
 
 
-def layouts(cfg: Config, modes: list[str], all_splits: bool = False) -> list[tuple[str, dict]]:
-    """(label, overrides) per serving configuration on N devices, its workers of the cluster's TP
-    degrees (cluster.tp, prefill_tp, decode_tp); over HTTP, the one server."""
-    if cfg.executor == "http":
-        return [(cfg.http.label, {"mode": cfg.mode})]
-    n, c = num_devices(cfg), cfg.cluster
-    chosen = []
-    for mode in modes:
-        if mode != "disagg":
-            if n % c.tp:
-                raise ConfigError(f"cluster.tp={c.tp} does not divide the study's {n} devices (hardware.num_devices)")
-            chosen.append(placements.Placement(mode, n // c.tp, c.tp))
-            continue
-        if n < 2:
-            raise ConfigError(f"mode=disagg needs at least 2 devices; hardware.num_devices={n}")
-        found = placements.splits(n, c.prefill_tp, c.decode_tp)
-        if not found:
-            raise ConfigError(
-                f"cluster.prefill_tp={c.prefill_tp} and cluster.decode_tp={c.decode_tp} leave no split of "
-                f"the study's {n} devices (hardware.num_devices): P x prefill_tp + D x decode_tp = {n}"
-            )
-        chosen += found if all_splits else [placements.middle_split(n, c.prefill_tp, c.decode_tp)]
-    return [(p.label, p.overrides_over(c)) for p in chosen]
-
-
-def _rates(cfg: Config) -> list[float]:
-    return list(cfg.experiment.rates) or [cfg.workload.rate]
-
-
-def _grid(cfg: Config, configs: list[tuple[str, dict]], axis: str, values: list, key: str) -> list[Point]:
-    points = []
-    for label, overrides in configs:
-        for value in values:
-            name = f"{label}_{axis}{value:g}" if isinstance(value, float) else f"{label}_{axis}{value}"
-            knobs = {"label": label, "mode": overrides["mode"], axis: value}
-            points.append(Point(name, {**overrides, key: value}, knobs))
-    return points
-
-
 # -- point builders -----------------------------------------------------------------------------
 def ratio_sweep(cfg: Config) -> list[Point]:
     """Colocated, chunked and every split at the cluster's degrees, over the rates. With
@@ -131,13 +94,13 @@ def ratio_sweep(cfg: Config) -> list[Point]:
             log.info("ratio_sweep: %s", why)
     if degrees == [1]:
         configs = layouts(cfg, ["colocated", "chunked"]) + layouts(cfg, ["disagg"], all_splits=True)
-        return _grid(cfg, configs, "rate", _rates(cfg), "workload.rate")
+        return axis_grid(cfg, configs, "rate", rates(cfg), "workload.rate")
     kept, pruned = placements.search(cfg, num_devices(cfg), degrees)
     if pruned:
         log.info(
             "ratio_sweep: %d placements over TP %s run, %d pruned (memory or heads)", len(kept), degrees, len(pruned)
         )
-    points = _grid(cfg, [(p.label, p.overrides_over(c)) for p in kept], "rate", _rates(cfg), "workload.rate")
+    points = axis_grid(cfg, [(p.label, p.overrides_over(c)) for p in kept], "rate", rates(cfg), "workload.rate")
     knobs = {p.label: p.knobs for p in kept}
     for point in points:
         point.knobs.update(knobs[point.knobs["label"]])
@@ -145,7 +108,7 @@ def ratio_sweep(cfg: Config) -> list[Point]:
 
 
 def rate_sweep(cfg: Config) -> list[Point]:
-    return _grid(cfg, layouts(cfg, list(cfg.experiment.modes)), "rate", _rates(cfg), "workload.rate")
+    return axis_grid(cfg, layouts(cfg, list(cfg.experiment.modes)), "rate", rates(cfg), "workload.rate")
 
 
 def one_rate(cfg: Config) -> list[Point]:
@@ -157,14 +120,16 @@ def one_rate(cfg: Config) -> list[Point]:
 
 
 def chunk_sweep(cfg: Config) -> list[Point]:
-    points = _grid(cfg, layouts(cfg, ["chunked"]), "chunk", list(cfg.experiment.chunk_sizes), "scheduler.chunk_size")
+    points = axis_grid(
+        cfg, layouts(cfg, ["chunked"]), "chunk", list(cfg.experiment.chunk_sizes), "scheduler.chunk_size"
+    )
     for point in points:  # every running decode must fit in the chunk
         point.overrides["scheduler.max_running"] = min(cfg.scheduler.max_running, point.knobs["chunk"])
     return points
 
 
 def burstiness(cfg: Config) -> list[Point]:
-    points = _grid(
+    points = axis_grid(
         cfg,
         layouts(cfg, list(cfg.experiment.modes)),
         "burstiness",
@@ -179,7 +144,7 @@ def burstiness(cfg: Config) -> list[Point]:
 def concurrency_sweep(cfg: Config) -> list[Point]:
     """Every mode under a closed loop of each number of users (no offered rate: the users' pace)."""
     configs = layouts(cfg, list(cfg.experiment.modes))
-    return _grid(cfg, configs, "concurrency", list(cfg.experiment.concurrencies), "workload.concurrency")
+    return axis_grid(cfg, configs, "concurrency", list(cfg.experiment.concurrencies), "workload.concurrency")
 
 
 def interference(cfg: Config) -> list[Point]:
@@ -296,7 +261,7 @@ def sim_validate(cfg: Config) -> list[Point]:
     ]
     calibration = []
     if calibrate and not 1 < cfg.experiment.repeats <= 10:  # a repeat suffix of one digit: the glob holds
-        rate = _rates(cfg)[len(_rates(cfg)) // 2]
+        rate = rates(cfg)[len(rates(cfg)) // 2]
         for label, overrides in layouts(cfg, list(cfg.experiment.modes)):
             calibration.append(
                 Point(
@@ -404,7 +369,7 @@ def plan(cfg: Config) -> list[Point]:
         ]
     else:
         configs = tp_configs(with_overrides(cfg, {"experiment.tp_degrees": degrees}) if why else cfg)
-    points = _grid(cfg, [(label, o) for label, o, _ in configs], "rate", _rates(cfg), "workload.rate")
+    points = axis_grid(cfg, [(label, o) for label, o, _ in configs], "rate", rates(cfg), "workload.rate")
     knobs = {label: k for label, _, k in configs}
     for point in points:
         point.overrides["executor"] = "sim"
@@ -441,48 +406,6 @@ def tp_configs(cfg: Config) -> list[tuple[str, dict, dict]]:
     return out
 
 
-# -- the studies ---------------------------------------------------------------------------------
-Builder = Callable[[Config], list[Point]]
-Aggregate = Callable[..., dict]  # (sweep table, cfg, out_dir) -> sweep.json's aggregate
-Runs = Callable[..., dict]  # (cfg, out_dir, run_point, session) -> the study's results
-
-
-@dataclass(frozen=True)
-class Study:
-    """What `+experiment=NAME` runs, and what reads its results. A sweep has `points` and an
-    `aggregate`; a study that is no sweep `runs` itself; with neither, it is the one point."""
-
-    name: str  # its conf/experiment/NAME.yaml (ONE_POINT has none)
-    description: str  # one line
-    points: Optional[Builder] = None
-    aggregate: Optional[Aggregate] = None
-    runs: Optional[Runs] = None
-    figures: tuple[str, ...] = ()  # figure makers by name (analysis/standard_figures.py MAKERS)
-    searches_goodput: bool = False  # after the grid, a goodput search per configuration (goodput_search.py)
-    over_http: bool = False  # its points differ in traffic and SLOs only: executor=http can run it
-    on_vllm: bool = False  # its points differ in mode, split, chunk size and traffic: executor=vllm can run it
-    one_box: bool = False  # it measures this machine: never under torchrun
-    simulated: bool = False  # every point runs in the simulator, whatever the executor
-    fits_in_situ: bool = False  # half its points simulated, on profiles fitted to the other, real half
-    mergeable: bool = False  # merge.py can draw an outside run beside it: its aggregate groups by label
-    rate_axis: bool = False  # merge.py: an outside run's point is <label>_rate<R>, so its rate must be known
-    needs_requests: bool = False  # merge.py: its aggregate needs requests; summary-only imports stay out
-    tiny: tuple[str, ...] = ()  # size=tiny: on its CPU size and TINY_BASE, the least that exercises it
-    # the experiment keys it reads beyond every study's (COMMON_KEYS, and SEARCH_KEYS where it
-    # searches goodput): `--cfg job` shows these and no other study's (tests/studies/test_cfg_job.py)
-    keys: tuple[str, ...] = ()
-
-    @property
-    def settings(self) -> tuple[str, ...]:
-        """Every experiment key the study reads, in ExperimentConfig's order."""
-        own = {*COMMON_KEYS, *(SEARCH_KEYS if self.searches_goodput else ()), *self.keys}
-        return tuple(f.name for f in fields(ExperimentConfig) if f.name in own)
-
-    @property
-    def sweeps(self) -> bool:
-        return self.points is not None
-
-
 # Studies that are no sweep, imported when they run: kv_bandwidth and profile load torch.
 def _kv_bandwidth(cfg: Config, out_dir, run_point, session=None) -> dict:
     from testbed.studies.kv_bandwidth import run_kv_bandwidth
@@ -507,7 +430,7 @@ def _replay(cfg: Config, out_dir, run_point, session=None) -> dict:
 BUCKETS = [f"ttft_by_bucket_{b}_{s}" for b in ("0-1K", "1K-4K", "4K-16K", "16K+") for s in ("p50", "p99")]
 REPLAYED = CHECKOUT / "tests" / "data" / "replay"
 
-STUDIES = (
+BUILT_IN = (
     Study(ONE_POINT, "one point with the config as it is", over_http=True, on_vllm=True),
     Study(
         "ratio_sweep",
@@ -709,6 +632,26 @@ STUDIES = (
         keys=("reference", "setup", "replay_emulate"),
     ),
 )
+
+
+def module_studies(built_in: tuple[Study, ...]) -> tuple[Study, ...]:
+    """The studies written as one module each: a conf/experiment/NAME.yaml with no record above is
+    testbed/studies/NAME.py, whose STUDY is its record (testbed/studies/study.py)."""
+    known = {s.name for s in built_in}
+    found = []
+    for name in (n for n in study_names() if n not in known):
+        module = import_module(f"testbed.studies.{name}")
+        record = getattr(module, "STUDY", None)
+        if not isinstance(record, Study) or record.name != name:
+            raise ConfigError(
+                f"conf/experiment/{name}.yaml has no study: testbed/studies/{name}.py must define "
+                f"STUDY = Study({name!r}, ...)"
+            )
+        found.append(record)
+    return tuple(found)
+
+
+STUDIES = BUILT_IN + module_studies(BUILT_IN)
 BY_NAME = {s.name: s for s in STUDIES}
 
 # what every tiny run shares: two CPU workers, one repeat, a handful of requests, no figures

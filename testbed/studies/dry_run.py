@@ -21,9 +21,10 @@ from testbed.config import Config, with_overrides
 from testbed.errors import TestbedError
 from testbed.experiment import ONE_POINT
 from testbed.perf.roofline import weight_params
-from testbed.studies.catalog import Study, simulates
+from testbed.studies.catalog import simulates
 from testbed.studies.machine import num_devices
 from testbed.studies.repeats import with_repeats
+from testbed.studies.study import Study
 from testbed.studies.sweep import Point
 
 REAL_POINT_S = 0.4  # a real point's start and drain on CPU workers, beyond its arrivals
@@ -60,7 +61,9 @@ def job_text(study: Study, cfg: Config) -> str:
             config.pop(section)
     if "http" in config:
         config["http"]["api_key"] = "***" if cfg.http.api_key else None
-    config["experiment"] = {key: config["experiment"][key] for key in study.settings}
+    config["experiment"] = {key: config["experiment"][key] for key in study.experiment_keys}
+    if study.settings is not None:  # a study module's own settings, its defaults filled in
+        config["experiment"]["own"] = asdict(study.own_settings(cfg))
     args = cfg.model.args()
     resolved = {f.name: getattr(args, f.name) for f in fields(args) if config["model"].get(f.name, 0) is None}
     config["model"].update(resolved)  # the preset's shape, as the run resolves it

@@ -9,8 +9,9 @@ import pandas as pd
 
 from testbed.config import Config
 from testbed.measure.kv_transfer import measure, report_lines
+from testbed.metrics.results_dir import write_json, write_parquet
 from testbed.studies.figures import study_figures
-from testbed.tracking.results import collect_meta, write_json, write_parquet
+from testbed.tracking.run_meta import collect_meta
 
 log = logging.getLogger("testbed")
 

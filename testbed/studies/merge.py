@@ -22,16 +22,16 @@ from typing import Optional
 import pandas as pd
 
 from testbed.config import Config, config_from_dict, upgraded
-from testbed.interop.points import import_run
+from testbed.interop.exchange import import_run
 from testbed.interop.table import InteropError
-from testbed.metrics.results_dir import read_config
+from testbed.metrics.results_dir import read_config, write_parquet
 from testbed.metrics.slo import tenant_slos
 from testbed.studies.aggregates import finished
-from testbed.studies.catalog import BY_NAME, STUDIES, Study
+from testbed.studies.catalog import BY_NAME, STUDIES
 from testbed.studies.figures import study_figures
 from testbed.studies.runner import cell_table
+from testbed.studies.study import Study
 from testbed.studies.sweep import EXTERNAL, Sweep, flatten
-from testbed.tracking.results import write_parquet
 
 # Studies whose aggregate groups points by label alone (Study.mergeable); the others need knobs
 # (chunk, burstiness, prefill length, hand-off) or engine steps an outside run does not have.

@@ -36,11 +36,11 @@ from testbed.config import Config, with_overrides
 from testbed.errors import ConfigError
 from testbed.interop.reference import FIGURES, STATS, Reference, read_reference, relative_error, trace_rows
 from testbed.metrics.latency import distribution
+from testbed.metrics.results_dir import write_json, write_text
 from testbed.model.config import PRESETS, hf_model_args
 from testbed.perf.gpus import GPUS
 from testbed.perf.precision import KV_DTYPES, WEIGHT_DTYPES, check_dtype
 from testbed.sim.engine_profile import engine_profile, for_engine
-from testbed.tracking.results import write_json, write_text
 
 log = logging.getLogger("testbed")
 
@@ -85,7 +85,7 @@ SETUP_KEYS = {
 POLICIES = ("colocated", "chunked", "disagg")
 SESSION_KEYS = ("turns", "system_prompt_len", "think_time_s", "think_time_dist")
 SECONDS = ("host_overhead_s", "host_overhead_per_seq_s", "frontend_latency_s")
-# the fitted knobs (testbed/studies/replay_validation.py): a replay may replace the setup's; a
+# the fitted knobs (testbed/studies/validation_set.py): a replay may replace the setup's; a
 # disaggregated setup's hand-off path (its network, and whatever the engine's transfer adds) too
 HOST = ("host_overhead_s", "host_overhead_per_seq_s", "frontend_latency_s")
 LINK = ("internode_gbps", "internode_latency_s")

@@ -18,9 +18,8 @@ import yaml
 
 from testbed.config import upgraded
 from testbed.errors import ConfigError
-from testbed.interop.points import EXPORTED
-from testbed.metrics.results_dir import read_config
-from testbed.tracking.results import config_yaml, stored_config
+from testbed.interop.exchange import EXPORTED
+from testbed.metrics.results_dir import config_yaml, read_config, stored_config
 
 log = logging.getLogger("testbed")
 TABLES = ("requests.parquet", "steps.parquet", "kv_transfers.parquet")  # every point writes them

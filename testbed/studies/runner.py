@@ -13,16 +13,16 @@ import pandas as pd
 from testbed.cluster import fork_server
 from testbed.config import Config
 from testbed.errors import ConfigError
+from testbed.metrics.results_dir import ensure_writable, stored_config, write_parquet
 from testbed.names import Executor
 from testbed.stopping import Stopped
 from testbed.studies import aggregates, catalog, dry_run, shards
-from testbed.studies.catalog import Study
 from testbed.studies.figures import study_figures
 from testbed.studies.goodput_search import search_goodput
 from testbed.studies.repeats import intervals, with_repeats
 from testbed.studies.report import print_run, print_sweep
+from testbed.studies.study import Study
 from testbed.studies.sweep import Sweep, track_figures, track_point
-from testbed.tracking.results import ensure_writable, stored_config, write_parquet
 from testbed.tracking.wandb_tracker import make_tracker
 
 log = logging.getLogger("testbed")
@@ -61,18 +61,18 @@ def run_point(cfg: Config, out_dir: Path, session=None) -> dict:
     """`session`: what the points share: rank 0's torchrun session, or with executor=vllm the pool
     of deployments (testbed/deploy/deployment.py)."""
     if cfg.executor == "vllm":
-        from testbed.studies.points import vllm_point
+        from testbed.studies.executors import vllm_point
 
         return vllm_point(cfg, out_dir, session)
     if cfg.executor == "sim":
-        from testbed.studies.points import simulate_point
+        from testbed.studies.executors import simulate_point
 
         return simulate_point(cfg, out_dir)
     if cfg.executor == "http":
-        from testbed.studies.points import http_point
+        from testbed.studies.executors import http_point
 
         return http_point(cfg, out_dir)
-    from testbed.studies.real_point import serve  # here: a simulated run never imports torch (seconds)
+    from testbed.studies.real_cluster import serve  # here: a simulated run never imports torch (seconds)
 
     return serve(cfg, out_dir, session=session)
 
@@ -98,8 +98,8 @@ def hydra_job_num() -> Optional[int]:
 
 def interrupted_note(name: str, out_dir: Path, stop: BaseException) -> str:
     """What a SIGINT/SIGTERM left in out_dir, truthfully: a sweep resumes from its finished points;
-    a single run keeps the requests that finished (studies/real_point.py, the HTTP replay of
-    studies/points.py; a simulation keeps nothing unless it had ended) but does not resume."""
+    a single run keeps the requests that finished (studies/real_cluster.py, the HTTP replay of
+    studies/executors.py; a simulation keeps nothing unless it had ended) but does not resume."""
     if name in catalog.BY_NAME and catalog.BY_NAME[name].sweeps:
         return (
             f"every finished point is kept in {out_dir}; rerun the same command with hydra.run.dir={out_dir} to resume"
@@ -143,6 +143,7 @@ def run(cfg: Config, out_dir: Path, session=None) -> dict:
     0's session; every point's workers are its ranks."""
     study = catalog.study(cfg.experiment.name)
     catalog.check_executor(cfg)
+    study.own_settings(cfg)  # experiment.own refused in one line before anything runs
     if cfg.experiment.dry_run:  # before any directory, worker or deployment
         return dry_run.show(study, cfg)
     ensure_writable(out_dir)
@@ -150,7 +151,7 @@ def run(cfg: Config, out_dir: Path, session=None) -> dict:
     if starts_workers(study, cfg, session):
         fork_server.start()  # its imports beside this process's own, not before the first point's workers
     if cfg.executor == Executor.VLLM:  # the deployments live as long as the run: every path out ends them
-        from testbed.studies.points import vllm_pool
+        from testbed.studies.executors import vllm_pool
 
         with vllm_pool(cfg, out_dir) as pool:
             return run_points(study, cfg, out_dir, pool, tracker)

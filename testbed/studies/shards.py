@@ -22,9 +22,9 @@ import pandas as pd
 from testbed.config import Config
 from testbed.errors import ConfigError
 from testbed.experiment import ExperimentConfig
+from testbed.metrics.results_dir import write_json, write_parquet
 from testbed.studies.resume import damage
 from testbed.studies.sweep import Point, Sweep
-from testbed.tracking.results import write_json, write_parquet
 
 SHARDS = "shards"  # <out>/shards/<tag>.parquet: one job's rows
 SHOWN = 5  # names listed in a one-line error

@@ -27,8 +27,8 @@ from tqdm import tqdm
 
 from testbed.config import Config, with_overrides
 from testbed.errors import PeerLost, TestbedError
+from testbed.metrics.results_dir import stored_config, write_json, write_parquet
 from testbed.studies.resume import changed_points, clear_damaged, refusal
-from testbed.tracking.results import stored_config, write_json, write_parquet
 
 WRITE_EVERY_S = 5.0  # simulated points end in milliseconds: the sweep's table is rewritten at most this often
 log = logging.getLogger("testbed")

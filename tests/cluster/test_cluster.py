@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from testbed import LLM
-from testbed.studies.real_point import serve
+from testbed.studies.real_cluster import serve
 from testbed.workload import build_workload
 from tests.cluster_helpers import make_config, small_workload
 

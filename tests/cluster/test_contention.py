@@ -15,7 +15,7 @@ from testbed.cluster.contention import ContentionSampler, host_summary, schedsta
 from testbed.cluster.launcher import available_cores
 from testbed.metrics.config import MetricsConfig
 from testbed.studies.aggregates import refused_on_contention
-from testbed.studies.real_point import serve
+from testbed.studies.real_cluster import serve
 from testbed.studies.report import contention_lines, host_line, summary_lines
 from tests.cluster_helpers import make_config, small_workload
 

@@ -19,7 +19,7 @@ from testbed.metrics.record import StepRecord
 from testbed.metrics.results_dir import read_results
 from testbed.model.config import PRESETS
 from testbed.perf import CostModel
-from testbed.studies.real_point import serve
+from testbed.studies.real_cluster import serve
 from testbed.workload import build_workload
 from tests.cluster_helpers import make_config, small_workload
 from tests.paths import ROOT

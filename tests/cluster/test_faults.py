@@ -2,7 +2,7 @@
 
 import pytest
 
-from testbed.studies.real_point import serve
+from testbed.studies.real_cluster import serve
 from tests.cluster_helpers import make_config, small_workload
 
 pytestmark = pytest.mark.slow

@@ -63,7 +63,7 @@ def test_workers_alone_on_their_devices_size_their_own_pools():
 
 
 def test_a_plan_that_cannot_fit_is_refused_in_one_line_before_any_worker_starts(monkeypatch):
-    from testbed.cluster.point import worker_template
+    from testbed.cluster.lifecycle import worker_template
     from tests.cluster_helpers import make_config
 
     # the share scripts/gpu_check once hard-coded, on an 80 GB GPU: 28 GiB cannot hold two copies of the weights

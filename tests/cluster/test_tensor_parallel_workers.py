@@ -17,7 +17,7 @@ from testbed.metrics.record import StepRecord
 from testbed.model.config import PRESETS, preset
 from testbed.perf.resolve import analytical
 from testbed.studies import catalog, placements
-from testbed.studies.real_point import serve
+from testbed.studies.real_cluster import serve
 from testbed.workload import build_workload
 from tests.cluster_helpers import make_config
 

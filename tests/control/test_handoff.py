@@ -14,7 +14,7 @@ from testbed.control.handoff import NETWORKS, HandoffRule, layerwise_end
 from testbed.errors import ConfigError
 from testbed.perf.measured import STEP_TERMS, CostModel
 from testbed.sim.executor import simulate
-from testbed.studies.real_point import serve
+from testbed.studies.real_cluster import serve
 from tests.cluster.test_emulate import write_profile
 from tests.cluster_helpers import make_config, sim_args, small_workload
 

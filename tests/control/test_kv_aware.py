@@ -289,7 +289,7 @@ def test_simulated_incremental_transfer_moves_only_what_the_decode_worker_lacks(
 
 @pytest.mark.slow
 def test_real_cache_aware_runs_give_the_tokens_of_a_run_without_any_cache(tmp_path):
-    from testbed.studies.real_point import serve
+    from testbed.studies.real_cluster import serve
 
     small = [
         *SESSIONS[:3],

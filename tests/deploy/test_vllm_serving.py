@@ -18,7 +18,7 @@ from testbed.deploy.config import VllmConfig
 from testbed.deploy.deployment import Deployments, Host
 from testbed.deploy.instance import InstanceFailed
 from testbed.sizing import compose_sized
-from testbed.studies.points import vllm_point
+from testbed.studies.executors import vllm_point
 from tests.deploy.vllm_helpers import port_free, processes_of, vllm_python
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]

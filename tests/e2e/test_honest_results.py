@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from testbed.studies.real_point import serve
+from testbed.studies.real_cluster import serve
 from tests.cluster_helpers import make_config
 from tests.study_runs import run_study
 

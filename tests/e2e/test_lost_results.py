@@ -170,15 +170,15 @@ def test_a_failed_export_names_the_results_it_kept(tmp_path, monkeypatch):
     """The exports come last: one that fails leaves the results contract written and says so."""
     from testbed.metrics.events import request_table
     from testbed.metrics.results_dir import ResultsError, read_results
-    from testbed.studies import points
+    from testbed.studies import executors
     from tests.cluster_helpers import make_config
 
     def full_disk(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(points, "export_run", full_disk)
+    monkeypatch.setattr(executors, "export_run", full_disk)
     with pytest.raises(ResultsError, match=r"No space left on device; the results .* are written in .*, its exports"):
-        points.write_files(
+        executors.write_files(
             make_config(),
             tmp_path,
             requests=request_table([{"request_id": 0}]),
@@ -314,15 +314,15 @@ def test_a_simulation_stopped_at_a_random_moment_says_what_it_kept(tmp_path, mom
 
 def test_a_simulation_stopped_in_its_loop_keeps_nothing_and_says_so(tmp_path, monkeypatch):
     from testbed.stopping import Stopped
-    from testbed.studies import points
+    from testbed.studies import executors
     from tests.cluster_helpers import make_config
 
     def stopped(cfg):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(points, "simulate", stopped)
+    monkeypatch.setattr(executors, "simulate", stopped)
     with pytest.raises(Stopped, match="nothing kept") as caught:
-        points.simulate_point(make_config("executor=sim", "workload.num_requests=5"), tmp_path)
+        executors.simulate_point(make_config("executor=sim", "workload.num_requests=5"), tmp_path)
     assert "no partial results" in caught.value.note and not list(tmp_path.iterdir())
 
 
@@ -340,18 +340,18 @@ def stop_once():
 
 def test_a_signal_while_a_simulation_is_written_waits_for_its_files(tmp_path, monkeypatch, stop_once):
     from testbed.stopping import Stopped
-    from testbed.studies import points
+    from testbed.studies import executors
     from tests.cluster_helpers import make_config
 
-    export = points.export_run
+    export = executors.export_run
 
     def signalled(*args, **kwargs):  # the signal lands between the results and the exports
         os.kill(os.getpid(), signal.SIGTERM)
         return export(*args, **kwargs)
 
-    monkeypatch.setattr(points, "export_run", signalled)
+    monkeypatch.setattr(executors, "export_run", signalled)
     with pytest.raises(Stopped, match="results are complete"):
-        points.simulate_point(make_config("executor=sim", "workload.num_requests=5"), tmp_path)
+        executors.simulate_point(make_config("executor=sim", "workload.num_requests=5"), tmp_path)
     assert stop_once.requested.is_set()
     assert len(pd.read_parquet(tmp_path / "requests.parquet")) == 5 and (tmp_path / "exports").is_dir()
     assert "partial" not in json.loads((tmp_path / "summary.json").read_text())
@@ -359,7 +359,7 @@ def test_a_signal_while_a_simulation_is_written_waits_for_its_files(tmp_path, mo
 
 # -- refusals of every port in summary.json ---------------------------------------------------------
 def test_refusals_count_every_port_in_one_place():
-    from testbed.studies.points import refusals
+    from testbed.studies.executors import refusals
 
     messages = {
         "0": {"driver": {"not JSON": 2}, "router": {"not a ZeroMQ peer": 1}, "worker0": {"too deep": 1}},

@@ -67,7 +67,7 @@ def test_llm_on_cuda_matches_cpu_tokens_in_float32():
 def test_tp2_over_nccl_produces_the_tp1_tokens(tmp_path):
     """A tensor-parallel worker over two GPUs (NCCL all-reduces; one GPU cannot pair two NCCL ranks,
     so this path needs two) takes one GPU's greedy tokens, and no rank keeps a block."""
-    from testbed.studies.real_point import serve
+    from testbed.studies.real_cluster import serve
     from tests.cluster_helpers import make_config
 
     common = ["workload.num_requests=8", "workload.rate=20", "model.max_model_len=512", "engine.num_kv_blocks=128"]
@@ -81,7 +81,7 @@ def test_tp2_over_nccl_produces_the_tp1_tokens(tmp_path):
 
 @pytest.mark.multigpu
 def test_disagg_over_nccl_produces_the_colocated_tokens(tmp_path):
-    from testbed.studies.real_point import serve
+    from testbed.studies.real_cluster import serve
     from tests.cluster_helpers import make_config
 
     common = [
@@ -158,7 +158,7 @@ def test_a_memory_sized_pool_leaves_room_for_its_largest_step():
 
 @pytest.mark.gpu
 def test_disagg_on_one_gpu_over_ipc_produces_the_colocated_tokens(tmp_path):
-    from testbed.studies.real_point import serve
+    from testbed.studies.real_cluster import serve
     from tests.cluster_helpers import make_config
 
     common = [

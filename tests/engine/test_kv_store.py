@@ -90,7 +90,7 @@ def test_a_simulated_store_serves_what_a_small_pool_evicted():
 def test_a_session_outlives_its_dead_worker_through_the_store(tmp_path):
     """Worker 1 dies between two turns: its sessions' next turns go to worker 0, which never saw
     their history, and fetch the KV worker 1 computed from the store instead of recomputing it."""
-    from testbed.studies.real_point import serve
+    from testbed.studies.real_cluster import serve
 
     sessions = [
         "workload=multiturn",

@@ -18,7 +18,7 @@ from aiohttp import web
 from testbed.errors import ConfigError
 from testbed.http.protocol import BadRequest, parse_completion, read_event
 from testbed.server.app import HttpServer
-from testbed.studies.points import http_point
+from testbed.studies.executors import http_point
 from tests.cluster_helpers import make_config, small_workload
 from tests.stub_server import served
 
@@ -273,7 +273,7 @@ def test_an_api_key_is_required_when_set(tmp_path):
     ids=["1P1D", "chunked"],
 )
 def test_executor_http_gives_the_in_process_runs_tokens(serving, tmp_path):
-    from testbed.studies.real_point import serve
+    from testbed.studies.real_cluster import serve
 
     workload = [*small_workload(8, 10.0), "workload.turns=2", "workload.think_time_s=0.05"]
     reference = serve(

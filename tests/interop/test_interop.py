@@ -32,15 +32,15 @@ from testbed.interop import (
     write_vllm_custom_jsonl,
 )
 from testbed.interop.__main__ import main
-from testbed.interop.points import offered_rows
+from testbed.interop.exchange import offered_rows
 from testbed.metrics.config import SLOConfig
 from testbed.metrics.events import request_table
 from testbed.metrics.latency import pooled_itl
+from testbed.metrics.results_dir import write_json, write_results
 from testbed.metrics.slo import meets_slo
 from testbed.metrics.summary import summarize
 from testbed.studies.merge import MERGEABLE, add_point, rewrite
 from testbed.studies.sweep import flatten
-from testbed.tracking.results import write_json, write_results
 from testbed.workload.traces import read_mooncake_jsonl
 from tests.paths import ROOT, TEST_DATA
 

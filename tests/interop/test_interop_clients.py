@@ -13,9 +13,9 @@ import yaml
 
 from testbed.interop import InteropError, import_run
 from testbed.interop.__main__ import main
+from testbed.interop.exchange import detect_format
 from testbed.interop.guidellm import read_guidellm
 from testbed.interop.inference_perf import read_inference_perf
-from testbed.interop.points import detect_format
 from testbed.interop.reference import read_reference
 from testbed.metrics.config import SLOConfig
 from tests.paths import TEST_DATA

@@ -492,7 +492,7 @@ def test_the_simulator_fills_pool_and_prefix_columns_and_joins_every_token(layou
 
 @pytest.mark.slow
 def test_a_real_disagg_run_fills_the_columns_and_joins_every_token(tmp_path):
-    from testbed.studies.real_point import serve
+    from testbed.studies.real_cluster import serve
     from tests.cluster_helpers import make_config, small_workload
 
     cfg = make_config(*small_workload(), "mode=disagg", "cluster.num_prefill=1", "cluster.num_decode=1")
@@ -531,7 +531,7 @@ def _skip_without_nvml():
 
 @pytest.mark.gpu
 def test_telemetry_of_a_gpu_run(tmp_path):
-    from testbed.studies.real_point import serve
+    from testbed.studies.real_cluster import serve
     from tests.cluster_helpers import make_config
 
     _skip_without_nvml()
@@ -548,7 +548,7 @@ def test_telemetry_of_a_gpu_run(tmp_path):
 @pytest.mark.gpu
 @pytest.mark.multigpu  # NCCL cannot pair two ranks on one GPU
 def test_nvlink_bytes_cover_the_kv_bytes_of_a_1p1d_run(tmp_path):
-    from testbed.studies.real_point import serve
+    from testbed.studies.real_cluster import serve
     from tests.cluster_helpers import make_config
 
     _skip_without_nvml()

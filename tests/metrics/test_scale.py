@@ -11,8 +11,8 @@ import pytest
 from testbed.metrics import Event, RequestLog, SLOConfig, meets_slo, pooled_itl, request_table
 from testbed.metrics.latency import add_derived, as_times, harness_delays
 from testbed.metrics.record import StepRecord
+from testbed.metrics.results_dir import write_parquet
 from testbed.metrics.steps import RECORD_FIELDS, StepLog, steps_table
-from testbed.tracking.results import write_parquet
 from testbed.workload.builder import _Prompts, _synthetic_shape
 from testbed.workload.config import LengthConfig, WorkloadConfig
 from testbed.workload.request import TokenTable, derived_rng

@@ -19,7 +19,7 @@ from testbed.model import linear
 from testbed.model.config import ModelConfig
 from testbed.model.llama import Rotary, checkpoint_tensors
 from testbed.model.loader import build_model
-from testbed.studies.real_point import serve
+from testbed.studies.real_cluster import serve
 from testbed.workload import build_workload
 from tests.cluster_helpers import make_config
 from tests.hf_checkpoints import (
@@ -259,7 +259,7 @@ def test_bad_presets_and_shapes_are_one_line_errors():
 
 def test_vs_transformers_benchmark_runs_both_engines_on_one_checkpoint():
     pytest.importorskip("transformers")
-    from testbed.bench.engine import vs_transformers
+    from testbed.bench.engine_speed import vs_transformers
 
     rows = vs_transformers("tiny", batch=2, prompt_len=8, new_tokens=4, repeats=1)
     # LLM with its defaults, tuned to the batch, and with its defaults on torch's linear

@@ -61,7 +61,7 @@ def test_rank_0s_store_listens_on_the_rendezvous_address_alone():
 def test_a_clusters_processes_listen_on_the_loopback_alone():
     """One box: the driver's and every worker's listening sockets (the process group's store among
     them) are on 127.0.0.1."""
-    from testbed.studies.real_point import start_cluster
+    from testbed.studies.real_cluster import start_cluster
 
     cfg = make_config(*small_workload(), "mode=disagg", "cluster.num_prefill=1", "cluster.num_decode=1")
     with start_cluster(cfg) as cluster:

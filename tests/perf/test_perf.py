@@ -13,7 +13,7 @@ from testbed.perf.resolve import analytical
 from testbed.sim.executor import simulate
 from testbed.sim.load_split import analytical_split
 from testbed.sim.simulator import Simulation
-from testbed.studies.points import simulate_point
+from testbed.studies.executors import simulate_point
 from tests.cluster_helpers import make_config, sim_args, small_workload
 from tests.paths import ROOT
 

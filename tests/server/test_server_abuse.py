@@ -247,7 +247,7 @@ def test_a_failed_disaggregated_request_is_aborted_on_its_decode_worker_too(wher
     assert [type(m) for m in cluster.inboxes[1]] == [Reserve]
     if where == "decoding":
         router.handle(KVArrived(7, 1, 0.1, 1, 0))  # D holds it
-    if where == "interrupted":  # a single run's SIGTERM (testbed/studies/real_point.py)
+    if where == "interrupted":  # a single run's SIGTERM (testbed/studies/real_cluster.py)
         assert router.interrupt("interrupted") == 1
     else:  # a server's stop, a client gone, a stall
         router._fail(7, 0.2, "server stopping")

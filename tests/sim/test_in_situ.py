@@ -14,7 +14,7 @@ from testbed.errors import ConfigError
 from testbed.perf import CostModel
 from testbed.sim.host import Delay, Draws, HostModel, step_scale, transfer_scale
 from testbed.sim.in_situ import RUN_STRIDE, fit_gap_phase, load_in_situ, phase_correlation, read_runs, report_delays
-from testbed.studies.points import simulate_point
+from testbed.studies.executors import simulate_point
 from tests.cluster_helpers import make_config, small_workload
 
 DELAYS = ["sim.dispatch_latency_s=0.003", "sim.step_gap_s=0.002", "sim.report_latency_s=0.001"]

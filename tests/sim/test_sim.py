@@ -6,10 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from testbed.engine import EngineConfig
 from testbed.errors import ConfigError
-from testbed.measure.step_profile import profile_engine
-from testbed.model.config import ModelConfig
 from testbed.sim.cost_model import STEP_TERMS, CostModel, attended_context, fit_step, fit_transfer
 from testbed.sim.executor import simulate
 from tests.cluster_helpers import make_config, sim_args, small_workload
@@ -86,16 +83,6 @@ def test_shipped_profile_is_complete():
         assert key in PROFILE
     assert PROFILE["fit"]["step_relative_error"]["samples"] == len(PROFILE["samples"]["step"])
     assert COST.step_time(0, 0, 1, 100) > 0 and COST.transfer_time(1 << 20) > COST.transfer_time(1 << 10)
-
-
-def test_quick_profile_of_a_short_model():
-    profile = profile_engine(ModelConfig(name="tiny", max_model_len=128), EngineConfig(), "cpu", quick=True)
-    json.dumps(profile, allow_nan=False)
-    assert profile["transfer_source"] == "pack" and len(profile["samples"]["step"]) >= 6
-    ipc = profile["samples"]["transfer_ipc"]
-    assert profile["transfer_ipc_source"] == "ipc-shm" and [r["bytes"] for r in ipc] == sorted(r["bytes"] for r in ipc)
-    assert all(r["seconds"] > 0 for r in ipc) and ipc[-1]["bytes"] >= 128 * KV_BYTES_PER_TOKEN
-    assert CostModel.from_profile(profile).step_time(64, 32, 4, 400) > 0
 
 
 # -- the simulation --------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from dataclasses import fields
 import yaml
 
 from testbed.experiment import COMMON_KEYS, SEARCH_KEYS, ExperimentConfig
-from testbed.studies import aggregates, catalog, goodput_search, machine, placements
+from testbed.studies import aggregates, catalog, goodput_search, layouts, machine, placements
 from tests.paths import ROOT
 
 OTHER_STUDIES_KEYS = (
@@ -37,7 +37,7 @@ def test_cfg_job_of_ratio_sweep_shows_its_grid_and_no_other_study_keys():
     )
     assert run.returncode == 0, run.stderr
     shown = yaml.safe_load(run.stdout)
-    assert tuple(shown["experiment"]) == catalog.study("ratio_sweep").settings
+    assert tuple(shown["experiment"]) == catalog.study("ratio_sweep").experiment_keys
     assert not set(OTHER_STUDIES_KEYS) & set(shown["experiment"])
     assert shown["model"]["num_layers"] == 2 and shown["engine"]["block_size"] == 16  # resolved, not null
     assert "sim" not in shown and "vllm" not in shown and "http" not in shown  # executor=real's sections only
@@ -58,12 +58,12 @@ def test_cfg_job_of_the_one_point_names_one_point(capsys):
     assert "sim" in yaml.safe_load(text)  # the simulator's section where it runs
 
 
-MODULES = (catalog, aggregates, placements, machine, goodput_search)
+MODULES = (catalog, aggregates, placements, machine, goodput_search, layouts)
 
 
-def _functions() -> dict[str, ast.FunctionDef]:
+def _functions(*modules) -> dict[str, ast.FunctionDef]:
     out = {}
-    for module in MODULES:
+    for module in (*modules, *MODULES):  # a study module's own functions first
         for node in ast.walk(ast.parse(inspect.getsource(module))):
             if isinstance(node, ast.FunctionDef):
                 out.setdefault(node.name, node)
@@ -108,8 +108,9 @@ def _closure(name: str, functions: dict) -> set[str]:
 
 
 def test_every_study_declares_the_experiment_keys_its_builder_and_aggregate_read():
-    functions = _functions()
     for s in catalog.STUDIES:
+        own = [sys.modules[s.points.__module__]] if s.points and s.points.__module__ != catalog.__name__ else []
+        functions = _functions(*own)
         read = set()
         for part in (s.points, s.aggregate):
             name = getattr(part, "__name__", "")
@@ -117,10 +118,41 @@ def test_every_study_declares_the_experiment_keys_its_builder_and_aggregate_read
                 read |= _closure(name, functions)
         known = {f.name for f in fields(ExperimentConfig)}
         assert read <= known, (s.name, read - known)
-        assert read <= set(s.settings), f"{s.name} reads {sorted(read - set(s.settings))}: add them to its keys"
+        assert read <= set(s.experiment_keys), (
+            f"{s.name} reads {sorted(read - set(s.experiment_keys))}: add them to its keys"
+        )
 
 
 def test_every_experiment_key_belongs_to_every_study_or_to_one():
-    claimed = {*COMMON_KEYS, *SEARCH_KEYS, *(key for s in catalog.STUDIES for key in s.keys)}
+    claimed = {*COMMON_KEYS, *SEARCH_KEYS, *(key for s in catalog.STUDIES for key in s.experiment_keys)}
     assert {f.name for f in fields(ExperimentConfig)} - claimed == set()
     assert claimed <= {f.name for f in fields(ExperimentConfig)}
+
+
+def test_a_study_module_shows_its_own_settings_and_refuses_a_key_it_does_not_take():
+    from testbed.__main__ import job_config
+    from testbed.config import compose_config
+    from testbed.errors import ConfigError
+
+    shown = yaml.safe_load(job_config(["+experiment=batch_cap", "experiment.own.max_running=[4,16]"]))
+    assert shown["experiment"]["own"] == {"max_running": [4, 16]}
+    assert "chunk_sizes" not in shown["experiment"] and "concurrencies" not in shown["experiment"]
+    study = catalog.study("batch_cap")
+    for given, message in (
+        (["+experiment.own.max_runing=[4]"], "experiment.own has max_runing; batch_cap takes max_running"),
+        (["experiment.own.max_running=[0]"], "experiment.own.max_running must be integers >= 1"),
+    ):
+        cfg = compose_config(["+experiment=batch_cap", *given])
+        try:
+            study.own_settings(cfg)
+        except ConfigError as refused:
+            assert str(refused).startswith(message) and "\n" not in str(refused)
+        else:
+            raise AssertionError(given)
+    plain = compose_config(["+experiment=chunk_sweep", "+experiment.own.x=1"])
+    try:
+        catalog.study("chunk_sweep").own_settings(plain)
+    except ConfigError as refused:
+        assert "chunk_sweep takes none" in str(refused)
+    else:
+        raise AssertionError("a built-in study took experiment.own")

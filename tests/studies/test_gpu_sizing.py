@@ -6,7 +6,6 @@ GPU's profile, never on the shipped CPU one. CUDA is pretended (catalog.cuda_cou
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import pytest
@@ -150,42 +149,3 @@ def test_cuda_device_names_map_to_the_analytical_table():
     assert table_gpu("NVIDIA H200") == "h200"
     assert table_gpu("NVIDIA A100-SXM4-80GB") == "a100_80g"
     assert table_gpu("NVIDIA H100 PCIe") is None
-
-
-@pytest.mark.parametrize("free_gib, tokens", [(63, (256 << 10, 512 << 10)), (124, (512 << 10, 512 << 10 + 1))])
-def test_profile_stages_the_kv_the_device_holds(free_gib, tokens):
-    # Llama-3-8B in bf16 (16 GB of weights): an 80 GB GPU leaves about 63 GiB, a 141 GB one about 124
-    import torch
-
-    from testbed.measure.step_profile import kv_token_budget
-    from testbed.model.config import PRESETS
-
-    args = dataclasses.replace(PRESETS["llama3_8b"], max_model_len=32768)
-    budget = kv_token_budget(args, torch.bfloat16, 16, free_gib << 30, quick=False)
-    assert tokens[0] <= budget < tokens[1]
-    kv_bytes = budget * 2 * args.num_layers * args.num_kv_heads * args.head_dim * 2
-    assert kv_bytes <= 0.6 * (free_gib << 30)
-    assert kv_token_budget(args, torch.float32, 16, None, quick=False) == 1 << 16  # CPU: as before
-
-
-def test_profile_on_a_gpu_too_full_for_its_context_stops_in_one_line():
-    import torch
-
-    from testbed.measure.step_profile import kv_token_budget
-    from testbed.model.config import PRESETS
-
-    with pytest.raises(ConfigError, match="lower model.max_model_len"):
-        kv_token_budget(PRESETS["llama3_8b"], torch.bfloat16, 16, 2 << 30, quick=False)
-
-
-def test_the_profiler_s_command_line_reports_bad_input_in_one_line(tmp_path):
-    import subprocess
-    import sys
-
-    done = subprocess.run(
-        [sys.executable, "-m", "testbed.measure.step_profile", "--model", "nope", "--out", str(tmp_path / "p.json")],
-        capture_output=True,
-        text=True,
-    )
-    assert done.returncode == 2 and not (tmp_path / "p.json").exists()
-    assert done.stderr.strip().splitlines() == [done.stderr.strip()] and "is not a preset" in done.stderr

@@ -13,7 +13,7 @@ import yaml
 
 from testbed.interop.reference import read_reference
 from testbed.studies.replay import instances, load_setup
-from testbed.studies.replay_validation import PROFILE, load_manifest, load_pairs, pair_figures, reference_file
+from testbed.studies.validation_set import PROFILE, load_manifest, load_pairs, pair_figures, reference_file
 from tests.paths import ROOT, TEST_DATA
 
 REPLAY = TEST_DATA / "replay"

@@ -16,7 +16,7 @@ from testbed.config import Config, with_overrides
 from testbed.errors import ConfigError
 from testbed.interop.reference import read_reference, relative_error
 from testbed.studies.replay import error_table, load_setup, mape, replay
-from testbed.studies.replay_validation import (
+from testbed.studies.validation_set import (
     fit_frontend,
     fit_overhead,
     headline,

@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 from testbed.errors import ConfigError
+from testbed.metrics.results_dir import stored_config
 from testbed.studies.resume import changes
-from testbed.tracking.results import stored_config
 from tests.cluster_helpers import make_config
 from tests.study_runs import run_study
 

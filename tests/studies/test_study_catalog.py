@@ -26,7 +26,7 @@ def test_experiment_name_takes_the_catalogs_names():
 
 
 def test_every_figure_a_study_names_has_a_maker_and_every_maker_a_study():
-    named = {figure for s in STUDIES for figure in s.figures}
+    named = {figure for s in STUDIES for figure in s.figures if isinstance(figure, str)}  # a Curve is drawn as declared
     assert named == set(MAKERS), (named - set(MAKERS), set(MAKERS) - named)
 
 

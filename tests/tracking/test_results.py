@@ -10,8 +10,8 @@ import pytest
 
 from testbed.metrics import Event, RequestLog, SLOConfig, request_table, summarize
 from testbed.metrics.events import STEP_COLUMNS, TRANSFER_COLUMNS
-from testbed.metrics.results_dir import ResultsError, read_results
-from testbed.tracking import collect_meta, write_results
+from testbed.metrics.results_dir import ResultsError, read_results, write_results
+from testbed.tracking import collect_meta
 
 
 def small_table():
@@ -124,7 +124,7 @@ def test_config_yaml_is_plain_yaml_with_the_same_content(tmp_path):
     from omegaconf import OmegaConf
 
     from testbed.config import Config
-    from testbed.tracking.results import config_yaml, stored_config
+    from testbed.metrics.results_dir import config_yaml, stored_config
 
     stored = stored_config(Config())
     assert config_yaml(stored) == OmegaConf.to_yaml(OmegaConf.create(stored))

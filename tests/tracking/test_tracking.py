@@ -26,7 +26,7 @@ from testbed.studies.runner import run_group
 from testbed.studies.sweep import track_figures, track_point
 from testbed.tracking import nvml as telemetry
 from testbed.tracking.config import TrackerConfig
-from testbed.tracking.results import collect_meta
+from testbed.tracking.run_meta import collect_meta
 from testbed.tracking.tracked import flatten_summary, profile_files, rate_history, series_rows, table_sample
 from testbed.tracking.wandb_tracker import NullTracker, TrackerError, WandbTracker, make_tracker
 from tests.cluster_helpers import make_config

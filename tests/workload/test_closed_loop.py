@@ -12,8 +12,8 @@ from aiohttp import web
 
 from testbed.config import Config, with_overrides
 from testbed.sim.executor import simulate
-from testbed.studies.points import http_point
-from testbed.studies.real_point import serve
+from testbed.studies.executors import http_point
+from testbed.studies.real_cluster import serve
 from testbed.studies.replay import replay
 from testbed.studies.runner import run_point
 from testbed.workload import WorkloadConfig, WorkloadError, build_workload

@@ -1,6 +1,6 @@
 """A point's results directory, written once for every executor (`write_files`: the outside formats'
 exports, then the results contract): the simulator's (`simulate_point`), a remote server's
-(`http_point`) and the real cluster's (studies/real_point.py's write_point). The executors below
+(`http_point`) and the real cluster's (studies/real_cluster.py's write_point). The executors below
 return tables and a summary; the files are written here, in the experiment layer. Neither the
 simulator's nor the HTTP client's path imports torch or the cluster's process code."""
 
@@ -11,11 +11,11 @@ from typing import Optional
 
 from testbed.config import Config
 from testbed.errors import KVLeakError
-from testbed.interop.points import export_run
-from testbed.metrics.results_dir import ResultsError
+from testbed.interop.exchange import export_run
+from testbed.metrics.results_dir import ResultsError, stored_config, write_results
 from testbed.sim.executor import cyclic_gc_paused, simulate
-from testbed.stopping import INTERRUPTED, Stopped, polled  # noqa: F401 (INTERRUPTED: studies/real_point.py's)
-from testbed.tracking.results import collect_meta, stored_config, write_results
+from testbed.stopping import INTERRUPTED, Stopped, polled  # noqa: F401 (INTERRUPTED: studies/real_cluster.py's)
+from testbed.tracking.run_meta import collect_meta
 
 PORTS = ("agent", "driver", "router", "worker")  # the message ports a run has (under torchrun)
 

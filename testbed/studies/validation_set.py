@@ -2,7 +2,7 @@
 engine's host side fitted per engine on its calibration cases, the error reported on the
 held-out cases.
 
-    python -m testbed.studies.replay_validation tests/data/replay/cases.yaml [--out DIR]
+    python -m testbed.studies.validation_set tests/data/replay/cases.yaml [--out DIR]
 
 Calibration fits three numbers per group (an engine at a version on a GPU), each a stated term
 of the simulator, on the group's calibration cases only (a disaggregated group fits its hand-off
@@ -40,8 +40,8 @@ import yaml
 from testbed.config import Config
 from testbed.errors import ConfigError
 from testbed.interop.reference import relative_error
+from testbed.metrics.results_dir import write_json, write_text
 from testbed.studies.replay import FITTED, HOST, LINK, load_setup, mape, replay
-from testbed.tracking.results import write_json, write_text
 
 log = logging.getLogger("testbed")
 
@@ -405,12 +405,12 @@ def main(argv=None) -> int:
     from testbed.studies.runner import run_point
 
     parser = argparse.ArgumentParser(
-        prog="python -m testbed.studies.replay_validation",
+        prog="python -m testbed.studies.validation_set",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("manifest", help="the validation set's cases.yaml")
-    parser.add_argument("--out", default="outputs/replay_validation", help="where the runs and tables go")
+    parser.add_argument("--out", default="outputs/validation_set", help="where the runs and tables go")
     parser.add_argument("--host-grid-ms", default=None, help="the per-step host times tried, ms (e.g. 0,2,4)")
     parser.add_argument("--per-seq-grid-us", default=None, help="the per-sequence host times tried, us (e.g. 0,50)")
     parser.add_argument("--only", default=None, help="only the groups whose name starts with this (e.g. vllm0151)")

@@ -1,6 +1,6 @@
 """What every cluster run does around its router, whoever feeds it (a replayed workload, or an
 HTTP server's clients): the workers' template and shared KV store, stopping the workers with
-their KV audits; studies/real_point.py writes the results directory."""
+their KV audits; studies/real_cluster.py writes the results directory."""
 
 from __future__ import annotations
 
@@ -74,7 +74,7 @@ def fit_to_pools(cfg: Serving, cluster) -> ModelConfig:
     max_position_embeddings often exceeds a CPU pool); said in one line, as `LLM` does. The
     workers fit their own engines to their pools (testbed/cluster/worker.py) and report the pool
     (`Started.num_blocks`); a length set explicitly is never lowered: a pool that cannot hold it
-    stopped the workers' start with the error. The CLI's points (testbed/studies/real_point.py) and
+    stopped the workers' start with the error. The CLI's points (testbed/studies/real_cluster.py) and
     the HTTP server both call this once their workers are up."""
     if cfg.model.max_model_len is not None:
         return cfg.model

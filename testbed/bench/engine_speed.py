@@ -1,4 +1,4 @@
-"""Engine throughput and host overhead: python -m testbed.bench.engine [--models tiny small] [--device cpu]
+"""Engine throughput and host overhead: python -m testbed.bench.engine_speed [--models tiny small] [--device cpu]
 
 Prints prefill tokens/s and decode tokens/s at batch 1, 8 and 32, and the share of a step spent
 outside the model forward (scheduling, tensor preparation, sampling, postprocessing).

@@ -23,10 +23,9 @@ from testbed.interop.table import InteropError, load_runs, pick_run
 from testbed.interop.vllm import bench_result, is_vllm, read_vllm_result, scalars, write_vllm_custom_jsonl
 from testbed.metrics.config import MetricsConfig, SLOConfig
 from testbed.metrics.events import request_table
-from testbed.metrics.results_dir import read_results
+from testbed.metrics.results_dir import read_results, write_json, write_results
 from testbed.metrics.slo import filtered_out
 from testbed.metrics.summary import summarize
-from testbed.tracking.results import write_json, write_results
 from testbed.workload.traces import read_mooncake_jsonl
 
 FORMATS = ("vllm", "sglang", "inference_perf", "guidellm", "testbed")

@@ -1,5 +1,5 @@
 """One serving point on the real cluster (executor=real; the simulator's and a remote server's are in
-points.py): start the workers (`start_cluster`, the one checked start of a real cluster: this
+executors.py): start the workers (`start_cluster`, the one checked start of a real cluster: this
 command, torchrun's rank 0 and the HTTP server take it), replay the workload, audit KV, write one
 results directory (`write_point`)."""
 
@@ -15,8 +15,7 @@ from tqdm import tqdm
 from testbed.cluster.emulation import Emulation, check_link, emulation_meta
 from testbed.cluster.launcher import Cluster
 from testbed.cluster.layout import plan_on_this_box, plan_ranks
-from testbed.cluster.pacing import pace_summary
-from testbed.cluster.point import (
+from testbed.cluster.lifecycle import (
     audit_summary,
     check_audit,
     fit_to_pools,
@@ -25,6 +24,7 @@ from testbed.cluster.point import (
     stop_cluster,
     worker_template,
 )
+from testbed.cluster.pacing import pace_summary
 from testbed.cluster.router import Router
 from testbed.config import Config
 from testbed.control.layout import check_kv_backend
@@ -35,7 +35,7 @@ from testbed.metrics.steps import steps_table
 from testbed.metrics.summary import json_safe, summarize
 from testbed.metrics.telemetry import gpu_roles
 from testbed.stopping import Stopped, polled
-from testbed.studies.points import INTERRUPTED, kept, refusals, write_files
+from testbed.studies.executors import INTERRUPTED, kept, refusals, write_files
 from testbed.tracking.nvml import start_telemetry
 from testbed.workload import build_workload
 
