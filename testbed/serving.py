@@ -102,10 +102,11 @@ CHOICES = {"model.dtype": ("auto", "float32", "bfloat16", "float16")}
 INT64 = (-(2**63), 2**63 - 1)
 
 
-def check_values(cfg) -> None:
+def check_values(cfg, skip: tuple[str, ...] = ()) -> None:
     """Every number of `cfg` (a dataclass, walked with its lists) finite and in its range, every
-    choice one of its names: else a ConfigError naming the key, the value and the range."""
-    for key, value in _leaves(cfg, ""):
+    choice one of its names: else a ConfigError naming the key, the value and the range. `skip`:
+    top-level fields checked already (the root record's served sections, by Serving.validate)."""
+    for key, value in _leaves(cfg, "", skip):
         if isinstance(value, bool) or value is None:
             continue
         if key in CHOICES and value not in CHOICES[key]:
@@ -125,11 +126,12 @@ def _in_range(key: str, value) -> None:
         raise ConfigError(f"{key}={value} must be > 0")
 
 
-def _leaves(node, prefix: str):
-    """(dotted key, value) of every scalar under a dataclass; list items as key[i]."""
+def _leaves(node, prefix: str, skip: tuple[str, ...] = ()):
+    """(dotted key, value) of every scalar under a dataclass but its `skip` fields; list items as key[i]."""
     if is_dataclass(node):
         for f in fields(node):
-            yield from _leaves(getattr(node, f.name), f"{prefix}{f.name}.")
+            if f.name not in skip:
+                yield from _leaves(getattr(node, f.name), f"{prefix}{f.name}.")
     elif isinstance(node, (list, tuple)):
         for i, item in enumerate(node):
             yield from _leaves(item, f"{prefix[:-1]}[{i}].")

@@ -124,11 +124,15 @@ class Config:
             raise ConfigError(f"executor={self.executor!r} is not one of {', '.join(EXECUTORS)}")
         if self.size not in SIZES:
             raise ConfigError(f"size={self.size!r} is not one of {', '.join(SIZES)}")
+        serving = self.serving
         if self.executor == "real":  # before the sections: what real TP workers refuse is the one line said
-            for key, tp in tp_degrees(self.serving).items():
+            for key, tp in tp_degrees(serving).items():
                 check_real_tp(self, f"cluster.{key}={tp}")
-        self.serving.validate()
-        check_values(self)  # the root's own keys too (experiment.message_mib, ...)
+        serving.validate()
+        # the root's own keys (experiment.message_mib, ...): the served sections were checked just above
+        check_values(
+            self, skip=tuple(f.name for f in fields(Serving))
+        )  # the root's own keys (experiment.message_mib, ...)
         args = self.model.args()
         self.experiment.validate(study_names())
         self.sim.validate()
