@@ -326,3 +326,10 @@ class KVSender:
     def in_flight(self) -> bool:
         """Staging buffers still on the wire."""
         return bool(self.retired.parts) or any(entry.parts for entry in self.ledger.out.values())
+
+    @property
+    def awaits_ack(self) -> bool:
+        """KV sent in full and kept for a resend until D's acknowledgement, which D puts before
+        the request can end: at the end of a run it is on its way, and may arrive after the
+        router's Stop (the two come from different processes)."""
+        return self.policy.holds_until_ack and any(entry.held and entry.done_sent for entry in self.ledger.out.values())

@@ -66,6 +66,9 @@ GIL_SWITCH_S = 0.0002
 CPU_WORKER_NICE = 19
 WATCH_S = 0.2  # how often a worker under torchrun checks that the router is still there
 IDLE_WAIT_S = 0.002  # inbox wait when there is nothing to step; short so KV polling stays prompt
+# at the end of a run, how long P waits for acknowledgements already on their way (well inside
+# the launcher's wait for every audit, STOP_TIMEOUT_S)
+ACK_WAIT_S = 10.0
 
 
 class RouterLost(PeerLost):
@@ -356,11 +359,12 @@ class Worker:
 
     def _audit(self) -> Audit:
         """What this worker still holds at the end. Pieces still on the wire settle first (each
-        within the transfer timeout: a dead peer fails them), so their buffers count as returned."""
+        within the transfer timeout: a dead peer fails them), so their buffers count as returned;
+        P takes in the acknowledgements D sent before the run ended (a dead D's never come)."""
         sides = [side for side in (self.sender, self.receiver) if side is not None]
-        deadline = time.perf_counter() + self.spec.kv.timeout_s
-        while any(side.in_flight for side in sides) and time.perf_counter() < deadline:
-            time.sleep(IDLE_WAIT_S)
+        start = time.perf_counter()
+        while self._settling(sides, time.perf_counter() - start):
+            self._drain_inbox(block=True)
             self._poll_transfers()
         return Audit(
             self.spec.rank,
@@ -372,6 +376,11 @@ class Worker:
             self.sender.bytes_moved if self.sender is not None else 0,
             self.receiver.bytes_moved if self.receiver is not None else 0,
         )
+
+    def _settling(self, sides: list, waited_s: float) -> bool:
+        if waited_s < self.spec.kv.timeout_s and any(side.in_flight for side in sides):
+            return True
+        return waited_s < ACK_WAIT_S and self.sender is not None and self.sender.awaits_ack
 
     def _can_step(self) -> bool:
         if self.sender is not None and self.sender.blocked(self.spec.kv.max_pending):

@@ -6,6 +6,9 @@ for a request D no longer has) is driven step by step, and every staging buffer 
 
 from __future__ import annotations
 
+import queue
+import time
+
 import pytest
 import torch
 
@@ -13,12 +16,16 @@ from testbed import LLM
 from testbed.cluster import connector, receiver
 from testbed.cluster.completion import Handle
 from testbed.cluster.kv_wire import WirePart, piece_ranges
-from testbed.control.config import KVFailurePolicy, KVTransferConfig
+from testbed.cluster.worker import Worker, WorkerSpec
+from testbed.control.config import ClusterConfig, KVFailurePolicy, KVTransferConfig
 from testbed.control.transfers import TransferLog
-from testbed.engine import Sequence
+from testbed.engine import EngineConfig, SchedulerConfig, Sequence
 from testbed.errors import ConfigError
+from testbed.model.config import ModelConfig
+from testbed.names import Role
 from testbed.net.faults import FaultsConfig, KVFaults
 from testbed.net.messages import (
+    Audit,
     Failed,
     KVAck,
     KVArrived,
@@ -29,6 +36,7 @@ from testbed.net.messages import (
     KVSent,
     Ready,
     Reserve,
+    Stop,
 )
 
 P, D = 0, 1
@@ -375,3 +383,45 @@ def test_bad_retry_settings_are_one_line(override, message):
     with pytest.raises(ConfigError) as error:
         KVTransferConfig(**override).validate()
     assert str(error.value) == message
+
+
+# -- the end of a run -----------------------------------------------------------------------------
+class LateInbox:
+    """A worker's inbox whose messages become visible in turns: None marks a moment it is empty
+    (the next message is still in its sender's feeder thread)."""
+
+    def __init__(self, *turns):
+        self.turns = list(turns)
+
+    def get(self, timeout: float | None = None):
+        return self.get_nowait()
+
+    def get_nowait(self):
+        if not self.turns or self.turns[0] is None:
+            self.turns[:1] = []
+            raise queue.Empty
+        return self.turns.pop(0)
+
+
+def test_p_takes_in_an_ack_that_the_routers_stop_overtook(engines, wire):
+    """D acknowledges the KV before its request can end, but the router's Stop comes from another
+    process and may reach P first: P still frees the KV it kept before it reports its audit."""
+    prefill_engine = engines[0]
+    policy = KVFailurePolicy(on_failure="retry", max_retries=3)
+    spec = WorkerSpec(
+        P, 2, Role.PREFILL_ONLY, "cpu", 0, ModelConfig(), EngineConfig(), SchedulerConfig(),
+        kv_config(policy), ClusterConfig(), FaultsConfig(), seed=0,
+    )  # fmt: skip
+    inbox = LateInbox(Stop(), None, KVAck(7, 1, installed=True))
+    events = Box()
+    worker = Worker(spec, prefill_engine, [inbox, Box()], events)
+    seq = prefill(prefill_engine)
+    worker.sender.serve(seq, D)
+    worker.sender.handoff(seq, time.perf_counter())
+    worker.sender.ready(Ready(7, D, 1))
+    wire.complete()
+    worker.sender.poll()
+    assert worker.sender.awaits_ack and prefill_engine.num_used_blocks > 0
+    worker.loop()
+    (audit,) = events.take(Audit)
+    assert audit.used_blocks == 0 and audit.loaned_buffers == 0 and not worker.sender.awaits_ack
