@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
-    from testbed.config import Decided
+    from testbed.config import Config, Decided
 
 HELP_FLAGS = ("--help", "-h")  # Hydra's own (its full config dump) stays behind --hydra-help and --cfg job
 EXAMPLES = (
@@ -86,7 +86,8 @@ def main() -> None:
     hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")(job)()
 
 
-def job(cfg: DictConfig) -> None:
+def job(cfg: DictConfig, config: Config | None = None) -> None:
+    """The task: `config` where the command line was composed and checked once already."""
     from hydra.core.hydra_config import HydraConfig
 
     from testbed.config import to_config
@@ -96,7 +97,7 @@ def job(cfg: DictConfig) -> None:
     hydra_cfg = HydraConfig.get()
     out_dir = Path(cfg.output_dir or hydra_cfg.runtime.output_dir)
     try:
-        config = to_config(cfg)
+        config = config or to_config(cfg)
         subdir = hydra_cfg.output_subdir  # None under torchrun's other ranks: they keep no record
         record_decided(config.decided, Path(hydra_cfg.runtime.output_dir) / subdir if subdir else None)
         run_job(config, out_dir)
@@ -162,41 +163,68 @@ def job_config(argv: list[str]) -> str:
     """The resolved configuration with the study's own experiment keys, and its grid of points
     (testbed/studies/dry_run.py job_text), composed once from the command line's overrides."""
     from testbed.config import compose_config
+
+    overrides = [a for a in argv if "=" in a and not a.startswith("-") and not a.startswith("hydra.")]
+    return job_text(compose_config(overrides))
+
+
+def job_text(config: Config) -> str:
     from testbed.studies.catalog import study
     from testbed.studies.dry_run import job_text
 
-    overrides = [a for a in argv if "=" in a and not a.startswith("-") and not a.startswith("hydra.")]
-    cfg = compose_config(overrides)
-    return job_text(study(cfg.experiment.name), cfg)
+    return job_text(study(config.experiment.name), config)
 
 
 def cli() -> None:
     if any(a in HELP_FLAGS for a in sys.argv[1:]):
         print(usage())
         return
-    from testbed.config import check_overrides, register_configs
+    from testbed.composed import composes_once
+    from testbed.config import register_configs
     from testbed.stopping import StopOnce
 
     register_configs()  # the structured configs every compose below validates against
     StopOnce().install()  # SIGINT/SIGTERM: workers stopped, finished requests and points kept; later signals wait
-    sys.argv[1:] = with_size(quiet_rank_args(sys.argv[1:]))
+    argv = quiet_rank_args(sys.argv[1:])
+    try:
+        if composes_once(argv):
+            once(argv)
+        else:
+            by_hydra(argv)
+    finally:
+        StopOnce.settle()
+
+
+def once(argv: list[str]) -> None:
+    """One job, or `--cfg job`: the command line composed once (testbed/composed.py), sized,
+    checked, then shown or run."""
+    from testbed.composed import compose_once, compose_with_hydra, hydra_context, run_composed, said
+    from testbed.errors import TestbedError
+
+    with hydra_context():
+        try:
+            composed = compose_once(argv, compose_with_hydra)
+            said(composed.sizing)
+            if shows_job(argv):
+                print(job_text(composed.config), end="")
+                return
+        except TestbedError as error:  # a grid the study cannot lay out here (no placement fits, ...) too
+            print(f"error: {error}", file=sys.stderr)
+            sys.exit(2)
+        run_composed(composed.node, lambda cfg: job(cfg, composed.config))
+
+
+def by_hydra(argv: list[str]) -> None:
+    """A multirun, `--cfg hydra`, `--info` and Hydra's other flags: `@hydra.main`, after the size
+    and the checks (each composes the command line)."""
+    from testbed.config import check_overrides
+
+    sys.argv[1:] = with_size(argv)
     problem = check_overrides(sys.argv[1:])
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         sys.exit(2)
-    if shows_job(sys.argv[1:]):
-        from testbed.errors import TestbedError
-
-        try:
-            print(job_config(sys.argv[1:]), end="")
-        except TestbedError as error:  # a grid the study cannot lay out here (no placement fits, ...)
-            print(f"error: {error}", file=sys.stderr)
-            sys.exit(2)
-        return
-    try:
-        main()
-    finally:
-        StopOnce.settle()
+    main()
 
 
 if __name__ == "__main__":

@@ -7,13 +7,15 @@ it; the run's results directory (as seen from the server) is written on the way 
 
 import sys
 from pathlib import Path
+from typing import Optional
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from testbed.cluster import fork_server
-from testbed.config import CONF_DIR, check_overrides, register_configs, to_config
+from testbed.composed import compose_once, compose_with_hydra, hydra_context, only_overrides, run_composed
+from testbed.config import CONF_DIR, Config, check_overrides, register_configs, to_config
 from testbed.errors import ConfigError, TestbedError
 from testbed.experiment import ONE_POINT
 from testbed.net.rendezvous import torchrun_world
@@ -22,11 +24,11 @@ from testbed.stopping import StopOnce
 register_configs()
 
 
-@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
-def main(cfg: DictConfig) -> None:
+def serve(cfg: DictConfig, config: Optional[Config] = None) -> None:
+    """The task: `config` where the command line was composed and checked once already."""
     out_dir = Path(cfg.output_dir or HydraConfig.get().runtime.output_dir)
     try:
-        config = to_config(cfg)
+        config = config or to_config(cfg)
         if config.experiment.name != ONE_POINT:
             raise ConfigError(
                 f"experiment={config.experiment.name}: the server runs one serving configuration; "
@@ -73,13 +75,32 @@ def load_tokenizer(path) -> dict:
 # ignored until that is done. Before the server serves, the first one interrupts the start.
 STOP = StopOnce()
 
-if __name__ == "__main__":
-    STOP.install()
-    problem = check_overrides(sys.argv[1:])
+main = hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")(serve)
+
+
+def once(argv: list[str]) -> None:
+    """Overrides only: composed and checked once (testbed/composed.py), then served."""
+    with hydra_context():
+        try:
+            composed = compose_once(argv, compose_with_hydra, sized=False)
+        except TestbedError as error:
+            print(f"error: {error}", file=sys.stderr)
+            sys.exit(2)
+        run_composed(composed.node, lambda cfg: serve(cfg, composed.config))
+
+
+def by_hydra(argv: list[str]) -> None:
+    """Hydra's flags (`--cfg`, `--info`, ...): `@hydra.main`, after the checks."""
+    problem = check_overrides(argv)
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         sys.exit(2)
+    main()
+
+
+if __name__ == "__main__":
+    STOP.install()
     try:
-        main()
+        once(sys.argv[1:]) if only_overrides(sys.argv[1:]) else by_hydra(sys.argv[1:])
     finally:
         STOP.settle()

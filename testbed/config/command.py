@@ -5,6 +5,7 @@ refused in one line."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 from omegaconf import DictConfig
 
@@ -39,9 +40,8 @@ def check_overrides(argv: list[str]) -> str | None:
     """Compose the config the command line asks for before Hydra runs it, so that an unknown key
     or a mistyped value is one line (Hydra prints several and exits 1): `--cfg job` included. A
     multirun's sweeps and the help and info flags are left to Hydra."""
-    from hydra import compose, initialize_config_dir
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
+    from hydra import compose as compose_hydra
+    from hydra import initialize_config_dir
 
     problem = output_dir_problem(argv)
     if problem or any(a.split("=", 1)[0] in UNCHECKED_FLAGS for a in argv):
@@ -53,19 +53,40 @@ def check_overrides(argv: list[str]) -> str | None:
     )
     if problem:
         return problem
-    try:
+
+    def compose(overrides: list[str]) -> DictConfig:
         with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
-            composed = compose("config", overrides=overrides)
+            return compose_hydra("config", overrides=overrides)
+
+    composed, problem = compose_problem(compose, overrides)
+    return problem or config_problem(composed)
+
+
+def compose_problem(compose: Callable[[list[str]], DictConfig], overrides: list[str]) -> tuple:
+    """(the composed node, None), or (None, why it does not compose, in one line)."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        return compose(overrides), None
     except (HydraException, OmegaConfBaseException) as error:
-        return _one_line(error)
+        return None, _one_line(error)
     except ValueError as error:  # Hydra's own, e.g. a number given for a config group (`mode=0`)
-        return f"{_one_line(error)} (in: {' '.join(overrides)}); a config group takes one of its names"
-    return config_problem(composed)
+        return None, f"{_one_line(error)} (in: {' '.join(overrides)}); a config group takes one of its names"
 
 
 def config_problem(composed: DictConfig) -> str | None:
     """The composed config's refusal in one line, or None: every value's type, range and relations
     and the run's estimated cost, checked once before Hydra makes a run directory."""
+    try:
+        typed_and_checked(composed)
+    except ConfigError as error:
+        return str(error)
+    return None
+
+
+def typed_and_checked(composed: DictConfig) -> Config:
+    """The typed config, its memory and this machine checked; a ConfigError in one line otherwise."""
     from omegaconf.errors import OmegaConfBaseException
 
     try:
@@ -73,11 +94,13 @@ def config_problem(composed: DictConfig) -> str | None:
         # the workers' memory here, not in validate: code builds configs it never runs on CPU workers
         check_budget(typed, typed.model.args(), worker_bytes(typed, typed.model.args()))
         check_here(typed)
+    except ConfigError:
+        raise
     except TestbedError as error:
-        return str(error)
+        raise ConfigError(str(error)) from error
     except OmegaConfBaseException as error:  # a value its field's type cannot hold
-        return _one_line(error)
-    return None
+        raise ConfigError(_one_line(error)) from error
+    return typed
 
 
 def check_here(cfg: Config) -> None:

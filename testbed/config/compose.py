@@ -58,8 +58,9 @@ def to_config_by_merge(cfg: DictConfig) -> Config:
 
 def _container(cfg: DictConfig) -> dict:
     """The composed config's plain values, Hydra's own keys dropped, renamed keys refused."""
+    if "hydra" in cfg:  # Hydra's own node holds values only a job may resolve (hydra.job.num)
+        cfg = OmegaConf.masked_copy(cfg, [key for key in cfg if key != "hydra"])
     container = OmegaConf.to_container(cfg, resolve=True)
-    container.pop("hydra", None)
     _check_renamed(container)
     return container
 
