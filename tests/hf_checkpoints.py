@@ -64,6 +64,16 @@ KINDS = {
             rope_parameters={"rope_type": "default", "rope_theta": 1e6},
         ),
     ),
+    # Mixtral's sparse MoE: 4 experts of width 128, 2 per token, the router's weights random as the rest
+    "mixtral": (
+        "Mixtral",
+        dict(
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            max_position_embeddings=4096,
+            rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+        ),
+    ),
     # GQA with head_dim 32 != hidden 64 / 4 heads
     "gqa": (
         "Llama",

@@ -11,6 +11,11 @@ from testbed.workload.estimate import arrival_span_s, host_bytes
 
 def check_real_tp(cfg, what: str) -> None:
     """What real tensor-parallel workers do not combine with, refused in one line."""
+    if cfg.model.args().is_moe:
+        raise ConfigError(
+            f"{what} with a Mixture-of-Experts model: the engine does not shard experts (one device per "
+            "worker); the simulator models expert and tensor parallelism (executor=sim)"
+        )
     unsupported = {
         "kv_transfer.granularity=layer": cfg.kv_transfer.granularity == "layer",
         "kv_store.capacity_mib > 0": cfg.kv_store.capacity_mib > 0,
@@ -71,7 +76,11 @@ def worker_bytes(cfg, args) -> float:
 
 def _parameters(args) -> float:
     attention = args.hidden_size * args.head_dim * (2 * args.num_heads + 2 * args.num_kv_heads)
-    layer = attention + 3 * args.hidden_size * args.intermediate_size
+    mlp = 3 * args.hidden_size * args.intermediate_size
+    if args.is_moe:  # every expert's SwiGLU, and the router
+        experts = args.num_experts + args.num_shared_experts
+        mlp = 3 * args.hidden_size * args.expert_width * experts + args.hidden_size * args.num_experts
+    layer = attention + mlp
     embeddings = args.vocab_size * args.hidden_size * (1 if args.tie_embeddings else 2)
     return float(args.num_layers) * layer + embeddings
 

@@ -126,6 +126,7 @@ class Config:
             raise ConfigError(f"size={self.size!r} is not one of {', '.join(SIZES)}")
         serving = self.serving
         if self.executor == "real":  # before the sections: what real TP workers refuse is the one line said
+            self.model.args().check_engine()
             for key, tp in tp_degrees(serving).items():
                 check_real_tp(self, f"cluster.{key}={tp}")
         serving.validate()

@@ -37,9 +37,9 @@ class ModelArgs:
     qkv_bias: bool = False
     head_dim: Optional[int] = None
     rope_scaling: Optional[Llama3RopeScaling] = None  # None: plain RoPE
-    # Mixture-of-Experts (simulator only): every layer's MLP is num_experts routed SwiGLU experts of
-    # width expert_intermediate_size (None: intermediate_size), experts_per_token of them per token,
-    # plus num_shared_experts that every token passes. 0 experts: a dense MLP
+    # Mixture-of-Experts: every layer's MLP is num_experts routed SwiGLU experts of width
+    # expert_intermediate_size (None: intermediate_size), experts_per_token of them per token, plus
+    # num_shared_experts that every token passes (the simulator only). 0 experts: a dense MLP
     num_experts: int = 0
     experts_per_token: int = 0
     num_shared_experts: int = 0
@@ -101,6 +101,15 @@ class ModelArgs:
         if self.rope_theta <= 0:
             raise ConfigError(f"model.rope_theta must be > 0 (got {self.rope_theta})")
         return self.validate_experts()
+
+    def check_engine(self) -> None:
+        """What the engine's model (testbed/model/llama.py) does not run, in one line: the
+        simulator models it."""
+        if self.num_shared_experts:  # the sparse block routes every expert: a shared one would be dropped
+            raise ConfigError(
+                f"model.num_shared_experts={self.num_shared_experts}: the engine runs Mixtral's sparse MoE, "
+                "routed experts only; shared experts run in the simulator (executor=sim)"
+            )
 
     def validate_experts(self) -> "ModelArgs":
         e, k = self.num_experts, self.experts_per_token
@@ -201,8 +210,8 @@ PRESETS: dict[str, ModelArgs] = {
         rms_norm_eps=1e-6,
         qkv_bias=True,
     ),
-    # Mixture-of-Experts shapes, simulator only (executor=sim on an analytical GPU): the real engine
-    # runs dense Llama-family MLPs. Each from the checkpoint's public config.json on Hugging Face.
+    # Mixture-of-Experts shapes (executor=sim on an analytical GPU; the engine runs them too, as
+    # Mixtral's sparse block, with dummy weights). Each from the checkpoint's public config.json.
     # mistralai/Mixtral-8x7B-v0.1: num_local_experts 8, num_experts_per_tok 2, intermediate_size
     # 14336 (each expert), sliding_window null; 46.7B parameters, 93 GB in bf16
     "mixtral_8x7b": ModelArgs(
@@ -319,14 +328,14 @@ def preset(name: str) -> ModelArgs:
 
 
 def hf_model_args(path: Path) -> ModelArgs:
-    """Shape from a Hugging Face config.json (Llama and Qwen2 families), either RoPE layout."""
+    """Shape from a Hugging Face config.json (Llama, Qwen2 and Mixtral families), either RoPE layout."""
     config_file = path / "config.json"
     if not config_file.is_file():
         raise ConfigError(f"model.path={str(path)!r}: {config_file} not found")
     hf = json.loads(config_file.read_text())
     model_type = hf.get("model_type", "llama")
-    if model_type not in ("llama", "qwen2"):
-        raise ConfigError(f"{config_file}: model_type={model_type!r} is not supported (llama, qwen2)")
+    if model_type not in ("llama", "qwen2", "mixtral"):
+        raise ConfigError(f"{config_file}: model_type={model_type!r} is not supported (llama, qwen2, mixtral)")
     _refuse_unsupported(hf, model_type, config_file)
     rope_theta, rope_scaling = read_rope(hf, str(config_file))
     try:
@@ -344,6 +353,8 @@ def hf_model_args(path: Path) -> ModelArgs:
             qkv_bias=model_type == "qwen2",
             head_dim=hf.get("head_dim"),
             rope_scaling=rope_scaling,
+            num_experts=hf["num_local_experts"] if model_type == "mixtral" else 0,
+            experts_per_token=hf["num_experts_per_tok"] if model_type == "mixtral" else 0,
         ).validate()
     except KeyError as missing:
         raise ConfigError(f"{config_file}: missing key {missing}") from None
@@ -355,8 +366,10 @@ def _refuse_unsupported(hf: dict, model_type: str, config_file: Path) -> None:
     unsupported = {"hidden_act": ("silu",), "mlp_bias": (False, None)}
     if model_type == "llama":  # Qwen2's q/k/v biases are implied by its model_type
         unsupported["attention_bias"] = (False, None)
-    else:
+    elif model_type == "qwen2":
         unsupported["use_sliding_window"] = (False, None)
+    else:  # mixtral: full causal attention only
+        unsupported["sliding_window"] = (None,)
     for key, allowed in unsupported.items():
         if key in hf and hf[key] not in allowed:
             raise ConfigError(f"{config_file}: {key}={hf[key]!r} is not supported (allowed: {allowed[0]!r})")

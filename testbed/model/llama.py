@@ -1,4 +1,5 @@
-"""A Llama-family decoder (Llama 3, Qwen2): RMSNorm, RoPE, grouped-query attention, SwiGLU.
+"""A Llama-family decoder (Llama 3, Qwen2, Mixtral): RMSNorm, RoPE, grouped-query attention, SwiGLU
+(or, with experts, Mixtral's sparse MoE: testbed/model/moe.py).
 
 Read top to bottom. T = tokens packed across the batch, H = query heads, Hkv = KV heads,
 D = head dim. `forward` runs on the paged KV pool; `dense_forward` recomputes one sequence
@@ -15,6 +16,7 @@ from torch import nn
 
 from testbed.model.attention import AttentionMetadata, write_kv
 from testbed.model.config import ModelArgs
+from testbed.model.moe import SparseMoE
 from testbed.model.ops import TorchOps
 from testbed.model.rope import Llama3RopeScaling
 
@@ -109,12 +111,19 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.self_attn = Attention(args)
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
-        self.mlp = MLP(args)
+        if args.is_moe:
+            self.block_sparse_moe = SparseMoE(args)  # Mixtral's name for the layer's MLP
+        else:
+            self.mlp = MLP(args)
+
+    @property
+    def feed_forward(self) -> nn.Module:
+        return self.block_sparse_moe if hasattr(self, "block_sparse_moe") else self.mlp
 
     def forward(self, x, rope, kv_cache=None, meta=None, backend=None):
         ops = TorchOps if backend is None else backend.ops  # the dense reference: always torch
         x = x + self.self_attn(self.input_layernorm(x, ops), rope, kv_cache, meta, backend, ops)
-        return x + self.mlp(self.post_attention_layernorm(x, ops), ops)
+        return x + self.feed_forward(self.post_attention_layernorm(x, ops), ops)
 
 
 class Transformer(nn.Module):
@@ -161,13 +170,14 @@ class Transformer(nn.Module):
 
 
 # checkpoint tensors that are row slices of one fused parameter here, in row order
-FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj"), "w13": ("w1", "w3")}
 
 
 def checkpoint_tensors(model: Transformer) -> dict[str, torch.Tensor]:
-    """Each tensor a Hugging Face Llama / Qwen2 checkpoint holds, by its name there less the "model."
+    """Each tensor a Hugging Face Llama / Qwen2 / Mixtral checkpoint holds, by its name there less the "model."
     prefix ("layers.0.self_attn.q_proj.weight"), as a view of this model's parameters: q, k and v
-    are row slices of qkv_proj, gate and up of gate_up_proj. A tied lm_head is not listed."""
+    are row slices of qkv_proj, gate and up of gate_up_proj (an expert's w1 and w3 of w13). A tied
+    lm_head is not listed."""
     a = model.args
     rows = {
         "q_proj": a.num_heads * a.head_dim,
@@ -175,6 +185,8 @@ def checkpoint_tensors(model: Transformer) -> dict[str, torch.Tensor]:
         "v_proj": a.num_kv_heads * a.head_dim,
         "gate_proj": a.intermediate_size,
         "up_proj": a.intermediate_size,
+        "w1": a.expert_width,
+        "w3": a.expert_width,
     }
     tensors = {}
     for name, p in model.named_parameters():  # each shared parameter once: a tied head is the embedding
@@ -204,7 +216,7 @@ def init_dummy_weights(model: Transformer, seed: int, head_scale: float = 4.0) -
             p.copy_(torch.randn(p.shape, generator=gen, device=p.device, dtype=p.dtype))
         else:
             std = 1.0 / math.sqrt(p.shape[1])
-            if name.endswith(("o_proj.weight", "down_proj.weight")):
+            if name.endswith(("o_proj.weight", "down_proj.weight", "w2.weight")):
                 std /= math.sqrt(2 * args.num_layers)
             if name == "lm_head.weight":
                 std *= head_scale

@@ -25,11 +25,7 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 def build_model(
     args: ModelArgs, device: torch.device, dtype: torch.dtype, *, path: str | None = None, seed: int = 0
 ) -> Transformer:
-    if args.is_moe:  # a dense build of a MoE shape would run another model without a word
-        raise ConfigError(
-            f"a Mixture-of-Experts shape ({args.num_experts} experts) runs in the simulator only "
-            f"(executor=sim, sim.profile=<a GPU of the analytical table>): the engine's MLP is dense"
-        )
+    args.check_engine()
     # built in the target dtype: an fp32 build cast afterwards holds twice the weights at its peak
     # and leaves the fp32 storage cached on the device (Llama-3-8B: 29.9 GiB against 15)
     with torch.device(device), default_dtype(dtype):
@@ -55,7 +51,7 @@ def default_dtype(dtype: torch.dtype):
 
 
 def load_hf_weights(model: Transformer, path: Path) -> None:
-    """Copy tensors named as in Llama / Qwen2 checkpoints ("model.layers.0.self_attn.q_proj.weight")."""
+    """Copy tensors named as in Llama / Qwen2 / Mixtral checkpoints ("model.layers.0.self_attn.q_proj.weight")."""
     from safetensors import safe_open
 
     files = sorted(path.glob("*.safetensors"))

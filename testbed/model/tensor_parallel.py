@@ -87,6 +87,8 @@ def slice_of(name: str, tensor: torch.Tensor, args: ModelArgs, rank: int, tp: in
 
 def check_shardable(args: ModelArgs, tp: int) -> None:
     """The degrees this shape splits into, or ValueError naming what does not divide."""
+    if args.is_moe and tp > 1:
+        raise ValueError(f"tp={tp}: the engine does not shard a Mixture-of-Experts model's experts")
     if tp < 1 or args.num_heads % tp or args.intermediate_size % tp:
         raise ValueError(
             f"tp={tp} must divide num_heads={args.num_heads} and intermediate_size={args.intermediate_size}"

@@ -164,11 +164,19 @@ def test_weight_bits_and_weight_dtype_are_one_setting():
         compose_config(["executor=sim", "sim.weight_bits=4", "sim.weight_dtype=fp8"]).validate()
 
 
-def test_a_moe_shape_refuses_the_real_engine():
+def test_what_a_moe_shape_asks_of_the_real_engine_is_checked():
+    """The engine runs routed experts (tests/model/test_moe.py); shared experts it refuses in one
+    line, and a MoE preset's weights count every expert against the workers' memory (Mixtral-8x7B:
+    46.7B parameters, its model card's figure)."""
+    from testbed.config import check_overrides, register_configs
     from testbed.model.loader import build_model
 
-    with pytest.raises(ConfigError, match="simulator only"):
-        build_model(ModelConfig(name="mixtral_8x7b").args(), "cpu", None)
+    register_configs()
+    shared = ModelConfig(name="tiny", num_experts=4, experts_per_token=2, num_shared_experts=1).args()
+    with pytest.raises(ConfigError, match="shared experts run in the simulator"):
+        build_model(shared, "cpu", None)
+    problem = check_overrides(["model=mixtral_8x7b", "hardware=cpu", "limits.max_memory_gb=100"])
+    assert "workers 187 GB" in problem and "limits.max_memory_gb" in problem
 
 
 def test_the_simulator_counts_kv_at_the_kv_dtype():
