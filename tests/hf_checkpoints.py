@@ -140,3 +140,19 @@ def old_layout(config: dict, type_key: str = "rope_type") -> dict:
     rope_type = rope.pop("rope_type")
     old["rope_scaling"] = None if rope_type == "default" else {type_key: rope_type, **rope}
     return old
+
+
+def served_tokens_match(cfg, model, out_dir: Path) -> int:
+    """Serve `cfg`'s workload (real workers) and hold every request's tokens to transformers' greedy
+    tokens of the same prompt and length; the number of requests checked."""
+    from testbed.studies.real_cluster import serve
+    from testbed.workload import build_workload
+
+    requests = serve(cfg, out_dir, progress=False)["requests"].set_index("request_id")
+    assert (requests.status == "ok").all(), requests.reason.unique()
+    args = cfg.model.args()
+    workload = build_workload(cfg.workload, seed=cfg.seed, vocab_size=args.vocab_size, max_model_len=args.max_model_len)
+    for request in workload.requests:
+        expected = hf_greedy(model, list(request.prompt_token_ids), request.output_len)
+        assert list(requests.loc[request.request_id, "output_token_ids"]) == expected, request.request_id
+    return len(workload.requests)

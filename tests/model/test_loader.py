@@ -19,8 +19,6 @@ from testbed.model import linear
 from testbed.model.config import ModelConfig
 from testbed.model.llama import Rotary, checkpoint_tensors
 from testbed.model.loader import build_model
-from testbed.studies.real_cluster import serve
-from testbed.workload import build_workload
 from tests.cluster_helpers import make_config
 from tests.hf_checkpoints import (
     KINDS,
@@ -30,6 +28,7 @@ from tests.hf_checkpoints import (
     old_layout,
     random_prompts,
     read_config,
+    served_tokens_match,
     write_checkpoint,
     write_config,
 )
@@ -191,14 +190,7 @@ def test_disagg_1p1d_matches_transformers_greedy(reference, tmp_path, tp):
         f"workload.output_len.min={NEW_TOKENS}",
         f"workload.output_len.max={NEW_TOKENS}",
     )
-    requests = serve(cfg, tmp_path / "run", progress=False)["requests"].set_index("request_id")
-    assert (requests.status == "ok").all(), requests.reason.unique()
-    args = cfg.model.args()
-    workload = build_workload(cfg.workload, seed=cfg.seed, vocab_size=args.vocab_size, max_model_len=args.max_model_len)
-    assert len(workload.requests) == 4
-    for request in workload.requests:
-        expected = hf_greedy(model, list(request.prompt_token_ids), request.output_len)
-        assert list(requests.loc[request.request_id, "output_token_ids"]) == expected, request.request_id
+    assert served_tokens_match(cfg, model, tmp_path / "run") == 4
 
 
 def test_preset_head_dim_is_a_field(tmp_path):
