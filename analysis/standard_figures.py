@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, NullFormatter
@@ -100,13 +101,20 @@ def attainment_vs_scale(sweep: Sweep) -> Made:
     return [("attainment_vs_slo_scale", fig, captions.attainment_vs_scale(plotted), plotted)]
 
 
+def _finite(value) -> bool:
+    return value is not None and bool(np.isfinite(value))
+
+
 def itl_inflation(sweep: Sweep) -> Made:
     """Two panels: the ITL view (inflation with its interval) and the step-level view; where no
     step is visible (an engine measured from outside, executor=vllm), the ITL against the
     decode-only baseline run instead."""
     fig, axes = style.figure("double", cols=2)
     agg = sweep.aggregate["interference"]
-    steps = any(e.get("decode_steps_with_prefill") for cells in agg.values() for e in cells.values())
+    # steps are visible wherever a decode step was measured, with or without prefill work alongside (a
+    # loaded host may leave no step with both); an engine measured from outside has none at all
+    entries = [e for cells in agg.values() for e in cells.values()]
+    steps = any(e.get("decode_steps_with_prefill") or _finite(e.get("decode_step_s_without_prefill")) for e in entries)
     plotted = {"inflation": figures.itl_inflation(axes[0], agg)}
     texts = [captions.itl_inflation(plotted["inflation"])]
     if steps:

@@ -665,3 +665,42 @@ def test_the_placement_heat_map_draws_the_best_of_each_tp_cell(tmp_path):
     one_device = {k: v for k, v in aggregate["simulated"]["goodput"].items() if "TP" not in k}
     flat = Sweep(tmp_path, "plan", sweep.table, {**aggregate, "simulated": {"goodput": one_device}})
     assert [stem for stem, *_ in draw("plan", flat)] == ["plan_goodput_per_gpu"]
+
+
+def _interference_entry(with_prefill, without, count) -> dict:
+    return {
+        "inflation": 3.5,
+        "inflation_low": None,
+        "inflation_high": None,
+        "inflation_note": "",
+        "inflation_vs_baseline": 1.2,
+        "inflation_vs_baseline_low": None,
+        "inflation_vs_baseline_high": None,
+        "decode_step_s_with_prefill": with_prefill,
+        "decode_step_s_without_prefill": without,
+        "decode_steps_with_prefill": count,
+    }
+
+
+@pytest.mark.parametrize(
+    "entry, panel",
+    [
+        (_interference_entry(0.006, 0.004, 12), "decode_step"),
+        (_interference_entry(None, 0.004, 0), "decode_step"),  # a loaded host: no step had prefill work alongside
+        (_interference_entry(None, None, 0), "vs_baseline"),  # an engine measured from outside: no steps at all
+    ],
+    ids=["steps", "none-with-prefill", "no-steps"],
+)
+def test_the_step_panel_shows_wherever_steps_were_measured(entry, panel):
+    from types import SimpleNamespace
+
+    from analysis import standard_figures
+
+    sweep = SimpleNamespace(aggregate={"interference": {"chunked": {"0": {}, "256": entry}}})
+    with style.paper():
+        [(_, _, caption, plotted)] = standard_figures.itl_inflation(sweep)
+    assert set(plotted) == {"inflation", panel}
+    if panel == "decode_step":
+        with_ms = plotted["decode_step"]["chunked"]["with_prefill_ms"]
+        assert np.isnan(with_ms[0]) if entry["decode_step_s_with_prefill"] is None else with_ms[0] == pytest.approx(6.0)
+        assert "mean decode step" in caption
