@@ -3,8 +3,9 @@
 A study's file gives its GPU size as its values and its CPU size under `experiment.sizes.cpu`
 (what two cores finish in minutes); `tiny` is the CPU size with the study's catalog record's
 `tiny` on top (the least that still exercises it, as the tests run it). The chosen size's values
-become command-line overrides, placed after the user's, so Hydra composes them: `--cfg job`,
-`.hydra/config.yaml` and `.hydra/overrides.yaml` show what runs. Unset, the size is `cpu` where
+are overrides after the user's: set on the command line's one composition as Hydra sets them
+(testbed/composed.py), or added to a multirun's command line for Hydra to compose; either way
+`--cfg job`, `.hydra/config.yaml` and `.hydra/overrides.yaml` show what runs. Unset, the size is `cpu` where
 the run will use no GPU (no CUDA device, not a remote server's load test, not a simulated GPU),
 else `gpu`. A key the command line sets wins over the size's (`model=small` keeps the small model).
 """
