@@ -226,7 +226,7 @@ def plan_goodput(sweep: Sweep) -> Made:
 
 
 def placement_goodput(sweep: Sweep) -> Made:
-    """The TP placement search (`plan` with experiment.tp_degrees, or ratio_sweep of a model one
+    """The TP placement search (`plan` with experiment.own.tp_degrees, or ratio_sweep of a model one
     device cannot hold) as heat maps of goodput per GPU; nothing where every placement is TP1."""
     simulated = sweep.aggregate.get("simulated")
     goodputs = (simulated or {}).get("goodput") if simulated else sweep.aggregate.get("goodput")

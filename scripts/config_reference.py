@@ -1,7 +1,8 @@
 """python scripts/config_reference.py [--check]: docs/configuration.md's key reference, generated.
 
 Every key of the root configuration (testbed/config/root.py `Config` and the dataclasses it holds), its
-type, its default as `python -m testbed` composes it, and its field doc: the comment on the
+type, its default as `python -m testbed` composes it, and its field doc; then each study module's own
+settings (`experiment.own.KEY`, its Settings dataclass) with their defaults: the comment on the
 field's line, or the comment lines right above it. The table is written between the two marker
 lines of docs/configuration.md; `--check` exits 1 if the page is not what this would write
 (tests/repo/test_config_reference.py runs it), or if a key has no doc.
@@ -91,15 +92,31 @@ def cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
+def study_keys():
+    """(dotted key, type, doc, default, study) of each study module's own settings (experiment.own)."""
+    from testbed.studies.catalog import STUDIES
+
+    for study in STUDIES:
+        if study.settings is not None:
+            defaults = dataclasses.asdict(study.settings())
+            for key, kind, doc in keys(study.settings, "experiment.own."):
+                yield key, kind, doc, defaults[key.rsplit(".", 1)[1]], study.name
+
+
+def row(key: str, kind: str, default, doc: str) -> str:
+    default = json.dumps(default)
+    default = default if len(default) <= 40 else default[:37] + "..."
+    return f"| `{key}` | {cell(kind)} | `{cell(default)}` | {cell(doc)} |"
+
+
 def table() -> str:
     from testbed.config import Config
 
     defaults = composed_defaults()
     rows = ["| key | type | default | what it is |", "|---|---|---|---|"]
-    for key, kind, doc in keys(Config):
-        default = json.dumps(defaults.get(key))
-        default = default if len(default) <= 40 else default[:37] + "..."
-        rows.append(f"| `{key}` | {cell(kind)} | `{cell(default)}` | {cell(doc)} |")
+    rows += [row(key, kind, defaults.get(key), doc) for key, kind, doc in keys(Config)]
+    # the running study's own settings: its module's Settings defaults (its conf/experiment file may set others)
+    rows += [row(key, kind, default, f"`{name}`: {doc}") for key, kind, doc, default, name in study_keys()]
     return "\n".join(rows)
 
 
@@ -113,6 +130,7 @@ def main(argv: list[str]) -> int:
     from testbed.config import Config
 
     undocumented = [key for key, _, doc in keys(Config) if not doc]
+    undocumented += [f"{key} ({name})" for key, _, doc, _, name in study_keys() if not doc]
     if undocumented:
         print(f"keys without a field doc: {', '.join(undocumented)}", file=sys.stderr)
         return 1

@@ -65,7 +65,11 @@ def compose_once(argv: list[str], compose: Callable[[list[str]], DictConfig], si
         node = _composed(compose, [*rest, *values])  # a config group: only a composition applies it
     else:
         apply_values(node, values)
-    return Composed(node, typed_and_checked(node), sizing)
+    from testbed.studies.catalog import study  # as sizing does: the studies load where a command composes
+
+    config = typed_and_checked(node)
+    study(config.experiment.name).own_settings(config)  # the study's own settings, refused before it is said
+    return Composed(node, config, sizing)
 
 
 def _composed(compose: Callable[[list[str]], DictConfig], overrides: list[str]) -> DictConfig:

@@ -95,7 +95,6 @@ BOUNDS = {
     "model.seed": (0, 2**32 - 1),  # numpy's and torch's seeds
     "faults.kill_worker": (0, None),
     "faults.stall_worker": (0, None),
-    "experiment.message_mib": (1, None),
 }
 POSITIVE = ("cluster.start_timeout_s", "hardware.emulate_memory_gib", "model.rms_norm_eps", "model.rope_theta")
 CHOICES = {"model.dtype": ("auto", "float32", "bfloat16", "float16")}

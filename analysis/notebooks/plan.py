@@ -60,7 +60,7 @@ print(sweep.aggregate["simulated"].get("best", {}).get("line", "no verdict saved
 # a shaded band along a line, error bars on bars and markers. A caption names a leader only when its
 # interval clears the runner-up's.
 #
-# With `experiment.tp_degrees` beyond `[1]` the TP placement search adds `placement_goodput`: heat maps
+# With `experiment.own.tp_degrees` beyond `[1]` the TP placement search adds `placement_goodput`: heat maps
 # of goodput per GPU by (prefill TP, decode TP) for the disaggregated placements (each cell the best
 # over worker counts, annotated with the split) and by TP for colocated and chunked.
 

@@ -47,7 +47,7 @@ COMMANDS = {
         "model=llama3_70b",
         "hardware.num_devices=8",
         "sim.profile=h100_sxm",
-        "experiment.tp_degrees=[1,2,4,8]",
+        "experiment.own.tp_degrees=[1,2,4,8]",
     ],
 }
 

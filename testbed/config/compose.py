@@ -28,7 +28,11 @@ def _writable(node: DictConfig) -> DictConfig:
 
 @lru_cache(maxsize=1)  # once a process: Hydra's store keeps it (a second structuring costs 0.1 s a compose)
 def register_configs() -> None:
-    ConfigStore.instance().store(name="base_config", node=_writable(OmegaConf.structured(Config)))
+    node = _writable(OmegaConf.structured(Config))
+    # the running study's own settings are its module's to check (testbed/studies/study.py own_settings):
+    # `experiment.own.KEY=...` is set without Hydra's `+`, an unknown key refused there in one line
+    OmegaConf.set_struct(node.experiment.own, False)
+    ConfigStore.instance().store(name="base_config", node=node)
 
 
 # renamed config keys: the old name is refused in one line that names the new one

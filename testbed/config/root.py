@@ -130,10 +130,8 @@ class Config:
             for key, tp in tp_degrees(serving).items():
                 check_real_tp(self, f"cluster.{key}={tp}")
         serving.validate()
-        # the root's own keys (experiment.message_mib, ...): the served sections were checked just above
-        check_values(
-            self, skip=tuple(f.name for f in fields(Serving))
-        )  # the root's own keys (experiment.message_mib, ...)
+        # the root's own keys (seed, experiment.rates, ...): the served sections were checked just above
+        check_values(self, skip=tuple(f.name for f in fields(Serving)))
         args = self.model.args()
         self.experiment.validate(study_names())
         self.sim.validate()

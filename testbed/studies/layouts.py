@@ -40,6 +40,19 @@ def rates(cfg: Config) -> list[float]:
     return list(cfg.experiment.rates) or [cfg.workload.rate]
 
 
+def each_mode_once(cfg: Config) -> list[Point]:
+    """Every mode of experiment.modes once, at workload.rate (mode_compare, slo_scale, input_buckets)."""
+    return [
+        Point(label, overrides, {"label": label, "mode": overrides["mode"], "rate": cfg.workload.rate})
+        for label, overrides in layouts(cfg, list(cfg.experiment.modes))
+    ]
+
+
+def mode_rate_grid(cfg: Config) -> list[Point]:
+    """Every mode of experiment.modes at every rate (rate_sweep, and the cells sim_validate compares)."""
+    return axis_grid(cfg, layouts(cfg, list(cfg.experiment.modes)), "rate", rates(cfg), "workload.rate")
+
+
 def axis_grid(cfg: Config, configs: list[tuple[str, dict]], axis: str, values: list, key: str) -> list[Point]:
     points = []
     for label, overrides in configs:

@@ -1,5 +1,5 @@
 """Placements of N devices over tensor-parallel workers: what the `plan` study searches with
-`experiment.tp_degrees`, and how every study lays out a given TP degree (catalog.layouts).
+`experiment.own.tp_degrees`, and how every study lays out a given TP degree (catalog.layouts).
 
 A placement is a serving configuration with each worker's TP degree: disagg with p prefill workers
 of TP a and d decode workers of TP b (p x a + d x b = N), colocated or chunked with N / c workers of
@@ -105,7 +105,7 @@ def pruned(cfg: Config, placement: Placement) -> Optional[str]:
         spec = cfg.sim.spec(kind) if simulated else real_device(cfg, kind)
         if args.splits_over(tp) and tp > 1 and simulated and (spec is None or not is_gpu(spec)):
             raise ConfigError(
-                f"experiment.tp_degrees: tensor parallelism is modelled on the analytical GPUs only; "
+                f"experiment.own.tp_degrees: tensor parallelism is modelled on the analytical GPUs only; "
                 f"{cfg.sim.key(kind)}={spec or 'the shipped CPU profile'} is not one (sim.profile=h100_sxm, ...)"
             )
         # a simulated device holds its weights and KV as sim.weight_bits / weight_dtype / kv_dtype say;
@@ -142,7 +142,7 @@ def holds(cfg: Config, tp: int) -> Optional[str]:
 
 
 def fitting_degrees(cfg: Config, n: int) -> tuple[list[int], Optional[str]]:
-    """ratio_sweep's degrees where experiment.tp_degrees is left at [1]: [1] (and None) where one
+    """ratio_sweep's degrees where experiment.own.tp_degrees is left at [1]: [1] (and None) where one
     device holds the model, as always; otherwise the smallest degree c dividing N whose workers
     hold their share, and 2c where that divides N too, with one line saying why: a simulated run on
     an analytical GPU, or a real one on a GPU of the table or an emulated one (real_device)."""
@@ -153,7 +153,7 @@ def fitting_degrees(cfg: Config, n: int) -> tuple[list[int], Optional[str]]:
         if n % c == 0 and holds(cfg, c) is None:
             degrees = [c, 2 * c] if n % (2 * c) == 0 else [c]
             return degrees, (
-                f"experiment.tp_degrees={degrees}: one device cannot hold {cfg.model.name} ({why}); "
+                f"experiment.own.tp_degrees={degrees}: one device cannot hold {cfg.model.name} ({why}); "
                 f"TP{c} is the smallest degree whose workers hold it on {n} devices"
                 + (f", TP{2 * c} the one above it" if len(degrees) > 1 else "")
             )
@@ -180,17 +180,17 @@ def planning(cfg: Config, n: int) -> tuple[Config, Optional[str]]:
     )
 
 
-def search(cfg: Config, n: int, degrees: Optional[Sequence[int]] = None) -> tuple[list[Placement], dict[str, str]]:
-    """The plan study's placements of N devices over experiment.tp_degrees (or `degrees`), in its
+def search(cfg: Config, n: int, degrees: Sequence[int]) -> tuple[list[Placement], dict[str, str]]:
+    """The placements of N devices over the tensor-parallel `degrees` (plan, ratio_sweep), in their
     order (colocated, disagg, chunked), and those pruned with why; none left is refused in one line."""
-    degrees = list(cfg.experiment.tp_degrees if degrees is None else degrees)
+    degrees = list(degrees)
     found = mixed(Mode.COLOCATED.value, n, degrees) + disaggregated(n, degrees) + mixed(Mode.CHUNKED.value, n, degrees)
     why = {p.label: pruned(cfg, p) for p in found}
     kept = [p for p in found if why[p.label] is None]
     if not kept:
         first = next(iter(why.values()), "no placement divides them")
         raise ConfigError(
-            f"experiment.tp_degrees={degrees}: no placement of {n} devices can run ({first}); "
+            f"experiment.own.tp_degrees={degrees}: no placement of {n} devices can run ({first}); "
             f"add higher degrees or simulate a larger GPU"
         )
     return kept, {label: reason for label, reason in why.items() if reason}

@@ -1,7 +1,7 @@
 """`+experiment=replay`: a real engine's benchmark run replayed in the simulator (and, where the
 CPU can, in emulation), and the relative error of each figure.
 
-    python -m testbed +experiment=replay experiment.reference=<result file> experiment.setup=<setup.yaml>
+    python -m testbed +experiment=replay experiment.own.reference=<result file> experiment.own.setup=<setup.yaml>
 
 The reference is a vLLM `bench serve` JSON or SGLang `bench_serving` JSONL (testbed/interop/
 reference.py says how each client's definitions convert). The setup YAML says what the result
@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -41,6 +42,8 @@ from testbed.model.config import PRESETS, hf_model_args
 from testbed.perf.gpus import GPUS
 from testbed.perf.precision import KV_DTYPES, WEIGHT_DTYPES, check_dtype
 from testbed.sim.engine_profile import engine_profile, for_engine
+from testbed.studies.study import Study
+from testbed.tracking.run_meta import CHECKOUT
 
 log = logging.getLogger("testbed")
 
@@ -105,7 +108,7 @@ def load_setup(path) -> dict:
     """The setup YAML, checked: unknown keys and values out of range are refused by name."""
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"experiment.setup={str(path)!r}: no such file")
+        raise ConfigError(f"experiment.own.setup={str(path)!r}: no such file")
     setup = yaml.safe_load(path.read_text()) or {}
     if not isinstance(setup, dict):
         raise ConfigError(f"{path}: expected a mapping of setup keys ({', '.join(SETUP_KEYS)})")
@@ -509,12 +512,43 @@ def emulate_point(cfg: Config, overrides: dict, out_dir: Path, run_point: Callab
     return run_point(with_overrides(cfg, emulated), out_dir / "emulated"), note
 
 
-def run_replay(cfg: Config, out_dir: Path, run_point: Callable) -> dict:
-    """The study: experiment.reference and experiment.setup are required."""
-    exp = cfg.experiment
+@dataclass(frozen=True)
+class Settings:
+    """`experiment.own` of replay."""
+
+    reference: Optional[str] = None  # a real engine's result file (vLLM bench serve JSON, SGLang bench_serving JSONL)
+    setup: Optional[str] = None  # the reference run's setup YAML (GPU, model, engine knobs: SETUP_KEYS)
+    # also run the workload in emulation (small synthetic workloads only: it runs in real time)
+    replay_emulate: bool = False
+
+    def validate(self) -> None:
+        for key in ("reference", "setup"):
+            if getattr(self, key) is not None and not isinstance(getattr(self, key), str):
+                raise ConfigError(f"experiment.own.{key} must be a path (got {getattr(self, key)!r})")
+        if not isinstance(self.replay_emulate, bool):
+            raise ConfigError(f"experiment.own.replay_emulate must be true or false (got {self.replay_emulate!r})")
+
+
+def run_replay(cfg: Config, out_dir: Path, run_point: Callable, session=None) -> dict:
+    """The study: experiment.own.reference and experiment.own.setup are required."""
+    exp = STUDY.own_settings(cfg)
     if not exp.reference or not exp.setup:
         raise ConfigError(
-            "experiment=replay needs experiment.reference=<vLLM or SGLang result file> and "
-            "experiment.setup=<setup.yaml> (see docs/validation.md)"
+            "experiment=replay needs experiment.own.reference=<vLLM or SGLang result file> and "
+            "experiment.own.setup=<setup.yaml> (see docs/validation.md)"
         )
     return replay(cfg, exp.reference, exp.setup, out_dir, run_point, emulate=exp.replay_emulate)
+
+
+REPLAYED = CHECKOUT / "tests" / "data" / "replay"  # the replays stored in a checkout: the tiny size's
+STUDY = Study(
+    "replay",
+    "a published engine's run replayed in the simulator, compared figure by figure",
+    runs=run_replay,
+    # a published GPU run replayed in the simulator (its workload is the reference's, not TINY_BASE's)
+    tiny=(
+        f"experiment.own.reference={REPLAYED / 'sglang030_a100_llama31_8b_rps4.jsonl'}",
+        f"experiment.own.setup={REPLAYED / 'sglang030_a100.setup.yaml'}",
+    ),
+    settings=Settings,
+)

@@ -9,6 +9,7 @@ figures declared as data (`Curve`: the analysis layer draws them). With its YAML
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 from typing import Any, Callable, Optional, Union
 
@@ -20,6 +21,22 @@ from testbed.studies.sweep import Point
 Builder = Callable[[Config], list[Point]]
 Aggregate = Callable[..., dict]  # (sweep table, cfg, out_dir) -> sweep.json's aggregate
 Runs = Callable[..., dict]  # (cfg, out_dir, run_point, session) -> the study's results
+
+
+def positive(key: str, values, kind: type = int) -> None:
+    """`experiment.own.KEY`: a list of numbers of `kind` (float takes integers too), all > 0 and finite."""
+    kinds = (int, float) if kind is float else (kind,)
+    fine = isinstance(values, (list, tuple))
+    fine = fine and all(isinstance(v, kinds) and not isinstance(v, bool) and 0 < v < math.inf for v in values)
+    if not fine:
+        what = "integers" if kind is int else "numbers"
+        raise ConfigError(f"experiment.own.{key} must be a list of {what} > 0 (got {values!r})")
+
+
+def one_of(key: str, values, allowed: tuple[str, ...]) -> None:
+    """`experiment.own.KEY`: a non-empty list of names from `allowed`."""
+    if not isinstance(values, (list, tuple)) or not values or any(v not in allowed for v in values):
+        raise ConfigError(f"experiment.own.{key} must be a non-empty list of {', '.join(allowed)} (got {values!r})")
 
 
 @dataclass(frozen=True)

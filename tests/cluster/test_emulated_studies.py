@@ -156,12 +156,12 @@ def test_emulated_interference_rises_with_prefill_length_only_where_phases_share
         f"hardware.emulate={profile}",
         *SEEDS,
         "experiment.modes=[colocated,disagg]",  # the two the phenomenon is about (chunked: the test below)
-        "experiment.prefill_lengths=[128,2048]",
+        "experiment.own.prefill_lengths=[128,2048]",
         "workload.background_requests=4",
         "workload.background_output_len=50",
         "workload.num_requests=3",
         "workload.rate=4",
-        "experiment.background_margin=0",
+        "experiment.own.background_margin=0",
         "model.max_model_len=2304",
     )
     if not kept_at_pace(result):
@@ -188,7 +188,7 @@ def test_emulated_chunk_budget_trades_ttft_for_itl(tmp_path):
         tmp_path / "run",
         f"hardware.emulate={profile}",
         *SEEDS,
-        "experiment.chunk_sizes=[64,1024]",
+        "experiment.own.chunk_sizes=[64,1024]",
         "workload.num_requests=12",
         "workload.rate=6",
         "workload.input_len.min=600",

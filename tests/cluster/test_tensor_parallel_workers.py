@@ -16,7 +16,7 @@ from testbed.errors import ConfigError
 from testbed.metrics.record import StepRecord
 from testbed.model.config import PRESETS, preset
 from testbed.perf.resolve import analytical
-from testbed.studies import catalog, placements
+from testbed.studies import placements, ratio_sweep
 from testbed.studies.real_cluster import serve
 from testbed.workload import build_workload
 from tests.cluster_helpers import make_config
@@ -187,7 +187,7 @@ def test_the_main_job_on_a_gpu_box_runs_tp_placements_of_a_model_one_gpu_cannot_
     no single device, so ratio_sweep runs the placements at the smallest degrees that hold it."""
     monkeypatch.setattr(placements, "real_device", lambda cfg, kind: "h100_sxm")
     cfg = make_config("+experiment=ratio_sweep", "model=llama3_70b", "hardware.num_devices=8", "size=gpu")
-    points = catalog.ratio_sweep(cfg)
+    points = ratio_sweep.points(cfg)
     assert cfg.executor == "real" and points
     labels = {p.knobs["label"] for p in points}
     assert labels == {"colocated-TP4", "colocated-TP8", "1xTP4P-1xTP4D", "chunked-TP4", "chunked-TP8"}

@@ -114,6 +114,12 @@ def test_the_help_finds_the_configs_where_the_config_does_and_its_examples_compo
             "kv_transfer.backend=auto was renamed kv_transfer.backend=process_group: set "
             "kv_transfer.backend=process_group instead",
         ),
+        (
+            "+experiment=chunk_sweep experiment.chunk_sizes=[64]",
+            "experiment.chunk_sizes was renamed experiment.own.chunk_sizes: set experiment.own.chunk_sizes instead",
+        ),
+        ("+experiment=chunk_sweep size=cpu experiment.own.chunk_size=[64]", "experiment.own has chunk_size; chunk_sweep takes"),
+        ("+experiment=burstiness size=cpu experiment.own.burstiness=[0]", "experiment.own.burstiness must be a list of numbers"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(tmp_path, override, message):
@@ -152,6 +158,28 @@ def test_a_renamed_value_is_refused_in_one_line_and_stored_results_read_under_th
         config_from_dict(stored)
     assert config_from_dict(upgraded(stored)).kv_transfer.backend == "process_group"
     assert stored["kv_transfer"]["backend"] == "auto"  # the stored dict itself is left as read
+
+
+def test_a_studys_axes_moved_into_its_own_settings_are_refused_by_their_old_key_and_upgraded_when_stored():
+    """experiment.chunk_sizes (every study's axes in one flat section) is experiment.own.chunk_sizes,
+    the running study's own settings: the old key is refused in one line naming the new one (on the
+    command line: test_bad_input_is_one_line_and_exit_2); a results directory written before keeps
+    its own study's axes and drops the others."""
+    from testbed.config import config_from_dict, upgraded
+    from testbed.errors import ConfigError
+    from testbed.studies import catalog
+
+    flat = {"chunk_sizes": [64, 256], "burstiness": [0.5], "tp_degrees": [1], "message_mib": 1024, "repeats": 2}
+    stored = {"experiment": {"name": "chunk_sweep", **flat}}
+    with pytest.raises(ConfigError, match="experiment.chunk_sizes was renamed"):
+        config_from_dict(stored)
+    cfg = config_from_dict(upgraded(stored))
+    assert cfg.experiment.own == {"chunk_sizes": [64, 256]} and cfg.experiment.repeats == 2
+    assert catalog.study("chunk_sweep").own_settings(cfg).chunk_sizes == [64, 256]
+    plan = config_from_dict(upgraded({"experiment": {"name": "plan", **flat, "placement_requests": 200}}))
+    assert plan.experiment.own == {"chunk_sizes": [64, 256], "tp_degrees": [1], "placement_requests": 200}
+    served = config_from_dict(upgraded({"experiment": {"name": "serve", **flat}}))
+    assert served.experiment.own == {}
 
 
 def test_prompt_longer_than_max_model_len_is_refused():

@@ -148,7 +148,7 @@ def test_plan_puts_analytical_simulated_side_by_side(study_results):
 
 @pytest.mark.slow
 def test_plan_lines_up_a_measured_ratio_sweep(study_results, tmp_path):
-    """plan with experiment.measured_sweep: every measured configuration, the chunked baseline
+    """plan with experiment.own.measured_sweep: every measured configuration, the chunked baseline
     included, has its simulated counterpart."""
     from tests.study_runs import run_study
 
@@ -158,7 +158,7 @@ def test_plan_lines_up_a_measured_ratio_sweep(study_results, tmp_path):
         "experiment.rates=[20,40]",
         "hardware.num_devices=2",
         "workload.num_requests=6",
-        f"experiment.measured_sweep={study_results['ratio_sweep']}",
+        f"experiment.own.measured_sweep={study_results['ratio_sweep']}",
     )
     measured, simulated = out["aggregate"]["measured"]["goodput"], out["aggregate"]["simulated"]["goodput"]
     assert set(measured) == {"colocated", "chunked", "1P1D"} and set(measured) <= set(simulated)
@@ -313,7 +313,7 @@ def test_wandb_offline_run_per_point_and_figures(tmp_path):
     result = run_study(
         "burstiness",
         out,
-        "experiment.burstiness=[1.0]",
+        "experiment.own.burstiness=[1.0]",
         "tracker=wandb",
         "tracker.mode=offline",
         "experiment.figures=true",

@@ -56,7 +56,7 @@ def test_aggregates_apply_the_warmup_and_tenant_slos_like_the_summary(tmp_path):
         "workload.num_requests=30",
         "workload.rate=40",
         "metrics.warmup_requests=8",
-        "experiment.slo_scales=[1.0]",
+        "experiment.own.slo_scales=[1.0]",
         "experiment.modes=[chunked]",
         "executor=sim",
     )

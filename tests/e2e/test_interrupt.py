@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow
 # three points of about two seconds each (12 requests arriving over 1.2 s, and the workers' start)
 ARGS = [
     "+experiment=burstiness",
-    "experiment.burstiness=[0.5,1.0,2.0]",
+    "experiment.own.burstiness=[0.5,1.0,2.0]",
     "experiment.modes=[chunked]",
     "hardware=cpu",
     "hardware.num_devices=2",

@@ -62,7 +62,7 @@ def test_interference_rises_with_prefill_length_only_where_phases_share_a_device
         "interference",
         tmp_path,
         "hardware.num_devices=2",
-        "experiment.prefill_lengths=[512,2048,8192]",
+        "experiment.own.prefill_lengths=[512,2048,8192]",
         "workload.num_requests=6",
     )
     inflation = {
@@ -76,7 +76,7 @@ def test_interference_rises_with_prefill_length_only_where_phases_share_a_device
 
 
 def test_chunk_budget_trades_ttft_for_itl(tmp_path):
-    result = simulate("chunk_sweep", tmp_path, "experiment.chunk_sizes=[128,512,2048]", "workload.num_requests=100")
+    result = simulate("chunk_sweep", tmp_path, "experiment.own.chunk_sizes=[128,512,2048]", "workload.num_requests=100")
     assert falls(column(result, "chunk", "ttft_p50"), slack=0.02)
     itl = column(result, "chunk", "itl_p99")
     assert falls(itl[::-1], slack=0.02), itl  # rises with the budget
@@ -124,7 +124,7 @@ def test_disaggregation_holds_attainment_at_a_tight_tpot_where_colocated_loses_i
         # tight against vllm_v1's decode step (6.5 ms: async scheduling hides the host time) plus
         # one prefill's stall; 12 ms was tight for a step of 8.9 ms with the host in sequence
         "slo.tpot_s=0.009",
-        "experiment.slo_scales=[1.0,4.0]",
+        "experiment.own.slo_scales=[1.0,4.0]",
     )
     curves = {label: dict(zip(c["scales"], c["attainment"])) for label, c in result["aggregate"]["curves"].items()}
     assert curves["1P1D"][1.0] - curves["colocated"][1.0] >= 0.3, curves
@@ -184,7 +184,7 @@ def test_best_split_follows_the_heavier_phase_and_the_planner_agrees(tmp_path, s
         *LONG_PROMPTS,
         *lengths,
         "experiment.rates=[8]",
-        "experiment.chunk_sizes=[512]",
+        "experiment.own.chunk_sizes=[512]",
         "slo.ttft_s=1.0",
         "slo.tpot_s=0.05",
     )
@@ -209,7 +209,7 @@ def test_tail_ttft_rises_with_burstiness(tmp_path):
         tmp_path,
         "hardware.num_devices=2",
         "experiment.modes=[chunked]",
-        "experiment.burstiness=[4.0,1.0,0.25]",
+        "experiment.own.burstiness=[4.0,1.0,0.25]",
         "workload.num_requests=200",
         "workload.rate=30",
     )
@@ -223,7 +223,7 @@ def test_prefix_caching_speeds_up_later_turns(tmp_path):
         tmp_path / "on",
         "hardware.num_devices=2",
         "experiment.modes=[chunked]",
-        "experiment.dispatch=[session_affinity]",
+        "experiment.own.dispatch=[session_affinity]",
         "workload.num_requests=16",
     )
     off = simulate(
@@ -231,7 +231,7 @@ def test_prefix_caching_speeds_up_later_turns(tmp_path):
         tmp_path / "off",
         "hardware.num_devices=2",
         "experiment.modes=[chunked]",
-        "experiment.dispatch=[session_affinity]",
+        "experiment.own.dispatch=[session_affinity]",
         "workload.num_requests=16",
         "engine.enable_prefix_caching=false",
     )
@@ -245,7 +245,7 @@ def test_connector_approaches_the_raw_link_as_messages_grow(tmp_path):
     KV messages; at the largest the connector's pipelined pieces come close to a raw send."""
     from tests.study_runs import run_study
 
-    result = run_study("kv_bandwidth", tmp_path, "experiment.message_mib=4")
+    result = run_study("kv_bandwidth", tmp_path, "experiment.own.message_mib=4")
     rows = sorted(result["aggregate"]["rows"], key=lambda r: r["bytes"])
     ratios = [r["ratio_best"] for r in rows]
     # the claim is the trend, measured in one run: the larger half of the sizes sits above the

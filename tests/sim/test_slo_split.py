@@ -129,7 +129,7 @@ def test_best_split_agrees_with_the_simulated_search(tmp_path):
         "workload.output_len.min=4",
         "workload.output_len.max=16",
         "experiment.rates=[16,32,64,128,256]",
-        "experiment.chunk_sizes=[512]",
+        "experiment.own.chunk_sizes=[512]",
         "slo.ttft_s=1.0",
         "slo.tpot_s=0.05",
     ]

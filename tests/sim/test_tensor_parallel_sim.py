@@ -19,7 +19,7 @@ from testbed.perf import GPUS, RooflineModel, weight_params
 from testbed.perf.roofline import rank_params
 from testbed.sim.executor import simulate
 from testbed.sizing import compose_sized
-from testbed.studies import catalog, placements
+from testbed.studies import layouts, placements, plan, ratio_sweep
 
 H100 = GPUS["h100_sxm"]
 L70 = PRESETS["llama3_70b"]
@@ -249,10 +249,10 @@ def test_placements_of_eight_devices():
 def test_every_study_lays_out_the_cluster_s_tp_degrees():
     cfg = compose_sized(["+experiment=rate_sweep", *GPU_SIM, "model=llama3_70b", "hardware.num_devices=8", "size=gpu"])
     tp = with_overrides(cfg, {"cluster.tp": 4, "cluster.prefill_tp": 2, "cluster.decode_tp": 4})
-    laid = dict(catalog.layouts(tp, ["colocated", "disagg"], all_splits=True))
+    laid = dict(layouts.layouts(tp, ["colocated", "disagg"], all_splits=True))
     assert laid["colocated-TP4"]["cluster.num_workers"] == 2
     assert set(laid) == {"colocated-TP4", "2xTP2P-1xTP4D"}  # 2 x 2 + 1 x 4 = 8
-    assert dict(catalog.layouts(tp, ["disagg"]))["2xTP2P-1xTP4D"] == {
+    assert dict(layouts.layouts(tp, ["disagg"]))["2xTP2P-1xTP4D"] == {
         "mode": "disagg",
         "cluster.num_prefill": 2,
         "cluster.num_decode": 1,
@@ -264,7 +264,7 @@ def plan_config(*extra: str):
 
 
 def test_plan_without_tp_degrees_searches_the_one_device_splits_as_before():
-    points = catalog.plan(plan_config("model=llama3_8b"))
+    points = plan.points(plan_config("model=llama3_8b"))
     labels = {p.knobs["label"] for p in points}
     assert labels == {
         "colocated",
@@ -278,11 +278,11 @@ def test_plan_without_tp_degrees_searches_the_one_device_splits_as_before():
 
 
 def test_plan_over_tp_degrees_prunes_what_does_not_fit_memory():
-    cfg = plan_config("model=llama3_70b", "experiment.tp_degrees=[1,2,4,8]")
-    kept, pruned = placements.search(cfg, 8)
+    cfg = plan_config("model=llama3_70b", "experiment.own.tp_degrees=[1,2,4,8]")
+    kept, pruned = placements.search(cfg, 8, cfg.experiment.own["tp_degrees"])
     assert [p.label for p in kept] == ["colocated-TP4", "colocated-TP8", "1xTP4P-1xTP4D", "chunked-TP4", "chunked-TP8"]
     assert "141.1 GB of weights" in pruned["4P4D"] and "70.6 GB of weights" in pruned["colocated-TP2"]
-    points = catalog.plan(cfg)
+    points = plan.points(cfg)
     disagg = [p for p in points if p.knobs["label"] == "1xTP4P-1xTP4D"]
     assert disagg[0].knobs["prefill_tp"] == disagg[0].knobs["decode_tp"] == 4
     assert disagg[0].overrides["cluster.prefill_tp"] == 4 and disagg[0].overrides["executor"] == "sim"
@@ -325,8 +325,8 @@ def test_plan_over_tp_degrees_runs_every_placement_on_all_the_devices(tmp_path):
             "+experiment=plan",
             "size=tiny",
             "sim.profile=h100_sxm",  # the tiny model on an analytical GPU: TP needs one
-            "experiment.tp_degrees=[1,2]",
-            "experiment.chunk_sizes=[]",
+            "experiment.own.tp_degrees=[1,2]",
+            "experiment.own.chunk_sizes=[]",
             "experiment.search_points=0",
         ]
     )
@@ -340,14 +340,14 @@ def test_plan_over_tp_degrees_runs_every_placement_on_all_the_devices(tmp_path):
 
 
 def test_the_placement_search_reports_its_leader_with_the_interval():
-    from testbed.studies.aggregates import placement_search
+    from testbed.studies.plan import placement_search
 
-    cfg = plan_config("model=llama3_70b", "experiment.tp_degrees=[1,2,4,8]")
+    cfg = plan_config("model=llama3_70b", "experiment.own.tp_degrees=[1,2,4,8]")
     simulated = {
         "colocated-TP4": {"goodput_per_gpu": 0.5, "goodput_per_gpu_low": 0.4, "goodput_per_gpu_high": 0.6},
         "colocated-TP8": {"goodput_per_gpu": 0.3, "goodput_per_gpu_low": 0.2, "goodput_per_gpu_high": 0.4},
     }
-    out = placement_search(cfg, simulated, {"label": "colocated-TP4", "separated": True})
+    out = placement_search(cfg, [1, 2, 4, 8], simulated, {"label": "colocated-TP4", "separated": True})
     assert (out["best"], out["goodput_per_gpu_low"], out["goodput_per_gpu_high"], out["separated"]) == (
         "colocated-TP4",
         0.4,
@@ -416,10 +416,10 @@ def test_ratio_sweep_of_a_model_one_device_cannot_hold_runs_the_smallest_tp_degr
     holds its weights and one 32K sequence within 0.85 of 80 GB) and TP8, said in one log line;
     every point is a placement of all 8 devices that fits memory."""
     cfg = compose_sized(RATIO_70B)
-    assert cfg.size == "gpu" and list(cfg.experiment.tp_degrees) == [1]
+    assert cfg.size == "gpu" and cfg.experiment.own.get("tp_degrees", [1]) == [1]
     with caplog.at_level("INFO", logger="testbed"):
-        points = catalog.ratio_sweep(cfg)
-    (line,) = [r.getMessage() for r in caplog.records if "experiment.tp_degrees=[4, 8]" in r.getMessage()]
+        points = ratio_sweep.points(cfg)
+    (line,) = [r.getMessage() for r in caplog.records if "experiment.own.tp_degrees=[4, 8]" in r.getMessage()]
     assert "141.1 GB of weights" in line and "TP4 is the smallest degree" in line
     labels = {p.knobs["label"] for p in points}
     assert labels == {"colocated-TP4", "colocated-TP8", "1xTP4P-1xTP4D", "chunked-TP4", "chunked-TP8"}
@@ -435,8 +435,8 @@ def test_ratio_sweep_of_a_model_one_device_cannot_hold_runs_the_smallest_tp_degr
 def test_ratio_sweep_of_a_model_that_fits_one_device_is_as_before():
     cfg = compose_sized([*RATIO_70B, "model=llama3_8b"])
     assert placements.fitting_degrees(cfg, 8) == ([1], None)
-    configs = catalog.layouts(cfg, ["colocated", "chunked"]) + catalog.layouts(cfg, ["disagg"], all_splits=True)
-    points = catalog.ratio_sweep(cfg)
+    configs = layouts.layouts(cfg, ["colocated", "chunked"]) + layouts.layouts(cfg, ["disagg"], all_splits=True)
+    points = ratio_sweep.points(cfg)
     assert [(p.knobs["label"], p.overrides) for p in points] == [
         (label, {**o, "workload.rate": r}) for label, o in configs for r in cfg.experiment.rates
     ]
@@ -444,6 +444,6 @@ def test_ratio_sweep_of_a_model_that_fits_one_device_is_as_before():
 
 
 def test_ratio_sweep_over_tp_degrees_takes_the_placement_search():
-    cfg = compose_sized([*RATIO_70B, "experiment.tp_degrees=[4]"])
-    labels = {p.knobs["label"] for p in catalog.ratio_sweep(cfg)}
+    cfg = compose_sized([*RATIO_70B, "experiment.own.tp_degrees=[4]"])
+    labels = {p.knobs["label"] for p in ratio_sweep.points(cfg)}
     assert labels == {"colocated-TP4", "1xTP4P-1xTP4D", "chunked-TP4"}

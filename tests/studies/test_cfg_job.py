@@ -139,7 +139,7 @@ def test_a_study_module_shows_its_own_settings_and_refuses_a_key_it_does_not_tak
     assert "chunk_sizes" not in shown["experiment"] and "concurrencies" not in shown["experiment"]
     study = catalog.study("batch_cap")
     for given, message in (
-        (["+experiment.own.max_runing=[4]"], "experiment.own has max_runing; batch_cap takes max_running"),
+        (["experiment.own.max_runing=[4]"], "experiment.own has max_runing; batch_cap takes max_running"),
         (["experiment.own.max_running=[0]"], "experiment.own.max_running must be integers >= 1"),
     ):
         cfg = compose_config(["+experiment=batch_cap", *given])
@@ -149,10 +149,21 @@ def test_a_study_module_shows_its_own_settings_and_refuses_a_key_it_does_not_tak
             assert str(refused).startswith(message) and "\n" not in str(refused)
         else:
             raise AssertionError(given)
-    plain = compose_config(["+experiment=chunk_sweep", "+experiment.own.x=1"])
+    plain = compose_config(["+experiment=mode_compare", "experiment.own.x=1"])
     try:
-        catalog.study("chunk_sweep").own_settings(plain)
+        catalog.study("mode_compare").own_settings(plain)
     except ConfigError as refused:
-        assert "chunk_sweep takes none" in str(refused)
+        assert "mode_compare takes none" in str(refused)
     else:
-        raise AssertionError("a built-in study took experiment.own")
+        raise AssertionError("a study without settings took experiment.own")
+
+
+def test_each_study_shows_its_own_axes_with_their_defaults_and_no_other_studys():
+    from testbed.__main__ import job_config
+
+    shown = yaml.safe_load(job_config(["+experiment=interference", "experiment.own.prefill_lengths=[64]"]))
+    assert shown["experiment"]["own"] == {"prefill_lengths": [64], "background_margin": 2.0}
+    shown = yaml.safe_load(job_config(["+experiment=plan", "size=gpu"]))
+    own = shown["experiment"]["own"]
+    assert own["chunk_sizes"] == [512, 2048, 8192] and own["tp_degrees"] == [1] and own["placement_requests"] == 200
+    assert "prefill_lengths" not in own and "message_mib" not in own

@@ -2,7 +2,8 @@
 a 7-8B model whose bf16 weights and the KV of one max_model_len sequence fit an 80 GB GPU, with
 every request of the workload within that context; the same study on a CPU box (its
 size=cpu chosen) runs the tiny model. Simulated studies on a GPU box run on a
-GPU's profile, never on the shipped CPU one. CUDA is pretended (catalog.cuda_count, machine.cuda_count)."""
+GPU's profile, never on the shipped CPU one. CUDA is pretended (catalog.cuda_count,
+interference.cuda_count, machine.cuda_count)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from testbed.perf import weight_params
 from testbed.perf.resolve import table_gpu
 from testbed.sim.config import SHIPPED
 from testbed.sizing import compose_sized
-from testbed.studies import catalog, machine
+from testbed.studies import catalog, interference, machine, plan, sim_validate
 from testbed.studies.runner import run
 from testbed.workload.lengths import scale_lengths
 from testbed.workload.traces import read_trace, resolve_trace_path, select
@@ -31,6 +32,7 @@ CPU_PROFILE = str(SHIPPED / "tiny_cpu.json")
 def compose_study(monkeypatch, name: str, *extra: str, gpus: int):
     """The study as the command line composes it on a box with `gpus` CUDA devices (size=cpu on none)."""
     monkeypatch.setattr(catalog, "cuda_count", lambda hardware: gpus)
+    monkeypatch.setattr(interference, "cuda_count", lambda hardware: gpus)
     monkeypatch.setattr(machine, "cuda_count", lambda hardware: gpus)
     monkeypatch.setattr(layout, "cuda_count", lambda hardware: gpus)
     return compose_sized([f"+experiment={name}", *extra])
@@ -45,7 +47,7 @@ def longest_request(cfg) -> int:
         return int(
             (scale_lengths(records.input_len, w.length_scale) + scale_lengths(records.output_len, w.length_scale)).max()
         )
-    prompt = max(cfg.experiment.prefill_lengths) if cfg.experiment.name == "interference" else w.input_len.max
+    prompt = max(cfg.experiment.own["prefill_lengths"]) if cfg.experiment.name == "interference" else w.input_len.max
     session = w.system_prompt_len + w.turns * (prompt + w.output_len.max)
     background = w.background_input_len + w.background_output_len if w.background_requests else 0
     return max(session, background)
@@ -92,7 +94,7 @@ def test_a_gpu_box_plans_on_a_gpu_profile(monkeypatch, tmp_path, spec):
     spec = gpu_profile(tmp_path) if spec == "measured" else spec
     cfg = compose_study(monkeypatch, "plan", f"sim.profile={spec}", gpus=8)
     catalog.check_executor(cfg)
-    assert cfg.model.name == "llama3_8b" and {p.overrides["executor"] for p in catalog.plan(cfg)} == {"sim"}
+    assert cfg.model.name == "llama3_8b" and {p.overrides["executor"] for p in plan.points(cfg)} == {"sim"}
 
 
 def test_other_simulated_studies_on_a_gpu_box_need_a_gpu_profile(monkeypatch):
@@ -115,13 +117,14 @@ def test_other_simulated_studies_on_a_gpu_box_need_a_gpu_profile(monkeypatch):
 def test_sim_validate_on_a_gpu_box_fits_its_profile_on_this_gpus_runs(monkeypatch):
     cfg = compose_study(monkeypatch, "sim_validate", gpus=2)
     catalog.check_executor(cfg)
-    sims = [p for p in catalog.sim_validate(cfg) if p.overrides["executor"] == "sim"]
+    sims = [p for p in sim_validate.points(cfg) if p.overrides["executor"] == "sim"]
     assert sims and all(p.overrides["sim.profile"].startswith("run:") for p in sims)
     with pytest.raises(ConfigError, match="was measured on a CPU"):
         catalog.check_executor(compose_study(monkeypatch, "sim_validate", f"sim.profile={CPU_PROFILE}", gpus=2))
 
 
 def test_profile_on_a_gpu_box_measures_the_gpu_sizing_on_cuda(monkeypatch, tmp_path):
+    from testbed.measure import step_profile
     from testbed.studies import profile as profile_study
 
     measured = {}
@@ -130,7 +133,7 @@ def test_profile_on_a_gpu_box_measures_the_gpu_sizing_on_cuda(monkeypatch, tmp_p
         measured.update(model=model, device=device)
         return {"fit": {"step_relative_error": {"mean": 0.0, "max": 0.0}}, "samples": {"step": []}}
 
-    monkeypatch.setattr(profile_study, "profile_engine", fake_engine)
+    monkeypatch.setattr(step_profile, "profile_engine", fake_engine)  # imported where the study runs
     monkeypatch.setattr(profile_study, "cuda_count", lambda hardware: 1)
     result = run(compose_study(monkeypatch, "profile", gpus=1), tmp_path)
     assert measured["device"] == "cuda:0" and result["path"] == tmp_path / "profile.json"

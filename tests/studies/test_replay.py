@@ -230,8 +230,8 @@ def test_replay_study_from_the_command_line(tmp_path):
             "-m",
             "testbed",
             "+experiment=replay",
-            f"experiment.reference={SGLANG_RPS4}",
-            f"experiment.setup={REPLAY / 'sglang030_a100.setup.yaml'}",
+            f"experiment.own.reference={SGLANG_RPS4}",
+            f"experiment.own.setup={REPLAY / 'sglang030_a100.setup.yaml'}",
             f"hydra.run.dir={out}",
         ],
         cwd=ROOT,
@@ -252,7 +252,7 @@ def test_replay_study_from_the_command_line(tmp_path):
 def test_replay_needs_its_files():
     from testbed.studies.replay import run_replay
 
-    with pytest.raises(ConfigError, match="experiment.reference"):
+    with pytest.raises(ConfigError, match="experiment.own.reference"):
         run_replay(_cfg(), Path("."), _run_point)
 
 
