@@ -165,14 +165,15 @@ def job_config(argv: list[str]) -> str:
     from testbed.config import compose_config
 
     overrides = [a for a in argv if "=" in a and not a.startswith("-") and not a.startswith("hydra.")]
-    return job_text(compose_config(overrides))
+    return shown_job(compose_config(overrides))
 
 
-def job_text(config: Config) -> str:
+def shown_job(config: Config) -> str:
+    """What `--cfg job` prints for `config`: its study's keys and grid (testbed/studies/dry_run.py)."""
+    from testbed.studies import dry_run
     from testbed.studies.catalog import study
-    from testbed.studies.dry_run import job_text
 
-    return job_text(study(config.experiment.name), config)
+    return dry_run.job_text(study(config.experiment.name), config)
 
 
 def cli() -> None:
@@ -206,7 +207,7 @@ def once(argv: list[str]) -> None:
             composed = compose_once(argv, compose_with_hydra)
             said(composed.sizing)
             if shows_job(argv):
-                print(job_text(composed.config), end="")
+                print(shown_job(composed.config), end="")
                 return
         except TestbedError as error:  # a grid the study cannot lay out here (no placement fits, ...) too
             print(f"error: {error}", file=sys.stderr)

@@ -118,8 +118,14 @@ def test_the_help_finds_the_configs_where_the_config_does_and_its_examples_compo
             "+experiment=chunk_sweep experiment.chunk_sizes=[64]",
             "experiment.chunk_sizes was renamed experiment.own.chunk_sizes: set experiment.own.chunk_sizes instead",
         ),
-        ("+experiment=chunk_sweep size=cpu experiment.own.chunk_size=[64]", "experiment.own has chunk_size; chunk_sweep takes"),
-        ("+experiment=burstiness size=cpu experiment.own.burstiness=[0]", "experiment.own.burstiness must be a list of numbers"),
+        (
+            "+experiment=chunk_sweep size=cpu experiment.own.chunk_size=[64]",
+            "experiment.own has chunk_size; chunk_sweep takes",
+        ),
+        (
+            "+experiment=burstiness size=cpu experiment.own.burstiness=[0]",
+            "experiment.own.burstiness must be a list of numbers",
+        ),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(tmp_path, override, message):
