@@ -85,6 +85,7 @@ def analytical(
     tp: int = 1,
     weight_bits: Optional[int] = None,
     async_scheduling: bool = False,
+    expert_parallel: bool = False,
     weight_dtype: str = "auto",
     kv_dtype: str = "auto",
 ) -> tuple[RooflineModel, dict]:
@@ -92,7 +93,8 @@ def analytical(
     picks the peak FLOPs; the host terms are RooflineModel's (unset: the table's step overhead,
     nothing per sequence, CUDA graphs on); `tp`: one rank of a tensor-parallel group of that many;
     `weight_bits`: a quantized checkpoint's layer weights (None: the dtype's); `async_scheduling`: the
-    host work overlaps the GPU step (testbed/perf/overlap.py); `weight_dtype`, `kv_dtype`: the layers'
+    host work overlaps the GPU step (testbed/perf/overlap.py); `expert_parallel`: a MoE model's experts
+    whole on the group's ranks (testbed/perf/moe.py); `weight_dtype`, `kv_dtype`: the layers'
     weights and the KV cache in another dtype (fp8; auto: the dtype's, testbed/perf/precision.py)."""
     dtype = dtype if dtype not in (None, "auto") else ("bfloat16" if dtype_bytes == 2 else "float32")
     model = (AsyncRoofline if async_scheduling else RooflineModel)(
@@ -107,11 +109,13 @@ def analytical(
         weight_bits=weight_bits,
         weight_dtype=weight_dtype,
         kv_dtype=kv_dtype,
+        expert_parallel=expert_parallel,
     )
     label = {**analytical_label(name, dtype_bytes), "dtype": dtype, "host": model.host_terms()}
     label = {**label, "weight_bits": weight_bits} if weight_bits is not None else label
     precision = {"weight_dtype": weight_dtype, "kv_dtype": kv_dtype}
     label = {**label, **{k: v for k, v in precision.items() if v != "auto"}}
+    label = {**label, "expert_parallel": True} if expert_parallel and tp > 1 and model_args.is_moe else label
     return model, {**label, "tp": tp} if tp > 1 else label
 
 

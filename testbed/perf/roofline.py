@@ -96,6 +96,9 @@ class RooflineModel:
     host_per_seq_s: float = 0.0  # more host time per sequence the step samples for
     cuda_graphs: bool = True  # decode steps replayed from CUDA graphs (False: eager launches)
     tp: int = 1  # tensor-parallel degree: the step of one rank of a group of tp GPUs
+    # a MoE model's experts placed whole, E/tp a rank (vLLM's --enable-expert-parallel over the
+    # group): the step waits for the busiest rank (testbed/perf/moe.py). False: every expert sharded
+    expert_parallel: bool = False
     # a quantized checkpoint's bits per decoder-layer weight (GPTQ/AWQ int4: 4), dequantized in the
     # GEMM (compute at `dtype`); the embedding and lm_head stay at dtype_bytes, as vLLM loads them.
     # None: dtype_bytes
@@ -146,6 +149,7 @@ class RooflineModel:
             "dtype": self.dtype,
             "host": self.host_terms(),
             "tp": self.tp,
+            "expert_parallel": self.expert_parallel,
             "weight_bits": self.weight_bits,
             "weight_dtype": self.weight_dtype,
             "kv_dtype": self.kv_dtype,

@@ -72,6 +72,10 @@ class SimConfig:
     # element: pool, reads, hand-off bytes). auto: model.dtype (testbed/perf/precision.py)
     weight_dtype: str = "auto"
     kv_dtype: str = "auto"  # an analytical GPU's KV cache: auto | bfloat16 | float16 | fp8 | fp8_e4m3 | fp8_e5m2
+    # a Mixture-of-Experts model's experts on a tensor-parallel worker (cluster.tp, prefill_tp,
+    # decode_tp: per phase) placed whole, E/tp a rank (vLLM's --enable-expert-parallel), not sharded:
+    # the same bytes, but each step waits for the rank its tokens' routing loads most (testbed/perf/moe.py)
+    expert_parallel: bool = False
     # the production engine the analytical GPUs run (testbed/sim/profiles/engines.yaml): its host terms,
     # front end, CUDA graphs and async scheduling; vllm_v0 | vllm_v1 | sglang. The current vLLM (V1) unless
     # named; a measured profile (.json, run:) holds its own host side and ignores it. null: none (the

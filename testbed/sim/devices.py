@@ -68,16 +68,31 @@ def resolve_roles(
     return out
 
 
+def check_expert_parallel(sim: SimConfig, args, tp: int, role: str) -> None:
+    """sim.expert_parallel places whole experts: a MoE model whose experts the worker's ranks divide."""
+    if not sim.expert_parallel:
+        return
+    if not args.is_moe:
+        raise ConfigError("sim.expert_parallel=true places a Mixture-of-Experts model's experts; this model is dense")
+    if args.num_experts % tp:
+        raise ConfigError(
+            f"sim.expert_parallel=true: {role} workers' {tp} ranks do not divide the model's {args.num_experts} "
+            f"experts (cluster.{TP_KEYS[role]}={tp})"
+        )
+
+
 def resolve_role(cfg: Serving, sim: SimConfig, role: str, profile: Optional[Mapping] = None) -> RoleProfile:
     args, spec, tp = cfg.model.args(), sim.spec(role), cfg.cluster.tp_of(role)
     given = profile is not None and sim.key(role) == "sim.profile"
     if spec is not None and is_gpu(spec) and not given:
         dtype_bytes = gpu_dtype_bytes(cfg.model.dtype)
+        check_expert_parallel(sim, args, tp, role)
         model, label = analytical(
             spec,
             args,
             dtype_bytes,
             tp=tp,
+            expert_parallel=sim.expert_parallel,
             **sim.precision(),
             **host_terms(cfg.engine, sim.engine_profile, cfg.model.dtype),
         )
