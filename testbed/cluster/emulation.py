@@ -37,6 +37,9 @@ class Emulation:
     model: Optional[str] = None
     # an analytical GPU's host terms, (name, value) pairs of EngineConfig.host_terms less the dtype
     host: tuple = ()
+    # an analytical GPU's weight and KV dtypes and expert placement, (name, value) pairs of what differs
+    # from the model's own (hardware.emulate_weight_dtype, emulate_kv_dtype, emulate_expert_parallel)
+    precision: tuple = ()
 
     @classmethod
     def from_hardware(cls, hardware, engine=None) -> Optional["Emulation"]:
@@ -44,13 +47,33 @@ class Emulation:
         if not (hardware.emulate or hardware.emulate_prefill or hardware.emulate_decode):
             return None
         host = tuple((k, v) for k, v in engine.host_terms().items() if k != "dtype") if engine is not None else ()
-        return cls(
+        precision = {
+            "weight_dtype": hardware.emulate_weight_dtype,
+            "kv_dtype": hardware.emulate_kv_dtype,
+            "expert_parallel": hardware.emulate_expert_parallel,
+        }
+        emulation = cls(
             prefill=hardware.emulate_prefill or hardware.emulate,
             decode=hardware.emulate_decode or hardware.emulate,
             mixed=hardware.emulate,
             model=hardware.emulate_model,
             host=host,
+            precision=tuple((k, v) for k, v in precision.items() if v not in ("auto", False)),
         )
+        emulation.check_precision()
+        return emulation
+
+    def check_precision(self) -> None:
+        """FP8 and expert placement are an analytical GPU's terms: a measured profile has its own."""
+        if not self.precision:
+            return
+        measured = [spec for spec in {self.prefill, self.decode, self.mixed} if spec and not is_gpu(spec)]
+        if measured:
+            said = ", ".join(f"hardware.emulate_{k}={str(v).lower()}" for k, v in self.precision)
+            raise ConfigError(
+                f"{said} sets an analytical GPU's terms; hardware.emulate={measured[0]} is a measured profile, "
+                f"which holds its own (emulate a GPU of the table: {', '.join(sorted(GPUS))})"
+            )
 
     def spec_for(self, role: str) -> str:
         spec = getattr(self, ROLE_KEYS.get(role, Kind.MIXED))
@@ -74,21 +97,36 @@ def modelled_args(emulation: Emulation, model: ModelConfig) -> ModelArgs:
 
 
 def resolve(
-    spec: str, args: ModelArgs, dtype: str, key: str = "hardware.emulate", host: tuple = (), tp: int = 1
+    spec: str,
+    args: ModelArgs,
+    dtype: str,
+    key: str = "hardware.emulate",
+    host: tuple = (),
+    tp: int = 1,
+    precision: tuple = (),
 ) -> Paced:
     """The cost model a spec names, built for the shape `args` with KV elements of `dtype` (a
     measured profile must describe `args` and carries its own dtype); `host`: an analytical
     GPU's host terms (Emulation.host); `tp`: one rank of a tensor-parallel group of that many
-    (the roofline's split work plus its all-reduces; a measured profile timed one device)."""
+    (the roofline's split work plus its all-reduces; a measured profile timed one device);
+    `precision`: an analytical GPU's weight and KV dtypes and expert placement (Emulation.precision)."""
     if tp > 1 and not is_gpu(spec):
         raise ConfigError(
             f"{key}={spec!r} is a measured profile of one device; a tensor-parallel worker (TP{tp}) is "
             f"paced by a GPU of the analytical table ({', '.join(sorted(GPUS))})"
         )
-    terms = {"dtype": dtype, **dict(host), **({"tp": tp} if tp > 1 else {})} if is_gpu(spec) else {}
+    if not is_gpu(spec):
+        model, label = cost_model(spec, args, DTYPE_BYTES[dtype], key=key)
+        dtype_bytes = label.get("dtype_bytes") or DTYPE_BYTES.get(label.get("dtype"), DTYPE_BYTES[dtype])
+        return Paced(model, dict(label), int(dtype_bytes))
+    if dict(precision).get("expert_parallel") and (not args.is_moe or args.num_experts % tp):
+        raise ConfigError(
+            f"hardware.emulate_expert_parallel=true places a Mixture-of-Experts shape's experts whole on a worker's "
+            f"ranks: the modelled shape has {args.num_experts or 'no'} experts for TP{tp}"
+        )
+    terms = {"dtype": dtype, **dict(host), **dict(precision), **({"tp": tp} if tp > 1 else {})}
     model, label = cost_model(spec, args, DTYPE_BYTES[dtype], key=key, **terms)
-    dtype_bytes = label.get("dtype_bytes") or DTYPE_BYTES.get(label.get("dtype"), DTYPE_BYTES[dtype])
-    return Paced(model, dict(label), int(dtype_bytes))
+    return Paced(model, dict(label), model.kv_bytes)  # the KV's element on the device (fp8: one byte)
 
 
 def role_pacers(
@@ -107,7 +145,9 @@ def role_pacers(
     modelled shape's layers in blocks of `block_size`) follow. `real_kv_bytes_per_token`: the real
     model's, every head once."""
     args = modelled_args(emulation, model)
-    paced = resolve(emulation.spec_for(role), args, model.dtype, host=emulation.host, tp=tp)
+    paced = resolve(
+        emulation.spec_for(role), args, model.dtype, host=emulation.host, tp=tp, precision=emulation.precision
+    )
     if role == Role.PREFILL_ONLY:  # P's link paces the KV it sends
         require_transport(paced.model, kv_backend, f"the emulated prefill device ({emulation.spec_for(role)})")
     scale = args.kv_bytes_per_token * paced.dtype_bytes / real_kv_bytes_per_token
@@ -132,7 +172,7 @@ def check_link(emulation: Optional[Emulation], model: ModelConfig, kv_backend: s
     """Before any worker loads its model: an emulated P has times for the transport its KV takes."""
     if emulation is not None:
         spec = emulation.spec_for(Role.PREFILL_ONLY)
-        paced = resolve(spec, modelled_args(emulation, model), model.dtype)
+        paced = resolve(spec, modelled_args(emulation, model), model.dtype, precision=emulation.precision)
         require_transport(paced.model, kv_backend, f"the emulated prefill device ({spec})")
 
 
@@ -148,7 +188,11 @@ def emulation_meta(emulation: Optional[Emulation], model: ModelConfig, disagg: b
 
     labels = {
         key: resolve(
-            emulation.spec_for(role if disagg else Kind.MIXED), args, model.dtype, tp=tp(key if disagg else Kind.MIXED)
+            emulation.spec_for(role if disagg else Kind.MIXED),
+            args,
+            model.dtype,
+            tp=tp(key if disagg else Kind.MIXED),
+            precision=emulation.precision,
         ).label
         for role, key in ROLE_KEYS.items()
     }
@@ -167,18 +211,27 @@ GIB = 2**30
 
 
 def device_pool_tokens(
-    spec: str, args: ModelArgs, model: ModelConfig, utilization: float, memory_gib: Optional[float], tp: int = 1
+    spec: str,
+    args: ModelArgs,
+    model: ModelConfig,
+    utilization: float,
+    memory_gib: Optional[float],
+    tp: int = 1,
+    precision: tuple = (),
 ) -> Optional[int]:
     """Tokens of KV the emulated device holds for the modelled shape, as the simulator sizes it
-    (the utilised share of its memory less the weights); None when nothing says its memory (a
-    CPU profile without hardware.emulate_memory_gib). A tensor-parallel group's: each device's
-    memory less its share of the weights, over the rank's share of a token's KV."""
-    paced = resolve(spec, args, model.dtype, tp=tp)
+    (the utilised share of its memory less the weights, at the weight and KV dtypes of `precision`);
+    None when nothing says its memory (a CPU profile without hardware.emulate_memory_gib). A
+    tensor-parallel group's: each device's memory less its share of the weights, over the rank's
+    share of a token's KV."""
+    paced = resolve(spec, args, model.dtype, tp=tp, precision=precision)
     per_token = args.kv_bytes_per_token * args.kv_heads_per_rank(tp) // args.num_kv_heads * paced.dtype_bytes
     if is_gpu(spec) and memory_gib is None:
         return max(int(paced.model.kv_pool_bytes(utilization) // per_token), 0)
     free = paced.label.get("kv_free_bytes")
-    if memory_gib is not None:
+    if memory_gib is not None and is_gpu(spec):
+        free = memory_gib * GIB * utilization - paced.model.weight_bytes  # the rank's weights at their dtype
+    elif memory_gib is not None:
         from testbed.perf.roofline import weight_params
 
         free = memory_gib * GIB * utilization - weight_params(args) / tp * paced.dtype_bytes
@@ -213,6 +266,7 @@ def emulated_pool(
             engine.gpu_memory_utilization,
             hardware.emulate_memory_gib,
             (tps or {}).get(r, 1),
+            emulation.precision,
         )
         for r in set(roles)
     ]

@@ -10,6 +10,7 @@ from typing import Optional
 from testbed.errors import ConfigError
 from testbed.model.config import PRESETS
 from testbed.perf import GPUS, is_gpu
+from testbed.perf.precision import KV_DTYPES, WEIGHT_DTYPES, check_dtype
 
 HARDWARE = ("auto", "cpu", "gpu")
 
@@ -35,6 +36,12 @@ class HardwareConfig:
     emulate_prefill: Optional[str] = None  # P workers' emulated device (disagg), overriding emulate
     emulate_decode: Optional[str] = None  # D workers' emulated device (disagg), overriding emulate
     emulate_model: Optional[str] = None  # the preset whose shape the pacing models (default: the run's)
+    # an emulated analytical GPU's decoder-layer weights and KV cache (fp8: vLLM's --quantization fp8
+    # and --kv-cache-dtype fp8, as sim.weight_dtype and sim.kv_dtype); auto: the model's dtype
+    emulate_weight_dtype: str = "auto"
+    emulate_kv_dtype: str = "auto"  # auto | bfloat16 | float16 | fp8 | fp8_e4m3 | fp8_e5m2
+    # an emulated MoE shape's experts whole on a TP worker's ranks (as sim.expert_parallel)
+    emulate_expert_parallel: bool = False
     # an emulated point whose steps overran their modelled time in more than this share of steps
     # measured the CPU, not the device: marked, left out of verdicts, and named at the end
     max_overrun_share: float = 0.05
@@ -79,6 +86,8 @@ class HardwareConfig:
                 "hardware.emulate_prefill and hardware.emulate_decode: set both, or set hardware.emulate "
                 "for the role left out (a paced role beside an unpaced one mixes two clocks)"
             )
+        check_dtype(self.emulate_weight_dtype, "hardware.emulate_weight_dtype", WEIGHT_DTYPES)
+        check_dtype(self.emulate_kv_dtype, "hardware.emulate_kv_dtype", KV_DTYPES)
         if not 0 <= self.max_overrun_share <= 1:
             raise ConfigError(f"hardware.max_overrun_share must be in [0, 1] (got {self.max_overrun_share})")
         if not 0 < self.emulate_pool_share <= 1:

@@ -499,6 +499,9 @@ def emulate_point(cfg: Config, overrides: dict, out_dir: Path, run_point: Callab
             "hardware.emulate": overrides["sim.profile"],
             "hardware.emulate_model": overrides["model.name"],
             "model.name": "tiny",
+            # the setup's FP8 weights and KV pace the real workers as they price the simulator's
+            "hardware.emulate_weight_dtype": overrides.get("sim.weight_dtype", "auto"),
+            "hardware.emulate_kv_dtype": overrides.get("sim.kv_dtype", "auto"),
         }
     )
     if emulated.get("engine.cuda_graphs"):  # the CPU engine has none; unset, the emulated GPU's decode has them

@@ -121,6 +121,11 @@ def emulated_sim(cfg: Config) -> dict:
     }
     if hw.emulate_model:
         out["model.name"] = hw.emulate_model
+    # the emulated GPU's widths and expert placement are the simulated one's
+    widths = {"sim.weight_dtype": hw.emulate_weight_dtype, "sim.kv_dtype": hw.emulate_kv_dtype}
+    out.update({k: v for k, v in widths.items() if v != "auto"})
+    if hw.emulate_expert_parallel:
+        out["sim.expert_parallel"] = True
     return {k: v for k, v in out.items() if v is not None}
 
 
