@@ -78,6 +78,7 @@ def setup(row: dict) -> str:
     name = row["case"].rsplit("_s", 1)[0]
     model = MODELS[name.split("_tp")[0]]
     prompt, output = round(float(row["prompt_len_mean"])), round(generated_tokens(row))
+    shared = int(row["system_prompt_len"])  # the stage's system prompt, a prefix-cache hit after its first request
     chosen = "\n".join(f"{k}: {v}" for k, v in model.items())
     return f"""# vLLM 0.15.1 serving {row["model"]} on H100 SXM at TP {row["tp"]}, inference-perf's {row["workload"]}
 # workload (inference-sim/training, default_args; exp-config.yaml: the engine's settings below).
@@ -89,7 +90,7 @@ max_model_len: {row["max_model_len"]}
 policy: chunked            # V1: chunked prefill always on, decodes first in the step's token budget
 max_batched_tokens: {row["max_num_batched_tokens"]}
 max_running: {row["max_num_seqs"]}
-prefix_caching: false      # on in the engine; the shared system prompt is not replayed (below)
+prefix_caching: true       # on in the engine: the {shared}-token system prompt is a hit after its first request
 cuda_graphs: true
 host_overhead_s: null      # the engine profile's (vllm_v1), or fitted (docs/validation.md)
 host_overhead_per_seq_s: null
@@ -97,10 +98,11 @@ frontend_latency_s: null
 workload:
   num_requests: {REQUESTS}
   arrival: constant          # inference-perf's constant load type: one request every 1/rate
-  input_len: {{dist: fixed, mean: {prompt}, min: 1, max: {prompt}}}
+  system_prompt_len: {shared}    # inference-perf's shared prefix, in the prompt's {prompt} tokens
+  input_len: {{dist: fixed, mean: {prompt - shared}, min: 1, max: {prompt - shared}}}
   output_len: {{dist: fixed, mean: {output}, min: 1, max: {output}}}
 unmodelled:
-  - "the prefix cache: a system prompt of {row["system_prompt_len"]} tokens shared by a group of users"
+  - "one {shared}-token system prompt for every user (the stage gave each group of users its own: the same hits once each is cached)"
   - "the exact prompts (the stage's mean length; its lengths vary by a few percent)"
   - "{REQUESTS} requests of the stage's {row["sent"]}"
 """

@@ -74,9 +74,9 @@ def test_an_analytical_gpu_runs_the_current_vllm_unless_another_profile_is_named
 
 def test_the_profile_alone_sets_host_terms_async_overlap_and_the_front_end():
     """One 512-token prompt on an idle H100: its TTFT is the front end + the prefill step.
-    vllm_v1: 5.5 ms + max(host 0, gpu); vllm_v0: 12.5 ms + (3 ms host + gpu), in sequence. The GPU
-    part is the same kernels, so v0 - v1 = (12.5 + 3) - 5.5 = 10 ms; without the profile's front
-    end (sim.frontend_latency_s=0) v1 is 5.5 ms sooner."""
+    vllm_v1: 10.5 ms + max(host 0, gpu); vllm_v0: 12.5 ms + (3 ms host + gpu), in sequence. The GPU
+    part is the same kernels, so v0 - v1 = (12.5 + 3) - 10.5 = 5 ms; without the profile's front
+    end (sim.frontend_latency_s=0) v1 is 10.5 ms sooner."""
     ttft = {
         name: one_request("sim.profile=h100_sxm", *extra)["requests"].ttft.iloc[0]
         for name, extra in {
@@ -85,8 +85,8 @@ def test_the_profile_alone_sets_host_terms_async_overlap_and_the_front_end():
             "v0": ("sim.engine_profile=vllm_v0",),
         }.items()
     }
-    assert ttft["v0"] - ttft["v1"] == pytest.approx(0.010, abs=1e-9)
-    assert ttft["v1"] - ttft["v1_no_front"] == pytest.approx(0.0055, abs=1e-9)
+    assert ttft["v0"] - ttft["v1"] == pytest.approx(0.005, abs=1e-9)
+    assert ttft["v1"] - ttft["v1_no_front"] == pytest.approx(0.0105, abs=1e-9)
 
 
 def test_a_measured_profile_ignores_the_engine_profile():
