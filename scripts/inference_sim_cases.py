@@ -102,7 +102,7 @@ workload:
   input_len: {{dist: fixed, mean: {prompt - shared}, min: 1, max: {prompt - shared}}}
   output_len: {{dist: fixed, mean: {output}, min: 1, max: {output}}}
 unmodelled:
-  - "one {shared}-token system prompt for every user (the stage gave each group of users its own: the same hits once each is cached)"
+  - "one {shared}-token system prompt for all users (each group of users had its own: the same hits once cached)"
   - "the exact prompts (the stage's mean length; its lengths vary by a few percent)"
   - "{REQUESTS} requests of the stage's {row["sent"]}"
 """
