@@ -174,16 +174,19 @@ def test_decode_worker_killed_with_kv_on_the_wire_fails_for_its_death_only(tmp_p
         "faults.kill_at_s=0.8",
     )
     result = serve(cfg, tmp_path, progress=False)
-    requests, transfers = result["requests"], result["transfers"]
+    requests, transfers, summary = result["requests"], result["transfers"], result["summary"]
     failed = requests[requests.status == "failed"]
     assert len(failed) > 0 and (failed.reason == "worker 2 (decode_only) died").all(), failed.reason.unique()
     ok = requests[requests.status == "ok"]
     assert len(ok) > 0 and (ok.output_token_ids.map(len) == ok.output_len).all()
     # the attempts on the wire to worker 2 keep their rows: broken on P, else aborted when the request failed
     unfinished = transfers[(transfers.decode_worker == 2) & (transfers.outcome != "ok")]
-    assert len(unfinished) > 0 and unfinished.outcome.isin(["error", "aborted"]).all(), unfinished.outcome
+    assert unfinished.outcome.isin(["error", "aborted"]).all(), unfinished.outcome
     assert set(unfinished.request_id) <= set(failed.request_id)
-    assert_no_leaks(result["summary"], dead={"worker2"})
+    # 0.3 s and 0.8 s are wall time: on a host that kept the workers waiting for a core (the run's own
+    # measure), P may have sent nothing to worker 2 by its death; on a quiet one its sends are on the wire
+    assert len(unfinished) > 0 or summary["host"]["contended"], "nothing on the wire to worker 2 on a quiet host"
+    assert_no_leaks(summary, dead={"worker2"})
 
 
 def test_delayed_kv_shows_in_transfer_times(tmp_path):
