@@ -22,6 +22,7 @@ from typing import Optional
 from testbed.errors import TestbedError
 
 HEALTH_POLL_S = 0.5  # how often a starting instance's /health is asked
+GROUP_POLL_S = 0.05  # how often a stopped instance's process group is looked for
 LOG_TAIL_LINES = 5  # an instance that failed to start: its last log lines in the error
 
 
@@ -125,6 +126,37 @@ class Instance:
             self.process.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:  # unkillable (uninterruptible sleep): said, not waited on forever
             pass
+        # the leader reaped, what it forked may still be dying (reparented, SIGKILL not yet through): the
+        # instance is stopped when no process of its group runs
+        _await_group(self.process.pid, timeout_s)
+
+
+def _await_group(pgid: int, timeout_s: float) -> None:
+    """Until no process of group `pgid` runs (a zombie has ended), at most `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while _group_runs(pgid) and time.monotonic() < deadline:
+        time.sleep(GROUP_POLL_S)
+
+
+def _group_runs(pgid: int) -> bool:
+    """A process of group `pgid` that is not a zombie (Linux: /proc; elsewhere: any member, a signal 0)."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        try:
+            os.killpg(pgid, 0)
+        except (ProcessLookupError, PermissionError):
+            return False
+        return True
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):  # gone between the listing and the read
+            continue
+        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            return True
+    return False
 
 
 def _signal_group(pgid: int, signum: int) -> None:
