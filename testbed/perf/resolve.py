@@ -10,6 +10,7 @@ the GPU's name. Both models answer `step_time`, `prefill_context` and `transfer_
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Iterable, Mapping, Optional, Protocol, Union
 
@@ -88,6 +89,7 @@ def analytical(
     expert_parallel: bool = False,
     weight_dtype: str = "auto",
     kv_dtype: str = "auto",
+    shares: Optional[Mapping[str, float]] = None,
 ) -> tuple[RooflineModel, dict]:
     """The roofline of a GPU of the table. `dtype` (unset: bfloat16 for 2 bytes, else float32)
     picks the peak FLOPs; the host terms are RooflineModel's (unset: the table's step overhead,
@@ -95,10 +97,11 @@ def analytical(
     `weight_bits`: a quantized checkpoint's layer weights (None: the dtype's); `async_scheduling`: the
     host work overlaps the GPU step (testbed/perf/overlap.py); `expert_parallel`: a MoE model's experts
     whole on the group's ranks (testbed/perf/moe.py); `weight_dtype`, `kv_dtype`: the layers'
-    weights and the KV cache in another dtype (fp8; auto: the dtype's, testbed/perf/precision.py)."""
+    weights and the KV cache in another dtype (fp8; auto: the dtype's, testbed/perf/precision.py);
+    `shares`: achievable shares (matmul_mfu, attention_mfu, hbm_share) in place of the table's."""
     dtype = dtype if dtype not in (None, "auto") else ("bfloat16" if dtype_bytes == 2 else "float32")
     model = (AsyncRoofline if async_scheduling else RooflineModel)(
-        gpu(name).validate(),
+        replace(gpu(name), **(shares or {})).validate(),
         model_args,
         dtype_bytes,
         dtype=dtype,
@@ -115,6 +118,7 @@ def analytical(
     label = {**label, "weight_bits": weight_bits} if weight_bits is not None else label
     precision = {"weight_dtype": weight_dtype, "kv_dtype": kv_dtype}
     label = {**label, **{k: v for k, v in precision.items() if v != "auto"}}
+    label = {**label, "shares": dict(shares)} if shares else label
     label = {**label, "expert_parallel": True} if expert_parallel and tp > 1 and model_args.is_moe else label
     return model, {**label, "tp": tp} if tp > 1 else label
 

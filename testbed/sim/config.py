@@ -24,6 +24,7 @@ def shipped_profile(model_name: str) -> Path:
     return SHIPPED / f"{model_name}_cpu.json"
 
 
+SHARE_KEYS = ("matmul_mfu", "attention_mfu", "hbm_share")
 ROLE_KEYS = {Kind.MIXED: "profile", Kind.PREFILL: "prefill_profile", Kind.DECODE: "decode_profile"}
 
 
@@ -76,6 +77,13 @@ class SimConfig:
     # decode_tp: per phase) placed whole, E/tp a rank (vLLM's --enable-expert-parallel), not sharded:
     # the same bytes, but each step waits for the rank its tokens' routing loads most (testbed/perf/moe.py)
     expert_parallel: bool = False
+    # an analytical GPU's achievable shares in place of its table entry's (testbed/perf/gpus.py), each
+    # in (0, 1]: what a GEMM reaches of the peak FLOPs, what the attention kernel reaches, what the
+    # HBM streams. A what-if (another engine's kernels; docs/validation.md's 20 req/s stages). None:
+    # the table's
+    matmul_mfu: Optional[float] = None
+    attention_mfu: Optional[float] = None  # the attention kernel's share of the peak FLOPs; None: the GPU table's
+    hbm_share: Optional[float] = None  # the share of the HBM bandwidth kernels stream; None: the GPU table's
     # the production engine the analytical GPUs run (testbed/sim/profiles/engines.yaml): its host terms,
     # front end, CUDA graphs and async scheduling; vllm_v0 | vllm_v1 | sglang. The current vLLM (V1) unless
     # named; a measured profile (.json, run:) holds its own host side and ignores it. null: none (the
@@ -112,6 +120,9 @@ class SimConfig:
                 f"sim.weight_bits={self.weight_bits} and sim.weight_dtype={self.weight_dtype} both set the "
                 f"weights' width: set one"
             )
+        for key, value in self.shares().items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+                raise ConfigError(f"sim.{key}={value!r}: allowed a share in (0, 1], or null (the GPU table's)")
         for key in ROLE_KEYS.values():
             spec = getattr(self, key)
             if spec is None or is_gpu(spec) or is_run_spec(spec) or spec.endswith(".json") or Path(spec).is_file():
@@ -135,6 +146,11 @@ class SimConfig:
     def precision(self) -> dict:
         """An analytical GPU's weight and KV widths, as testbed.perf.resolve.analytical takes them."""
         return {"weight_bits": self.weight_bits, "weight_dtype": self.weight_dtype, "kv_dtype": self.kv_dtype}
+
+    def shares(self) -> dict:
+        """The achievable shares set here (matmul_mfu, attention_mfu, hbm_share), as
+        testbed.perf.resolve.analytical takes them; those left unset are the GPU table's."""
+        return {k: getattr(self, k) for k in SHARE_KEYS if getattr(self, k) is not None}
 
     def spec(self, role: str) -> Optional[str]:
         """What simulates a worker of this role ("mixed", "prefill", "decode"); None: the shipped profile."""

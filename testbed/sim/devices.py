@@ -94,6 +94,7 @@ def resolve_role(cfg: Serving, sim: SimConfig, role: str, profile: Optional[Mapp
             tp=tp,
             expert_parallel=sim.expert_parallel,
             **sim.precision(),
+            shares=sim.shares(),
             **host_terms(cfg.engine, sim.engine_profile, cfg.model.dtype),
         )
         label = {**label, "engine_profile": sim.engine_profile} if sim.engine_profile else label
@@ -109,6 +110,11 @@ def resolve_role(cfg: Serving, sim: SimConfig, role: str, profile: Optional[Mapp
         raise ConfigError(
             f"sim.weight_bits={sim.weight_bits} models a quantized checkpoint on an analytical GPU; "
             f"{sim.key(role)} is a measured profile ({name}), whose step times hold its own weights"
+        )
+    if sim.shares():
+        raise ConfigError(
+            f"sim.{' / sim.'.join(sim.shares())} set an analytical GPU's achievable shares; {sim.key(role)} "
+            f"is a measured profile ({name}), whose step times hold its own"
         )
     if (sim.weight_dtype, sim.kv_dtype) != ("auto", "auto"):
         raise ConfigError(

@@ -14,6 +14,11 @@ from testbed.metrics.slo import capacity
 from testbed.metrics.summary import measured
 from testbed.studies.repeats import goodput_interval, per_repeat
 
+# what a goodput sweep over modes and rates (ratio_sweep, rate_sweep) is: its Study flags, once
+GOODPUT_SWEEP = dict(
+    searches_goodput=True, over_http=True, mergeable=True, rate_axis=True, needs_requests=True, on_vllm=True
+)
+
 # the figures of a sweep's printed table, and what the by-label aggregates tabulate
 TABLE = ["ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99", "itl_p99", "slo_attainment", "throughput_requests_per_s"]
 

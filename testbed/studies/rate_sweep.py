@@ -14,12 +14,7 @@ STUDY = Study(
     mode_rate_grid,
     aggregates.goodput_study,
     figures=("attainment_vs_rate", "latency_vs_rate"),
-    searches_goodput=True,
-    over_http=True,
-    mergeable=True,
-    rate_axis=True,
-    needs_requests=True,
-    on_vllm=True,
+    **aggregates.GOODPUT_SWEEP,
     tiny=("experiment.rates=[20,40]", "experiment.modes=[chunked,disagg]"),
     keys=("modes",),
 )

@@ -211,6 +211,26 @@ def test_int4_weights_shorten_a_weight_bound_decode():
         make_config(*A100, "sim.weight_bits=3")
 
 
+def test_achievable_shares_replace_the_gpu_tables():
+    """sim.hbm_share / matmul_mfu / attention_mfu: the GPU's roofline at those shares (a batch-1
+    decode's weight read scales by 0.8 / 1.0, a 4,096-token prefill's GEMMs by 0.7 / 0.5, the A100's
+    table values over the ones set), named in the profile's label; refused outside (0, 1] and on a
+    measured profile, each in one line."""
+    table = roofline()
+    shared, label = cost_model("a100_80g", LLAMA3, 2, shares={"hbm_share": 1.0, "matmul_mfu": 0.5})
+    decode, prefill = (0, 0.0, 1, 100), (4096, 2048.0, 0, 0)
+    assert shared.breakdown(*decode)["gemm"] == pytest.approx(0.8 * table.breakdown(*decode)["gemm"], rel=1e-9)
+    assert shared.breakdown(*prefill)["gemm"] == pytest.approx(0.7 / 0.5 * table.breakdown(*prefill)["gemm"])
+    assert label["shares"] == {"hbm_share": 1.0, "matmul_mfu": 0.5}
+    base, fast = sim(n=20), sim("sim.hbm_share=1.0", n=20)
+    assert fast["summary"]["tpot"]["p50"] < 0.9 * base["summary"]["tpot"]["p50"]
+    assert fast["summary"]["sim"]["profile"]["shares"] == {"hbm_share": 1.0}
+    with pytest.raises(ConfigError, match=r"sim.hbm_share=1.5: allowed a share in \(0, 1\]"):
+        make_config(*A100, "sim.hbm_share=1.5")
+    with pytest.raises(ConfigError, match="sim.matmul_mfu set an analytical GPU's achievable shares"):
+        simulate(*sim_args(make_config("executor=sim", "model=tiny", "sim.matmul_mfu=0.5", "workload.num_requests=2")))
+
+
 # the replay setup reaches every knob ----------------------------------------------------------
 def test_replay_setups_state_the_engines_knobs(tmp_path):
     ref = read_reference(SGLANG_RPS4)
