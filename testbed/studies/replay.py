@@ -72,6 +72,8 @@ SETUP_KEYS = {
     "kv_dtype": "the KV cache's type (fp8: vLLM --kv-cache-dtype fp8): sim.kv_dtype",
     "first_token": "disagg: prefill (the client's first token is the one the prefill instance makes, as here) | "
     "decode (a proxy streams the decode instance's tokens only: the first arrives after the KV, from D's first step)",
+    "gpu_memory_utilization": "the engine's --gpu-memory-utilization: each GPU's share for weights and KV, which "
+    "sizes the KV pool (engine.gpu_memory_utilization); unset: the testbed's default",
     "max_batched_tokens": "a step's token budget (vLLM max_num_batched_tokens; SGLang chunked_prefill_size)",
     "max_running": "running sequences at most (vLLM max_num_seqs; SGLang max_running_requests)",
     "prefix_caching": "the engine's prefix cache on (true) or off",
@@ -254,6 +256,8 @@ def point_overrides(ref: Reference, setup: dict, trace: Optional[Path]) -> tuple
         "experiment.figures": False,
         **model_overrides(setup),
     }
+    if setup.get("gpu_memory_utilization") is not None:
+        out["engine.gpu_memory_utilization"] = float(setup["gpu_memory_utilization"])
     if ref.max_concurrency:  # the client's users: a closed loop (TTFT from the send, after the wait, as vLLM's)
         out.update(client_loop(ref, trace))
         paced = ", paced by its sends" if out["workload.paced"] else ""
