@@ -66,10 +66,12 @@ def points(cfg: Config) -> list[Point]:
             (label, o, {}) for label, o in layouts(cfg, ["colocated"]) + layouts(cfg, ["disagg"], all_splits=True)
         ]
         configs += [
-            (name, o, {}) for label, o in layouts(cfg, ["chunked"]) for name, o in chunk_variants(cfg, label, o)
+            (name, o, {})
+            for label, o in layouts(cfg, ["chunked"])
+            for name, o in chunk_variants(cfg, label, o, own.chunk_sizes)
         ]
     else:
-        configs = tp_configs(cfg, degrees)
+        configs = tp_configs(cfg, own, degrees)
     grid = axis_grid(cfg, [(label, o) for label, o, _ in configs], "rate", rates(cfg), "workload.rate")
     knobs = {label: k for label, _, k in configs}
     for point in grid:
@@ -78,23 +80,23 @@ def points(cfg: Config) -> list[Point]:
     return grid
 
 
-def chunk_variants(cfg: Config, label: str, overrides: dict, sizes=None) -> list[tuple[str, dict]]:
-    """A chunked layout at each chunk size (default: scheduler.chunk_size and the settings'
-    chunk_sizes); the default one keeps the plain label, which matches a measured sweep's."""
+def chunk_variants(cfg: Config, label: str, overrides: dict, sizes) -> list[tuple[str, dict]]:
+    """A chunked layout at scheduler.chunk_size and at each of `sizes`; the default one keeps the
+    plain label, which matches a measured sweep's."""
     default = cfg.scheduler.chunk_size  # the chunked baseline every other study (ratio_sweep) runs
     out = []
-    for chunk in sorted({default, *(STUDY.own_settings(cfg).chunk_sizes if sizes is None else sizes)}):
+    for chunk in sorted({default, *sizes}):
         name = label if chunk == default else f"{label}{chunk}"
         chunked = {"scheduler.chunk_size": chunk, "scheduler.max_running": min(cfg.scheduler.max_running, chunk)}
         out.append((name, {**overrides, **chunked}))
     return out
 
 
-def tp_configs(cfg: Config, degrees: list[int]) -> list[tuple[str, dict, dict]]:
+def tp_configs(cfg: Config, own: Settings, degrees: list[int]) -> list[tuple[str, dict, dict]]:
     """(label, overrides, knobs) of each placement the TP search over `degrees` keeps, its points
     within the settings' placement_requests."""
     kept, _ = placements.search(cfg, num_devices(cfg), degrees)
-    budget = STUDY.own_settings(cfg).placement_requests
+    budget = own.placement_requests
     fewer = {"workload.num_requests": budget} if budget is not None and budget < cfg.workload.num_requests else {}
     out = []
     for p in kept:
@@ -102,7 +104,7 @@ def tp_configs(cfg: Config, degrees: list[int]) -> list[tuple[str, dict, dict]]:
         if p.mode != "chunked":
             out.append((p.label, overrides, p.knobs))
             continue
-        variants = chunk_variants(cfg, p.label, overrides, None if p.tp == 1 else [])
+        variants = chunk_variants(cfg, p.label, overrides, own.chunk_sizes if p.tp == 1 else [])
         out += [(name, o, p.knobs) for name, o in variants]
     return out
 
