@@ -141,14 +141,17 @@ def test_retries_exhausted_fall_back_to_recompute_or_fail(tmp_path, fallback, tp
         f"kv_transfer.retry_fallback={fallback}",
     )
     result = serve(cfg, tmp_path, progress=False)
-    requests, transfers = result["requests"], result["transfers"]
+    requests, transfers, summary = result["requests"], result["transfers"], result["summary"]
     assert sorted(transfers.groupby("request_id").attempt.apply(sorted)) == [[1, 2]] * len(requests)
-    assert (transfers.outcome == "dropped").all()
+    # every attempt lost: dropped by P, or given up by D (its 0.5 s lease is wall time) before a P kept
+    # waiting for a core (the run's own measure) got to it; on a quiet host P drops every one first
+    assert transfers.outcome.isin(["dropped", "timed_out"]).all(), transfers.outcome
+    assert (transfers.outcome == "dropped").all() or summary["host"]["contended"], "a timeout on a quiet host"
     if fallback == "recompute":
         assert (requests.status == "ok").all() and (requests.output_token_ids.map(len) == requests.output_len).all()
     else:
         assert (requests.status == "failed").all() and requests.reason.str.contains("timed out").all()
-    assert_no_leaks(result["summary"])
+    assert_no_leaks(summary)
 
 
 @pytest.mark.parametrize("tp", [[], TP2], ids=["tp1", "tp2"])
