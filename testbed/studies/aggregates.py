@@ -47,7 +47,9 @@ def point_requests(out_dir: Path, point: str, cfg: Config) -> pd.DataFrame:
 def cells(out_dir: Path) -> pd.DataFrame:
     """The sweep's cells (a point's repeats together) with their intervals: intervals.parquet."""
     path = out_dir / "intervals.parquet"
-    return pd.read_parquet(path) if path.is_file() else pd.DataFrame()
+    frame = pd.read_parquet(path) if path.is_file() else pd.DataFrame()
+    # no cell (every point failed): no rows, but the columns aggregates group and select by
+    return frame if len(frame.columns) else pd.DataFrame(columns=["cell", "label", "executor", "rate"])
 
 
 def requests_counted(rows: pd.DataFrame):
