@@ -63,7 +63,6 @@ from testbed.net.messages import (
 from testbed.net.rendezvous import store_client
 
 GIL_SWITCH_S = 0.0002
-CPU_WORKER_NICE = 19
 WATCH_S = 0.2  # how often a worker under torchrun checks that the router is still there
 IDLE_WAIT_S = 0.002  # inbox wait when there is nothing to step; short so KV polling stays prompt
 # at the end of a run, how long P waits for acknowledgements already on their way (well inside
@@ -178,10 +177,9 @@ def _setup(spec: WorkerSpec) -> tuple[Engine, object]:
     else:
         torch.set_num_threads(1)
         _pin(spec.cpu_core)
-        # CPU workers share the cores with the router: the lowest priority lets the router take a
-        # core the moment a report arrives, instead of waiting out a worker's time slice (2 cores,
-        # 2 workers: nice 5 left a p99 harness delay of 2.4-2.7 ms, nice 19 0.5 ms, TPOT unchanged)
-        os.nice(CPU_WORKER_NICE)
+        # the trade between the router's promptness and the workers' share of a busy host:
+        # cluster.cpu_worker_nice (testbed/control/config.py)
+        os.nice(spec.cluster.cpu_worker_nice)
     # ipc moves no KV over the group, and NCCL cannot pair two ranks on one GPU (P and D may share one)
     _init_group(spec, "nccl" if device.type == "cuda" and not spec.kv.direct else "gloo")
     # a TP group's ranks are on distinct devices: NCCL pairs them even where ipc keeps the world on gloo

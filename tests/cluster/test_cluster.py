@@ -130,7 +130,7 @@ def test_decode_worker_killed_mid_run(tmp_path):
 def test_early_binding_outlasts_a_prefill_queue_longer_than_the_timeout(tmp_path):
     """D reserves at arrival, then the prefills queue on P for longer than kv_transfer.timeout_s:
     the transfer lease starts only when P begins to send, so nothing times out. The subject is the
-    lease, not liveness: CPU workers run at nice 19, so beside a busy job a 512-token step of the
+    lease, not liveness: with CPU workers at nice 19, beside a busy job a 512-token step of the
     small model took 12 s (0.17 s alone), past the 10 s of silence (5 x heartbeat_s=2) that once declared a
     worker lost (now it is counted slow while its process lives); heartbeat_s=5 keeps such a step off that
     count."""

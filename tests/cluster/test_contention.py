@@ -108,9 +108,9 @@ def test_a_quiet_run_is_not_flagged_unless_its_own_stretch_says_so(tmp_path):
 
 
 def spin(core: int) -> subprocess.Popen:
-    """A process that keeps one core busy (at nice 10: it takes that core from the niced workers,
-    and lets other work on the machine go first)."""
-    code = f"import os\nos.sched_setaffinity(0, {{{core}}})\nos.nice(10)\nwhile True: pass"
+    """A process that keeps one core busy, at the default priority (the workers' too: each of three
+    such processes leaves a worker on that core about a third of it)."""
+    code = f"import os\nos.sched_setaffinity(0, {{{core}}})\nwhile True: pass"
     return subprocess.Popen([sys.executable, "-c", code])
 
 
@@ -118,9 +118,9 @@ def spin(core: int) -> subprocess.Popen:
 @needs_counters
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU affinity on this platform")
 def test_a_run_beside_busy_processes_is_flagged_contended(tmp_path):
-    """Two busy processes on the core the worker is pinned to (the launcher pins worker 0 to the
+    """Three busy processes on the core the worker is pinned to (the launcher pins worker 0 to the
     first core it may use): the worker waits for its core far longer than it runs."""
-    busy = [spin(available_cores()[0]) for _ in range(2)]
+    busy = [spin(available_cores()[0]) for _ in range(3)]
     try:
         result = serve(make_config(*TINY), tmp_path, progress=False)
     finally:

@@ -35,6 +35,7 @@ from tests.paths import ROOT
         ("faults.kill_worker=-1", "faults.kill_worker=-1 is outside [0, inf]"),
         ("faults.kill_after_ended=3", "faults.kill_after_ended must be >= 1 and needs faults.kill_worker set"),
         ("limits.max_run_s=0", "limits.max_run_s=0.0 must be > 0"),
+        ("cluster.cpu_worker_nice=20", "cluster.cpu_worker_nice must be an integer in 0..19 (got 20)"),
     ],
 )
 def test_a_bad_value_is_refused_at_compose_time_naming_key_and_range(override, message):
