@@ -1,5 +1,7 @@
-"""The GPU benchmark's method on CPU (tiny shape): ceilings measured, every row present, ratios
-finite and below 1 (nothing beats its own device's ceiling)."""
+"""The GPU benchmark's method on CPU (tiny shape): ceilings measured, every row present, each ratio
+the ideal time over the measured one. That a step stays below its ceiling is the benchmark's
+finding on a quiet device, not a premise: on a busy host a ceiling timed in a crowded moment lay
+below a step timed in a quieter one (ratio above 1, in the suite beside two busy processes)."""
 
 import math
 
@@ -15,7 +17,9 @@ def test_engine_against_ceilings_on_cpu():
     assert result["hbm_gbps"] > 0 and result["matmul_tflops"] > 0
     kinds = [(r["what"], r["batch"]) for r in result["rows"]]
     assert kinds == [("decode", 1), ("decode", 3), ("prefill", 1)]
-    assert all(0 < r["ratio"] < 1 and math.isfinite(r["seconds"]) for r in result["rows"])
+    for r in result["rows"]:
+        assert math.isfinite(r["seconds"]) and r["seconds"] > 0 and r["ideal_s"] > 0
+        assert r["ratio"] == pytest.approx(r["ideal_s"] / r["seconds"])
     assert len(lines(result)) == 2 + len(result["rows"])
 
 
