@@ -136,15 +136,25 @@ def worker_main(spec: WorkerSpec, inboxes, events, lost_router=lambda: False) ->
     except RouterLost:
         raise  # nobody left to report to: the rank's own process says it
     except PeerLost as lost:  # another worker stopped taking messages: the router fails the run
-        events.put(WorkerError(_leader(spec), str(lost)))
+        _tell(events, WorkerError(_leader(spec), str(lost)))
     except TestbedError as error:  # bad input found where the engine is built: still one line
-        events.put(WorkerError(_leader(spec), str(error), bad_input=True))
+        _tell(events, WorkerError(_leader(spec), str(error), bad_input=True))
     except Exception:  # noqa: BLE001 - the driver reports it and shuts the run down
-        events.put(WorkerError(_leader(spec), traceback.format_exc()))
+        _tell(events, WorkerError(_leader(spec), traceback.format_exc()))
     finally:
         release(pool)
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _tell(events, error: WorkerError) -> None:
+    """The worker's error, to a router that may be gone: another worker's error ended the run
+    first (the same bad input found by every worker), and a traceback of the closed pipe here
+    would bury the one line the router printed."""
+    try:
+        events.put(error)
+    except (OSError, EOFError):
+        pass
 
 
 def _leader(spec: WorkerSpec) -> int:
