@@ -108,8 +108,8 @@ def test_a_quiet_run_is_not_flagged_unless_its_own_stretch_says_so(tmp_path):
 
 
 def spin(core: int) -> subprocess.Popen:
-    """A process that keeps one core busy, at the default priority (the workers' too: each of three
-    such processes leaves a worker on that core about a third of it)."""
+    """A process that keeps one core busy, at the default priority (the workers' too: beside three
+    such processes a worker on that core gets about a quarter of it)."""
     code = f"import os\nos.sched_setaffinity(0, {{{core}}})\nwhile True: pass"
     return subprocess.Popen([sys.executable, "-c", code])
 
